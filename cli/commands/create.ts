@@ -1,0 +1,88 @@
+/**
+ * `dsec create`: creates a sandbox and prints its id (or the Sandbox with --json).
+ * Also exports the create flags and their translation, which `dsec run` shares.
+ */
+import type { Command } from 'commander';
+import type { Backend, CreateSandboxInput } from '../../sdk/index.js';
+import type { Ctx } from '../util/context.js';
+import { UserError } from '../util/errors.js';
+import { writeJson } from '../util/output.js';
+import { collectEnv, collectLabel, flag, parseCpus, parseDuration, parsePositiveInt, parseSize } from '../util/parse.js';
+
+/** The backends the API names (whether this host has each: `dsec host info`). */
+export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisfies readonly Backend[];
+
+/** Longest TTL the API accepts (LIMITS.maxTtlS): 30 days, in ms. */
+const MAX_TTL_MS = 30 * 24 * 3600 * 1000;
+
+/** Parsed create flags, as commander hands them to the action. */
+export interface CreateFlags {
+  /** `--backend`. */
+  backend?: string;
+  /** `--image`. */
+  image?: string;
+  /** `--cpus`, cores. */
+  cpus?: number;
+  /** `--memory`, bytes. */
+  memory?: number;
+  /** `--pids`. */
+  pids?: number;
+  /** `--label`, accumulated. */
+  label?: Record<string, string>;
+  /** `--env`, accumulated. */
+  env?: Record<string, string>;
+  /** `--ttl`, ms. */
+  ttl?: number;
+}
+
+/** Parses `--backend`: one of {@link BACKENDS}. */
+function parseBackend(text: string): string {
+  if (!(BACKENDS as readonly string[]).includes(text)) {
+    throw new UserError(`unknown backend ${JSON.stringify(text)}`, `backends are ${BACKENDS.join(', ')}; \`dsec host info\` shows which this host has`);
+  }
+  return text;
+}
+
+/** Parses `--ttl DUR` into ms: at least 1s, at most 30 days. */
+function parseTtl(text: string): number {
+  const ms = parseDuration(text);
+  if (ms < 1000) throw new UserError(`TTL must be at least 1s, got ${JSON.stringify(text)}`);
+  if (ms > MAX_TTL_MS) throw new UserError(`TTL ${JSON.stringify(text)} is longer than 30 days`);
+  return ms;
+}
+
+/** Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--label`, `--env`, `--ttl`) to `cmd`. */
+export function addCreateOptions(cmd: Command): Command {
+  return cmd
+    .option('--backend <backend>', `isolation tier: ${BACKENDS.join(', ')} (default container)`, flag('--backend', parseBackend))
+    .option('--image <name>', 'image, name or name:tag (default busybox)')
+    .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
+    .option('--memory <size>', 'memory limit: bytes or K/M/G (binary), e.g. 512M', flag('--memory', parseSize))
+    .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
+    .option('--label <k=v>', 'label, repeatable', flag('--label', collectLabel))
+    .option('--env <K=V>', 'environment for every exec, repeatable', flag('--env', collectEnv))
+    .option('--ttl <dur>', 'destroy the sandbox this long after creation (e.g. 10m, 2h; whole seconds)', flag('--ttl', parseTtl));
+}
+
+/** The API request for parsed create flags; unset flags are left to the daemon's defaults. A TTL is rounded up to whole seconds. */
+export function createRequest(f: CreateFlags): CreateSandboxInput {
+  const req: CreateSandboxInput = {};
+  if (f.backend !== undefined) req.backend = f.backend as Backend;
+  if (f.image !== undefined) req.image = f.image;
+  if (f.cpus !== undefined) req.cpus = f.cpus;
+  if (f.memory !== undefined) req.memory_bytes = f.memory;
+  if (f.pids !== undefined) req.pids = f.pids;
+  if (f.label !== undefined) req.labels = f.label;
+  if (f.env !== undefined) req.env = f.env;
+  if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);
+  return req;
+}
+
+/** Adds `create` to `parent`. */
+export function register(parent: Command, ctx: Ctx): Command {
+  return addCreateOptions(parent.command('create').description('create a sandbox and print its id')).action(async (flags: CreateFlags) => {
+    const sandbox = await ctx.client().createSandbox(createRequest(flags));
+    if (ctx.json) writeJson(ctx.io.stdout, sandbox);
+    else ctx.out(sandbox.id + '\n');
+  });
+}

@@ -1,0 +1,40 @@
+/**
+ * `dsec events [-f] [--selector k=v,...] [--since DUR]`: sandbox lifecycle events as
+ * lines `TIME TYPE SANDBOX STATE`, or NDJSON (one Event per line) with --json. With -f
+ * it follows until SIGINT/SIGTERM (exit 128+N).
+ */
+import type { Command } from 'commander';
+import { renderEventLine } from '../ui/events.js';
+import type { Ctx } from '../util/context.js';
+import { EXIT } from '../util/errors.js';
+import { signalNumber } from '../util/exec.js';
+import { writeJsonLine } from '../util/output.js';
+import { flag, parseDuration, parseSelector } from '../util/parse.js';
+
+/** Adds `events` to `parent`. */
+export function register(parent: Command, ctx: Ctx): Command {
+  return parent
+    .command('events')
+    .description('print sandbox events; -f follows new ones')
+    .option('-f, --follow', 'keep printing new events until interrupted')
+    .option('--selector <k=v,...>', 'only events of sandboxes whose labels match', flag('--selector', parseSelector))
+    .option('--since <dur>', 'only events from this long ago onwards (e.g. 10m)', flag('--since', parseDuration))
+    .action(async (opts: { follow?: boolean; selector?: string; since?: number }) => {
+      const abort = new AbortController();
+      let interrupted: NodeJS.Signals | undefined;
+      const unregister = ctx.io.onInterrupt((sig) => {
+        interrupted ??= sig;
+        abort.abort();
+      });
+      try {
+        const since = opts.since === undefined ? undefined : Date.now() - opts.since;
+        for await (const e of ctx.client().events({ selector: opts.selector, follow: opts.follow, since, signal: abort.signal })) {
+          if (ctx.json) writeJsonLine(ctx.io.stdout, e);
+          else ctx.out(renderEventLine(e) + '\n');
+        }
+      } finally {
+        unregister();
+      }
+      if (interrupted) ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+    });
+}

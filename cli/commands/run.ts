@@ -1,0 +1,74 @@
+/**
+ * `dsec run [create flags] [--timeout DUR] -- CMD...`: creates a sandbox, runs one command
+ * in it and destroys it, whatever happens: when the command fails, when the exec call
+ * fails, and on SIGINT/SIGTERM (the exec call is abandoned, the sandbox destroyed, exit
+ * 128+N). Exit codes as for `exec`. If the destroy itself fails, a warning names the
+ * sandbox and the command's exit code is kept.
+ */
+import type { Command } from 'commander';
+import { DsecApiError, type Sandbox } from '../../sdk/index.js';
+import type { Ctx } from '../util/context.js';
+import { EXIT, UserError, hintFor } from '../util/errors.js';
+import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
+import { addCreateOptions, createRequest, type CreateFlags } from './create.js';
+import { addCommandOptions, type ExecFlags } from './exec.js';
+
+/** Adds `run` to `parent`. */
+export function register(parent: Command, ctx: Ctx): Command {
+  const cmd = parent
+    .command('run')
+    .description('create a sandbox, run a command in it, destroy it; exits with the command\'s exit code')
+    .argument('<cmd...>', 'command and arguments (put them after --)');
+  addCreateOptions(cmd);
+  return addCommandOptions(cmd).action(async (argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>) => {
+    // Read stdin before creating anything, so a refused stdin leaves nothing behind.
+    const stdin = flags.stdin ? await readStdin(ctx) : undefined;
+    const client = ctx.client();
+    const abort = new AbortController();
+    let interrupted: NodeJS.Signals | undefined;
+    // Registered until the sandbox is gone: a second ^C must not kill us mid-cleanup.
+    const unregister = ctx.io.onInterrupt((sig) => {
+      interrupted ??= sig;
+      abort.abort();
+    });
+    let sandbox: Sandbox | undefined;
+    try {
+      // Not aborted on interrupt: an abandoned create could leave a sandbox we never learn the id of.
+      sandbox = await client.createSandbox(createRequest(flags));
+      if (interrupted) return;
+      if (sandbox.state === 'failed') {
+        throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports');
+      }
+      let result;
+      try {
+        result = await client.exec(sandbox.id, { argv, cwd: flags.cwd, user: flags.user, stdin, timeoutMs: flags.timeout, signal: abort.signal });
+      } catch (e) {
+        if (interrupted) return;
+        throw e;
+      }
+      ctx.exitCode = reportExecResult(ctx, result, { timeoutMs: flags.timeout, extra: { sandbox_id: sandbox.id } });
+    } finally {
+      if (interrupted) {
+        ctx.err(`dsec: interrupted by ${interrupted}` + (sandbox ? `; destroying sandbox ${sandbox.id}` : '') + '\n');
+        ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+      }
+      try {
+        if (sandbox) await destroy(ctx, sandbox.id);
+      } finally {
+        unregister();
+      }
+    }
+  });
+}
+
+/** Destroys the run's sandbox; a failure is a warning (with the id to clean up), not an error. */
+async function destroy(ctx: Ctx, id: string): Promise<void> {
+  try {
+    await ctx.client().deleteSandbox(id, { force: true });
+  } catch (e) {
+    if (!(e instanceof DsecApiError)) throw e;
+    if (e.code === 'NotFound') return; // already gone (e.g. its TTL fired)
+    ctx.err(`dsec: warning: could not destroy sandbox ${id}: ${e.message} (${e.code})\n`);
+    ctx.err(`hint: remove it with \`dsec rm -f ${id}\`; ${hintFor(e.code, 'rm')}\n`);
+  }
+}

@@ -1,0 +1,146 @@
+/**
+ * The `dsec` CLI: `dsec [--socket PATH] [--json] VERB ...`.
+ *
+ * One file per verb under cli/commands/; this file wires them into commander, routes
+ * all output through injectable streams, and turns every failure into an exit code:
+ * 0 success; `exec`/`run` pass the command's code through (128+N signal, 124 timeout);
+ * 125 when dsec itself failed (API error, usage error, missing socket, bug).
+ * `--help` anywhere exits 0. A usage error is one line; an API or user error is
+ * `dsec: <message>` plus a `hint:` line; only a bug under DSEC_DEBUG=1 shows a stack.
+ */
+import { Command, CommanderError } from 'commander';
+import * as create from './commands/create.js';
+import * as events from './commands/events.js';
+import * as exec from './commands/exec.js';
+import * as hostInfo from './commands/host/info.js';
+import * as images from './commands/images.js';
+import * as inspect from './commands/inspect.js';
+import * as ls from './commands/ls.js';
+import * as rm from './commands/rm.js';
+import * as run from './commands/run.js';
+import * as start from './commands/start.js';
+import * as stop from './commands/stop.js';
+import * as version from './commands/version.js';
+import { Ctx } from './util/context.js';
+import { EXIT, reportError } from './util/errors.js';
+import { exitQuietlyOnEpipe, processIO, type CliIO } from './util/io.js';
+
+/** Everything `main` touches outside itself; each field defaults to the real process's. */
+export type MainIO = Partial<CliIO>;
+
+/**
+ * Runs the CLI once and resolves with the exit code (it never calls `process.exit`).
+ * `argv` is in `process.argv` form: `[node, script, ...args]`. Streams, environment and
+ * the interrupt hook default to the process's and can be injected (tests run in-process).
+ */
+export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<number> {
+  const io = resolveIO(ioOverrides);
+  const program = new Command('dsec');
+  const ctx = new Ctx(io, program);
+  let usageCommand: Command = program;
+  let helpAsError = false;
+
+  program
+    .description('control dsec sandboxes through dsecd')
+    .option('--socket <path>', 'dsecd socket (default $DSEC_SOCKET, else /run/dsec/dsecd.sock)')
+    .option('--json', 'machine-readable JSON output')
+    .exitOverride()
+    .showSuggestionAfterError(true);
+
+  version.register(program, ctx);
+  const host = program.command('host').description('host commands');
+  hostInfo.register(host, ctx);
+  create.register(program, ctx);
+  ls.register(program, ctx);
+  inspect.register(program, ctx);
+  exec.register(program, ctx);
+  run.register(program, ctx);
+  stop.register(program, ctx);
+  start.register(program, ctx);
+  rm.register(program, ctx);
+  events.register(program, ctx);
+  images.register(program, ctx);
+
+  // Per command, so a usage error knows which command's --help to point at. outputError
+  // is silenced (main prints the one line); writeErr only ever receives help shown as an
+  // error (a missing subcommand), which main replaces with one line too.
+  forEachCommand(program, (cmd) => {
+    cmd.configureOutput({
+      writeOut: (s) => io.stdout.write(s),
+      writeErr: () => {
+        usageCommand = cmd;
+        helpAsError = true;
+      },
+      outputError: () => {
+        usageCommand = cmd;
+      },
+      getOutHelpWidth: () => 80,
+      getErrHelpWidth: () => 80,
+      getOutHasColors: () => false,
+      getErrHasColors: () => false,
+    });
+  });
+  program.hook('preAction', (_root, action) => {
+    ctx.verb = commandPath(action);
+  });
+
+  try {
+    await program.parseAsync(argv, { from: 'node' });
+    return ctx.exitCode;
+  } catch (e) {
+    if (e instanceof CommanderError) return usageError(e, usageCommand, helpAsError, io);
+    return reportError(e, io.stderr, ctx.verb || 'dsec', ctx.debug);
+  } finally {
+    ctx.close();
+  }
+}
+
+/** The process's I/O with `overrides` applied; process.stdin is only touched if read. */
+function resolveIO(overrides: MainIO): CliIO {
+  const base = processIO();
+  if (!overrides.stdout) exitQuietlyOnEpipe();
+  return {
+    stdout: overrides.stdout ?? base.stdout,
+    stderr: overrides.stderr ?? base.stderr,
+    get stdin() {
+      return overrides.stdin ?? base.stdin;
+    },
+    env: overrides.env ?? base.env,
+    onInterrupt: overrides.onInterrupt ?? base.onInterrupt,
+  };
+}
+
+/**
+ * Prints a commander error as one line and returns its exit code: 0 for help that was
+ * asked for (`--help`, `help VERB`), else 125. `helpAsError`: commander wanted to show
+ * help on stderr because a subcommand was missing.
+ */
+function usageError(e: CommanderError, cmd: Command, helpAsError: boolean, io: CliIO): number {
+  if (e.code === 'commander.helpDisplayed' || e.code === 'commander.version') return EXIT.ok;
+  if (e.code === 'commander.help' && !helpAsError) return EXIT.ok;
+  const path = commandPath(cmd);
+  const help = path ? `dsec ${path} --help` : 'dsec --help';
+  let msg: string;
+  if (e.code === 'commander.help') {
+    const subs = cmd.commands.map((c) => c.name()).filter((n) => n !== 'help');
+    msg = `missing command (one of: ${subs.join(', ')})`;
+  } else {
+    msg = e.message.replace(/^error: /, '').replace(/\s*\n\s*/g, ' ').trim().replace(/\.$/, '');
+    if (e.code === 'commander.unknownOption' && (path === 'exec' || path === 'run')) msg += ' (put the command after --, e.g. -- ls -la)';
+  }
+  io.stderr.write(`dsec: ${msg}; see \`${help}\`\n`);
+  return EXIT.failure;
+}
+
+/** Calls `fn` on `cmd` and all its descendants. */
+function forEachCommand(cmd: Command, fn: (c: Command) => void): void {
+  fn(cmd);
+  for (const c of cmd.commands) forEachCommand(c, fn);
+}
+
+/** `cmd`'s name path below the root, e.g. `host info`; `''` for the root. */
+function commandPath(cmd: Command): string {
+  const names: string[] = [];
+  for (let c: Command | null = cmd; c && c.parent; c = c.parent) names.unshift(c.name());
+  return names.join(' ');
+}

@@ -1,0 +1,50 @@
+/**
+ * Text rendering of `dsec host info`. Pure: data in, string out.
+ */
+import type { HostInfo } from '../../sdk/index.js';
+import { formatBytes, makeTable, tableText } from '../util/output.js';
+
+/** Options of {@link renderHostInfo}. */
+export interface RenderHostOptions {
+  /** Bold table headers; set only for a terminal. */
+  color?: boolean;
+}
+
+/**
+ * Host facts as aligned `key  value` lines, then a backend table (AVAILABLE, REASON)
+ * and a defence table (ENFORCED, DETAIL). Unavailable capabilities are shown with the
+ * daemon's reason, never hidden.
+ */
+export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): string {
+  const color = opts.color ?? false;
+  const counts = Object.entries(h.sandboxes)
+    .map(([state, n]) => `${state}=${n}`)
+    .join(' ');
+  const parents = Object.entries(h.cgroup.parents)
+    .map(([ctl, p]) => `${ctl}=${p}`)
+    .join(', ');
+  const facts: [string, string][] = [
+    ['version', h.version],
+    ['instance', h.instance],
+    ['root', h.root],
+    ['socket', h.socket],
+    ['kernel', h.kernel],
+    ['cores', String(h.cores)],
+    ['memory', formatBytes(h.memory_bytes)],
+    ['cgroup', `v${h.cgroup.version}` + (parents ? ` (${parents})` : '')],
+    ['runtime', `${h.runtime.name} ${h.runtime.version} (${h.runtime.path})`],
+    ['uid pool', `base ${h.uid_pool.base}, size ${h.uid_pool.size}, ${h.uid_pool.range_size} per sandbox, ${h.uid_pool.in_use} in use, ${h.uid_pool.free} free`],
+    ['sandboxes', counts || 'none'],
+  ];
+  const width = Math.max(...facts.map(([k]) => k.length));
+  let out = facts.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n') + '\n';
+
+  const backends = makeTable(['BACKEND', 'AVAILABLE', 'REASON'], { color });
+  for (const [name, b] of Object.entries(h.backends)) backends.push([name, b.available ? 'yes' : 'no', b.reason ?? '-']);
+  out += '\n' + tableText(backends);
+
+  const defences = makeTable(['DEFENCE', 'ENFORCED', 'DETAIL'], { color });
+  for (const [name, d] of Object.entries(h.defences)) defences.push([name, d.enforced ? 'yes' : 'no', d.detail || '-']);
+  out += '\n' + tableText(defences);
+  return out;
+}

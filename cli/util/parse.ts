@@ -1,0 +1,127 @@
+/**
+ * Parsers for flag values. Each throws {@link UserError} naming the bad value and
+ * the accepted forms, so a typo never reaches the daemon as a confusing 400.
+ *
+ * - SIZE: bytes, or a number with K, M, G, T (or KiB, MiB, GiB, TiB); always binary
+ *   (K = 1024). Decimal `KB`/`MB` are refused as ambiguous.
+ * - DUR: `500ms`, `2s`, `1m`, `1h`, `1d`, combinations such as `1m30s`, or a plain
+ *   integer meaning milliseconds.
+ * - `k=v` pairs for `--label` and `--env`, repeatable; a later key wins.
+ */
+import { UserError } from './errors.js';
+
+/** Multipliers of the binary size suffixes (case-insensitive; `i`/`iB` optional). */
+const SIZE_UNITS: Record<string, number> = { '': 1, b: 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3, t: 1024 ** 4 };
+
+const SIZE_HINT = 'sizes are bytes or a number with K, M, G (KiB, MiB, GiB), e.g. 512M or 2GiB';
+const DUR_HINT = 'durations are milliseconds or a number with ms, s, m, h, d, e.g. 500ms, 2s, 1m30s';
+
+/** Parses SIZE into bytes (a non-negative integer). `512M` → 536870912. */
+export function parseSize(text: string): number {
+  const s = text.trim();
+  const m = /^(\d+(?:\.\d+)?)\s*([a-zA-Z]*)$/.exec(s);
+  if (!m) throw new UserError(`invalid size ${JSON.stringify(text)}`, SIZE_HINT);
+  const unit = m[2].toLowerCase();
+  let key: string;
+  if (unit === '' || unit === 'b') key = unit;
+  else if (/^[kmgt](i|ib)?$/.test(unit)) key = unit[0];
+  else if (/^[kmgt]b$/.test(unit)) throw new UserError(`ambiguous size unit in ${JSON.stringify(text)}`, `dsec sizes are binary: write ${m[1]}${unit[0].toUpperCase()} or ${m[1]}${unit[0].toUpperCase()}iB`);
+  else throw new UserError(`invalid size unit ${JSON.stringify(m[2])} in ${JSON.stringify(text)}`, SIZE_HINT);
+  const bytes = Number(m[1]) * SIZE_UNITS[key];
+  if (!Number.isSafeInteger(bytes)) throw new UserError(`size ${JSON.stringify(text)} is not a whole number of bytes`, SIZE_HINT);
+  return bytes;
+}
+
+/** Milliseconds per duration unit. */
+const DUR_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
+
+/** Parses DUR into milliseconds (a non-negative integer, rounded). `1m30s` → 90000, `250` → 250. */
+export function parseDuration(text: string): number {
+  const s = text.trim();
+  if (/^\d+$/.test(s)) return Number(s);
+  if (!/^(\d+(\.\d+)?(ms|s|m|h|d))+$/.test(s)) throw new UserError(`invalid duration ${JSON.stringify(text)}`, DUR_HINT);
+  let ms = 0;
+  for (const part of s.matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h|d)/g)) ms += Number(part[1]) * DUR_UNITS[part[2]];
+  const out = Math.round(ms);
+  if (!Number.isSafeInteger(out)) throw new UserError(`duration ${JSON.stringify(text)} is too long`, DUR_HINT);
+  return out;
+}
+
+/** Label keys, as the API accepts them (daemon/api/schema.ts). */
+const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/;
+/** Label values, as the API accepts them. */
+const LABEL_VALUE = /^[A-Za-z0-9._/-]{0,63}$/;
+/** Environment variable names, as the API accepts them. */
+const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
+
+/** Parses one `--label k=v` into its key and value; the value may be empty. */
+export function parseLabel(text: string): [string, string] {
+  const eq = text.indexOf('=');
+  if (eq < 0) throw new UserError(`invalid label ${JSON.stringify(text)}: expected key=value`, 'write --label key=value, e.g. --label job=a');
+  const k = text.slice(0, eq);
+  const v = text.slice(eq + 1);
+  if (!LABEL_KEY.test(k)) throw new UserError(`invalid label key ${JSON.stringify(k)}`, 'label keys are 1-63 of [A-Za-z0-9._/-], starting with a letter or digit');
+  if (!LABEL_VALUE.test(v)) throw new UserError(`invalid label value ${JSON.stringify(v)} for ${k}`, 'label values are 0-63 of [A-Za-z0-9._/-] (no , or =)');
+  return [k, v];
+}
+
+/** Parses one `--env K=V`; the value may be empty or contain `=`, not NUL. */
+export function parseEnv(text: string): [string, string] {
+  const eq = text.indexOf('=');
+  if (eq < 0) throw new UserError(`invalid env ${JSON.stringify(text)}: expected NAME=value`, 'write --env NAME=value, e.g. --env PATH=/bin');
+  const k = text.slice(0, eq);
+  const v = text.slice(eq + 1);
+  if (!ENV_KEY.test(k)) throw new UserError(`invalid env name ${JSON.stringify(k)}`, 'env names match [A-Za-z_][A-Za-z0-9_]*');
+  if (v.includes('\0')) throw new UserError(`env value of ${k} contains NUL`);
+  return [k, v];
+}
+
+/** Commander collector for repeatable `--label`: returns a new record with the pair added. */
+export function collectLabel(text: string, prev: Record<string, string> | undefined): Record<string, string> {
+  const [k, v] = parseLabel(text);
+  return { ...prev, [k]: v };
+}
+
+/** Commander collector for repeatable `--env`: returns a new record with the pair added. */
+export function collectEnv(text: string, prev: Record<string, string> | undefined): Record<string, string> {
+  const [k, v] = parseEnv(text);
+  return { ...prev, [k]: v };
+}
+
+/** Validates a label selector `k=v,k2=v2` and returns it unchanged. */
+export function parseSelector(text: string): string {
+  if (text.trim() === '') throw new UserError('empty selector', 'write --selector key=value[,key=value...]');
+  for (const part of text.split(',')) parseLabel(part);
+  return text;
+}
+
+/** Parses a CPU amount in cores: a positive number, fractions allowed (`0.5`). */
+export function parseCpus(text: string): number {
+  const s = text.trim();
+  const n = /^\d+(\.\d+)?$|^\.\d+$/.test(s) ? Number(s) : NaN;
+  if (!(n > 0)) throw new UserError(`invalid CPU amount ${JSON.stringify(text)}`, 'write a positive number of cores, e.g. --cpus 0.5 or --cpus 2');
+  return n;
+}
+
+/** Parses a positive integer (e.g. `--pids`). */
+export function parsePositiveInt(text: string): number {
+  const s = text.trim();
+  const n = /^\d+$/.test(s) ? Number(s) : NaN;
+  if (!Number.isSafeInteger(n) || n <= 0) throw new UserError(`invalid count ${JSON.stringify(text)}`, 'write a positive whole number');
+  return n;
+}
+
+/**
+ * Wraps a parser for use as a commander option parser, prefixing errors with the flag,
+ * e.g. `--memory: invalid size "lots"`.
+ */
+export function flag<T, P = T>(name: string, parse: (text: string, prev: P) => T): (text: string, prev: P) => T {
+  return (text, prev) => {
+    try {
+      return parse(text, prev);
+    } catch (e) {
+      if (e instanceof UserError) throw new UserError(`${name}: ${e.message}`, e.hint);
+      throw e;
+    }
+  };
+}

@@ -1,0 +1,403 @@
+/**
+ * Wire format of the dsec agent protocol, version 1 (docs/AGENT_PROTOCOL.md).
+ *
+ * Every frame is a 12-byte header followed by its payload:
+ *
+ *     u32 BE payload length | u8 type | u8 flags (0) | u16 reserved (0) | u32 BE stream id
+ *
+ * This module is pure encoding/decoding: no I/O, no timers.
+ */
+
+/** Protocol version spoken by this client; sent first in HELLO. */
+export const PROTOCOL_VERSION = 1;
+
+/** Size of the frame header in bytes. */
+export const HEADER_LENGTH = 12;
+
+/**
+ * Largest payload either side may send (1 MiB). A peer announcing a larger payload is in
+ * protocol error; the agent closes the connection, the decoder throws.
+ */
+export const MAX_PAYLOAD = 1 << 20;
+
+/** Stream id of the control stream (HELLO, PING/PONG, connection-fatal ERROR). */
+export const CONTROL_STREAM = 0;
+
+/** Frame types. 14–31 are reserved for future streaming/PTY/file additions. */
+export const FrameType = {
+  /** Both directions, stream 0: u32 BE version (+ JSON info from the agent). */
+  HELLO: 1,
+  /** Client→agent, stream 0: any payload, echoed back in PONG. */
+  PING: 2,
+  /** Agent→client, stream 0: the PING payload. */
+  PONG: 3,
+  /** Client→agent, stream s≠0: TLV-encoded exec request. */
+  EXEC: 4,
+  /** Agent→client: u32 BE pid (as seen inside the sandbox). */
+  STARTED: 5,
+  /** Agent→client: raw stdout bytes. */
+  STDOUT: 6,
+  /** Agent→client: raw stderr bytes. */
+  STDERR: 7,
+  /** Client→agent: raw bytes for the child's stdin. */
+  STDIN: 8,
+  /** Client→agent, empty: close the child's stdin. */
+  STDIN_EOF: 9,
+  /** Client→agent: u32 BE signal number, sent to the exec's process group. */
+  SIGNAL: 10,
+  /** Agent→client, final: u8 how, i32 BE code, u8 timed_out, u64 BE duration (µs). */
+  EXIT: 11,
+  /** Agent→client, final: u32 BE errno, then a UTF-8 message. */
+  EXEC_ERROR: 12,
+  /** Agent→client: UTF-8 message; on stream 0 the agent closes the connection. */
+  ERROR: 13,
+} as const;
+
+/** A frame type number (see {@link FrameType}). */
+export type FrameTypeValue = (typeof FrameType)[keyof typeof FrameType];
+
+/** Tags of the TLV fields of an EXEC payload. Unknown tags are ignored by the agent. */
+export const ExecTag = {
+  /** Repeated, in order, at least one: one argv element (UTF-8, no NUL). */
+  ARGV: 1,
+  /** Repeated: one "K=V" environment entry (no NUL, must contain '='). */
+  ENV: 2,
+  /** Working directory; default "/". */
+  CWD: 3,
+  /** "uid", "uid:gid", "name" or "name:group"; default "0". */
+  USER: 4,
+  /** u32 BE milliseconds; 0 = no timeout. */
+  TIMEOUT_MS: 5,
+  /** u8: 1 = the client will send STDIN frames then STDIN_EOF; 0/absent = /dev/null. */
+  STDIN: 6,
+} as const;
+
+/** One decoded frame. `payload` is a view that the caller may keep. */
+export interface Frame {
+  /** Frame type (see {@link FrameType}); unknown numbers are passed through. */
+  type: number;
+  /** Flags byte (0 in version 1; receivers ignore it). */
+  flags: number;
+  /** Stream id; 0 is the control stream. */
+  stream: number;
+  /** Payload bytes (0 .. MAX_PAYLOAD). */
+  payload: Buffer;
+}
+
+/** Raised for malformed input: oversized frames, truncated TLV or fixed-size payloads. */
+export class ProtocolError extends Error {
+  constructor(message: string) {
+    super(message);
+    this.name = 'ProtocolError';
+  }
+}
+
+/**
+ * Encode a 12-byte frame header.
+ * @param type frame type, 0..255
+ * @param stream stream id, 0..2^32-1
+ * @param payloadLength payload size in bytes, 0..MAX_PAYLOAD
+ * @throws ProtocolError if payloadLength exceeds MAX_PAYLOAD
+ */
+export function encodeHeader(type: number, stream: number, payloadLength: number): Buffer {
+  if (payloadLength > MAX_PAYLOAD) {
+    throw new ProtocolError(`frame payload of ${payloadLength} bytes exceeds the ${MAX_PAYLOAD} byte limit`);
+  }
+  const h = Buffer.alloc(HEADER_LENGTH);
+  h.writeUInt32BE(payloadLength, 0);
+  h.writeUInt8(type, 4);
+  h.writeUInt32BE(stream >>> 0, 8);
+  return h;
+}
+
+/**
+ * Decode a frame header from the first 12 bytes of `buf`.
+ * @returns type, flags, stream id and payload length (not validated against MAX_PAYLOAD)
+ * @throws ProtocolError if `buf` is shorter than 12 bytes
+ */
+export function decodeHeader(buf: Buffer): { type: number; flags: number; stream: number; length: number } {
+  if (buf.length < HEADER_LENGTH) throw new ProtocolError(`frame header needs ${HEADER_LENGTH} bytes, got ${buf.length}`);
+  return {
+    length: buf.readUInt32BE(0),
+    type: buf.readUInt8(4),
+    flags: buf.readUInt8(5),
+    stream: buf.readUInt32BE(8),
+  };
+}
+
+/**
+ * Encode a whole frame (header + payload) as one Buffer.
+ * @throws ProtocolError if the payload exceeds MAX_PAYLOAD
+ */
+export function encodeFrame(type: number, stream: number, payload: Buffer = Buffer.alloc(0)): Buffer {
+  return Buffer.concat([encodeHeader(type, stream, payload.length), payload]);
+}
+
+/** One TLV field of an EXEC payload. */
+export interface TlvField {
+  /** Field tag (see {@link ExecTag}). */
+  tag: number;
+  /** Field value. */
+  value: Buffer;
+}
+
+/** Encode TLV fields: u8 tag, u32 BE length, bytes — concatenated in order. */
+export function encodeTlv(fields: readonly TlvField[]): Buffer {
+  const parts: Buffer[] = [];
+  for (const f of fields) {
+    const h = Buffer.alloc(5);
+    h.writeUInt8(f.tag, 0);
+    h.writeUInt32BE(f.value.length, 1);
+    parts.push(h, f.value);
+  }
+  return Buffer.concat(parts);
+}
+
+/**
+ * Decode TLV fields.
+ * @throws ProtocolError if a field header or value runs past the end of `buf`
+ */
+export function decodeTlv(buf: Buffer): TlvField[] {
+  const out: TlvField[] = [];
+  let off = 0;
+  while (off < buf.length) {
+    if (buf.length - off < 5) throw new ProtocolError(`truncated TLV field header at offset ${off}`);
+    const tag = buf.readUInt8(off);
+    const len = buf.readUInt32BE(off + 1);
+    off += 5;
+    if (len > buf.length - off) throw new ProtocolError(`TLV field ${tag} overruns the payload`);
+    out.push({ tag, value: buf.subarray(off, off + len) });
+    off += len;
+  }
+  return out;
+}
+
+/** What the client asks the agent to run (one EXEC frame). */
+export interface ExecRequestFields {
+  /** Program and arguments; argv[0] is searched along the request's PATH if it has no '/'. */
+  argv: string[];
+  /** The complete environment ("K=V" entries); nothing is inherited from the agent. */
+  env: string[];
+  /** Working directory inside the sandbox; default "/". */
+  cwd?: string;
+  /** "uid", "uid:gid", "name" or "name:group"; default "0" (root). */
+  user?: string;
+  /** Kill the process group with SIGKILL after this many ms; 0/undefined = never. */
+  timeoutMs?: number;
+  /** true: the client will send STDIN frames then STDIN_EOF; false/undefined: /dev/null. */
+  stdin?: boolean;
+}
+
+function checkString(what: string, s: string): Buffer {
+  if (typeof s !== 'string') throw new TypeError(`${what} must be a string`);
+  if (s.includes('\0')) throw new TypeError(`${what} must not contain a NUL character`);
+  return Buffer.from(s, 'utf8');
+}
+
+/**
+ * Encode an EXEC payload.
+ * @throws TypeError on an empty argv, strings with NUL, env entries without '=', an empty
+ *   cwd/user, or a timeout outside 0..2^32-1 ms
+ * @throws ProtocolError if the encoded request exceeds MAX_PAYLOAD
+ */
+export function encodeExecRequest(req: ExecRequestFields): Buffer {
+  if (!Array.isArray(req.argv) || req.argv.length === 0) throw new TypeError('argv must have at least one element');
+  const fields: TlvField[] = [];
+  req.argv.forEach((a, i) => fields.push({ tag: ExecTag.ARGV, value: checkString(`argv[${i}]`, a) }));
+  (req.env ?? []).forEach((e, i) => {
+    const b = checkString(`env[${i}]`, e);
+    if (!e.includes('=')) throw new TypeError(`env[${i}] must have the form K=V`);
+    fields.push({ tag: ExecTag.ENV, value: b });
+  });
+  if (req.cwd !== undefined) {
+    if (req.cwd === '') throw new TypeError('cwd must not be empty');
+    fields.push({ tag: ExecTag.CWD, value: checkString('cwd', req.cwd) });
+  }
+  if (req.user !== undefined) {
+    if (req.user === '') throw new TypeError('user must not be empty');
+    fields.push({ tag: ExecTag.USER, value: checkString('user', req.user) });
+  }
+  if (req.timeoutMs !== undefined && req.timeoutMs !== 0) {
+    const t = req.timeoutMs;
+    if (!Number.isInteger(t) || t < 0 || t > 0xffffffff) {
+      throw new TypeError(`timeoutMs must be an integer in 0..${0xffffffff}, got ${t}`);
+    }
+    const v = Buffer.alloc(4);
+    v.writeUInt32BE(t, 0);
+    fields.push({ tag: ExecTag.TIMEOUT_MS, value: v });
+  }
+  if (req.stdin) fields.push({ tag: ExecTag.STDIN, value: Buffer.from([1]) });
+  const payload = encodeTlv(fields);
+  if (payload.length > MAX_PAYLOAD) {
+    throw new ProtocolError(`exec request of ${payload.length} bytes exceeds the ${MAX_PAYLOAD} byte limit`);
+  }
+  return payload;
+}
+
+/**
+ * Decode an EXEC payload (the agent's view; used by tests and tools). Unknown tags are
+ * skipped.
+ * @throws ProtocolError on malformed TLV or fixed-size fields of the wrong length
+ */
+export function decodeExecRequest(payload: Buffer): ExecRequestFields {
+  const req: ExecRequestFields = { argv: [], env: [] };
+  for (const f of decodeTlv(payload)) {
+    switch (f.tag) {
+      case ExecTag.ARGV: req.argv.push(f.value.toString('utf8')); break;
+      case ExecTag.ENV: req.env.push(f.value.toString('utf8')); break;
+      case ExecTag.CWD: req.cwd = f.value.toString('utf8'); break;
+      case ExecTag.USER: req.user = f.value.toString('utf8'); break;
+      case ExecTag.TIMEOUT_MS:
+        if (f.value.length !== 4) throw new ProtocolError('TIMEOUT_MS must be 4 bytes');
+        req.timeoutMs = f.value.readUInt32BE(0);
+        break;
+      case ExecTag.STDIN:
+        if (f.value.length !== 1) throw new ProtocolError('STDIN must be 1 byte');
+        req.stdin = f.value[0] !== 0;
+        break;
+      default: break;
+    }
+  }
+  return req;
+}
+
+/** Decoded EXIT payload. */
+export interface ExitPayload {
+  /** 0 = exited normally, 1 = killed by a signal. */
+  how: 0 | 1;
+  /** Exit status (how = 0) or signal number (how = 1). */
+  code: number;
+  /** The exec's timeout elapsed and the agent SIGKILLed its process group. */
+  timedOut: boolean;
+  /** Monotonic time from fork to reap, in microseconds. */
+  durationUs: bigint;
+}
+
+/** Size of an EXIT payload: u8 + i32 + u8 + u64. */
+export const EXIT_PAYLOAD_LENGTH = 14;
+
+/** Encode an EXIT payload. */
+export function encodeExit(e: ExitPayload): Buffer {
+  const b = Buffer.alloc(EXIT_PAYLOAD_LENGTH);
+  b.writeUInt8(e.how, 0);
+  b.writeInt32BE(e.code, 1);
+  b.writeUInt8(e.timedOut ? 1 : 0, 5);
+  b.writeBigUInt64BE(e.durationUs, 6);
+  return b;
+}
+
+/**
+ * Decode an EXIT payload.
+ * @throws ProtocolError if shorter than 14 bytes (extra trailing bytes are ignored)
+ */
+export function decodeExit(p: Buffer): ExitPayload {
+  if (p.length < EXIT_PAYLOAD_LENGTH) throw new ProtocolError(`EXIT payload needs ${EXIT_PAYLOAD_LENGTH} bytes, got ${p.length}`);
+  const how = p.readUInt8(0);
+  if (how !== 0 && how !== 1) throw new ProtocolError(`EXIT: unknown how=${how}`);
+  return { how, code: p.readInt32BE(1), timedOut: p.readUInt8(5) !== 0, durationUs: p.readBigUInt64BE(6) };
+}
+
+/**
+ * Decode an EXEC_ERROR payload: u32 BE errno, then a UTF-8 message.
+ * @throws ProtocolError if shorter than 4 bytes
+ */
+export function decodeExecError(p: Buffer): { errno: number; message: string } {
+  if (p.length < 4) throw new ProtocolError(`EXEC_ERROR payload needs at least 4 bytes, got ${p.length}`);
+  return { errno: p.readUInt32BE(0), message: p.subarray(4).toString('utf8') };
+}
+
+/** Encode a u32 BE payload (HELLO version, STARTED pid, SIGNAL number). */
+export function encodeU32(v: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32BE(v >>> 0, 0);
+  return b;
+}
+
+/**
+ * Decode a payload that starts with a u32 BE (HELLO, STARTED, SIGNAL).
+ * @throws ProtocolError if shorter than 4 bytes
+ */
+export function decodeU32(p: Buffer, what: string): number {
+  if (p.length < 4) throw new ProtocolError(`${what} payload needs at least 4 bytes, got ${p.length}`);
+  return p.readUInt32BE(0);
+}
+
+/**
+ * Incremental frame decoder: feed it socket chunks of any size; it returns every frame
+ * completed so far and keeps the remainder. Handles frames split across chunks and many
+ * frames per chunk; copies only when a frame spans chunks.
+ */
+export class FrameDecoder {
+  private chunks: Buffer[] = [];
+  private buffered = 0;
+  /** Header of the frame being assembled, once its 12 bytes have arrived. */
+  private header: { type: number; flags: number; stream: number; length: number } | null = null;
+  private readonly maxPayload: number;
+
+  /** @param maxPayload largest accepted payload in bytes (default MAX_PAYLOAD). */
+  constructor(maxPayload: number = MAX_PAYLOAD) {
+    this.maxPayload = maxPayload;
+  }
+
+  /** Bytes received but not yet returned as frames (including a parsed pending header). */
+  get pendingBytes(): number {
+    return this.buffered + (this.header ? HEADER_LENGTH : 0);
+  }
+
+  /**
+   * Add a chunk and return the frames it completes, in order. Cost is linear in the bytes
+   * pushed, however they are split.
+   * @throws ProtocolError if a header announces a payload over maxPayload; the decoder is
+   *   then unusable (the connection must be dropped)
+   */
+  push(chunk: Buffer): Frame[] {
+    if (chunk.length) {
+      this.chunks.push(chunk);
+      this.buffered += chunk.length;
+    }
+    const frames: Frame[] = [];
+    for (;;) {
+      if (!this.header) {
+        if (this.buffered < HEADER_LENGTH) break;
+        const h = decodeHeader(this.take(HEADER_LENGTH));
+        if (h.length > this.maxPayload) {
+          throw new ProtocolError(`frame payload of ${h.length} bytes exceeds the ${this.maxPayload} byte limit`);
+        }
+        this.header = h;
+      }
+      const h = this.header;
+      if (this.buffered < h.length) break;
+      this.header = null;
+      const payload = h.length ? this.take(h.length) : Buffer.alloc(0);
+      frames.push({ type: h.type, flags: h.flags, stream: h.stream, payload });
+    }
+    return frames;
+  }
+
+  /** Consume n buffered bytes (n ≤ buffered); touches only the chunks it consumes. */
+  private take(n: number): Buffer {
+    this.buffered -= n;
+    const first = this.chunks[0];
+    if (first.length > n) {
+      this.chunks[0] = first.subarray(n);
+      return first.subarray(0, n);
+    }
+    if (first.length === n) {
+      this.chunks.shift();
+      return first;
+    }
+    const out = Buffer.allocUnsafe(n);
+    let off = 0;
+    let used = 0;
+    while (off < n) {
+      const c = this.chunks[used];
+      const k = Math.min(c.length, n - off);
+      c.copy(out, off, 0, k);
+      off += k;
+      if (k === c.length) used++;
+      else this.chunks[used] = c.subarray(k);
+    }
+    this.chunks.splice(0, used);
+    return out;
+  }
+}

@@ -1,0 +1,45 @@
+/** GET /v1/events: lifecycle events as NDJSON, optionally followed. */
+import type { FastifyInstance } from 'fastify';
+import { Event, EventsQuery } from '../schema.js';
+import { parseWith } from '../server.js';
+import { parseSelector } from '../../sandbox/repo.js';
+import { invalidArgument } from '../../errors.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const eventsRoute = route({
+  method: 'GET', url: '/v1/events', summary: 'Lifecycle events, one JSON object per line; follow=true keeps the stream open.',
+  query: EventsQuery, status: 200, response: Event, ndjson: true, errors: ['InvalidArgument'],
+});
+
+/** Registers the events route. */
+export function registerEventRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  app.get(eventsRoute.url, async (req, reply) => {
+    const q = parseWith(EventsQuery, req.query, 'query');
+    let match: (l: Record<string, string>) => boolean;
+    try {
+      match = parseSelector(q.selector);
+    } catch (e) {
+      throw invalidArgument((e as Error).message);
+    }
+    const ok = (e: Event) => !q.selector || (e.labels !== undefined && match(e.labels));
+    const follow = q.follow === 'true' || q.follow === '1';
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+    for (const e of deps.repo.events(q.since ?? 0)) if (ok(e)) res.write(JSON.stringify(e) + '\n');
+    if (!follow) {
+      res.end();
+      return;
+    }
+    const off = deps.repo.onEvent((e) => {
+      if (ok(e)) res.write(JSON.stringify(e) + '\n');
+    });
+    // A comment-free keepalive: an empty line every 15 s lets clients notice a dead daemon.
+    const ka = setInterval(() => res.write('\n'), 15_000);
+    req.raw.on('close', () => {
+      off();
+      clearInterval(ka);
+    });
+  });
+}

@@ -1,0 +1,53 @@
+/** The sandbox resource: create, list, get, destroy, stop, start, exec. */
+import type { FastifyInstance } from 'fastify';
+import { CreateSandboxRequest, DeleteQuery, ExecRequest, ExecResult, ListQuery, Sandbox, SandboxList } from '../schema.js';
+import { parseWith } from '../server.js';
+import { toApi } from '../../sandbox/repo.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const createRoute = route({
+  method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox.', body: CreateSandboxRequest, status: 201, response: Sandbox,
+  errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
+});
+const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: 'List sandboxes, optionally by label selector and state.', query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
+const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox.', status: 200, response: Sandbox, errors: ['NotFound'] });
+const deleteRoute = route({
+  method: 'DELETE', url: '/v1/sandboxes/:id', summary: 'Destroy a sandbox (force=true to destroy a running one).', query: DeleteQuery, status: 200, response: Sandbox,
+  errors: ['NotFound', 'FailedPrecondition'],
+});
+const stopRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/stop', summary: 'Stop every process; the writable layer stays.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
+const startRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/start', summary: 'Start a stopped sandbox on its writable layer.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
+const execRoute = route({
+  method: 'POST', url: '/v1/sandboxes/:id/exec', summary: 'Run a command to completion inside the sandbox.', body: ExecRequest, status: 200, response: ExecResult,
+  errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'Unavailable'],
+});
+
+/** Registers the sandbox routes. */
+export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const m = deps.manager;
+  app.post(createRoute.url, async (req, reply) => {
+    const body = parseWith(CreateSandboxRequest, req.body, 'create request');
+    const sb = await m.create(body);
+    return reply.code(201).send(toApi(sb));
+  });
+  app.get(listRoute.url, async (req) => {
+    const q = parseWith(ListQuery, req.query, 'query');
+    return { sandboxes: m.list(q.selector, q.state).map(toApi) };
+  });
+  app.delete(listRoute.url, async (_req, reply) =>
+    reply.code(405).header('allow', 'GET, POST').send({
+      error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
+    }));
+  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => toApi(m.get(req.params.id)));
+  app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {
+    const q = parseWith(DeleteQuery, req.query, 'query');
+    return toApi(await m.destroy(req.params.id, q.force === 'true' || q.force === '1'));
+  });
+  app.post<{ Params: { id: string } }>(stopRoute.url, async (req) => toApi(await m.stop(req.params.id)));
+  app.post<{ Params: { id: string } }>(startRoute.url, async (req) => toApi(await m.start(req.params.id)));
+  app.post<{ Params: { id: string } }>(execRoute.url, async (req) => {
+    const body = parseWith(ExecRequest, req.body, 'exec request');
+    return m.exec(req.params.id, body);
+  });
+}

@@ -1,0 +1,180 @@
+/**
+ * The dsecd HTTP API, defined once.
+ *
+ * Every request body and response body is a zod schema here; route handlers parse with
+ * them, and docs/api/openapi.json is generated from them (daemon/api/openapi.ts). JSON
+ * fields are snake_case, times are milliseconds (durations) or milliseconds since the
+ * Unix epoch (`*_at`), sizes are bytes, CPU amounts are cores (fractional).
+ * Request objects are strict: an unknown field is an InvalidArgument error.
+ */
+import { z } from 'zod';
+import { ERROR_KINDS } from '../errors.js';
+
+/** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
+export const LIMITS = {
+  /** Smallest memory limit accepted: 4 MiB; below that the agent and a shell cannot start. */
+  minMemoryBytes: 4 * 1024 * 1024,
+  /** Largest memory limit accepted: 1 TiB, far above any host dsec runs on. */
+  maxMemoryBytes: 1024 ** 4,
+  /** Smallest CPU share: 0.01 cores (a 1 ms quota per 100 ms period). */
+  minCpus: 0.01,
+  /** Largest CPU limit: 512 cores; more is a typo, not a machine. */
+  maxCpus: 512,
+  /** Smallest pids limit: 8 (agent, a shell, a command and some headroom). */
+  minPids: 8,
+  /** Largest pids limit: 4,194,304, the kernel's PID_MAX_LIMIT on 64-bit. */
+  maxPids: 4_194_304,
+  /** Longest exec timeout: 24 h. */
+  maxTimeoutMs: 24 * 3600 * 1000,
+  /** Largest stdin accepted inline by exec: 16 MiB (base64 in JSON). */
+  maxStdinBytes: 16 * 1024 * 1024,
+  /** Longest sandbox TTL: 30 days. */
+  maxTtlS: 30 * 24 * 3600,
+} as const;
+
+/** Label keys and values: Kubernetes-like, so selectors stay unambiguous (no `,` or `=`). */
+const labelKey = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'label key must match [A-Za-z0-9][A-Za-z0-9._/-]{0,62}');
+const labelValue = z.string().regex(/^[A-Za-z0-9._/-]{0,63}$/, 'label value must match [A-Za-z0-9._/-]{0,63}');
+const envKey = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names must match [A-Za-z_][A-Za-z0-9_]*');
+const envValue = z.string().refine((s) => !s.includes('\0'), 'env values must not contain NUL');
+
+/** Isolation tiers. Only `container` is built so far; the others answer Unimplemented. */
+export const Backend = z.enum(['container', 'fncall', 'microvm', 'vm']).describe('Isolation tier.');
+export type Backend = z.infer<typeof Backend>;
+
+/** Lifecycle states; transitions are defined in daemon/sandbox/state.ts. */
+export const SandboxState = z.enum(['creating', 'running', 'paused', 'stopped', 'failed', 'destroyed']);
+export type SandboxState = z.infer<typeof SandboxState>;
+
+/** Error body: `{ error: { code, message } }`. */
+export const ErrorBody = z.object({
+  error: z.object({
+    code: z.enum(ERROR_KINDS as [string, ...string[]]).describe('Error kind; decides the HTTP status.'),
+    message: z.string().describe('Human-readable description naming what failed.'),
+  }),
+});
+
+/** POST /v1/sandboxes request. */
+export const CreateSandboxRequest = z
+  .object({
+    backend: Backend.default('container').describe('Isolation tier; default container.'),
+    image: z.string().min(1).max(255).default('busybox').describe('Image reference, `name` or `name:tag`; default busybox.'),
+    cpus: z.number().min(LIMITS.minCpus).max(LIMITS.maxCpus).optional().describe('CPU limit in cores (fractional); default from config.'),
+    memory_bytes: z.number().int().min(LIMITS.minMemoryBytes).max(LIMITS.maxMemoryBytes).optional().describe('Memory limit in bytes; default from config.'),
+    pids: z.number().int().min(LIMITS.minPids).max(LIMITS.maxPids).optional().describe('Maximum number of processes; default from config.'),
+    labels: z.record(labelKey, labelValue).optional().describe('Labels, e.g. {job: "a", round: "3"}.'),
+    env: z.record(envKey, envValue).optional().describe('Environment for every exec, merged over the image env.'),
+    ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after creation when the sandbox is destroyed.'),
+  })
+  .strict();
+export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
+
+/** A sandbox as the API returns it. */
+export const Sandbox = z.object({
+  id: z.string().describe('Sandbox id: 16 lowercase hex characters.'),
+  backend: Backend,
+  image: z.string().describe('Image reference as resolved, `name:tag`.'),
+  image_layers: z.array(z.string()).describe('Layer digests of the image, lowest first.'),
+  state: SandboxState,
+  cpus: z.number().describe('CPU limit, cores.'),
+  memory_bytes: z.number().int().describe('Memory limit, bytes.'),
+  pids: z.number().int().describe('Process limit.'),
+  labels: z.record(z.string(), z.string()),
+  env: z.record(z.string(), z.string()),
+  ttl_s: z.number().int().nullable(),
+  created_at: z.number().int().describe('Creation time, ms since the Unix epoch.'),
+  updated_at: z.number().int().describe('Last state change, ms since the Unix epoch.'),
+  init_pid: z.number().int().nullable().describe('Host pid of the sandbox init (the agent), null unless running or paused.'),
+  uid_base: z.number().int().nullable().describe('First host uid/gid of the sandbox range (container uid 0).'),
+  uid_count: z.number().int().nullable().describe('Size of the uid/gid range.'),
+  error: z.string().nullable().describe('Why the sandbox failed, when state is failed.'),
+});
+export type Sandbox = z.infer<typeof Sandbox>;
+
+/** GET /v1/sandboxes response. */
+export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
+
+/** GET /v1/sandboxes query. */
+export const ListQuery = z
+  .object({
+    selector: z.string().optional().describe('Label selector `k=v,k2=v2` (all must match).'),
+    state: SandboxState.optional(),
+  })
+  .strict();
+
+/** DELETE /v1/sandboxes/{id} query. */
+export const DeleteQuery = z
+  .object({ force: z.enum(['true', 'false', '1', '0']).optional().describe('Destroy even if running (kills processes).') })
+  .strict();
+
+/** POST /v1/sandboxes/{id}/exec request. */
+export const ExecRequest = z
+  .object({
+    argv: z.array(z.string().refine((s) => !s.includes('\0'), 'argv must not contain NUL')).min(1).describe('Program and arguments; argv[0] is looked up in PATH.'),
+    env: z.record(envKey, envValue).optional().describe('Extra environment, merged over the sandbox env.'),
+    cwd: z.string().startsWith('/').optional().describe('Working directory inside the sandbox; default the image cwd.'),
+    user: z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User name or uid[:gid] inside the sandbox; default the image user.'),
+    stdin_b64: z.string().base64().optional().describe('Bytes fed to stdin, base64; stdin is empty otherwise.'),
+    timeout_ms: z.number().int().min(1).max(LIMITS.maxTimeoutMs).optional().describe('Kill the command (SIGKILL to its process group) after this many ms.'),
+  })
+  .strict();
+export type ExecRequest = z.infer<typeof ExecRequest>;
+
+/** POST /v1/sandboxes/{id}/exec response. */
+export const ExecResult = z.object({
+  exit_code: z.number().int().nullable().describe('Exit status, null when killed by a signal.'),
+  signal: z.string().nullable().describe('Signal name (e.g. SIGKILL) when killed by one, else null.'),
+  stdout_b64: z.string().describe('Standard output, base64, at most max_output_bytes.'),
+  stderr_b64: z.string().describe('Standard error, base64, at most max_output_bytes.'),
+  stdout_truncated: z.boolean(),
+  stderr_truncated: z.boolean(),
+  duration_ms: z.number().describe('Time from fork to exit inside the sandbox, ms.'),
+  oom: z.boolean().describe('True when the sandbox memory cgroup OOM-killed a process during this exec.'),
+  timed_out: z.boolean().describe('True when timeout_ms elapsed and the command was killed.'),
+});
+export type ExecResult = z.infer<typeof ExecResult>;
+
+/** GET /v1/version response. */
+export const VersionInfo = z.object({
+  version: z.string().describe('dsec version.'),
+  api: z.literal('v1'),
+  agent_protocol: z.number().int().describe('Version of the in-sandbox agent protocol.'),
+  node: z.string(),
+});
+
+/** GET /v1/host response. */
+export const HostInfo = z.object({
+  version: z.string(),
+  instance: z.string().describe('Instance name; keys cgroups, runtime state and mounts.'),
+  root: z.string().describe('State directory.'),
+  socket: z.string(),
+  kernel: z.string(),
+  cores: z.number().int(),
+  memory_bytes: z.number().int(),
+  cgroup: z.object({ version: z.union([z.literal(1), z.literal(2)]), parents: z.record(z.string(), z.string()) }),
+  runtime: z.object({ name: z.string(), path: z.string(), version: z.string() }),
+  backends: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() })),
+  uid_pool: z.object({ base: z.number().int(), size: z.number().int(), range_size: z.number().int(), in_use: z.number().int(), free: z.number().int() }),
+  sandboxes: z.record(z.string(), z.number().int()).describe('Count by state.'),
+  defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
+});
+
+/** One line of GET /v1/events (NDJSON). */
+export const Event = z.object({
+  time: z.number().int().describe('ms since the Unix epoch.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, exec.finished.'),
+  sandbox_id: z.string().nullable(),
+  state: SandboxState.optional(),
+  labels: z.record(z.string(), z.string()).optional(),
+  message: z.string().optional(),
+});
+export type Event = z.infer<typeof Event>;
+
+/** GET /v1/events query. */
+export const EventsQuery = z
+  .object({
+    selector: z.string().optional().describe('Only events of sandboxes whose labels match.'),
+    follow: z.enum(['true', 'false', '1', '0']).optional().describe('Keep the stream open and send new events as they happen.'),
+    since: z.coerce.number().int().optional().describe('Only events at or after this time, ms since the epoch.'),
+  })
+  .strict();

@@ -1,0 +1,87 @@
+/**
+ * The HTTP+JSON API on a Unix socket (fastify). Parsing is done with the zod schemas of
+ * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
+ * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
+ */
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
+import type { Logger } from 'pino';
+import type { z } from 'zod';
+import { DsecError, invalidArgument, notFound } from '../errors.js';
+import type { SandboxManager } from '../sandbox/manager.js';
+import type { SandboxRepo } from '../sandbox/repo.js';
+import type { ImageStore } from '../image/store.js';
+import { registerSandboxRoutes } from './routes/sandboxes.js';
+import { registerEventRoutes } from './routes/events.js';
+import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
+
+/** What routes need. */
+export interface ApiDeps {
+  manager: SandboxManager;
+  repo: SandboxRepo;
+  images: ImageStore;
+  host: HostInfoProvider;
+  log: Logger;
+}
+
+/** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
+export const BODY_LIMIT_BYTES = 32 * 1024 * 1024;
+
+/**
+ * Parses `input` with `schema`, turning zod issues into one InvalidArgument message
+ * such as `memory_bytes: Too small: expected number to be >=4194304; unknown field "foo"`.
+ */
+export function parseWith<S extends z.ZodType>(schema: S, input: unknown, what: string): z.infer<S> {
+  const r = schema.safeParse(input ?? {});
+  if (r.success) return r.data;
+  const msg = r.error.issues
+    .map((i) => {
+      if (i.code === 'unrecognized_keys') return `unknown field${i.keys.length > 1 ? 's' : ''} ${i.keys.map((k) => `"${k}"`).join(', ')}`;
+      return `${i.path.length ? i.path.join('.') + ': ' : ''}${i.message}`;
+    })
+    .join('; ');
+  throw invalidArgument(`invalid ${what}: ${msg}`);
+}
+
+/** Sends a DsecError (or any thrown value, as Internal) in the API error shape. */
+export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: FastifyRequest): FastifyReply {
+  let err: DsecError;
+  if (e instanceof DsecError) err = e;
+  else if (e && typeof e === 'object' && 'statusCode' in e && typeof (e as { statusCode: unknown }).statusCode === 'number' && (e as { statusCode: number }).statusCode < 500) {
+    // fastify's own client errors (body too large, bad content type, malformed JSON)
+    const fe = e as { statusCode: number; message: string };
+    err = new DsecError(fe.statusCode === 413 ? 'ResourceExhausted' : 'InvalidArgument', fe.message);
+  } else {
+    log.error({ err: e, url: req?.url }, 'internal error');
+    err = new DsecError('Internal', `internal error: ${(e as Error)?.message ?? String(e)}`);
+  }
+  if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
+  return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message } });
+}
+
+/** Builds the fastify app with every route; the caller listens. */
+export function buildApi(deps: ApiDeps): FastifyInstance {
+  const app = Fastify({
+    // Per-request access logs are at info level; the API logger keeps warnings and errors only.
+    loggerInstance: deps.log.child({ component: 'api' }, { level: 'warn' }) as unknown as FastifyBaseLogger,
+    bodyLimit: BODY_LIMIT_BYTES,
+    return503OnClosing: true,
+    forceCloseConnections: true,
+  });
+  // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {
+    const s = (body as string).trim();
+    if (s === '') return done(null, undefined);
+    try {
+      done(null, JSON.parse(s));
+    } catch (e) {
+      done(invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
+    }
+  });
+  app.setErrorHandler((e, req, reply) => sendError(reply, e, deps.log, req));
+  app.setNotFoundHandler((req, reply) => sendError(reply, notFound(`no route ${req.method} ${req.url.split('?')[0]}`), deps.log, req));
+  registerHostRoutes(app, deps);
+  registerSandboxRoutes(app, deps);
+  registerEventRoutes(app, deps);
+  return app;
+}

@@ -1,0 +1,150 @@
+/**
+ * dsecd configuration: defaults, the optional TOML file, environment, and flags, in
+ * increasing precedence. The resolved object is immutable for the life of the process.
+ */
+import { createHash } from 'node:crypto';
+import { readFileSync, existsSync } from 'node:fs';
+import path from 'node:path';
+import { parse as parseToml } from 'smol-toml';
+import { z } from 'zod';
+import { invalidArgument } from './errors.js';
+
+/** Default state directory (`--root`, DSEC_ROOT). */
+export const DEFAULT_ROOT = '/var/lib/dsec';
+/** Default API socket (`--socket`, DSEC_SOCKET). */
+export const DEFAULT_SOCKET = '/run/dsec/dsecd.sock';
+/** Default config file (`--config`); optional: a missing default file is not an error. */
+export const DEFAULT_CONFIG = '/etc/dsec/dsecd.toml';
+
+/**
+ * The config file schema (TOML). Every key is optional; see {@link DaemonConfig} for
+ * meanings and defaults. Unknown keys are rejected so a typo never silently does nothing.
+ */
+const FileConfig = z
+  .object({
+    root: z.string().optional(),
+    socket: z.string().optional(),
+    instance: z.string().regex(/^[a-z0-9][a-z0-9_.-]{0,62}$/).optional(),
+    log_level: z.enum(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent']).optional(),
+    runtime: z
+      .object({
+        name: z.enum(['auto', 'runc', 'crun']).optional(),
+        path: z.string().optional(),
+      })
+      .strict()
+      .optional(),
+    uid_pool: z
+      .object({
+        base: z.number().int().min(65536).optional(),
+        size: z.number().int().min(65536).optional(),
+        range_size: z.number().int().min(1).max(1 << 24).optional(),
+      })
+      .strict()
+      .optional(),
+    defaults: z
+      .object({
+        cpus: z.number().positive().optional(),
+        memory_bytes: z.number().int().positive().optional(),
+        pids: z.number().int().positive().optional(),
+      })
+      .strict()
+      .optional(),
+    exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
+  })
+  .strict();
+
+/** The resolved daemon configuration. */
+export interface DaemonConfig {
+  /** State directory: store, layers, per-sandbox dirs, runtime state. */
+  root: string;
+  /** Unix socket path of the API. */
+  socket: string;
+  /**
+   * Instance name. Keys everything this dsecd creates outside its root (cgroup parent
+   * `dsec-<instance>`, runtime container names). Default: `default` for the default
+   * root, else derived from the root path (basename + 8 hex of its sha256) so two
+   * instances with different roots never collide.
+   */
+  instance: string;
+  /** pino log level. */
+  logLevel: string;
+  /** OCI runtime choice: `auto` picks crun when it works on this host, runc otherwise. */
+  runtime: { name: 'auto' | 'runc' | 'crun'; path: string | null };
+  /**
+   * Host uid/gid pool from which each sandbox gets its own range (container uid 0 ->
+   * host `base + k*rangeSize`). Default base 2^31, size 2^30, range 65,536: 16,384
+   * sandboxes, far above this host's target of 5,000, each with the conventional
+   * 65,536 ids of a subuid range. Instances on one host must use disjoint pools; dsecd
+   * refuses to start when another running instance registered an overlapping pool.
+   */
+  uidPool: { base: number; size: number; rangeSize: number };
+  /** Limits applied when a create request leaves them out: 1 core, 512 MiB, 1,024 pids. */
+  defaults: { cpus: number; memoryBytes: number; pids: number };
+  /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
+  maxOutputBytes: number;
+}
+
+/** Options from flags and environment; undefined means "not given". */
+export interface ConfigSources {
+  root?: string;
+  socket?: string;
+  config?: string;
+  env?: NodeJS.ProcessEnv;
+}
+
+/** Derives the default instance name for `root` (see {@link DaemonConfig.instance}). */
+export function instanceNameFor(root: string): string {
+  const abs = path.resolve(root);
+  if (abs === DEFAULT_ROOT) return 'default';
+  const base = path.basename(abs).toLowerCase().replace(/[^a-z0-9_.-]/g, '-').replace(/^[^a-z0-9]+/, '').slice(0, 40) || 'x';
+  const hash = createHash('sha256').update(abs).digest('hex').slice(0, 8);
+  return `${base}-${hash}`;
+}
+
+/**
+ * Resolves the configuration. Precedence: flags > environment (DSEC_ROOT, DSEC_SOCKET,
+ * DSEC_CONFIG) > config file > defaults.
+ * @throws DsecError InvalidArgument when the config file is unreadable, not TOML, or has unknown/invalid keys,
+ *   or when an explicitly named config file does not exist.
+ */
+export function loadConfig(src: ConfigSources = {}): DaemonConfig {
+  const env = src.env ?? process.env;
+  const explicit = src.config ?? env.DSEC_CONFIG;
+  const file = explicit ?? DEFAULT_CONFIG;
+  let fc: z.infer<typeof FileConfig> = {};
+  if (existsSync(file)) {
+    let raw: unknown;
+    try {
+      raw = parseToml(readFileSync(file, 'utf8'));
+    } catch (e) {
+      throw invalidArgument(`config ${file}: ${(e as Error).message}`);
+    }
+    const r = FileConfig.safeParse(raw);
+    if (!r.success) {
+      throw invalidArgument(`config ${file}: ${r.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
+    }
+    fc = r.data;
+  } else if (explicit !== undefined) {
+    throw invalidArgument(`config file ${file} does not exist`);
+  }
+  const root = path.resolve(src.root ?? env.DSEC_ROOT ?? fc.root ?? DEFAULT_ROOT);
+  const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
+  return Object.freeze({
+    root,
+    socket,
+    instance: fc.instance ?? instanceNameFor(root),
+    logLevel: env.DSEC_LOG_LEVEL ?? fc.log_level ?? 'info',
+    runtime: { name: fc.runtime?.name ?? 'auto', path: fc.runtime?.path ?? null },
+    uidPool: {
+      base: fc.uid_pool?.base ?? 2 ** 31,
+      size: fc.uid_pool?.size ?? 2 ** 30,
+      rangeSize: fc.uid_pool?.range_size ?? 65536,
+    },
+    defaults: {
+      cpus: fc.defaults?.cpus ?? 1,
+      memoryBytes: fc.defaults?.memory_bytes ?? 512 * 1024 * 1024,
+      pids: fc.defaults?.pids ?? 1024,
+    },
+    maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
+  });
+}

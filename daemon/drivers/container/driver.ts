@@ -1,0 +1,302 @@
+/**
+ * The `container` backend: an OCI runtime (runc/crun) container whose rootfs is an
+ * overlayfs over idmapped EROFS layers, in its own user namespace and uid range, with
+ * the dsec agent as PID 1.
+ *
+ * Host layout of one sandbox (all under `<root>/sandboxes/<id>/`):
+ *   config.json   OCI spec (the bundle)
+ *   rootfs/       overlay mount (lower: lower/<i> idmapped EROFS mounts; upper/, work/)
+ *   upper/ work/  the writable layer; survives stop/start, removed by destroy
+ *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
+ *   agent.log     the agent's stderr; runtime.log the runtime's log
+ */
+import net from 'node:net';
+import { closeSync, openSync } from 'node:fs';
+import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import { constants as osConstants } from 'node:os';
+import type { Logger } from 'pino';
+import type { CgroupManager } from '../../host/cgroups/index.js';
+import type { LayerMounts } from '../../image/mounts.js';
+import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
+import { AgentClient } from '../../agent/client.js';
+import { DsecError, failedPrecondition, internal, invalidArgument, unavailable } from '../../errors.js';
+import type { SandboxRecord } from '../../sandbox/repo.js';
+import type { Failpoints } from '../../sandbox/failpoints.js';
+import type { DriverCapabilities, DriverExecRequest, DriverExecResult, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
+import { buildSpec } from './spec.js';
+import { procStartTime } from '../../host/proc.js';
+import type { OciRuntime } from './runtime.js';
+
+/** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
+const AGENT_CONNECT_TIMEOUT_MS = 15_000;
+
+/** Dependencies of the container driver, built once by the daemon. */
+export interface ContainerDriverDeps {
+  /** Instance root (state directory). */
+  root: string;
+  runtime: OciRuntime;
+  cgroups: CgroupManager;
+  layers: LayerMounts;
+  /** Host path of the static agent binary. */
+  agentBinary: string;
+  log: Logger;
+}
+
+const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
+  Object.entries(osConstants.signals).map(([name, num]) => [num as number, name]),
+);
+
+/** The container backend. */
+export class ContainerDriver implements SandboxDriver {
+  readonly backend = 'container' as const;
+  private readonly agents = new Map<string, Promise<AgentClient>>();
+  /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
+  private readonly held = new Map<string, string[]>();
+
+  constructor(private readonly d: ContainerDriverDeps) {}
+
+  /** `<root>/sandboxes`. */
+  get sandboxesDir(): string {
+    return path.join(this.d.root, 'sandboxes');
+  }
+
+  /** `<root>/sandboxes/<id>`. */
+  dir(id: string): string {
+    return path.join(this.sandboxesDir, id);
+  }
+
+  capabilities(): DriverCapabilities {
+    return { id: 'dsec.driver.container.v1', backend: 'container', available: true, reason: null, pause: false, snapshot: false };
+  }
+
+  async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+    await mkdir(this.dir(sb.id), { recursive: true, mode: 0o711 });
+    await this.mountRootfs(sb, fp, 'create');
+    return this.launch(sb, fp, 'create');
+  }
+
+  async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+    await this.mountRootfs(sb, fp, 'start');
+    return this.launch(sb, fp, 'start');
+  }
+
+  private async mountRootfs(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<string> {
+    if (sb.uidBase === null || sb.uidCount === null) throw internal(`sandbox ${sb.id} has no uid range`);
+    await this.acquireLayers(sb);
+    if (op === 'create') fp.hit('create.after-layers');
+    const lowers = sb.imageLayers.map((dg) => this.d.layers.dirFor(dg));
+    const { rootfs } = await prepareRootfs({ dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount });
+    if (op === 'create') fp.hit('create.after-rootfs');
+    return rootfs;
+  }
+
+  private async acquireLayers(sb: SandboxRecord): Promise<void> {
+    if (this.held.has(sb.id)) return;
+    const got: string[] = [];
+    try {
+      for (const dg of sb.imageLayers) {
+        await this.d.layers.acquire(dg);
+        got.push(dg);
+      }
+    } catch (e) {
+      for (const dg of got) await this.d.layers.release(dg).catch(() => {});
+      throw e;
+    }
+    this.held.set(sb.id, got);
+  }
+
+  private async releaseLayers(id: string): Promise<void> {
+    const got = this.held.get(id);
+    if (!got) return;
+    this.held.delete(id);
+    for (const dg of got) await this.d.layers.release(dg).catch((e) => this.d.log.warn({ err: e, digest: dg }, 'layer release failed'));
+  }
+
+  /**
+   * Writes the bundle, binds the agent socket, runs the container and waits for the
+   * agent's HELLO. The socket is bound under a temporary name and renamed into place:
+   * Node's listener unlinks its path when closed, and dsecd closes its copy of the
+   * listening fd as soon as the runtime has passed it into the container.
+   */
+  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<InitInfo> {
+    const dir = this.dir(sb.id);
+    const spec = buildSpec({
+      id: sb.id,
+      rootfs: path.join(dir, 'rootfs'),
+      agentBinary: this.d.agentBinary,
+      uidBase: sb.uidBase!,
+      uidCount: sb.uidCount!,
+      cgroupsPath: this.d.cgroups.runtimePath(sb.id),
+      cpus: sb.cpus,
+      memoryBytes: sb.memoryBytes,
+      pids: sb.pids,
+    });
+    await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
+    const sock = path.join(dir, 'agent.sock');
+    const tmpSock = path.join(dir, 'agent.sock.tmp');
+    await rm(sock, { force: true });
+    await rm(tmpSock, { force: true });
+    const server = net.createServer();
+    // Connections are accepted by the agent, never here: the server is closed before dsecd connects.
+    server.on('connection', (c) => c.destroy());
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen({ path: tmpSock, backlog: 128 }, () => resolve());
+    });
+    let pid: number;
+    const logFd = openSync(path.join(dir, 'agent.log'), 'a', 0o600);
+    try {
+      await rename(tmpSock, sock);
+      if (op === 'create') fp.hit('create.after-bundle');
+      const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
+      pid = await this.d.runtime.run(sb.id, dir, { pidFile: path.join(dir, 'init.pid'), logFile: path.join(dir, 'runtime.log'), stdioFd: logFd, extraFd: fd });
+    } finally {
+      closeSync(logFd);
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+    }
+    fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
+    const start = procStartTime(pid);
+    if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
+    await this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS);
+    if (op === 'create') fp.hit('create.after-agent');
+    return { pid, start };
+  }
+
+  /** The sandbox's agent connection, connecting (and caching) on first use. */
+  private agent(id: string, timeoutMs = 5_000): Promise<AgentClient> {
+    let p = this.agents.get(id);
+    if (!p) {
+      p = AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs }).then((c) => {
+        c.onLost(() => {
+          if (this.agents.get(id) === p) this.agents.delete(id);
+        });
+        return c;
+      });
+      p.catch(() => {
+        if (this.agents.get(id) === p) this.agents.delete(id);
+      });
+      this.agents.set(id, p);
+    }
+    return p;
+  }
+
+  private async dropAgent(id: string): Promise<void> {
+    const p = this.agents.get(id);
+    this.agents.delete(id);
+    if (p) await p.then((c) => c.close()).catch(() => {});
+  }
+
+  async stop(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+    await this.dropAgent(sb.id);
+    await this.d.runtime.deleteForce(sb.id);
+    fp.hit('stop.after-kill');
+    await this.d.cgroups.killAll(sb.id).catch(() => {});
+    await this.d.cgroups.remove(sb.id);
+    await teardownRootfs(this.dir(sb.id));
+    await this.releaseLayers(sb.id);
+  }
+
+  async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+    await this.dropAgent(sb.id);
+    await this.d.runtime.kill(sb.id, 'KILL');
+    fp.hit('destroy.after-kill');
+    await this.d.runtime.deleteForce(sb.id);
+    fp.hit('destroy.after-runtime');
+    await teardownRootfs(this.dir(sb.id));
+    await this.releaseLayers(sb.id);
+    fp.hit('destroy.after-rootfs');
+    await this.d.cgroups.killAll(sb.id).catch(() => {});
+    await this.d.cgroups.remove(sb.id);
+    fp.hit('destroy.after-cgroup');
+    await removeSandboxDir(this.dir(sb.id));
+    fp.hit('destroy.after-dir');
+  }
+
+  async exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult> {
+    let client: AgentClient;
+    try {
+      client = await this.agent(sb.id);
+    } catch (e) {
+      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
+    }
+    const oomBefore = await this.d.cgroups.oomKills(sb.id).catch(() => 0);
+    let res;
+    try {
+      res = await client.exec({
+        argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs,
+        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes,
+      });
+    } catch (e) {
+      if (e instanceof DsecError) throw e;
+      throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
+    }
+    const oomAfter = await this.d.cgroups.oomKills(sb.id).catch(() => oomBefore);
+    if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
+      throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
+    }
+    return { ...res, oom: oomAfter > oomBefore };
+  }
+
+  /** Signal number -> name (e.g. 9 -> SIGKILL). */
+  static signalName(n: number): string {
+    return SIGNAL_NAMES[n] ?? `SIG${n}`;
+  }
+
+  async isAlive(sb: SandboxRecord): Promise<boolean> {
+    if (!sb.initPid || sb.initStart === null) return false;
+    if (procStartTime(sb.initPid) !== sb.initStart) return false;
+    const st = await this.d.runtime.state(sb.id);
+    return !!st && (st.status === 'running' || st.status === 'paused') && st.pid === sb.initPid;
+  }
+
+  async adopt(sb: SandboxRecord): Promise<void> {
+    await this.acquireLayers(sb);
+  }
+
+  async cleanOrphans(known: Set<string>): Promise<OrphanReport> {
+    const removed: string[] = [];
+    for (const c of await this.d.runtime.list()) {
+      if (!known.has(c.id)) {
+        await this.d.runtime.deleteForce(c.id);
+        removed.push(`runtime container ${c.id}`);
+      }
+    }
+    for (const id of await this.d.cgroups.list()) {
+      if (!known.has(id)) {
+        await this.d.cgroups.killAll(id).catch(() => {});
+        await this.d.cgroups.remove(id);
+        removed.push(`cgroup ${id}`);
+      }
+    }
+    let dirs: string[] = [];
+    try {
+      dirs = await readdir(this.sandboxesDir);
+    } catch { /* none yet */ }
+    for (const id of dirs) {
+      if (!known.has(id)) {
+        await teardownRootfs(this.dir(id));
+        await removeSandboxDir(this.dir(id));
+        removed.push(`sandbox dir ${id}`);
+      }
+    }
+    // Mounts whose dir vanished (e.g. removed by hand) but are still in the mount table.
+    for (const m of await listMountsUnder(this.sandboxesDir + '/')) {
+      const id = path.relative(this.sandboxesDir, m).split(path.sep)[0];
+      if (!known.has(id)) {
+        await teardownRootfs(this.dir(id));
+        removed.push(`mount ${m}`);
+      }
+    }
+    return { removed };
+  }
+
+  async close(): Promise<void> {
+    for (const id of [...this.agents.keys()]) await this.dropAgent(id);
+  }
+
+  /** Throws FailedPrecondition unless the sandbox is running (for exec). */
+  static assertRunning(sb: SandboxRecord): void {
+    if (sb.state !== 'running') throw failedPrecondition(`sandbox ${sb.id} is ${sb.state}; exec needs a running sandbox (start it with \`dsec start ${sb.id}\`)`);
+  }
+}

@@ -1,0 +1,94 @@
+/**
+ * OCI runtime spec (config.json) for a container sandbox. Pure: same input, same spec;
+ * unit-tested in test/unit/spec.test.ts.
+ *
+ * The container's init is the dsec agent (native/agent), bind-mounted read-only at
+ * {@link AGENT_PATH} and started with `--listen-fd 3`: fd 3 is the listening socket that
+ * dsecd bound at a host path the sandbox's mount namespace does not contain.
+ */
+
+/** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
+export const AGENT_PATH = '/dev/.dsec-agent';
+
+/**
+ * Capabilities of processes in a sandbox: Docker's default set. CAP_SYS_PTRACE is
+ * deliberately absent: with it, root in the sandbox could ptrace the agent (PID 1) or
+ * open /proc/1/fd and reach the agent's listening socket.
+ */
+export const DEFAULT_CAPS = [
+  'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_MKNOD', 'CAP_NET_RAW', 'CAP_SETGID',
+  'CAP_SETUID', 'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
+] as const;
+
+/** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
+export const CPU_PERIOD_US = 100_000;
+
+/** Inputs of {@link buildSpec}. */
+export interface SpecInput {
+  /** Sandbox id; also the hostname. */
+  id: string;
+  /** Absolute path of the prepared rootfs (overlay mount). */
+  rootfs: string;
+  /** Host path of the agent binary. */
+  agentBinary: string;
+  /** First host uid/gid of the sandbox's range, and its size. */
+  uidBase: number;
+  uidCount: number;
+  /** runtime cgroupsPath (relative; see daemon/host/cgroups). */
+  cgroupsPath: string;
+  /** Limits: cores (fractional), bytes, processes. */
+  cpus: number;
+  memoryBytes: number;
+  pids: number;
+}
+
+/** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
+const MASKED_PATHS = [
+  '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
+  '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
+];
+const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
+
+/** Builds the OCI spec (runtime-spec 1.0.2 as runc 1.1 reads it). */
+export function buildSpec(i: SpecInput): Record<string, unknown> {
+  const caps = [...DEFAULT_CAPS];
+  return {
+    ociVersion: '1.0.2',
+    process: {
+      terminal: false,
+      user: { uid: 0, gid: 0 },
+      args: [AGENT_PATH, '--listen-fd', '3'],
+      env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'],
+      cwd: '/',
+      capabilities: { bounding: caps, effective: caps, permitted: caps },
+      noNewPrivileges: true,
+      oomScoreAdj: 0,
+    },
+    root: { path: i.rootfs, readonly: false },
+    hostname: i.id,
+    mounts: [
+      { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
+      { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'] },
+      { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
+      { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
+      { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      { destination: AGENT_PATH, type: 'bind', source: i.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+    ],
+    linux: {
+      uidMappings: [{ containerID: 0, hostID: i.uidBase, size: i.uidCount }],
+      gidMappings: [{ containerID: 0, hostID: i.uidBase, size: i.uidCount }],
+      namespaces: [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'user' }, { type: 'cgroup' }],
+      cgroupsPath: i.cgroupsPath,
+      resources: {
+        memory: { limit: i.memoryBytes },
+        cpu: { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
+        pids: { limit: i.pids },
+        devices: [{ allow: false, access: 'rwm' }],
+      },
+      maskedPaths: MASKED_PATHS,
+      readonlyPaths: READONLY_PATHS,
+      rootfsPropagation: 'private',
+    },
+  };
+}

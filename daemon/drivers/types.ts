@@ -1,0 +1,77 @@
+/**
+ * The backend contract. Every isolation tier (container, fncall, microvm, vm)
+ * implements {@link SandboxDriver}; the lifecycle state machine, the store and the API
+ * live once in daemon/sandbox/ and never per driver (DESIGN.md §3).
+ *
+ * Contract for every method: it may be interrupted by a crash at any point and called
+ * again (or `destroy`ed) after a restart, so each is idempotent with respect to what it
+ * leaves on the host.
+ */
+import type { Backend } from '../api/schema.js';
+import type { SandboxRecord } from '../sandbox/repo.js';
+import type { Failpoints } from '../sandbox/failpoints.js';
+import type { AgentExecResult } from '../agent/client.js';
+
+/** What a backend can do on this host; reported by `dsec host info`. */
+export interface DriverCapabilities {
+  /** Plugin id, versioned like containerd's: e.g. `dsec.driver.container.v1`. */
+  id: string;
+  backend: Backend;
+  /** False when the host lacks what the backend needs; `reason` says what. */
+  available: boolean;
+  reason: string | null;
+  pause: boolean;
+  snapshot: boolean;
+}
+
+/** Where the init of a running sandbox is: host pid and its /proc starttime. */
+export interface InitInfo {
+  pid: number;
+  start: number;
+}
+
+/** A command to run in a sandbox, resolved against the sandbox and image config. */
+export interface DriverExecRequest {
+  argv: string[];
+  /** Full environment, `K=V`. */
+  env: string[];
+  cwd: string;
+  user: string;
+  stdin?: Buffer;
+  timeoutMs?: number;
+  /** Cap per output stream, bytes. */
+  maxOutputBytes: number;
+}
+
+/** Result of a driver exec plus whether the sandbox OOM-killed a process meanwhile. */
+export type DriverExecResult = AgentExecResult & { oom: boolean };
+
+/** Leftovers found on the host that no store row accounts for. */
+export interface OrphanReport {
+  /** Human-readable description of each leftover removed. */
+  removed: string[];
+}
+
+/** The backend contract; see the module comment for the idempotency rule. */
+export interface SandboxDriver {
+  readonly backend: Backend;
+  capabilities(): DriverCapabilities;
+  /** Creates and starts the sandbox described by `sb` (state creating); returns its init. */
+  create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
+  /** Starts a stopped sandbox again on its kept writable layer. */
+  start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
+  /** Ends every process of the sandbox; keeps its writable layer. Safe on a dead sandbox. */
+  stop(sb: SandboxRecord, fp: Failpoints): Promise<void>;
+  /** Removes everything of the sandbox from the host. Safe on any partial state. */
+  destroy(sb: SandboxRecord, fp: Failpoints): Promise<void>;
+  /** Runs a command to completion. @throws DsecError FailedPrecondition when the sandbox is not running. */
+  exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult>;
+  /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */
+  isAlive(sb: SandboxRecord): Promise<boolean>;
+  /** Re-establishes in-memory state (agent connection, layer refs) for a live sandbox after a restart. */
+  adopt(sb: SandboxRecord): Promise<void>;
+  /** Removes host leftovers of this backend that belong to none of `known` sandbox ids. */
+  cleanOrphans(known: Set<string>): Promise<OrphanReport>;
+  /** Releases in-memory resources at daemon shutdown; sandboxes keep running. */
+  close(): Promise<void>;
+}

@@ -1,0 +1,178 @@
+/**
+ * Cgroups behind one interface (DESIGN.md §3 "Platform detected once").
+ *
+ * This module is the only code in dsec that reads or writes `/sys/fs/cgroup`.
+ * {@link detectCgroups} runs once at daemon start, decides between cgroup v1 (legacy and
+ * hybrid hosts, like the development machine) and v2 (production hosts), and returns a
+ * {@link CgroupManager} for one `dsecd` instance.
+ *
+ * Layout. Every instance owns one parent cgroup per hierarchy,
+ * `<hierarchy mount>/<dsecd's own cgroup>/dsec-<instance>`, and every container sandbox
+ * gets `<parent>/<sandbox id>`. runc (cgroupfs driver) is handed the relative
+ * `cgroupsPath` `dsec-<instance>/<id>` ({@link CgroupManager.runtimePath}) and resolves it
+ * against its own cgroup, which it inherits from dsecd, so runc and this module agree on
+ * the directory without passing absolute paths around. runc creates the sandbox cgroup
+ * and applies the OCI limits; this module creates/removes the instance parents, reads
+ * stats, freezes/thaws, kills and removes sandbox cgroups. Instances never look outside
+ * their own `dsec-<instance>` dirs, so several dsecd instances run side by side.
+ */
+import { readFile } from 'node:fs/promises';
+import path from 'node:path';
+import { assertInstanceName, isFile, parseMountinfo, parseProcCgroup, resolveLayout } from './procfs.js';
+import { CgroupV1Manager } from './v1.js';
+import { CgroupV2Manager } from './v2.js';
+
+export { CgroupV1Manager } from './v1.js';
+export { CgroupV2Manager, DAEMON_LEAF, V2_CONTROLLERS } from './v2.js';
+export { INSTANCE_NAME_RE, SANDBOX_ID_RE } from './procfs.js';
+
+/** Where cgroupfs is mounted on a normal Linux host. */
+export const DEFAULT_MOUNT_ROOT = '/sys/fs/cgroup';
+
+/**
+ * A point-in-time snapshot of one sandbox cgroup. Byte and nanosecond counts come
+ * straight from the kernel files named below (v1 file / v2 file); missing files
+ * (controller not mounted, old kernel) read as 0 / null / false.
+ */
+export interface CgroupStats {
+  /** Charged memory in bytes, page cache included (v1 memory.usage_in_bytes / v2 memory.current). */
+  memoryBytes: number;
+  /** Memory limit in bytes, null when unlimited (v1 memory.limit_in_bytes / v2 memory.max). */
+  memoryLimitBytes: number | null;
+  /** Page cache in bytes (v1 memory.stat total_cache / v2 memory.stat file). */
+  memoryCacheBytes: number;
+  /** Anonymous memory in bytes (v1 memory.stat total_rss / v2 memory.stat anon). */
+  memoryAnonBytes: number;
+  /** Cumulative OOM kills (v1 memory.oom_control oom_kill / v2 memory.events oom_kill). */
+  oomKills: number;
+  /** Tasks in the cgroup (pids.current; v1 without a pids hierarchy: number of processes). */
+  pidsCurrent: number;
+  /** Task limit, null when unlimited (pids.max). */
+  pidsLimit: number | null;
+  /** CPU time used in nanoseconds (v1 cpuacct.usage / v2 cpu.stat usage_usec × 1000). */
+  cpuUsageNs: number;
+  /** True when fully frozen (v1 freezer.state FROZEN / v2 cgroup.events frozen 1). */
+  frozen: boolean;
+}
+
+/**
+ * Everything the daemon does with cgroups, for one dsecd instance. Sandbox ids must
+ * match `^[a-z0-9][a-z0-9_-]{0,63}$`; every method taking an id throws
+ * DsecError(InvalidArgument) otherwise, before touching the filesystem. Methods that
+ * need a cgroup which does not exist throw DsecError(NotFound) unless stated otherwise.
+ */
+export interface CgroupManager {
+  /** 1 for legacy/hybrid hosts, 2 for pure cgroup2 hosts. */
+  readonly version: 1 | 2;
+  /** The dsecd instance name (validated against `^[a-z0-9][a-z0-9_.-]{0,62}$`). */
+  readonly instance: string;
+  /**
+   * Absolute instance-parent dir per hierarchy name: v1 controller names (`memory`,
+   * `cpu`, `cpuacct`, `freezer`, `pids`, …; co-mounted controllers share one dir), the
+   * named hierarchy `systemd`, and `unified` (v2, and the cgroup2 mount of a hybrid host,
+   * recorded so cgroup-BPF programs can attach there).
+   */
+  readonly parents: Record<string, string>;
+  /**
+   * mkdir the instance parent in every hierarchy (idempotent; never creates the
+   * daemon's own cgroup or anything above it). v1: also seeds the parent's
+   * cpuset.cpus/mems from the own cgroup when empty. v2: enables cpu, memory, pids in
+   * subtree_control of the own cgroup and of the parent, moving the daemon into a
+   * `<own>/dsecd` leaf first (v2 forbids processes in a cgroup that delegates controllers).
+   * @throws DsecError(FailedPrecondition) when the own cgroup dir is missing or busy.
+   */
+  init(): Promise<void>;
+  /** The cgroupsPath to put in the OCI spec for sandbox `id`: relative, `dsec-<instance>/<id>`. */
+  runtimePath(id: string): string;
+  /** Absolute dir of sandbox `id` per hierarchy name (same keys as {@link parents}); nothing is created. */
+  sandboxPaths(id: string): Record<string, string>;
+  /** Sandbox ids (child dir names) that exist under the instance parent in ANY hierarchy, deduplicated and sorted. */
+  list(): Promise<string[]>;
+  /** True when the sandbox dir exists in at least one hierarchy. */
+  exists(id: string): Promise<boolean>;
+  /** Pids in the sandbox cgroup and its descendants (v1: pids hierarchy; v2: cgroup.procs), sorted; `[]` when gone. */
+  pids(id: string): Promise<number[]>;
+  /** Snapshot of the sandbox's counters. @throws DsecError(NotFound) when the cgroup does not exist. */
+  stats(id: string): Promise<CgroupStats>;
+  /** Cumulative OOM kills in the sandbox's memory cgroup (v1 memory.oom_control `oom_kill`; v2 memory.events `oom_kill`); 0 when absent. */
+  oomKills(id: string): Promise<number>;
+  /**
+   * Freezes the sandbox and waits until the kernel reports it frozen (v1 freezer.state
+   * FROZEN; v2 cgroup.freeze=1 then cgroup.events `frozen 1`). On timeout the freeze is
+   * undone and DsecError(DeadlineExceeded) is thrown. Safe to call on a frozen sandbox.
+   * @param timeoutMs how long to wait for the kernel (default 5000).
+   */
+  freeze(id: string, timeoutMs?: number): Promise<void>;
+  /** Thaws the sandbox and waits until it is no longer frozen; DeadlineExceeded after `timeoutMs` (default 5000). Safe to call twice. */
+  thaw(id: string, timeoutMs?: number): Promise<void>;
+  /**
+   * SIGKILLs every process in the sandbox cgroup (v2: cgroup.kill when present; v1:
+   * freeze, signal, thaw so no fork escapes and frozen tasks can die), repeating until
+   * the cgroup is empty. Returns at once when there are no processes or no cgroup.
+   * @throws DsecError(DeadlineExceeded) when processes remain after `timeoutMs` (default 5000).
+   */
+  killAll(id: string, timeoutMs?: number): Promise<void>;
+  /**
+   * rmdir the sandbox cgroup in every hierarchy, descendants first; ENOENT is fine
+   * (safe to call twice), EBUSY is retried for up to 2 s.
+   * @throws DsecError(FailedPrecondition) when a cgroup is still busy after the retries.
+   */
+  remove(id: string): Promise<void>;
+  /**
+   * rmdir the instance parents (used by tests and `dsecd --cleanup`); already-gone
+   * parents are fine. The daemon's own cgroup (and a v2 `dsecd` leaf) is left alone.
+   * @throws DsecError(FailedPrecondition) naming the sandboxes that still exist.
+   */
+  removeInstance(): Promise<void>;
+  /**
+   * Sets the sandbox memory limit in bytes, or removes it with null (v1
+   * memory.limit_in_bytes, raising memory.memsw.limit_in_bytes first when it is in the
+   * way; v2 memory.max). Used for reclaim squeezes.
+   * @throws DsecError(InvalidArgument) for a negative/non-integer value; FailedPrecondition
+   * when v1 cannot shrink usage below the new limit (EBUSY); NotFound when the cgroup is gone.
+   */
+  setMemoryLimit(id: string, bytes: number | null): Promise<void>;
+  /**
+   * Reclaims the sandbox's memory. v1: writes 0 to memory.force_empty (drops as much
+   * as possible; `bytes` is ignored). v2: writes `bytes` (default: current usage) to
+   * memory.reclaim; a partial reclaim (EAGAIN) is not an error. Returns memory usage
+   * in bytes before and after; the difference is what was reclaimed.
+   * @throws DsecError(NotFound) when the cgroup is gone; Unimplemented when the kernel lacks memory.reclaim/force_empty.
+   */
+  reclaim(id: string, bytes?: number): Promise<{ beforeBytes: number; afterBytes: number }>;
+}
+
+/** Options of {@link detectCgroups}. The text options exist so tests can feed samples. */
+export interface DetectOptions {
+  /** dsecd instance name, `^[a-z0-9][a-z0-9_.-]{0,62}$`. */
+  instance: string;
+  /** Where cgroupfs is mounted; default `/sys/fs/cgroup`. A test passes a temp dir shaped like cgroupfs. */
+  mountRoot?: string;
+  /** Text of /proc/self/cgroup; default: read it. */
+  procSelfCgroup?: string;
+  /** Text of /proc/self/mountinfo; default: read it. */
+  mountinfo?: string;
+}
+
+/**
+ * Detects the host's cgroup version and layout and returns the manager for
+ * `opts.instance`. v2 when `mountRoot` is itself a cgroup2 mount, or (test trees) when
+ * `mountRoot` holds `cgroup.controllers` and no v1 hierarchy is mounted under it;
+ * otherwise v1 with every `cgroup` hierarchy mounted under `mountRoot` (including
+ * `name=systemd`) plus the hybrid `unified` cgroup2 mount. Reads only /proc/self/*
+ * and `<mountRoot>/cgroup.controllers`; creates nothing (call `init()` for that).
+ * @throws DsecError(InvalidArgument) for a bad instance name; FailedPrecondition when no
+ * cgroup hierarchy is found or the own cgroup is not visible; Internal for malformed proc files.
+ */
+export async function detectCgroups(opts: DetectOptions): Promise<CgroupManager> {
+  assertInstanceName(opts.instance);
+  const mountRoot = path.resolve(opts.mountRoot ?? DEFAULT_MOUNT_ROOT);
+  const procText = opts.procSelfCgroup ?? (await readFile('/proc/self/cgroup', 'utf8'));
+  const mountText = opts.mountinfo ?? (await readFile('/proc/self/mountinfo', 'utf8'));
+  const layout = resolveLayout(parseProcCgroup(procText), parseMountinfo(mountText), mountRoot, {
+    fallbackV2: await isFile(path.join(mountRoot, 'cgroup.controllers')),
+  });
+  return layout.version === 2
+    ? new CgroupV2Manager(opts.instance, layout.hierarchies[0])
+    : new CgroupV1Manager(opts.instance, layout.hierarchies);
+}

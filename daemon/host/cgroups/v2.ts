@@ -1,0 +1,293 @@
+/**
+ * cgroup v2 (pure unified hosts, i.e. production): one tree.
+ *
+ * Layout: `<mount>/<base>/dsec-<instance>/<id>`, where `<base>` is dsecd's own cgroup
+ * (systemd gives it one with `Delegate=yes`, e.g. `/system.slice/dsecd.service`).
+ *
+ * Why the `dsecd` leaf: v2 has the "no internal processes" rule: a non-root cgroup
+ * that enables controllers for its children in cgroup.subtree_control may not hold
+ * processes itself (the write fails with EBUSY, and so does moving a process in). To
+ * give sandboxes cpu/memory/pids, `<base>` must enable them, so `init()` first moves
+ * the daemon (and any other process left in `<base>`, all of which belong to the
+ * daemon's delegated unit) into `<base>/dsecd`. This also matches runc: for a relative
+ * cgroupsPath runc's fs2 driver joins it with the PARENT of its own cgroup (it assumes
+ * its own cgroup holds processes), and runc inherits `<base>/dsecd` from dsecd, so the
+ * relative `dsec-<instance>/<id>` lands at `<base>/dsec-<instance>/<id>`. The real
+ * root cgroup (no `cgroup.type` file) is exempt from the rule, so nothing is moved there.
+ *
+ * Numbers: memory.current/max/stat/events, pids.current/max, cpu.stat usage_usec,
+ * cgroup.events frozen; bytes, and µs converted to ns.
+ */
+import { mkdir, rmdir } from 'node:fs/promises';
+import path from 'node:path';
+import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
+import type { CgroupManager, CgroupStats } from './index.js';
+import {
+  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, errnoOf,
+  isDir, isFile, parseLimit, parsePids, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
+  rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
+} from './procfs.js';
+
+/** Name of the leaf cgroup, under dsecd's own cgroup, that the daemon moves itself into on v2. */
+export const DAEMON_LEAF = 'dsecd';
+/** Controllers enabled for sandboxes on v2 (those of them the own cgroup has): what runc's OCI limits need. */
+export const V2_CONTROLLERS = ['cpu', 'memory', 'pids'] as const;
+
+/** Default wait for freeze/thaw/killAll, in ms (see v1.ts). */
+const DEFAULT_TIMEOUT_MS = 5000;
+
+/** Controller names in a `cgroup.controllers` / `cgroup.subtree_control` file (a leading `+` is dropped). */
+function tokens(text: string | null): string[] {
+  return (text ?? '').split(/\s+/).filter(Boolean).map((t) => t.replace(/^\+/, ''));
+}
+
+/**
+ * The v2 {@link CgroupManager}. Construct through `detectCgroups`; the constructor only
+ * computes paths. `parents` has the single key `unified`.
+ */
+export class CgroupV2Manager implements CgroupManager {
+  /** Always 2. */
+  readonly version = 2 as const;
+  /** The dsecd instance name. */
+  readonly instance: string;
+  /** `{ unified: <base>/dsec-<instance> }`. */
+  readonly parents: Record<string, string>;
+  /** dsecd's own cgroup dir, minus a trailing `dsecd` leaf it may already have moved into. */
+  readonly baseDir: string;
+  private readonly parent: string;
+
+  /**
+   * @param instance validated instance name.
+   * @param layout the unified hierarchy from `resolveLayout`.
+   * @throws DsecError(InvalidArgument) for a bad instance name.
+   */
+  constructor(instance: string, layout: HierarchyLayout) {
+    assertInstanceName(instance);
+    this.instance = instance;
+    // After init() (or a previous dsecd in this process) we live in <base>/dsecd.
+    this.baseDir = path.basename(layout.ownDir) === DAEMON_LEAF ? path.dirname(layout.ownDir) : layout.ownDir;
+    this.parent = path.join(this.baseDir, `${INSTANCE_DIR_PREFIX}${instance}`);
+    this.parents = Object.freeze({ unified: this.parent });
+  }
+
+  private dir(id: string): string {
+    assertSandboxId(id);
+    return path.join(this.parent, id);
+  }
+
+  /** Like {@link dir} but throws NotFound when the sandbox cgroup does not exist. */
+  private async existingDir(id: string): Promise<string> {
+    const d = this.dir(id);
+    if (!(await isDir(d))) throw notFound(`cgroup of sandbox ${id} not found`);
+    return d;
+  }
+
+  async init(): Promise<void> {
+    const base = this.baseDir;
+    if (!(await isDir(base))) throw failedPrecondition(`own cgroup ${base} does not exist`);
+    // The real root cgroup has no cgroup.type and may hold processes alongside enabled
+    // controllers; any other cgroup (a cgroup-namespace root included) may not.
+    if (await isFile(path.join(base, 'cgroup.type'))) await this.moveIntoLeaf(base);
+
+    const available = tokens(await readOptional(path.join(base, 'cgroup.controllers')));
+    const want = V2_CONTROLLERS.filter((c) => available.includes(c));
+    await enableControllers(base, want);
+    try {
+      await mkdir(this.parent);
+    } catch (e) {
+      if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${this.parent}`);
+    }
+    // What base delegates is exactly what the parent's cgroup.controllers offers.
+    await enableControllers(this.parent, want);
+  }
+
+  /** Moves every process of `base` (the daemon first) into `<base>/dsecd`; see the file comment for why. */
+  private async moveIntoLeaf(base: string): Promise<void> {
+    const procs = parsePids((await readOptional(path.join(base, 'cgroup.procs'))) ?? '');
+    if (procs.length === 0) return;
+    const leaf = path.join(base, DAEMON_LEAF);
+    try {
+      await mkdir(leaf);
+    } catch (e) {
+      if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${leaf}`);
+    }
+    const order = procs.includes(process.pid) ? [process.pid, ...procs.filter((p) => p !== process.pid)] : procs;
+    for (const pid of order) {
+      try {
+        await writeCgroupFile(path.join(leaf, 'cgroup.procs'), String(pid));
+      } catch (e) {
+        if (errnoOf(e) !== 'ESRCH') throw cgroupFsError(e, `move pid ${pid} into ${leaf}`);
+      }
+    }
+  }
+
+  runtimePath(id: string): string {
+    assertSandboxId(id);
+    return `${INSTANCE_DIR_PREFIX}${this.instance}/${id}`;
+  }
+
+  sandboxPaths(id: string): Record<string, string> {
+    return { unified: this.dir(id) };
+  }
+
+  async list(): Promise<string[]> {
+    return (await childDirs(this.parent)).filter((c) => SANDBOX_ID_RE.test(c));
+  }
+
+  async exists(id: string): Promise<boolean> {
+    return isDir(this.dir(id));
+  }
+
+  async pids(id: string): Promise<number[]> {
+    return readPidsRecursive(this.dir(id));
+  }
+
+  async stats(id: string): Promise<CgroupStats> {
+    const d = await this.existingDir(id);
+    const f = (n: string) => path.join(d, n);
+    const [current, max, stat, events, pidsCur, pidsMax, cpu, cgEvents] = await Promise.all([
+      readNumber(f('memory.current')),
+      readOptional(f('memory.max')),
+      readFlatKeyed(f('memory.stat')),
+      readFlatKeyed(f('memory.events')),
+      readNumber(f('pids.current')),
+      readOptional(f('pids.max')),
+      readFlatKeyed(f('cpu.stat')),
+      readFlatKeyed(f('cgroup.events')),
+    ]);
+    return {
+      memoryBytes: current ?? 0,
+      memoryLimitBytes: max === null ? null : parseLimit(max),
+      memoryCacheBytes: stat.file ?? 0,
+      memoryAnonBytes: stat.anon ?? 0,
+      oomKills: events.oom_kill ?? 0,
+      pidsCurrent: pidsCur ?? (await this.pids(id)).length,
+      pidsLimit: pidsMax === null ? null : parseLimit(pidsMax),
+      cpuUsageNs: (cpu.usage_usec ?? 0) * 1000,
+      frozen: cgEvents.frozen === 1,
+    };
+  }
+
+  async oomKills(id: string): Promise<number> {
+    return (await readFlatKeyed(path.join(this.dir(id), 'memory.events'))).oom_kill ?? 0;
+  }
+
+  /** Writes cgroup.freeze and waits for cgroup.events `frozen` to match; reverts and throws on timeout when freezing. */
+  private async setFrozen(id: string, frozen: boolean, timeoutMs: number): Promise<void> {
+    const d = await this.existingDir(id);
+    const freezeFile = path.join(d, 'cgroup.freeze');
+    if (!(await isFile(freezeFile))) throw unimplemented('kernel has no cgroup.freeze (needs Linux 5.2+)');
+    const want = frozen ? 1 : 0;
+    try {
+      await writeCgroupFile(freezeFile, String(want));
+    } catch (e) {
+      throw cgroupFsError(e, `${frozen ? 'freeze' : 'thaw'} sandbox ${id}`);
+    }
+    const ok = await pollUntil(async () => (await readFlatKeyed(path.join(d, 'cgroup.events'))).frozen === want, timeoutMs);
+    if (!ok) {
+      if (frozen) await writeCgroupFile(freezeFile, '0').catch(() => undefined);
+      throw deadlineExceeded(`sandbox ${id} did not ${frozen ? 'freeze' : 'thaw'} within ${timeoutMs} ms`);
+    }
+  }
+
+  async freeze(id: string, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<void> {
+    await this.setFrozen(id, true, timeoutMs);
+  }
+
+  async thaw(id: string, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<void> {
+    await this.setFrozen(id, false, timeoutMs);
+  }
+
+  async killAll(id: string, timeoutMs = DEFAULT_TIMEOUT_MS): Promise<void> {
+    const d = this.dir(id);
+    const killFile = path.join(d, 'cgroup.kill');
+    const hasKill = await isFile(killFile);
+    const deadline = Date.now() + timeoutMs;
+    let delay = 1;
+    for (;;) {
+      const pids = await readPidsRecursive(d);
+      if (pids.length === 0) return;
+      if (Date.now() >= deadline) {
+        throw deadlineExceeded(`sandbox ${id} still has processes ${pids.join(',')} after ${timeoutMs} ms`);
+      }
+      if (hasKill) {
+        // cgroup.kill (5.14+) kills the whole subtree atomically, frozen tasks and new forks included.
+        await writeCgroupFile(killFile, '1').catch((e) => {
+          if (errnoOf(e) !== 'ENOENT') throw cgroupFsError(e, `kill sandbox ${id}`);
+        });
+      } else {
+        // Older kernels: signal pid by pid (v2 frozen tasks do die on SIGKILL) and repeat for forks.
+        signalPids(pids, 'SIGKILL');
+      }
+      await sleep(delay);
+      delay = Math.min(delay * 2, 50);
+    }
+  }
+
+  async remove(id: string): Promise<void> {
+    await rmdirCgroupTree(this.dir(id));
+  }
+
+  async removeInstance(): Promise<void> {
+    const left = await this.list();
+    if (left.length > 0) throw failedPrecondition(`instance ${this.instance} still has sandbox cgroups: ${left.join(', ')}`);
+    try {
+      await rmdir(this.parent);
+    } catch (e) {
+      if (errnoOf(e) !== 'ENOENT') throw cgroupFsError(e, `rmdir ${this.parent}`);
+    }
+  }
+
+  async setMemoryLimit(id: string, bytes: number | null): Promise<void> {
+    if (bytes !== null && (!Number.isSafeInteger(bytes) || bytes < 0)) {
+      throw invalidArgument(`memory limit must be a non-negative integer number of bytes or null, got ${bytes}`);
+    }
+    const d = await this.existingDir(id);
+    try {
+      await writeCgroupFile(path.join(d, 'memory.max'), bytes === null ? 'max' : String(bytes));
+    } catch (e) {
+      throw cgroupFsError(e, `set memory limit of sandbox ${id}`);
+    }
+  }
+
+  async reclaim(id: string, bytes?: number): Promise<{ beforeBytes: number; afterBytes: number }> {
+    if (bytes !== undefined && (!Number.isSafeInteger(bytes) || bytes < 0)) {
+      throw invalidArgument(`reclaim amount must be a non-negative integer number of bytes, got ${bytes}`);
+    }
+    const d = await this.existingDir(id);
+    const reclaimFile = path.join(d, 'memory.reclaim');
+    if (!(await isFile(reclaimFile))) throw unimplemented('kernel has no memory.reclaim (needs Linux 5.19+)');
+    const beforeBytes = (await readNumber(path.join(d, 'memory.current'))) ?? 0;
+    const amount = bytes ?? beforeBytes;
+    if (amount > 0) {
+      try {
+        await writeCgroupFile(reclaimFile, String(amount));
+      } catch (e) {
+        // EAGAIN: the kernel reclaimed less than asked (e.g. anon memory without swap).
+        if (errnoOf(e) !== 'EAGAIN') throw cgroupFsError(e, `reclaim sandbox ${id}`);
+      }
+    }
+    const afterBytes = (await readNumber(path.join(d, 'memory.current'))) ?? 0;
+    return { beforeBytes, afterBytes };
+  }
+}
+
+/**
+ * Enables `want` controllers in `dir`/cgroup.subtree_control, writing only the missing
+ * ones (idempotent).
+ * @throws DsecError(FailedPrecondition) on EBUSY (processes in `dir`: the no-internal-processes rule).
+ */
+async function enableControllers(dir: string, want: readonly string[]): Promise<void> {
+  const file = path.join(dir, 'cgroup.subtree_control');
+  const have = tokens(await readOptional(file));
+  const missing = want.filter((c) => !have.includes(c));
+  if (missing.length === 0) return;
+  try {
+    await writeCgroupFile(file, missing.map((c) => `+${c}`).join(' '));
+  } catch (e) {
+    if (errnoOf(e) === 'EBUSY') {
+      throw failedPrecondition(`cannot enable ${missing.join(',')} in ${file}: the cgroup holds processes (cgroup v2 no-internal-processes rule)`, e);
+    }
+    throw cgroupFsError(e, `enable controllers in ${file}`);
+  }
+}

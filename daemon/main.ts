@@ -1,0 +1,249 @@
+/**
+ * dsecd: the per-host sandbox daemon, in the foreground.
+ *
+ *   dsecd [--root DIR] [--socket PATH] [--config FILE]
+ *
+ * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
+ * store -> images -> drivers -> reconcile (adopt live sandboxes, undo half-done work,
+ * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
+ * running (systemd's KillMode=process) and are adopted by the next start.
+ */
+import { Command } from 'commander';
+import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from 'node:fs';
+import net from 'node:net';
+import os from 'node:os';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import pino, { type Logger } from 'pino';
+import { loadConfig, type DaemonConfig } from './config.js';
+import { DsecError, failedPrecondition, unavailable } from './errors.js';
+import { openDb } from './store/db.js';
+import { SandboxRepo } from './sandbox/repo.js';
+import { SandboxManager } from './sandbox/manager.js';
+import { Failpoints } from './sandbox/failpoints.js';
+import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
+import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
+import { ContainerDriver } from './drivers/container/driver.js';
+import type { SandboxDriver } from './drivers/types.js';
+import { ImageStore } from './image/store.js';
+import { LayerMounts } from './image/mounts.js';
+import { buildApi } from './api/server.js';
+import { registerInstance, type InstanceRegistration } from './host/instances.js';
+import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
+import type { Backend } from './api/schema.js';
+
+/** Longest Unix socket path the kernel accepts (sun_path is 108 bytes with the NUL). */
+const MAX_SOCKET_PATH = 107;
+
+/** Repository root (dir with package.json), found from this file in dist/ or in the source tree. */
+export function repoRoot(): string {
+  let d = path.dirname(fileURLToPath(import.meta.url));
+  while (d !== '/' && !existsSync(path.join(d, 'package.json'))) d = path.dirname(d);
+  return d;
+}
+
+/** The static agent binary built by the install step (`make -C native`). */
+export function agentBinaryPath(): string {
+  return process.env.DSEC_AGENT_BINARY ?? path.join(repoRoot(), 'native', 'agent', 'dsec-agent');
+}
+
+/** A started daemon, as tests and the entry point hold it. */
+export interface Daemon {
+  config: DaemonConfig;
+  log: Logger;
+  close(): Promise<void>;
+}
+
+/**
+ * The runtime sets up a sandbox's rootfs from inside its user namespace, as the
+ * sandbox's (unprivileged) host uid, so every directory above a sandbox's rootfs must
+ * be searchable by others (mode o+x).
+ * @throws DsecError FailedPrecondition naming the first directory that is not.
+ */
+function assertTraversable(dir: string): void {
+  for (let d = path.resolve(dir); ; d = path.dirname(d)) {
+    const st = statSync(d);
+    if ((st.mode & 0o001) === 0) {
+      throw failedPrecondition(`${d} (mode ${(st.mode & 0o777).toString(8)}) is not searchable by other users; sandboxes under ${dir} could not reach their rootfs. chmod o+x ${d} or choose another --root`);
+    }
+    if (d === '/') return;
+  }
+}
+
+/** Listens on the Unix socket, refusing when another live daemon answers there. */
+async function claimSocket(socket: string): Promise<void> {
+  mkdirSync(path.dirname(socket), { recursive: true, mode: 0o755 });
+  if (!existsSync(socket)) return;
+  const alive = await new Promise<boolean>((resolve) => {
+    const c = net.connect(socket);
+    c.once('connect', () => { c.destroy(); resolve(true); });
+    c.once('error', () => resolve(false));
+  });
+  if (alive) throw failedPrecondition(`another dsecd is serving ${socket}; stop it or pass --socket`);
+  unlinkSync(socket);
+}
+
+/** Gives the socket mode 0660 and group `dsec` when that group exists. */
+function secureSocket(socket: string, log: Logger): void {
+  chmodSync(socket, 0o660);
+  try {
+    const line = readFileSync('/etc/group', 'utf8').split('\n').find((l) => l.startsWith('dsec:'));
+    if (line) chownSync(socket, 0, Number(line.split(':')[2]));
+  } catch (e) {
+    log.warn({ err: e }, 'could not set socket group');
+  }
+}
+
+/**
+ * Starts a daemon with the given config. Resolves once the API is listening.
+ * @throws DsecError when the host lacks what dsecd needs (runtime, agent binary, cgroups).
+ */
+export async function startDaemon(config: DaemonConfig, log: Logger): Promise<Daemon> {
+  const fp = new Failpoints(process.env.DSEC_FAILPOINT);
+  if (path.join(config.root, 'sandboxes', 'x'.repeat(16), 'agent.sock.tmp').length > MAX_SOCKET_PATH) {
+    throw failedPrecondition(`root ${config.root} is too long: agent socket paths under it would exceed ${MAX_SOCKET_PATH} bytes`);
+  }
+  const agentBinary = agentBinaryPath();
+  if (!existsSync(agentBinary)) throw unavailable(`agent binary ${agentBinary} is missing; run the install step (make -C native)`);
+  for (const d of ['', 'sandboxes', 'images', 'layers', 'runtime']) {
+    mkdirSync(path.join(config.root, d), { recursive: true, mode: 0o711 });
+    chmodSync(path.join(config.root, d), 0o711);
+  }
+  assertTraversable(config.root);
+
+  const reg: InstanceRegistration = registerInstance(config);
+  let cgroups: CgroupManager | undefined;
+  try {
+    cgroups = await detectCgroups({ instance: config.instance });
+    await cgroups.init();
+    const runtimeInfo = await detectRuntime(config.runtime, cgroups.version);
+    const runtime = new OciRuntime(runtimeInfo, path.join(config.root, 'runtime', runtimeInfo.name));
+    const db = openDb(path.join(config.root, 'dsec.db'));
+    const repo = new SandboxRepo(db, config.uidPool);
+    const images = new ImageStore({ root: path.join(config.root, 'images') });
+    await images.init();
+    await images.ensureBuiltinImages();
+    const layers = new LayerMounts({ mountDir: path.join(config.root, 'layers'), blobPath: (dg) => images.blobPath(dg) });
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, log: log.child({ component: 'container' }) });
+    const drivers = new Map<Backend, SandboxDriver>([['container', container]]);
+    const manager = new SandboxManager({ config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }) });
+
+    const rep = await manager.reconcile();
+    // Adopted sandboxes re-acquired their layers above; keep exactly those references
+    // and unmount every blob no live sandbox holds.
+    const inUse = new Map<string, number>();
+    for (const s of repo.all()) for (const dg of s.imageLayers) if (layers.refCount(dg) > 0) inUse.set(dg, layers.refCount(dg));
+    const lr = await layers.reconcile(inUse);
+    log.info({ ...rep, layersUnmounted: lr.unmounted }, 'reconciled store with host');
+
+    const cg = cgroups;
+    const app = buildApi({
+      manager,
+      repo,
+      images,
+      log,
+      host: {
+        version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
+        hostInfo: async () => ({
+          version: DSEC_VERSION,
+          instance: config.instance,
+          root: config.root,
+          socket: config.socket,
+          kernel: os.release(),
+          cores: os.cpus().length,
+          memory_bytes: os.totalmem(),
+          cgroup: { version: cg.version, parents: cg.parents },
+          runtime: { name: runtimeInfo.name, path: runtimeInfo.path, version: runtimeInfo.version },
+          backends: {
+            container: { available: true, reason: null },
+            fncall: { available: false, reason: 'not implemented yet' },
+            microvm: { available: false, reason: 'not implemented yet' },
+            vm: { available: false, reason: 'not implemented yet' },
+          },
+          uid_pool: {
+            base: config.uidPool.base, size: config.uidPool.size, range_size: config.uidPool.rangeSize,
+            in_use: repo.rangesInUse, free: repo.poolRanges - repo.rangesInUse,
+          },
+          sandboxes: repo.countByState(),
+          defences: {
+            user_namespace: { enforced: true, detail: 'each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
+            capabilities: { enforced: true, detail: 'Docker default set; no CAP_SYS_PTRACE, CAP_SYS_ADMIN' },
+            no_new_privileges: { enforced: true, detail: 'set on every sandbox process' },
+            agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
+            seccomp: { enforced: false, detail: 'default profile not built yet' },
+            apparmor: { enforced: false, detail: existsSync('/sys/kernel/security/apparmor') ? 'profiles not built yet' : 'kernel has no AppArmor' },
+            landlock: { enforced: false, detail: 'not built yet' },
+            egress_policy: { enforced: true, detail: 'network namespace with loopback only' },
+          },
+        }),
+      },
+    });
+    await claimSocket(config.socket);
+    await app.listen({ path: config.socket });
+    secureSocket(config.socket, log);
+    log.info({ socket: config.socket, root: config.root, instance: config.instance, runtime: runtimeInfo.name, cgroup: cgroups.version, failpoint: fp.armed }, 'dsecd ready');
+    return {
+      config,
+      log,
+      async close() {
+        await app.close();
+        await container.close();
+        db.close();
+        reg.release();
+      },
+    };
+  } catch (e) {
+    reg.release();
+    throw e;
+  }
+}
+
+/** Entry point of bin/dsecd. Returns the process exit code. */
+export async function main(argv: string[]): Promise<number> {
+  const program = new Command('dsecd')
+    .description('dsec per-host sandbox daemon (runs in the foreground)')
+    .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
+    .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
+    .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
+    .version(DSEC_VERSION)
+    .exitOverride();
+  try {
+    program.parse(argv);
+  } catch (e) {
+    const code = (e as { exitCode?: number }).exitCode ?? 2;
+    return code === 0 ? 0 : 2;
+  }
+  const opts = program.opts<{ root?: string; socket?: string; config?: string }>();
+  let config: DaemonConfig;
+  try {
+    config = loadConfig(opts);
+  } catch (e) {
+    process.stderr.write(`dsecd: ${(e as Error).message}\n`);
+    return 2;
+  }
+  const log = pino({ level: config.logLevel, base: { instance: config.instance } }, pino.destination({ dest: 2, sync: false }));
+  if (process.getuid?.() !== 0) {
+    process.stderr.write('dsecd: must run as root (it creates mounts, cgroups and user namespaces)\n');
+    return 2;
+  }
+  let daemon: Daemon;
+  try {
+    daemon = await startDaemon(config, log);
+  } catch (e) {
+    log.fatal({ err: e }, 'start failed');
+    process.stderr.write(`dsecd: ${e instanceof DsecError ? e.message : (e as Error).stack}\n`);
+    log.flush();
+    return 1;
+  }
+  await new Promise<void>((resolve) => {
+    const stop = (sig: string) => {
+      log.info({ signal: sig }, 'shutting down; sandboxes keep running');
+      resolve();
+    };
+    process.once('SIGTERM', () => stop('SIGTERM'));
+    process.once('SIGINT', () => stop('SIGINT'));
+  });
+  await daemon.close();
+  log.flush();
+  return 0;
+}

@@ -1,0 +1,307 @@
+/**
+ * The sandbox lifecycle: the one place that turns API requests into store intents and
+ * driver actions, in the order that makes every step restart-safe:
+ *
+ *   1. write the intent to the store (row in `creating`, or `desired = <target>`),
+ *   2. act through the backend's driver,
+ *   3. commit the new state (which acknowledges a create).
+ *
+ * After a crash, {@link SandboxManager.reconcile} finishes or undoes each half-done
+ * step: unacknowledged creates and starts are rolled back, stops and destroys are
+ * rolled forward, live sandboxes are adopted, and host leftovers no row accounts for
+ * are removed.
+ */
+import { randomBytes } from 'node:crypto';
+import type { Logger } from 'pino';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult } from '../api/schema.js';
+import type { DaemonConfig } from '../config.js';
+import { DsecError, failedPrecondition, invalidArgument, unimplemented, wrap } from '../errors.js';
+import type { SandboxDriver } from '../drivers/types.js';
+import type { ImageStore } from '../image/store.js';
+import { ContainerDriver } from '../drivers/container/driver.js';
+import { Failpoints } from './failpoints.js';
+import { parseSelector, SandboxRepo, type SandboxRecord } from './repo.js';
+
+/** What {@link SandboxManager.reconcile} found and did at start. */
+export interface ReconcileReport {
+  adopted: string[];
+  rolledBack: string[];
+  finished: string[];
+  failed: string[];
+  orphans: string[];
+}
+
+/** Serialises lifecycle operations per sandbox id (create/stop/start/destroy never interleave on one sandbox). */
+class KeyedMutex {
+  private readonly tails = new Map<string, Promise<unknown>>();
+
+  /** Runs `fn` after every earlier holder of `key` finished. */
+  async run<T>(key: string, fn: () => Promise<T>): Promise<T> {
+    const prev = this.tails.get(key) ?? Promise.resolve();
+    const next = prev.catch(() => {}).then(fn);
+    this.tails.set(key, next);
+    try {
+      return await next;
+    } finally {
+      if (this.tails.get(key) === next) this.tails.delete(key);
+    }
+  }
+}
+
+/** Dependencies of the manager. */
+export interface ManagerDeps {
+  config: DaemonConfig;
+  repo: SandboxRepo;
+  images: ImageStore;
+  drivers: Map<Backend, SandboxDriver>;
+  failpoints: Failpoints;
+  log: Logger;
+}
+
+/** The lifecycle of every sandbox on this host. */
+export class SandboxManager {
+  private readonly mutex = new KeyedMutex();
+
+  constructor(private readonly d: ManagerDeps) {}
+
+  private driver(backend: Backend): SandboxDriver {
+    const drv = this.d.drivers.get(backend);
+    if (!drv) throw unimplemented(`backend ${backend} is not implemented yet; use backend "container"`);
+    return drv;
+  }
+
+  /**
+   * Creates and starts a sandbox. The response is sent only after the running state is
+   * committed, so an acknowledged sandbox always survives a daemon crash.
+   * @throws DsecError Unimplemented (backend not built), NotFound (unknown image),
+   *   ResourceExhausted (uid pool), Internal (runtime failure; nothing is left behind).
+   */
+  async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
+    const drv = this.driver(req.backend);
+    const image = await this.d.images.get(req.image);
+    const id = randomBytes(8).toString('hex');
+    const rec = this.d.repo.insertCreating({
+      id,
+      backend: req.backend,
+      image: `${image.name}:${image.tag}`,
+      imageLayers: image.layers,
+      imageConfig: image.config,
+      cpus: req.cpus ?? this.d.config.defaults.cpus,
+      memoryBytes: req.memory_bytes ?? this.d.config.defaults.memoryBytes,
+      pids: req.pids ?? this.d.config.defaults.pids,
+      labels: req.labels ?? {},
+      env: req.env ?? {},
+      ttlS: req.ttl_s ?? null,
+      createdAt: Date.now(),
+    });
+    this.d.failpoints.hit('create.after-intent');
+    return this.mutex.run(id, async () => {
+      let init;
+      try {
+        init = await drv.create(rec, this.d.failpoints);
+      } catch (e) {
+        this.d.log.warn({ err: e, id }, 'create failed; cleaning up');
+        await drv.destroy(rec, this.d.failpoints).catch((e2) => this.d.log.error({ err: e2, id }, 'cleanup after failed create failed'));
+        this.d.repo.remove(id);
+        this.d.repo.event('sandbox.failed', { ...rec, state: 'failed' }, `create failed: ${(e as Error).message}`);
+        throw e instanceof DsecError ? e : wrap(e, `create sandbox ${id}`);
+      }
+      const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start });
+      this.d.failpoints.hit('create.after-ack');
+      this.d.repo.event('sandbox.created', done);
+      return done;
+    });
+  }
+
+  /** @throws DsecError NotFound. */
+  get(id: string): SandboxRecord {
+    return this.d.repo.get(id);
+  }
+
+  /**
+   * Sandboxes matching the selector (and state, when given), oldest first.
+   * @throws DsecError InvalidArgument for a malformed selector.
+   */
+  list(selector?: string, state?: string): SandboxRecord[] {
+    let match: (l: Record<string, string>) => boolean;
+    try {
+      match = parseSelector(selector);
+    } catch (e) {
+      throw invalidArgument((e as Error).message);
+    }
+    return this.d.repo.all().filter((s) => match(s.labels) && (!state || s.state === state));
+  }
+
+  /**
+   * Stops every process of the sandbox; the writable layer stays.
+   * @throws DsecError NotFound, FailedPrecondition (not running/paused/failed).
+   */
+  async stop(id: string): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.state === 'stopped') return sb;
+      if (!['running', 'paused', 'failed'].includes(sb.state)) throw failedPrecondition(`sandbox ${id} is ${sb.state}; cannot stop it`);
+      this.d.repo.setDesired(id, 'stopped');
+      this.d.failpoints.hit('stop.after-intent');
+      await this.driver(sb.backend).stop(sb, this.d.failpoints);
+      const done = this.d.repo.transition(id, 'stopped', { initPid: null, initStart: null });
+      this.d.repo.event('sandbox.stopped', done);
+      return done;
+    });
+  }
+
+  /**
+   * Starts a stopped (or failed) sandbox on its kept writable layer.
+   * @throws DsecError NotFound, FailedPrecondition (already running, creating).
+   */
+  async start(id: string): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.state === 'running') return sb;
+      if (sb.state !== 'stopped' && sb.state !== 'failed') throw failedPrecondition(`sandbox ${id} is ${sb.state}; cannot start it`);
+      const drv = this.driver(sb.backend);
+      this.d.repo.setDesired(id, 'running');
+      this.d.failpoints.hit('start.after-intent');
+      let init;
+      try {
+        if (sb.state === 'failed') await drv.stop(sb, this.d.failpoints);
+        init = await drv.start(sb, this.d.failpoints);
+      } catch (e) {
+        await drv.stop(sb, this.d.failpoints).catch(() => {});
+        const failed = this.d.repo.transition(id, 'failed', { initPid: null, initStart: null, error: `start failed: ${(e as Error).message}` });
+        this.d.repo.event('sandbox.failed', failed, failed.error ?? undefined);
+        throw e instanceof DsecError ? e : wrap(e, `start sandbox ${id}`);
+      }
+      const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start, error: null });
+      this.d.repo.event('sandbox.started', done);
+      return done;
+    });
+  }
+
+  /**
+   * Destroys a sandbox and everything it has on the host.
+   * @param force when false, a running or paused sandbox is refused.
+   * @returns the last record, with state `destroyed`.
+   * @throws DsecError NotFound, FailedPrecondition (running without force).
+   */
+  async destroy(id: string, force: boolean): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (!force && (sb.state === 'running' || sb.state === 'paused')) {
+        throw failedPrecondition(`sandbox ${id} is ${sb.state}; stop it first or destroy with force`);
+      }
+      this.d.repo.setDesired(id, 'destroyed');
+      this.d.failpoints.hit('destroy.after-intent');
+      await this.driver(sb.backend).destroy(sb, this.d.failpoints);
+      this.d.repo.remove(id);
+      const gone: SandboxRecord = { ...sb, state: 'destroyed', desired: null, initPid: null, updatedAt: Date.now() };
+      this.d.repo.event('sandbox.destroyed', gone);
+      return gone;
+    });
+  }
+
+  /**
+   * Runs a command to completion in a running sandbox.
+   * @throws DsecError NotFound, FailedPrecondition (not running), InvalidArgument (bad
+   *   cwd or user inside the sandbox), Unavailable (agent unreachable or lost mid-exec).
+   */
+  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    const sb = this.d.repo.get(id);
+    ContainerDriver.assertRunning(sb);
+    const env = new Map<string, string>();
+    for (const kv of sb.imageConfig.env) {
+      const i = kv.indexOf('=');
+      if (i > 0) env.set(kv.slice(0, i), kv.slice(i + 1));
+    }
+    for (const [k, v] of Object.entries(sb.env)) env.set(k, v);
+    for (const [k, v] of Object.entries(req.env ?? {})) env.set(k, v);
+    const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
+    if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
+    const r = await this.driver(sb.backend).exec(sb, {
+      argv: req.argv,
+      env: [...env].map(([k, v]) => `${k}=${v}`),
+      cwd: req.cwd ?? sb.imageConfig.cwd ?? '/',
+      user: req.user ?? sb.imageConfig.user ?? '0',
+      stdin,
+      timeoutMs: req.timeout_ms,
+      maxOutputBytes: this.d.config.maxOutputBytes,
+    });
+    if (r.kind === 'exec_error') {
+      // Shell conventions: 127 command not found, 126 found but not executable.
+      const code = r.errno === 2 ? 127 : 126;
+      return {
+        exit_code: code, signal: null, stdout_b64: '', stderr_b64: Buffer.from(`dsec: ${r.message}\n`).toString('base64'),
+        stdout_truncated: false, stderr_truncated: false, duration_ms: 0, oom: false, timed_out: false,
+      };
+    }
+    return {
+      exit_code: r.exitCode,
+      signal: r.signal === null ? null : ContainerDriver.signalName(r.signal),
+      stdout_b64: r.stdout.toString('base64'),
+      stderr_b64: r.stderr.toString('base64'),
+      stdout_truncated: r.stdoutTruncated,
+      stderr_truncated: r.stderrTruncated,
+      duration_ms: Math.round(r.durationMs * 1000) / 1000,
+      oom: r.oom,
+      timed_out: r.timedOut,
+    };
+  }
+
+  /**
+   * Brings the store and the host into agreement after a start (possibly after a
+   * crash). Safe to run on a clean host and to run twice.
+   */
+  async reconcile(): Promise<ReconcileReport> {
+    const rep: ReconcileReport = { adopted: [], rolledBack: [], finished: [], failed: [], orphans: [] };
+    const fp = new Failpoints(undefined);
+    for (const sb of this.d.repo.all()) {
+      const drv = this.d.drivers.get(sb.backend);
+      if (!drv) {
+        this.d.log.error({ id: sb.id, backend: sb.backend }, 'sandbox of an unknown backend left alone');
+        continue;
+      }
+      try {
+        if (!sb.acknowledged) {
+          await drv.destroy(sb, fp);
+          this.d.repo.remove(sb.id);
+          this.d.repo.event('sandbox.failed', { ...sb, state: 'failed' }, 'create interrupted by a dsecd restart; cleaned up');
+          rep.rolledBack.push(sb.id);
+        } else if (sb.desired === 'destroyed') {
+          await drv.destroy(sb, fp);
+          this.d.repo.remove(sb.id);
+          this.d.repo.event('sandbox.destroyed', { ...sb, state: 'destroyed' });
+          rep.finished.push(sb.id);
+        } else if (sb.desired === 'stopped' || sb.state === 'stopped') {
+          await drv.stop(sb, fp);
+          if (sb.state !== 'stopped') this.d.repo.event('sandbox.stopped', this.d.repo.transition(sb.id, 'stopped', { initPid: null, initStart: null }));
+          else this.d.repo.setDesired(sb.id, null);
+          rep.finished.push(sb.id);
+        } else if (sb.state === 'failed') {
+          await drv.stop(sb, fp);
+          this.d.repo.setDesired(sb.id, null);
+        } else if (sb.state === 'running' || sb.state === 'paused') {
+          if (await drv.isAlive(sb)) {
+            await drv.adopt(sb);
+            rep.adopted.push(sb.id);
+          } else {
+            await drv.stop(sb, fp);
+            const f = this.d.repo.transition(sb.id, 'failed', { initPid: null, initStart: null, error: 'init exited while dsecd was not running' });
+            this.d.repo.event('sandbox.failed', f, f.error ?? undefined);
+            rep.failed.push(sb.id);
+          }
+        }
+      } catch (e) {
+        this.d.log.error({ err: e, id: sb.id }, 'reconcile failed for sandbox');
+        rep.failed.push(sb.id);
+      }
+    }
+    const known = new Set(this.d.repo.all().map((s) => s.id));
+    for (const drv of new Set(this.d.drivers.values())) {
+      const o = await drv.cleanOrphans(known);
+      rep.orphans.push(...o.removed);
+    }
+    const freed = this.d.repo.freeOrphanRanges();
+    if (freed) rep.orphans.push(`${freed} uid range(s)`);
+    return rep;
+  }
+}

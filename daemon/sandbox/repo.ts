@@ -1,0 +1,305 @@
+/**
+ * Typed access to the sandbox rows, uid ranges and events in the store. Every write
+ * that changes a sandbox's state checks the state machine (daemon/sandbox/state.ts).
+ */
+import type { Db } from '../store/db.js';
+import type { Backend, Event, Sandbox, SandboxState } from '../api/schema.js';
+import { assertTransition } from './state.js';
+import { notFound, resourceExhausted } from '../errors.js';
+
+/** Image config recorded at create, so a later image change never alters a sandbox. */
+export interface ImageConfig {
+  env: string[];
+  cwd: string;
+  user: string;
+  cmd: string[];
+}
+
+/** A sandbox row, decoded. Times in ms since the epoch; sizes in bytes; cpus in cores. */
+export interface SandboxRecord {
+  id: string;
+  backend: Backend;
+  image: string;
+  imageLayers: string[];
+  imageConfig: ImageConfig;
+  state: SandboxState;
+  /** Target of an in-flight transition, written before acting on it. */
+  desired: SandboxState | null;
+  /** True once create committed (the API acknowledged or was about to). */
+  acknowledged: boolean;
+  cpus: number;
+  memoryBytes: number;
+  pids: number;
+  labels: Record<string, string>;
+  env: Record<string, string>;
+  ttlS: number | null;
+  createdAt: number;
+  updatedAt: number;
+  initPid: number | null;
+  /** starttime field of /proc/PID/stat (clock ticks since boot) of init: tells a live init from a reused pid. */
+  initStart: number | null;
+  uidBase: number | null;
+  uidCount: number | null;
+  error: string | null;
+}
+
+interface Row {
+  id: string; backend: string; image: string; image_layers: string; image_config: string; state: string;
+  desired: string | null; acknowledged: number; cpus: number; memory_bytes: number; pids: number;
+  labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
+  init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
+}
+
+function decode(r: Row): SandboxRecord {
+  return {
+    id: r.id,
+    backend: r.backend as Backend,
+    image: r.image,
+    imageLayers: JSON.parse(r.image_layers),
+    imageConfig: JSON.parse(r.image_config),
+    state: r.state as SandboxState,
+    desired: r.desired as SandboxState | null,
+    acknowledged: r.acknowledged === 1,
+    cpus: r.cpus,
+    memoryBytes: r.memory_bytes,
+    pids: r.pids,
+    labels: JSON.parse(r.labels),
+    env: JSON.parse(r.env),
+    ttlS: r.ttl_s,
+    createdAt: r.created_at,
+    updatedAt: r.updated_at,
+    initPid: r.init_pid,
+    initStart: r.init_start,
+    uidBase: r.uid_base,
+    uidCount: r.uid_count,
+    error: r.error,
+  };
+}
+
+/** The API view of a record. */
+export function toApi(s: SandboxRecord): Sandbox {
+  return {
+    id: s.id,
+    backend: s.backend,
+    image: s.image,
+    image_layers: s.imageLayers,
+    state: s.state,
+    cpus: s.cpus,
+    memory_bytes: s.memoryBytes,
+    pids: s.pids,
+    labels: s.labels,
+    env: s.env,
+    ttl_s: s.ttlS,
+    created_at: s.createdAt,
+    updated_at: s.updatedAt,
+    init_pid: s.state === 'running' || s.state === 'paused' ? s.initPid : null,
+    uid_base: s.uidBase,
+    uid_count: s.uidCount,
+    error: s.error,
+  };
+}
+
+/**
+ * Parses a label selector `k=v,k2=v2` (every pair must match; `k` alone means "has k";
+ * `k!=v` means "k absent or different"). The same syntax is used by every API that
+ * takes a selector.
+ * @returns a predicate over label maps.
+ * @throws Error with a message naming the bad term (the API turns it into InvalidArgument).
+ */
+export function parseSelector(sel: string | undefined): (labels: Record<string, string>) => boolean {
+  if (!sel || !sel.trim()) return () => true;
+  const terms = sel.split(',').map((t) => t.trim()).filter(Boolean).map((t) => {
+    const ne = t.indexOf('!=');
+    if (ne > 0) return { k: t.slice(0, ne), v: t.slice(ne + 2), op: 'ne' as const };
+    const eq = t.indexOf('=');
+    if (eq === 0) throw new Error(`bad selector term "${t}": empty key`);
+    if (eq < 0) return { k: t, v: '', op: 'has' as const };
+    return { k: t.slice(0, eq), v: t.slice(eq + 1), op: 'eq' as const };
+  });
+  for (const t of terms) {
+    if (!/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/.test(t.k)) throw new Error(`bad selector key "${t.k}"`);
+  }
+  return (labels) =>
+    terms.every((t) => (t.op === 'has' ? t.k in labels : t.op === 'eq' ? labels[t.k] === t.v : labels[t.k] !== t.v));
+}
+
+/** Listeners for newly recorded events (the events API follows them). */
+export type EventListener = (e: Event) => void;
+
+/** Store access for sandboxes. Synchronous (better-sqlite3); each method is one transaction. */
+export class SandboxRepo {
+  private readonly listeners = new Set<EventListener>();
+  /** Bases in use, mirrored from uid_ranges so allocation is O(1) amortised. */
+  private readonly usedBases = new Set<number>();
+  private nextIndex = 0;
+
+  constructor(
+    readonly db: Db,
+    /** Uid pool: first host uid, number of host uids, uids per sandbox. */
+    readonly pool: { base: number; size: number; rangeSize: number },
+  ) {
+    for (const r of db.prepare('SELECT base FROM uid_ranges').all() as { base: number }[]) this.usedBases.add(r.base);
+  }
+
+  /** Number of ranges in the pool. */
+  get poolRanges(): number {
+    return Math.floor(this.pool.size / this.pool.rangeSize);
+  }
+
+  /** Ranges currently allocated. */
+  get rangesInUse(): number {
+    return this.usedBases.size;
+  }
+
+  /** @throws DsecError NotFound when no row has this id. */
+  get(id: string): SandboxRecord {
+    const r = this.find(id);
+    if (!r) throw notFound(`sandbox ${id} not found`);
+    return r;
+  }
+
+  /** The row, or undefined. */
+  find(id: string): SandboxRecord | undefined {
+    const r = this.db.prepare('SELECT * FROM sandboxes WHERE id = ?').get(id) as Row | undefined;
+    return r && decode(r);
+  }
+
+  /** All rows, oldest first. */
+  all(): SandboxRecord[] {
+    return (this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at, id').all() as Row[]).map(decode);
+  }
+
+  /** Counts by state. */
+  countByState(): Record<string, number> {
+    const out: Record<string, number> = {};
+    for (const r of this.db.prepare('SELECT state, COUNT(*) n FROM sandboxes GROUP BY state').all() as { state: string; n: number }[]) {
+      out[r.state] = r.n;
+    }
+    return out;
+  }
+
+  /**
+   * Records the intent to create: inserts the row in state `creating` and allocates a
+   * uid range, in one transaction, before anything is done on the host.
+   * @throws DsecError ResourceExhausted when the uid pool has no free range.
+   */
+  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt'>): SandboxRecord {
+    const base = this.pickBase();
+    const now = rec.createdAt;
+    this.db.transaction(() => {
+      this.db
+        .prepare(
+          `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
+             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count)
+           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+        )
+        .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
+          rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize);
+      this.db.prepare('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
+    })();
+    this.usedBases.add(base);
+    return this.get(rec.id);
+  }
+
+  private pickBase(): number {
+    const n = this.poolRanges;
+    if (this.usedBases.size >= n) {
+      throw resourceExhausted(`uid pool exhausted: all ${n} ranges of ${this.pool.rangeSize} ids are in use; destroy sandboxes or enlarge uid_pool.size`);
+    }
+    for (let i = 0; i < n; i++) {
+      const idx = (this.nextIndex + i) % n;
+      const base = this.pool.base + idx * this.pool.rangeSize;
+      if (!this.usedBases.has(base)) {
+        this.nextIndex = (idx + 1) % n;
+        return base;
+      }
+    }
+    throw resourceExhausted('uid pool exhausted');
+  }
+
+  /**
+   * Moves a sandbox to `to` (checked by the state machine), clears `desired`, and sets
+   * the extra columns given. `acknowledged` becomes 1 when `to` is reached from creating.
+   * @throws DsecError FailedPrecondition for an illegal transition, NotFound for an unknown id.
+   */
+  transition(id: string, to: SandboxState, extra: { initPid?: number | null; initStart?: number | null; error?: string | null } = {}): SandboxRecord {
+    const cur = this.get(id);
+    if (cur.state !== to) assertTransition(id, cur.state, to);
+    const now = Date.now();
+    this.db
+      .prepare(
+        `UPDATE sandboxes SET state = ?, desired = NULL, updated_at = ?, acknowledged = 1,
+           init_pid = ?, init_start = ?, error = ? WHERE id = ?`,
+      )
+      .run(to, now, extra.initPid !== undefined ? extra.initPid : cur.initPid, extra.initStart !== undefined ? extra.initStart : cur.initStart,
+        extra.error !== undefined ? extra.error : cur.error, id);
+    return this.get(id);
+  }
+
+  /** Records the intent to move to `desired` (durably, before acting). */
+  setDesired(id: string, desired: SandboxState | null): void {
+    this.db.prepare('UPDATE sandboxes SET desired = ?, updated_at = ? WHERE id = ?').run(desired, Date.now(), id);
+  }
+
+  /** Records the init pid and its start time while a transition is in flight. */
+  setInit(id: string, initPid: number | null, initStart: number | null): void {
+    this.db.prepare('UPDATE sandboxes SET init_pid = ?, init_start = ? WHERE id = ?').run(initPid, initStart, id);
+  }
+
+  /** Deletes the row and frees its uid range, in one transaction. Safe to call twice. */
+  remove(id: string): void {
+    const row = this.db.prepare('SELECT base FROM uid_ranges WHERE sandbox_id = ?').get(id) as { base: number } | undefined;
+    this.db.transaction(() => {
+      this.db.prepare('DELETE FROM uid_ranges WHERE sandbox_id = ?').run(id);
+      this.db.prepare('DELETE FROM sandboxes WHERE id = ?').run(id);
+    })();
+    if (row) this.usedBases.delete(row.base);
+  }
+
+  /** Frees uid ranges whose sandbox row no longer exists (after a crash between steps). */
+  freeOrphanRanges(): number {
+    const orphans = this.db
+      .prepare('SELECT base FROM uid_ranges WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)')
+      .all() as { base: number }[];
+    this.db.prepare('DELETE FROM uid_ranges WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)').run();
+    for (const o of orphans) this.usedBases.delete(o.base);
+    return orphans.length;
+  }
+
+  /** Appends an event and notifies listeners. */
+  event(type: string, sandbox: SandboxRecord | null, message?: string): Event {
+    const e: Event = {
+      time: Date.now(),
+      type,
+      sandbox_id: sandbox?.id ?? null,
+      ...(sandbox ? { state: sandbox.state, labels: sandbox.labels } : {}),
+      ...(message ? { message } : {}),
+    };
+    this.db
+      .prepare('INSERT INTO events (time, type, sandbox_id, state, labels, message) VALUES (?, ?, ?, ?, ?, ?)')
+      .run(e.time, e.type, e.sandbox_id, e.state ?? null, e.labels ? JSON.stringify(e.labels) : null, e.message ?? null);
+    for (const l of this.listeners) l(e);
+    return e;
+  }
+
+  /** Events at or after `since` (ms), oldest first, at most `limit`. */
+  events(since = 0, limit = 10_000): Event[] {
+    const rows = this.db
+      .prepare('SELECT time, type, sandbox_id, state, labels, message FROM events WHERE time >= ? ORDER BY seq LIMIT ?')
+      .all(since, limit) as { time: number; type: string; sandbox_id: string | null; state: string | null; labels: string | null; message: string | null }[];
+    return rows.map((r) => ({
+      time: r.time,
+      type: r.type,
+      sandbox_id: r.sandbox_id,
+      ...(r.state ? { state: r.state as SandboxState } : {}),
+      ...(r.labels ? { labels: JSON.parse(r.labels) } : {}),
+      ...(r.message ? { message: r.message } : {}),
+    }));
+  }
+
+  /** Subscribes to new events; returns the unsubscribe function. */
+  onEvent(l: EventListener): () => void {
+    this.listeners.add(l);
+    return () => this.listeners.delete(l);
+  }
+}

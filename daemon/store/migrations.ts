@@ -1,0 +1,65 @@
+/**
+ * Ordered schema migrations, keyed on SQLite's `PRAGMA user_version`.
+ *
+ * Migration N (1-based) brings a database at user_version N-1 to N. Migrations are
+ * append-only: never edit one that has shipped; add the next. Each has a test in
+ * test/unit/store.test.ts that applies it to a database at the previous version.
+ */
+
+/** One migration: `sql` runs inside a transaction together with the user_version bump. */
+export interface Migration {
+  /** Target user_version. */
+  version: number;
+  /** What it does, for logs. */
+  description: string;
+  /** DDL/DML to run. */
+  sql: string;
+}
+
+/** All migrations, in order. */
+export const MIGRATIONS: readonly Migration[] = [
+  {
+    version: 1,
+    description: 'sandboxes, uid ranges, events',
+    sql: `
+      CREATE TABLE sandboxes (
+        id              TEXT PRIMARY KEY,
+        backend         TEXT NOT NULL,
+        image           TEXT NOT NULL,
+        image_layers    TEXT NOT NULL,          -- JSON array of digests, lowest first
+        image_config    TEXT NOT NULL,          -- JSON: env, cwd, user, cmd
+        state           TEXT NOT NULL,          -- creating|running|paused|stopped|failed|destroyed
+        desired         TEXT,                   -- target of an in-flight transition (intent), else NULL
+        acknowledged    INTEGER NOT NULL DEFAULT 0, -- 1 once create has committed
+        cpus            REAL NOT NULL,
+        memory_bytes    INTEGER NOT NULL,
+        pids            INTEGER NOT NULL,
+        labels          TEXT NOT NULL,          -- JSON object
+        env             TEXT NOT NULL,          -- JSON object
+        ttl_s           INTEGER,
+        created_at      INTEGER NOT NULL,       -- ms since epoch
+        updated_at      INTEGER NOT NULL,
+        init_pid        INTEGER,                -- host pid of the sandbox init
+        init_start      INTEGER,                -- /proc/PID/stat starttime (clock ticks), guards pid reuse
+        uid_base        INTEGER,
+        uid_count       INTEGER,
+        error           TEXT
+      );
+      CREATE INDEX sandboxes_state ON sandboxes(state);
+      CREATE TABLE uid_ranges (
+        base       INTEGER PRIMARY KEY,
+        sandbox_id TEXT NOT NULL UNIQUE
+      );
+      CREATE TABLE events (
+        seq        INTEGER PRIMARY KEY AUTOINCREMENT,
+        time       INTEGER NOT NULL,
+        type       TEXT NOT NULL,
+        sandbox_id TEXT,
+        state      TEXT,
+        labels     TEXT,
+        message    TEXT
+      );
+      CREATE INDEX events_time ON events(time);
+    `,
+  },
+];

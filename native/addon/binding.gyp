@@ -1,0 +1,10 @@
+{
+  "targets": [
+    {
+      "target_name": "dsec_native",
+      "sources": ["dsec_native.c"],
+      "cflags": ["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-Wno-unused-parameter", "-O2"],
+      "defines": ["NAPI_VERSION=8"]
+    }
+  ]
+}

@@ -1,0 +1,505 @@
+/*
+ * dsec_native: the few Linux syscalls dsecd needs that Node does not expose.
+ *
+ *   userns(uidBase, gidBase, count) -> fd
+ *       A user namespace whose uid_map and gid_map are "0 <base> <count>", returned as an
+ *       O_CLOEXEC fd on /proc/<pid>/ns/user. A short-lived helper is cloned into a new
+ *       user namespace, mapped, its namespace opened, then killed and reaped.
+ *       The caller owns the fd (close it with fs.closeSync).
+ *   idmapMountFd(src, dst, nsfd, readonly)
+ *       Clone the mount at src (open_tree OPEN_TREE_CLONE), make the clone idmapped to
+ *       the user namespace nsfd (mount_setattr MOUNT_ATTR_IDMAP, plus MOUNT_ATTR_RDONLY
+ *       when readonly), and attach it at dst (move_mount).
+ *   idmapMount(src, dst, uidBase, gidBase, count, readonly)
+ *       userns() + idmapMountFd() + close, for a single layer.
+ *   mount(source, target, fstype, flags, data|null)   -- mount(2)
+ *   umount(target, flags)                              -- umount2(2)
+ *   isMountpoint(path) -> boolean                      -- statx STATX_ATTR_MOUNT_ROOT
+ *   constants: { MS_*, MNT_* } used by the TypeScript wrappers.
+ *
+ * Every failure throws an Error whose `code` is the errno name (e.g. "ENOENT"), with
+ * `errno` (number), `syscall` and `path` properties and a message naming the syscall and
+ * the path, like Node's own fs errors.
+ *
+ * All calls are synchronous and short (a mount or an idmap setup is tens of
+ * microseconds; userns() clones one helper, well under a millisecond), so they run on the JS
+ * thread rather than a worker.
+ *
+ * Headers: only <linux/mount.h> is included for the mount API (never together with
+ * <sys/mount.h>, which conflicts with it on glibc 2.36), and syscalls go through
+ * syscall(2) so no libc wrapper is needed.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/mount.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <node_api.h>
+
+/* Fallbacks for older kernel headers (values are the kernel ABI). */
+#ifndef SYS_open_tree
+#define SYS_open_tree 428
+#endif
+#ifndef SYS_move_mount
+#define SYS_move_mount 429
+#endif
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef OPEN_TREE_CLOEXEC
+#define OPEN_TREE_CLOEXEC O_CLOEXEC
+#endif
+#ifndef AT_EMPTY_PATH
+#define AT_EMPTY_PATH 0x1000
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#ifndef MNT_DETACH
+#define MNT_DETACH 2
+#endif
+#ifndef MNT_FORCE
+#define MNT_FORCE 1
+#endif
+#ifndef UMOUNT_NOFOLLOW
+#define UMOUNT_NOFOLLOW 8
+#endif
+#ifndef STATX_ATTR_MOUNT_ROOT
+#define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
+
+#define PATH_BUF 4096
+#define DATA_BUF 4096 /* mount(2) copies at most one page of data: longer is refused, not cut */
+
+/* ---------- error helpers ---------- */
+
+static const char *errno_name(int e) {
+  const char *n = strerrorname_np(e); /* glibc >= 2.32 */
+  return n ? n : "EUNKNOWN";
+}
+
+/* Throws Error(`${syscall}(${path}): ${strerror}`) with code/errno/syscall/path set. */
+static void throw_errno(napi_env env, int e, const char *syscall_name, const char *path) {
+  char msg[PATH_BUF + 256];
+  if (path && *path)
+    snprintf(msg, sizeof msg, "%s(%s): %s", syscall_name, path, strerror(e));
+  else
+    snprintf(msg, sizeof msg, "%s: %s", syscall_name, strerror(e));
+  napi_value code, message, err, v;
+  if (napi_create_string_utf8(env, errno_name(e), NAPI_AUTO_LENGTH, &code) != napi_ok ||
+      napi_create_string_utf8(env, msg, NAPI_AUTO_LENGTH, &message) != napi_ok ||
+      napi_create_error(env, code, message, &err) != napi_ok) {
+    napi_throw_error(env, errno_name(e), msg);
+    return;
+  }
+  if (napi_create_int32(env, -e, &v) == napi_ok) napi_set_named_property(env, err, "errno", v);
+  if (napi_create_string_utf8(env, syscall_name, NAPI_AUTO_LENGTH, &v) == napi_ok)
+    napi_set_named_property(env, err, "syscall", v);
+  if (path && napi_create_string_utf8(env, path, NAPI_AUTO_LENGTH, &v) == napi_ok)
+    napi_set_named_property(env, err, "path", v);
+  napi_throw(env, err);
+}
+
+static void throw_type(napi_env env, const char *msg) {
+  napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
+}
+
+/* ---------- argument helpers: return 0 on success, -1 with a pending exception ---------- */
+
+static int get_args(napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
+  size_t argc = want;
+  if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok) {
+    napi_throw_error(env, NULL, "napi_get_cb_info failed");
+    return -1;
+  }
+  if (argc < want) {
+    throw_type(env, "too few arguments");
+    return -1;
+  }
+  return 0;
+}
+
+static int get_string(napi_env env, napi_value v, char *buf, size_t cap, const char *what) {
+  size_t len = 0;
+  if (napi_get_value_string_utf8(env, v, NULL, 0, &len) != napi_ok) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must be a string", what);
+    throw_type(env, m);
+    return -1;
+  }
+  if (len + 1 > cap || len == 0) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must be a non-empty string shorter than %zu bytes", what, cap);
+    napi_throw_range_error(env, "ERR_OUT_OF_RANGE", m);
+    return -1;
+  }
+  napi_get_value_string_utf8(env, v, buf, cap, &len);
+  if (strlen(buf) != len) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must not contain NUL bytes", what);
+    throw_type(env, m);
+    return -1;
+  }
+  return 0;
+}
+
+/* A string, or null/undefined (-> *out = NULL). */
+static int get_opt_string(napi_env env, napi_value v, char *buf, size_t cap, const char **out,
+                          const char *what) {
+  napi_valuetype t;
+  if (napi_typeof(env, v, &t) != napi_ok) return -1;
+  if (t == napi_null || t == napi_undefined) {
+    *out = NULL;
+    return 0;
+  }
+  if (get_string(env, v, buf, cap, what) != 0) return -1;
+  *out = buf;
+  return 0;
+}
+
+static int get_u32(napi_env env, napi_value v, uint32_t *out, const char *what) {
+  double d;
+  if (napi_get_value_double(env, v, &d) != napi_ok || d < 0 || d > 4294967295.0 ||
+      d != (double)(uint32_t)d) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must be an integer in [0, 2^32)", what);
+    throw_type(env, m);
+    return -1;
+  }
+  *out = (uint32_t)d;
+  return 0;
+}
+
+static int get_bool(napi_env env, napi_value v, bool *out, const char *what) {
+  if (napi_get_value_bool(env, v, out) != napi_ok) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must be a boolean", what);
+    throw_type(env, m);
+    return -1;
+  }
+  return 0;
+}
+
+static int get_fd(napi_env env, napi_value v, int *out, const char *what) {
+  int32_t fd;
+  if (napi_get_value_int32(env, v, &fd) != napi_ok || fd < 0) {
+    char m[128];
+    snprintf(m, sizeof m, "%s must be a non-negative integer fd", what);
+    throw_type(env, m);
+    return -1;
+  }
+  *out = fd;
+  return 0;
+}
+
+/* ---------- syscalls ---------- */
+
+static int write_all_file(const char *path, const char *data) {
+  int fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t len = strlen(data);
+  ssize_t n;
+  do n = write(fd, data, len);
+  while (n < 0 && errno == EINTR);
+  int e = errno;
+  close(fd);
+  if (n < 0) {
+    errno = e;
+    return -1;
+  }
+  if ((size_t)n != len) {
+    errno = EIO;
+    return -1;
+  }
+  return 0;
+}
+
+static void reap(pid_t pid) {
+  kill(pid, SIGKILL);
+  while (waitpid(pid, NULL, 0) < 0 && errno == EINTR) {
+  }
+}
+
+/*
+ * The helper child for make_userns(). It runs on its own small stack but shares the
+ * parent's memory, fd table and TLS (CLONE_VM | CLONE_FILES), so it makes raw syscalls
+ * only (no errno, no libc state) and does nothing but wait to be killed. PDEATHSIG makes
+ * it die with the daemon if the daemon dies between clone() and the kill below.
+ */
+static int userns_helper(void *arg) {
+  pid_t parent = (pid_t)(intptr_t)arg;
+  syscall(SYS_prctl, PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+  if (syscall(SYS_getppid) != parent) syscall(SYS_exit, 0);
+  for (;;) syscall(SYS_pause);
+  return 0;
+}
+
+#define HELPER_STACK (64 * 1024)
+
+/*
+ * Creates a user namespace mapped "0 <base> <count>" and returns an O_CLOEXEC fd on it,
+ * or -1 with errno set and *failed_call / failed_path naming the step.
+ *
+ * A user namespace needs a process to be created in, so a helper is cloned straight
+ * into a new one (clone(CLONE_NEWUSER)), its uid_map and gid_map written, its
+ * /proc/<pid>/ns/user opened, and the helper killed and reaped on every path. The clone
+ * shares the parent's memory and fd table (like posix_spawn's vfork-style clone), so its
+ * cost does not grow with the daemon's heap the way fork() would.
+ */
+static int make_userns(uint32_t uid_base, uint32_t gid_base, uint32_t count,
+                       const char **failed_call, char *failed_path) {
+  failed_path[0] = '\0';
+  void *stack = mmap(NULL, HELPER_STACK, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
+  if (stack == MAP_FAILED) {
+    *failed_call = "mmap";
+    return -1;
+  }
+  pid_t pid = clone(userns_helper, (char *)stack + HELPER_STACK,
+                    CLONE_NEWUSER | CLONE_VM | CLONE_FILES | SIGCHLD,
+                    (void *)(intptr_t)getpid());
+  if (pid < 0) {
+    int e = errno;
+    munmap(stack, HELPER_STACK);
+    errno = e;
+    *failed_call = "clone(CLONE_NEWUSER)";
+    return -1;
+  }
+
+  int fd = -1, e = 0;
+  char buf[64];
+  snprintf(buf, sizeof buf, "0 %u %u\n", uid_base, count);
+  snprintf(failed_path, PATH_BUF, "/proc/%d/uid_map", (int)pid);
+  if (write_all_file(failed_path, buf) < 0) {
+    e = errno;
+    *failed_call = "write";
+    goto out;
+  }
+  snprintf(buf, sizeof buf, "0 %u %u\n", gid_base, count);
+  snprintf(failed_path, PATH_BUF, "/proc/%d/gid_map", (int)pid);
+  if (write_all_file(failed_path, buf) < 0) {
+    e = errno;
+    *failed_call = "write";
+    goto out;
+  }
+  snprintf(failed_path, PATH_BUF, "/proc/%d/ns/user", (int)pid);
+  fd = open(failed_path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    e = errno;
+    *failed_call = "open";
+    goto out;
+  }
+  failed_path[0] = '\0';
+out:
+  reap(pid);
+  munmap(stack, HELPER_STACK); /* only after the helper is gone */
+  if (fd < 0) errno = e;
+  return fd;
+}
+
+/* Returns 0, or -1 with errno set and *failed_call naming the step. */
+static int do_idmap_mount(const char *src, const char *dst, int nsfd, bool readonly,
+                          const char **failed_call, const char **failed_path) {
+  int tfd = (int)syscall(SYS_open_tree, AT_FDCWD, src, OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC);
+  if (tfd < 0) {
+    *failed_call = "open_tree";
+    *failed_path = src;
+    return -1;
+  }
+  struct mount_attr attr;
+  memset(&attr, 0, sizeof attr);
+  attr.attr_set = MOUNT_ATTR_IDMAP | (readonly ? MOUNT_ATTR_RDONLY : 0);
+  attr.userns_fd = (uint64_t)nsfd;
+  if (syscall(SYS_mount_setattr, tfd, "", AT_EMPTY_PATH, &attr, sizeof attr) < 0) {
+    int e = errno;
+    close(tfd);
+    errno = e;
+    *failed_call = "mount_setattr";
+    *failed_path = src;
+    return -1;
+  }
+  if (syscall(SYS_move_mount, tfd, "", AT_FDCWD, dst, MOVE_MOUNT_F_EMPTY_PATH) < 0) {
+    int e = errno;
+    close(tfd);
+    errno = e;
+    *failed_call = "move_mount";
+    *failed_path = dst;
+    return -1;
+  }
+  close(tfd); /* the mount stays attached at dst */
+  return 0;
+}
+
+/* ---------- JS entry points ---------- */
+
+static napi_value js_userns(napi_env env, napi_callback_info info) {
+  napi_value argv[3];
+  uint32_t ub, gb, cnt;
+  if (get_args(env, info, 3, argv) || get_u32(env, argv[0], &ub, "uidBase") ||
+      get_u32(env, argv[1], &gb, "gidBase") || get_u32(env, argv[2], &cnt, "count"))
+    return NULL;
+  if (cnt == 0) {
+    napi_throw_range_error(env, "ERR_OUT_OF_RANGE", "count must be > 0");
+    return NULL;
+  }
+  const char *call = "";
+  char path[PATH_BUF];
+  int fd = make_userns(ub, gb, cnt, &call, path);
+  if (fd < 0) {
+    throw_errno(env, errno, call, path);
+    return NULL;
+  }
+  napi_value r;
+  if (napi_create_int32(env, fd, &r) != napi_ok) {
+    close(fd);
+    napi_throw_error(env, NULL, "napi_create_int32 failed");
+    return NULL;
+  }
+  return r;
+}
+
+static napi_value js_idmap_mount_fd(napi_env env, napi_callback_info info) {
+  napi_value argv[4];
+  char src[PATH_BUF], dst[PATH_BUF];
+  int nsfd;
+  bool ro;
+  if (get_args(env, info, 4, argv) || get_string(env, argv[0], src, sizeof src, "src") ||
+      get_string(env, argv[1], dst, sizeof dst, "dst") || get_fd(env, argv[2], &nsfd, "nsfd") ||
+      get_bool(env, argv[3], &ro, "readonly"))
+    return NULL;
+  const char *call = "", *p = "";
+  if (do_idmap_mount(src, dst, nsfd, ro, &call, &p) < 0) {
+    throw_errno(env, errno, call, p);
+    return NULL;
+  }
+  return NULL;
+}
+
+static napi_value js_idmap_mount(napi_env env, napi_callback_info info) {
+  napi_value argv[6];
+  char src[PATH_BUF], dst[PATH_BUF], nspath[PATH_BUF];
+  uint32_t ub, gb, cnt;
+  bool ro;
+  if (get_args(env, info, 6, argv) || get_string(env, argv[0], src, sizeof src, "src") ||
+      get_string(env, argv[1], dst, sizeof dst, "dst") || get_u32(env, argv[2], &ub, "uidBase") ||
+      get_u32(env, argv[3], &gb, "gidBase") || get_u32(env, argv[4], &cnt, "count") ||
+      get_bool(env, argv[5], &ro, "readonly"))
+    return NULL;
+  if (cnt == 0) {
+    napi_throw_range_error(env, "ERR_OUT_OF_RANGE", "count must be > 0");
+    return NULL;
+  }
+  const char *call = "";
+  int nsfd = make_userns(ub, gb, cnt, &call, nspath);
+  if (nsfd < 0) {
+    throw_errno(env, errno, call, nspath);
+    return NULL;
+  }
+  const char *p = "";
+  int rc = do_idmap_mount(src, dst, nsfd, ro, &call, &p);
+  int e = errno;
+  close(nsfd);
+  if (rc < 0) throw_errno(env, e, call, p);
+  return NULL;
+}
+
+static napi_value js_mount(napi_env env, napi_callback_info info) {
+  napi_value argv[5];
+  char source[PATH_BUF], target[PATH_BUF], fstype[64], data[DATA_BUF];
+  const char *sp, *fp, *dp;
+  uint32_t flags;
+  if (get_args(env, info, 5, argv) ||
+      get_opt_string(env, argv[0], source, sizeof source, &sp, "source") ||
+      get_string(env, argv[1], target, sizeof target, "target") ||
+      get_opt_string(env, argv[2], fstype, sizeof fstype, &fp, "fstype") ||
+      get_u32(env, argv[3], &flags, "flags") ||
+      get_opt_string(env, argv[4], data, sizeof data, &dp, "data"))
+    return NULL;
+  if (syscall(SYS_mount, sp, target, fp, (unsigned long)flags, dp) < 0) {
+    throw_errno(env, errno, "mount", target);
+    return NULL;
+  }
+  return NULL;
+}
+
+static napi_value js_umount(napi_env env, napi_callback_info info) {
+  napi_value argv[2];
+  char target[PATH_BUF];
+  uint32_t flags;
+  if (get_args(env, info, 2, argv) || get_string(env, argv[0], target, sizeof target, "target") ||
+      get_u32(env, argv[1], &flags, "flags"))
+    return NULL;
+  if (syscall(SYS_umount2, target, (int)flags) < 0) {
+    throw_errno(env, errno, "umount2", target);
+    return NULL;
+  }
+  return NULL;
+}
+
+static napi_value js_is_mountpoint(napi_env env, napi_callback_info info) {
+  napi_value argv[1];
+  char path[PATH_BUF];
+  if (get_args(env, info, 1, argv) || get_string(env, argv[0], path, sizeof path, "path"))
+    return NULL;
+  struct statx stx;
+  memset(&stx, 0, sizeof stx);
+  if (syscall(SYS_statx, AT_FDCWD, path, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, 0, &stx) < 0) {
+    throw_errno(env, errno, "statx", path);
+    return NULL;
+  }
+  if (!(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT)) {
+    throw_errno(env, ENOTSUP, "statx (STATX_ATTR_MOUNT_ROOT)", path);
+    return NULL;
+  }
+  napi_value r;
+  napi_get_boolean(env, (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0, &r);
+  return r;
+}
+
+/* ---------- module init ---------- */
+
+static int set_u32(napi_env env, napi_value obj, const char *name, uint32_t v) {
+  napi_value n;
+  if (napi_create_uint32(env, v, &n) != napi_ok) return -1;
+  return napi_set_named_property(env, obj, name, n) == napi_ok ? 0 : -1;
+}
+
+static napi_value init(napi_env env, napi_value exports) {
+  napi_property_descriptor fns[] = {
+      {"userns", NULL, js_userns, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"idmapMountFd", NULL, js_idmap_mount_fd, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"idmapMount", NULL, js_idmap_mount, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"mount", NULL, js_mount, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"umount", NULL, js_umount, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"isMountpoint", NULL, js_is_mountpoint, NULL, NULL, NULL, napi_enumerable, NULL},
+  };
+  if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
+
+  napi_value c;
+  if (napi_create_object(env, &c) != napi_ok) return NULL;
+  if (set_u32(env, c, "MS_RDONLY", 1) || set_u32(env, c, "MS_NOSUID", 2) ||
+      set_u32(env, c, "MS_NODEV", 4) || set_u32(env, c, "MS_NOEXEC", 8) ||
+      set_u32(env, c, "MS_REMOUNT", 32) || set_u32(env, c, "MS_NOATIME", 1024) ||
+      set_u32(env, c, "MS_BIND", 4096) || set_u32(env, c, "MS_REC", 16384) ||
+      set_u32(env, c, "MS_PRIVATE", 1 << 18) || set_u32(env, c, "MS_SLAVE", 1 << 19) ||
+      set_u32(env, c, "MNT_FORCE", MNT_FORCE) || set_u32(env, c, "MNT_DETACH", MNT_DETACH) ||
+      set_u32(env, c, "UMOUNT_NOFOLLOW", UMOUNT_NOFOLLOW))
+    return NULL;
+  napi_set_named_property(env, exports, "constants", c);
+  return exports;
+}
+
+NAPI_MODULE(NODE_GYP_MODULE_NAME, init)

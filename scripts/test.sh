@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# The whole test suite: unit, integration (root; real runc, mounts, cgroups, SQLite)
+# and attacks. Works as the first command on a fresh machine: installs what is missing
+# (without the demo) first. Ends with the plain line `N passed, N failed`.
+#
+#   bash scripts/test.sh [vitest filters...]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+if [[ ! -d node_modules || ! -x native/agent/dsec-agent || ! -d dist ]] || ! command -v runc >/dev/null || ! command -v mkfs.erofs >/dev/null; then
+  bash scripts/install.sh --no-demo || { echo "install failed"; echo "0 passed, 1 failed"; exit 1; }
+else
+  make -s -C native && npx tsc -p tsconfig.json || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
+fi
+out=$(mktemp -d)
+npx vitest run --reporter=default --reporter=json --outputFile.json="$out/results.json" "$@"
+rc=$?
+node -e '
+  const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
+  const skipped = r.numPendingTests + (r.numTodoTests || 0);
+  let failed = r.numFailedTests;
+  // A test file that failed to load has no tests counted: count it as one failure.
+  for (const f of r.testResults) if (f.status === "failed" && f.assertionResults.length === 0) failed++;
+  console.log(`${r.numPassedTests} passed, ${failed} failed` + (skipped ? `, ${skipped} skipped` : ""));
+' "$out/results.json" || { echo "0 passed, 1 failed"; rc=1; }
+rm -rf "$out"
+exit $rc

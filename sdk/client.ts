@@ -1,0 +1,547 @@
+/**
+ * Typed client of the dsecd HTTP+JSON API (daemon/api/schema.ts), spoken over the
+ * daemon's Unix socket.
+ *
+ * Built for hot loops (an RL framework issuing thousands of execs per second): one
+ * keep-alive `http.Agent` per client reuses connections, bodies are plain JSON with no
+ * runtime schema validation on the client side, and idle pooled sockets are unref'd so a
+ * short-lived process exits without calling {@link DsecClient.close}.
+ *
+ * Every failure is a {@link DsecApiError} whose `code` is one of the closed set of error
+ * kinds (daemon/errors.ts), with one exception: a call aborted through an `AbortSignal`
+ * rejects with the signal's reason (an `AbortError` by default).
+ */
+import http from 'node:http';
+import { StringDecoder } from 'node:string_decoder';
+import type { z } from 'zod';
+import type { ErrorKind } from '../daemon/errors.js';
+import type {
+  Backend,
+  CreateSandboxRequest,
+  Event,
+  ExecResult,
+  HostInfo as HostInfoSchema,
+  Sandbox,
+  SandboxState,
+  VersionInfo as VersionInfoSchema,
+} from '../daemon/api/schema.js';
+
+/**
+ * API types re-exported from daemon/api/schema.ts and daemon/errors.ts: `Sandbox`, one
+ * `Event` of the stream, the wire `ExecResult` (base64 output), `Backend`, `SandboxState`
+ * and the closed `ErrorKind` set.
+ */
+export type { Backend, Event, ExecResult, Sandbox, SandboxState, ErrorKind };
+
+/** Socket path used when neither the `socketPath` option nor `DSEC_SOCKET` is set. */
+export const DEFAULT_SOCKET_PATH = '/run/dsec/dsecd.sock';
+
+/**
+ * Default per-request deadline, ms. Generous because a create under a burst queues
+ * behind others on the daemon; a healthy daemon answers most calls in a few ms.
+ */
+export const DEFAULT_TIMEOUT_MS = 60_000;
+
+/** GET /v1/version response: the daemon's version, API version and agent protocol. */
+export type VersionInfo = z.infer<typeof VersionInfoSchema>;
+
+/** GET /v1/host response: host capabilities, runtime, cgroup layout, counts. */
+export type HostInfo = z.infer<typeof HostInfoSchema>;
+
+/**
+ * POST /v1/sandboxes request as the caller writes it: every field is optional
+ * (backend defaults to `container`, image to `busybox`, limits to the daemon config).
+ * Units: `cpus` cores (fractional), `memory_bytes` bytes, `ttl_s` seconds.
+ */
+export type CreateSandboxInput = z.input<typeof CreateSandboxRequest>;
+
+/** One image known to the daemon, as listed by GET /v1/images. */
+export interface ImageInfo {
+  /** Image name, e.g. `busybox`. */
+  name: string;
+  /** Tag, e.g. `latest`. */
+  tag: string;
+  /** Layer digests, lowest first. */
+  layers: string[];
+  /** Import time, ms since the Unix epoch. */
+  created_at: number;
+}
+
+/** Options of {@link DsecClient}. */
+export interface DsecClientOptions {
+  /** Path of dsecd's Unix socket; default `$DSEC_SOCKET`, else {@link DEFAULT_SOCKET_PATH}. */
+  socketPath?: string;
+  /**
+   * Deadline of one request in ms, from sending it to the end of the response body;
+   * default {@link DEFAULT_TIMEOUT_MS}. `0` disables it. exec adds its own `timeoutMs`
+   * on top (see {@link DsecClient.exec}); the events stream has no deadline.
+   */
+  timeoutMs?: number;
+}
+
+/** Query of {@link DsecClient.listSandboxes}. */
+export interface ListSandboxesQuery {
+  /** Label selector `k=v,k2=v2`; a sandbox matches when all pairs match. */
+  selector?: string;
+  /** Only sandboxes in this state, e.g. `running`. */
+  state?: SandboxState | string;
+}
+
+/** Options of {@link DsecClient.deleteSandbox}. */
+export interface DeleteSandboxOptions {
+  /** Destroy even when running (its processes are killed). */
+  force?: boolean;
+}
+
+/** A command to run with {@link DsecClient.exec}. */
+export interface ExecOptions {
+  /** Program and arguments; `argv[0]` is looked up in the sandbox PATH. At least one element. */
+  argv: string[];
+  /** Extra environment, merged over the sandbox env. */
+  env?: Record<string, string>;
+  /** Absolute working directory inside the sandbox; default the image's. */
+  cwd?: string;
+  /** User name or `uid[:gid]` inside the sandbox; default the image's. */
+  user?: string;
+  /** Bytes fed to the command's stdin (a string is sent as UTF-8); at most 16 MiB. Empty otherwise. */
+  stdin?: Buffer | Uint8Array | string;
+  /** Kill the command (SIGKILL to its process group) after this many ms; the result then has `timed_out: true`. */
+  timeoutMs?: number;
+  /** Abort the HTTP call (the promise rejects with the signal's reason). Whether the command keeps running is up to the daemon. */
+  signal?: AbortSignal;
+}
+
+/** Result of {@link DsecClient.exec}: the API's ExecResult plus its output decoded from base64. */
+export interface ExecOutput extends ExecResult {
+  /** Standard output bytes (decoded `stdout_b64`), possibly truncated (`stdout_truncated`). */
+  stdout: Buffer;
+  /** Standard error bytes (decoded `stderr_b64`), possibly truncated (`stderr_truncated`). */
+  stderr: Buffer;
+}
+
+/** Query of {@link DsecClient.events}. */
+export interface EventsQuery {
+  /** Only events of sandboxes whose labels match this selector, `k=v,k2=v2`. */
+  selector?: string;
+  /** Keep the stream open and yield new events as they happen (until aborted). */
+  follow?: boolean;
+  /** Only events at or after this time, ms since the Unix epoch. */
+  since?: number;
+  /** Ends the stream: iteration then finishes normally, without an error. */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.request}. */
+export interface RequestOptions {
+  /** Abort the call; the promise rejects with the signal's reason. */
+  signal?: AbortSignal;
+  /** Deadline for this call in ms, overriding the client's `timeoutMs`; `0` disables it. */
+  timeoutMs?: number;
+}
+
+/** Error kind for each HTTP status, used when a response body carries no recognisable code. */
+const KIND_BY_STATUS: Record<number, ErrorKind> = {
+  400: 'InvalidArgument',
+  404: 'NotFound',
+  409: 'Conflict',
+  412: 'FailedPrecondition',
+  429: 'ResourceExhausted',
+  500: 'Internal',
+  501: 'Unimplemented',
+  503: 'Unavailable',
+  504: 'DeadlineExceeded',
+};
+
+/** The closed set of kinds; typed as a full record so adding a kind to daemon/errors.ts breaks the build here. */
+const KNOWN_KINDS: Record<ErrorKind, true> = {
+  InvalidArgument: true,
+  NotFound: true,
+  AlreadyExists: true,
+  Conflict: true,
+  FailedPrecondition: true,
+  ResourceExhausted: true,
+  Internal: true,
+  Unimplemented: true,
+  Unavailable: true,
+  DeadlineExceeded: true,
+};
+
+/**
+ * A failed API call. `code` is one of the closed set of error kinds; `message` is the
+ * daemon's own message (it names what failed) or, for client-side failures, one written
+ * here that names the socket path.
+ */
+export class DsecApiError extends Error {
+  /** Error kind, e.g. `NotFound`. Connection failures are `Unavailable`, client deadlines `DeadlineExceeded`. */
+  readonly code: ErrorKind;
+  /** HTTP status of the response, or 0 when there was no response (connection failure, client deadline). */
+  readonly status: number;
+
+  /**
+   * @param code error kind
+   * @param message human-readable description
+   * @param status HTTP status, 0 without a response
+   * @param options `cause`: the underlying error, for logs
+   */
+  constructor(code: ErrorKind, message: string, status: number, options?: { cause?: unknown }) {
+    super(message, options);
+    this.name = 'DsecApiError';
+    this.code = code;
+    this.status = status;
+  }
+}
+
+/** True when `e` is a {@link DsecApiError}, optionally of the given kind. */
+export function isDsecApiError(e: unknown, code?: ErrorKind): e is DsecApiError {
+  return e instanceof DsecApiError && (code === undefined || e.code === code);
+}
+
+/** Methods safe to resend once when a pooled keep-alive socket turns out to be closed. */
+const IDEMPOTENT = new Set(['GET', 'HEAD', 'PUT', 'DELETE']);
+
+/**
+ * Client of one dsecd. Cheap to keep for the life of a process; safe to use from many
+ * concurrent callers (requests run in parallel over pooled connections).
+ */
+export class DsecClient {
+  /** The socket this client talks to. */
+  readonly socketPath: string;
+  /** Per-request deadline in ms (0 = none); see {@link DsecClientOptions.timeoutMs}. */
+  readonly timeoutMs: number;
+  private readonly agent: http.Agent;
+
+  /** @param opts socket path and deadline; all optional. */
+  constructor(opts: DsecClientOptions = {}) {
+    this.socketPath = opts.socketPath || process.env.DSEC_SOCKET || DEFAULT_SOCKET_PATH;
+    this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    // keepAlive: reuse connections across calls (the hot-loop case). Free sockets are
+    // unref'd by the agent, so they never keep the process alive.
+    this.agent = new http.Agent({ keepAlive: true });
+  }
+
+  /** GET /v1/version: the daemon's version. Rejects with `Unavailable` when dsecd is not reachable. */
+  version(): Promise<VersionInfo> {
+    return this.request<VersionInfo>('GET', '/v1/version');
+  }
+
+  /** GET /v1/host: host capabilities, runtime, cgroup layout, uid pool and sandbox counts. */
+  hostInfo(): Promise<HostInfo> {
+    return this.request<HostInfo>('GET', '/v1/host');
+  }
+
+  /**
+   * POST /v1/sandboxes: creates a sandbox and resolves when it is running (or failed).
+   * Errors: `InvalidArgument` (bad limits, labels, unknown field), `NotFound` (image),
+   * `Unimplemented` (backend not built), `ResourceExhausted` (host full).
+   */
+  createSandbox(req: CreateSandboxInput = {}): Promise<Sandbox> {
+    return this.request<Sandbox>('POST', '/v1/sandboxes', req);
+  }
+
+  /** GET /v1/sandboxes: sandboxes matching the query (all when empty), as an array. */
+  async listSandboxes(q: ListSandboxesQuery = {}): Promise<Sandbox[]> {
+    const res = await this.request<{ sandboxes: Sandbox[] }>('GET', '/v1/sandboxes' + query({ selector: q.selector, state: q.state }));
+    return res.sandboxes;
+  }
+
+  /** GET /v1/sandboxes/{id}. Errors: `NotFound`. */
+  getSandbox(id: string): Promise<Sandbox> {
+    return this.request<Sandbox>('GET', sandboxPath(id));
+  }
+
+  /**
+   * DELETE /v1/sandboxes/{id}: destroys the sandbox; resolves with it in state `destroyed`.
+   * Errors: `NotFound`; `Conflict`/`FailedPrecondition` when running and not `force`.
+   */
+  deleteSandbox(id: string, opts: DeleteSandboxOptions = {}): Promise<Sandbox> {
+    return this.request<Sandbox>('DELETE', sandboxPath(id) + query({ force: opts.force ? 'true' : undefined }));
+  }
+
+  /** POST /v1/sandboxes/{id}/stop: stops the sandbox's processes; resolves with it stopped. Errors: `NotFound`, `Conflict`. */
+  stopSandbox(id: string): Promise<Sandbox> {
+    return this.request<Sandbox>('POST', sandboxPath(id) + '/stop');
+  }
+
+  /** POST /v1/sandboxes/{id}/start: starts a stopped sandbox; resolves with it running. Errors: `NotFound`, `Conflict`. */
+  startSandbox(id: string): Promise<Sandbox> {
+    return this.request<Sandbox>('POST', sandboxPath(id) + '/start');
+  }
+
+  /**
+   * POST /v1/sandboxes/{id}/exec: runs a command to completion and returns its status and
+   * output. A command that fails is not an error: look at `exit_code` (127 not found,
+   * 126 not executable), `signal`, `timed_out` and `oom`. The HTTP deadline is the
+   * command's `timeoutMs` plus the client's `timeoutMs`; without a command timeout there
+   * is no HTTP deadline (the command may legitimately run long).
+   * Errors: `NotFound`, `FailedPrecondition` (sandbox not running), `InvalidArgument`.
+   */
+  async exec(id: string, req: ExecOptions): Promise<ExecOutput> {
+    const body: Record<string, unknown> = { argv: req.argv };
+    if (req.env !== undefined) body.env = req.env;
+    if (req.cwd !== undefined) body.cwd = req.cwd;
+    if (req.user !== undefined) body.user = req.user;
+    if (req.stdin !== undefined) {
+      const bytes = typeof req.stdin === 'string' ? Buffer.from(req.stdin, 'utf8') : Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength);
+      body.stdin_b64 = bytes.toString('base64');
+    }
+    if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
+    const deadline = req.timeoutMs !== undefined && this.timeoutMs > 0 ? req.timeoutMs + this.timeoutMs : 0;
+    const res = await this.request<ExecResult>('POST', sandboxPath(id) + '/exec', body, { signal: req.signal, timeoutMs: deadline });
+    return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
+  }
+
+  /** GET /v1/images: the images the daemon can create sandboxes from. */
+  async listImages(): Promise<ImageInfo[]> {
+    const res = await this.request<{ images: ImageInfo[] }>('GET', '/v1/images');
+    return res.images;
+  }
+
+  /**
+   * GET /v1/events: sandbox lifecycle events, oldest first, as an async iterable. Without
+   * `follow` it ends after the recorded events; with it, it stays open until `signal`
+   * aborts (iteration then ends normally) or the consumer stops iterating (`break`), which
+   * closes the connection. Lines are NDJSON; a line split across reads is reassembled.
+   * Errors: as for any call when opening; a malformed line is `Internal`; a dropped
+   * connection is `Unavailable`.
+   */
+  async *events(q: EventsQuery = {}): AsyncGenerator<Event, void, undefined> {
+    const path =
+      '/v1/events' +
+      query({ selector: q.selector, follow: q.follow ? 'true' : undefined, since: q.since === undefined ? undefined : String(q.since) });
+    const signal = q.signal;
+    if (signal?.aborted) return;
+    let res: http.IncomingMessage;
+    try {
+      res = await this.open('GET', path, undefined, signal, 0, 0, true);
+    } catch (e) {
+      if (signal?.aborted) return;
+      throw e;
+    }
+    if (res.statusCode! >= 400) {
+      throw errorFromResponse(res.statusCode!, await readBody(res));
+    }
+    const decoder = new StringDecoder('utf8');
+    let pending = '';
+    try {
+      for await (const chunk of res as AsyncIterable<Buffer>) {
+        pending += decoder.write(chunk);
+        if (!pending.includes('\n')) continue;
+        const lines = pending.split('\n');
+        pending = lines.pop()!;
+        for (const line of lines) {
+          if (line.trim() !== '') yield parseEventLine(line);
+        }
+      }
+      pending += decoder.end();
+      if (pending.trim() !== '') yield parseEventLine(pending);
+    } catch (e) {
+      if (signal?.aborted) return;
+      if (e instanceof DsecApiError) throw e;
+      throw new DsecApiError('Unavailable', `event stream from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+    } finally {
+      res.destroy();
+    }
+  }
+
+  /**
+   * Sends one API call and parses its JSON answer. `path` starts with `/v1/` and may
+   * carry a query string; `body` is sent as JSON when given. Resolves with the parsed
+   * body (undefined when empty) for 2xx responses; rejects with {@link DsecApiError}
+   * otherwise (the body's `{error: {code, message}}` when present, else a kind derived
+   * from the status), `Unavailable` when the socket cannot be reached, or
+   * `DeadlineExceeded` when the deadline passes.
+   */
+  async request<T>(method: string, path: string, body?: unknown, opts: RequestOptions = {}): Promise<T> {
+    const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
+    const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body), 'utf8');
+    const deadline = timeoutMs > 0 ? Date.now() + timeoutMs : 0;
+    const res = await this.open(method, path, payload, opts.signal, deadline, timeoutMs, IDEMPOTENT.has(method));
+    let text: string;
+    try {
+      text = await withDeadline(readBody(res), res, deadline, () => this.deadlineError(method, path, timeoutMs));
+    } catch (e) {
+      if (opts.signal?.aborted) throw opts.signal.reason ?? e;
+      if (e instanceof DsecApiError) throw e;
+      throw new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e });
+    }
+    const status = res.statusCode ?? 0;
+    if (status >= 400 || status < 200) throw errorFromResponse(status, text);
+    if (text === '') return undefined as T;
+    try {
+      return JSON.parse(text) as T;
+    } catch (e) {
+      throw new DsecApiError('Internal', `dsecd answered ${method} ${path} with a body that is not JSON (status ${status})`, status, { cause: e });
+    }
+  }
+
+  /**
+   * Closes pooled connections. Safe to call twice; calls made afterwards still work
+   * (they open new connections) but are not pooled. Not needed before process exit.
+   */
+  close(): void {
+    this.agent.destroy();
+  }
+
+  /**
+   * Sends a request and resolves with the response once its headers arrive. `deadline`
+   * (absolute ms, 0 = none; `timeoutMs` is its length, for the message) bounds the wait
+   * for the headers; the caller bounds the body.
+   * A request that fails on a reused keep-alive socket before any response is resent
+   * once when `retryable`.
+   */
+  private open(
+    method: string,
+    path: string,
+    payload: Buffer | undefined,
+    signal: AbortSignal | undefined,
+    deadline: number,
+    timeoutMs: number,
+    retryable: boolean,
+  ): Promise<http.IncomingMessage> {
+    return new Promise((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(signal.reason);
+        return;
+      }
+      const headers: http.OutgoingHttpHeaders = { accept: 'application/json' };
+      if (payload !== undefined) {
+        headers['content-type'] = 'application/json';
+        headers['content-length'] = payload.length;
+      }
+      const req = http.request({ socketPath: this.socketPath, path, method, headers, agent: this.agent });
+      let settled = false;
+      let timer: NodeJS.Timeout | undefined;
+      const onAbort = () => req.destroy(signal!.reason instanceof Error ? signal!.reason : new Error('aborted'));
+      const cleanup = () => {
+        settled = true;
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      if (deadline > 0) {
+        const left = Math.max(0, deadline - Date.now());
+        timer = setTimeout(() => req.destroy(this.deadlineError(method, path, timeoutMs)), left);
+      }
+      req.on('response', (res) => {
+        if (settled) return;
+        cleanup();
+        // If the request is aborted while the body streams, surface it on the response.
+        if (signal) {
+          const onLateAbort = () => res.destroy(signal.reason instanceof Error ? signal.reason : new Error('aborted'));
+          signal.addEventListener('abort', onLateAbort, { once: true });
+          res.once('close', () => signal.removeEventListener('abort', onLateAbort));
+        }
+        resolve(res);
+      });
+      req.on('error', (err: NodeJS.ErrnoException) => {
+        if (settled) return;
+        cleanup();
+        if (signal?.aborted) {
+          reject(signal.reason ?? err);
+        } else if (err instanceof DsecApiError) {
+          reject(err);
+        } else if (retryable && req.reusedSocket && (err.code === 'ECONNRESET' || err.code === 'EPIPE')) {
+          // The daemon closed an idle pooled connection just as we reused it.
+          this.open(method, path, payload, signal, deadline, timeoutMs, false).then(resolve, reject);
+        } else {
+          reject(this.connectionError(err, method, path));
+        }
+      });
+      req.end(payload);
+    });
+  }
+
+  private deadlineError(method: string, path: string, ms: number): DsecApiError {
+    return new DsecApiError('DeadlineExceeded', `no answer from dsecd at ${this.socketPath} to ${method} ${path} within ${ms} ms`, 0);
+  }
+
+  private connectionError(err: NodeJS.ErrnoException, method: string, path: string): DsecApiError {
+    const where = `dsecd socket ${this.socketPath}`;
+    switch (err.code) {
+      case 'ENOENT':
+        return new DsecApiError('Unavailable', `cannot connect to ${where}: no such file; is dsecd running?`, 0, { cause: err });
+      case 'ECONNREFUSED':
+        return new DsecApiError('Unavailable', `cannot connect to ${where}: connection refused; is dsecd running?`, 0, { cause: err });
+      case 'EACCES':
+      case 'EPERM':
+        return new DsecApiError('Unavailable', `cannot connect to ${where}: permission denied (run as root or a member of the socket's group)`, 0, { cause: err });
+      case 'ENOTSOCK':
+        return new DsecApiError('Unavailable', `cannot connect to ${where}: not a socket; is dsecd running?`, 0, { cause: err });
+      default:
+        return new DsecApiError('Unavailable', `${method} ${path} to ${where} failed: ${err.message}; is dsecd running?`, 0, { cause: err });
+    }
+  }
+}
+
+/** `/v1/sandboxes/{id}` with the id escaped. */
+function sandboxPath(id: string): string {
+  return `/v1/sandboxes/${encodeURIComponent(id)}`;
+}
+
+/** Query string (with its `?`) of the defined, non-empty values, or `''`. */
+function query(params: Record<string, string | undefined>): string {
+  const q = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== undefined && v !== '') q.set(k, v);
+  const s = q.toString();
+  return s === '' ? '' : `?${s}`;
+}
+
+/** Reads a whole response body as UTF-8. */
+async function readBody(res: http.IncomingMessage): Promise<string> {
+  const chunks: Buffer[] = [];
+  for await (const c of res as AsyncIterable<Buffer>) chunks.push(c);
+  return Buffer.concat(chunks).toString('utf8');
+}
+
+/** Races `p` against an absolute deadline (0 = none), destroying `res` when it passes. */
+function withDeadline<T>(p: Promise<T>, res: http.IncomingMessage, deadline: number, err: () => Error): Promise<T> {
+  if (deadline <= 0) return p;
+  return new Promise<T>((resolve, reject) => {
+    const timer = setTimeout(() => {
+      const e = err();
+      res.destroy(e);
+      reject(e);
+    }, Math.max(0, deadline - Date.now()));
+    p.then(
+      (v) => {
+        clearTimeout(timer);
+        resolve(v);
+      },
+      (e) => {
+        clearTimeout(timer);
+        reject(e);
+      },
+    );
+  });
+}
+
+/** The {@link DsecApiError} for an error response: its `{error: {code, message}}` when well-formed, else derived from the status. */
+function errorFromResponse(status: number, text: string): DsecApiError {
+  let code: ErrorKind | undefined;
+  let message: string | undefined;
+  try {
+    const body = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+    const c = body?.error?.code;
+    if (typeof c === 'string' && Object.prototype.hasOwnProperty.call(KNOWN_KINDS, c)) code = c as ErrorKind;
+    if (typeof body?.error?.message === 'string') message = body.error.message;
+  } catch {
+    // Not JSON (a proxy, a crash page): fall back to the status.
+  }
+  code ??= KIND_BY_STATUS[status] ?? (status >= 500 ? 'Internal' : 'InvalidArgument');
+  message ??= text.trim() !== '' && text.length <= 200 ? `dsecd answered ${status}: ${text.trim()}` : `dsecd answered HTTP ${status}`;
+  return new DsecApiError(code, message, status);
+}
+
+/** Parses one NDJSON line of the event stream. */
+function parseEventLine(line: string): Event {
+  try {
+    return JSON.parse(line) as Event;
+  } catch (e) {
+    const shown = line.length > 80 ? line.slice(0, 80) + '…' : line;
+    throw new DsecApiError('Internal', `dsecd sent a malformed event line: ${JSON.stringify(shown)}`, 200, { cause: e });
+  }
+}
+
+function errMessage(e: unknown): string {
+  return e instanceof Error ? e.message : String(e);
+}

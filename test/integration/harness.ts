@@ -1,0 +1,218 @@
+/**
+ * Integration-test harness: a real dsecd (bin/dsecd, compiled dist/) on a private root,
+ * socket, instance name and uid pool, plus leak accounting across every place a
+ * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
+ * dirs, store rows).
+ *
+ * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
+ * pools (dsecd refuses overlapping pools of live instances).
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { execa } from 'execa';
+import Database from 'better-sqlite3';
+import { DsecClient } from '../../sdk/client.js';
+import { detectCgroups, type CgroupManager } from '../../daemon/host/cgroups/index.js';
+import { instanceNameFor } from '../../daemon/config.js';
+
+/** Repository root. */
+export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
+/** True when running as root (integration tests need it). */
+export const IS_ROOT = process.getuid?.() === 0;
+
+/** Uid pool of a test slot: 32 Mi ids (512 ranges of 65,536) above 3 GiB, away from the default pool. */
+export function uidPoolForSlot(slot: number): { base: number; size: number } {
+  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
+  return { base: 3 * 2 ** 30 + slot * 2 ** 25, size: 2 ** 25 };
+}
+
+/** Options of {@link TestDaemon.start}. */
+export interface StartOptions {
+  slot: number;
+  /** Extra environment (e.g. DSEC_FAILPOINT). */
+  env?: Record<string, string>;
+  /** Extra TOML appended to the config. */
+  config?: string;
+}
+
+/** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
+export interface HostTraces {
+  mounts: string[];
+  cgroups: string[];
+  runtime: string[];
+  dirs: string[];
+  rows: string[];
+  uidRanges: number;
+}
+
+/** A dsecd process under test. */
+export class TestDaemon {
+  proc: ChildProcess | null = null;
+  stderr = '';
+  readonly client: DsecClient;
+  readonly instance: string;
+  private exitPromise: Promise<{ code: number | null; signal: string | null }> | null = null;
+  private cg: CgroupManager | null = null;
+
+  private constructor(readonly root: string, readonly slot: number, private baseConfig: string) {
+    this.instance = instanceNameFor(root);
+    this.client = new DsecClient({ socketPath: this.socket, timeoutMs: 120_000 });
+  }
+
+  /** API socket path. */
+  get socket(): string {
+    return path.join(this.root, 'dsecd.sock');
+  }
+
+  /** Starts a fresh daemon on a new temp root. */
+  static async start(opts: StartOptions): Promise<TestDaemon> {
+    const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
+    const pool = uidPoolForSlot(opts.slot);
+    const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
+    const d = new TestDaemon(root, opts.slot, cfg);
+    try {
+      await d.launch(opts.env);
+    } catch (e) {
+      await d.cleanup();
+      throw e;
+    }
+    return d;
+  }
+
+  /** Starts dsecd on this root and waits until the API answers. */
+  async launch(env: Record<string, string> = {}): Promise<void> {
+    writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
+    this.stderr = '';
+    const proc = spawn(process.execPath, [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml')], {
+      env: { ...process.env, DSEC_LOG_LEVEL: process.env.DSEC_LOG_LEVEL ?? 'warn', ...env },
+      stdio: ['ignore', 'ignore', 'pipe'],
+    });
+    this.proc = proc;
+    proc.stderr!.on('data', (b: Buffer) => {
+      this.stderr += b.toString();
+      if (process.env.DSEC_TEST_VERBOSE) process.stderr.write(b);
+    });
+    this.exitPromise = new Promise((resolve) => proc.on('exit', (code, signal) => resolve({ code, signal })));
+    const deadline = Date.now() + 60_000;
+    let exited = false;
+    void this.exitPromise.then(() => { exited = true; });
+    while (Date.now() < deadline) {
+      if (exited) throw new Error(`dsecd exited during start:\n${this.stderr}`);
+      try {
+        await this.client.version();
+        return;
+      } catch {
+        await new Promise((r) => setTimeout(r, 50));
+      }
+    }
+    throw new Error(`dsecd did not answer within 60 s:\n${this.stderr}`);
+  }
+
+  /** Pid of the running daemon. */
+  get pid(): number {
+    return this.proc!.pid!;
+  }
+
+  /** Resolves when the daemon process exits. */
+  waitExit(): Promise<{ code: number | null; signal: string | null }> {
+    return this.exitPromise!;
+  }
+
+  /** SIGKILLs the daemon (sandboxes stay). */
+  async kill9(): Promise<void> {
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) {
+      this.proc.kill('SIGKILL');
+      await this.waitExit();
+    }
+  }
+
+  /** SIGTERMs the daemon and waits (sandboxes stay). */
+  async stop(): Promise<void> {
+    if (this.proc && this.proc.exitCode === null && this.proc.signalCode === null) {
+      this.proc.kill('SIGTERM');
+      await this.waitExit();
+    }
+  }
+
+  /** Stops (if running) and starts again on the same root. */
+  async restart(env: Record<string, string> = {}): Promise<void> {
+    await this.stop();
+    await this.launch(env);
+  }
+
+  /** The cgroup manager for this instance (reads only, plus cleanup). */
+  async cgroups(): Promise<CgroupManager> {
+    this.cg ??= await detectCgroups({ instance: this.instance });
+    return this.cg;
+  }
+
+  /** Every trace of sandboxes on the host, excluding the shared layer mounts. */
+  async traces(): Promise<HostTraces> {
+    const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n');
+    const sbPrefix = path.join(this.root, 'sandboxes') + '/';
+    const mounts = mi.map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(sbPrefix));
+    const cg = await this.cgroups();
+    const cgroups = await cg.list();
+    const r = await execa('runc', ['--root', path.join(this.root, 'runtime', 'runc'), 'list', '--format', 'json'], { reject: false });
+    const runtime = ((JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]).map((c) => c.id);
+    const sbDir = path.join(this.root, 'sandboxes');
+    const dirs = existsSync(sbDir) ? readdirSync(sbDir) : [];
+    const db = new Database(path.join(this.root, 'dsec.db'), { readonly: true, fileMustExist: true });
+    try {
+      const rows = (db.prepare('SELECT id FROM sandboxes').all() as { id: string }[]).map((x) => x.id);
+      const uidRanges = (db.prepare('SELECT COUNT(*) n FROM uid_ranges').get() as { n: number }).n;
+      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges };
+    } finally {
+      db.close();
+    }
+  }
+
+  /** Layer (EROFS blob) mounts of this instance. */
+  layerMounts(): string[] {
+    const prefix = path.join(this.root, 'layers') + '/';
+    return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(prefix));
+  }
+
+  /**
+   * Stops the daemon and removes everything it or its sandboxes left: runtime
+   * containers, mounts, cgroups, the root. Safe to call twice.
+   */
+  async cleanup(): Promise<void> {
+    await this.stop().catch(() => {});
+    const stateDir = path.join(this.root, 'runtime', 'runc');
+    if (existsSync(stateDir)) {
+      const r = await execa('runc', ['--root', stateDir, 'list', '--format', 'json'], { reject: false });
+      for (const c of (JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]) {
+        await execa('runc', ['--root', stateDir, 'delete', '--force', c.id], { reject: false });
+      }
+    }
+    const cg = await this.cgroups().catch(() => null);
+    if (cg) {
+      for (const id of await cg.list()) {
+        await cg.killAll(id).catch(() => {});
+        await cg.remove(id).catch(() => {});
+      }
+      await cg.removeInstance().catch(() => {});
+    }
+    const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(this.root + '/'));
+    for (const m of mi.sort((a, b) => b.length - a.length)) await execa('umount', ['-l', m], { reject: false });
+    rmSync(this.root, { recursive: true, force: true });
+  }
+}
+
+/** Runs `bin/dsec` with args against a daemon; resolves with exit code and output (never throws). */
+export async function runCli(d: TestDaemon, args: string[], input?: string): Promise<{ code: number; stdout: string; stderr: string }> {
+  const r = await execa(process.execPath, [path.join(REPO, 'bin/dsec'), '--socket', d.socket, ...args], { reject: false, input, stripFinalNewline: false });
+  return { code: r.exitCode ?? -1, stdout: String(r.stdout), stderr: String(r.stderr) };
+}
+
+/** Decodes an exec result's stdout. */
+export function out(r: { stdout_b64: string }): string {
+  return Buffer.from(r.stdout_b64, 'base64').toString();
+}
+
+/** Decodes an exec result's stderr. */
+export function err(r: { stderr_b64: string }): string {
+  return Buffer.from(r.stderr_b64, 'base64').toString();
+}

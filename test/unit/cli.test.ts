@@ -1,0 +1,641 @@
+import { mkdtempSync, rmSync } from 'node:fs';
+import http from 'node:http';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { Readable } from 'node:stream';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { main } from '../../cli/main.js';
+import type { Event, ExecResult, HostInfo, Sandbox } from '../../sdk/index.js';
+
+// The CLI runs in-process against a tiny fake dsecd (node:http on a temp Unix socket)
+// whose answers each test sets through `route`.
+
+interface Seen {
+  method: string;
+  path: string;
+  query: URLSearchParams;
+  body: any;
+}
+type Route = (req: Seen, res: http.ServerResponse) => void | Promise<void>;
+
+let dir: string;
+let socketPath: string;
+let server: http.Server;
+let seen: Seen[];
+let routes: Record<string, Route>;
+let onRequest: ((s: Seen) => void) | undefined;
+
+beforeEach(async () => {
+  dir = mkdtempSync(join(tmpdir(), 'dsec-cli-'));
+  socketPath = join(dir, 'dsecd.sock');
+  seen = [];
+  routes = {};
+  onRequest = undefined;
+  server = http.createServer(async (req, res) => {
+    const chunks: Buffer[] = [];
+    for await (const c of req) chunks.push(c as Buffer);
+    const url = new URL(req.url!, 'http://x');
+    const text = Buffer.concat(chunks).toString('utf8');
+    const s: Seen = { method: req.method!, path: url.pathname, query: url.searchParams, body: text ? JSON.parse(text) : undefined };
+    seen.push(s);
+    onRequest?.(s);
+    const key = `${s.method} ${s.path}`;
+    const route = routes[key] ?? routes[`${s.method} ${s.path.replace(/^\/v1\/sandboxes\/[^/]+/, '/v1/sandboxes/:id')}`];
+    if (!route) return json(res, 404, { error: { code: 'NotFound', message: `no route ${key}` } });
+    await route(s, res);
+  });
+  await new Promise<void>((resolve) => server.listen(socketPath, resolve));
+});
+
+afterEach(async () => {
+  server.closeAllConnections();
+  await new Promise<void>((resolve) => server.close(() => resolve()));
+  rmSync(dir, { recursive: true, force: true });
+});
+
+function json(res: http.ServerResponse, status: number, body: unknown): void {
+  const text = JSON.stringify(body);
+  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
+  res.end(text);
+}
+const ok = (body: unknown, status = 200): Route => (_req, res) => json(res, status, body);
+const fail = (status: number, code: string, message: string): Route => (_req, res) => json(res, status, { error: { code, message } });
+
+/** Collects what the CLI writes. */
+class Sink {
+  chunks: Buffer[] = [];
+  isTTY = false;
+  write(c: string | Uint8Array): boolean {
+    this.chunks.push(typeof c === 'string' ? Buffer.from(c) : Buffer.from(c));
+    return true;
+  }
+  get buf(): Buffer {
+    return Buffer.concat(this.chunks);
+  }
+  get text(): string {
+    return this.buf.toString('utf8');
+  }
+}
+
+interface RunOpts {
+  stdin?: Readable & { isTTY?: boolean };
+  env?: Record<string, string | undefined>;
+  socket?: string | null;
+}
+interface Ran {
+  code: number;
+  out: string;
+  err: string;
+  outBuf: Buffer;
+  errBuf: Buffer;
+}
+
+const interruptHandlers = new Set<(s: NodeJS.Signals) => void>();
+function interrupt(sig: NodeJS.Signals = 'SIGINT'): void {
+  for (const h of [...interruptHandlers]) h(sig);
+}
+
+/** Runs `dsec --socket <fake> ...args` in-process. */
+async function dsec(args: string[], opts: RunOpts = {}): Promise<Ran> {
+  const stdout = new Sink();
+  const stderr = new Sink();
+  const sock = opts.socket === null ? [] : ['--socket', opts.socket ?? socketPath];
+  const code = await main(['node', 'dsec', ...sock, ...args], {
+    stdout,
+    stderr,
+    stdin: opts.stdin ?? Readable.from([]),
+    env: opts.env ?? {},
+    onInterrupt(h) {
+      interruptHandlers.add(h);
+      return () => interruptHandlers.delete(h);
+    },
+  });
+  return { code, out: stdout.text, err: stderr.text, outBuf: stdout.buf, errBuf: stderr.buf };
+}
+
+const ID = '0123456789abcdef';
+const sandbox = (over: Partial<Sandbox> = {}): Sandbox => ({
+  id: ID,
+  backend: 'container',
+  image: 'busybox:latest',
+  image_layers: ['sha256:aa'],
+  state: 'running',
+  cpus: 0.5,
+  memory_bytes: 512 * 1024 * 1024,
+  pids: 256,
+  labels: { round: '3', job: 'a' },
+  env: {},
+  ttl_s: null,
+  created_at: Date.now() - 3 * 60_000 - 1000,
+  updated_at: Date.now(),
+  init_pid: 4242,
+  uid_base: 100000,
+  uid_count: 65536,
+  error: null,
+  ...over,
+});
+const execResult = (over: Partial<ExecResult> = {}): ExecResult => ({
+  exit_code: 0,
+  signal: null,
+  stdout_b64: '',
+  stderr_b64: '',
+  stdout_truncated: false,
+  stderr_truncated: false,
+  duration_ms: 2,
+  oom: false,
+  timed_out: false,
+  ...over,
+});
+const b64 = (s: string | Buffer) => Buffer.from(s).toString('base64');
+
+/** A stack trace line, which must never appear for a user error. */
+const STACK = /^\s+at /m;
+
+describe('help and usage errors', () => {
+  it('--help and VERB --help exit 0 and write help to stdout', async () => {
+    const r = await dsec(['--help'], { socket: null });
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/Usage: dsec/);
+    expect(r.out).toMatch(/exec/);
+    expect(r.err).toBe('');
+    const v = await dsec(['exec', '--help'], { socket: null });
+    expect(v.code).toBe(0);
+    expect(v.out).toMatch(/Usage: dsec exec/);
+    expect((await dsec(['host', 'info', '--help'], { socket: null })).code).toBe(0);
+    expect((await dsec(['help', 'ls'], { socket: null })).code).toBe(0);
+  });
+
+  it('an unknown option is one line and exit 125', async () => {
+    const r = await dsec(['ls', '--bogus']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe("dsec: unknown option '--bogus'; see `dsec ls --help`\n");
+    expect(r.out).toBe('');
+    expect(seen).toHaveLength(0);
+  });
+
+  it('an unknown verb, a missing argument and a missing verb are one line each, exit 125', async () => {
+    for (const args of [['bogus'], ['inspect'], [], ['host'], ['inspect', 'a', 'b']]) {
+      const r = await dsec(args);
+      expect(r.code, args.join(' ')).toBe(125);
+      expect(r.err.split('\n'), args.join(' ')).toHaveLength(2); // one line + final newline
+      expect(r.err).toMatch(/^dsec: /);
+    }
+    expect((await dsec(['host'])).err).toBe('dsec: missing command (one of: info); see `dsec host --help`\n');
+  });
+
+  it('exec with an option-like command word not after -- says to use --', async () => {
+    const r = await dsec(['exec', ID, 'ls', '-la']);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: unknown option '-la' \(put the command after --/);
+  });
+
+  it('a bad flag value is a user error with a hint, no stack, no request', async () => {
+    const r = await dsec(['create', '--memory', 'lots']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: --memory: invalid size "lots"\nhint: sizes are bytes or a number with K, M, G (KiB, MiB, GiB), e.g. 512M or 2GiB\n');
+    expect(seen).toHaveLength(0);
+  });
+});
+
+describe('API errors', () => {
+  it('404 → exit 125, message with code, hint, no stack', async () => {
+    routes['GET /v1/sandboxes/:id'] = fail(404, 'NotFound', 'sandbox nope not found');
+    const r = await dsec(['inspect', 'nope']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: sandbox nope not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+    expect(r.out).toBe('');
+    expect(r.err).not.toMatch(STACK);
+  });
+
+  it('400 → hint points at the verb help', async () => {
+    routes['POST /v1/sandboxes'] = fail(400, 'InvalidArgument', 'memory_bytes: too small');
+    const r = await dsec(['create', '--memory', '1K']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: memory_bytes: too small (InvalidArgument)\nhint: see `dsec create --help`\n');
+  });
+
+  it('a missing socket is Unavailable naming the path, with a hint to start dsecd or pass --socket', async () => {
+    const missing = join(dir, 'missing.sock');
+    const r = await dsec(['ls'], { socket: missing });
+    expect(r.code).toBe(125);
+    const [line, hint] = r.err.split('\n');
+    expect(line).toMatch(/^dsec: cannot connect to dsecd socket .*missing\.sock: .*is dsecd running\? \(Unavailable\)$/);
+    expect(hint).toBe('hint: start dsecd (systemctl start dsecd) or pass --socket');
+    expect(r.err).not.toMatch(STACK);
+  });
+
+  it('DSEC_SOCKET picks the socket when --socket is absent', async () => {
+    routes['GET /v1/sandboxes'] = ok({ sandboxes: [] });
+    const r = await dsec(['ls', '-q'], { socket: null, env: { DSEC_SOCKET: socketPath } });
+    expect(r.code).toBe(0);
+    expect(seen).toHaveLength(1);
+  });
+
+  it('a bug prints "internal error" and asks for a report; the stack only with DSEC_DEBUG=1', async () => {
+    routes['GET /v1/sandboxes'] = ok({}); // no `sandboxes` array: the table code trips
+    const r = await dsec(['ls']);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: internal error: /);
+    expect(r.err).toMatch(/please report it/);
+    expect(r.err).not.toMatch(STACK);
+    const d = await dsec(['ls'], { env: { DSEC_DEBUG: '1' } });
+    expect(d.code).toBe(125);
+    expect(d.err).toMatch(STACK);
+  });
+});
+
+describe('version and host info', () => {
+  it('version prints client and daemon versions', async () => {
+    routes['GET /v1/version'] = ok({ version: '0.1.0', api: 'v1', agent_protocol: 2, node: 'v20.20.2' });
+    const r = await dsec(['version']);
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/^dsec   \d+\.\d+\.\d+\n/);
+    expect(r.out).toMatch(/dsecd  0\.1\.0 \(api v1, agent protocol 2, node v20\.20\.2\)/);
+    const j = JSON.parse((await dsec(['--json', 'version'])).out);
+    expect(j.client.version).toMatch(/^\d+\.\d+\.\d+$/);
+    expect(j.daemon).toEqual({ version: '0.1.0', api: 'v1', agent_protocol: 2, node: 'v20.20.2' });
+  });
+
+  it('version still exits 0 when the daemon is unreachable', async () => {
+    const r = await dsec(['version'], { socket: join(dir, 'missing.sock') });
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/dsecd  not reachable: .*\(Unavailable\)/);
+    const j = JSON.parse((await dsec(['version', '--json'], { socket: join(dir, 'missing.sock') })).out);
+    expect(j.daemon).toBeNull();
+    expect(j.daemon_error.code).toBe('Unavailable');
+  });
+
+  it('host info renders facts and tables, or the JSON', async () => {
+    const host: HostInfo = {
+      version: '0.1.0',
+      instance: 'default',
+      root: '/var/lib/dsec',
+      socket: '/run/dsec/dsecd.sock',
+      kernel: '6.18.0',
+      cores: 2,
+      memory_bytes: 24 * 1024 ** 3,
+      cgroup: { version: 1, parents: { memory: '/sys/fs/cgroup/memory/dsec' } },
+      runtime: { name: 'runc', path: '/usr/sbin/runc', version: '1.1.5' },
+      backends: { container: { available: true, reason: null }, microvm: { available: false, reason: 'no /dev/vhost-vsock' } },
+      uid_pool: { base: 100000, size: 6553600, range_size: 65536, in_use: 3, free: 97 },
+      sandboxes: { running: 3 },
+      defences: { seccomp: { enforced: true, detail: 'default profile' }, apparmor: { enforced: false, detail: 'kernel lacks AppArmor' } },
+    };
+    routes['GET /v1/host'] = ok(host);
+    const r = await dsec(['host', 'info']);
+    expect(r.code).toBe(0);
+    expect(r.out).toMatch(/^kernel\s+6\.18\.0$/m);
+    expect(r.out).toMatch(/^memory\s+24GiB$/m);
+    expect(r.out).toMatch(/^cgroup\s+v1 \(memory=\/sys\/fs\/cgroup\/memory\/dsec\)$/m);
+    expect(r.out).toMatch(/^microvm\s+no\s+no \/dev\/vhost-vsock$/m);
+    expect(r.out).toMatch(/^apparmor\s+no\s+kernel lacks AppArmor$/m);
+    expect(r.out).not.toMatch(/\x1b\[/);
+    expect(JSON.parse((await dsec(['--json', 'host', 'info'])).out)).toEqual(host);
+  });
+});
+
+describe('create, ls, inspect, stop, start', () => {
+  it('create translates every flag and prints the id alone', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    const r = await dsec([
+      'create', '--backend', 'container', '--image', 'python:3.12', '--cpus', '0.5', '--memory', '512M', '--pids', '128',
+      '--label', 'job=a', '--label', 'round=3', '--env', 'A=1', '--env', 'B=x=y', '--ttl', '90s',
+    ]);
+    expect(r.code).toBe(0);
+    expect(r.out).toBe(`${ID}\n`);
+    expect(seen[0].body).toEqual({
+      backend: 'container', image: 'python:3.12', cpus: 0.5, memory_bytes: 512 * 1024 ** 2, pids: 128,
+      labels: { job: 'a', round: '3' }, env: { A: '1', B: 'x=y' }, ttl_s: 90,
+    });
+  });
+
+  it('create with no flags sends an empty request; --json prints the Sandbox', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    const r = await dsec(['create', '--json']);
+    expect(r.code).toBe(0);
+    expect(seen[0].body).toEqual({});
+    expect(JSON.parse(r.out)).toEqual(sandbox({ created_at: JSON.parse(r.out).created_at, updated_at: JSON.parse(r.out).updated_at }));
+  });
+
+  it('create refuses an unknown backend locally', async () => {
+    const r = await dsec(['create', '--backend', 'docker']);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: --backend: unknown backend "docker"\nhint: backends are container, fncall, microvm, vm/);
+  });
+
+  it('ls prints a plain table with human memory, age and sorted labels', async () => {
+    routes['GET /v1/sandboxes'] = ok({ sandboxes: [sandbox(), sandbox({ id: 'fedcba9876543210', state: 'paused', labels: {}, memory_bytes: 1.5 * 1024 ** 3, cpus: 2 })] });
+    const r = await dsec(['ls', '--selector', 'job=a', '--state', 'running']);
+    expect(r.code).toBe(0);
+    const lines = r.out.trimEnd().split('\n');
+    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'IMAGE', 'CPUS', 'MEMORY', 'AGE', 'LABELS']);
+    expect(lines[1].split(/\s+/)).toEqual([ID, 'running', 'busybox:latest', '0.5', '512MiB', '3m', 'job=a,round=3']);
+    expect(lines[2].split(/\s+/)).toEqual(['fedcba9876543210', 'paused', 'busybox:latest', '2', '1.5GiB', '3m', '-']);
+    expect(r.out).not.toMatch(/\x1b\[/);
+    expect(seen[0].query.get('selector')).toBe('job=a');
+    expect(seen[0].query.get('state')).toBe('running');
+  });
+
+  it('ls --json prints {sandboxes}; -q prints ids', async () => {
+    routes['GET /v1/sandboxes'] = ok({ sandboxes: [sandbox()] });
+    const j = JSON.parse((await dsec(['ls', '--json'])).out);
+    expect(j.sandboxes).toHaveLength(1);
+    expect(j.sandboxes[0].id).toBe(ID);
+    expect((await dsec(['ls', '-q'])).out).toBe(`${ID}\n`);
+    expect((await dsec(['ls', '--state', 'zombie'])).code).toBe(125);
+  });
+
+  it('inspect prints pretty JSON with or without --json', async () => {
+    const s = sandbox();
+    routes['GET /v1/sandboxes/:id'] = ok(s);
+    for (const args of [['inspect', ID], ['--json', 'inspect', ID]]) {
+      const r = await dsec(args);
+      expect(r.code).toBe(0);
+      expect(r.out).toBe(JSON.stringify(s, null, 2) + '\n');
+    }
+    expect(seen[0].path).toBe(`/v1/sandboxes/${ID}`);
+  });
+
+  it('stop and start print the id, or the Sandbox with --json', async () => {
+    routes['POST /v1/sandboxes/:id/stop'] = ok(sandbox({ state: 'stopped' }));
+    routes['POST /v1/sandboxes/:id/start'] = ok(sandbox({ state: 'running' }));
+    expect((await dsec(['stop', ID])).out).toBe(`${ID}\n`);
+    expect((await dsec(['start', ID])).out).toBe(`${ID}\n`);
+    expect(JSON.parse((await dsec(['stop', ID, '--json'])).out).state).toBe('stopped');
+    expect(JSON.parse((await dsec(['--json', 'start', ID])).out).state).toBe('running');
+    expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual([
+      `POST /v1/sandboxes/${ID}/stop`, `POST /v1/sandboxes/${ID}/start`, `POST /v1/sandboxes/${ID}/stop`, `POST /v1/sandboxes/${ID}/start`,
+    ]);
+  });
+
+  it('a Conflict on stop gets a state hint', async () => {
+    routes['POST /v1/sandboxes/:id/stop'] = fail(409, 'Conflict', `sandbox ${ID} is stopped`);
+    const r = await dsec(['stop', ID]);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe(`dsec: sandbox ${ID} is stopped (Conflict)\nhint: check the sandbox state with \`dsec inspect ID\`\n`);
+  });
+
+  it('images lists images', async () => {
+    routes['GET /v1/images'] = ok({ images: [{ name: 'busybox', tag: 'latest', layers: ['sha256:a', 'sha256:b'], created_at: Date.now() - 7_200_000 }] });
+    const r = await dsec(['images']);
+    expect(r.out.trimEnd().split('\n')[1].split(/\s+/)).toEqual(['busybox', 'latest', '2', '2h']);
+    expect(JSON.parse((await dsec(['images', '--json'])).out).images).toHaveLength(1);
+  });
+});
+
+describe('rm', () => {
+  it('destroys each id, reports per id, exits 125 if any failed', async () => {
+    routes['DELETE /v1/sandboxes/:id'] = (req, res) =>
+      req.path.endsWith('/gone') ? json(res, 404, { error: { code: 'NotFound', message: 'sandbox gone not found' } }) : json(res, 200, sandbox({ id: req.path.split('/')[3], state: 'destroyed' }));
+    const r = await dsec(['rm', 'aaa', 'gone', 'bbb']);
+    expect(r.code).toBe(125);
+    expect(r.out).toBe('aaa\nbbb\n');
+    expect(r.err).toBe('dsec: rm gone: sandbox gone not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+    expect(seen.every((s) => !s.query.has('force'))).toBe(true);
+  });
+
+  it('-f forces; all succeeding exits 0; --json reports results', async () => {
+    routes['DELETE /v1/sandboxes/:id'] = (req, res) => json(res, 200, sandbox({ id: req.path.split('/')[3], state: 'destroyed' }));
+    const r = await dsec(['rm', '-f', 'aaa', 'bbb']);
+    expect(r.code).toBe(0);
+    expect(seen.map((s) => s.query.get('force'))).toEqual(['true', 'true']);
+    const j = await dsec(['rm', '--json', 'aaa']);
+    expect(j.code).toBe(0);
+    expect(JSON.parse(j.out).results).toEqual([{ id: 'aaa', ok: true, sandbox: expect.objectContaining({ id: 'aaa', state: 'destroyed' }) }]);
+  });
+
+  it('rm of a running sandbox without -f hints at -f', async () => {
+    routes['DELETE /v1/sandboxes/:id'] = fail(412, 'FailedPrecondition', 'sandbox aaa is running');
+    const r = await dsec(['rm', 'aaa']);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/hint: stop it first with `dsec stop ID`, or pass -f/);
+    const j = await dsec(['rm', 'aaa', '--json']);
+    expect(j.code).toBe(125);
+    expect(JSON.parse(j.out).results[0]).toEqual({ id: 'aaa', ok: false, error: { code: 'FailedPrecondition', message: 'sandbox aaa is running' } });
+  });
+});
+
+describe('exec', () => {
+  it('writes the command\'s stdout and stderr bytes and exits with its code', async () => {
+    const bin = Buffer.from([0xde, 0xad, 0xbe, 0xef, 0x0a]);
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 3, stdout_b64: b64(bin), stderr_b64: b64('oops\n') }));
+    const r = await dsec(['exec', ID, '--env', 'A=1', '--cwd', '/work', '--user', 'nobody', '--', 'sh', '-c', 'exit 3']);
+    expect(r.code).toBe(3);
+    expect(r.outBuf.equals(bin)).toBe(true);
+    expect(r.err).toBe('oops\n');
+    expect(seen[0].path).toBe(`/v1/sandboxes/${ID}/exec`);
+    expect(seen[0].body).toEqual({ argv: ['sh', '-c', 'exit 3'], env: { A: '1' }, cwd: '/work', user: 'nobody' });
+  });
+
+  it('words after -- belong to the command, even ones that look like dsec flags', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ stdout_b64: b64('raw\n') }));
+    const r = await dsec(['exec', ID, '--', 'tool', '--json', '--timeout', 'x', '-i']);
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('raw\n');
+    expect(seen[0].body).toEqual({ argv: ['tool', '--json', '--timeout', 'x', '-i'] });
+  });
+
+  it('a command killed by SIGKILL exits 137 with a note', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL' }));
+    const r = await dsec(['exec', ID, '--', 'sleep', '1']);
+    expect(r.code).toBe(137);
+    expect(r.err).toBe('dsec: command killed by SIGKILL (exit 137)\n');
+  });
+
+  it('127 (not found) and 126 (not executable) pass through', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 127, stderr_b64: b64('nope: not found\n') }));
+    const r = await dsec(['exec', ID, 'nope']);
+    expect(r.code).toBe(127);
+    expect(r.err).toBe('nope: not found\n');
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 126 }));
+    expect((await dsec(['exec', ID, '/etc/passwd'])).code).toBe(126);
+  });
+
+  it('a timeout exits 124 with a note and sends timeout_ms', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL', timed_out: true, stdout_b64: b64('partial') }));
+    const r = await dsec(['exec', ID, '--timeout', '2s', '--', 'sleep', '10']);
+    expect(r.code).toBe(124);
+    expect(r.out).toBe('partial');
+    expect(r.err).toBe('dsec: command timed out after 2s and was killed (exit 124)\n');
+    expect(seen[0].body.timeout_ms).toBe(2000);
+  });
+
+  it('--json prints the ExecResult as the API sent it and keeps the exit code', async () => {
+    const res = execResult({ exit_code: 3, stdout_b64: b64('hi\n') });
+    routes['POST /v1/sandboxes/:id/exec'] = ok(res);
+    const r = await dsec(['--json', 'exec', ID, '--', 'sh', '-c', 'echo hi; exit 3']);
+    expect(r.code).toBe(3);
+    expect(JSON.parse(r.out)).toEqual(res);
+    expect(r.err).toBe('');
+  });
+
+  it('notes truncated output and OOM on stderr', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL', oom: true, stdout_truncated: true }));
+    const r = await dsec(['exec', ID, 'big']);
+    expect(r.code).toBe(137);
+    expect(r.err).toMatch(/stdout was truncated/);
+    expect(r.err).toMatch(/ran out of memory/);
+  });
+
+  it('-i sends a piped stdin; without -i stdin is not read', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = (req, res) => json(res, 200, execResult({ stdout_b64: req.body.stdin_b64 ?? '' }));
+    const r = await dsec(['exec', '-i', ID, '--', 'cat'], { stdin: Readable.from([Buffer.from('hello '), Buffer.from('world')]) });
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('hello world');
+    const n = await dsec(['exec', ID, '--', 'cat'], { stdin: Readable.from([Buffer.from('ignored')]) });
+    expect(n.out).toBe('');
+    expect(seen[1].body.stdin_b64).toBeUndefined();
+  });
+
+  it('-i refuses a terminal instead of waiting for input', async () => {
+    const tty = Object.assign(Readable.from([]), { isTTY: true });
+    const r = await dsec(['exec', '--stdin', ID, '--', 'cat'], { stdin: tty });
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: -i reads stdin to the end, but stdin is a terminal\nhint: /);
+    expect(seen).toHaveLength(0);
+  });
+
+  it('an exec on a missing sandbox is 125 with the NotFound hint', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = fail(404, 'NotFound', 'sandbox nope not found');
+    const r = await dsec(['exec', 'nope', '--', 'true']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: sandbox nope not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+  });
+});
+
+describe('run', () => {
+  it('creates, execs, destroys and exits with the command\'s code', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 3, stdout_b64: b64('out\n') }));
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    const r = await dsec(['run', '--image', 'busybox', '--memory', '64M', '--label', 'job=a', '--timeout', '5s', '--', 'sh', '-c', 'exit 3']);
+    expect(r.code).toBe(3);
+    expect(r.out).toBe('out\n');
+    expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual(['POST /v1/sandboxes', `POST /v1/sandboxes/${ID}/exec`, `DELETE /v1/sandboxes/${ID}`]);
+    expect(seen[0].body).toEqual({ image: 'busybox', memory_bytes: 64 * 1024 ** 2, labels: { job: 'a' } });
+    expect(seen[1].body).toEqual({ argv: ['sh', '-c', 'exit 3'], timeout_ms: 5000 });
+    expect(seen[2].query.get('force')).toBe('true');
+  });
+
+  it('--json prints the ExecResult with the sandbox id', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL' }));
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    const r = await dsec(['run', '--json', '--', 'sleep', '100']);
+    expect(r.code).toBe(137);
+    expect(JSON.parse(r.out)).toEqual({ sandbox_id: ID, ...execResult({ exit_code: null, signal: 'SIGKILL' }) });
+  });
+
+  it('destroys the sandbox even when exec fails, then exits 125', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['POST /v1/sandboxes/:id/exec'] = fail(412, 'FailedPrecondition', `sandbox ${ID} is not running`);
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    const r = await dsec(['run', '--', 'true']);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: sandbox 0123456789abcdef is not running \(FailedPrecondition\)\nhint: /);
+    expect(seen.map((s) => s.method)).toEqual(['POST', 'POST', 'DELETE']);
+  });
+
+  it('destroys the sandbox on SIGINT and exits 130', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['POST /v1/sandboxes/:id/exec'] = () => {
+      /* a command that never finishes */
+    };
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    onRequest = (s) => {
+      if (s.path.endsWith('/exec')) setImmediate(() => interrupt('SIGINT'));
+    };
+    const r = await dsec(['run', '--', 'sleep', 'inf']);
+    expect(r.code).toBe(130);
+    expect(r.err).toBe(`dsec: interrupted by SIGINT; destroying sandbox ${ID}\n`);
+    expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual(['POST /v1/sandboxes', `POST /v1/sandboxes/${ID}/exec`, `DELETE /v1/sandboxes/${ID}`]);
+    expect(interruptHandlers.size).toBe(0);
+  });
+
+  it('a SIGINT during create still destroys the sandbox once it exists', async () => {
+    routes['POST /v1/sandboxes'] = (_req, res) => {
+      interrupt('SIGTERM');
+      json(res, 201, sandbox());
+    };
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    const r = await dsec(['run', '--', 'true']);
+    expect(r.code).toBe(143);
+    expect(seen.map((s) => s.method)).toEqual(['POST', 'DELETE']);
+  });
+
+  it('a failed destroy is a warning naming the sandbox; the command\'s code is kept', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 0 }));
+    routes['DELETE /v1/sandboxes/:id'] = fail(500, 'Internal', 'runc delete failed');
+    const r = await dsec(['run', '--', 'true']);
+    expect(r.code).toBe(0);
+    expect(r.err).toMatch(new RegExp(`^dsec: warning: could not destroy sandbox ${ID}: runc delete failed \\(Internal\\)\\nhint: remove it with \`dsec rm -f ${ID}\``));
+  });
+
+  it('a failed create is 125 and nothing is destroyed', async () => {
+    routes['POST /v1/sandboxes'] = fail(501, 'Unimplemented', 'backend vm is not implemented');
+    const r = await dsec(['run', '--backend', 'vm', '--', 'true']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: backend vm is not implemented (Unimplemented)\nhint: `dsec host info` lists which backends this host supports\n');
+    expect(seen).toHaveLength(1);
+  });
+});
+
+describe('events', () => {
+  const evs: Event[] = [
+    { time: Date.UTC(2026, 10, 29, 6, 0, 0), type: 'sandbox.created', sandbox_id: ID, state: 'creating', labels: { job: 'a' } },
+    { time: Date.UTC(2026, 10, 29, 6, 0, 1), type: 'sandbox.started', sandbox_id: ID, state: 'running' },
+    { time: Date.UTC(2026, 10, 29, 6, 0, 2), type: 'host.note', sandbox_id: null, message: 'ünïcode ✓' },
+  ];
+  /** Streams the events as NDJSON in 5-byte pieces, so lines and characters straddle chunks. */
+  const stream = (keepOpen = false): Route => async (_req, res) => {
+    res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+    const bytes = Buffer.from(evs.map((e) => JSON.stringify(e) + '\n').join(''));
+    for (let i = 0; i < bytes.length; i += 5) {
+      res.write(bytes.subarray(i, i + 5));
+      await new Promise((r) => setTimeout(r, 1));
+    }
+    if (!keepOpen) res.end();
+  };
+
+  it('prints TIME TYPE SANDBOX STATE lines', async () => {
+    routes['GET /v1/events'] = stream();
+    const r = await dsec(['events', '--selector', 'job=a']);
+    expect(r.code).toBe(0);
+    expect(r.out).toBe(
+      [
+        `2026-11-29T06:00:00.000Z sandbox.created ${ID} creating`,
+        `2026-11-29T06:00:01.000Z sandbox.started ${ID} running`,
+        '2026-11-29T06:00:02.000Z host.note - -',
+      ].join('\n') + '\n',
+    );
+    expect(seen[0].query.get('selector')).toBe('job=a');
+    expect(seen[0].query.has('follow')).toBe(false);
+  });
+
+  it('--json prints NDJSON, one Event per line', async () => {
+    routes['GET /v1/events'] = stream();
+    const r = await dsec(['events', '--json']);
+    expect(r.out.trimEnd().split('\n').map((l) => JSON.parse(l))).toEqual(evs);
+  });
+
+  it('-f follows until interrupted, then exits 130', async () => {
+    routes['GET /v1/events'] = stream(true);
+    const stdout = new Sink();
+    const done = main(['node', 'dsec', '--socket', socketPath, 'events', '-f'], {
+      stdout,
+      stderr: new Sink(),
+      stdin: Readable.from([]),
+      env: {},
+      onInterrupt(h) {
+        interruptHandlers.add(h);
+        return () => interruptHandlers.delete(h);
+      },
+    });
+    while (stdout.text.split('\n').length < 4) await new Promise((r) => setTimeout(r, 2));
+    interrupt('SIGINT');
+    expect(await done).toBe(130);
+    expect(stdout.text.split('\n')).toHaveLength(4);
+    expect(seen[0].query.get('follow')).toBe('true');
+  });
+});

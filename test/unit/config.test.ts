@@ -1,0 +1,53 @@
+import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import { instanceNameFor, loadConfig } from '../../daemon/config.js';
+import { Failpoints, FAILPOINTS } from '../../daemon/sandbox/failpoints.js';
+
+describe('config', () => {
+  it('defaults, and flags beat env beat file', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+    try {
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, 'root = "/from/file"\nsocket = "/file.sock"\n[defaults]\ncpus = 2\n');
+      const c = loadConfig({ config: f, env: { DSEC_ROOT: '/from/env' } });
+      expect(c.root).toBe('/from/env');
+      expect(c.socket).toBe('/file.sock');
+      expect(c.defaults.cpus).toBe(2);
+      expect(loadConfig({ config: f, root: '/flag', env: { DSEC_ROOT: '/from/env' } }).root).toBe('/flag');
+      const d = loadConfig({ env: {}, config: undefined });
+      expect(d.uidPool).toEqual({ base: 2 ** 31, size: 2 ** 30, rangeSize: 65536 });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  it('rejects unknown keys and a missing explicit file', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+    try {
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, 'rooot = "/x"\n');
+      expect(() => loadConfig({ config: f, env: {} })).toThrow(/rooot|Unrecognized/i);
+      expect(() => loadConfig({ config: path.join(dir, 'nope.toml'), env: {} })).toThrow(/does not exist/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  it('derives distinct instance names from roots', () => {
+    expect(instanceNameFor('/var/lib/dsec')).toBe('default');
+    const a = instanceNameFor('/tmp/a/dsec');
+    const b = instanceNameFor('/tmp/b/dsec');
+    expect(a).not.toBe(b);
+    expect(a).toMatch(/^[a-z0-9][a-z0-9_.-]{0,62}$/);
+  });
+});
+
+describe('failpoints', () => {
+  it('parse names and counts, reject unknown ones', () => {
+    expect(new Failpoints(undefined).armed).toBeNull();
+    expect(new Failpoints('create.after-rootfs:3').armed).toBe('create.after-rootfs');
+    expect(() => new Failpoints('create.nope')).toThrow(/unknown failpoint/);
+    expect(() => new Failpoints('create.after-rootfs:0')).toThrow(/bad hit count/);
+    expect(FAILPOINTS.length).toBeGreaterThan(10);
+  });
+});

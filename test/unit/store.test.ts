@@ -1,0 +1,115 @@
+import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import Database from 'better-sqlite3';
+import { migrate, openDb } from '../../daemon/store/db.js';
+import { MIGRATIONS } from '../../daemon/store/migrations.js';
+import { parseSelector, SandboxRepo } from '../../daemon/sandbox/repo.js';
+
+const pool = { base: 1 << 20, size: 4 * 65536, rangeSize: 65536 };
+
+function rec(id: string) {
+  return {
+    id, backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
+    imageConfig: { env: [], cwd: '/', user: '0', cmd: [] }, cpus: 1, memoryBytes: 1 << 28, pids: 100,
+    labels: { job: 'a' }, env: {}, ttlS: null, createdAt: Date.now(),
+  };
+}
+
+describe('migrations', () => {
+  it('migration 1 applies to an empty database and sets user_version', () => {
+    const db = new Database(':memory:');
+    expect(migrate(db, MIGRATIONS.slice(0, 1))).toEqual([1]);
+    expect(db.pragma('user_version', { simple: true })).toBe(1);
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name").all().map((r: any) => r.name);
+    expect(tables).toEqual(expect.arrayContaining(['sandboxes', 'uid_ranges', 'events']));
+    expect(migrate(db)).toEqual(MIGRATIONS.slice(1).map((m) => m.version));
+  });
+  it('versions are consecutive from 1', () => {
+    MIGRATIONS.forEach((m, i) => expect(m.version).toBe(i + 1));
+  });
+  it('refuses a database newer than the binary', () => {
+    const db = new Database(':memory:');
+    db.pragma('user_version = 999');
+    expect(() => migrate(db)).toThrow(/newer than this dsecd knows/);
+  });
+  it('opens a file database in WAL mode and survives reopen', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-db-'));
+    try {
+      const f = path.join(dir, 'x.db');
+      const db = openDb(f);
+      expect(db.pragma('journal_mode', { simple: true })).toBe('wal');
+      new SandboxRepo(db, pool).insertCreating(rec('a1'));
+      db.close();
+      const db2 = openDb(f);
+      expect(new SandboxRepo(db2, pool).get('a1').state).toBe('creating');
+      db2.close();
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('SandboxRepo', () => {
+  it('allocates disjoint uid ranges and exhausts the pool with ResourceExhausted', () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    const bases = ['a', 'b', 'c', 'd'].map((id) => repo.insertCreating(rec(id)).uidBase);
+    expect(new Set(bases).size).toBe(4);
+    for (const b of bases) expect((b! - pool.base) % pool.rangeSize).toBe(0);
+    expect(() => repo.insertCreating(rec('e'))).toThrow(expect.objectContaining({ kind: 'ResourceExhausted' }));
+    repo.remove('b');
+    expect(repo.insertCreating(rec('e')).uidBase).toBe(bases[1]);
+  });
+  it('rebuilds the used-range set from the store', () => {
+    const db = openDb(':memory:');
+    const a = new SandboxRepo(db, pool).insertCreating(rec('a')).uidBase;
+    const repo2 = new SandboxRepo(db, pool);
+    expect(repo2.rangesInUse).toBe(1);
+    expect(repo2.insertCreating(rec('b')).uidBase).not.toBe(a);
+  });
+  it('transition enforces the state machine and acknowledges creates', () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    repo.insertCreating(rec('a'));
+    expect(repo.get('a').acknowledged).toBe(false);
+    const r = repo.transition('a', 'running', { initPid: 42, initStart: 7 });
+    expect(r).toMatchObject({ state: 'running', acknowledged: true, initPid: 42, desired: null });
+    expect(() => repo.transition('a', 'creating')).toThrow(expect.objectContaining({ kind: 'FailedPrecondition' }));
+  });
+  it('frees uid ranges of vanished rows', () => {
+    const db = openDb(':memory:');
+    const repo = new SandboxRepo(db, pool);
+    repo.insertCreating(rec('a'));
+    db.prepare("DELETE FROM sandboxes WHERE id='a'").run();
+    expect(repo.freeOrphanRanges()).toBe(1);
+    expect(repo.rangesInUse).toBe(0);
+  });
+  it('records events and notifies listeners', () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    const seen: string[] = [];
+    const off = repo.onEvent((e) => seen.push(e.type));
+    const sb = repo.insertCreating(rec('a'));
+    repo.event('sandbox.created', sb);
+    off();
+    repo.event('sandbox.destroyed', sb);
+    expect(seen).toEqual(['sandbox.created']);
+    expect(repo.events().map((e) => e.type)).toEqual(['sandbox.created', 'sandbox.destroyed']);
+    expect(repo.events()[0]).toMatchObject({ sandbox_id: 'a', labels: { job: 'a' } });
+  });
+});
+
+describe('selectors', () => {
+  it('match all terms', () => {
+    const m = parseSelector('job=a,round=3');
+    expect(m({ job: 'a', round: '3', x: 'y' })).toBe(true);
+    expect(m({ job: 'a', round: '4' })).toBe(false);
+    expect(parseSelector('job')({ job: '' })).toBe(true);
+    expect(parseSelector('job!=a')({ job: 'b' })).toBe(true);
+    expect(parseSelector('job!=a')({})).toBe(true);
+    expect(parseSelector('')({})).toBe(true);
+  });
+  it('reject malformed terms', () => {
+    expect(() => parseSelector('=a')).toThrow(/empty key/);
+    expect(() => parseSelector('a b=c')).toThrow(/bad selector key/);
+  });
+});

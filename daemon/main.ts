@@ -9,7 +9,8 @@
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
 import { Command } from 'commander';
-import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, statSync, unlinkSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { createHash } from 'node:crypto';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -21,6 +22,7 @@ import { openDb } from './store/db.js';
 import { SandboxRepo } from './sandbox/repo.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { Failpoints } from './sandbox/failpoints.js';
+import { Reaper } from './sandbox/reaper.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
@@ -45,6 +47,27 @@ export function repoRoot(): string {
 /** The static agent binary built by the install step (`make -C native`). */
 export function agentBinaryPath(): string {
   return process.env.DSEC_AGENT_BINARY ?? path.join(repoRoot(), 'native', 'agent', 'dsec-agent');
+}
+
+/**
+ * Copies the agent binary into `<root>/bin/dsec-agent-<sha256 prefix>` (mode 0555) and
+ * returns that path. Sandboxes bind-mount this private copy, so rebuilding or upgrading
+ * the source tree never changes the binary under a running sandbox or a create in flight.
+ */
+export function installAgent(source: string, root: string): string {
+  const bytes = readFileSync(source);
+  const hash = createHash('sha256').update(bytes).digest('hex').slice(0, 16);
+  const dir = path.join(root, 'bin');
+  mkdirSync(dir, { recursive: true, mode: 0o711 });
+  chmodSync(dir, 0o711);
+  const dest = path.join(dir, `dsec-agent-${hash}`);
+  if (!existsSync(dest)) {
+    const tmp = `${dest}.tmp${process.pid}`;
+    writeFileSync(tmp, bytes, { mode: 0o555 });
+    chmodSync(tmp, 0o555);
+    renameSync(tmp, dest);
+  }
+  return dest;
 }
 
 /** A started daemon, as tests and the entry point hold it. */
@@ -96,20 +119,23 @@ function secureSocket(socket: string, log: Logger): void {
 
 /**
  * Starts a daemon with the given config. Resolves once the API is listening.
+ * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers,
+ * removes its cgroup parents and resolves without serving (`dsecd --purge`).
  * @throws DsecError when the host lacks what dsecd needs (runtime, agent binary, cgroups).
  */
-export async function startDaemon(config: DaemonConfig, log: Logger): Promise<Daemon> {
+export async function startDaemon(config: DaemonConfig, log: Logger, opts: { purge?: boolean } = {}): Promise<Daemon> {
   const fp = new Failpoints(process.env.DSEC_FAILPOINT);
   if (path.join(config.root, 'sandboxes', 'x'.repeat(16), 'agent.sock.tmp').length > MAX_SOCKET_PATH) {
     throw failedPrecondition(`root ${config.root} is too long: agent socket paths under it would exceed ${MAX_SOCKET_PATH} bytes`);
   }
-  const agentBinary = agentBinaryPath();
-  if (!existsSync(agentBinary)) throw unavailable(`agent binary ${agentBinary} is missing; run the install step (make -C native)`);
+  const agentSource = agentBinaryPath();
+  if (!existsSync(agentSource)) throw unavailable(`agent binary ${agentSource} is missing; run the install step (make -C native)`);
   for (const d of ['', 'sandboxes', 'images', 'layers', 'runtime']) {
     mkdirSync(path.join(config.root, d), { recursive: true, mode: 0o711 });
     chmodSync(path.join(config.root, d), 0o711);
   }
   assertTraversable(config.root);
+  const agentBinary = installAgent(agentSource, config.root);
 
   const reg: InstanceRegistration = registerInstance(config);
   let cgroups: CgroupManager | undefined;
@@ -136,6 +162,19 @@ export async function startDaemon(config: DaemonConfig, log: Logger): Promise<Da
     const lr = await layers.reconcile(inUse);
     log.info({ ...rep, layersUnmounted: lr.unmounted }, 'reconciled store with host');
 
+    if (opts.purge) {
+      for (const sb of repo.all()) await manager.destroy(sb.id, true, 'purge');
+      await layers.reconcile(new Map());
+      await cgroups.removeInstance();
+      await container.close();
+      db.close();
+      reg.release();
+      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
+      return { config, log, async close() {} };
+    }
+    const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }));
+    await reaper.sweep();
+    reaper.start();
     const cg = cgroups;
     const app = buildApi({
       manager,
@@ -186,6 +225,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger): Promise<Da
       config,
       log,
       async close() {
+        reaper.stop();
         await app.close();
         await container.close();
         db.close();
@@ -205,6 +245,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
+    .option('--purge', 'destroy every sandbox of this instance, unmount its layers, remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
   try {
@@ -213,7 +254,7 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string }>();
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean }>();
   let config: DaemonConfig;
   try {
     config = loadConfig(opts);
@@ -228,7 +269,11 @@ export async function main(argv: string[]): Promise<number> {
   }
   let daemon: Daemon;
   try {
-    daemon = await startDaemon(config, log);
+    daemon = await startDaemon(config, log, { purge: opts.purge });
+    if (opts.purge) {
+      log.flush();
+      return 0;
+    }
   } catch (e) {
     log.fatal({ err: e }, 'start failed');
     process.stderr.write(`dsecd: ${e instanceof DsecError ? e.message : (e as Error).stack}\n`);

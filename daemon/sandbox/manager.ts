@@ -181,10 +181,11 @@ export class SandboxManager {
   /**
    * Destroys a sandbox and everything it has on the host.
    * @param force when false, a running or paused sandbox is refused.
+   * @param reason recorded in the destroyed event (e.g. "ttl expired").
    * @returns the last record, with state `destroyed`.
    * @throws DsecError NotFound, FailedPrecondition (running without force).
    */
-  async destroy(id: string, force: boolean): Promise<SandboxRecord> {
+  async destroy(id: string, force: boolean, reason?: string): Promise<SandboxRecord> {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (!force && (sb.state === 'running' || sb.state === 'paused')) {
@@ -195,7 +196,7 @@ export class SandboxManager {
       await this.driver(sb.backend).destroy(sb, this.d.failpoints);
       this.d.repo.remove(id);
       const gone: SandboxRecord = { ...sb, state: 'destroyed', desired: null, initPid: null, updatedAt: Date.now() };
-      this.d.repo.event('sandbox.destroyed', gone);
+      this.d.repo.event('sandbox.destroyed', gone, reason);
       return gone;
     });
   }

@@ -169,6 +169,14 @@ export class SandboxRepo {
     return (this.db.prepare('SELECT * FROM sandboxes ORDER BY created_at, id').all() as Row[]).map(decode);
   }
 
+  /** Ids of acknowledged sandboxes whose TTL has passed at `now` (ms), not already being destroyed. */
+  expired(now: number): string[] {
+    return (this.db
+      .prepare(`SELECT id FROM sandboxes WHERE ttl_s IS NOT NULL AND acknowledged = 1 AND (desired IS NULL OR desired != 'destroyed')
+                AND created_at + ttl_s * 1000 <= ? ORDER BY created_at`)
+      .all(now) as { id: string }[]).map((r) => r.id);
+  }
+
   /** Counts by state. */
   countByState(): Record<string, number> {
     const out: Record<string, number> = {};

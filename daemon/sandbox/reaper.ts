@@ -1,0 +1,60 @@
+/**
+ * The reaper: a periodic sweep over the durable store that destroys sandboxes whose
+ * TTL has passed (`created_at + ttl_s * 1000 <= now`). Expiry is computed from the
+ * store on every sweep, never held in in-memory timers, so a restart neither loses
+ * nor double-fires an expiry: a sandbox that expired while dsecd was down is destroyed
+ * by the first sweep after start.
+ */
+import type { Logger } from 'pino';
+import type { SandboxManager } from './manager.js';
+import type { SandboxRepo } from './repo.js';
+import { isDsecError } from '../errors.js';
+
+/** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
+export const REAP_INTERVAL_MS = 1000;
+
+/** Periodic TTL enforcement; `start()` after reconcile, `stop()` at shutdown. */
+export class Reaper {
+  private timer: NodeJS.Timeout | null = null;
+  private running = false;
+  private readonly inFlight = new Set<string>();
+
+  constructor(private readonly repo: SandboxRepo, private readonly manager: SandboxManager, private readonly log: Logger, private readonly intervalMs = REAP_INTERVAL_MS) {}
+
+  /** Starts sweeping. Safe to call twice. */
+  start(): void {
+    if (this.timer) return;
+    this.timer = setInterval(() => void this.sweep(), this.intervalMs);
+    this.timer.unref();
+  }
+
+  /** Stops sweeping; an in-flight destroy finishes on its own. */
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  /** One sweep: destroys every expired sandbox not already being destroyed. Returns the ids it destroyed. */
+  async sweep(now = Date.now()): Promise<string[]> {
+    if (this.running) return [];
+    this.running = true;
+    const done: string[] = [];
+    try {
+      for (const id of this.repo.expired(now)) {
+        if (this.inFlight.has(id)) continue;
+        this.inFlight.add(id);
+        try {
+          await this.manager.destroy(id, true, 'ttl expired');
+          done.push(id);
+        } catch (e) {
+          if (!isDsecError(e, 'NotFound')) this.log.error({ err: e, id }, 'reaper: destroy of expired sandbox failed');
+        } finally {
+          this.inFlight.delete(id);
+        }
+      }
+    } finally {
+      this.running = false;
+    }
+    return done;
+  }
+}

@@ -54,8 +54,8 @@ getent group dsec >/dev/null || groupadd --system dsec
 
 [[ $DEMO -eq 1 ]] || exit 0
 
-SOCK=/run/dsec/dsecd.sock
-if ! dsec version >/dev/null 2>&1 || ! dsec --json version | grep -q '"daemon"'; then
+# `dsec ls` exits 125 when no daemon answers on the socket.
+if ! dsec ls >/dev/null 2>&1; then
   if [[ -d /run/systemd/system ]]; then
     say "starting dsecd (systemctl start dsecd)"
     systemctl enable --now dsecd
@@ -65,8 +65,8 @@ if ! dsec version >/dev/null 2>&1 || ! dsec --json version | grep -q '"daemon"';
     nohup "$REPO/bin/dsecd" >>/var/log/dsecd.log 2>&1 &
     echo $! > /run/dsec/dsecd.pid
   fi
-  for _ in $(seq 1 300); do [[ -S $SOCK ]] && dsec version >/dev/null 2>&1 && break; sleep 0.1; done
-  [[ -S $SOCK ]] || die "dsecd did not come up; see /var/log/dsecd.log"
+  for _ in $(seq 1 300); do dsec ls >/dev/null 2>&1 && break; sleep 0.1; done
+  dsec ls >/dev/null 2>&1 || die "dsecd did not come up; see /var/log/dsecd.log (or journalctl -u dsecd)"
 fi
 
 say "dsec run --image busybox -- sh -c 'echo hello from \$(hostname); uname -a; id'"

@@ -27,6 +27,7 @@ import {
   encodeFrame,
   encodeU32,
   type Frame,
+  type ExecRequestFields,
 } from './protocol.js';
 import { DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, unavailable } from '../errors.js';
 
@@ -42,21 +43,8 @@ export interface AgentInfo {
   pid: number;
 }
 
-/** One command to run inside the sandbox. */
-export interface AgentExecRequest {
-  /** Program and arguments (≥ 1 element); argv[0] is searched along env's PATH if it has no '/'. */
-  argv: string[];
-  /** The complete environment as "K=V" entries; nothing is inherited from the agent. */
-  env: string[];
-  /** Working directory inside the sandbox; default "/". A missing directory is an exec_error. */
-  cwd?: string;
-  /** "uid", "uid:gid", "name" or "name:group" resolved in the sandbox's /etc/passwd and /etc/group; default "0". */
-  user?: string;
-  /** SIGKILL the process group after this many milliseconds (integer, ≤ 2^32-1); 0/undefined = no timeout. */
-  timeoutMs?: number;
-  /** true: stdin is a pipe fed by writeStdin()/closeStdin(); false/undefined: stdin is /dev/null. */
-  stdin?: boolean;
-}
+/** One command to run inside the sandbox: the fields of one EXEC frame (see protocol.ts). */
+export type AgentExecRequest = ExecRequestFields;
 
 /** How an exec ended. */
 export type AgentExecOutcome =

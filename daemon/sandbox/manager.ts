@@ -15,7 +15,7 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult } from '../api/schema.js';
 import type { DaemonConfig } from '../config.js';
-import { DsecError, failedPrecondition, invalidArgument, unimplemented, wrap } from '../errors.js';
+import { DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
 import type { SandboxDriver } from '../drivers/types.js';
 import type { ImageStore } from '../image/store.js';
 import { ContainerDriver } from '../drivers/container/driver.js';
@@ -218,7 +218,8 @@ export class SandboxManager {
     for (const [k, v] of Object.entries(req.env ?? {})) env.set(k, v);
     const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
     if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
-    const r = await this.driver(sb.backend).exec(sb, {
+    const drv = this.driver(sb.backend);
+    const r = await drv.exec(sb, {
       argv: req.argv,
       env: [...env].map(([k, v]) => `${k}=${v}`),
       cwd: req.cwd ?? sb.imageConfig.cwd ?? '/',
@@ -226,6 +227,9 @@ export class SandboxManager {
       stdin,
       timeoutMs: req.timeout_ms,
       maxOutputBytes: this.d.config.maxOutputBytes,
+    }).catch(async (e) => {
+      if (isDsecError(e, 'Unavailable') && !(await drv.isAlive(sb))) throw await this.markDead(id);
+      throw e;
     });
     if (r.kind === 'exec_error') {
       // Shell conventions: 127 command not found, 126 found but not executable.
@@ -246,6 +250,23 @@ export class SandboxManager {
       oom: r.oom,
       timed_out: r.timedOut,
     };
+  }
+
+  /**
+   * Records that a running sandbox's init died on its own (e.g. killed from outside):
+   * cleans its runtime state and mounts, moves it to `failed`, and returns the error
+   * to give the caller. The writable layer stays; `start` brings the sandbox back.
+   */
+  private async markDead(id: string): Promise<DsecError> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.state === 'running' || sb.state === 'paused') {
+        await this.driver(sb.backend).stop(sb, this.d.failpoints).catch((e) => this.d.log.warn({ err: e, id }, 'cleanup of dead sandbox failed'));
+        const f = this.d.repo.transition(id, 'failed', { initPid: null, initStart: null, error: 'sandbox init exited unexpectedly' });
+        this.d.repo.event('sandbox.failed', f, f.error ?? undefined);
+      }
+      return failedPrecondition(`sandbox ${id} is failed: its init exited unexpectedly; start it again with \`dsec start ${id}\` or destroy it`);
+    });
   }
 
   /**

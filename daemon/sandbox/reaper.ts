@@ -13,10 +13,14 @@ import { isDsecError } from '../errors.js';
 /** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
 export const REAP_INTERVAL_MS = 1000;
 
-/** Periodic TTL enforcement; `start()` after reconcile, `stop()` at shutdown. */
+/** Events kept in the store: the newest 100,000 (about a day of a busy host's lifecycle events); older ones are pruned by the sweep. */
+export const EVENTS_KEPT = 100_000;
+
+/** Periodic TTL enforcement and event pruning; `start()` after reconcile, `stop()` at shutdown. */
 export class Reaper {
   private timer: NodeJS.Timeout | null = null;
   private running = false;
+  private sweeps = 0;
   private readonly inFlight = new Set<string>();
 
   constructor(private readonly repo: SandboxRepo, private readonly manager: SandboxManager, private readonly log: Logger, private readonly intervalMs = REAP_INTERVAL_MS) {}
@@ -40,6 +44,8 @@ export class Reaper {
     this.running = true;
     const done: string[] = [];
     try {
+      this.sweeps += 1;
+      if (this.sweeps % 60 === 1) this.repo.pruneEvents(EVENTS_KEPT);
       for (const id of this.repo.expired(now)) {
         if (this.inFlight.has(id)) continue;
         this.inFlight.add(id);

@@ -305,6 +305,11 @@ export class SandboxRepo {
     }));
   }
 
+  /** Deletes all but the newest `keep` events. Returns how many were deleted. */
+  pruneEvents(keep: number): number {
+    return this.db.prepare('DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?').run(keep).changes;
+  }
+
   /** Subscribes to new events; returns the unsubscribe function. */
   onEvent(l: EventListener): () => void {
     this.listeners.add(l);

@@ -215,6 +215,25 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     expect((await d.client.listSandboxes())).toEqual([]);
   });
 
+  it('a sandbox whose init is killed from outside becomes failed, and start brings it back', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    try {
+      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo persisted > /p'] });
+      process.kill(sb.init_pid!, 'SIGKILL');
+      await expect(d.client.exec(sb.id, { argv: ['true'] })).rejects.toMatchObject({ code: 'FailedPrecondition' });
+      const f = await d.client.getSandbox(sb.id);
+      expect(f).toMatchObject({ state: 'failed', init_pid: null });
+      expect(f.error).toMatch(/init exited/);
+      const t = await d.traces();
+      expect(t.runtime).not.toContain(sb.id);
+      expect(t.mounts.filter((m) => m.includes(sb.id))).toEqual([]);
+      await d.client.startSandbox(sb.id);
+      expect((await d.client.exec(sb.id, { argv: ['cat', '/p'] })).stdout.toString()).toBe('persisted\n');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
   it('lists by selector and reports events', async () => {
     const a = await d.client.createSandbox({ labels: { job: 'sel', round: '1' } });
     const b = await d.client.createSandbox({ labels: { job: 'sel', round: '2' } });

@@ -98,6 +98,16 @@ describe('SandboxRepo', () => {
   });
 });
 
+describe('event pruning', () => {
+  it('keeps the newest N events', () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    for (let i = 0; i < 10; i++) repo.event(`e${i}`, null);
+    expect(repo.pruneEvents(3)).toBe(7);
+    expect(repo.events().map((e) => e.type)).toEqual(['e7', 'e8', 'e9']);
+    expect(repo.pruneEvents(3)).toBe(0);
+  });
+});
+
 describe('selectors', () => {
   it('match all terms', () => {
     const m = parseSelector('job=a,round=3');

@@ -50,6 +50,16 @@ const FileConfig = z
       .strict()
       .optional(),
     exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
+    images: z
+      .object({
+        store: z.string().optional(),
+        cache_dir: z.string().optional(),
+        cache_bytes: z.number().int().min(0).optional(),
+        commit_exclude: z.array(z.string()).optional(),
+        prune_grace_s: z.number().int().min(0).optional(),
+      })
+      .strict()
+      .optional(),
   })
   .strict();
 
@@ -82,6 +92,16 @@ export interface DaemonConfig {
   defaults: { cpus: number; memoryBytes: number; pids: number };
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;
+  /**
+   * Layer store. `store` may be a shared filesystem used by many hosts (default
+   * `<root>/images`). With `cacheDir` set, blobs are copied to that host-local directory
+   * before they are mounted and evicted least-recently-used once the cache holds more
+   * than `cacheBytes` (default 50 GiB). `commitExclude` adds glob patterns (relative to
+   * the sandbox root, e.g. `srv/cache/**`) that `commit` strips besides its fixed list.
+   * Unreferenced layers younger than `pruneGraceMs` (default 10 min, `prune_grace_s`) are
+   * kept by prune.
+   */
+  images: { store: string; cacheDir: string | null; cacheBytes: number; commitExclude: string[]; pruneGraceMs: number };
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -146,5 +166,12 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       pids: fc.defaults?.pids ?? 1024,
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
+    images: {
+      store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
+      cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,
+      cacheBytes: fc.images?.cache_bytes ?? 50 * 1024 ** 3,
+      commitExclude: fc.images?.commit_exclude ?? [],
+      pruneGraceMs: (fc.images?.prune_grace_s ?? 600) * 1000,
+    },
   });
 }

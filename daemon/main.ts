@@ -29,6 +29,7 @@ import { ContainerDriver } from './drivers/container/driver.js';
 import type { SandboxDriver } from './drivers/types.js';
 import { ImageStore } from './image/store.js';
 import { LayerMounts } from './image/mounts.js';
+import { BlobCache } from './image/cache.js';
 import { buildApi } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
@@ -146,10 +147,24 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const runtime = new OciRuntime(runtimeInfo, path.join(config.root, 'runtime', runtimeInfo.name));
     const db = openDb(path.join(config.root, 'dsec.db'));
     const repo = new SandboxRepo(db, config.uidPool);
-    const images = new ImageStore({ root: path.join(config.root, 'images') });
+    const images = new ImageStore({
+      root: config.images.store,
+      localDir: path.join(config.root, 'images-local'),
+      owner: { host: os.hostname(), instance: config.instance },
+      pruneGraceMs: config.images.pruneGraceMs,
+    });
     await images.init();
     await images.ensureBuiltinImages();
-    const layers = new LayerMounts({ mountDir: path.join(config.root, 'layers'), blobPath: (dg) => images.blobPath(dg) });
+    let layers: LayerMounts;
+    const cache = config.images.cacheDir
+      ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
+      : null;
+    layers = new LayerMounts({
+      mountDir: path.join(config.root, 'layers'),
+      blobPath: (dg) => images.blobPath(dg),
+      // Verify before the first mount on this host; with a cache, mount the verified local copy.
+      prepare: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
+    });
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, log: log.child({ component: 'container' }) });
     const drivers = new Map<Backend, SandboxDriver>([['container', container]]);
     const manager = new SandboxManager({ config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }) });
@@ -160,12 +175,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const inUse = new Map<string, number>();
     for (const s of repo.all()) for (const dg of s.imageLayers) if (layers.refCount(dg) > 0) inUse.set(dg, layers.refCount(dg));
     const lr = await layers.reconcile(inUse);
+    await images.syncLeases(manager.layersInUse());
     log.info({ ...rep, layersUnmounted: lr.unmounted }, 'reconciled store with host');
 
     if (opts.purge) {
       for (const sb of repo.all()) await manager.destroy(sb.id, true, 'purge');
       await layers.reconcile(new Map());
       await cgroups.removeInstance();
+      await images.syncLeases([]);
       await container.close();
       db.close();
       reg.release();
@@ -181,6 +198,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       repo,
       images,
       log,
+      failpoints: fp,
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({

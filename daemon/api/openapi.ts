@@ -10,6 +10,7 @@ import { ROUTE_DOCS } from './routes/table.js';
 import './routes/host.js';
 import './routes/sandboxes.js';
 import './routes/events.js';
+import './routes/images.js';
 import { DSEC_VERSION } from '../version.js';
 
 function schemaOf(s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {

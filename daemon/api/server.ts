@@ -10,8 +10,10 @@ import { DsecError, invalidArgument, notFound } from '../errors.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import type { SandboxRepo } from '../sandbox/repo.js';
 import type { ImageStore } from '../image/store.js';
+import type { Failpoints } from '../sandbox/failpoints.js';
 import { registerSandboxRoutes } from './routes/sandboxes.js';
 import { registerEventRoutes } from './routes/events.js';
+import { registerImageRoutes } from './routes/images.js';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
 
 /** What routes need. */
@@ -20,6 +22,7 @@ export interface ApiDeps {
   repo: SandboxRepo;
   images: ImageStore;
   host: HostInfoProvider;
+  failpoints: Failpoints;
   log: Logger;
 }
 
@@ -83,5 +86,6 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerHostRoutes(app, deps);
   registerSandboxRoutes(app, deps);
   registerEventRoutes(app, deps);
+  registerImageRoutes(app, deps);
   return app;
 }

@@ -72,6 +72,13 @@ export interface SandboxDriver {
   adopt(sb: SandboxRecord): Promise<void>;
   /** Removes host leftovers of this backend that belong to none of `known` sandbox ids. */
   cleanOrphans(known: Set<string>): Promise<OrphanReport>;
+  /**
+   * Runs `fn` on the sandbox's writable layer (its overlay upper dir) while no process
+   * of the sandbox can change it (frozen when running; stopped sandboxes need nothing).
+   * Used by commit and snapshots.
+   * @throws DsecError FailedPrecondition when the sandbox has no writable layer on this host.
+   */
+  withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T>;
   /** Releases in-memory resources at daemon shutdown; sandboxes keep running. */
   close(): Promise<void>;
 }

@@ -30,6 +30,16 @@ export interface LayerMountsOptions {
   mountDir: string;
   /** Maps a digest to its blob file (ImageStore.blobPath). */
   blobPath: (digest: string) => string;
+  /**
+   * Called before a blob is mounted (first reference); resolves with the file to mount.
+   * The daemon verifies the blob's digest here and, with a local cache, copies it in
+   * (ImageStore.prepareForMount). Default: `blobPath(digest)` as is.
+   */
+  prepare?: (digest: string) => Promise<string>;
+  /** Called after a blob was mounted (e.g. to record a lease in a shared store). */
+  onMounted?: (digest: string) => Promise<void>;
+  /** Called after a blob was unmounted. */
+  onUnmounted?: (digest: string) => Promise<void>;
 }
 
 /** What {@link LayerMounts.reconcile} found and did (all lists hold digests, sorted). */
@@ -49,6 +59,7 @@ export class LayerMounts {
   /** Where blob mount points live (`<instance root>/layers`). */
   readonly mountDir: string;
   private readonly blobPath: (digest: string) => string;
+  private readonly hooks: Pick<LayerMountsOptions, 'prepare' | 'onMounted' | 'onUnmounted'>;
   /** digest -> references held (only digests with a live mount and refs > 0). */
   private readonly refs = new Map<string, number>();
   /** digest -> tail of the chain of operations on it (serializes acquire/release per digest). */
@@ -58,6 +69,7 @@ export class LayerMounts {
   constructor(opts: LayerMountsOptions) {
     this.mountDir = resolve(opts.mountDir);
     this.blobPath = opts.blobPath;
+    this.hooks = { prepare: opts.prepare, onMounted: opts.onMounted, onUnmounted: opts.onUnmounted };
   }
 
   /** Mount point for `digest`: `<mountDir>/<hex>`. Throws InvalidArgument for a malformed digest. */
@@ -100,7 +112,13 @@ export class LayerMounts {
       await mkdir(this.mountDir, { recursive: true, mode: 0o700 });
       await mkdir(dir, { recursive: true, mode: 0o755 });
       if (!native.isMountpoint(dir)) {
-        const blob = this.blobPath(digest);
+        let blob: string;
+        try {
+          blob = this.hooks.prepare ? await this.hooks.prepare(digest) : this.blobPath(digest);
+        } catch (e) {
+          await rmdir(dir).catch(() => undefined);
+          throw e;
+        }
         const c = native.constants();
         try {
           native.mount(blob, dir, 'erofs', c.MS_RDONLY | c.MS_NODEV | c.MS_NOSUID, null);
@@ -111,6 +129,7 @@ export class LayerMounts {
         }
       }
       this.refs.set(digest, 1);
+      await this.hooks.onMounted?.(digest);
       return dir;
     });
   }
@@ -135,6 +154,7 @@ export class LayerMounts {
       await rmdir(dir).catch((e: NodeJS.ErrnoException) => {
         if (e.code !== 'ENOENT') throw e;
       });
+      await this.hooks.onUnmounted?.(digest);
     });
   }
 

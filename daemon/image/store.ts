@@ -1,23 +1,34 @@
 /**
- * A minimal image store: content-addressed EROFS layer blobs plus named manifests.
+ * The layer store: content-addressed EROFS layer blobs, their metadata, and named image
+ * manifests. The store directory may be a shared filesystem (CephFS, NFS, JuiceFS, 3FS,
+ * or a local dir) that many hosts and instances use at once.
  *
- * On-disk layout under `root` (`<instance root>/images`):
+ * On-disk layout under `root`:
  *
- *   blobs/sha256/<64 hex>        one EROFS layer each, named by the sha256 of its bytes (mode 0444)
- *   manifests/<name>/<tag>.json  one {@link ImageManifest} each (names may contain `/`)
- *   tmp/                         scratch for builds; emptied by init()
+ *   blobs/sha256/<64 hex>          one EROFS layer each, named by the sha256 of its bytes (mode 0444)
+ *   layers/<64 hex>.json           {@link LayerMeta}: size, created, source, builder
+ *   manifests/<name>/<tag>.json    one {@link ImageManifest} each (names may contain `/`)
+ *   leases/<host>/<instance>/<hex> present while a sandbox of that instance on that host uses the blob
+ *   tmp/<host>-<pid>-<random>...   scratch of one writer; stale entries are removed by prune
  *
- * Every file appears atomically (written under tmp/ or as a temp file in the target
- * directory, fsynced, then renamed), so a crash leaves either the old state or the new
- * one plus garbage in tmp/, never a half-written blob or manifest.
+ * Per-instance local state (never shared) lives in `localDir`: `verified/<hex>` records
+ * that this host hashed a blob before its first mount, and `cache/` holds copies of
+ * remote blobs when a local cache is configured (daemon/image/cache.ts).
  *
- * This is the seed of the full layer store (import from dirs/tars/OCI layouts, GC,
- * shared-filesystem roots): {@link ImageStore.addLayerFromDir} and
- * {@link ImageStore.putManifest} are the two primitives those build on.
+ * Crash and concurrency contract:
+ * - every file appears atomically (temp file in tmp/ or beside the target, fsync,
+ *   rename), so a reader never sees a partial blob, metadata file or manifest;
+ * - two writers building the same layer at once each write their own temp file and
+ *   rename it over the same name: the bytes are identical (builds are reproducible), so
+ *   either rename yields the same blob, and a mount of the replaced inode stays valid;
+ * - prune removes only blobs that no manifest, no lease and no live sandbox of the
+ *   calling instance references, and only when older than a grace period, so a blob
+ *   published by a build whose manifest is not written yet is never taken.
  */
 import { randomBytes } from 'node:crypto';
 import { constants as fsc } from 'node:fs';
-import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat } from 'node:fs/promises';
+import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import { hostname } from 'node:os';
 import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
 import { BUSYBOX_PATH_ENV, prepareBusyboxTree } from './builtin.js';
@@ -103,7 +114,7 @@ function checkManifest(m: unknown, where: string): ImageManifest {
  * Writes `data` to `file` atomically: temp file in the same directory, fsync, rename.
  * The directory is created if needed.
  */
-async function writeFileAtomic(file: string, data: string | Buffer, mode = 0o644): Promise<void> {
+export async function writeFileAtomic(file: string, data: string | Buffer, mode = 0o644): Promise<void> {
   await mkdir(dirname(file), { recursive: true });
   const tmp = `${file}.tmp-${process.pid}-${randomBytes(4).toString('hex')}`;
   const fh = await open(tmp, 'w', mode);
@@ -121,21 +132,78 @@ async function writeFileAtomic(file: string, data: string | Buffer, mode = 0o644
   }
 }
 
+/** Metadata of one layer, stored beside its blob. */
+export interface LayerMeta {
+  /** `"sha256:<hex>"` of the blob's bytes. */
+  digest: string;
+  /** Blob size, bytes. */
+  size_bytes: number;
+  /** When the blob was first published, ms since the Unix epoch. */
+  created_at: number;
+  /** Where the content came from, e.g. `dir:/srv/tree`, `oci:/tmp/x.tar#2`, `commit:<sandbox id>`, `builtin:busybox`. */
+  source: string;
+  /** Who built it: `<host>/<instance>`. */
+  builder: string;
+}
+
+/** Identity of the instance using the store: keys leases and temp files. */
+export interface StoreOwner {
+  host: string;
+  instance: string;
+}
+
 /** Options for {@link ImageStore}. */
 export interface ImageStoreOptions {
-  /** The store's directory, `<instance root>/images`. Created by init(). */
+  /** The store directory; may be shared by many hosts. Created by init(). */
   root: string;
+  /** This instance's private state dir (verification markers). Default `<root>/local`. */
+  localDir?: string;
+  /** Identity for leases and temp names. Default this host's name and instance `default`. */
+  owner?: StoreOwner;
+  /**
+   * Blobs younger than this are never pruned even when unreferenced: 10 minutes, far
+   * longer than publishing a blob and then its manifest takes, so prune never races a build.
+   */
+  pruneGraceMs?: number;
 }
+
+/** What {@link ImageStore.prune} removed. */
+export interface PruneReport {
+  /** Layers removed (blob and metadata). */
+  removed: LayerMeta[];
+  /** Bytes of blobs removed. */
+  freed_bytes: number;
+  /** Unreferenced blobs kept because they are younger than the grace period. */
+  kept_young: string[];
+  /** Stale temp entries removed. */
+  tmp_removed: number;
+}
+
+/** Default prune grace period: 10 minutes (see {@link ImageStoreOptions.pruneGraceMs}). */
+export const PRUNE_GRACE_MS = 10 * 60 * 1000;
+/** Temp entries older than this (1 hour) belong to a crashed writer and are removed by prune. */
+const TMP_STALE_MS = 60 * 60 * 1000;
+
+const HEX64 = /^[0-9a-f]{64}$/;
 
 /** See the module comment for the layout and crash-safety contract. */
 export class ImageStore {
-  /** The store's directory (`<instance root>/images`). */
+  /** The store directory. */
   readonly root: string;
+  /** This instance's private state dir. */
+  readonly localDir: string;
+  /** Identity for leases and temp names. */
+  readonly owner: StoreOwner;
+  private readonly graceMs: number;
   private builtinOnce: Promise<void> | undefined;
+  private leaseChain: Promise<void> = Promise.resolve();
 
   /** Does no I/O; call {@link init} before use. */
   constructor(opts: ImageStoreOptions) {
     this.root = opts.root;
+    this.localDir = opts.localDir ?? join(opts.root, 'local');
+    this.owner = opts.owner ?? { host: hostname(), instance: 'default' };
+    this.graceMs = opts.pruneGraceMs ?? PRUNE_GRACE_MS;
   }
 
   private get blobsDir(): string {
@@ -144,20 +212,30 @@ export class ImageStore {
   private get manifestsDir(): string {
     return join(this.root, 'manifests');
   }
-  private get tmpDir(): string {
+  private get layersDir(): string {
+    return join(this.root, 'layers');
+  }
+  /** Scratch area for writers (shared; entries are named after their writer). */
+  get tmpDir(): string {
     return join(this.root, 'tmp');
+  }
+  private get leaseDir(): string {
+    return join(this.root, 'leases', this.owner.host, this.owner.instance);
+  }
+
+  /** A fresh temp path in tmp/ named after this writer: `<host>-<pid>-<random><suffix>`. */
+  tmpPath(suffix = ''): string {
+    return join(this.tmpDir, `${this.owner.host}-${process.pid}-${randomBytes(6).toString('hex')}${suffix}`);
   }
 
   /**
-   * Creates the layout and empties tmp/ (leftovers of builds interrupted by a crash).
-   * Safe to call again. Must run before any other method, and only one process may use a
-   * store root at a time (tmp/ is cleared).
+   * Creates the layout. Safe to call again and from many hosts at once; never deletes
+   * anything (other writers' temp files may be in flight; prune removes stale ones).
    */
   async init(): Promise<void> {
-    await mkdir(this.blobsDir, { recursive: true, mode: 0o700 });
-    await mkdir(this.manifestsDir, { recursive: true, mode: 0o700 });
-    await rm(this.tmpDir, { recursive: true, force: true });
-    await mkdir(this.tmpDir, { recursive: true, mode: 0o700 });
+    for (const d of [this.blobsDir, this.manifestsDir, this.layersDir, this.tmpDir, this.leaseDir, join(this.localDir, 'verified')]) {
+      await mkdir(d, { recursive: true, mode: 0o755 });
+    }
   }
 
   /**
@@ -187,47 +265,202 @@ export class ImageStore {
     try {
       actual = await sha256File(path);
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new DsecError('NotFound', `blob ${digest} not found`);
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new DsecError('NotFound', `layer ${digest}: blob not found in the store (${path})`);
       throw e;
     }
-    if (actual !== digest) throw new DsecError('Internal', `blob ${digest} is corrupt: its content hashes to ${actual}`);
+    if (actual !== digest) {
+      throw new DsecError('Internal', `layer ${digest}: blob ${path} is corrupt (its content hashes to ${actual}); refusing to mount it. Remove it and rebuild or re-import the layer`);
+    }
   }
 
   /**
-   * Packs `srcDir` into an EROFS blob and stores it by digest (no-op for the bytes if a
-   * blob with that digest is already present). Returns the digest and size in bytes.
+   * The blob path to mount for `digest`, verified against its digest before the first
+   * mount on this host. The verification is recorded in `<localDir>/verified/<hex>` with
+   * the blob's size, mtime and inode, so it is redone when the file changes.
+   * @throws DsecError NotFound (missing blob), Internal (digest mismatch: never mounted).
+   */
+  async prepareForMount(digest: string): Promise<string> {
+    const path = this.blobPath(digest);
+    const st = await stat(path).catch(() => undefined);
+    if (!st) throw new DsecError('NotFound', `layer ${digest} is missing from the store (${path})`);
+    const stamp = `${st.size}:${st.mtimeMs}:${st.ino}`;
+    const marker = join(this.localDir, 'verified', digestHex(digest));
+    const seen = await readFile(marker, 'utf8').catch(() => '');
+    if (seen !== stamp) {
+      await this.verifyBlob(digest);
+      await writeFileAtomic(marker, stamp);
+    }
+    return path;
+  }
+
+  /**
+   * Makes this instance's leases exactly `digests`: the layers of every sandbox the
+   * instance has (running or not). Prune on any host keeps leased blobs, so a stopped
+   * sandbox keeps its lower layers even after its image manifest is removed. Calls are
+   * serialised, each applying the set computed when it was made, in order.
+   */
+  syncLeases(digests: Iterable<string>): Promise<void> {
+    const want = new Set([...digests].map(digestHex));
+    const run = async () => {
+      await mkdir(this.leaseDir, { recursive: true });
+      const have = new Set((await readdir(this.leaseDir)).filter((f) => HEX64.test(f)));
+      for (const h of have) if (!want.has(h)) await unlink(join(this.leaseDir, h)).catch(() => undefined);
+      for (const h of want) if (!have.has(h)) await writeFile(join(this.leaseDir, h), '');
+    };
+    this.leaseChain = this.leaseChain.then(run, run);
+    return this.leaseChain;
+  }
+
+  /**
+   * Packs `srcDir` into an EROFS blob and stores it by digest (the bytes are not
+   * rewritten when a blob with that digest is present), with metadata. Returns the
+   * layer's metadata (plus `sizeBytes`, as buildErofs reports it).
    * Errors as {@link buildErofs}.
    */
-  async addLayerFromDir(srcDir: string, opts: BuildErofsOptions = {}): Promise<{ digest: string; sizeBytes: number }> {
-    const tmp = join(this.tmpDir, `layer-${process.pid}-${randomBytes(6).toString('hex')}.erofs`);
+  async addLayerFromDir(srcDir: string, opts: BuildErofsOptions & { source?: string } = {}): Promise<LayerMeta & { sizeBytes: number }> {
+    const tmp = this.tmpPath('.erofs');
     try {
       const blob = await buildErofs(srcDir, tmp, opts);
-      const dst = this.blobPath(blob.digest);
-      if (await this.hasBlob(blob.digest)) return blob;
-      await chmod(tmp, 0o444);
-      await rename(tmp, dst);
-      return blob;
+      if (!(await this.hasBlob(blob.digest))) {
+        await chmod(tmp, 0o444);
+        await mkdir(this.blobsDir, { recursive: true });
+        await rename(tmp, this.blobPath(blob.digest));
+      }
+      const meta = await this.ensureLayerMeta(blob.digest, blob.sizeBytes, opts.source ?? `dir:${srcDir}`);
+      return { ...meta, sizeBytes: blob.sizeBytes };
     } finally {
       await rm(tmp, { force: true });
     }
   }
 
+  /** Writes layer metadata unless present; returns what is stored. */
+  private async ensureLayerMeta(digest: string, size: number, source: string): Promise<LayerMeta> {
+    const file = join(this.layersDir, `${digestHex(digest)}.json`);
+    try {
+      return JSON.parse(await readFile(file, 'utf8')) as LayerMeta;
+    } catch {
+      const meta: LayerMeta = { digest, size_bytes: size, created_at: Date.now(), source, builder: `${this.owner.host}/${this.owner.instance}` };
+      await writeFileAtomic(file, `${JSON.stringify(meta)}\n`);
+      return meta;
+    }
+  }
+
+  /**
+   * Metadata of one layer. A blob without a metadata file (published by an older
+   * version, or metadata lost) gets metadata synthesised from the file.
+   * @throws DsecError NotFound when the blob does not exist.
+   */
+  async layer(digest: string): Promise<LayerMeta> {
+    const file = join(this.layersDir, `${digestHex(digest)}.json`);
+    const st = await stat(this.blobPath(digest)).catch(() => undefined);
+    if (!st) throw new DsecError('NotFound', `layer ${digest} not found`);
+    try {
+      return JSON.parse(await readFile(file, 'utf8')) as LayerMeta;
+    } catch {
+      return { digest, size_bytes: st.size, created_at: Math.round(st.mtimeMs), source: 'unknown', builder: 'unknown' };
+    }
+  }
+
+  /** Every layer blob in the store, oldest first. */
+  async layers(): Promise<LayerMeta[]> {
+    const out: LayerMeta[] = [];
+    for (const f of await readdir(this.blobsDir).catch(() => [] as string[])) {
+      if (!HEX64.test(f)) continue;
+      const m = await this.layer(`sha256:${f}`).catch(() => undefined);
+      if (m) out.push(m);
+    }
+    return out.sort((a, b) => a.created_at - b.created_at || a.digest.localeCompare(b.digest));
+  }
+
   /**
    * Stores `m` as `manifests/<name>/<tag>.json` atomically, replacing any previous one.
-   * Throws InvalidArgument for a bad name/tag, FailedPrecondition when a layer blob is
-   * missing (manifests never point at absent blobs).
+   * Throws InvalidArgument for a bad name/tag, NotFound when a layer blob is missing
+   * (manifests never point at absent blobs).
    */
   async putManifest(m: ImageManifest): Promise<void> {
     parseRef(`${m.name}:${m.tag}`);
     checkManifest(m, `${m.name}:${m.tag}`);
+    if (m.layers.length === 0) throw new DsecError('InvalidArgument', `image ${m.name}:${m.tag}: an image needs at least one layer`);
     for (const d of m.layers) {
-      if (!(await this.hasBlob(d))) throw new DsecError('FailedPrecondition', `image ${m.name}:${m.tag}: layer ${d} is not in the store`);
+      if (!(await this.hasBlob(d))) throw new DsecError('NotFound', `image ${m.name}:${m.tag}: layer ${d} is not in the store`);
     }
     await writeFileAtomic(this.manifestPath(m.name, m.tag), `${JSON.stringify(m, null, 2)}\n`);
   }
 
   private manifestPath(name: string, tag: string): string {
     return join(this.manifestsDir, ...name.split('/'), `${tag}.json`);
+  }
+
+  /**
+   * Points `target` at the same layers and config as `source` (a new manifest file;
+   * nothing is copied). Replaces an existing `target`.
+   * @throws DsecError NotFound (source), InvalidArgument (malformed refs).
+   */
+  async tag(source: string, target: string): Promise<ImageManifest> {
+    const m = await this.get(source);
+    const { name, tag } = parseRef(target);
+    const out: ImageManifest = { ...m, name, tag, created_ms: Date.now() };
+    await this.putManifest(out);
+    return out;
+  }
+
+  /**
+   * Removes the manifest `ref`. Its layers stay until `prune` finds them unreferenced;
+   * sandboxes created from it keep running (they hold their layer list).
+   * @throws DsecError NotFound.
+   */
+  async removeImage(ref: string): Promise<ImageManifest> {
+    const m = await this.get(ref);
+    await unlink(this.manifestPath(m.name, m.tag));
+    return m;
+  }
+
+  /**
+   * Removes layers that no manifest, no lease (of any host or instance) and none of
+   * `inUse` references, older than the grace period; and stale temp entries.
+   * Each blob is removed with one unlink after its metadata, so a crash mid-prune
+   * leaves every referenced blob in place and at worst an unreferenced blob without
+   * metadata (removed by the next prune).
+   * @param inUse digests used by the caller's live sandboxes.
+   */
+  async prune(inUse: ReadonlySet<string> = new Set(), opts: { dryRun?: boolean; now?: number } = {}): Promise<PruneReport> {
+    const now = opts.now ?? Date.now();
+    const referenced = new Set<string>(inUse);
+    for (const m of await this.list()) for (const d of m.layers) referenced.add(d);
+    const leasesRoot = join(this.root, 'leases');
+    for (const host of await readdir(leasesRoot).catch(() => [] as string[])) {
+      for (const inst of await readdir(join(leasesRoot, host)).catch(() => [] as string[])) {
+        for (const h of await readdir(join(leasesRoot, host, inst)).catch(() => [] as string[])) if (HEX64.test(h)) referenced.add(`sha256:${h}`);
+      }
+    }
+    const rep: PruneReport = { removed: [], freed_bytes: 0, kept_young: [], tmp_removed: 0 };
+    for (const f of await readdir(this.blobsDir).catch(() => [] as string[])) {
+      if (!HEX64.test(f)) continue;
+      const digest = `sha256:${f}`;
+      if (referenced.has(digest)) continue;
+      const st = await stat(join(this.blobsDir, f)).catch(() => undefined);
+      if (!st) continue;
+      if (now - st.mtimeMs < this.graceMs) {
+        rep.kept_young.push(digest);
+        continue;
+      }
+      const meta = await this.layer(digest).catch(() => undefined);
+      if (!opts.dryRun) {
+        await unlink(join(this.layersDir, `${f}.json`)).catch(() => undefined);
+        await unlink(join(this.blobsDir, f)).catch(() => undefined);
+      }
+      rep.removed.push(meta ?? { digest, size_bytes: st.size, created_at: Math.round(st.mtimeMs), source: 'unknown', builder: 'unknown' });
+      rep.freed_bytes += st.size;
+    }
+    for (const f of await readdir(this.tmpDir).catch(() => [] as string[])) {
+      const p = join(this.tmpDir, f);
+      const st = await stat(p).catch(() => undefined);
+      if (st && now - st.mtimeMs > TMP_STALE_MS) {
+        if (!opts.dryRun) await rm(p, { recursive: true, force: true });
+        rep.tmp_removed++;
+      }
+    }
+    return rep;
   }
 
   /**
@@ -253,10 +486,10 @@ export class ImageStore {
     } catch (e) {
       if (!(e instanceof DsecError && e.kind === 'NotFound')) throw e;
     }
-    const tree = join(this.tmpDir, `busybox-tree-${process.pid}-${randomBytes(6).toString('hex')}`);
+    const tree = this.tmpPath('-busybox-tree');
     try {
       await prepareBusyboxTree(tree);
-      const { digest } = await this.addLayerFromDir(tree, { allRoot: true });
+      const { digest } = await this.addLayerFromDir(tree, { allRoot: true, source: 'builtin:busybox' });
       await this.putManifest({
         name: BUILTIN_BUSYBOX,
         tag: DEFAULT_TAG,

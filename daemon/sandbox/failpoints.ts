@@ -26,6 +26,7 @@ export const FAILPOINTS = [
   'stop.after-kill',
   'start.after-intent',
   'start.after-runtime',
+  'image.after-blob', // an imported layer's blob published, before its manifest
 ] as const;
 
 /** A failpoint name. */

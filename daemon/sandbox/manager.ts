@@ -17,7 +17,9 @@ import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult } from '../
 import type { DaemonConfig } from '../config.js';
 import { DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
 import type { SandboxDriver } from '../drivers/types.js';
-import type { ImageStore } from '../image/store.js';
+import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
+import { packUpper } from '../image/commit.js';
+import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
 import { parseSelector, SandboxRepo, type SandboxRecord } from './repo.js';
@@ -95,6 +97,7 @@ export class SandboxManager {
       createdAt: Date.now(),
     });
     this.d.failpoints.hit('create.after-intent');
+    await this.d.images.syncLeases(this.layersInUse());
     return this.mutex.run(id, async () => {
       let init;
       try {
@@ -195,6 +198,7 @@ export class SandboxManager {
       this.d.failpoints.hit('destroy.after-intent');
       await this.driver(sb.backend).destroy(sb, this.d.failpoints);
       this.d.repo.remove(id);
+      await this.d.images.syncLeases(this.layersInUse());
       const gone: SandboxRecord = { ...sb, state: 'destroyed', desired: null, initPid: null, updatedAt: Date.now() };
       this.d.repo.event('sandbox.destroyed', gone, reason);
       return gone;
@@ -250,6 +254,44 @@ export class SandboxManager {
       oom: r.oom,
       timed_out: r.timedOut,
     };
+  }
+
+  /**
+   * Packs the sandbox's writable layer as a new layer on top of its image and stores
+   * the result as image `ref` (see daemon/image/commit.ts for what is stripped). The
+   * sandbox is frozen while its layer is copied and keeps running afterwards.
+   * @returns the new manifest, the new layer and the stripped paths.
+   * @throws DsecError NotFound, InvalidArgument (bad ref), FailedPrecondition (no writable layer).
+   */
+  async commit(id: string, ref: string, exclude: string[] = []): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[] }> {
+    const { name, tag } = parseRef(ref);
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.uidBase === null || sb.uidCount === null) throw failedPrecondition(`sandbox ${id} has no uid range`);
+      const tmp = this.d.images.tmpPath('-commit');
+      try {
+        const packed = await this.driver(sb.backend).withWritableLayer(sb, (upper) =>
+          packUpper(upper, tmp, sb.uidBase!, sb.uidCount!, [...this.d.config.images.commitExclude, ...exclude]));
+        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `commit:${id}` });
+        const env = new Map(sb.imageConfig.env.map((kv) => [kv.slice(0, kv.indexOf('=')), kv] as const));
+        for (const [k, v] of Object.entries(sb.env)) env.set(k, `${k}=${v}`);
+        const image: ImageManifest = {
+          name, tag, layers: [...sb.imageLayers, layer.digest],
+          config: { ...sb.imageConfig, env: [...env.values()] }, created_ms: Date.now(),
+        };
+        await this.d.images.putManifest(image);
+        this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);
+        const { sizeBytes: _s, ...meta } = layer;
+        return { image, layer: meta, stripped: packed.stripped };
+      } finally {
+        await rm(tmp, { recursive: true, force: true });
+      }
+    });
+  }
+
+  /** Layer digests used by sandboxes of this instance that exist (any state but destroyed). */
+  layersInUse(): Set<string> {
+    return new Set(this.d.repo.all().flatMap((s) => s.imageLayers));
   }
 
   /**

@@ -42,7 +42,7 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
     return all;
   }
 
-  for (const fp of FAILPOINTS) {
+  for (const fp of FAILPOINTS.filter((f) => /^(create|destroy|stop|start)\./.test(f))) {
     it(`${fp}`, async () => {
       // A victim for destroy/stop/start failpoints.
       const victim = fp.startsWith('create.') ? null : await d.client.createSandbox({ image: 'busybox', labels: { role: 'victim' } });

@@ -1,4 +1,4 @@
-/** GET /v1/version, GET /v1/host, GET /v1/images. */
+/** GET /v1/version, GET /v1/host. */
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
 import { HostInfo, VersionInfo } from '../schema.js';
@@ -11,24 +11,11 @@ export interface HostInfoProvider {
   hostInfo(): Promise<z.infer<typeof HostInfo>>;
 }
 
-/** GET /v1/images response. */
-export const ImageList = z.object({
-  images: z.array(z.object({
-    name: z.string(), tag: z.string(),
-    layers: z.array(z.string()).describe('Layer digests, lowest first.'),
-    created_at: z.number().int().describe('ms since the Unix epoch.'),
-  })),
-});
-
 const versionRoute = route({ method: 'GET', url: '/v1/version', summary: 'Daemon and API version.', status: 200, response: VersionInfo, errors: [] });
 const hostRoute = route({ method: 'GET', url: '/v1/host', summary: 'Host capacity, runtime, cgroups, uid pool and which defences are enforced.', status: 200, response: HostInfo, errors: [] });
-const imagesRoute = route({ method: 'GET', url: '/v1/images', summary: 'Images known to this host.', status: 200, response: ImageList, errors: [] });
 
 /** Registers the host routes. */
 export function registerHostRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.get(versionRoute.url, async () => deps.host.version());
   app.get(hostRoute.url, async () => deps.host.hostInfo());
-  app.get(imagesRoute.url, async () => ({
-    images: (await deps.images.list()).map((m) => ({ name: m.name, tag: m.tag, layers: m.layers, created_at: m.created_ms })),
-  }));
 }

@@ -12,7 +12,7 @@
  */
 import net from 'node:net';
 import { closeSync, openSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { constants as osConstants } from 'node:os';
 import type { Logger } from 'pino';
@@ -289,6 +289,18 @@ export class ContainerDriver implements SandboxDriver {
       }
     }
     return { removed };
+  }
+
+  async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T> {
+    const upper = path.join(this.dir(sb.id), 'upper');
+    if (!(await stat(upper).catch(() => undefined))?.isDirectory()) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
+    const frozen = sb.state === 'running';
+    if (frozen) await this.d.cgroups.freeze(sb.id);
+    try {
+      return await fn(upper);
+    } finally {
+      if (frozen) await this.d.cgroups.thaw(sb.id);
+    }
   }
 
   async close(): Promise<void> {

@@ -1,0 +1,152 @@
+/**
+ * Images and layers: list, inspect, import/build, compose, tag, remove, prune, bootstrap,
+ * and commit of a sandbox. Long operations (import, bootstrap) stream progress as NDJSON
+ * when the request says `Accept: application/x-ndjson`: `{type:"progress", ...}` lines,
+ * then one `{type:"result", result}` or `{type:"error", error:{code,message}}` line.
+ * Without it they answer once, with the result.
+ */
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import {
+  BootstrapRequest, CommitRequest, CommitResult, ComposeRequest, Image, ImageList, ImportRequest, Layer, LayerList, PruneRequest, PruneResult, TagRequest,
+} from '../schema.js';
+import { parseWith } from '../server.js';
+import { DsecError, invalidArgument } from '../../errors.js';
+import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
+// TEMP-STUB: replaced by the real imports once daemon/image/import/oci.ts and bootstrap.ts land.
+const importArchive = async (..._a: unknown[]): Promise<ImageManifest> => { throw new DsecError('Unimplemented', 'OCI import not built yet'); };
+const importTar = importArchive;
+const bootstrapDebian = async (..._a: unknown[]): Promise<ImageManifest> => { throw new DsecError('Unimplemented', 'bootstrap not built yet'); };
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+import type { z } from 'zod';
+
+const listRoute = route({ method: 'GET', url: '/v1/images', summary: 'Images in the layer store.', status: 200, response: ImageList, errors: [] });
+const composeRoute = route({ method: 'POST', url: '/v1/images', summary: 'Compose an image from layers already in the store.', body: ComposeRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const getRoute = route({ method: 'GET', url: '/v1/images/:ref', summary: 'One image (URL-encode a / in the name).', status: 200, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const deleteRoute = route({ method: 'DELETE', url: '/v1/images/:ref', summary: 'Remove an image manifest; its layers stay until pruned.', status: 200, response: Image, errors: ['NotFound'] });
+const tagRoute = route({ method: 'POST', url: '/v1/images/:ref/tag', summary: 'Give an image another name:tag.', body: TagRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const importRoute = route({ method: 'POST', url: '/v1/images/import', summary: 'Build or import an image from a directory, tar or OCI/docker archive on the daemon host.', body: ImportRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const bootstrapRoute = route({ method: 'POST', url: '/v1/images/bootstrap', summary: 'Build the Debian bookworm base image with debootstrap.', body: BootstrapRequest, status: 201, response: Image, errors: ['InvalidArgument', 'Unavailable'] });
+const pruneRoute = route({ method: 'POST', url: '/v1/images/prune', summary: 'Remove layers no image, lease or sandbox references.', body: PruneRequest, status: 200, response: PruneResult, errors: [] });
+const layersRoute = route({ method: 'GET', url: '/v1/layers', summary: 'Layers in the store.', status: 200, response: LayerList, errors: [] });
+const layerRoute = route({ method: 'GET', url: '/v1/layers/:digest', summary: 'One layer.', status: 200, response: Layer, errors: ['InvalidArgument', 'NotFound'] });
+const commitRoute = route({
+  method: 'POST', url: '/v1/sandboxes/:id/commit', summary: "Pack a sandbox's writable layer as a new image on top of its image.", body: CommitRequest, status: 201, response: CommitResult,
+  errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'],
+});
+
+/** API view of a manifest. */
+export async function imageView(store: ImageStore, m: ImageManifest): Promise<z.infer<typeof Image>> {
+  let size = 0;
+  for (const d of m.layers) size += (await store.layer(d).catch(() => undefined))?.size_bytes ?? 0;
+  return { ref: `${m.name}:${m.tag}`, name: m.name, tag: m.tag, layers: m.layers, config: m.config, size_bytes: size, created_at: m.created_ms };
+}
+
+/** Runs a long operation, streaming progress as NDJSON when the client asked for it. */
+async function runLong<T>(req: FastifyRequest, reply: FastifyReply, log: ApiDeps['log'], fn: (progress: (p: Record<string, unknown>) => void) => Promise<T>): Promise<unknown> {
+  const stream = String(req.headers.accept ?? '').includes('application/x-ndjson');
+  if (!stream) {
+    const result = await fn(() => {});
+    return reply.code(201).send(result);
+  }
+  reply.hijack();
+  const res = reply.raw;
+  res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
+  try {
+    const result = await fn((p) => res.write(JSON.stringify({ type: 'progress', ...p }) + '\n'));
+    res.end(JSON.stringify({ type: 'result', result }) + '\n');
+  } catch (e) {
+    const err = e instanceof DsecError ? e : new DsecError('Internal', (e as Error).message);
+    if (err.kind === 'Internal') log.error({ err: e }, 'long operation failed');
+    res.end(JSON.stringify({ type: 'error', error: { code: err.kind, message: err.message } }) + '\n');
+  }
+  return reply;
+}
+
+function mergeConfig(base: ImageManifest['config'], over?: Partial<ImageManifest['config']>): ImageManifest['config'] {
+  return { ...base, ...(over ?? {}) };
+}
+
+/** Config of an image built from scratch (no base). */
+const SCRATCH_CONFIG: ImageManifest['config'] = {
+  env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'], cwd: '/', user: '0', cmd: ['/bin/sh'],
+};
+
+/** Registers the image, layer and commit routes. */
+export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const store = deps.images;
+  const layerView = async (meta: LayerMeta): Promise<z.infer<typeof Layer>> => {
+    const images = (await store.list()).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
+    const sandboxes = deps.repo.all().filter((s) => s.imageLayers.includes(meta.digest)).length;
+    return { ...meta, images, sandboxes };
+  };
+
+  app.get(listRoute.url, async () => ({ images: await Promise.all((await store.list()).map((m) => imageView(store, m))) }));
+  app.get<{ Params: { ref: string } }>(getRoute.url, async (req) => imageView(store, await store.get(req.params.ref)));
+  app.delete<{ Params: { ref: string } }>(deleteRoute.url, async (req) => {
+    const m = await store.removeImage(req.params.ref);
+    return imageView(store, m);
+  });
+  app.post<{ Params: { ref: string } }>(tagRoute.url, async (req, reply) => {
+    const body = parseWith(TagRequest, req.body, 'tag request');
+    return reply.code(201).send(await imageView(store, await store.tag(req.params.ref, body.target)));
+  });
+  app.post(composeRoute.url, async (req, reply) => {
+    const body = parseWith(ComposeRequest, req.body, 'compose request');
+    const { name, tag } = parseRef(body.image);
+    const base = body.from ? (await store.get(body.from)).config : SCRATCH_CONFIG;
+    const m: ImageManifest = { name, tag, layers: body.layers, config: mergeConfig(base, body.config), created_ms: Date.now() };
+    await store.putManifest(m);
+    return reply.code(201).send(await imageView(store, m));
+  });
+  app.post(importRoute.url, async (req, reply) => {
+    const body = parseWith(ImportRequest, req.body, 'import request');
+    const { name, tag } = parseRef(body.image);
+    if (body.base && body.type !== 'dir') throw invalidArgument('base is only supported with type "dir"');
+    return runLong(req, reply, deps.log, async (progress) => {
+      let m: ImageManifest;
+      if (body.type === 'dir') {
+        const base = body.base ? await store.get(body.base) : null;
+        progress({ phase: 'pack', message: `packing ${body.path} as an EROFS layer` });
+        const layer = await store.addLayerFromDir(body.path, { source: `dir:${body.path}` });
+        deps.failpoints.hit('image.after-blob');
+        m = {
+          name, tag, layers: [...(base?.layers ?? []), layer.digest],
+          config: mergeConfig(base?.config ?? SCRATCH_CONFIG, body.config), created_ms: Date.now(),
+        };
+        await store.putManifest(m);
+      } else {
+        const onProgress = (p: Record<string, unknown>) => progress(p);
+        m = body.type === 'tar' ? await importTar(store, body.path, { name, tag, onProgress }) : await importArchive(store, body.path, { name, tag, onProgress });
+        if (body.config) {
+          m = { ...m, config: mergeConfig(m.config, body.config) };
+          await store.putManifest(m);
+        }
+      }
+      return imageView(store, m);
+    });
+  });
+  app.post(bootstrapRoute.url, async (req, reply) => {
+    const body = parseWith(BootstrapRequest, req.body ?? {}, 'bootstrap request');
+    const ref = parseRef(body.image ?? 'debian:bookworm');
+    return runLong(req, reply, deps.log, async (progress) => {
+      const m = await bootstrapDebian(store, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line: string) => progress({ phase: 'debootstrap', message: line }) });
+      return imageView(store, m);
+    });
+  });
+  app.post(pruneRoute.url, async (req) => {
+    const body = parseWith(PruneRequest, req.body ?? {}, 'prune request');
+    const rep = await store.prune(deps.manager.layersInUse(), { dryRun: body.dry_run });
+    return {
+      removed: rep.removed.map((l) => ({ digest: l.digest, size_bytes: l.size_bytes, source: l.source })),
+      freed_bytes: rep.freed_bytes, kept_young: rep.kept_young, tmp_removed: rep.tmp_removed, dry_run: !!body.dry_run,
+    };
+  });
+  app.get(layersRoute.url, async () => ({ layers: await Promise.all((await store.layers()).map(layerView)) }));
+  app.get<{ Params: { digest: string } }>(layerRoute.url, async (req) => layerView(await store.layer(req.params.digest)));
+  app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
+    const body = parseWith(CommitRequest, req.body, 'commit request');
+    const r = await deps.manager.commit(req.params.id, body.image, body.exclude);
+    return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped });
+  });
+}

@@ -1,0 +1,158 @@
+/**
+ * The layer store end to end through dsecd: composing images from independently
+ * versioned layers, replacing one, commit with stripping and whiteouts, prune that
+ * never takes a blob in use, digest verification before mount, and a crash between
+ * publishing a blob and its manifest.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync, chmodSync, openSync, writeSync, closeSync } from 'node:fs';
+import path from 'node:path';
+import { IS_ROOT, TestDaemon } from './harness.js';
+
+interface Img { ref: string; layers: string[]; config: { env: string[] } }
+
+describe.skipIf(!IS_ROOT)('layer store', () => {
+  let d: TestDaemon;
+  let work: string;
+  const req = <T>(method: string, p: string, body?: unknown) => d.client.request<T>(method, p, body);
+  const tree = (name: string, files: Record<string, string>, modes: Record<string, number> = {}): string => {
+    const dir = path.join(work, name);
+    for (const [rel, content] of Object.entries(files)) {
+      mkdirSync(path.dirname(path.join(dir, rel)), { recursive: true });
+      writeFileSync(path.join(dir, rel), content);
+      if (modes[rel]) chmodSync(path.join(dir, rel), modes[rel]);
+    }
+    return dir;
+  };
+  const sh = async (id: string, script: string) => (await d.client.exec(id, { argv: ['sh', '-c', script] })).stdout.toString();
+
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 11, config: '[images]\nprune_grace_s = 0\n' });
+    work = mkdtempSync('/tmp/dsec-layers-');
+    chmodSync(work, 0o755);
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+    rmSync(work, { recursive: true, force: true });
+  });
+
+  it('composes base + workspace + toolkit; replacing the toolkit keeps the other digests', async () => {
+    const base = await req<Img>('GET', '/v1/images/busybox');
+    const ws = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('ws', { 'workspace/repo/README': 'task 17\n' }), image: 'ws-only:1' });
+    const tk1 = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('tk1', { 'opt/tool/bin/tool': '#!/bin/sh\necho tool v1\n' }, { 'opt/tool/bin/tool': 0o755 }), image: 'tk:1' });
+    const tk2 = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('tk2', { 'opt/tool/bin/tool': '#!/bin/sh\necho tool v2\n' }, { 'opt/tool/bin/tool': 0o755 }), image: 'tk:2' });
+    const [b, w, t1, t2] = [base.layers[0], ws.layers[0], tk1.layers[0], tk2.layers[0]];
+    expect(new Set([b, w, t1, t2]).size).toBe(4);
+    const env1 = await req<Img>('POST', '/v1/images', { image: 'env:1', layers: [b, w, t1], from: 'busybox' });
+    const env2 = await req<Img>('POST', '/v1/images', { image: 'env:2', layers: [b, w, t2], from: 'busybox' });
+    expect(env2.layers.slice(0, 2)).toEqual(env1.layers.slice(0, 2));
+    expect(env2.layers[2]).not.toBe(env1.layers[2]);
+    const s1 = await d.client.createSandbox({ image: 'env:1' });
+    const s2 = await d.client.createSandbox({ image: 'env:2' });
+    try {
+      expect(await sh(s1.id, 'cat /workspace/repo/README; /opt/tool/bin/tool; ls /bin/busybox')).toBe('task 17\ntool v1\n/bin/busybox\n');
+      expect(await sh(s2.id, 'cat /workspace/repo/README; /opt/tool/bin/tool')).toBe('task 17\ntool v2\n');
+      // The shared layers are mounted once for both sandboxes: 4 distinct blobs in use.
+      expect(d.layerMounts().length).toBe(4);
+    } finally {
+      await d.client.deleteSandbox(s1.id, { force: true });
+      await d.client.deleteSandbox(s2.id, { force: true });
+    }
+  });
+
+  it('builds reproducibly: the same tree twice gives the same digest and one blob', async () => {
+    const a = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('rep', { 'a/b/c': 'x', 'z': 'y' }), image: 'rep:1' });
+    const b = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: path.join(work, 'rep'), image: 'rep:2' });
+    expect(b.layers).toEqual(a.layers);
+    const layer = await req<{ digest: string; images: string[]; source: string }>('GET', `/v1/layers/${a.layers[0]}`);
+    expect(layer.images.sort()).toEqual(['rep:1', 'rep:2']);
+    expect(layer.source).toMatch(/^dir:/);
+  });
+
+  it('commit packs the writable layer with whiteouts and opaque dirs, and strips temp files and histories', async () => {
+    const img = await req<Img>('POST', '/v1/images/import', {
+      type: 'dir', base: 'busybox', image: 'proj:1',
+      path: tree('proj', { 'srv/keep': 'keep\n', 'srv/drop': 'drop\n', 'srv/dir/old1': '1', 'srv/dir/old2': '2' }),
+    });
+    const sb = await d.client.createSandbox({ image: 'proj:1', env: { TASK: '17' } });
+    try {
+      await sh(sb.id, [
+        'echo added > /srv/new', 'rm /srv/drop', 'rm -rf /srv/dir && mkdir /srv/dir && echo fresh > /srv/dir/n',
+        'echo secret > /tmp/answer', 'echo "cat /answer" > /root/.ash_history', 'adduser -D -u 1234 agent 2>/dev/null || true',
+        'mkdir -p /home/agent && echo mine > /home/agent/f && chown -R 1234:1234 /home/agent', 'echo x > /srv/cache.bin',
+      ].join('; '));
+      const r = await req<{ image: Img; layer: { digest: string; source: string }; stripped: string[] }>('POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'proj:2', exclude: ['srv/*.bin'] });
+      expect(r.image.layers.slice(0, -1)).toEqual(img.layers);
+      expect(r.layer.source).toBe(`commit:${sb.id}`);
+      expect(r.stripped).toEqual(expect.arrayContaining(['tmp/answer', 'root/.ash_history', 'srv/cache.bin']));
+      expect(r.image.config.env).toContain('TASK=17');
+      // The source sandbox keeps running (it was frozen only while its layer was copied).
+      expect(await sh(sb.id, 'cat /tmp/answer')).toBe('secret\n');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+    const c = await d.client.createSandbox({ image: 'proj:2' });
+    try {
+      const out = await sh(c.id, 'cat /srv/keep /srv/new; ls /srv/dir; ls /srv/drop /tmp/answer /root/.ash_history /srv/cache.bin 2>&1 | grep -c "No such"; stat -c "%u:%g" /home/agent/f /srv/new');
+      expect(out).toBe('keep\nadded\nn\n4\n1234:1234\n0:0\n');
+    } finally {
+      await d.client.deleteSandbox(c.id, { force: true });
+    }
+  });
+
+  it('prune keeps blobs of live sandboxes (running or stopped) and of images, removes the rest', async () => {
+    const a = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('pa', { 'a': 'only in a' }), base: 'busybox', image: 'pa:1' });
+    const b = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('pb', { 'b': 'only in b' }), base: 'busybox', image: 'pb:1' });
+    const la = a.layers[1];
+    const lb = b.layers[1];
+    const sb = await d.client.createSandbox({ image: 'pa:1' });
+    await d.client.stopSandbox(sb.id);
+    await req('DELETE', '/v1/images/pa:1');
+    await req('DELETE', '/v1/images/pb:1');
+    const dry = await req<{ removed: { digest: string }[]; dry_run: boolean }>('POST', '/v1/images/prune', { dry_run: true });
+    expect(dry.dry_run).toBe(true);
+    expect(dry.removed.map((x) => x.digest)).toContain(lb);
+    expect((await req<{ layers: { digest: string }[] }>('GET', '/v1/layers')).layers.map((l) => l.digest)).toContain(lb);
+    const rep = await req<{ removed: { digest: string }[]; freed_bytes: number }>('POST', '/v1/images/prune', {});
+    const removed = rep.removed.map((x) => x.digest);
+    expect(removed).toContain(lb);
+    expect(removed).not.toContain(la);
+    expect(removed).not.toContain(a.layers[0]);
+    expect(rep.freed_bytes).toBeGreaterThan(0);
+    // The stopped sandbox starts again on its kept layer.
+    await d.client.startSandbox(sb.id);
+    expect(await sh(sb.id, 'cat /a')).toBe('only in a');
+    await d.client.deleteSandbox(sb.id, { force: true });
+    const rep2 = await req<{ removed: { digest: string }[] }>('POST', '/v1/images/prune', {});
+    expect(rep2.removed.map((x) => x.digest)).toContain(la);
+  });
+
+  it('refuses to mount a blob whose bytes do not match its digest, and names a missing layer', async () => {
+    const img = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('corrupt', { 'f': 'x'.repeat(10000) }), base: 'busybox', image: 'bad:1' });
+    const digest = img.layers[1];
+    const blob = path.join(d.root, 'images', 'blobs', 'sha256', digest.slice(7));
+    chmodSync(blob, 0o644);
+    const fd = openSync(blob, 'r+');
+    writeSync(fd, Buffer.from('corrupt!'), 0, 8, 4096 + 100);
+    closeSync(fd);
+    const before = d.layerMounts().length;
+    await expect(d.client.createSandbox({ image: 'bad:1' })).rejects.toMatchObject({ code: 'Internal', message: expect.stringContaining(digest) });
+    expect(d.layerMounts().length).toBe(before);
+    rmSync(blob);
+    await expect(d.client.createSandbox({ image: 'bad:1' })).rejects.toMatchObject({ code: 'NotFound', message: expect.stringContaining(digest) });
+    const t = await d.traces();
+    expect(t).toMatchObject({ mounts: [], cgroups: [], runtime: [], dirs: [], rows: [] });
+  });
+
+  it('a crash between publishing a blob and its manifest leaves no image, and prune collects the blob', async () => {
+    await d.restart({ DSEC_FAILPOINT: 'image.after-blob' });
+    await expect(req('POST', '/v1/images/import', { type: 'dir', path: tree('crash', { 'c': 'crash' }), image: 'crash:1' })).rejects.toBeDefined();
+    expect((await d.waitExit()).signal).toBe('SIGKILL');
+    await d.launch();
+    await expect(req('GET', '/v1/images/crash:1')).rejects.toMatchObject({ code: 'NotFound' });
+    const blobsBefore = readdirSync(path.join(d.root, 'images', 'blobs', 'sha256'));
+    const rep = await req<{ removed: { digest: string; source: string }[] }>('POST', '/v1/images/prune', {});
+    expect(rep.removed.some((r) => r.source.includes('crash'))).toBe(true);
+    expect(readdirSync(path.join(d.root, 'images', 'blobs', 'sha256')).length).toBe(blobsBefore.length - rep.removed.length);
+  });
+});

@@ -9,12 +9,24 @@
  * `dsec: <message>` plus a `hint:` line; only a bug under DSEC_DEBUG=1 shows a stack.
  */
 import { Command, CommanderError } from 'commander';
+import * as commit from './commands/commit.js';
 import * as create from './commands/create.js';
 import * as events from './commands/events.js';
 import * as exec from './commands/exec.js';
 import * as hostInfo from './commands/host/info.js';
+import * as imageBootstrap from './commands/image/bootstrap.js';
+import * as imageBuild from './commands/image/build.js';
+import * as imageCompose from './commands/image/compose.js';
+import * as imageImport from './commands/image/import.js';
+import * as imageInspect from './commands/image/inspect.js';
+import * as imageLs from './commands/image/ls.js';
+import * as imagePrune from './commands/image/prune.js';
+import * as imageRm from './commands/image/rm.js';
+import * as imageTag from './commands/image/tag.js';
 import * as images from './commands/images.js';
 import * as inspect from './commands/inspect.js';
+import * as layerInspect from './commands/layer/inspect.js';
+import * as layerLs from './commands/layer/ls.js';
 import * as ls from './commands/ls.js';
 import * as rm from './commands/rm.js';
 import * as run from './commands/run.js';
@@ -59,6 +71,11 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   start.register(program, ctx);
   rm.register(program, ctx);
   events.register(program, ctx);
+  commit.register(program, ctx);
+  const image = program.command('image').description('image commands: ls, inspect, build, import, compose, bootstrap, tag, rm, prune');
+  for (const verb of [imageLs, imageInspect, imageBuild, imageImport, imageCompose, imageBootstrap, imageTag, imageRm, imagePrune]) verb.register(image, ctx);
+  const layer = program.command('layer').description('layer commands: ls, inspect');
+  for (const verb of [layerLs, layerInspect]) verb.register(layer, ctx);
   images.register(program, ctx);
 
   // Per command, so a usage error knows which command's --help to point at. outputError

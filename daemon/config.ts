@@ -147,6 +147,10 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
   } else if (explicit !== undefined) {
     throw invalidArgument(`config file ${file} does not exist`);
   }
+  const pool = fc.uid_pool ?? {};
+  if ((pool.base ?? 2 ** 31) + (pool.size ?? 2 ** 30) > 2 ** 32 - 1) {
+    throw invalidArgument(`config ${file}: uid_pool base + size must stay below 2^32-1 (4294967295), the largest valid uid`);
+  }
   const root = path.resolve(src.root ?? env.DSEC_ROOT ?? fc.root ?? DEFAULT_ROOT);
   const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
   return Object.freeze({

@@ -35,6 +35,9 @@ import { registerInstance, type InstanceRegistration } from './host/instances.js
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend } from './api/schema.js';
 
+/** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
+const SHUTDOWN_DRAIN_MS = 30_000;
+
 /** Longest Unix socket path the kernel accepts (sun_path is 108 bytes with the NUL). */
 const MAX_SOCKET_PATH = 107;
 
@@ -94,6 +97,36 @@ function assertTraversable(dir: string): void {
   }
 }
 
+/**
+ * Sandboxes of an instance live in cgroups below the cgroup dsecd ran in when it
+ * created them (runc resolves the relative cgroupsPath against its own cgroup). If
+ * dsecd is later started from a different cgroup (another login session rather than
+ * its systemd service), it would not find them. The parents are recorded in
+ * `<root>/cgroup-parents.json`; a start from elsewhere is refused while sandboxes exist.
+ * @throws DsecError FailedPrecondition naming the hierarchy whose parent moved.
+ */
+function checkCgroupParents(root: string, parents: Record<string, string>): void {
+  const file = path.join(root, 'cgroup-parents.json');
+  const dbFile = path.join(root, 'dsec.db');
+  let recorded: Record<string, string> | null = null;
+  try {
+    recorded = JSON.parse(readFileSync(file, 'utf8'));
+  } catch { /* first start */ }
+  if (recorded) {
+    const moved = Object.keys(parents).filter((k) => recorded![k] !== undefined && recorded![k] !== parents[k]);
+    if (moved.length && existsSync(dbFile)) {
+      const db = openDb(dbFile);
+      const n = (db.prepare('SELECT COUNT(*) n FROM sandboxes').get() as { n: number }).n;
+      db.close();
+      if (n > 0) {
+        const k = moved[0];
+        throw failedPrecondition(`dsecd was started from another cgroup: its ${k} parent would be ${parents[k]}, but this instance's ${n} sandbox(es) live under ${recorded[k]}. Start dsecd the way it was started before (e.g. systemctl start dsecd), or destroy the sandboxes first`);
+      }
+    }
+  }
+  writeFileSync(file, JSON.stringify(parents, null, 1));
+}
+
 /** Listens on the Unix socket, refusing when another live daemon answers there. */
 async function claimSocket(socket: string): Promise<void> {
   mkdirSync(path.dirname(socket), { recursive: true, mode: 0o755 });
@@ -131,17 +164,28 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
   }
   const agentSource = agentBinaryPath();
   if (!existsSync(agentSource)) throw unavailable(`agent binary ${agentSource} is missing; run the install step (make -C native)`);
-  for (const d of ['', 'sandboxes', 'images', 'layers', 'runtime']) {
-    mkdirSync(path.join(config.root, d), { recursive: true, mode: 0o711 });
-    chmodSync(path.join(config.root, d), 0o711);
+  // Modes: a sandbox's init (an unprivileged host uid) must traverse the root and
+  // sandboxes/ to reach its rootfs (0711, not listable); everything else is root-only:
+  // the store holds sandbox env (secrets), blob mounts expose image files.
+  for (const [d, mode] of [['', 0o711], ['sandboxes', 0o711], ['images', 0o700], ['layers', 0o700], ['runtime', 0o700]] as const) {
+    mkdirSync(path.join(config.root, d), { recursive: true, mode });
+    chmodSync(path.join(config.root, d), mode);
   }
+  // SQLite creates the -wal and -shm files with the database file's mode.
+  const dbFile = path.join(config.root, 'dsec.db');
+  if (!existsSync(dbFile)) writeFileSync(dbFile, '', { mode: 0o600 });
+  chmodSync(dbFile, 0o600);
+  for (const f of [`${dbFile}-wal`, `${dbFile}-shm`]) if (existsSync(f)) chmodSync(f, 0o600);
   assertTraversable(config.root);
   const agentBinary = installAgent(agentSource, config.root);
 
   const reg: InstanceRegistration = registerInstance(config);
   let cgroups: CgroupManager | undefined;
   try {
+    // Refuse a busy socket before creating anything on the host.
+    if (!opts.purge) await claimSocket(config.socket);
     cgroups = await detectCgroups({ instance: config.instance });
+    checkCgroupParents(config.root, cgroups.parents);
     await cgroups.init();
     const runtimeInfo = await detectRuntime(config.runtime, cgroups.version);
     const runtime = new OciRuntime(runtimeInfo, path.join(config.root, 'runtime', runtimeInfo.name));
@@ -230,21 +274,25 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             seccomp: { enforced: false, detail: 'default profile not built yet' },
             apparmor: { enforced: false, detail: existsSync('/sys/kernel/security/apparmor') ? 'profiles not built yet' : 'kernel has no AppArmor' },
             landlock: { enforced: false, detail: 'not built yet' },
-            egress_policy: { enforced: true, detail: 'network namespace with loopback only' },
+            network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },
+            egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
           },
         }),
       },
     });
-    await claimSocket(config.socket);
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
-    log.info({ socket: config.socket, root: config.root, instance: config.instance, runtime: runtimeInfo.name, cgroup: cgroups.version, failpoint: fp.armed }, 'dsecd ready');
+    log.info({ socket: config.socket, root: config.root, runtime: runtimeInfo.name, cgroup: cgroups.version, failpoint: fp.armed }, 'dsecd ready');
     return {
       config,
       log,
       async close() {
         reaper.stop();
-        await app.close();
+        // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
+        const drained = app.close();
+        const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
+        await drained;
+        clearTimeout(t);
         await container.close();
         db.close();
         reg.release();
@@ -293,7 +341,9 @@ export async function main(argv: string[]): Promise<number> {
       return 0;
     }
   } catch (e) {
-    log.fatal({ err: e }, 'start failed');
+    // A refusal (busy socket, overlapping pool, ...) is one line; only a bug gets a stack.
+    if (e instanceof DsecError && e.kind !== 'Internal') log.fatal({ code: e.kind }, e.message);
+    else log.fatal({ err: e }, 'start failed');
     process.stderr.write(`dsecd: ${e instanceof DsecError ? e.message : (e as Error).stack}\n`);
     log.flush();
     return 1;

@@ -21,9 +21,11 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
   || die "Node.js 20.19+ is required (found $(node --version))"
 
 # Apt packages: the OCI runtime, EROFS tools, busybox for the built-in image, a C
-# toolchain with a static libc for the agent, util-linux/iproute2 for tests, podman and
-# bubblewrap as benchmark peers, systemd for `systemd-analyze verify`.
-PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux iproute2 podman bubblewrap systemd uidmap)
+# toolchain with a static libc for the agent, util-linux(-extra: fincore)/iproute2 for
+# tests, podman and bubblewrap as benchmark peers, systemd for `systemd-analyze verify`,
+# debootstrap for the Debian base image, zstd and attr for layer import.
+PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
+      debootstrap zstd attr)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

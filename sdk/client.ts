@@ -8,8 +8,9 @@
  * short-lived process exits without calling {@link DsecClient.close}.
  *
  * Every failure is a {@link DsecApiError} whose `code` is one of the closed set of error
- * kinds (daemon/errors.ts), with one exception: a call aborted through an `AbortSignal`
- * rejects with the signal's reason (an `AbortError` by default).
+ * kinds (daemon/errors.ts), with two exceptions: a call aborted through an `AbortSignal`
+ * rejects with the signal's reason (an `AbortError` by default), and a long image
+ * operation whose `onProgress` callback throws rejects with that error.
  */
 import http from 'node:http';
 import { StringDecoder } from 'node:string_decoder';
@@ -17,10 +18,18 @@ import type { z } from 'zod';
 import type { ErrorKind } from '../daemon/errors.js';
 import type {
   Backend,
+  BootstrapRequest,
+  CommitResult as CommitResultSchema,
+  ComposeRequest,
   CreateSandboxRequest,
   Event,
   ExecResult,
   HostInfo as HostInfoSchema,
+  Image as ImageSchema,
+  ImageConfig as ImageConfigSchema,
+  ImportRequest,
+  Layer as LayerSchema,
+  PruneResult as PruneResultSchema,
   Sandbox,
   SandboxState,
   VersionInfo as VersionInfoSchema,
@@ -55,16 +64,114 @@ export type HostInfo = z.infer<typeof HostInfoSchema>;
  */
 export type CreateSandboxInput = z.input<typeof CreateSandboxRequest>;
 
-/** One image known to the daemon, as listed by GET /v1/images. */
-export interface ImageInfo {
-  /** Image name, e.g. `busybox`. */
-  name: string;
-  /** Tag, e.g. `latest`. */
-  tag: string;
-  /** Layer digests, lowest first. */
-  layers: string[];
-  /** Import time, ms since the Unix epoch. */
-  created_at: number;
+/**
+ * An image as the API returns it (GET /v1/images, GET /v1/images/{ref}, and the result of
+ * every call that makes one): `ref` is `name:tag`; `layers` are digests
+ * (`sha256:<64 hex>`), lowest first; `config` holds the process defaults; `size_bytes`
+ * is the sum of the layer blob sizes in bytes; `created_at` is ms since the Unix epoch.
+ */
+export type Image = z.infer<typeof ImageSchema>;
+
+/** The old name of {@link Image}, kept so existing callers compile; the shape is now the full Image. */
+export type ImageInfo = Image;
+
+/**
+ * Process defaults of an image: `env` as `KEY=value` strings, `cwd` (absolute), `user`
+ * (name or `uid[:gid]`), `cmd` (argv).
+ */
+export type ImageConfig = z.infer<typeof ImageConfigSchema>;
+
+/**
+ * A layer of the content-addressed store: `digest` (`sha256:<64 hex>`), `size_bytes`
+ * (EROFS blob size, bytes), `created_at` (ms since the Unix epoch), `source` (where the
+ * content came from, e.g. `dir:/path`, `oci:/x.tar#1`, `commit:<sandbox id>`), `builder`
+ * (`<host>/<instance>`), `images` (refs using it) and `sandboxes` (how many sandboxes of
+ * this instance use it).
+ */
+export type Layer = z.infer<typeof LayerSchema>;
+
+/**
+ * POST /v1/images/import request. `type`: `dir` (one layer from a directory tree, on top
+ * of `base` when given), `tar` (one layer from a root filesystem tar, plain, gzip or zstd)
+ * or `oci` (an OCI image layout, directory or tar, or a docker/podman save archive).
+ * `path` is absolute and is read by dsecd **on its own host**. `image` names the result
+ * (`name[:tag]`); `config` overrides fields of the image config.
+ */
+export type ImportImageInput = z.input<typeof ImportRequest>;
+
+/**
+ * POST /v1/images request: make image `image` from `layers` (digests already in the store,
+ * lowest first), taking the config from image `from` when given, with `config` overrides.
+ */
+export type ComposeImageInput = z.input<typeof ComposeRequest>;
+
+/**
+ * POST /v1/images/bootstrap request: `distro` (only `debian`: bookworm minbase), `image`
+ * (default `debian:bookworm`), `include` (extra packages; default python3, git).
+ */
+export type BootstrapImageInput = z.input<typeof BootstrapRequest>;
+
+/**
+ * POST /v1/images/prune response: the layers `removed` (or that would be, with
+ * `dry_run`), `freed_bytes` (bytes), `kept_young` (digests of unreferenced layers kept
+ * because they are younger than the grace period) and `tmp_removed` (leftover temporary
+ * entries removed).
+ */
+export type PruneResult = z.infer<typeof PruneResultSchema>;
+
+/**
+ * POST /v1/sandboxes/{id}/commit response: the new `image`, its new top `layer` and the
+ * paths `stripped` (relative to the sandbox root) before packing.
+ */
+export type CommitResult = z.infer<typeof CommitResultSchema>;
+
+/**
+ * One progress report of a long image operation ({@link DsecClient.importImage},
+ * {@link DsecClient.bootstrapImage}), as dsecd streams it. Every field but `type` is
+ * optional; what is set depends on the operation and phase.
+ */
+export interface ImageProgress {
+  type: 'progress';
+  /** What is happening, e.g. `pack`, `layer`, `debootstrap`. */
+  phase?: string;
+  /** One human-readable line (e.g. a debootstrap output line). */
+  message?: string;
+  /** Bytes processed so far in this phase. */
+  bytes?: number;
+  /** Index (1-based) of the layer being processed, when importing several. */
+  layer?: number;
+  /** Number of layers in the import. */
+  layers?: number;
+}
+
+/** Options of the long image operations ({@link DsecClient.importImage}, {@link DsecClient.bootstrapImage}). */
+export interface LongOperationOptions {
+  /**
+   * Called once per progress line, in order, before the promise settles. If it throws,
+   * the stream is closed and the call rejects with that error.
+   */
+  onProgress?: (p: ImageProgress) => void;
+  /**
+   * Stop waiting: the promise rejects with the signal's reason and the connection closes.
+   * dsecd does not cancel the operation; it may still finish.
+   */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.pruneImages}. */
+export interface PruneOptions {
+  /** Report what would be removed without removing anything. */
+  dryRun?: boolean;
+}
+
+/** Request of {@link DsecClient.commit}. */
+export interface CommitOptions {
+  /** Name of the new image, `name[:tag]`. */
+  image: string;
+  /** Extra globs, relative to the sandbox root (e.g. `srv/cache/**`), stripped before packing. */
+  exclude?: string[];
+  /** Stop waiting (rejects with the signal's reason); dsecd may still finish the commit. */
+  signal?: AbortSignal;
 }
 
 /** Options of {@link DsecClient}. */
@@ -290,10 +397,102 @@ export class DsecClient {
     return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
   }
 
-  /** GET /v1/images: the images the daemon can create sandboxes from. */
-  async listImages(): Promise<ImageInfo[]> {
-    const res = await this.request<{ images: ImageInfo[] }>('GET', '/v1/images');
+  /** GET /v1/images: the images the daemon can create sandboxes from, as an array. */
+  async listImages(): Promise<Image[]> {
+    const res = await this.request<{ images: Image[] }>('GET', '/v1/images');
     return res.images;
+  }
+
+  /**
+   * GET /v1/images/{ref}: one image; `ref` is `name[:tag]` (tag default `latest`) and is
+   * URL-encoded here (a `/` in the name is fine). Errors: `NotFound`, `InvalidArgument`
+   * (malformed ref).
+   */
+  getImage(ref: string): Promise<Image> {
+    return this.request<Image>('GET', imagePath(ref));
+  }
+
+  /**
+   * DELETE /v1/images/{ref}: removes the image manifest and resolves with the image as it
+   * was. Its layers stay in the store until {@link pruneImages}. Errors: `NotFound`.
+   */
+  removeImage(ref: string): Promise<Image> {
+    return this.request<Image>('DELETE', imagePath(ref));
+  }
+
+  /**
+   * POST /v1/images: makes an image from layers already in the store (no data copied).
+   * Errors: `InvalidArgument` (malformed ref or digest, empty `layers`), `NotFound`
+   * (a layer or the `from` image).
+   */
+  composeImage(req: ComposeImageInput): Promise<Image> {
+    return this.request<Image>('POST', '/v1/images', req);
+  }
+
+  /**
+   * POST /v1/images/{ref}/tag: gives image `ref` the additional name `target`
+   * (`name[:tag]`); resolves with the new image. Errors: `NotFound`, `InvalidArgument`.
+   */
+  tagImage(ref: string, target: string): Promise<Image> {
+    return this.request<Image>('POST', imagePath(ref) + '/tag', { target });
+  }
+
+  /**
+   * POST /v1/images/import: builds an image from a directory (`type: 'dir'`), a root
+   * filesystem tar (`tar`) or an OCI layout / docker save archive (`oci`) at `req.path`,
+   * an absolute path read by dsecd on its own host. Streams progress
+   * (`Accept: application/x-ndjson`): `opts.onProgress` is called per progress line, and
+   * the promise resolves with the new image. No HTTP deadline: a large import takes
+   * minutes; use `opts.signal` to stop waiting.
+   * Errors: `InvalidArgument` (bad request, unreadable archive), `NotFound` (path or base
+   * image), any kind dsecd reports on its error line; `Unavailable` when the connection
+   * drops (the import may still finish on dsecd).
+   */
+  importImage(req: ImportImageInput, opts: LongOperationOptions = {}): Promise<Image> {
+    return this.longOperation<Image>('POST', '/v1/images/import', req, opts);
+  }
+
+  /**
+   * POST /v1/images/bootstrap: builds the Debian base image with debootstrap on dsecd's
+   * host (minutes on a cache miss). Progress, deadline and errors as for
+   * {@link importImage}; `Unavailable` also when dsecd cannot run debootstrap or reach
+   * the mirror.
+   */
+  bootstrapImage(req: BootstrapImageInput = { distro: 'debian' }, opts: LongOperationOptions = {}): Promise<Image> {
+    return this.longOperation<Image>('POST', '/v1/images/bootstrap', req, opts);
+  }
+
+  /**
+   * POST /v1/images/prune: removes layers no image, lease or sandbox references (layers
+   * younger than the daemon's grace period are kept and listed in `kept_young`), and
+   * leftover temporary files. With `dryRun` nothing is removed.
+   */
+  pruneImages(opts: PruneOptions = {}): Promise<PruneResult> {
+    return this.request<PruneResult>('POST', '/v1/images/prune', opts.dryRun === undefined ? {} : { dry_run: opts.dryRun });
+  }
+
+  /** GET /v1/layers: every layer in the store, as an array. */
+  async listLayers(): Promise<Layer[]> {
+    const res = await this.request<{ layers: Layer[] }>('GET', '/v1/layers');
+    return res.layers;
+  }
+
+  /** GET /v1/layers/{digest}: one layer; `digest` is the full `sha256:<64 hex>`. Errors: `NotFound`, `InvalidArgument`. */
+  getLayer(digest: string): Promise<Layer> {
+    return this.request<Layer>('GET', `/v1/layers/${encodeURIComponent(digest)}`);
+  }
+
+  /**
+   * POST /v1/sandboxes/{id}/commit: packs the sandbox's writable layer (after stripping
+   * secrets, caches and `exclude` globs) as a new layer on top of its image, and names the
+   * result `opts.image`. No HTTP deadline: packing a large writable layer takes a while.
+   * Errors: `NotFound` (sandbox), `FailedPrecondition` (sandbox in a state that cannot be
+   * committed), `InvalidArgument` (malformed name or glob).
+   */
+  commit(id: string, opts: CommitOptions): Promise<CommitResult> {
+    const body: Record<string, unknown> = { image: opts.image };
+    if (opts.exclude !== undefined) body.exclude = opts.exclude;
+    return this.request<CommitResult>('POST', sandboxPath(id) + '/commit', body, { signal: opts.signal, timeoutMs: 0 });
   }
 
   /**
@@ -320,20 +519,8 @@ export class DsecClient {
     if (res.statusCode! >= 400) {
       throw errorFromResponse(res.statusCode!, await readBody(res));
     }
-    const decoder = new StringDecoder('utf8');
-    let pending = '';
     try {
-      for await (const chunk of res as AsyncIterable<Buffer>) {
-        pending += decoder.write(chunk);
-        if (!pending.includes('\n')) continue;
-        const lines = pending.split('\n');
-        pending = lines.pop()!;
-        for (const line of lines) {
-          if (line.trim() !== '') yield parseEventLine(line);
-        }
-      }
-      pending += decoder.end();
-      if (pending.trim() !== '') yield parseEventLine(pending);
+      for await (const line of ndjsonLines(res)) yield parseEventLine(line);
     } catch (e) {
       if (signal?.aborted) return;
       if (e instanceof DsecApiError) throw e;
@@ -375,6 +562,65 @@ export class DsecClient {
   }
 
   /**
+   * Runs a long operation in NDJSON mode: sends `body` with `Accept: application/x-ndjson`,
+   * calls `onProgress` per `{type: "progress"}` line and resolves with the `result` of the
+   * `{type: "result"}` line, or rejects with the {@link DsecApiError} of an
+   * `{type: "error"}` line. A daemon that ignores the Accept header and answers with one
+   * JSON document is accepted too. No deadline.
+   */
+  private async longOperation<T>(method: string, path: string, body: unknown, opts: LongOperationOptions): Promise<T> {
+    const { signal, onProgress } = opts;
+    const payload = Buffer.from(JSON.stringify(body), 'utf8');
+    const res = await this.open(method, path, payload, signal, 0, 0, false, NDJSON_TYPE);
+    let callbackFailed = false;
+    try {
+      const status = res.statusCode ?? 0;
+      if (status >= 400 || status < 200) throw errorFromResponse(status, await readBody(res));
+      if (!String(res.headers['content-type'] ?? '').includes(NDJSON_TYPE)) {
+        const text = await readBody(res);
+        try {
+          return JSON.parse(text) as T;
+        } catch (e) {
+          throw new DsecApiError('Internal', `dsecd answered ${method} ${path} with a body that is not JSON (status ${status})`, status, { cause: e });
+        }
+      }
+      for await (const line of ndjsonLines(res)) {
+        const msg = parseProgressLine(line, method, path, status);
+        if (msg.type === 'progress') {
+          if (!onProgress) continue;
+          try {
+            onProgress(msg as ImageProgress);
+          } catch (e) {
+            callbackFailed = true;
+            throw e;
+          }
+        } else if (msg.type === 'result') {
+          return msg.result as T;
+        } else if (msg.type === 'error') {
+          const c = msg.error?.code;
+          const code: ErrorKind = typeof c === 'string' && Object.prototype.hasOwnProperty.call(KNOWN_KINDS, c) ? (c as ErrorKind) : 'Internal';
+          const message = typeof msg.error?.message === 'string' ? msg.error.message : `${method} ${path} failed on dsecd (no message)`;
+          throw new DsecApiError(code, message, status);
+        }
+        // Any other type: a newer daemon's addition; skipped.
+      }
+      throw new DsecApiError('Unavailable', `dsecd ended ${method} ${path} without a result; the operation may still finish on dsecd`, status);
+    } catch (e) {
+      if (callbackFailed) throw e;
+      if (signal?.aborted) throw signal.reason ?? e;
+      if (e instanceof DsecApiError) throw e;
+      throw new DsecApiError(
+        'Unavailable',
+        `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}; the operation may still finish on dsecd`,
+        0,
+        { cause: e },
+      );
+    } finally {
+      res.destroy();
+    }
+  }
+
+  /**
    * Closes pooled connections. Safe to call twice; calls made afterwards still work
    * (they open new connections) but are not pooled. Not needed before process exit.
    */
@@ -387,7 +633,7 @@ export class DsecClient {
    * (absolute ms, 0 = none; `timeoutMs` is its length, for the message) bounds the wait
    * for the headers; the caller bounds the body.
    * A request that fails on a reused keep-alive socket before any response is resent
-   * once when `retryable`.
+   * once when `retryable`. `accept` is the Accept header (NDJSON for long operations).
    */
   private open(
     method: string,
@@ -397,13 +643,14 @@ export class DsecClient {
     deadline: number,
     timeoutMs: number,
     retryable: boolean,
+    accept = 'application/json',
   ): Promise<http.IncomingMessage> {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) {
         reject(signal.reason);
         return;
       }
-      const headers: http.OutgoingHttpHeaders = { accept: 'application/json' };
+      const headers: http.OutgoingHttpHeaders = { accept };
       if (payload !== undefined) {
         headers['content-type'] = 'application/json';
         headers['content-length'] = payload.length;
@@ -442,7 +689,7 @@ export class DsecClient {
           reject(err);
         } else if (retryable && req.reusedSocket && (err.code === 'ECONNRESET' || err.code === 'EPIPE')) {
           // The daemon closed an idle pooled connection just as we reused it.
-          this.open(method, path, payload, signal, deadline, timeoutMs, false).then(resolve, reject);
+          this.open(method, path, payload, signal, deadline, timeoutMs, false, accept).then(resolve, reject);
         } else {
           reject(this.connectionError(err, method, path));
         }
@@ -471,6 +718,14 @@ export class DsecClient {
         return new DsecApiError('Unavailable', `${method} ${path} to ${where} failed: ${err.message}; is dsecd running?`, 0, { cause: err });
     }
   }
+}
+
+/** Media type of streamed responses (events, long operations). */
+const NDJSON_TYPE = 'application/x-ndjson';
+
+/** `/v1/images/{ref}` with the ref escaped (`team/py:1` → `team%2Fpy%3A1`). */
+function imagePath(ref: string): string {
+  return `/v1/images/${encodeURIComponent(ref)}`;
 }
 
 /** `/v1/sandboxes/{id}` with the id escaped. */
@@ -532,13 +787,58 @@ function errorFromResponse(status: number, text: string): DsecApiError {
   return new DsecApiError(code, message, status);
 }
 
+/**
+ * The non-blank lines of an NDJSON response body, in order. A line split across reads
+ * (even inside a UTF-8 character) is reassembled; a final line without a newline counts.
+ * Errors of the underlying stream (a dropped connection) propagate.
+ */
+async function* ndjsonLines(res: http.IncomingMessage): AsyncGenerator<string, void, undefined> {
+  const decoder = new StringDecoder('utf8');
+  let pending = '';
+  for await (const chunk of res as AsyncIterable<Buffer>) {
+    pending += decoder.write(chunk);
+    if (!pending.includes('\n')) continue;
+    const lines = pending.split('\n');
+    pending = lines.pop()!;
+    for (const line of lines) if (line.trim() !== '') yield line;
+  }
+  pending += decoder.end();
+  if (pending.trim() !== '') yield pending;
+}
+
+/** One line of a long operation's stream, as sent (not validated beyond `type`). */
+interface StreamLine {
+  type: string;
+  result?: unknown;
+  error?: { code?: unknown; message?: unknown };
+  [k: string]: unknown;
+}
+
+/** Parses one NDJSON line of a long operation; a malformed line is `Internal`. */
+function parseProgressLine(line: string, method: string, path: string, status: number): StreamLine {
+  let v: unknown;
+  try {
+    v = JSON.parse(line);
+  } catch (e) {
+    throw new DsecApiError('Internal', `dsecd sent a malformed line during ${method} ${path}: ${JSON.stringify(clip(line))}`, status, { cause: e });
+  }
+  if (typeof v !== 'object' || v === null || typeof (v as StreamLine).type !== 'string') {
+    throw new DsecApiError('Internal', `dsecd sent a line without a type during ${method} ${path}: ${JSON.stringify(clip(line))}`, status);
+  }
+  return v as StreamLine;
+}
+
+/** `s` cut to 80 characters for an error message. */
+function clip(s: string): string {
+  return s.length > 80 ? s.slice(0, 80) + '…' : s;
+}
+
 /** Parses one NDJSON line of the event stream. */
 function parseEventLine(line: string): Event {
   try {
     return JSON.parse(line) as Event;
   } catch (e) {
-    const shown = line.length > 80 ? line.slice(0, 80) + '…' : line;
-    throw new DsecApiError('Internal', `dsecd sent a malformed event line: ${JSON.stringify(shown)}`, 200, { cause: e });
+    throw new DsecApiError('Internal', `dsecd sent a malformed event line: ${JSON.stringify(clip(line))}`, 200, { cause: e });
   }
 }
 

@@ -1,20 +1,15 @@
 /**
- * `dsec images`: the images dsecd can create sandboxes from (NAME, TAG, LAYERS, AGE),
- * or `{images}` with --json.
+ * `dsec images`: an alias of `dsec image ls` (REF, LAYERS, SIZE, CREATED, or `{images}`
+ * with --json), kept for scripts written before the `image` verbs.
  */
 import type { Command } from 'commander';
-import { renderImageTable } from '../ui/images.js';
 import type { Ctx } from '../util/context.js';
-import { writeJson } from '../util/output.js';
+import { listImages } from './image/ls.js';
 
 /** Adds `images` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
   return parent
     .command('images')
-    .description('list images')
-    .action(async () => {
-      const images = await ctx.client().listImages();
-      if (ctx.json) writeJson(ctx.io.stdout, { images });
-      else ctx.out(renderImageTable(images, { color: ctx.color }));
-    });
+    .description('list images (same as `dsec image ls`)')
+    .action(() => listImages(ctx));
 }

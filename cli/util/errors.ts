@@ -46,28 +46,44 @@ export class UserError extends Error {
 
 /**
  * The hint printed under an API error of kind `code` raised while running `verb`
- * (e.g. `ls`, `host info`).
+ * (e.g. `ls`, `host info`, `image build`). `status` is the error's HTTP status: 0 when
+ * dsecd was never reached (so `Unavailable` means dsecd is down), else dsecd's own
+ * answer (so `Unavailable` names something dsecd needs).
  */
-export function hintFor(code: ErrorKind, verb: string): string {
+export function hintFor(code: ErrorKind, verb: string, status?: number): string {
+  const image = verb === 'images' || verb.startsWith('image ');
+  const layer = verb.startsWith('layer ');
   switch (code) {
     case 'Unavailable':
+      if (verb === 'image bootstrap' && status !== undefined && status !== 0) {
+        return 'dsecd could not run debootstrap or reach the Debian mirror; see its log (journalctl -u dsecd)';
+      }
       return 'start dsecd (systemctl start dsecd) or pass --socket';
     case 'NotFound':
+      if (verb === 'image build') return 'dsecd reads DIR on its own host: check it exists there; `dsec image ls` lists images for --base';
+      if (verb === 'image import') return 'dsecd reads PATH on its own host: check it exists there';
+      if (verb === 'image compose') return 'list layers with `dsec layer ls`, images with `dsec image ls`';
+      if (image) return 'list images with `dsec image ls`';
+      if (layer) return 'list layers with `dsec layer ls`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
       return `see \`dsec ${verb} --help\``;
     case 'AlreadyExists':
+      if (image || layer || verb === 'commit') return 'list images with `dsec image ls`; pick another name or remove the old one with `dsec image rm`';
       return 'list existing sandboxes with `dsec ls`';
     case 'Conflict':
     case 'FailedPrecondition':
+      if (image || layer) return 'see `dsec image ls` and `dsec layer ls` for what uses it';
       return verb === 'rm'
         ? 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway'
         : 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':
+      if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';
       return 'remove idle sandboxes (`dsec ls`, `dsec rm`) or retry later; `dsec host info` shows capacity';
     case 'Internal':
       return 'this is a dsecd bug; see its log (journalctl -u dsecd) and report it';
     case 'Unimplemented':
+      if (image || layer) return 'this dsecd does not support that yet; upgrade dsecd';
       return '`dsec host info` lists which backends this host supports';
     case 'DeadlineExceeded':
       return 'dsecd is overloaded or the command ran too long; retry, or raise --timeout';
@@ -77,7 +93,7 @@ export function hintFor(code: ErrorKind, verb: string): string {
 /** Writes the two-line report of an API error: `dsec: <message> (<code>)` and its hint. */
 export function reportApiError(err: DsecApiError, stderr: OutStream, verb: string, prefix = ''): void {
   stderr.write(`dsec: ${prefix}${err.message} (${err.code})\n`);
-  stderr.write(`hint: ${hintFor(err.code, verb)}\n`);
+  stderr.write(`hint: ${hintFor(err.code, verb, err.status)}\n`);
 }
 
 /**

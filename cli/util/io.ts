@@ -7,8 +7,10 @@
 export interface OutStream {
   /** Writes text (UTF-8) or raw bytes. */
   write(chunk: string | Uint8Array): unknown;
-  /** True when the stream is a terminal (enables table colours). */
+  /** True when the stream is a terminal (enables table colours, the progress status line). */
   isTTY?: boolean;
+  /** Width of the terminal in columns, when it is one (cuts the progress status line). */
+  columns?: number;
 }
 
 /** Where stdin comes from: `process.stdin`, or a test's readable. */

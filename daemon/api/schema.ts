@@ -30,7 +30,13 @@ export const LIMITS = {
   maxStdinBytes: 16 * 1024 * 1024,
   /** Longest sandbox TTL: 30 days. */
   maxTtlS: 30 * 24 * 3600,
+  /** Most labels on one sandbox: 64 (selectors stay cheap; tables stay readable). */
+  maxLabels: 64,
+  /** Total size of an env map (keys, values, `=` and NUL): 128 KiB, so execve's argument space (ARG_MAX, 2 MiB with an 8 MiB stack) keeps room for argv. */
+  maxEnvBytes: 128 * 1024,
 } as const;
+
+const envSize = (e: Record<string, string>) => Object.entries(e).reduce((n, [k, v]) => n + k.length + v.length + 2, 0);
 
 /** Label keys and values: Kubernetes-like, so selectors stay unambiguous (no `,` or `=`). */
 const labelKey = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'label key must match [A-Za-z0-9][A-Za-z0-9._/-]{0,62}');
@@ -62,8 +68,10 @@ export const CreateSandboxRequest = z
     cpus: z.number().min(LIMITS.minCpus).max(LIMITS.maxCpus).optional().describe('CPU limit in cores (fractional); default from config.'),
     memory_bytes: z.number().int().min(LIMITS.minMemoryBytes).max(LIMITS.maxMemoryBytes).optional().describe('Memory limit in bytes; default from config.'),
     pids: z.number().int().min(LIMITS.minPids).max(LIMITS.maxPids).optional().describe('Maximum number of processes; default from config.'),
-    labels: z.record(labelKey, labelValue).optional().describe('Labels, e.g. {job: "a", round: "3"}.'),
-    env: z.record(envKey, envValue).optional().describe('Environment for every exec, merged over the image env.'),
+    labels: z.record(labelKey, labelValue).refine((l) => Object.keys(l).length <= LIMITS.maxLabels, `at most ${LIMITS.maxLabels} labels`).optional()
+      .describe('Labels, e.g. {job: "a", round: "3"}; at most 64.'),
+    env: z.record(envKey, envValue).refine((e) => envSize(e) <= LIMITS.maxEnvBytes, 'env larger than 128 KiB').optional()
+      .describe('Environment for every exec, merged over the image env; at most 128 KiB in all.'),
     ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after creation when the sandbox is destroyed.'),
   })
   .strict();
@@ -107,11 +115,19 @@ export const DeleteQuery = z
   .object({ force: z.enum(['true', 'false', '1', '0']).optional().describe('Destroy even if running (kills processes).') })
   .strict();
 
+/** POST /v1/sandboxes/{id}/stop request (the body is optional). */
+export const StopRequest = z
+  .object({
+    timeout_ms: z.number().int().min(0).max(LIMITS.maxTimeoutMs).optional().describe('Grace between SIGTERM and SIGKILL, ms; default 10000, 0 kills at once.'),
+  })
+  .strict();
+
 /** POST /v1/sandboxes/{id}/exec request. */
 export const ExecRequest = z
   .object({
     argv: z.array(z.string().refine((s) => !s.includes('\0'), 'argv must not contain NUL')).min(1).describe('Program and arguments; argv[0] is looked up in PATH.'),
-    env: z.record(envKey, envValue).optional().describe('Extra environment, merged over the sandbox env.'),
+    env: z.record(envKey, envValue).refine((e) => envSize(e) <= LIMITS.maxEnvBytes, 'env larger than 128 KiB').optional()
+      .describe('Extra environment, merged over the sandbox env; at most 128 KiB.'),
     cwd: z.string().startsWith('/').optional().describe('Working directory inside the sandbox; default the image cwd.'),
     user: z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User name or uid[:gid] inside the sandbox; default the image user.'),
     stdin_b64: z.string().base64().optional().describe('Bytes fed to stdin, base64; stdin is empty otherwise.'),
@@ -129,7 +145,7 @@ export const ExecResult = z.object({
   stdout_truncated: z.boolean(),
   stderr_truncated: z.boolean(),
   duration_ms: z.number().describe('Time from fork to exit inside the sandbox, ms.'),
-  oom: z.boolean().describe('True when the sandbox memory cgroup OOM-killed a process during this exec.'),
+  oom: z.boolean().describe("True when the command was killed by SIGKILL while the sandbox's memory cgroup recorded an OOM kill."),
   timed_out: z.boolean().describe('True when timeout_ms elapsed and the command was killed.'),
 });
 export type ExecResult = z.infer<typeof ExecResult>;

@@ -14,6 +14,7 @@ import type { Failpoints } from '../sandbox/failpoints.js';
 import { registerSandboxRoutes } from './routes/sandboxes.js';
 import { registerEventRoutes } from './routes/events.js';
 import { registerImageRoutes } from './routes/images.js';
+import { ROUTE_DOCS } from './routes/table.js';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
 
 /** What routes need. */
@@ -61,14 +62,32 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
   return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message } });
 }
 
+/** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
+function routeRegex(url: string): RegExp {
+  return new RegExp(`^${url.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/:[a-z_]+/g, '[^/]+')}/?$`);
+}
+
 /** Builds the fastify app with every route; the caller listens. */
 export function buildApi(deps: ApiDeps): FastifyInstance {
   const app = Fastify({
+    // Errors the HTTP parser raises before fastify routes (headers too large, unknown
+    // method, malformed request line) also answer in the API's error shape.
+    clientErrorHandler: (err: NodeJS.ErrnoException & { code?: string }, socket) => {
+      const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
+      const body = JSON.stringify({ error: { code: 'InvalidArgument', message: tooLarge ? 'request headers too large' : `malformed HTTP request: ${err.message}` } });
+      if (socket.writable) {
+        socket.end(`HTTP/1.1 ${tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+      } else {
+        socket.destroy(err);
+      }
+    },
     // Per-request access logs are at info level; the API logger keeps warnings and errors only.
     loggerInstance: deps.log.child({ component: 'api' }, { level: 'warn' }) as unknown as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
     return503OnClosing: true,
-    forceCloseConnections: true,
+    // On shutdown, idle keep-alive connections close at once and requests in flight
+    // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).
+    forceCloseConnections: 'idle',
   });
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
@@ -76,13 +95,26 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
     const s = (body as string).trim();
     if (s === '') return done(null, undefined);
     try {
-      done(null, JSON.parse(s));
+      // `__proto__` keys would be dropped silently by object handling downstream: refuse them.
+      done(null, JSON.parse(s, (k, v) => {
+        if (k === '__proto__') throw invalidArgument('"__proto__" is not allowed as a key');
+        return v;
+      }));
     } catch (e) {
-      done(invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
+      done(e instanceof DsecError ? e : invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
     }
   });
   app.setErrorHandler((e, req, reply) => sendError(reply, e, deps.log, req));
-  app.setNotFoundHandler((req, reply) => sendError(reply, notFound(`no route ${req.method} ${req.url.split('?')[0]}`), deps.log, req));
+  app.setNotFoundHandler((req, reply) => {
+    const p = req.url.split('?')[0];
+    const allowed = ROUTE_DOCS.filter((r) => routeRegex(r.url).test(p)).map((r) => r.method);
+    if (allowed.length) {
+      // A known resource with a method it does not support: 405 with Allow, in the usual error shape.
+      return reply.code(405).header('allow', [...new Set(allowed)].join(', ')).type('application/json')
+        .send({ error: { code: 'InvalidArgument', message: `${req.method} is not allowed on ${p}; allowed: ${[...new Set(allowed)].join(', ')}` } });
+    }
+    return sendError(reply, notFound(`no route ${req.method} ${p}`), deps.log, req);
+  });
   registerHostRoutes(app, deps);
   registerSandboxRoutes(app, deps);
   registerEventRoutes(app, deps);

@@ -60,8 +60,12 @@ export interface SandboxDriver {
   create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
   /** Starts a stopped sandbox again on its kept writable layer. */
   start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
-  /** Ends every process of the sandbox; keeps its writable layer. Safe on a dead sandbox. */
-  stop(sb: SandboxRecord, fp: Failpoints): Promise<void>;
+  /**
+   * Ends every process of the sandbox; keeps its writable layer. Safe on a dead sandbox.
+   * With `graceMs` > 0, processes first get SIGTERM and up to that long to exit before
+   * everything is killed.
+   */
+  stop(sb: SandboxRecord, fp: Failpoints, opts?: { graceMs?: number }): Promise<void>;
   /** Removes everything of the sandbox from the host. Safe on any partial state. */
   destroy(sb: SandboxRecord, fp: Failpoints): Promise<void>;
   /** Runs a command to completion. @throws DsecError FailedPrecondition when the sandbox is not running. */

@@ -48,6 +48,7 @@ interface NativeAddon {
   mount(source: string | null, target: string, fstype: string | null, flags: number, data: string | null): void;
   umount(target: string, flags: number): void;
   isMountpoint(path: string): boolean;
+  dropCache(path: string): void;
   constants: NativeConstants;
 }
 
@@ -186,6 +187,15 @@ export function umount(target: string, flags = 0): void {
  */
 export function isMountpoint(path: string): boolean {
   return addon().isMountpoint(path);
+}
+
+/**
+ * Evicts `path`'s clean pages from the page cache (posix_fadvise POSIX_FADV_DONTNEED on
+ * the whole file). Pages still mapped or dirty stay. Throws with `syscall: "open"` or
+ * `"posix_fadvise"` and the errno code.
+ */
+export function dropCache(path: string): void {
+  addon().dropCache(path);
 }
 
 /** Like {@link isMountpoint} but returns false when `path` does not exist. */

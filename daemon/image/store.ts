@@ -33,6 +33,7 @@ import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
 import { BUSYBOX_PATH_ENV, prepareBusyboxTree } from './builtin.js';
 import { buildErofs, sha256File, type BuildErofsOptions } from './erofs.js';
+import * as native from '../host/native.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -234,8 +235,10 @@ export class ImageStore {
    */
   async init(): Promise<void> {
     for (const d of [this.blobsDir, this.manifestsDir, this.layersDir, this.tmpDir, this.leaseDir, join(this.localDir, 'verified')]) {
-      await mkdir(d, { recursive: true, mode: 0o755 });
+      await mkdir(d, { recursive: true, mode: 0o700 });
     }
+    // Images may contain task data; only root (on any host sharing the store) reads them.
+    await chmod(this.root, 0o700).catch(() => undefined);
   }
 
   /**
@@ -288,6 +291,11 @@ export class ImageStore {
     const seen = await readFile(marker, 'utf8').catch(() => '');
     if (seen !== stamp) {
       await this.verifyBlob(digest);
+      // The hash pass read the whole blob: evict it again, so that sandboxes load the
+      // layer's blocks on demand rather than finding the whole layer resident.
+      try {
+        native.dropCache(path);
+      } catch { /* advisory */ }
       await writeFileAtomic(marker, stamp);
     }
     return path;
@@ -325,6 +333,10 @@ export class ImageStore {
         await chmod(tmp, 0o444);
         await mkdir(this.blobsDir, { recursive: true });
         await rename(tmp, this.blobPath(blob.digest));
+        // This host just hashed these bytes while building them: record the blob as
+        // verified here, so its first mount does not read it all again.
+        const st = await stat(this.blobPath(blob.digest));
+        await writeFileAtomic(join(this.localDir, 'verified', digestHex(blob.digest)), `${st.size}:${st.mtimeMs}:${st.ino}`);
       }
       const meta = await this.ensureLayerMeta(blob.digest, blob.sizeBytes, opts.source ?? `dir:${srcDir}`);
       return { ...meta, sizeBytes: blob.sizeBytes };

@@ -15,14 +15,21 @@ import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult } from '../api/schema.js';
 import type { DaemonConfig } from '../config.js';
-import { DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
+import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
+import os, { constants as osConstants } from 'node:os';
+
+const { ENOENT, E2BIG } = osConstants.errno;
 import type { SandboxDriver } from '../drivers/types.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { packUpper } from '../image/commit.js';
+import { procStartTime } from '../host/proc.js';
 import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
 import { parseSelector, SandboxRepo, type SandboxRecord } from './repo.js';
+
+/** Default grace between SIGTERM and SIGKILL on stop: 10 s, Docker's `docker stop` default. */
+export const DEFAULT_STOP_GRACE_MS = 10_000;
 
 /** What {@link SandboxManager.reconcile} found and did at start. */
 export interface ReconcileReport {
@@ -80,6 +87,12 @@ export class SandboxManager {
    */
   async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
     const drv = this.driver(req.backend);
+    // A limit above what the host has can never be honoured: say so instead of overcommitting silently.
+    const cores = os.cpus().length;
+    if (req.cpus !== undefined && req.cpus > cores) throw invalidArgument(`cpus ${req.cpus} is more than this host's ${cores} cores`);
+    if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
+      throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
+    }
     const image = await this.d.images.get(req.image);
     const id = randomBytes(8).toString('hex');
     const rec = this.d.repo.insertCreating({
@@ -136,17 +149,18 @@ export class SandboxManager {
   }
 
   /**
-   * Stops every process of the sandbox; the writable layer stays.
+   * Stops every process of the sandbox; the writable layer stays. Processes get SIGTERM
+   * and `graceMs` (default {@link DEFAULT_STOP_GRACE_MS}) to exit, then SIGKILL.
    * @throws DsecError NotFound, FailedPrecondition (not running/paused/failed).
    */
-  async stop(id: string): Promise<SandboxRecord> {
+  async stop(id: string, graceMs = DEFAULT_STOP_GRACE_MS): Promise<SandboxRecord> {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (sb.state === 'stopped') return sb;
       if (!['running', 'paused', 'failed'].includes(sb.state)) throw failedPrecondition(`sandbox ${id} is ${sb.state}; cannot stop it`);
       this.d.repo.setDesired(id, 'stopped');
       this.d.failpoints.hit('stop.after-intent');
-      await this.driver(sb.backend).stop(sb, this.d.failpoints);
+      await this.driver(sb.backend).stop(sb, this.d.failpoints, { graceMs: sb.state === 'running' ? graceMs : 0 });
       const done = this.d.repo.transition(id, 'stopped', { initPid: null, initStart: null });
       this.d.repo.event('sandbox.stopped', done);
       return done;
@@ -232,12 +246,20 @@ export class SandboxManager {
       timeoutMs: req.timeout_ms,
       maxOutputBytes: this.d.config.maxOutputBytes,
     }).catch(async (e) => {
-      if (isDsecError(e, 'Unavailable') && !(await drv.isAlive(sb))) throw await this.markDead(id);
+      if (!isDsecError(e, 'Unavailable')) throw e;
+      // The agent connection dropped: tell a stop/destroy that raced the command from a dead init.
+      const now = this.d.repo.find(id);
+      if (!now) throw conflict(`sandbox ${id} was destroyed while the command ran`);
+      if (now.desired === 'destroyed' || now.desired === 'stopped' || now.state !== 'running') {
+        throw conflict(`sandbox ${id} was ${now.desired ?? now.state} while the command ran`);
+      }
+      if (!(await drv.isAlive(sb))) throw await this.markDead(id);
       throw e;
     });
     if (r.kind === 'exec_error') {
+      if (r.errno === E2BIG) throw invalidArgument(`sandbox ${id}: argument list and environment are too long for execve (${r.message})`);
       // Shell conventions: 127 command not found, 126 found but not executable.
-      const code = r.errno === 2 ? 127 : 126;
+      const code = r.errno === ENOENT ? 127 : 126;
       return {
         exit_code: code, signal: null, stdout_b64: '', stderr_b64: Buffer.from(`dsec: ${r.message}\n`).toString('base64'),
         stdout_truncated: false, stderr_truncated: false, duration_ms: 0, oom: false, timed_out: false,
@@ -295,6 +317,25 @@ export class SandboxManager {
   }
 
   /**
+   * Finds running sandboxes whose init has exited (killed from outside, or the OOM
+   * killer took the agent) and moves them to `failed`. Cheap: one /proc read per running
+   * sandbox; the runtime is asked only about sandboxes whose init looks gone.
+   * @returns ids marked failed.
+   */
+  async checkLiveness(): Promise<string[]> {
+    const dead: string[] = [];
+    for (const sb of this.d.repo.all()) {
+      if (sb.state !== 'running' || sb.desired !== null || sb.initPid === null) continue;
+      if (procStartTime(sb.initPid) === sb.initStart) continue;
+      const drv = this.d.drivers.get(sb.backend);
+      if (!drv || (await drv.isAlive(sb))) continue;
+      await this.markDead(sb.id);
+      dead.push(sb.id);
+    }
+    return dead;
+  }
+
+  /**
    * Records that a running sandbox's init died on its own (e.g. killed from outside):
    * cleans its runtime state and mounts, moves it to `failed`, and returns the error
    * to give the caller. The writable layer stays; `start` brings the sandbox back.
@@ -302,7 +343,7 @@ export class SandboxManager {
   private async markDead(id: string): Promise<DsecError> {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
-      if (sb.state === 'running' || sb.state === 'paused') {
+      if ((sb.state === 'running' || sb.state === 'paused') && sb.desired === null) {
         await this.driver(sb.backend).stop(sb, this.d.failpoints).catch((e) => this.d.log.warn({ err: e, id }, 'cleanup of dead sandbox failed'));
         const f = this.d.repo.transition(id, 'failed', { initPid: null, initStart: null, error: 'sandbox init exited unexpectedly' });
         this.d.repo.event('sandbox.failed', f, f.error ?? undefined);

@@ -51,6 +51,13 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     ['exec missing id', 'POST', '/v1/sandboxes/0000000000000000/exec', JSON.stringify({ argv: ['true'] }), 404, 'NotFound'],
     ['bad selector', 'GET', '/v1/sandboxes?selector==x', undefined, 400, 'InvalidArgument'],
     ['unknown route', 'GET', '/v1/nothing', undefined, 404, 'NotFound'],
+    ['cpus above the host', 'POST', '/v1/sandboxes', JSON.stringify({ cpus: 200 }), 400, 'InvalidArgument'],
+    ['memory above the host', 'POST', '/v1/sandboxes', JSON.stringify({ memory_bytes: 1024 ** 4 }), 400, 'InvalidArgument'],
+    ['__proto__ label', 'POST', '/v1/sandboxes', '{"labels": {"__proto__": "x"}}', 400, 'InvalidArgument'],
+    ['__proto__ env', 'POST', '/v1/sandboxes', '{"env": {"__proto__": "x"}}', 400, 'InvalidArgument'],
+    ['too many labels', 'POST', '/v1/sandboxes', JSON.stringify({ labels: Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`k${i}`, 'v'])) }), 400, 'InvalidArgument'],
+    ['env too large', 'POST', '/v1/sandboxes', JSON.stringify({ env: { BIG: 'x'.repeat(200_000) } }), 400, 'InvalidArgument'],
+    ['PUT on a resource', 'PUT', '/v1/sandboxes', '{}', 405, 'InvalidArgument'],
   ];
   it.each(cases)('%s -> %s %s answers %i %s', async (_name, method, url, body, status, code) => {
     const before = await d.traces();
@@ -61,6 +68,12 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     expect(r.json.error.message.length).toBeGreaterThan(5);
     const after = await d.traces();
     expect(after).toEqual(before);
+  });
+
+  it('oversized headers and malformed requests get the error shape', async () => {
+    const r = await raw(d, 'GET', '/v1/version', undefined, { 'x-big': 'x'.repeat(100_000) });
+    expect(r.status).toBe(431);
+    expect(r.json.error.code).toBe('InvalidArgument');
   });
 
   it('DELETE on the collection is 405', async () => {

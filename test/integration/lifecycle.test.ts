@@ -215,6 +215,46 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     expect((await d.client.listSandboxes())).toEqual([]);
   });
 
+  it('stop sends SIGTERM first and waits out the grace period before killing', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    try {
+      await d.client.exec(sb.id, { argv: ['sh', '-c', 'sh -c \'trap "echo got-term > /root/term; exit 0" TERM; while true; do sleep 0.1; done\' >/dev/null 2>&1 &'] });
+      await d.client.request('POST', `/v1/sandboxes/${sb.id}/stop`, { timeout_ms: 5000 });
+      await d.client.startSandbox(sb.id);
+      expect((await d.client.exec(sb.id, { argv: ['cat', '/root/term'] })).stdout.toString()).toBe('got-term\n');
+      // timeout_ms 0 kills at once: the trap never runs.
+      await d.client.exec(sb.id, { argv: ['sh', '-c', 'rm /root/term; sh -c \'trap "echo got-term > /root/term; exit 0" TERM; while true; do sleep 0.1; done\' >/dev/null 2>&1 &'] });
+      await d.client.request('POST', `/v1/sandboxes/${sb.id}/stop`, { timeout_ms: 0 });
+      await d.client.startSandbox(sb.id);
+      expect((await d.client.exec(sb.id, { argv: ['ls', '/root/term'] })).exit_code).not.toBe(0);
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
+  it('the reaper notices an init killed from outside without any exec', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    try {
+      process.kill(sb.init_pid!, 'SIGKILL');
+      let state = 'running';
+      for (let i = 0; i < 300 && state === 'running'; i++) {
+        await new Promise((r) => setTimeout(r, 100));
+        state = (await d.client.getSandbox(sb.id)).state;
+      }
+      expect(state).toBe('failed');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
+  it('a stop or destroy that races an exec answers Conflict, not a lost connection', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    const ex = d.client.exec(sb.id, { argv: ['sleep', '30'] }).then(() => null, (e: unknown) => e);
+    await new Promise((r) => setTimeout(r, 300));
+    await d.client.deleteSandbox(sb.id, { force: true });
+    expect(await ex).toMatchObject({ code: 'Conflict', message: expect.stringMatching(/destroyed while the command ran/) });
+  });
+
   it('a sandbox whose init is killed from outside becomes failed, and start brings it back', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox' });
     try {

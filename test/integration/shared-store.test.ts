@@ -56,7 +56,8 @@ describe.skipIf(!IS_ROOT)('shared layer store', () => {
     const top = img.layers[1].slice(7);
     const sb = await b.client.createSandbox({ image: 'leased:1' });
     expect(existsSync(path.join(b.root, 'images-local', 'verified', top))).toBe(true);
-    expect(existsSync(path.join(a.root, 'images-local', 'verified', top))).toBe(false);
+    // A hashed the blob while building it, so it counts as verified there too.
+    expect(existsSync(path.join(a.root, 'images-local', 'verified', top))).toBe(true);
     await a.client.request('DELETE', '/v1/images/leased:1');
     const rep = await a.client.request<{ removed: { digest: string }[] }>('POST', '/v1/images/prune', {});
     expect(rep.removed.map((r) => r.digest)).not.toContain(img.layers[1]);

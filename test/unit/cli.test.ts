@@ -1,116 +1,46 @@
-import { mkdtempSync, rmSync } from 'node:fs';
-import http from 'node:http';
-import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { main } from '../../cli/main.js';
 import type { Event, ExecResult, HostInfo, Sandbox } from '../../sdk/index.js';
+import { Interrupts, Sink, fail, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
 
-// The CLI runs in-process against a tiny fake dsecd (node:http on a temp Unix socket)
-// whose answers each test sets through `route`.
+// The CLI runs in-process against a tiny fake dsecd (test/fixtures/fake-dsecd.ts: node:http
+// on a temp Unix socket) whose answers each test sets through `route`.
 
-interface Seen {
-  method: string;
-  path: string;
-  query: URLSearchParams;
-  body: any;
-}
-type Route = (req: Seen, res: http.ServerResponse) => void | Promise<void>;
-
+let fake: FakeDsecd;
 let dir: string;
 let socketPath: string;
-let server: http.Server;
 let seen: Seen[];
 let routes: Record<string, Route>;
 let onRequest: ((s: Seen) => void) | undefined;
 
 beforeEach(async () => {
-  dir = mkdtempSync(join(tmpdir(), 'dsec-cli-'));
-  socketPath = join(dir, 'dsecd.sock');
-  seen = [];
-  routes = {};
+  fake = await startFakeDsecd();
+  ({ dir, socketPath, seen, routes } = fake);
   onRequest = undefined;
-  server = http.createServer(async (req, res) => {
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
-    const url = new URL(req.url!, 'http://x');
-    const text = Buffer.concat(chunks).toString('utf8');
-    const s: Seen = { method: req.method!, path: url.pathname, query: url.searchParams, body: text ? JSON.parse(text) : undefined };
-    seen.push(s);
-    onRequest?.(s);
-    const key = `${s.method} ${s.path}`;
-    const route = routes[key] ?? routes[`${s.method} ${s.path.replace(/^\/v1\/sandboxes\/[^/]+/, '/v1/sandboxes/:id')}`];
-    if (!route) return json(res, 404, { error: { code: 'NotFound', message: `no route ${key}` } });
-    await route(s, res);
-  });
-  await new Promise<void>((resolve) => server.listen(socketPath, resolve));
+  fake.onRequest = (s) => onRequest?.(s);
 });
 
 afterEach(async () => {
-  server.closeAllConnections();
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  rmSync(dir, { recursive: true, force: true });
+  await fake.close();
 });
-
-function json(res: http.ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
-}
-const ok = (body: unknown, status = 200): Route => (_req, res) => json(res, status, body);
-const fail = (status: number, code: string, message: string): Route => (_req, res) => json(res, status, { error: { code, message } });
-
-/** Collects what the CLI writes. */
-class Sink {
-  chunks: Buffer[] = [];
-  isTTY = false;
-  write(c: string | Uint8Array): boolean {
-    this.chunks.push(typeof c === 'string' ? Buffer.from(c) : Buffer.from(c));
-    return true;
-  }
-  get buf(): Buffer {
-    return Buffer.concat(this.chunks);
-  }
-  get text(): string {
-    return this.buf.toString('utf8');
-  }
-}
 
 interface RunOpts {
   stdin?: Readable & { isTTY?: boolean };
   env?: Record<string, string | undefined>;
   socket?: string | null;
 }
-interface Ran {
-  code: number;
-  out: string;
-  err: string;
-  outBuf: Buffer;
-  errBuf: Buffer;
-}
 
-const interruptHandlers = new Set<(s: NodeJS.Signals) => void>();
+const interrupts = new Interrupts();
+const interruptHandlers = interrupts.handlers;
 function interrupt(sig: NodeJS.Signals = 'SIGINT'): void {
-  for (const h of [...interruptHandlers]) h(sig);
+  interrupts.fire(sig);
 }
 
 /** Runs `dsec --socket <fake> ...args` in-process. */
 async function dsec(args: string[], opts: RunOpts = {}): Promise<Ran> {
-  const stdout = new Sink();
-  const stderr = new Sink();
-  const sock = opts.socket === null ? [] : ['--socket', opts.socket ?? socketPath];
-  const code = await main(['node', 'dsec', ...sock, ...args], {
-    stdout,
-    stderr,
-    stdin: opts.stdin ?? Readable.from([]),
-    env: opts.env ?? {},
-    onInterrupt(h) {
-      interruptHandlers.add(h);
-      return () => interruptHandlers.delete(h);
-    },
-  });
-  return { code, out: stdout.text, err: stderr.text, outBuf: stdout.buf, errBuf: stderr.buf };
+  return runCli(args, { socket: opts.socket === null ? null : opts.socket ?? socketPath, stdin: opts.stdin, env: opts.env, interrupts });
 }
 
 const ID = '0123456789abcdef';
@@ -375,10 +305,11 @@ describe('create, ls, inspect, stop, start', () => {
     expect(r.err).toBe(`dsec: sandbox ${ID} is stopped (Conflict)\nhint: check the sandbox state with \`dsec inspect ID\`\n`);
   });
 
-  it('images lists images', async () => {
-    routes['GET /v1/images'] = ok({ images: [{ name: 'busybox', tag: 'latest', layers: ['sha256:a', 'sha256:b'], created_at: Date.now() - 7_200_000 }] });
+  it('images lists images (an alias of `image ls`)', async () => {
+    const config = { env: [], cwd: '/', user: '0', cmd: ['/bin/sh'] };
+    routes['GET /v1/images'] = ok({ images: [{ ref: 'busybox:latest', name: 'busybox', tag: 'latest', layers: ['sha256:a', 'sha256:b'], config, size_bytes: 3 * 1024 ** 2, created_at: Date.now() - 7_200_000 }] });
     const r = await dsec(['images']);
-    expect(r.out.trimEnd().split('\n')[1].split(/\s+/)).toEqual(['busybox', 'latest', '2', '2h']);
+    expect(r.out.trimEnd().split('\n')[1].split(/\s+/)).toEqual(['busybox:latest', '2', '3MiB', '2h', 'ago']);
     expect(JSON.parse((await dsec(['images', '--json'])).out).images).toHaveLength(1);
   });
 });
@@ -627,10 +558,7 @@ describe('events', () => {
       stderr: new Sink(),
       stdin: Readable.from([]),
       env: {},
-      onInterrupt(h) {
-        interruptHandlers.add(h);
-        return () => interruptHandlers.delete(h);
-      },
+      onInterrupt: interrupts.hook,
     });
     while (stdout.text.split('\n').length < 4) await new Promise((r) => setTimeout(r, 2));
     interrupt('SIGINT');

@@ -1,25 +1,12 @@
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
-import http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DsecApiError, DsecClient, type Event, type Sandbox } from '../../sdk/index.js';
+import { json, startFakeDsecd, type FakeDsecd as Fake, type Route as Handler } from '../fixtures/fake-dsecd.js';
 
-// A tiny stand-in for dsecd: node:http on a temp Unix socket, answering from a handler.
-
-interface Seen {
-  method: string;
-  url: string;
-  body: string;
-}
-type Handler = (req: Seen, res: http.ServerResponse) => void | Promise<void>;
-
-interface Fake {
-  socketPath: string;
-  seen: Seen[];
-  connections: () => number;
-  close: () => Promise<void>;
-}
+// A tiny stand-in for dsecd (test/fixtures/fake-dsecd.ts): node:http on a temp Unix
+// socket, answering from a handler.
 
 const cleanups: (() => Promise<void> | void)[] = [];
 afterEach(async () => {
@@ -27,32 +14,9 @@ afterEach(async () => {
 });
 
 async function fakeDsecd(handler: Handler): Promise<Fake> {
-  const dir = mkdtempSync(join(tmpdir(), 'dsec-sdk-'));
-  const socketPath = join(dir, 'dsecd.sock');
-  const seen: Seen[] = [];
-  let connections = 0;
-  const server = http.createServer(async (req, res) => {
-    const chunks: Buffer[] = [];
-    for await (const c of req) chunks.push(c as Buffer);
-    const s = { method: req.method!, url: req.url!, body: Buffer.concat(chunks).toString('utf8') };
-    seen.push(s);
-    await handler(s, res);
-  });
-  server.on('connection', () => connections++);
-  await new Promise<void>((resolve) => server.listen(socketPath, resolve));
-  const close = async () => {
-    server.closeAllConnections();
-    await new Promise<void>((resolve) => server.close(() => resolve()));
-    rmSync(dir, { recursive: true, force: true });
-  };
-  cleanups.push(close);
-  return { socketPath, seen, connections: () => connections, close };
-}
-
-function json(res: http.ServerResponse, status: number, body: unknown): void {
-  const text = JSON.stringify(body);
-  res.writeHead(status, { 'content-type': 'application/json', 'content-length': Buffer.byteLength(text) });
-  res.end(text);
+  const f = await startFakeDsecd(handler);
+  cleanups.push(f.close);
+  return f;
 }
 
 function client(f: Fake, timeoutMs?: number): DsecClient {
@@ -121,7 +85,7 @@ describe('DsecClient requests', () => {
       'POST /v1/sandboxes/abc/start',
       'GET /v1/images',
     ]);
-    expect(JSON.parse(f.seen[1].body)).toEqual({ image: 'busybox', memory_bytes: 64 << 20, labels: { job: 'a' } });
+    expect(JSON.parse(f.seen[1].text)).toEqual({ image: 'busybox', memory_bytes: 64 << 20, labels: { job: 'a' } });
     expect(new URLSearchParams(f.seen[2].url.split('?')[1]).get('selector')).toBe('job=a,round=3');
   });
 
@@ -183,14 +147,14 @@ describe('DsecClient requests', () => {
     expect(r.stderr.toString()).toBe('warn\n');
     expect(r.stdout_b64).toBe(out.toString('base64'));
     expect(f.seen[0].url).toBe('/v1/sandboxes/abc/exec');
-    expect(JSON.parse(f.seen[0].body)).toEqual({ argv: ['sh', '-c', 'exit 3'], env: { A: '1' }, cwd: '/tmp', user: '1000:1000', stdin_b64: 'AQID', timeout_ms: 2000 });
+    expect(JSON.parse(f.seen[0].text)).toEqual({ argv: ['sh', '-c', 'exit 3'], env: { A: '1' }, cwd: '/tmp', user: '1000:1000', stdin_b64: 'AQID', timeout_ms: 2000 });
 
     await c.exec('abc', { argv: ['cat'], stdin: 'héllo' });
-    expect(JSON.parse(f.seen[1].body)).toEqual({ argv: ['cat'], stdin_b64: Buffer.from('héllo').toString('base64') });
+    expect(JSON.parse(f.seen[1].text)).toEqual({ argv: ['cat'], stdin_b64: Buffer.from('héllo').toString('base64') });
   });
 
   it('request<T> is usable for any route', async () => {
-    const f = await fakeDsecd((req, res) => json(res, 200, { echo: JSON.parse(req.body) }));
+    const f = await fakeDsecd((req, res) => json(res, 200, { echo: JSON.parse(req.text) }));
     const c = client(f);
     expect(await c.request<{ echo: unknown }>('POST', '/v1/anything', { a: 1 })).toEqual({ echo: { a: 1 } });
   });

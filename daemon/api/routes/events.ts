@@ -12,8 +12,12 @@ const eventsRoute = route({
   query: EventsQuery, status: 200, response: Event, ndjson: true, errors: ['InvalidArgument'],
 });
 
-/** Registers the events route. */
+/** Registers the events route. Followed streams end when the server closes. */
 export function registerEventRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const followers = new Set<{ end(): void }>();
+  app.addHook('preClose', async () => {
+    for (const f of followers) f.end();
+  });
   app.get(eventsRoute.url, async (req, reply) => {
     const q = parseWith(EventsQuery, req.query, 'query');
     let match: (l: Record<string, string>) => boolean;
@@ -35,11 +39,13 @@ export function registerEventRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const off = deps.repo.onEvent((e) => {
       if (ok(e)) res.write(JSON.stringify(e) + '\n');
     });
+    followers.add(res);
     // A comment-free keepalive: an empty line every 15 s lets clients notice a dead daemon.
     const ka = setInterval(() => res.write('\n'), 15_000);
     req.raw.on('close', () => {
       off();
       clearInterval(ka);
+      followers.delete(res);
     });
   });
 }

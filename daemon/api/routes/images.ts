@@ -12,10 +12,8 @@ import {
 import { parseWith } from '../server.js';
 import { DsecError, invalidArgument } from '../../errors.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
-// TEMP-STUB: replaced by the real imports once daemon/image/import/oci.ts and bootstrap.ts land.
-const importArchive = async (..._a: unknown[]): Promise<ImageManifest> => { throw new DsecError('Unimplemented', 'OCI import not built yet'); };
-const importTar = importArchive;
-const bootstrapDebian = async (..._a: unknown[]): Promise<ImageManifest> => { throw new DsecError('Unimplemented', 'bootstrap not built yet'); };
+import { importArchive, importTar, type ImportProgress } from '../../image/import/oci.js';
+import { bootstrapDebian } from '../../image/bootstrap.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 import type { z } from 'zod';
@@ -116,7 +114,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
         };
         await store.putManifest(m);
       } else {
-        const onProgress = (p: Record<string, unknown>) => progress(p);
+        const onProgress = (p: ImportProgress) => progress({ ...p });
         m = body.type === 'tar' ? await importTar(store, body.path, { name, tag, onProgress }) : await importArchive(store, body.path, { name, tag, onProgress });
         if (body.config) {
           m = { ...m, config: mergeConfig(m.config, body.config) };

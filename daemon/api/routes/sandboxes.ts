@@ -1,6 +1,6 @@
 /** The sandbox resource: create, list, get, destroy, stop, start, exec. */
 import type { FastifyInstance } from 'fastify';
-import { CreateSandboxRequest, DeleteQuery, ExecRequest, ExecResult, ListQuery, Sandbox, SandboxList } from '../schema.js';
+import { CreateSandboxRequest, DeleteQuery, ExecRequest, ExecResult, ListQuery, Sandbox, SandboxList, StopRequest } from '../schema.js';
 import { parseWith } from '../server.js';
 import { toApi } from '../../sandbox/repo.js';
 import { route } from './table.js';
@@ -16,7 +16,10 @@ const deleteRoute = route({
   method: 'DELETE', url: '/v1/sandboxes/:id', summary: 'Destroy a sandbox (force=true to destroy a running one).', query: DeleteQuery, status: 200, response: Sandbox,
   errors: ['NotFound', 'FailedPrecondition'],
 });
-const stopRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/stop', summary: 'Stop every process; the writable layer stays.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
+const stopRoute = route({
+  method: 'POST', url: '/v1/sandboxes/:id/stop', summary: 'Stop every process (SIGTERM, then SIGKILL after timeout_ms); the writable layer stays.', body: StopRequest,
+  status: 200, response: Sandbox, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'],
+});
 const startRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/start', summary: 'Start a stopped sandbox on its writable layer.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
 const execRoute = route({
   method: 'POST', url: '/v1/sandboxes/:id/exec', summary: 'Run a command to completion inside the sandbox.', body: ExecRequest, status: 200, response: ExecResult,
@@ -44,7 +47,10 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
     const q = parseWith(DeleteQuery, req.query, 'query');
     return toApi(await m.destroy(req.params.id, q.force === 'true' || q.force === '1'));
   });
-  app.post<{ Params: { id: string } }>(stopRoute.url, async (req) => toApi(await m.stop(req.params.id)));
+  app.post<{ Params: { id: string } }>(stopRoute.url, async (req) => {
+    const body = parseWith(StopRequest, req.body ?? {}, 'stop request');
+    return toApi(await m.stop(req.params.id, body.timeout_ms));
+  });
   app.post<{ Params: { id: string } }>(startRoute.url, async (req) => toApi(await m.start(req.params.id)));
   app.post<{ Params: { id: string } }>(execRoute.url, async (req) => {
     const body = parseWith(ExecRequest, req.body, 'exec request');

@@ -12,7 +12,7 @@
  */
 import net from 'node:net';
 import { closeSync, openSync } from 'node:fs';
-import { mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { constants as osConstants } from 'node:os';
 import type { Logger } from 'pino';
@@ -71,7 +71,11 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
-    await mkdir(this.dir(sb.id), { recursive: true, mode: 0o711 });
+    // Owned by the sandbox's base uid, mode 0700: its init (that uid, in its user
+    // namespace) can reach rootfs/, no other local user can enter.
+    await mkdir(this.dir(sb.id), { recursive: true, mode: 0o700 });
+    await chown(this.dir(sb.id), sb.uidBase!, sb.uidBase!);
+    await chmod(this.dir(sb.id), 0o700);
     await this.mountRootfs(sb, fp, 'create');
     return this.launch(sb, fp, 'create');
   }
@@ -187,7 +191,8 @@ export class ContainerDriver implements SandboxDriver {
     if (p) await p.then((c) => c.close()).catch(() => {});
   }
 
-  async stop(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+  async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+    if (opts.graceMs && opts.graceMs > 0 && sb.initPid) await this.terminate(sb, opts.graceMs);
     await this.dropAgent(sb.id);
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('stop.after-kill');
@@ -195,6 +200,21 @@ export class ContainerDriver implements SandboxDriver {
     await this.d.cgroups.remove(sb.id);
     await teardownRootfs(this.dir(sb.id));
     await this.releaseLayers(sb.id);
+  }
+
+  /**
+   * Sends SIGTERM to every process of the sandbox except its init (the agent) and waits
+   * up to `graceMs` for them to exit, polling the cgroup every 50 ms.
+   */
+  private async terminate(sb: SandboxRecord, graceMs: number): Promise<void> {
+    const others = async () => (await this.d.cgroups.pids(sb.id).catch(() => [] as number[])).filter((p) => p !== sb.initPid);
+    for (const pid of await others()) {
+      try {
+        process.kill(pid, 'SIGTERM');
+      } catch { /* already gone */ }
+    }
+    const deadline = Date.now() + graceMs;
+    while (Date.now() < deadline && (await others()).length > 0) await new Promise((r) => setTimeout(r, 50));
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
@@ -235,7 +255,10 @@ export class ContainerDriver implements SandboxDriver {
     if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
       throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
     }
-    return { ...res, oom: oomAfter > oomBefore };
+    // The counter is per sandbox: attribute an OOM kill to this exec only when the
+    // command itself died of SIGKILL while the counter rose.
+    const oom = oomAfter > oomBefore && res.kind === 'exit' && res.signal === 9;
+    return { ...res, oom };
   }
 
   /** Signal number -> name (e.g. 9 -> SIGKILL). */

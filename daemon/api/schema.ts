@@ -249,6 +249,7 @@ export const ImportRequest = z
     path: z.string().startsWith('/').describe('Absolute path on the daemon host.'),
     image: ImageRef.describe('Name for the result, name[:tag].'),
     base: ImageRef.optional().describe('dir only: put the new layer on top of this image (its config is kept).'),
+    source_ref: z.string().max(255).optional().describe('oci only: which image of a multi-image archive (its ref name, e.g. localhost/app:1).'),
     config: ImageConfig.partial().strict().optional().describe('Overrides of the image config.'),
   })
   .strict();

@@ -101,6 +101,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const body = parseWith(ImportRequest, req.body, 'import request');
     const { name, tag } = parseRef(body.image);
     if (body.base && body.type !== 'dir') throw invalidArgument('base is only supported with type "dir"');
+    if (body.source_ref && body.type !== 'oci') throw invalidArgument('source_ref is only supported with type "oci"');
     return runLong(req, reply, deps.log, async (progress) => {
       let m: ImageManifest;
       if (body.type === 'dir') {
@@ -115,7 +116,9 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
         await store.putManifest(m);
       } else {
         const onProgress = (p: ImportProgress) => progress({ ...p });
-        m = body.type === 'tar' ? await importTar(store, body.path, { name, tag, onProgress }) : await importArchive(store, body.path, { name, tag, onProgress });
+        m = body.type === 'tar'
+          ? await importTar(store, body.path, { name, tag, onProgress })
+          : await importArchive(store, body.path, { name, tag, ref: body.source_ref, onProgress });
         if (body.config) {
           m = { ...m, config: mergeConfig(m.config, body.config) };
           await store.putManifest(m);

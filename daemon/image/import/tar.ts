@@ -213,7 +213,7 @@ class Extractor {
   /** Final mode and mtime of directories from their entries, applied at the end. */
   private readonly dirMeta = new Map<string, { mode: number; mtime: Date }>();
   /** kind of change -> count and first example, for the report. */
-  private readonly notes = new Map<string, { count: number; example: string }>();
+  private readonly notes = new Map<string, { count: number; example?: string }>();
   /** Background fd work of files (see MAX_INFLIGHT_FILES). */
   private readonly inflight = new Set<Promise<void>>();
 
@@ -226,14 +226,17 @@ class Extractor {
     return rel === '' ? this.root : `${this.root}/${rel}`;
   }
 
-  note(what: string, example: string): void {
+  /** Records a change made instead of a refusal; `example` is the entry path (none for archive-wide notes). */
+  note(what: string, example?: string): void {
     const n = this.notes.get(what);
     if (n) n.count++;
     else this.notes.set(what, { count: 1, example });
   }
 
   sanitised(): string[] {
-    return [...this.notes].map(([what, n]) => `${what} (${n.count} ${n.count === 1 ? 'entry' : 'entries'}, e.g. ${JSON.stringify(n.example)})`);
+    return [...this.notes].map(([what, n]) =>
+      n.example === undefined ? what : `${what} (${n.count} ${n.count === 1 ? 'entry' : 'entries'}, e.g. ${JSON.stringify(n.example)})`,
+    );
   }
 
   /** Handles one entry; consumes (or resumes) its body. Errors carry the entry path. */
@@ -577,7 +580,7 @@ class Extractor {
       await chmod(this.abs(rel), m.mode);
       await lutimes(this.abs(rel), m.mtime, m.mtime);
     }
-    if (!this.asRoot && this.entries > 0) this.note('ownership not applied: not running as root', '.');
+    if (!this.asRoot && this.entries > 0) this.note('ownership not applied: not running as root');
   }
 }
 
@@ -721,13 +724,19 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
       });
       cleanups.push(() => from.destroy(), () => child.kill());
       tarChunks = (async function* () {
-        yield* child.stdout! as AsyncIterable<Buffer>;
+        let streamError: unknown;
+        try {
+          yield* child.stdout! as AsyncIterable<Buffer>;
+        } catch (e) {
+          streamError = e; // the exit status below says more
+        }
         const r = await child;
-        if (inputError) throw inputError;
         if ((r as { code?: string }).code === 'ENOENT') {
           throw new DsecError('FailedPrecondition', 'zstd not found: install the Debian package "zstd" to import zstd-compressed layers');
         }
+        if (inputError) throw inputError;
         if (r.failed) throw new DsecError('InvalidArgument', `zstd could not decompress the tar: ${zstdStderr.trim() || r.message}`);
+        if (streamError) throw streamError;
       })();
     } else {
       tarChunks = tapped(head);

@@ -7,6 +7,8 @@
  * 125 when dsec itself failed (API error, usage error, missing socket, bug).
  * `--help` anywhere exits 0. A usage error is one line; an API or user error is
  * `dsec: <message>` plus a `hint:` line; only a bug under DSEC_DEBUG=1 shows a stack.
+ * With `--json`, every such failure is also written to stdout as one line
+ * `{"error": {"code", "message", "hint"}}`.
  */
 import { Command, CommanderError } from 'commander';
 import * as commit from './commands/commit.js';
@@ -34,7 +36,7 @@ import * as start from './commands/start.js';
 import * as stop from './commands/stop.js';
 import * as version from './commands/version.js';
 import { Ctx } from './util/context.js';
-import { EXIT, reportError } from './util/errors.js';
+import { EXIT, UserError, reportError, writeJsonError } from './util/errors.js';
 import { exitQuietlyOnEpipe, processIO, type CliIO } from './util/io.js';
 
 /** Everything `main` touches outside itself; each field defaults to the real process's. */
@@ -99,14 +101,19 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   });
   program.hook('preAction', (_root, action) => {
     ctx.verb = commandPath(action);
+    if (ctx.globals.socket === '') {
+      throw new UserError('empty --socket', 'pass --socket PATH, or leave it out to use $DSEC_SOCKET or /run/dsec/dsecd.sock');
+    }
   });
 
   try {
     await program.parseAsync(argv, { from: 'node' });
     return ctx.exitCode;
   } catch (e) {
-    if (e instanceof CommanderError) return usageError(e, usageCommand, helpAsError, io);
-    return reportError(e, io.stderr, ctx.verb || 'dsec', ctx.debug);
+    // --json may not be parsed yet when a flag before it fails; then look at argv.
+    const jsonOut = ctx.json || jsonRequested(argv) ? io.stdout : undefined;
+    if (e instanceof CommanderError) return usageError(e, usageCommand, helpAsError, io, jsonOut);
+    return reportError(e, io.stderr, ctx.verb || 'dsec', ctx.debug, jsonOut);
   } finally {
     ctx.close();
   }
@@ -127,12 +134,22 @@ function resolveIO(overrides: MainIO): CliIO {
   };
 }
 
+/** True when `--json` appears among dsec's own arguments (before any `--`). */
+function jsonRequested(argv: string[]): boolean {
+  for (const a of argv.slice(2)) {
+    if (a === '--') return false;
+    if (a === '--json') return true;
+  }
+  return false;
+}
+
 /**
  * Prints a commander error as one line and returns its exit code: 0 for help that was
  * asked for (`--help`, `help VERB`), else 125. `helpAsError`: commander wanted to show
- * help on stderr because a subcommand was missing.
+ * help on stderr because a subcommand was missing. `jsonOut` (stdout under `--json`)
+ * also receives `{"error": {...}}`.
  */
-function usageError(e: CommanderError, cmd: Command, helpAsError: boolean, io: CliIO): number {
+function usageError(e: CommanderError, cmd: Command, helpAsError: boolean, io: CliIO, jsonOut?: CliIO['stdout']): number {
   if (e.code === 'commander.helpDisplayed' || e.code === 'commander.version') return EXIT.ok;
   if (e.code === 'commander.help' && !helpAsError) return EXIT.ok;
   const path = commandPath(cmd);
@@ -146,6 +163,7 @@ function usageError(e: CommanderError, cmd: Command, helpAsError: boolean, io: C
     if (e.code === 'commander.unknownOption' && (path === 'exec' || path === 'run')) msg += ' (put the command after --, e.g. -- ls -la)';
   }
   io.stderr.write(`dsec: ${msg}; see \`${help}\`\n`);
+  if (jsonOut) writeJsonError(jsonOut, { code: 'InvalidArgument', message: msg, hint: `see \`${help}\`` });
   return EXIT.failure;
 }
 

@@ -188,7 +188,11 @@ export interface DsecClientOptions {
 
 /** Query of {@link DsecClient.listSandboxes}. */
 export interface ListSandboxesQuery {
-  /** Label selector `k=v,k2=v2`; a sandbox matches when all pairs match. */
+  /**
+   * Label selector: comma-separated terms `k=v` (label k is v), `k!=v` (k is not v, or
+   * absent) and `k` (has label k); a sandbox matches when all terms match. A malformed
+   * selector is `InvalidArgument`.
+   */
   selector?: string;
   /** Only sandboxes in this state, e.g. `running`. */
   state?: SandboxState | string;
@@ -198,6 +202,17 @@ export interface ListSandboxesQuery {
 export interface DeleteSandboxOptions {
   /** Destroy even when running (its processes are killed). */
   force?: boolean;
+}
+
+/** Options of {@link DsecClient.stopSandbox}. */
+export interface StopSandboxOptions {
+  /**
+   * Grace period between SIGTERM and SIGKILL, ms (0 to 24 h); `0` kills at once. When
+   * unset no body is sent and dsecd uses its default (10 s).
+   */
+  timeoutMs?: number;
+  /** Abort the HTTP call (the promise rejects with the signal's reason); dsecd may still stop the sandbox. */
+  signal?: AbortSignal;
 }
 
 /** A command to run with {@link DsecClient.exec}. */
@@ -228,7 +243,7 @@ export interface ExecOutput extends ExecResult {
 
 /** Query of {@link DsecClient.events}. */
 export interface EventsQuery {
-  /** Only events of sandboxes whose labels match this selector, `k=v,k2=v2`. */
+  /** Only events of sandboxes whose labels match this selector (`k=v`, `k!=v`, `k` terms, comma-separated; see {@link ListSandboxesQuery.selector}). */
   selector?: string;
   /** Keep the stream open and yield new events as they happen (until aborted). */
   follow?: boolean;
@@ -364,9 +379,17 @@ export class DsecClient {
     return this.request<Sandbox>('DELETE', sandboxPath(id) + query({ force: opts.force ? 'true' : undefined }));
   }
 
-  /** POST /v1/sandboxes/{id}/stop: stops the sandbox's processes; resolves with it stopped. Errors: `NotFound`, `Conflict`. */
-  stopSandbox(id: string): Promise<Sandbox> {
-    return this.request<Sandbox>('POST', sandboxPath(id) + '/stop');
+  /**
+   * POST /v1/sandboxes/{id}/stop: stops the sandbox's processes (SIGTERM, then SIGKILL
+   * after the grace period; the writable layer stays); resolves with it stopped. The body
+   * `{timeout_ms}` is sent only when `opts.timeoutMs` is given (dsecd's default grace is
+   * 10 s; `0` kills at once). The HTTP deadline is the grace plus the client's `timeoutMs`.
+   * Errors: `NotFound`, `FailedPrecondition` (not running), `InvalidArgument` (grace out of range).
+   */
+  stopSandbox(id: string, opts: StopSandboxOptions = {}): Promise<Sandbox> {
+    if (opts.timeoutMs === undefined) return this.request<Sandbox>('POST', sandboxPath(id) + '/stop', undefined, { signal: opts.signal });
+    const deadline = this.timeoutMs > 0 ? opts.timeoutMs + this.timeoutMs : 0;
+    return this.request<Sandbox>('POST', sandboxPath(id) + '/stop', { timeout_ms: opts.timeoutMs }, { signal: opts.signal, timeoutMs: deadline });
   }
 
   /** POST /v1/sandboxes/{id}/start: starts a stopped sandbox; resolves with it running. Errors: `NotFound`, `Conflict`. */

@@ -40,5 +40,6 @@ export type {
   RequestOptions,
   Sandbox,
   SandboxState,
+  StopSandboxOptions,
   VersionInfo,
 } from './client.js';

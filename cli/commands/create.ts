@@ -43,11 +43,11 @@ function parseBackend(text: string): string {
   return text;
 }
 
-/** Parses `--ttl DUR` into ms: at least 1s, at most 30 days. */
+/** Parses `--ttl DUR` into ms: at least 1s, at most 30 days; a unit is required. */
 function parseTtl(text: string): number {
-  const ms = parseDuration(text);
-  if (ms < 1000) throw new UserError(`TTL must be at least 1s, got ${JSON.stringify(text)}`);
-  if (ms > MAX_TTL_MS) throw new UserError(`TTL ${JSON.stringify(text)} is longer than 30 days`);
+  const ms = parseDuration(text, '--ttl');
+  if (ms < 1000) throw new UserError(`--ttl must be at least 1s, got ${JSON.stringify(text)}`, 'e.g. --ttl 10m');
+  if (ms > MAX_TTL_MS) throw new UserError(`--ttl ${JSON.stringify(text)} is longer than 30 days`);
   return ms;
 }
 
@@ -59,9 +59,9 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
     .option('--memory <size>', 'memory limit: bytes or K/M/G (binary), e.g. 512M', flag('--memory', parseSize))
     .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
-    .option('--label <k=v>', 'label, repeatable', flag('--label', collectLabel))
-    .option('--env <K=V>', 'environment for every exec, repeatable', flag('--env', collectEnv))
-    .option('--ttl <dur>', 'destroy the sandbox this long after creation (e.g. 10m, 2h; whole seconds)', flag('--ttl', parseTtl));
+    .option('--label <k=v>', 'label, repeatable (each key once)', flag('--label', collectLabel))
+    .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
+    .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl));
 }
 
 /** The API request for parsed create flags; unset flags are left to the daemon's defaults. A TTL is rounded up to whole seconds. */

@@ -1,5 +1,5 @@
 /**
- * `dsec events [-f] [--selector k=v,...] [--since DUR]`: sandbox lifecycle events as
+ * `dsec events [-f] [--selector SEL] [--since DUR]`: sandbox lifecycle events as
  * lines `TIME TYPE SANDBOX STATE`, or NDJSON (one Event per line) with --json. With -f
  * it follows until SIGINT/SIGTERM (exit 128+N).
  */
@@ -17,8 +17,8 @@ export function register(parent: Command, ctx: Ctx): Command {
     .command('events')
     .description('print sandbox events; -f follows new ones')
     .option('-f, --follow', 'keep printing new events until interrupted')
-    .option('--selector <k=v,...>', 'only events of sandboxes whose labels match', flag('--selector', parseSelector))
-    .option('--since <dur>', 'only events from this long ago onwards (e.g. 10m)', flag('--since', parseDuration))
+    .option('--selector <sel>', 'only events of sandboxes whose labels match all terms: k=v, k!=v or k (has key), comma-separated', flag('--selector', parseSelector))
+    .option('--since <dur>', 'only events from this long ago onwards; a number with a unit, s, m, h or d (e.g. 10m, 2h)', flag('--since', (t: string) => parseDuration(t, '--since')))
     .action(async (opts: { follow?: boolean; selector?: string; since?: number }) => {
       const abort = new AbortController();
       let interrupted: NodeJS.Signals | undefined;

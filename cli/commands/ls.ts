@@ -24,7 +24,7 @@ export function register(parent: Command, ctx: Ctx): Command {
   return parent
     .command('ls')
     .description('list sandboxes')
-    .option('--selector <k=v,...>', 'only sandboxes whose labels match all pairs', flag('--selector', parseSelector))
+    .option('--selector <sel>', 'only sandboxes whose labels match all terms: k=v, k!=v or k (has key), comma-separated', flag('--selector', parseSelector))
     .option('--state <state>', `only sandboxes in this state: ${STATES.join(', ')}`, flag('--state', parseState))
     .option('-q, --quiet', 'print only ids')
     .action(async (opts: { selector?: string; state?: string; quiet?: boolean }) => {

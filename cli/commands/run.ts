@@ -8,7 +8,7 @@
 import type { Command } from 'commander';
 import { DsecApiError, type Sandbox } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
-import { EXIT, UserError, hintFor } from '../util/errors.js';
+import { EXIT, UserError, apiErrorHint } from '../util/errors.js';
 import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
 import { addCreateOptions, createRequest, type CreateFlags } from './create.js';
 import { addCommandOptions, type ExecFlags } from './exec.js';
@@ -37,7 +37,7 @@ export function register(parent: Command, ctx: Ctx): Command {
       sandbox = await client.createSandbox(createRequest(flags));
       if (interrupted) return;
       if (sandbox.state === 'failed') {
-        throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports');
+        throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports', 'FailedPrecondition');
       }
       let result;
       try {
@@ -69,6 +69,6 @@ async function destroy(ctx: Ctx, id: string): Promise<void> {
     if (!(e instanceof DsecApiError)) throw e;
     if (e.code === 'NotFound') return; // already gone (e.g. its TTL fired)
     ctx.err(`dsec: warning: could not destroy sandbox ${id}: ${e.message} (${e.code})\n`);
-    ctx.err(`hint: remove it with \`dsec rm -f ${id}\`; ${hintFor(e.code, 'rm')}\n`);
+    ctx.err(`hint: remove it with \`dsec rm -f ${id}\`; ${apiErrorHint(e, 'rm')}\n`);
   }
 }

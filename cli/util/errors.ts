@@ -8,9 +8,13 @@
  *
  * Both exit {@link EXIT.failure} (125), the code meaning "dsec itself failed" (as in
  * `env`, `chroot`, `docker run`), so it never collides with a command's own exit code.
+ * With `--json` the same failure is also written to stdout as one line
+ * `{"error": {"code", "message", "hint"}}` ({@link ErrorDoc}), so a script reading stdout
+ * always gets JSON.
  */
 import { DsecApiError, type ErrorKind } from '../../sdk/index.js';
 import type { OutStream } from './io.js';
+import { writeJsonLine } from './output.js';
 
 /** Exit codes of the CLI; `exec` and `run` otherwise pass the command's code through. */
 export const EXIT = {
@@ -32,33 +36,61 @@ export const EXIT = {
 export class UserError extends Error {
   /** One line telling the user what to do next, printed as `hint: ...`; optional. */
   readonly hint?: string;
+  /** Error kind reported by `--json` (`InvalidArgument` unless the thrower knows better). */
+  readonly code: ErrorKind;
 
   /**
    * @param message what is wrong, naming the flag or value
    * @param hint what to do about it
+   * @param code error kind for `--json`; default `InvalidArgument`
    */
-  constructor(message: string, hint?: string) {
+  constructor(message: string, hint?: string, code: ErrorKind = 'InvalidArgument') {
     super(message);
     this.name = 'UserError';
     this.hint = hint;
+    this.code = code;
   }
+}
+
+/** What the CLI knows about an API error beyond its kind; see {@link hintFor}. */
+export interface ErrorDetail {
+  /** HTTP status of dsecd's answer; 0 (or unset) when dsecd never answered. */
+  status?: number;
+  /** errno code of the failed connection (`ENOENT`, `EACCES`, ...), when there was one. */
+  errno?: string;
+  /** The error's message (tells an agent failure from other daemon-side ones). */
+  message?: string;
+}
+
+/** Where dsecd logs, under systemd and without it (docs/OPERATIONS.md). */
+const LOG_HINT = "see dsecd's log (journalctl -u dsecd, or /var/log/dsecd.log without systemd)";
+/** Connection refused or no socket: dsecd is not running (or --socket names the wrong path). */
+const START_HINT = "start dsecd (systemctl start dsecd, or see docs/OPERATIONS.md 'Without systemd')";
+/** Permission denied on the socket. */
+const PERMISSION_HINT = 'the socket is root:dsec 0660: run as root or join the dsec group';
+/** dsecd answered Unavailable because it lost (or never got) the sandbox's agent. */
+const AGENT_HINT = "the sandbox's agent is unreachable; `dsec inspect ID` shows its state";
+
+/** The errno code behind a client-side API error (from its `cause`), if any. */
+export function errnoOf(err: DsecApiError): string | undefined {
+  const c = (err as { cause?: unknown }).cause as { code?: unknown } | undefined;
+  return typeof c?.code === 'string' ? c.code : undefined;
 }
 
 /**
  * The hint printed under an API error of kind `code` raised while running `verb`
- * (e.g. `ls`, `host info`, `image build`). `status` is the error's HTTP status: 0 when
- * dsecd was never reached (so `Unavailable` means dsecd is down), else dsecd's own
- * answer (so `Unavailable` names something dsecd needs).
+ * (e.g. `ls`, `host info`, `image build`). `detail` tells apart, for `Unavailable`,
+ * dsecd not running (no answer; ENOENT/ECONNREFUSED), a socket we may not open
+ * (EACCES/EPERM), a connection that broke, and dsecd's own answer (an agent it cannot
+ * reach, or something else it needs). A bare number is taken as the HTTP status.
  */
-export function hintFor(code: ErrorKind, verb: string, status?: number): string {
+export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | number = {}): string {
+  const d: ErrorDetail = typeof detail === 'number' ? { status: detail } : detail;
   const image = verb === 'images' || verb.startsWith('image ');
   const layer = verb.startsWith('layer ');
   switch (code) {
     case 'Unavailable':
-      if (verb === 'image bootstrap' && status !== undefined && status !== 0) {
-        return 'dsecd could not run debootstrap or reach the Debian mirror; see its log (journalctl -u dsecd)';
-      }
-      return 'start dsecd (systemctl start dsecd) or pass --socket';
+      return unavailableHint(verb, d, image || layer);
     case 'NotFound':
       if (verb === 'image build') return 'dsecd reads DIR on its own host: check it exists there; `dsec image ls` lists images for --base';
       if (verb === 'image import') return 'dsecd reads PATH on its own host: check it exists there';
@@ -67,21 +99,23 @@ export function hintFor(code: ErrorKind, verb: string, status?: number): string 
       if (layer) return 'list layers with `dsec layer ls`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
-      return `see \`dsec ${verb} --help\``;
+      return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;
     case 'AlreadyExists':
       if (image || layer || verb === 'commit') return 'list images with `dsec image ls`; pick another name or remove the old one with `dsec image rm`';
       return 'list existing sandboxes with `dsec ls`';
     case 'Conflict':
+      // Another operation changed the sandbox (or image) under this one; the message says which.
+      if (image || layer) return 'retry, or see `dsec image ls` and `dsec layer ls` for what uses it';
+      return 'retry, or check `dsec inspect ID`';
     case 'FailedPrecondition':
       if (image || layer) return 'see `dsec image ls` and `dsec layer ls` for what uses it';
-      return verb === 'rm'
-        ? 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway'
-        : 'check the sandbox state with `dsec inspect ID`';
+      if (verb === 'rm') return 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway';
+      return 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';
       return 'remove idle sandboxes (`dsec ls`, `dsec rm`) or retry later; `dsec host info` shows capacity';
     case 'Internal':
-      return 'this is a dsecd bug; see its log (journalctl -u dsecd) and report it';
+      return LOG_HINT;
     case 'Unimplemented':
       if (image || layer) return 'this dsecd does not support that yet; upgrade dsecd';
       return '`dsec host info` lists which backends this host supports';
@@ -90,27 +124,81 @@ export function hintFor(code: ErrorKind, verb: string, status?: number): string 
   }
 }
 
+/** The hint of an `Unavailable` error; see {@link hintFor}. */
+function unavailableHint(verb: string, d: ErrorDetail, imageOrLayer: boolean): string {
+  if (!d.status) {
+    // dsecd never answered: the connection failed, or broke before an answer.
+    switch (d.errno) {
+      case 'ENOENT':
+      case 'ECONNREFUSED':
+      case 'ENOTSOCK':
+        return START_HINT;
+      case 'EACCES':
+      case 'EPERM':
+        return PERMISSION_HINT;
+      default:
+        // Nothing known (a caller without detail): the usual reason is a stopped dsecd.
+        if (d.errno === undefined && d.status === undefined) return START_HINT;
+        return `the connection to dsecd broke (did it restart?); ${LOG_HINT}`;
+    }
+  }
+  // dsecd's own answer: something it needs is unreachable. For a sandbox that is its
+  // agent ("cannot reach its agent", "agent connection lost", "exec interrupted").
+  if (verb === 'image bootstrap') return `dsecd could not run debootstrap or reach the Debian mirror; ${LOG_HINT}`;
+  if (!imageOrLayer && (verb === 'exec' || /\bagent\b|exec interrupted/.test(d.message ?? ''))) return AGENT_HINT;
+  return `dsecd could not use something it needs (named above); ${LOG_HINT}`;
+}
+
+/** The hint of an API error raised while running `verb`. */
+export function apiErrorHint(err: DsecApiError, verb: string): string {
+  return hintFor(err.code, verb, { status: err.status, errno: errnoOf(err), message: err.message });
+}
+
 /** Writes the two-line report of an API error: `dsec: <message> (<code>)` and its hint. */
 export function reportApiError(err: DsecApiError, stderr: OutStream, verb: string, prefix = ''): void {
   stderr.write(`dsec: ${prefix}${err.message} (${err.code})\n`);
-  stderr.write(`hint: ${hintFor(err.code, verb, err.status)}\n`);
+  stderr.write(`hint: ${apiErrorHint(err, verb)}\n`);
 }
+
+/** The error object of `--json` output: `{"error": ErrorDoc}`. `hint` is null when there is none. */
+export interface ErrorDoc {
+  /** Error kind; `InvalidArgument` for usage and user errors, `Internal` for a bug in dsec. */
+  code: ErrorKind;
+  /** What failed, as on stderr (without the `dsec: ` prefix and the `(Code)` suffix). */
+  message: string;
+  /** What to do about it, as on the `hint:` line. */
+  hint: string | null;
+}
+
+/** Writes `{"error": doc}` as one JSON line (a `--json` run's stdout on failure). */
+export function writeJsonError(out: OutStream, doc: ErrorDoc): void {
+  writeJsonLine(out, { error: doc });
+}
+
+/** The message of a bug (anything that is neither an API nor a user error). */
+const BUG_HINT = 'this is a bug in dsec; please report it with the command you ran';
 
 /**
  * Reports any error thrown while running a verb and returns the exit code (always 125).
- * `debug` (DSEC_DEBUG=1) adds the stack of a bug.
+ * `debug` (DSEC_DEBUG=1) adds the stack of a bug. `jsonOut` (stdout under `--json`)
+ * also receives the error as `{"error": {code, message, hint}}`.
  */
-export function reportError(err: unknown, stderr: OutStream, verb: string, debug: boolean): number {
+export function reportError(err: unknown, stderr: OutStream, verb: string, debug: boolean, jsonOut?: OutStream): number {
+  let doc: ErrorDoc;
   if (err instanceof DsecApiError) {
     reportApiError(err, stderr, verb);
+    doc = { code: err.code, message: err.message, hint: apiErrorHint(err, verb) };
   } else if (err instanceof UserError) {
     stderr.write(`dsec: ${err.message}\n`);
     if (err.hint) stderr.write(`hint: ${err.hint}\n`);
+    doc = { code: err.code, message: err.message, hint: err.hint ?? null };
   } else {
     const msg = err instanceof Error ? err.message : String(err);
     stderr.write(`dsec: internal error: ${msg}\n`);
-    stderr.write('this is a bug in dsec; please report it with the command you ran' + (debug ? '' : ' (DSEC_DEBUG=1 shows the stack)') + '\n');
+    stderr.write(BUG_HINT + (debug ? '' : ' (DSEC_DEBUG=1 shows the stack)') + '\n');
     if (debug && err instanceof Error && err.stack) stderr.write(err.stack + '\n');
+    doc = { code: 'Internal', message: `internal error: ${msg}`, hint: BUG_HINT };
   }
+  if (jsonOut) writeJsonError(jsonOut, doc);
   return EXIT.failure;
 }

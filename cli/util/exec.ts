@@ -19,11 +19,18 @@ export const MAX_STDIN_BYTES = 16 * 1024 * 1024;
 /** Longest --timeout the API accepts (LIMITS.maxTimeoutMs): 24 h. */
 export const MAX_TIMEOUT_MS = 24 * 3600 * 1000;
 
-/** Parses `--timeout DUR` into ms: at least 1 ms, at most 24 h. */
-export function parseTimeout(text: string): number {
-  const ms = parseDuration(text);
-  if (ms < 1) throw new UserError(`timeout must be at least 1ms, got ${JSON.stringify(text)}`);
-  if (ms > MAX_TIMEOUT_MS) throw new UserError(`timeout ${JSON.stringify(text)} is longer than 24h`);
+/** Parses `--timeout DUR` into ms: at least 1 ms, at most 24 h; a unit is required. */
+export function parseTimeout(text: string, name = '--timeout'): number {
+  const ms = parseDuration(text, name);
+  if (ms < 1) throw new UserError(`${name} must be at least 1ms, got ${JSON.stringify(text)}`, 'e.g. --timeout 30s');
+  if (ms > MAX_TIMEOUT_MS) throw new UserError(`${name} ${JSON.stringify(text)} is longer than 24h`);
+  return ms;
+}
+
+/** Parses a stop grace period (`dsec stop -t DUR`) into ms: 0 (kill at once) to 24 h; a unit is required except for 0. */
+export function parseGrace(text: string, name = '--time'): number {
+  const ms = parseDuration(text, name);
+  if (ms > MAX_TIMEOUT_MS) throw new UserError(`${name} ${JSON.stringify(text)} is longer than 24h`);
   return ms;
 }
 

@@ -31,7 +31,8 @@ export interface CliIO {
   env: Record<string, string | undefined>;
   /**
    * Registers `handler` for an interrupt (SIGINT/SIGTERM) while a verb needs cleanup
-   * (`run` destroys its sandbox, `events -f` stops); returns the function that unregisters it.
+   * (`run` destroys its sandbox, `exec` stops waiting, `events -f` stops); returns the function
+   * that unregisters it.
    * While registered, the signal does not kill the process.
    */
   onInterrupt(handler: (signal: NodeJS.Signals) => void): () => void;

@@ -4,9 +4,10 @@
  *
  * - SIZE: bytes, or a number with K, M, G, T (or KiB, MiB, GiB, TiB); always binary
  *   (K = 1024). Decimal `KB`/`MB` are refused as ambiguous.
- * - DUR: `500ms`, `2s`, `1m`, `1h`, `1d`, combinations such as `1m30s`, or a plain
- *   integer meaning milliseconds.
- * - `k=v` pairs for `--label` and `--env`, repeatable; a later key wins.
+ * - DUR: `500ms`, `2s`, `1m`, `1h`, `1d`, or combinations such as `1m30s`. A unit is
+ *   required: a bare number (`10`) is refused as ambiguous (it once meant ms), except `0`.
+ * - `k=v` pairs for `--label` and `--env`, repeatable; a key given twice is refused.
+ * - Label selectors as dsecd parses them (parseSelector in daemon/sandbox/repo.ts).
  */
 import { UserError } from './errors.js';
 
@@ -14,7 +15,7 @@ import { UserError } from './errors.js';
 const SIZE_UNITS: Record<string, number> = { '': 1, b: 1, k: 1024, m: 1024 ** 2, g: 1024 ** 3, t: 1024 ** 4 };
 
 const SIZE_HINT = 'sizes are bytes or a number with K, M, G (KiB, MiB, GiB), e.g. 512M or 2GiB';
-const DUR_HINT = 'durations are milliseconds or a number with ms, s, m, h, d, e.g. 500ms, 2s, 1m30s';
+const DUR_HINT = 'durations are a number with a unit, ms, s, m, h or d, e.g. 500ms, 2s, 1m30s';
 
 /** Parses SIZE into bytes (a non-negative integer). `512M` → 536870912. */
 export function parseSize(text: string): number {
@@ -35,15 +36,22 @@ export function parseSize(text: string): number {
 /** Milliseconds per duration unit. */
 const DUR_UNITS: Record<string, number> = { ms: 1, s: 1000, m: 60_000, h: 3_600_000, d: 86_400_000 };
 
-/** Parses DUR into milliseconds (a non-negative integer, rounded). `1m30s` → 90000, `250` → 250. */
-export function parseDuration(text: string): number {
+/**
+ * Parses DUR into milliseconds (a non-negative integer, rounded). `1m30s` → 90000.
+ * `name` (e.g. `--timeout`) names the value in errors. A bare number other than `0` is
+ * refused: `--timeout 10` meant 10 ms once and 10 s to most readers.
+ */
+export function parseDuration(text: string, name = 'duration'): number {
   const s = text.trim();
-  if (/^\d+$/.test(s)) return Number(s);
-  if (!/^(\d+(\.\d+)?(ms|s|m|h|d))+$/.test(s)) throw new UserError(`invalid duration ${JSON.stringify(text)}`, DUR_HINT);
+  if (/^\d+(\.\d+)?$/.test(s)) {
+    if (Number(s) === 0) return 0;
+    throw new UserError(`${name} ${JSON.stringify(text)} has no unit`, `write ${s}s or ${s}ms`);
+  }
+  if (!/^(\d+(\.\d+)?(ms|s|m|h|d))+$/.test(s)) throw new UserError(`invalid ${name} ${JSON.stringify(text)}`, DUR_HINT);
   let ms = 0;
   for (const part of s.matchAll(/(\d+(?:\.\d+)?)(ms|s|m|h|d)/g)) ms += Number(part[1]) * DUR_UNITS[part[2]];
   const out = Math.round(ms);
-  if (!Number.isSafeInteger(out)) throw new UserError(`duration ${JSON.stringify(text)} is too long`, DUR_HINT);
+  if (!Number.isSafeInteger(out)) throw new UserError(`${name} ${JSON.stringify(text)} is too long`, DUR_HINT);
   return out;
 }
 
@@ -76,22 +84,48 @@ export function parseEnv(text: string): [string, string] {
   return [k, v];
 }
 
-/** Commander collector for repeatable `--label`: returns a new record with the pair added. */
+/**
+ * Commander collector for repeatable `--label`: returns a new record with the pair added.
+ * A key given twice is refused (even with the same value): which one wins is a guess.
+ */
 export function collectLabel(text: string, prev: Record<string, string> | undefined): Record<string, string> {
   const [k, v] = parseLabel(text);
+  if (prev && Object.prototype.hasOwnProperty.call(prev, k)) {
+    throw new UserError(`label ${k} given twice (${k}=${prev[k]} and ${text})`, `give each label key once, e.g. --label ${k}=${v}`);
+  }
   return { ...prev, [k]: v };
 }
 
-/** Commander collector for repeatable `--env`: returns a new record with the pair added. */
+/** Commander collector for repeatable `--env`: returns a new record with the pair added; a name given twice is refused. */
 export function collectEnv(text: string, prev: Record<string, string> | undefined): Record<string, string> {
   const [k, v] = parseEnv(text);
+  if (prev && Object.prototype.hasOwnProperty.call(prev, k)) {
+    throw new UserError(`env ${k} given twice`, `give each variable once, e.g. --env ${k}=...`);
+  }
   return { ...prev, [k]: v };
 }
 
-/** Validates a label selector `k=v,k2=v2` and returns it unchanged. */
+const SELECTOR_HINT = 'a selector is comma-separated terms: key=value, key!=value or key (has the key), e.g. job=a,round!=3,team';
+
+/**
+ * Validates a label selector and returns it unchanged. The syntax is dsecd's
+ * (parseSelector in daemon/sandbox/repo.ts), checked here so a typo fails before any
+ * request: comma-separated terms, each trimmed, empty terms skipped; a term is `k!=v`
+ * (label k is not v, or absent), `k=v` (label k is v) or `k` (has label k), and every
+ * key is a label key. Values are not checked (dsecd does not either; a value no label can
+ * have simply matches nothing). A selector with no terms at all is refused here (dsecd
+ * would match everything), since it is almost always an empty variable.
+ */
 export function parseSelector(text: string): string {
-  if (text.trim() === '') throw new UserError('empty selector', 'write --selector key=value[,key=value...]');
-  for (const part of text.split(',')) parseLabel(part);
+  const terms = text.split(',').map((t) => t.trim()).filter(Boolean);
+  if (terms.length === 0) throw new UserError('empty selector', SELECTOR_HINT);
+  for (const t of terms) {
+    const ne = t.indexOf('!=');
+    const eq = t.indexOf('=');
+    const key = ne > 0 ? t.slice(0, ne) : eq < 0 ? t : t.slice(0, eq);
+    if (eq === 0) throw new UserError(`selector term ${JSON.stringify(t)} has an empty key`, SELECTOR_HINT);
+    if (!LABEL_KEY.test(key)) throw new UserError(`invalid key ${JSON.stringify(key)} in selector term ${JSON.stringify(t)}`, SELECTOR_HINT);
+  }
   return text;
 }
 
@@ -113,14 +147,14 @@ export function parsePositiveInt(text: string): number {
 
 /**
  * Wraps a parser for use as a commander option parser, prefixing errors with the flag,
- * e.g. `--memory: invalid size "lots"`.
+ * e.g. `--memory: invalid size "lots"` (unless the message already starts with it).
  */
 export function flag<T, P = T>(name: string, parse: (text: string, prev: P) => T): (text: string, prev: P) => T {
   return (text, prev) => {
     try {
       return parse(text, prev);
     } catch (e) {
-      if (e instanceof UserError) throw new UserError(`${name}: ${e.message}`, e.hint);
+      if (e instanceof UserError) throw e.message.startsWith(name) ? e : new UserError(`${name}: ${e.message}`, e.hint);
       throw e;
     }
   };

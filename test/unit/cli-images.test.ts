@@ -137,8 +137,10 @@ describe('image inspect, tag, rm', () => {
     expect(j.code).toBe(125);
     expect(JSON.parse(j.out).results).toEqual([
       { ref: 'team/py:1', ok: true, image: expect.objectContaining({ ref: 'team/py:1' }) },
-      { ref: 'gone', ok: false, error: { code: 'NotFound', message: 'image gone:latest not found' } },
+      { ref: 'gone', ok: false, error: { code: 'NotFound', message: 'image gone:latest not found', hint: 'list images with `dsec image ls`' } },
     ]);
+    expect(JSON.parse(j.out).error).toEqual({ code: 'NotFound', message: 'image rm failed for 1 of 2 images: gone', hint: 'list images with `dsec image ls`' });
+    expect(j.err).toBe('dsec: image rm gone: image gone:latest not found (NotFound)\nhint: list images with `dsec image ls`\n');
     const all = await dsec(['image', 'rm', 'team/py:1']);
     expect(all.code).toBe(0);
   });
@@ -312,8 +314,9 @@ describe('progress and errors of long operations', () => {
     routes['POST /v1/images/import'] = ndjson([progress[0], { type: 'error', error: { code: 'Internal', message: 'mkfs.erofs failed' } }]);
     const r = await dsec(['image', 'import', '/srv/x.tar', '--format', 'tar', '-t', 'x', '--json'], { tty: true });
     expect(r.code).toBe(125);
-    expect(r.out).toBe('');
-    expect(r.err).toBe(`${CLEAR}layer: [1/2] naïve ✓ 日本 sha256:abc (1KiB)${CLEAR}dsec: mkfs.erofs failed (Internal)\nhint: this is a dsecd bug; see its log (journalctl -u dsecd) and report it\n`);
+    const LOG = "see dsecd's log (journalctl -u dsecd, or /var/log/dsecd.log without systemd)";
+    expect(JSON.parse(r.out)).toEqual({ error: { code: 'Internal', message: 'mkfs.erofs failed', hint: LOG } });
+    expect(r.err).toBe(`${CLEAR}layer: [1/2] naïve ✓ 日本 sha256:abc (1KiB)${CLEAR}dsec: mkfs.erofs failed (Internal)\nhint: ${LOG}\n`);
   });
 
   it('SIGINT stops waiting, says dsecd may still finish, exits 130 and unregisters', async () => {
@@ -491,10 +494,10 @@ describe('image compose and bootstrap', () => {
     routes['POST /v1/images/bootstrap'] = ndjson([{ type: 'error', error: { code: 'Unavailable', message: 'cannot reach deb.debian.org' } }]);
     const r = await dsec(['image', 'bootstrap', 'debian']);
     expect(r.code).toBe(125);
-    expect(r.err).toBe('dsec: cannot reach deb.debian.org (Unavailable)\nhint: dsecd could not run debootstrap or reach the Debian mirror; see its log (journalctl -u dsecd)\n');
+    expect(r.err).toBe("dsec: cannot reach deb.debian.org (Unavailable)\nhint: dsecd could not run debootstrap or reach the Debian mirror; see dsecd's log (journalctl -u dsecd, or /var/log/dsecd.log without systemd)\n");
     const d = await dsec(['image', 'bootstrap', 'debian'], { socket: tmp('missing.sock') });
     expect(d.code).toBe(125);
-    expect(d.err).toMatch(/\(Unavailable\)\nhint: start dsecd \(systemctl start dsecd\) or pass --socket\n$/);
+    expect(d.err).toMatch(/\(Unavailable\)\nhint: start dsecd \(systemctl start dsecd, or see docs\/OPERATIONS.md 'Without systemd'\)\n$/);
   });
 });
 

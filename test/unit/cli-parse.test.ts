@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import { UserError } from '../../cli/util/errors.js';
-import { exitCodeOf, parseTimeout } from '../../cli/util/exec.js';
+import { exitCodeOf, parseGrace, parseTimeout } from '../../cli/util/exec.js';
 import { formatAge, formatBytes, formatDuration, formatLabels } from '../../cli/util/output.js';
 import {
   collectEnv,
@@ -14,6 +14,7 @@ import {
   parseSelector,
   parseSize,
 } from '../../cli/util/parse.js';
+import { parseSelector as daemonParseSelector } from '../../daemon/sandbox/repo.js';
 
 describe('parseSize', () => {
   it('takes plain bytes', () => {
@@ -42,9 +43,20 @@ describe('parseSize', () => {
 });
 
 describe('parseDuration', () => {
-  it('takes a plain integer as milliseconds', () => {
-    expect(parseDuration('250')).toBe(250);
+  it('refuses a bare number (once milliseconds) with the flag name and both readings as hint; 0 needs no unit', () => {
+    const e = catchErr(() => parseDuration('10', '--timeout'));
+    expect(e).toBeInstanceOf(UserError);
+    expect(e.message).toBe('--timeout "10" has no unit');
+    expect(e.hint).toBe('write 10s or 10ms');
+    expect(catchErr(() => parseDuration('250')).message).toBe('duration "250" has no unit');
+    expect(catchErr(() => parseDuration('1.5')).hint).toBe('write 1.5s or 1.5ms');
     expect(parseDuration('0')).toBe(0);
+    expect(parseDuration('0', '--time')).toBe(0);
+  });
+  it('flag() does not repeat a flag name the message already starts with', () => {
+    const e = catchErr(() => flag<number, unknown>('--timeout', (t: string) => parseTimeout(t))('10', undefined));
+    expect(e.message).toBe('--timeout "10" has no unit');
+    expect(e.hint).toBe('write 10s or 10ms');
   });
   it('takes ms, s, m, h, d and combinations', () => {
     expect(parseDuration('500ms')).toBe(500);
@@ -62,10 +74,19 @@ describe('parseDuration', () => {
       expect(e.hint).toMatch(/durations/);
     }
   });
-  it('parseTimeout bounds it to 1ms..24h', () => {
+  it('parseTimeout bounds it to 1ms..24h and wants a unit', () => {
     expect(parseTimeout('2s')).toBe(2000);
+    expect(parseTimeout('500ms')).toBe(500);
     expect(() => parseTimeout('0')).toThrow(UserError);
     expect(() => parseTimeout('25h')).toThrow(UserError);
+    expect(catchErr(() => parseTimeout('10')).message).toBe('--timeout "10" has no unit');
+  });
+  it('parseGrace (stop -t) takes 0..24h', () => {
+    expect(parseGrace('0')).toBe(0);
+    expect(parseGrace('0s')).toBe(0);
+    expect(parseGrace('30s')).toBe(30_000);
+    expect(() => parseGrace('25h')).toThrow(UserError);
+    expect(catchErr(() => parseGrace('5')).message).toBe('--time "5" has no unit');
   });
 });
 
@@ -80,11 +101,21 @@ describe('labels, env, selectors', () => {
       expect(() => parseLabel(bad), bad).toThrow(UserError);
     }
   });
-  it('repeatable --label accumulates, later keys winning, without mutating the previous value', () => {
+  it('repeatable --label accumulates without mutating the previous value', () => {
     const first = collectLabel('job=a', undefined);
     const second = collectLabel('round=3', first);
-    expect(collectLabel('job=b', second)).toEqual({ job: 'b', round: '3' });
+    expect(second).toEqual({ job: 'a', round: '3' });
     expect(first).toEqual({ job: 'a' });
+  });
+  it('a label key or env name given twice is a UserError naming it', () => {
+    const l = catchErr(() => collectLabel('a=c', collectLabel('a=b', undefined)));
+    expect(l).toBeInstanceOf(UserError);
+    expect(l.message).toBe('label a given twice (a=b and a=c)');
+    expect(() => collectLabel('a=b', { a: 'b' })).toThrow(/label a given twice/);
+    const e = catchErr(() => collectEnv('A=2', collectEnv('A=1', undefined)));
+    expect(e).toBeInstanceOf(UserError);
+    expect(e.message).toBe('env A given twice');
+    expect(catchErr(() => flag('--label', collectLabel)('a=c', { a: 'b' })).message).toBe('--label: label a given twice (a=b and a=c)');
   });
   it('parses env K=V, keeping = in the value', () => {
     expect(parseEnv('A=1')).toEqual(['A', '1']);
@@ -93,10 +124,31 @@ describe('labels, env, selectors', () => {
     expect(collectEnv('B=2', collectEnv('A=1', undefined))).toEqual({ A: '1', B: '2' });
     for (const bad of ['A', '1A=x', 'A-B=x', '=x']) expect(() => parseEnv(bad), bad).toThrow(UserError);
   });
-  it('validates selectors', () => {
-    expect(parseSelector('job=a,round=3')).toBe('job=a,round=3');
-    expect(() => parseSelector('job')).toThrow(UserError);
-    expect(() => parseSelector('')).toThrow(UserError);
+  it('accepts what dsecd accepts: k=v, k (has key), k!=v, spaces and empty terms', () => {
+    for (const ok of ['job=a,round=3', 'job', 'job!=a', 'job=a,team,round!=3', 'example.com/team=rl', ' job=a , round ', 'job=a,', 'job=', 'job!=', 'job=a=b', 'job=a b']) {
+      expect(parseSelector(ok), ok).toBe(ok);
+    }
+  });
+  it('agrees with dsecd\'s own parser on every non-empty selector', () => {
+    const samples = [
+      'job=a', 'job', 'job!=a', 'a,b=c,d!=e', ' job=a , round ', 'job=a,', 'job=a=b', 'job!=a!=b', 'job=a b', 'x.y/z-1=v',
+      '=a', '!=a', 'job = a', 'job!', '-x', '.x', 'a b', 'a,=b', `${'k'.repeat(63)}=v`, `${'k'.repeat(64)}=v`, 'ü=1', 'a=ü',
+    ];
+    for (const sel of samples) {
+      const daemonOk = ok(() => daemonParseSelector(sel));
+      expect(ok(() => parseSelector(sel)), sel).toBe(daemonOk);
+    }
+  });
+  it('refuses what dsecd refuses, with a hint giving the syntax', () => {
+    for (const bad of ['=a', 'job=a,=b', '!=a', '-x=1', 'a b=c', 'job!', '.x']) {
+      const e = catchErr(() => parseSelector(bad));
+      expect(e, bad).toBeInstanceOf(UserError);
+      expect(e.hint, bad).toMatch(/key=value, key!=value or key/);
+    }
+    expect(catchErr(() => parseSelector('=a')).message).toBe('selector term "=a" has an empty key');
+  });
+  it('refuses an empty selector (dsecd would match everything)', () => {
+    for (const bad of ['', ' ', ',', ' , ']) expect(() => parseSelector(bad), JSON.stringify(bad)).toThrow(/empty selector/);
   });
 });
 
@@ -111,7 +163,7 @@ describe('numbers', () => {
     for (const bad of ['0', '1.5', '-3', 'x']) expect(() => parsePositiveInt(bad), bad).toThrow(UserError);
   });
   it('flag() prefixes the flag name and keeps the hint', () => {
-    const e = catchErr(() => flag('--memory', parseSize)('lots', undefined));
+    const e = catchErr(() => flag<number, unknown>('--memory', parseSize)('lots', undefined));
     expect(e).toBeInstanceOf(UserError);
     expect(e.message).toBe('--memory: invalid size "lots"');
     expect(e.hint).toMatch(/512M/);
@@ -152,6 +204,15 @@ describe('exit code of an exec', () => {
     expect(exitCodeOf({ ...r, signal: 'SIGNOPE' })).toBe(125);
   });
 });
+
+function ok(fn: () => unknown): boolean {
+  try {
+    fn();
+    return true;
+  } catch {
+    return false;
+  }
+}
 
 function catchErr(fn: () => unknown): UserError {
   try {

@@ -1,8 +1,10 @@
+import { writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { main } from '../../cli/main.js';
-import type { Event, ExecResult, HostInfo, Sandbox } from '../../sdk/index.js';
+import { apiErrorHint } from '../../cli/util/errors.js';
+import { DsecApiError, type Event, type ExecResult, type HostInfo, type Sandbox } from '../../sdk/index.js';
 import { Interrupts, Sink, fail, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
 
 // The CLI runs in-process against a tiny fake dsecd (test/fixtures/fake-dsecd.ts: node:http
@@ -144,13 +146,13 @@ describe('API errors', () => {
     expect(r.err).toBe('dsec: memory_bytes: too small (InvalidArgument)\nhint: see `dsec create --help`\n');
   });
 
-  it('a missing socket is Unavailable naming the path, with a hint to start dsecd or pass --socket', async () => {
+  it('a missing socket is Unavailable naming the path, with a hint to start dsecd', async () => {
     const missing = join(dir, 'missing.sock');
     const r = await dsec(['ls'], { socket: missing });
     expect(r.code).toBe(125);
     const [line, hint] = r.err.split('\n');
     expect(line).toMatch(/^dsec: cannot connect to dsecd socket .*missing\.sock: .*is dsecd running\? \(Unavailable\)$/);
-    expect(hint).toBe('hint: start dsecd (systemctl start dsecd) or pass --socket');
+    expect(hint).toBe("hint: start dsecd (systemctl start dsecd, or see docs/OPERATIONS.md 'Without systemd')");
     expect(r.err).not.toMatch(STACK);
   });
 
@@ -286,23 +288,28 @@ describe('create, ls, inspect, stop, start', () => {
     expect(seen[0].path).toBe(`/v1/sandboxes/${ID}`);
   });
 
-  it('stop and start print the id, or the Sandbox with --json', async () => {
+  it('stop and start print the id; with --json start prints the Sandbox, stop {results} like rm', async () => {
     routes['POST /v1/sandboxes/:id/stop'] = ok(sandbox({ state: 'stopped' }));
     routes['POST /v1/sandboxes/:id/start'] = ok(sandbox({ state: 'running' }));
     expect((await dsec(['stop', ID])).out).toBe(`${ID}\n`);
     expect((await dsec(['start', ID])).out).toBe(`${ID}\n`);
-    expect(JSON.parse((await dsec(['stop', ID, '--json'])).out).state).toBe('stopped');
+    expect(JSON.parse((await dsec(['stop', ID, '--json'])).out)).toEqual({ results: [{ id: ID, ok: true, sandbox: expect.objectContaining({ state: 'stopped' }) }] });
     expect(JSON.parse((await dsec(['--json', 'start', ID])).out).state).toBe('running');
     expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual([
       `POST /v1/sandboxes/${ID}/stop`, `POST /v1/sandboxes/${ID}/start`, `POST /v1/sandboxes/${ID}/stop`, `POST /v1/sandboxes/${ID}/start`,
     ]);
   });
 
-  it('a Conflict on stop gets a state hint', async () => {
-    routes['POST /v1/sandboxes/:id/stop'] = fail(409, 'Conflict', `sandbox ${ID} is stopped`);
+  it('a FailedPrecondition on stop gets a state hint, a Conflict a retry hint', async () => {
+    routes['POST /v1/sandboxes/:id/stop'] = fail(412, 'FailedPrecondition', `sandbox ${ID} is stopped; cannot stop it`);
     const r = await dsec(['stop', ID]);
     expect(r.code).toBe(125);
-    expect(r.err).toBe(`dsec: sandbox ${ID} is stopped (Conflict)\nhint: check the sandbox state with \`dsec inspect ID\`\n`);
+    expect(r.out).toBe('');
+    expect(r.err).toBe(`dsec: stop ${ID}: sandbox ${ID} is stopped; cannot stop it (FailedPrecondition)\nhint: check the sandbox state with \`dsec inspect ID\`\n`);
+    routes['POST /v1/sandboxes/:id/stop'] = fail(409, 'Conflict', `sandbox ${ID} was destroyed while the command ran`);
+    const c = await dsec(['stop', ID]);
+    expect(c.code).toBe(125);
+    expect(c.err).toBe(`dsec: stop ${ID}: sandbox ${ID} was destroyed while the command ran (Conflict)\nhint: retry, or check \`dsec inspect ID\`\n`);
   });
 
   it('images lists images (an alias of `image ls`)', async () => {
@@ -342,7 +349,9 @@ describe('rm', () => {
     expect(r.err).toMatch(/hint: stop it first with `dsec stop ID`, or pass -f/);
     const j = await dsec(['rm', 'aaa', '--json']);
     expect(j.code).toBe(125);
-    expect(JSON.parse(j.out).results[0]).toEqual({ id: 'aaa', ok: false, error: { code: 'FailedPrecondition', message: 'sandbox aaa is running' } });
+    expect(JSON.parse(j.out).results[0]).toEqual({
+      id: 'aaa', ok: false, error: { code: 'FailedPrecondition', message: 'sandbox aaa is running', hint: 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway' },
+    });
   });
 });
 
@@ -565,5 +574,305 @@ describe('events', () => {
     expect(await done).toBe(130);
     expect(stdout.text.split('\n')).toHaveLength(4);
     expect(seen[0].query.get('follow')).toBe('true');
+  });
+});
+
+describe('durations need a unit', () => {
+  it('a bare number for --timeout, --ttl, --since or stop -t is refused before any request', async () => {
+    const cases: [string[], string][] = [
+      [['exec', ID, '--timeout', '10', '--', 'true'], 'dsec: --timeout "10" has no unit\nhint: write 10s or 10ms\n'],
+      [['run', '--timeout', '10', '--', 'true'], 'dsec: --timeout "10" has no unit\nhint: write 10s or 10ms\n'],
+      [['create', '--ttl', '600'], 'dsec: --ttl "600" has no unit\nhint: write 600s or 600ms\n'],
+      [['events', '--since', '5'], 'dsec: --since "5" has no unit\nhint: write 5s or 5ms\n'],
+      [['stop', '-t', '3', ID], 'dsec: --time "3" has no unit\nhint: write 3s or 3ms\n'],
+    ];
+    for (const [args, err] of cases) {
+      const r = await dsec(args);
+      expect(r.code, args.join(' ')).toBe(125);
+      expect(r.err, args.join(' ')).toBe(err);
+    }
+    expect(seen).toHaveLength(0);
+  });
+
+  it('units are accepted as before: 500ms, 2s, 1m, 1h, 1d and combinations', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult());
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    for (const [dur, ms] of [['500ms', 500], ['2s', 2000], ['1m', 60_000], ['1h', 3_600_000], ['1m30s', 90_000]] as const) {
+      expect((await dsec(['exec', ID, '--timeout', dur, '--', 'true'])).code).toBe(0);
+      expect(seen.at(-1)!.body.timeout_ms).toBe(ms);
+    }
+    expect((await dsec(['create', '--ttl', '1d'])).code).toBe(0);
+    expect(seen.at(-1)!.body.ttl_s).toBe(86_400);
+  });
+
+  it('help texts show durations with units', async () => {
+    const help = async (...args: string[]) => (await dsec([...args, '--help'])).out.replace(/\s+/g, ' ');
+    expect(await help('exec')).toContain('--timeout <dur> kill the command after this long; a number with a unit, ms, s, m or h (e.g. 500ms, 30s, 5m); exit 124');
+    expect(await help('run')).toContain('--timeout <dur> kill the command after this long; a number with a unit');
+    expect(await help('create')).toContain('--ttl <dur> destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h;');
+    expect(await help('events')).toContain('--since <dur> only events from this long ago onwards; a number with a unit, s, m, h or d (e.g. 10m, 2h)');
+    expect(await help('stop')).toContain("-t, --time <dur> grace period between SIGTERM and SIGKILL, with a unit (e.g. 500ms, 30s, 2m); 0 kills at once (default: dsecd's, 10s)");
+  });
+});
+
+describe('stop', () => {
+  it('sends no body without -t; -t/--time sends timeout_ms, -t 0 included', async () => {
+    routes['POST /v1/sandboxes/:id/stop'] = ok(sandbox({ state: 'stopped' }));
+    expect((await dsec(['stop', ID])).code).toBe(0);
+    expect(seen[0].text).toBe('');
+    expect((await dsec(['stop', '-t', '0', ID])).code).toBe(0);
+    expect(seen[1].body).toEqual({ timeout_ms: 0 });
+    expect((await dsec(['stop', '--time', '30s', ID])).code).toBe(0);
+    expect(seen[2].body).toEqual({ timeout_ms: 30_000 });
+    expect((await dsec(['stop', '-t', '25h', ID])).code).toBe(125);
+    expect(seen).toHaveLength(3);
+  });
+
+  it('stops each id, reports per id, exits 125 if any failed; --json reports results and an error', async () => {
+    routes['POST /v1/sandboxes/:id/stop'] = (req, res) =>
+      req.params.id === 'gone' ? json(res, 404, { error: { code: 'NotFound', message: 'sandbox gone not found' } }) : json(res, 200, sandbox({ id: req.params.id, state: 'stopped' }));
+    const r = await dsec(['stop', '-t', '1s', 'aaa', 'gone', 'bbb']);
+    expect(r.code).toBe(125);
+    expect(r.out).toBe('aaa\nbbb\n');
+    expect(r.err).toBe('dsec: stop gone: sandbox gone not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+    expect(seen.map((s) => s.body)).toEqual([{ timeout_ms: 1000 }, { timeout_ms: 1000 }, { timeout_ms: 1000 }]);
+    const j = await dsec(['--json', 'stop', 'aaa', 'gone']);
+    expect(j.code).toBe(125);
+    expect(JSON.parse(j.out)).toEqual({
+      results: [
+        { id: 'aaa', ok: true, sandbox: expect.objectContaining({ id: 'aaa', state: 'stopped' }) },
+        { id: 'gone', ok: false, error: { code: 'NotFound', message: 'sandbox gone not found', hint: 'list sandboxes with `dsec ls`' } },
+      ],
+      error: { code: 'NotFound', message: 'stop failed for 1 of 2 sandboxes: gone', hint: 'list sandboxes with `dsec ls`' },
+    });
+    expect(j.err).toBe('dsec: stop gone: sandbox gone not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+  });
+});
+
+describe('selectors', () => {
+  it('ls and events pass k=v, k and k!=v terms through as typed', async () => {
+    routes['GET /v1/sandboxes'] = ok({ sandboxes: [] });
+    routes['GET /v1/events'] = ok({});
+    routes['GET /v1/events'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      res.end();
+    };
+    for (const sel of ['job', 'job!=a', 'job=a,team,round!=3']) {
+      expect((await dsec(['ls', '-q', '--selector', sel])).code, sel).toBe(0);
+      expect(seen.at(-1)!.query.get('selector')).toBe(sel);
+      expect((await dsec(['events', '--selector', sel])).code, sel).toBe(0);
+      expect(seen.at(-1)!.query.get('selector')).toBe(sel);
+    }
+  });
+
+  it('what dsecd would refuse is refused here, with the syntax as hint', async () => {
+    const r = await dsec(['ls', '--selector', 'job=a,=b']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: --selector: selector term "=b" has an empty key\nhint: a selector is comma-separated terms: key=value, key!=value or key (has the key), e.g. job=a,round!=3,team\n');
+    expect((await dsec(['events', '--selector', 'bad key'])).code).toBe(125);
+    expect(seen).toHaveLength(0);
+  });
+
+  it("dsecd's InvalidArgument for a selector is reported with the verb's help", async () => {
+    routes['GET /v1/sandboxes'] = fail(400, 'InvalidArgument', 'bad selector key "x y"');
+    const r = await dsec(['ls', '--selector', 'job']);
+    expect(r.err).toBe('dsec: bad selector key "x y" (InvalidArgument)\nhint: see `dsec ls --help`\n');
+  });
+});
+
+describe('--json errors', () => {
+  /** Checks a failed --json run: exit 125, one JSON error line on stdout, the usual report on stderr. */
+  function expectJsonError(r: Ran, code: string, message: string | RegExp, hint: string | RegExp | null): void {
+    expect(r.code).toBe(125);
+    expect(r.out.endsWith('\n')).toBe(true);
+    expect(r.out.trimEnd().split('\n')).toHaveLength(1);
+    const doc = JSON.parse(r.out);
+    expect(Object.keys(doc)).toEqual(['error']);
+    expect(Object.keys(doc.error)).toEqual(['code', 'message', 'hint']);
+    expect(doc.error.code).toBe(code);
+    if (typeof message === 'string') expect(doc.error.message).toBe(message);
+    else expect(doc.error.message).toMatch(message);
+    if (hint === null || typeof hint === 'string') expect(doc.error.hint).toBe(hint);
+    else expect(doc.error.hint).toMatch(hint);
+    expect(r.err).toMatch(/^dsec: /);
+    expect(r.err).not.toMatch(STACK);
+  }
+
+  it('an API error, on any verb, wherever --json is', async () => {
+    routes['GET /v1/sandboxes/:id'] = fail(404, 'NotFound', 'sandbox nope not found');
+    routes['POST /v1/sandboxes/:id/exec'] = fail(404, 'NotFound', 'sandbox nope not found');
+    routes['POST /v1/sandboxes/:id/start'] = fail(412, 'FailedPrecondition', 'sandbox nope is running; cannot start it');
+    routes['POST /v1/sandboxes'] = fail(429, 'ResourceExhausted', 'no free uid range');
+    routes['GET /v1/host'] = fail(500, 'Internal', 'boom');
+    routes['GET /v1/images/:ref'] = fail(404, 'NotFound', 'image nope:latest not found');
+    for (const args of [['--json', 'inspect', 'nope'], ['inspect', 'nope', '--json'], ['--json', 'exec', 'nope', '--', 'true']]) {
+      const r = await dsec(args);
+      expectJsonError(r, 'NotFound', 'sandbox nope not found', 'list sandboxes with `dsec ls`');
+      expect(r.err).toBe('dsec: sandbox nope not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
+    }
+    expectJsonError(await dsec(['start', 'nope', '--json']), 'FailedPrecondition', 'sandbox nope is running; cannot start it', 'check the sandbox state with `dsec inspect ID`');
+    expectJsonError(await dsec(['create', '--json']), 'ResourceExhausted', 'no free uid range', /dsec host info/);
+    expectJsonError(await dsec(['run', '--json', '--', 'true']), 'ResourceExhausted', 'no free uid range', /dsec host info/);
+    expectJsonError(await dsec(['host', 'info', '--json']), 'Internal', 'boom', /journalctl -u dsecd/);
+    expectJsonError(await dsec(['image', 'inspect', 'nope', '--json']), 'NotFound', 'image nope:latest not found', 'list images with `dsec image ls`');
+    expectJsonError(await dsec(['ls', '--json'], { socket: join(dir, 'missing.sock') }), 'Unavailable', /missing\.sock/, /^start dsecd/);
+  });
+
+  it('an events stream that fails: the error object is one NDJSON line', async () => {
+    routes['GET /v1/events'] = fail(400, 'InvalidArgument', 'bad selector');
+    expectJsonError(await dsec(['events', '--json']), 'InvalidArgument', 'bad selector', 'see `dsec events --help`');
+  });
+
+  it('usage and user errors are InvalidArgument, even when --json comes after the bad flag', async () => {
+    const u = await dsec(['--json', 'ls', '--bogus']);
+    expectJsonError(u, 'InvalidArgument', "unknown option '--bogus'", 'see `dsec ls --help`');
+    expect(u.err).toBe("dsec: unknown option '--bogus'; see `dsec ls --help`\n");
+    expectJsonError(await dsec(['bogus', '--json']), 'InvalidArgument', /unknown command 'bogus'/, 'see `dsec --help`');
+    expectJsonError(await dsec(['--json', 'inspect']), 'InvalidArgument', /missing required argument/, 'see `dsec inspect --help`');
+    const f = await dsec(['create', '--memory', 'lots', '--json']);
+    expectJsonError(f, 'InvalidArgument', '--memory: invalid size "lots"', /512M/);
+    expectJsonError(await dsec(['--json', 'exec', ID, '--timeout', '10', '--', 'true']), 'InvalidArgument', '--timeout "10" has no unit', 'write 10s or 10ms');
+    expect(seen).toHaveLength(0);
+  });
+
+  it('a bug is Internal', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok({}); // no stdout_b64: decoding it trips
+    expectJsonError(await dsec(['--json', 'exec', ID, '--', 'true']), 'Internal', /^internal error: /, /this is a bug in dsec/);
+  });
+
+  it('--json after -- belongs to the command, not to dsec', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = fail(404, 'NotFound', 'sandbox nope not found');
+    const r = await dsec(['exec', 'nope', '--', 'tool', '--json']);
+    expect(r.code).toBe(125);
+    expect(r.out).toBe('');
+  });
+
+  it('without --json stdout stays empty on failure', async () => {
+    routes['GET /v1/sandboxes/:id'] = fail(404, 'NotFound', 'sandbox nope not found');
+    const r = await dsec(['inspect', 'nope']);
+    expect(r.code).toBe(125);
+    expect(r.out).toBe('');
+  });
+});
+
+describe('hints tell why dsecd is unavailable', () => {
+  const START = "start dsecd (systemctl start dsecd, or see docs/OPERATIONS.md 'Without systemd')";
+  const PERM = 'the socket is root:dsec 0660: run as root or join the dsec group';
+  const AGENT = "the sandbox's agent is unreachable; `dsec inspect ID` shows its state";
+  const LOG = "see dsecd's log (journalctl -u dsecd, or /var/log/dsecd.log without systemd)";
+  const connErr = (errno: string) => new DsecApiError('Unavailable', 'cannot connect', 0, { cause: Object.assign(new Error(errno), { code: errno }) });
+
+  it('no socket or refused: start dsecd (end to end)', async () => {
+    const missing = await dsec(['ls'], { socket: join(dir, 'missing.sock') });
+    expect(missing.err.split('\n')[1]).toBe(`hint: ${START}`);
+    const notListening = join(dir, 'stale.sock');
+    writeFileSync(notListening, ''); // connect() to a non-listening path: ECONNREFUSED
+    const refused = await dsec(['ls'], { socket: notListening });
+    expect(refused.err).toMatch(/connection refused/);
+    expect(refused.err.split('\n')[1]).toBe(`hint: ${START}`);
+  });
+
+  it('by errno of the failed connection', () => {
+    expect(apiErrorHint(connErr('ENOENT'), 'ls')).toBe(START);
+    expect(apiErrorHint(connErr('ECONNREFUSED'), 'exec')).toBe(START);
+    expect(apiErrorHint(connErr('EACCES'), 'ls')).toBe(PERM);
+    expect(apiErrorHint(connErr('EPERM'), 'image ls')).toBe(PERM);
+    expect(apiErrorHint(connErr('ECONNRESET'), 'ls')).toBe(`the connection to dsecd broke (did it restart?); ${LOG}`);
+  });
+
+  it("dsecd's own 503 about an agent: the agent is unreachable, not dsecd", async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = fail(503, 'Unavailable', `sandbox ${ID}: cannot reach its agent: connect ENOENT`);
+    const r = await dsec(['exec', ID, '--', 'true']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe(`dsec: sandbox ${ID}: cannot reach its agent: connect ENOENT (Unavailable)\nhint: ${AGENT}\n`);
+    routes['POST /v1/sandboxes/:id/stop'] = fail(503, 'Unavailable', 'agent connection lost (EOF) [/run/x.sock]');
+    expect((await dsec(['stop', ID])).err).toMatch(new RegExp(`\\nhint: ${AGENT.replace(/[()`';]/g, '\\$&')}\\n$`));
+    expect(apiErrorHint(new DsecApiError('Unavailable', `sandbox ${ID}: exec interrupted: EOF`, 503), 'run')).toBe(AGENT);
+  });
+
+  it("dsecd's own 503 about something else points at its log", async () => {
+    routes['POST /v1/sandboxes'] = fail(503, 'Unavailable', 'no OCI runtime found: install runc (apt-get install runc)');
+    const r = await dsec(['create']);
+    expect(r.err.split('\n')[1]).toBe(`hint: dsecd could not use something it needs (named above); ${LOG}`);
+  });
+
+  it('Internal points at the log; Conflict says retry', async () => {
+    routes['GET /v1/sandboxes'] = fail(500, 'Internal', 'database is locked');
+    expect((await dsec(['ls'])).err).toBe(`dsec: database is locked (Internal)\nhint: ${LOG}\n`);
+    routes['POST /v1/sandboxes/:id/exec'] = fail(409, 'Conflict', `sandbox ${ID} was stopped while the command ran`);
+    expect((await dsec(['exec', ID, '--', 'true'])).err).toBe(`dsec: sandbox ${ID} was stopped while the command ran (Conflict)\nhint: retry, or check \`dsec inspect ID\`\n`);
+  });
+});
+
+describe('duplicate flags and an empty --socket', () => {
+  it('--label or --env given twice for one key is refused, naming it, before any request', async () => {
+    const l = await dsec(['create', '--label', 'a=b', '--label', 'a=c']);
+    expect(l.code).toBe(125);
+    expect(l.err).toBe('dsec: --label: label a given twice (a=b and a=c)\nhint: give each label key once, e.g. --label a=c\n');
+    const e = await dsec(['exec', ID, '--env', 'A=1', '--env', 'A=2', '--', 'env']);
+    expect(e.code).toBe(125);
+    expect(e.err).toMatch(/^dsec: --env: env A given twice\n/);
+    expect((await dsec(['run', '--env', 'B=1', '--env', 'B=1', '--', 'true'])).code).toBe(125);
+    expect((await dsec(['run', '--label', 'x=1', '--label', 'x=1', '--', 'true'])).code).toBe(125);
+    expect(seen).toHaveLength(0);
+  });
+
+  it("--socket '' is a user error, not the default socket", async () => {
+    for (const args of [['--socket', '', 'ls'], ['--socket=', 'version'], ['ls', '--socket', '']]) {
+      const r = await dsec(args, { socket: null, env: { DSEC_SOCKET: socketPath } });
+      expect(r.code, args.join(' ')).toBe(125);
+      expect(r.err).toBe('dsec: empty --socket\nhint: pass --socket PATH, or leave it out to use $DSEC_SOCKET or /run/dsec/dsecd.sock\n');
+    }
+    const j = await dsec(['--json', '--socket', '', 'ls'], { socket: null });
+    expect(JSON.parse(j.out).error.message).toBe('empty --socket');
+    expect(seen).toHaveLength(0);
+  });
+});
+
+describe('exec interrupted', () => {
+  it('SIGINT stops waiting, says the command may still run, exits 130 and unregisters', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = () => {
+      /* a command that never finishes */
+    };
+    onRequest = () => setImmediate(() => interrupt('SIGINT'));
+    const r = await dsec(['exec', ID, '--', 'sleep', 'inf']);
+    expect(r.code).toBe(130);
+    expect(r.out).toBe('');
+    expect(r.err).toBe(`dsec: interrupted; the command may still be running in sandbox ${ID} (stop it with dsec exec ${ID} -- kill ...)\n`);
+    expect(interruptHandlers.size).toBe(0);
+    expect(seen).toHaveLength(1);
+  });
+
+  it('SIGTERM exits 143', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = () => {};
+    onRequest = () => setImmediate(() => interrupt('SIGTERM'));
+    expect((await dsec(['exec', ID, '--', 'sleep', 'inf'])).code).toBe(143);
+  });
+
+  it('a finished exec unregisters its handler', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult());
+    expect((await dsec(['exec', ID, '--', 'true'])).code).toBe(0);
+    expect(interruptHandlers.size).toBe(0);
+  });
+});
+
+describe('version --json', () => {
+  it('pins the shape without a daemon: daemon null plus daemon_error, exit 0', async () => {
+    const r = await dsec(['--json', 'version'], { socket: join(dir, 'missing.sock') });
+    expect(r.code).toBe(0);
+    const j = JSON.parse(r.out);
+    expect(Object.keys(j)).toEqual(['client', 'daemon', 'daemon_error']);
+    expect(j).toEqual({
+      client: { version: expect.stringMatching(/^\d+\.\d+\.\d+/) },
+      daemon: null,
+      daemon_error: { code: 'Unavailable', message: expect.stringMatching(/missing\.sock/) },
+    });
+    expect(r.err).toBe('');
+  });
+
+  it('with a daemon: no daemon_error key', async () => {
+    routes['GET /v1/version'] = ok({ version: '0.1.0', api: 'v1', agent_protocol: 2, node: 'v20.20.2' });
+    const j = JSON.parse((await dsec(['--json', 'version'])).out);
+    expect(Object.keys(j)).toEqual(['client', 'daemon']);
   });
 });

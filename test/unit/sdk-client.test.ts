@@ -153,6 +153,31 @@ describe('DsecClient requests', () => {
     expect(JSON.parse(f.seen[1].text)).toEqual({ argv: ['cat'], stdin_b64: Buffer.from('héllo').toString('base64') });
   });
 
+  it('stopSandbox sends {timeout_ms} only when timeoutMs is given (0 included)', async () => {
+    const f = await fakeDsecd((_req, res) => json(res, 200, sandbox({ state: 'stopped' })));
+    const c = client(f);
+    expect((await c.stopSandbox('abc')).state).toBe('stopped');
+    await c.stopSandbox('abc', {});
+    await c.stopSandbox('abc', { timeoutMs: 0 });
+    await c.stopSandbox('a/b', { timeoutMs: 30_000 });
+    expect(f.seen.map((s) => `${s.method} ${s.url}`)).toEqual([
+      'POST /v1/sandboxes/abc/stop', 'POST /v1/sandboxes/abc/stop', 'POST /v1/sandboxes/abc/stop', 'POST /v1/sandboxes/a%2Fb/stop',
+    ]);
+    expect(f.seen[0].text).toBe('');
+    expect(f.seen[0].headers['content-type']).toBeUndefined();
+    expect(f.seen[1].text).toBe('');
+    expect(f.seen[2].text).toBe('{"timeout_ms":0}');
+    expect(f.seen[2].headers['content-type']).toBe('application/json');
+    expect(f.seen[3].body).toEqual({ timeout_ms: 30_000 });
+  });
+
+  it('stopSandbox waits the grace period on top of the client deadline', async () => {
+    const f = await fakeDsecd((_req, res) => void setTimeout(() => json(res, 200, sandbox({ state: 'stopped' })), 80));
+    expect((await client(f, 40).stopSandbox('abc', { timeoutMs: 100 })).state).toBe('stopped');
+    const e = await client(f, 40).stopSandbox('abc').catch((x) => x);
+    expect(e).toMatchObject({ code: 'DeadlineExceeded' });
+  });
+
   it('request<T> is usable for any route', async () => {
     const f = await fakeDsecd((req, res) => json(res, 200, { echo: JSON.parse(req.text) }));
     const c = client(f);

@@ -43,7 +43,7 @@ async function tempDaemon(): Promise<{ client: DsecClient; stop: () => Promise<v
   const cfg = path.join(root, 'dsecd.toml');
   writeFileSync(cfg, `[uid_pool]\nbase = ${3 * 2 ** 30 + 30 * 2 ** 25}\nsize = ${2 ** 25}\n`);
   const socket = path.join(root, 'dsecd.sock');
-  const proc = spawn(process.execPath, [path.join(repoRoot(), 'bin/dsecd'), '--root', root, '--socket', socket, '--config', cfg], {
+  const proc = spawn(path.join(repoRoot(), 'bin/dsecd'), ['--root', root, '--socket', socket, '--config', cfg], {
     stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn' },
   });
   const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });

@@ -50,6 +50,7 @@ const FileConfig = z
       .strict()
       .optional(),
     exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
+    metrics: z.object({ address: z.string().optional() }).strict().optional(),
     images: z
       .object({
         store: z.string().optional(),
@@ -102,6 +103,8 @@ export interface DaemonConfig {
    * kept by prune.
    */
   images: { store: string; cacheDir: string | null; cacheBytes: number; commitExclude: string[]; pruneGraceMs: number };
+  /** TCP `host:port` serving GET /metrics only (e.g. `127.0.0.1:9464`), or null: metrics on the socket only. */
+  metricsAddress: string | null;
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -170,6 +173,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       pids: fc.defaults?.pids ?? 1024,
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
+    metricsAddress: fc.metrics?.address ?? null,
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

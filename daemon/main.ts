@@ -23,6 +23,7 @@ import { SandboxRepo } from './sandbox/repo.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { Failpoints } from './sandbox/failpoints.js';
 import { Reaper } from './sandbox/reaper.js';
+import { Metrics } from './metrics.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
@@ -233,6 +234,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
       return { config, log, async close() {} };
     }
+    const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState());
+    const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
     const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }));
     await reaper.sweep();
     reaper.start();
@@ -243,6 +246,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       images,
       log,
       failpoints: fp,
+      metrics,
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -288,6 +292,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log,
       async close() {
         reaper.stop();
+        metricsServer?.close();
         // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
         const drained = app.close();
         const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);

@@ -7,29 +7,51 @@
  *     "agent connection lost");
  *   - `DeadlineExceeded`: the HELLO handshake did not finish in time;
  *   - `FailedPrecondition`: the agent speaks another protocol version or refused HELLO;
- *   - `InvalidArgument`: a malformed exec request (thrown before anything is sent);
- *   - `Internal`: the agent sent an ERROR for one stream (a bug on one side).
+ *   - `InvalidArgument`: a malformed exec or file request (thrown before anything is sent);
+ *   - `Unimplemented`: the agent predates a feature (tty, detached, files);
+ *   - `Internal`: the agent sent an ERROR for one stream (a bug on one side);
+ *   - file operations fail with an {@link AgentFileError} whose kind follows the errno
+ *     (see {@link fileErrorKind}).
  *
- * Only `node:net` is used. Outbound data (stdin) is buffered by the socket without
- * backpressure; callers feeding large stdin should pace themselves.
+ * Only `node:net` is used. Stdin is buffered by the socket without backpressure; callers
+ * feeding large stdin should pace themselves. File writes are flow-controlled (FILE_ACK,
+ * at most 4 MiB in flight); file reads are flow-controlled by pausing the whole socket
+ * when a reader's stream is full (see {@link AgentClient.readFile}).
  */
 import net from 'node:net';
 import { performance } from 'node:perf_hooks';
+import { Readable } from 'node:stream';
 import {
   CONTROL_STREAM,
+  FileWriteFlag,
   FrameDecoder,
   FrameType,
   PROTOCOL_VERSION,
   decodeExecError,
   decodeExit,
+  decodeFileEntry,
+  decodeFileError,
+  decodeFileInfo,
   decodeU32,
+  decodeU64,
   encodeExecRequest,
+  encodeFileRequest,
   encodeFrame,
   encodeU32,
-  type Frame,
+  encodeWinsize,
   type ExecRequestFields,
+  type FileEntry,
+  type FileInfo,
+  type FileRequestFields,
+  type Frame,
 } from './protocol.js';
-import { DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, unavailable } from '../errors.js';
+import {
+  DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, unavailable, unimplemented,
+  type ErrorKind,
+} from '../errors.js';
+
+export type { FileEntry, FileInfo, FileType } from './protocol.js';
+export { FileWriteFlag } from './protocol.js';
 
 /** What the agent says about itself in its HELLO reply. */
 export interface AgentInfo {
@@ -41,6 +63,11 @@ export interface AgentInfo {
   protocol: number;
   /** The agent's pid as seen in its own pid namespace (1 when it is the sandbox's init). */
   pid: number;
+  /**
+   * Optional protocol-1 additions the agent implements: "tty", "detached", "files".
+   * Absent on agents that predate them.
+   */
+  features?: string[];
 }
 
 /** One command to run inside the sandbox: the fields of one EXEC frame (see protocol.ts). */
@@ -97,14 +124,25 @@ export interface AgentExecHandle {
    */
   readonly pid: Promise<number>;
   /**
-   * Queue bytes for the child's stdin (split into frames ≤ 256 KiB). A no-op once the
-   * exec has ended or the connection is gone.
-   * @throws DsecError(FailedPrecondition) if the exec was not started with stdin: true,
-   *   or after closeStdin()
+   * Queue bytes for the child's stdin (split into frames ≤ 256 KiB); for a tty exec, bytes
+   * typed into the terminal (always allowed; "\x03" is Ctrl-C, "\x04" Ctrl-D). A no-op once
+   * the exec has ended or the connection is gone.
+   * @throws DsecError(FailedPrecondition) if the exec was started with neither stdin: true
+   *   nor a tty, or after closeStdin()
    */
   writeStdin(b: Buffer): void;
-  /** Close the child's stdin (after the queued bytes). Safe to call twice. */
+  /**
+   * Close the child's stdin (after the queued bytes). Safe to call twice. A no-op for a tty
+   * exec: a terminal has no end of input; write "\x04" (Ctrl-D) instead.
+   */
   closeStdin(): void;
+  /**
+   * Set the terminal size of a tty exec (the foreground process group gets SIGWINCH).
+   * A no-op once the exec has ended.
+   * @throws DsecError(FailedPrecondition) "resize: exec has no tty" for a non-tty exec;
+   *   DsecError(InvalidArgument) for rows/cols outside 0..65535
+   */
+  resize(rows: number, cols: number): void;
   /**
    * Send a signal (1..64) to the exec's process group. A no-op once the exec has ended.
    * @throws DsecError(InvalidArgument) for a signal number outside 1..64
@@ -124,18 +162,111 @@ export interface AgentConnectOptions {
   timeoutMs?: number;
 }
 
+/** Options shared by the file operations. */
+export interface AgentFileOptions {
+  /** "uid", "uid:gid", "name" or "name:group" inside the sandbox; default "0" (root). */
+  user?: string;
+}
+
+/** Options of {@link AgentClient.readFile}. */
+export interface AgentReadFileOptions extends AgentFileOptions {
+  /** Start at this byte offset (default 0). */
+  offset?: number;
+  /** Read at most this many bytes (default / 0: to the end). */
+  length?: number;
+}
+
+/** Options of {@link AgentClient.writeFile}. */
+export interface AgentWriteFileOptions extends AgentFileOptions {
+  /**
+   * Permission bits (≤ 0o7777), applied exactly (no umask). Default: the replaced file's
+   * mode, or 0o644 for a new file.
+   */
+  mode?: number;
+  /** {@link FileWriteFlag} bits; default CREATE (create or atomically replace). */
+  flags?: number;
+}
+
+/** A file being read: see {@link AgentClient.readFile}. */
+export interface AgentFileRead {
+  /** Resolves with the file's stat once it is open; rejects with the open failure. */
+  readonly info: Promise<FileInfo>;
+  /** The bytes (chunks ≤ 256 KiB); ends after the last byte, is destroyed on failure. */
+  readonly stream: Readable;
+  /** Resolves after the last byte was received; rejects on any failure or cancellation. */
+  readonly done: Promise<void>;
+}
+
 /** Size of STDIN frames the client sends (the protocol allows up to 1 MiB). */
 const STDIN_FRAME_BYTES = 256 * 1024;
+/** Size of FILE_DATA frames the client sends. */
+const FILE_FRAME_BYTES = 256 * 1024;
+/** A writeFile keeps at most this many bytes sent but not acknowledged by FILE_ACK. */
+const WRITE_WINDOW_BYTES = 4 * 1024 * 1024;
+/** highWaterMark of a readFile stream; above it the socket is paused. */
+const READ_STREAM_HWM = 256 * 1024;
 const DEFAULT_CONNECT_TIMEOUT_MS = 5000;
 
-interface StreamState {
-  handlers: AgentExecHandlers;
-  stdin: boolean;
-  stdinClosed: boolean;
-  resolvePid(pid: number): void;
-  rejectPid(e: Error): void;
-  resolveDone(o: AgentExecOutcome): void;
-  rejectDone(e: Error): void;
+/** Linux errno values the agent reports in FILE_ERROR. */
+const ERRNO = {
+  EPERM: 1, ENOENT: 2, EIO: 5, ENOMEM: 12, EACCES: 13, EBUSY: 16, EEXIST: 17, EXDEV: 18, ENOTDIR: 20,
+  EISDIR: 21, EINVAL: 22, ENFILE: 23, EMFILE: 24, EFBIG: 27, ENOSPC: 28, EROFS: 30, ENAMETOOLONG: 36,
+  ENOTEMPTY: 39, ELOOP: 40, EDQUOT: 122, ECANCELED: 125,
+} as const;
+
+/**
+ * Error kind for a FILE_ERROR errno: ENOENT → NotFound; EEXIST → AlreadyExists;
+ * EACCES/EPERM, EISDIR/ENOTDIR, ENOTEMPTY, EBUSY, EROFS → FailedPrecondition;
+ * EINVAL/ELOOP/EXDEV/ENAMETOOLONG (relative paths, '..', magic links) → InvalidArgument;
+ * ENOSPC/EDQUOT/EFBIG/ENOMEM/EMFILE/ENFILE → ResourceExhausted; anything else → Internal.
+ */
+export function fileErrorKind(errno: number): ErrorKind {
+  switch (errno) {
+    case ERRNO.ENOENT: return 'NotFound';
+    case ERRNO.EEXIST: return 'AlreadyExists';
+    case ERRNO.EACCES: case ERRNO.EPERM: case ERRNO.EISDIR: case ERRNO.ENOTDIR: case ERRNO.ENOTEMPTY:
+    case ERRNO.EBUSY: case ERRNO.EROFS: case ERRNO.ECANCELED:
+      return 'FailedPrecondition';
+    case ERRNO.EINVAL: case ERRNO.ELOOP: case ERRNO.EXDEV: case ERRNO.ENAMETOOLONG: return 'InvalidArgument';
+    case ERRNO.ENOSPC: case ERRNO.EDQUOT: case ERRNO.EFBIG: case ERRNO.ENOMEM: case ERRNO.EMFILE: case ERRNO.ENFILE:
+      return 'ResourceExhausted';
+    default: return 'Internal';
+  }
+}
+
+/** A file operation the agent refused or that failed (FILE_ERROR). */
+export class AgentFileError extends DsecError {
+  /** The Linux errno the agent reported (e.g. 2 = ENOENT, 13 = EACCES). */
+  readonly errno: number;
+
+  constructor(errno: number, message: string) {
+    super(fileErrorKind(errno), message);
+    this.errno = errno;
+  }
+}
+
+/** Per-stream receiver of frames (exec or file operation). */
+interface StreamSink {
+  /** A frame on this stream; throwing drops the connection. */
+  onFrame(f: Frame): void;
+  /** The connection is gone. */
+  fail(err: Error): void;
+}
+
+/** What an ERROR frame on a stream means for the caller. */
+function streamError(stream: number, payload: Buffer): DsecError {
+  const msg = payload.toString('utf8');
+  if (/unknown or unexpected frame type/.test(msg)) {
+    return unimplemented(`the agent does not support this operation (stream ${stream}: ${msg})`);
+  }
+  return internal(`agent error on stream ${stream}: ${msg}`);
+}
+
+function toBuffer(chunk: unknown): Buffer {
+  if (Buffer.isBuffer(chunk)) return chunk;
+  if (chunk instanceof Uint8Array) return Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+  if (typeof chunk === 'string') return Buffer.from(chunk, 'utf8');
+  throw invalidArgument(`writeFile: source yielded a ${typeof chunk}, expected Buffer, Uint8Array or string`);
 }
 
 interface PendingPing {
@@ -149,7 +280,9 @@ export class AgentClient {
   private readonly socket: net.Socket;
   private readonly socketPath: string;
   private readonly decoder = new FrameDecoder();
-  private readonly streams = new Map<number, StreamState>();
+  private readonly streams = new Map<number, StreamSink>();
+  /** readFile streams whose consumer is behind; the socket is paused while non-empty. */
+  private readonly pausers = new Set<number>();
   private readonly pings = new Map<number, PendingPing>();
   private readonly lostListeners = new Set<(err: Error) => void>();
   private nextStream = 1;
@@ -237,9 +370,11 @@ export class AgentClient {
   }
 
   /**
-   * Start one exec. Output is delivered to `handlers` as it arrives.
+   * Start one exec. Output is delivered to `handlers` as it arrives (for a tty exec,
+   * everything arrives as stdout).
    * @throws DsecError(InvalidArgument) synchronously for a malformed request
-   *   (empty argv, NUL in a string, env entry without '=', bad timeout)
+   *   (empty argv, NUL in a string, env entry without '=', bad timeout, bad tty size);
+   *   DsecError(Unimplemented) if `tty` or `detached` is asked of an agent without them
    * @returns a handle whose `done` rejects with DsecError(Unavailable) if the
    *   connection is already closed or gets lost
    */
@@ -250,6 +385,8 @@ export class AgentClient {
     } catch (e) {
       throw invalidArgument(`exec request: ${(e as Error).message}`, e);
     }
+    if (req.tty !== undefined) this.requireFeature('tty', 'exec with a tty');
+    if (req.detached) this.requireFeature('detached', 'detached exec');
     const stream = this.allocStream();
     let resolvePid!: (pid: number) => void;
     let rejectPid!: (e: Error) => void;
@@ -261,39 +398,95 @@ export class AgentClient {
     // unhandled rejection. Awaiting them still sees the rejection.
     pid.catch(() => {});
     done.catch(() => {});
-    const st: StreamState = {
-      handlers, stdin: !!req.stdin, stdinClosed: false, resolvePid, rejectPid, resolveDone, rejectDone,
+    const tty = req.tty !== undefined;
+    const acceptsInput = !!req.stdin || tty;
+    let stdinClosed = false;
+    const sink: StreamSink = {
+      onFrame: (f) => {
+        switch (f.type) {
+          case FrameType.STARTED:
+            resolvePid(decodeU32(f.payload, 'STARTED'));
+            return;
+          case FrameType.STDOUT:
+            handlers.onStdout?.(f.payload);
+            return;
+          case FrameType.STDERR:
+            handlers.onStderr?.(f.payload);
+            return;
+          case FrameType.EXIT: {
+            const x = decodeExit(f.payload);
+            this.streams.delete(f.stream);
+            resolveDone({
+              kind: 'exit',
+              exitCode: x.how === 0 ? x.code : null,
+              signal: x.how === 1 ? x.code : null,
+              timedOut: x.timedOut,
+              durationMs: Number(x.durationUs) / 1000,
+            });
+            return;
+          }
+          case FrameType.EXEC_ERROR: {
+            const x = decodeExecError(f.payload);
+            this.streams.delete(f.stream);
+            rejectPid(new DsecError('FailedPrecondition', x.message));
+            resolveDone({ kind: 'exec_error', errno: x.errno, message: x.message });
+            return;
+          }
+          case FrameType.ERROR: {
+            const err = streamError(f.stream, f.payload);
+            this.streams.delete(f.stream);
+            rejectPid(err);
+            rejectDone(err);
+            return;
+          }
+          default:
+            return; // unknown stream frames are ignored (forward compatibility)
+        }
+      },
+      fail: (err) => {
+        rejectPid(err);
+        rejectDone(err);
+      },
     };
     if (this._closed) {
-      const err = this.lostError('connection is closed');
-      rejectPid(err);
-      rejectDone(err);
+      sink.fail(this.lostError('connection is closed'));
     } else {
-      this.streams.set(stream, st);
+      this.streams.set(stream, sink);
       this.send(FrameType.EXEC, stream, payload);
     }
+    const live = () => this.streams.get(stream) === sink;
     return {
       stream,
       pid,
       done,
       writeStdin: (b: Buffer) => {
-        if (!st.stdin) throw failedPrecondition('writeStdin: the exec was started without stdin: true');
-        if (st.stdinClosed) throw failedPrecondition('writeStdin: stdin is already closed');
-        if (this.streams.get(stream) !== st) return;
+        if (!acceptsInput) throw failedPrecondition('writeStdin: the exec was started without stdin: true');
+        if (stdinClosed) throw failedPrecondition('writeStdin: stdin is already closed');
+        if (!live()) return;
         for (let off = 0; off < b.length; off += STDIN_FRAME_BYTES) {
           this.send(FrameType.STDIN, stream, b.subarray(off, Math.min(b.length, off + STDIN_FRAME_BYTES)));
         }
       },
       closeStdin: () => {
-        if (!st.stdin || st.stdinClosed) return;
-        st.stdinClosed = true;
-        if (this.streams.get(stream) === st) this.send(FrameType.STDIN_EOF, stream);
+        if (tty || !req.stdin || stdinClosed) return;
+        stdinClosed = true;
+        if (live()) this.send(FrameType.STDIN_EOF, stream);
       },
       signal: (signo: number) => {
         if (!Number.isInteger(signo) || signo < 1 || signo > 64) {
           throw invalidArgument(`signal: ${signo} is not a signal number (1..64)`);
         }
-        if (this.streams.get(stream) === st) this.send(FrameType.SIGNAL, stream, encodeU32(signo));
+        if (live()) this.send(FrameType.SIGNAL, stream, encodeU32(signo));
+      },
+      resize: (rows: number, cols: number) => {
+        if (!tty) throw failedPrecondition('resize: exec has no tty');
+        let p: Buffer;
+        try {
+          p = encodeWinsize(rows, cols);
+        } catch (e) {
+          throw invalidArgument(`resize: ${(e as Error).message}`, e);
+        }
+        if (live()) this.send(FrameType.RESIZE, stream, p);
       },
     };
   }
@@ -332,9 +525,282 @@ export class AgentClient {
     };
   }
 
+  // ---- files ------------------------------------------------------------------------
+
+  /**
+   * Stream a regular file out of the sandbox.
+   *
+   * Flow control: the agent stops reading the file while this connection's outbound queue
+   * is above 4 MiB. The client cannot pause one stream of a shared socket, so when
+   * `stream`'s buffer is above 256 KiB (its highWaterMark: the consumer is slower than the
+   * agent) the whole socket is paused until the consumer reads again; every other stream
+   * of this connection (exec output, other files, pings) waits meanwhile. Memory stays
+   * bounded on both ends; a consumer that waits for another stream of the same
+   * connection before reading this one deadlocks, so use a connection of its own for it.
+   *
+   * Destroying `stream` early cancels the read on the agent; `done` then rejects with
+   * the destroy error, or FailedPrecondition "cancelled" when there was none.
+   * @throws DsecError(InvalidArgument) synchronously for a malformed request
+   * @returns info (on open), the bytes, and completion; failures reject `info` (if not
+   *   yet open) and `done`, and destroy `stream`, with an {@link AgentFileError}
+   *   (e.g. NotFound, FailedPrecondition for EACCES/EISDIR, InvalidArgument for '..' or a
+   *   /proc magic link), DsecError(Unavailable) on connection loss, or
+   *   DsecError(Unimplemented) for an agent without files
+   */
+  readFile(path: string, opts: AgentReadFileOptions = {}): AgentFileRead {
+    const payload = this.encodeFile('readFile', { path, user: opts.user, offset: opts.offset, length: opts.length });
+    const stream = this.allocStream();
+    let resolveInfo!: (i: FileInfo) => void;
+    let rejectInfo!: (e: Error) => void;
+    let resolveDone!: () => void;
+    let rejectDone!: (e: Error) => void;
+    const info = new Promise<FileInfo>((res, rej) => { resolveInfo = res; rejectInfo = rej; });
+    const done = new Promise<void>((res, rej) => { resolveDone = res; rejectDone = rej; });
+    info.catch(() => {});
+    done.catch(() => {});
+    let finished = false;
+    const fail = (err: Error) => {
+      if (finished) return;
+      finished = true;
+      this.unpauseFor(stream);
+      rejectInfo(err);
+      rejectDone(err);
+      if (!readable.destroyed) readable.destroy(err);
+    };
+    const readable = new Readable({
+      highWaterMark: READ_STREAM_HWM,
+      read: () => this.unpauseFor(stream),
+      destroy: (err, cb) => {
+        if (!finished) {
+          // The consumer gave up: tell the agent (FILE_DONE on a read = cancel).
+          finished = true;
+          this.unpauseFor(stream);
+          if (this.streams.get(stream) === sink) {
+            this.streams.delete(stream);
+            this.send(FrameType.FILE_DONE, stream);
+          }
+          const e = err ?? failedPrecondition(`read ${path}: cancelled by the reader`);
+          rejectInfo(e);
+          rejectDone(e);
+        }
+        cb(err);
+      },
+    });
+    // Failures are reported through `done`; without this, destroying a stream nobody
+    // listens to would crash the process with an unhandled 'error' event.
+    readable.on('error', () => {});
+    const sink: StreamSink = {
+      onFrame: (f) => {
+        switch (f.type) {
+          case FrameType.FILE_INFO:
+            resolveInfo(decodeFileInfo(f.payload));
+            return;
+          case FrameType.FILE_DATA:
+            if (!finished && !readable.push(f.payload)) this.pauseFor(stream);
+            return;
+          case FrameType.FILE_DONE:
+            this.streams.delete(f.stream);
+            if (finished) return;
+            finished = true;
+            this.unpauseFor(stream);
+            readable.push(null);
+            resolveDone();
+            return;
+          case FrameType.FILE_ERROR: {
+            this.streams.delete(f.stream);
+            const x = decodeFileError(f.payload);
+            fail(new AgentFileError(x.errno, x.message));
+            return;
+          }
+          case FrameType.ERROR:
+            this.streams.delete(f.stream);
+            fail(streamError(f.stream, f.payload));
+            return;
+          default:
+            return;
+        }
+      },
+      fail,
+    };
+    this.startFileOp(stream, sink, FrameType.FILE_READ, payload);
+    return { info, stream: readable, done };
+  }
+
+  /**
+   * Write a file inside the sandbox from `source` (a Readable, any async iterable of
+   * Buffer/Uint8Array/string, or one Buffer). By default (flags CREATE) the bytes go to a
+   * temp file in the same directory that atomically replaces `path` once the source has
+   * ended; with APPEND they are appended in place. The agent acknowledges every MiB
+   * written (FILE_ACK) and this client keeps at most 4 MiB unacknowledged, so a fast
+   * source never floods the socket. If the agent fails first, the source is destroyed.
+   * @returns the number of bytes written
+   * @throws DsecError(InvalidArgument) for a malformed request; an {@link AgentFileError}
+   *   (e.g. FailedPrecondition "Permission denied", AlreadyExists with EXCLUSIVE,
+   *   ResourceExhausted for ENOSPC); the source's own error (the write is then aborted
+   *   and nothing replaces `path`); DsecError(Unavailable) on connection loss
+   */
+  async writeFile(
+    path: string,
+    source: Readable | AsyncIterable<Buffer | Uint8Array | string> | Buffer,
+    opts: AgentWriteFileOptions = {},
+  ): Promise<{ bytes: number }> {
+    const payload = this.encodeFile('writeFile', {
+      path, user: opts.user, mode: opts.mode, flags: opts.flags ?? FileWriteFlag.CREATE,
+    });
+    const stream = this.allocStream();
+    let acked = 0;
+    let sent = 0;
+    let settled = false;
+    let wake: (() => void) | null = null;
+    const wakeUp = () => {
+      const w = wake;
+      wake = null;
+      w?.();
+    };
+    let resolveResult!: (r: { bytes: number }) => void;
+    let rejectResult!: (e: Error) => void;
+    const result = new Promise<{ bytes: number }>((res, rej) => { resolveResult = res; rejectResult = rej; });
+    result.catch(() => {});
+    const fail = (err: Error) => {
+      if (settled) return;
+      settled = true;
+      rejectResult(err);
+      wakeUp();
+      // Stop a source that may be waiting for its producer (the pump below would
+      // otherwise only notice at its next chunk).
+      if (source instanceof Readable && !source.destroyed) source.destroy();
+    };
+    const sink: StreamSink = {
+      onFrame: (f) => {
+        switch (f.type) {
+          case FrameType.FILE_ACK:
+            acked = decodeU64(f.payload, 'FILE_ACK');
+            wakeUp();
+            return;
+          case FrameType.FILE_DONE:
+            this.streams.delete(f.stream);
+            if (!settled) {
+              settled = true;
+              resolveResult({ bytes: decodeU64(f.payload, 'FILE_DONE') });
+              wakeUp();
+            }
+            return;
+          case FrameType.FILE_ERROR: {
+            this.streams.delete(f.stream);
+            const x = decodeFileError(f.payload);
+            fail(new AgentFileError(x.errno, x.message));
+            return;
+          }
+          case FrameType.ERROR:
+            this.streams.delete(f.stream);
+            fail(streamError(f.stream, f.payload));
+            return;
+          default:
+            return;
+        }
+      },
+      fail,
+    };
+    this.startFileOp(stream, sink, FrameType.FILE_WRITE, payload);
+    const iterable: AsyncIterable<unknown> = Buffer.isBuffer(source) ? [source] as unknown as AsyncIterable<unknown> : source;
+    // The pump runs on its own: `result` settles on the agent's answer or on connection
+    // loss even while the source is stalled.
+    const pump = async () => {
+      try {
+        for await (const chunk of iterable) {
+          if (settled) break; // the agent failed (or the connection is gone): stop reading
+          const buf = toBuffer(chunk);
+          for (let off = 0; off < buf.length && !settled; off += FILE_FRAME_BYTES) {
+            while (!settled && sent - acked >= WRITE_WINDOW_BYTES) {
+              await new Promise<void>((r) => { wake = r; });
+            }
+            if (settled) break;
+            const part = buf.subarray(off, Math.min(buf.length, off + FILE_FRAME_BYTES));
+            this.send(FrameType.FILE_DATA, stream, part);
+            sent += part.length;
+          }
+        }
+      } catch (e) {
+        if (!settled) {
+          // The source failed: abort on the agent (its temp file is removed).
+          if (this.streams.get(stream) === sink) {
+            this.streams.delete(stream);
+            this.send(FrameType.FILE_ERROR, stream);
+          }
+          fail(e instanceof Error ? e : new Error(String(e)));
+        }
+      }
+      if (!settled) this.send(FrameType.FILE_DONE, stream);
+    };
+    void pump();
+    return result;
+  }
+
+  /**
+   * stat (or lstat, with nofollow) a path inside the sandbox.
+   * @returns its info; `target` is set for a symlink (nofollow)
+   * @throws an {@link AgentFileError} (NotFound, FailedPrecondition, InvalidArgument, …)
+   */
+  async stat(path: string, opts: AgentFileOptions & { nofollow?: boolean } = {}): Promise<FileInfo> {
+    const payload = this.encodeFile('stat', { path, user: opts.user, nofollow: opts.nofollow });
+    let info: FileInfo | null = null;
+    await this.simpleFileOp(FrameType.FILE_STAT, payload, (f) => {
+      if (f.type === FrameType.FILE_INFO) info = decodeFileInfo(f.payload);
+    });
+    if (!info) throw internal(`stat ${path}: the agent sent no FILE_INFO`);
+    return info;
+  }
+
+  /**
+   * List a directory (entries other than "." and "..", in directory order, not sorted).
+   * @returns each entry's lstat info and name; `target` for symlinks
+   * @throws an {@link AgentFileError} (NotFound, FailedPrecondition for ENOTDIR/EACCES, …)
+   */
+  async list(path: string, opts: AgentFileOptions = {}): Promise<FileEntry[]> {
+    const payload = this.encodeFile('list', { path, user: opts.user });
+    const entries: FileEntry[] = [];
+    await this.simpleFileOp(FrameType.FILE_LIST, payload, (f) => {
+      if (f.type === FrameType.FILE_ENTRY) entries.push(decodeFileEntry(f.payload));
+    });
+    return entries;
+  }
+
+  /**
+   * Create a directory (mode default 0o755, exact). With parents, missing parents are
+   * created (0o755) and an existing directory is not an error.
+   * @throws an {@link AgentFileError} (AlreadyExists, NotFound for a missing parent, …)
+   */
+  async mkdir(path: string, opts: AgentFileOptions & { mode?: number; parents?: boolean } = {}): Promise<void> {
+    const payload = this.encodeFile('mkdir', {
+      path, user: opts.user, mode: opts.mode, flags: opts.parents ? FileWriteFlag.PARENTS : undefined,
+    });
+    await this.simpleFileOp(FrameType.FILE_MKDIR, payload, () => {});
+  }
+
+  /**
+   * Remove a file, symlink or empty directory; with recursive, a directory tree (symlinks
+   * are removed, never followed).
+   * @throws an {@link AgentFileError} (NotFound, FailedPrecondition for ENOTEMPTY/EACCES, …)
+   */
+  async remove(path: string, opts: AgentFileOptions & { recursive?: boolean } = {}): Promise<void> {
+    const payload = this.encodeFile('remove', { path, user: opts.user, recursive: opts.recursive });
+    await this.simpleFileOp(FrameType.FILE_REMOVE, payload, () => {});
+  }
+
+  /**
+   * Create a symlink at `path` pointing to `target` (stored as is, may be relative).
+   * @throws an {@link AgentFileError} (AlreadyExists, NotFound for a missing parent, …)
+   */
+  async symlink(path: string, target: string, opts: AgentFileOptions = {}): Promise<void> {
+    const payload = this.encodeFile('symlink', { path, user: opts.user, target });
+    await this.simpleFileOp(FrameType.FILE_SYMLINK, payload, () => {});
+  }
+
   /**
    * Close the connection. The agent SIGKILLs the process groups of execs still running on
-   * it; their `done` promises reject with "agent connection lost (closed by client)".
+   * it (except detached ones, which keep running); their `done` promises reject with
+   * "agent connection lost (closed by client)". File operations in progress fail the
+   * same way (an unfinished write leaves nothing behind).
    * Safe to call twice; onLost callbacks are not called.
    */
   close(): void {
@@ -352,6 +818,82 @@ export class AgentClient {
       this.nextStream = this.nextStream >= 0xffffffff ? 1 : this.nextStream + 1;
       if (!this.streams.has(s)) return s;
     }
+  }
+
+  /** @throws DsecError(Unimplemented) if the agent's HELLO does not list the feature. */
+  private requireFeature(feature: string, what: string): void {
+    const features = this._info?.features;
+    if (!features || !features.includes(feature)) {
+      throw unimplemented(`${what}: the agent at ${this.socketPath} (version ${this._info?.version ?? '?'}) does not support "${feature}"`);
+    }
+  }
+
+  private encodeFile(op: string, fields: FileRequestFields): Buffer {
+    try {
+      return encodeFileRequest(fields);
+    } catch (e) {
+      throw invalidArgument(`${op}: ${(e as Error).message}`, e);
+    }
+  }
+
+  /** Register a file stream and send its request, or fail it at once. */
+  private startFileOp(stream: number, sink: StreamSink, type: number, payload: Buffer): void {
+    if (this._closed) {
+      sink.fail(this.lostError('connection is closed'));
+      return;
+    }
+    try {
+      this.requireFeature('files', 'file operations');
+    } catch (e) {
+      sink.fail(e as Error);
+      return;
+    }
+    this.streams.set(stream, sink);
+    this.send(type, stream, payload);
+  }
+
+  /** A file request answered by some frames (passed to onFrame) and FILE_DONE / FILE_ERROR. */
+  private simpleFileOp(type: number, payload: Buffer, onFrame: (f: Frame) => void): Promise<void> {
+    return new Promise<void>((resolve, reject) => {
+      const stream = this.allocStream();
+      const sink: StreamSink = {
+        onFrame: (f) => {
+          switch (f.type) {
+            case FrameType.FILE_DONE:
+              this.streams.delete(f.stream);
+              resolve();
+              return;
+            case FrameType.FILE_ERROR: {
+              this.streams.delete(f.stream);
+              const x = decodeFileError(f.payload);
+              reject(new AgentFileError(x.errno, x.message));
+              return;
+            }
+            case FrameType.ERROR:
+              this.streams.delete(f.stream);
+              reject(streamError(f.stream, f.payload));
+              return;
+            default:
+              onFrame(f);
+          }
+        },
+        fail: reject,
+      };
+      this.startFileOp(stream, sink, type, payload);
+    });
+  }
+
+  /** A readFile consumer is behind: stop reading the socket (all streams). */
+  private pauseFor(stream: number): void {
+    if (this._closed) return;
+    if (this.pausers.size === 0) this.socket.pause();
+    this.pausers.add(stream);
+  }
+
+  /** A readFile consumer caught up (or its stream ended): resume when nobody is behind. */
+  private unpauseFor(stream: number): void {
+    if (!this.pausers.delete(stream)) return;
+    if (this.pausers.size === 0 && !this._closed) this.socket.resume();
   }
 
   private send(type: number, stream: number, payload?: Buffer): void {
@@ -431,47 +973,9 @@ export class AgentClient {
           return; // unknown control frames are ignored (forward compatibility)
       }
     }
-    const st = this.streams.get(f.stream);
-    if (!st) return; // stream already finished (or never ours)
-    switch (f.type) {
-      case FrameType.STARTED:
-        st.resolvePid(decodeU32(f.payload, 'STARTED'));
-        return;
-      case FrameType.STDOUT:
-        st.handlers.onStdout?.(f.payload);
-        return;
-      case FrameType.STDERR:
-        st.handlers.onStderr?.(f.payload);
-        return;
-      case FrameType.EXIT: {
-        const x = decodeExit(f.payload);
-        this.streams.delete(f.stream);
-        st.resolveDone({
-          kind: 'exit',
-          exitCode: x.how === 0 ? x.code : null,
-          signal: x.how === 1 ? x.code : null,
-          timedOut: x.timedOut,
-          durationMs: Number(x.durationUs) / 1000,
-        });
-        return;
-      }
-      case FrameType.EXEC_ERROR: {
-        const x = decodeExecError(f.payload);
-        this.streams.delete(f.stream);
-        st.rejectPid(new DsecError('FailedPrecondition', x.message));
-        st.resolveDone({ kind: 'exec_error', errno: x.errno, message: x.message });
-        return;
-      }
-      case FrameType.ERROR: {
-        const err = internal(`agent error on stream ${f.stream}: ${f.payload.toString('utf8')}`);
-        this.streams.delete(f.stream);
-        st.rejectPid(err);
-        st.rejectDone(err);
-        return;
-      }
-      default:
-        return; // unknown stream frames are ignored (forward compatibility)
-    }
+    const sink = this.streams.get(f.stream);
+    if (!sink) return; // stream already finished (or never ours)
+    sink.onFrame(f);
   }
 
   private failHandshake(err: Error): void {
@@ -518,10 +1022,8 @@ export class AgentClient {
     this._closed = true;
     const streams = [...this.streams.values()];
     this.streams.clear();
-    for (const st of streams) {
-      st.rejectPid(err);
-      st.rejectDone(err);
-    }
+    this.pausers.clear();
+    for (const sink of streams) sink.fail(err);
     const pings = [...this.pings.values()];
     this.pings.clear();
     for (const p of pings) p.reject(err);

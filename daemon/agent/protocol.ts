@@ -23,7 +23,7 @@ export const MAX_PAYLOAD = 1 << 20;
 /** Stream id of the control stream (HELLO, PING/PONG, connection-fatal ERROR). */
 export const CONTROL_STREAM = 0;
 
-/** Frame types. 14–31 are reserved for future streaming/PTY/file additions. */
+/** Frame types. 28–31 are reserved for future additions. */
 export const FrameType = {
   /** Both directions, stream 0: u32 BE version (+ JSON info from the agent). */
   HELLO: 1,
@@ -51,6 +51,37 @@ export const FrameType = {
   EXEC_ERROR: 12,
   /** Agent→client: UTF-8 message; on stream 0 the agent closes the connection. */
   ERROR: 13,
+  /** Client→agent, TTY exec stream: u16 BE rows, u16 BE cols (TIOCSWINSZ + SIGWINCH). */
+  RESIZE: 14,
+  /** Client→agent, new stream: TLV (PATH, USER, OFFSET, LENGTH) → FILE_INFO, FILE_DATA*, FILE_DONE. */
+  FILE_READ: 15,
+  /** Agent→client: u64 size, u32 st_mode, u32 uid, u32 gid, u64 mtime_ns, u8 type [, symlink target]. */
+  FILE_INFO: 16,
+  /** Both directions: file bytes (agent: ≤ 256 KiB; client: ≤ 1 MiB). */
+  FILE_DATA: 17,
+  /**
+   * Agent→client: success, final (empty; after a write: u64 bytes written).
+   * Client→agent: end of a write's data (commit); on a read/list: cancel.
+   */
+  FILE_DONE: 18,
+  /** Client→agent, new stream: TLV (PATH, USER, MODE, FLAGS), then FILE_DATA*, FILE_DONE. */
+  FILE_WRITE: 19,
+  /** Agent→client, final: u32 errno, UTF-8 message. Client→agent: abort the operation. */
+  FILE_ERROR: 20,
+  /** Agent→client, write stream: u64 total bytes written so far (at open: 0, then every 1 MiB). */
+  FILE_ACK: 21,
+  /** Client→agent, new stream: TLV (PATH, USER, NOFOLLOW) → FILE_INFO, FILE_DONE. */
+  FILE_STAT: 22,
+  /** Client→agent, new stream: TLV (PATH, USER) → FILE_ENTRY*, FILE_DONE. */
+  FILE_LIST: 23,
+  /** Agent→client: FILE_INFO fields, u16 name length, name, symlink target (rest). */
+  FILE_ENTRY: 24,
+  /** Client→agent, new stream: TLV (PATH, USER, MODE, FLAGS 8 = parents) → FILE_DONE. */
+  FILE_MKDIR: 25,
+  /** Client→agent, new stream: TLV (PATH, USER, RECURSIVE) → FILE_DONE. */
+  FILE_REMOVE: 26,
+  /** Client→agent, new stream: TLV (PATH, USER, TARGET) → FILE_DONE. */
+  FILE_SYMLINK: 27,
 } as const;
 
 /** A frame type number (see {@link FrameType}). */
@@ -70,6 +101,44 @@ export const ExecTag = {
   TIMEOUT_MS: 5,
   /** u8: 1 = the client will send STDIN frames then STDIN_EOF; 0/absent = /dev/null. */
   STDIN: 6,
+  /** u16 BE rows, u16 BE cols: run on a pseudo-terminal of that size. */
+  TTY: 7,
+  /** u8 1: keep running when the connection that started it closes. */
+  DETACHED: 8,
+} as const;
+
+/** Tags of the TLV fields of the file requests (FILE_READ … FILE_SYMLINK). */
+export const FileTag = {
+  /** Absolute path inside the sandbox, no '..' components (UTF-8, no NUL). Required. */
+  PATH: 1,
+  /** User the operation runs as, like EXEC's USER; default "0". */
+  USER: 2,
+  /** FILE_READ: u64 BE start offset. */
+  OFFSET: 3,
+  /** FILE_READ: u64 BE byte count; 0 = to the end. */
+  LENGTH: 4,
+  /** FILE_WRITE / FILE_MKDIR: u32 BE permission bits (≤ 0o7777), applied exactly. */
+  MODE: 5,
+  /** FILE_WRITE / FILE_MKDIR: u8, see {@link FileWriteFlag}. */
+  FLAGS: 6,
+  /** FILE_STAT: u8 1 = do not follow a final symlink. */
+  NOFOLLOW: 7,
+  /** FILE_REMOVE: u8 1 = remove a directory with its contents. */
+  RECURSIVE: 9,
+  /** FILE_SYMLINK: the link's target (UTF-8, no NUL). */
+  TARGET: 10,
+} as const;
+
+/** Bits of FILE_WRITE's FLAGS (FILE_MKDIR accepts PARENTS only). */
+export const FileWriteFlag = {
+  /** Create PATH if missing (else it must exist); an existing file is replaced. */
+  CREATE: 1,
+  /** Append in place (not atomic) instead of replacing through a temp file. */
+  APPEND: 2,
+  /** Fail with EEXIST if PATH exists (implies create). */
+  EXCLUSIVE: 4,
+  /** Create missing parent directories (0755), like mkdir -p. */
+  PARENTS: 8,
 } as const;
 
 /** One decoded frame. `payload` is a view that the caller may keep. */
@@ -186,6 +255,26 @@ export interface ExecRequestFields {
   timeoutMs?: number;
   /** true: the client will send STDIN frames then STDIN_EOF; false/undefined: /dev/null. */
   stdin?: boolean;
+  /**
+   * Run on a pseudo-terminal of this size (rows, cols: 0..65535): stdin, stdout and stderr
+   * are the terminal, all output arrives as STDOUT, input is always accepted.
+   */
+  tty?: { rows: number; cols: number };
+  /** Keep running (output discarded) when the connection that started it closes. */
+  detached?: boolean;
+}
+
+function checkU16(what: string, v: number): number {
+  if (!Number.isInteger(v) || v < 0 || v > 0xffff) throw new TypeError(`${what} must be an integer in 0..65535, got ${v}`);
+  return v;
+}
+
+/** Encode a RESIZE payload (also the value of EXEC's TTY field): u16 rows, u16 cols. */
+export function encodeWinsize(rows: number, cols: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt16BE(checkU16('rows', rows), 0);
+  b.writeUInt16BE(checkU16('cols', cols), 2);
+  return b;
 }
 
 function checkString(what: string, s: string): Buffer {
@@ -227,6 +316,8 @@ export function encodeExecRequest(req: ExecRequestFields): Buffer {
     fields.push({ tag: ExecTag.TIMEOUT_MS, value: v });
   }
   if (req.stdin) fields.push({ tag: ExecTag.STDIN, value: Buffer.from([1]) });
+  if (req.tty !== undefined) fields.push({ tag: ExecTag.TTY, value: encodeWinsize(req.tty.rows, req.tty.cols) });
+  if (req.detached) fields.push({ tag: ExecTag.DETACHED, value: Buffer.from([1]) });
   const payload = encodeTlv(fields);
   if (payload.length > MAX_PAYLOAD) {
     throw new ProtocolError(`exec request of ${payload.length} bytes exceeds the ${MAX_PAYLOAD} byte limit`);
@@ -254,6 +345,14 @@ export function decodeExecRequest(payload: Buffer): ExecRequestFields {
       case ExecTag.STDIN:
         if (f.value.length !== 1) throw new ProtocolError('STDIN must be 1 byte');
         req.stdin = f.value[0] !== 0;
+        break;
+      case ExecTag.TTY:
+        if (f.value.length !== 4) throw new ProtocolError('TTY must be 4 bytes');
+        req.tty = { rows: f.value.readUInt16BE(0), cols: f.value.readUInt16BE(2) };
+        break;
+      case ExecTag.DETACHED:
+        if (f.value.length !== 1) throw new ProtocolError('DETACHED must be 1 byte');
+        req.detached = f.value[0] !== 0;
         break;
       default: break;
     }
@@ -400,4 +499,181 @@ export class FrameDecoder {
     this.chunks.splice(0, used);
     return out;
   }
+}
+
+// ---- files ------------------------------------------------------------------------------
+
+/** Fields of a file request (FILE_READ … FILE_SYMLINK); which ones apply depends on the type. */
+export interface FileRequestFields {
+  /** Absolute path, no '..' components. */
+  path: string;
+  /** "uid", "uid:gid", "name" or "name:group"; default "0". */
+  user?: string;
+  /** FILE_READ: start offset (bytes). */
+  offset?: number;
+  /** FILE_READ: byte count, 0/undefined = to the end. */
+  length?: number;
+  /** FILE_WRITE/FILE_MKDIR: permission bits ≤ 0o7777. */
+  mode?: number;
+  /** FILE_WRITE/FILE_MKDIR: {@link FileWriteFlag} bits. */
+  flags?: number;
+  /** FILE_STAT: do not follow a final symlink. */
+  nofollow?: boolean;
+  /** FILE_REMOVE: remove a directory tree. */
+  recursive?: boolean;
+  /** FILE_SYMLINK: the link's target. */
+  target?: string;
+}
+
+function u64(what: string, v: number): Buffer {
+  if (!Number.isSafeInteger(v) || v < 0) throw new TypeError(`${what} must be a safe integer ≥ 0, got ${v}`);
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64BE(BigInt(v), 0);
+  return b;
+}
+
+/**
+ * Encode the TLV payload of a file request. The path is checked here only for being a
+ * non-empty string without NUL; the agent enforces "absolute, no '..'".
+ * @throws TypeError on malformed fields (NUL bytes, mode > 0o7777, negative offsets, …)
+ */
+export function encodeFileRequest(req: FileRequestFields): Buffer {
+  const fields: TlvField[] = [];
+  if (typeof req.path !== 'string' || req.path === '') throw new TypeError('path must be a non-empty string');
+  fields.push({ tag: FileTag.PATH, value: checkString('path', req.path) });
+  if (req.user !== undefined) {
+    if (req.user === '') throw new TypeError('user must not be empty');
+    fields.push({ tag: FileTag.USER, value: checkString('user', req.user) });
+  }
+  if (req.offset !== undefined && req.offset !== 0) fields.push({ tag: FileTag.OFFSET, value: u64('offset', req.offset) });
+  if (req.length !== undefined && req.length !== 0) fields.push({ tag: FileTag.LENGTH, value: u64('length', req.length) });
+  if (req.mode !== undefined) {
+    if (!Number.isInteger(req.mode) || req.mode < 0 || req.mode > 0o7777) {
+      throw new TypeError(`mode must be an integer in 0..0o7777, got ${req.mode}`);
+    }
+    fields.push({ tag: FileTag.MODE, value: encodeU32(req.mode) });
+  }
+  if (req.flags !== undefined) {
+    if (!Number.isInteger(req.flags) || req.flags < 0 || req.flags > 0xff) throw new TypeError(`flags must be a u8, got ${req.flags}`);
+    fields.push({ tag: FileTag.FLAGS, value: Buffer.from([req.flags]) });
+  }
+  if (req.nofollow) fields.push({ tag: FileTag.NOFOLLOW, value: Buffer.from([1]) });
+  if (req.recursive) fields.push({ tag: FileTag.RECURSIVE, value: Buffer.from([1]) });
+  if (req.target !== undefined) {
+    if (req.target === '') throw new TypeError('target must not be empty');
+    fields.push({ tag: FileTag.TARGET, value: checkString('target', req.target) });
+  }
+  const payload = encodeTlv(fields);
+  if (payload.length > MAX_PAYLOAD) throw new ProtocolError(`file request of ${payload.length} bytes exceeds the ${MAX_PAYLOAD} byte limit`);
+  return payload;
+}
+
+/** File type in FILE_INFO / FILE_ENTRY. */
+export type FileType = 'file' | 'dir' | 'symlink' | 'other';
+
+/** Decoded FILE_INFO (stat of one file, as the requesting user sees it). */
+export interface FileInfo {
+  /** st_size in bytes (a symlink: its target's length). */
+  size: number;
+  /** Permission bits (st_mode & 0o7777). */
+  mode: number;
+  /** The whole st_mode, file type bits included. */
+  rawMode: number;
+  uid: number;
+  gid: number;
+  /** Modification time, nanoseconds since the epoch. */
+  mtimeNs: bigint;
+  /** Modification time, milliseconds since the epoch (fractional). */
+  mtimeMs: number;
+  type: FileType;
+  /** Symlinks only (stat with nofollow, list): the link's target. */
+  target?: string;
+}
+
+/** One FILE_ENTRY: a directory entry's info and name. */
+export interface FileEntry extends FileInfo {
+  name: string;
+}
+
+/** Size of the fixed FILE_INFO fields. */
+export const FILE_INFO_LENGTH = 29;
+
+const FILE_TYPES: readonly FileType[] = ['file', 'dir', 'symlink', 'other'];
+
+function decodeInfoFields(p: Buffer, what: string): FileInfo {
+  if (p.length < FILE_INFO_LENGTH) throw new ProtocolError(`${what} payload needs at least ${FILE_INFO_LENGTH} bytes, got ${p.length}`);
+  const rawMode = p.readUInt32BE(8);
+  const mtimeNs = p.readBigUInt64BE(20);
+  return {
+    size: Number(p.readBigUInt64BE(0)),
+    mode: rawMode & 0o7777,
+    rawMode,
+    uid: p.readUInt32BE(12),
+    gid: p.readUInt32BE(16),
+    mtimeNs,
+    mtimeMs: Number(mtimeNs) / 1e6,
+    type: FILE_TYPES[p.readUInt8(28)] ?? 'other',
+  };
+}
+
+/** Encode FILE_INFO (tests and tools; the agent is the real producer). */
+export function encodeFileInfo(i: Omit<FileInfo, 'mode' | 'mtimeMs'>): Buffer {
+  const b = Buffer.alloc(FILE_INFO_LENGTH);
+  b.writeBigUInt64BE(BigInt(i.size), 0);
+  b.writeUInt32BE(i.rawMode >>> 0, 8);
+  b.writeUInt32BE(i.uid >>> 0, 12);
+  b.writeUInt32BE(i.gid >>> 0, 16);
+  b.writeBigUInt64BE(i.mtimeNs, 20);
+  b.writeUInt8(Math.max(0, FILE_TYPES.indexOf(i.type)), 28);
+  return i.target !== undefined ? Buffer.concat([b, Buffer.from(i.target, 'utf8')]) : b;
+}
+
+/**
+ * Decode FILE_INFO; bytes after the fixed fields are a symlink's target.
+ * @throws ProtocolError if shorter than 29 bytes
+ */
+export function decodeFileInfo(p: Buffer): FileInfo {
+  const info = decodeInfoFields(p, 'FILE_INFO');
+  if (p.length > FILE_INFO_LENGTH) info.target = p.subarray(FILE_INFO_LENGTH).toString('utf8');
+  return info;
+}
+
+/**
+ * Decode FILE_ENTRY: FILE_INFO fields, u16 name length, name, then a symlink's target.
+ * @throws ProtocolError if truncated
+ */
+export function decodeFileEntry(p: Buffer): FileEntry {
+  const info = decodeInfoFields(p, 'FILE_ENTRY');
+  if (p.length < FILE_INFO_LENGTH + 2) throw new ProtocolError('FILE_ENTRY: missing name length');
+  const nl = p.readUInt16BE(FILE_INFO_LENGTH);
+  const start = FILE_INFO_LENGTH + 2;
+  if (p.length < start + nl) throw new ProtocolError('FILE_ENTRY: name overruns the payload');
+  const entry: FileEntry = { ...info, name: p.subarray(start, start + nl).toString('utf8') };
+  if (info.type === 'symlink') entry.target = p.subarray(start + nl).toString('utf8');
+  return entry;
+}
+
+/**
+ * Decode FILE_ERROR (u32 errno, UTF-8 message); same layout as EXEC_ERROR.
+ * @throws ProtocolError if shorter than 4 bytes
+ */
+export function decodeFileError(p: Buffer): { errno: number; message: string } {
+  if (p.length < 4) throw new ProtocolError(`FILE_ERROR payload needs at least 4 bytes, got ${p.length}`);
+  return { errno: p.readUInt32BE(0), message: p.subarray(4).toString('utf8') };
+}
+
+/** Encode a u64 BE payload (FILE_ACK, the FILE_DONE of a write). */
+export function encodeU64(v: number | bigint): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64BE(BigInt(v), 0);
+  return b;
+}
+
+/**
+ * Decode a u64 BE payload (FILE_ACK, the FILE_DONE of a write) as a number.
+ * @throws ProtocolError if shorter than 8 bytes
+ */
+export function decodeU64(p: Buffer, what: string): number {
+  if (p.length < 8) throw new ProtocolError(`${what} payload needs 8 bytes, got ${p.length}`);
+  return Number(p.readBigUInt64BE(0));
 }

@@ -11,6 +11,9 @@ import './routes/host.js';
 import './routes/sandboxes.js';
 import './routes/events.js';
 import './routes/images.js';
+import './routes/execs.js';
+import './routes/stats.js';
+import './routes/files.js';
 import { DSEC_VERSION } from '../version.js';
 
 function schemaOf(s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {

@@ -136,6 +136,71 @@ export const ExecRequest = z
   .strict();
 export type ExecRequest = z.infer<typeof ExecRequest>;
 
+/** POST /v1/sandboxes/{id}/execs request: start an exec session (streamed, background, optionally with a PTY). */
+export const StartExecRequest = z
+  .object({
+    argv: z.array(z.string().refine((s) => !s.includes('\0'), 'argv must not contain NUL')).min(1),
+    env: z.record(envKey, envValue).refine((e) => envSize(e) <= LIMITS.maxEnvBytes, 'env larger than 128 KiB').optional(),
+    cwd: z.string().startsWith('/').optional(),
+    user: z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional(),
+    stdin: z.boolean().optional().describe('Open stdin for streaming (POST .../stdin or the attach WebSocket); default /dev/null.'),
+    tty: z.object({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).strict().optional()
+      .describe('Run under a pseudo-terminal of this size; stdout and stderr are then one stream (stdout).'),
+    timeout_ms: z.number().int().min(1).max(LIMITS.maxTimeoutMs).optional(),
+  })
+  .strict();
+export type StartExecRequest = z.infer<typeof StartExecRequest>;
+
+/** An exec session as the API returns it. */
+export const ExecInfo = z.object({
+  exec_id: z.string().describe('128-bit random id; only its owner (the uid that started it) and root can use it.'),
+  sandbox_id: z.string(),
+  argv: z.array(z.string()),
+  tty: z.boolean(),
+  state: z.enum(['running', 'exited']),
+  pid: z.number().int().nullable().describe('pid inside the sandbox.'),
+  started_at: z.number().int().describe('ms since the Unix epoch.'),
+  finished_at: z.number().int().nullable(),
+  exit_code: z.number().int().nullable().describe('127 not found, 126 not executable, else the exit status; null while running or when killed.'),
+  signal: z.string().nullable(),
+  timed_out: z.boolean(),
+  error: z.string().nullable().describe('Why the command could not start, or ended with its sandbox.'),
+  stdout_bytes: z.number().int().describe('Bytes of stdout kept (readable from offset 0).'),
+  stderr_bytes: z.number().int(),
+  stdout_dropped_bytes: z.number().int().describe('Bytes produced beyond the spool budget and dropped.'),
+  stderr_dropped_bytes: z.number().int(),
+});
+
+/** GET /v1/sandboxes/{id}/execs response. */
+export const ExecList = z.object({ execs: z.array(ExecInfo) });
+
+/** GET .../execs/{exec_id}/output query. */
+export const OutputQuery = z
+  .object({
+    stream: z.enum(['stdout', 'stderr']).optional().describe('Default stdout.'),
+    offset: z.coerce.number().int().min(0).optional().describe('Start at this byte; default 0.'),
+    follow: z.enum(['true', 'false', '1', '0']).optional().describe('Keep streaming until the command ends.'),
+  })
+  .strict();
+
+/** POST .../execs/{exec_id}/signal request. */
+export const SignalRequest = z.object({ signal: z.union([z.string().min(1).max(16), z.number().int()]).describe('Name (SIGTERM, TERM) or number.') }).strict();
+
+/** POST .../execs/{exec_id}/resize request. */
+export const ResizeRequest = z.object({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).strict();
+
+/** POST .../execs/{exec_id}/wait query. */
+export const WaitQuery = z.object({ timeout_ms: z.coerce.number().int().min(0).max(LIMITS.maxTimeoutMs).optional() }).strict();
+
+/** GET .../execs/{exec_id}/attach (WebSocket) query. */
+export const AttachQuery = z
+  .object({
+    stdout_offset: z.coerce.number().int().min(0).optional().describe('Resume stdout from this byte (default 0: everything kept).'),
+    stderr_offset: z.coerce.number().int().min(0).optional(),
+    kill_on_detach: z.enum(['true', 'false', '1', '0']).optional().describe('SIGKILL the command when this WebSocket closes while it runs (default false: it keeps running).'),
+  })
+  .strict();
+
 /** POST /v1/sandboxes/{id}/exec response. */
 export const ExecResult = z.object({
   exit_code: z.number().int().nullable().describe('Exit status, null when killed by a signal.'),
@@ -301,6 +366,7 @@ export const CommitResult = z.object({
   image: Image,
   layer: Layer,
   stripped: z.array(z.string()).describe('Paths removed before packing.'),
+  warnings: z.array(z.string()).describe('E.g. exclude patterns that matched nothing.'),
 });
 
 /** One line of a streamed (Accept: application/x-ndjson) long operation. */
@@ -312,3 +378,31 @@ export const ProgressLine = z.object({
   result: z.unknown().optional(),
   error: z.object({ code: z.string(), message: z.string() }).optional(),
 });
+
+/** Resource usage of one sandbox. */
+export const SandboxStatsView = z.object({
+  id: z.string(),
+  state: SandboxState,
+  image: z.string(),
+  labels: z.record(z.string(), z.string()),
+  created_at: z.number().int(),
+  cpu_usage_ns: z.number().describe('Cumulative CPU time, ns (null fields when not running).').nullable(),
+  memory_bytes: z.number().int().nullable().describe('Memory charged to the sandbox cgroup, bytes.'),
+  memory_limit_bytes: z.number().int().nullable(),
+  pids: z.number().int().nullable(),
+  oom_kills: z.number().int().nullable(),
+});
+
+/** GET /v1/stats response: every sandbox's usage plus the host's. */
+export const StatsResponse = z.object({
+  time: z.number().int().describe('ms since the Unix epoch, when sampled.'),
+  host: z.object({ cores: z.number().int(), memory_bytes: z.number().int(), memory_available_bytes: z.number().int(), load_avg: z.array(z.number()) }),
+  sandboxes: z.array(SandboxStatsView),
+});
+
+/** GET /v1/sandboxes/{id}/logs query. */
+export const LogsQuery = z
+  .object({
+    follow: z.enum(['true', 'false', '1', '0']).optional().describe('Keep streaming new lines.'),
+  })
+  .strict();

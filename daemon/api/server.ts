@@ -11,10 +11,15 @@ import type { SandboxManager } from '../sandbox/manager.js';
 import type { SandboxRepo } from '../sandbox/repo.js';
 import type { ImageStore } from '../image/store.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
+import type { Metrics } from '../metrics.js';
 import { registerSandboxRoutes } from './routes/sandboxes.js';
 import { registerEventRoutes } from './routes/events.js';
 import { registerImageRoutes } from './routes/images.js';
 import { ROUTE_DOCS } from './routes/table.js';
+import { registerExecRoutes } from './routes/execs.js';
+import { registerStatsRoutes } from './routes/stats.js';
+import { registerFileRoutes } from './routes/files.js';
+import websocket from '@fastify/websocket';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
 
 /** What routes need. */
@@ -24,6 +29,7 @@ export interface ApiDeps {
   images: ImageStore;
   host: HostInfoProvider;
   failpoints: Failpoints;
+  metrics: Metrics;
   log: Logger;
 }
 
@@ -47,7 +53,7 @@ export function parseWith<S extends z.ZodType>(schema: S, input: unknown, what: 
 }
 
 /** Sends a DsecError (or any thrown value, as Internal) in the API error shape. */
-export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: FastifyRequest): FastifyReply {
+export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: FastifyRequest, metrics?: Metrics): FastifyReply {
   let err: DsecError;
   if (e instanceof DsecError) err = e;
   else if (e && typeof e === 'object' && 'statusCode' in e && typeof (e as { statusCode: unknown }).statusCode === 'number' && (e as { statusCode: number }).statusCode < 500) {
@@ -59,6 +65,7 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
     err = new DsecError('Internal', `internal error: ${(e as Error)?.message ?? String(e)}`);
   }
   if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
+  metrics?.errors.inc({ code: err.kind });
   return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message } });
 }
 
@@ -84,6 +91,8 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
     // Per-request access logs are at info level; the API logger keeps warnings and errors only.
     loggerInstance: deps.log.child({ component: 'api' }, { level: 'warn' }) as unknown as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
+    // Image refs (up to 255 characters, URL-encoded) and digests are path parameters.
+    maxParamLength: 1024,
     return503OnClosing: true,
     // On shutdown, idle keep-alive connections close at once and requests in flight
     // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).
@@ -104,7 +113,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
       done(e instanceof DsecError ? e : invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
     }
   });
-  app.setErrorHandler((e, req, reply) => sendError(reply, e, deps.log, req));
+  app.setErrorHandler((e, req, reply) => sendError(reply, e, deps.log, req, deps.metrics));
   app.setNotFoundHandler((req, reply) => {
     const p = req.url.split('?')[0];
     const allowed = ROUTE_DOCS.filter((r) => routeRegex(r.url).test(p)).map((r) => r.method);
@@ -113,11 +122,15 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
       return reply.code(405).header('allow', [...new Set(allowed)].join(', ')).type('application/json')
         .send({ error: { code: 'InvalidArgument', message: `${req.method} is not allowed on ${p}; allowed: ${[...new Set(allowed)].join(', ')}` } });
     }
-    return sendError(reply, notFound(`no route ${req.method} ${p}`), deps.log, req);
+    return sendError(reply, notFound(`no route ${req.method} ${p}`), deps.log, req, deps.metrics);
   });
   registerHostRoutes(app, deps);
   registerSandboxRoutes(app, deps);
   registerEventRoutes(app, deps);
   registerImageRoutes(app, deps);
+  registerStatsRoutes(app, deps);
+  app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
+  app.register(async (scoped) => registerExecRoutes(scoped, deps));
+  app.register(async (scoped) => registerFileRoutes(scoped, deps));
   return app;
 }

@@ -10,7 +10,7 @@
 import type { Backend } from '../api/schema.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
-import type { AgentExecResult } from '../agent/client.js';
+import type { AgentClient, AgentExecHandle, AgentExecResult } from '../agent/client.js';
 
 /** What a backend can do on this host; reported by `dsec host info`. */
 export interface DriverCapabilities {
@@ -22,6 +22,15 @@ export interface DriverCapabilities {
   reason: string | null;
   pause: boolean;
   snapshot: boolean;
+}
+
+/** Resource usage of one sandbox: bytes, nanoseconds of CPU, process count. */
+export interface SandboxStats {
+  cpuUsageNs: number;
+  memoryBytes: number;
+  memoryLimitBytes: number | null;
+  pids: number;
+  oomKills: number;
 }
 
 /** Where the init of a running sandbox is: host pid and its /proc starttime. */
@@ -41,6 +50,20 @@ export interface DriverExecRequest {
   timeoutMs?: number;
   /** Cap per output stream, bytes. */
   maxOutputBytes: number;
+}
+
+/** A command to start as an exec session (output streamed through handlers). */
+export interface DriverStartExecRequest extends Omit<DriverExecRequest, 'stdin' | 'maxOutputBytes'> {
+  /** True: stdin is a pipe fed by the handle; false: /dev/null. */
+  stdin: boolean;
+  /** Allocate a pseudo-terminal of this size (rows, cols) for the command. */
+  tty?: { rows: number; cols: number };
+}
+
+/** Output callbacks of a started exec. */
+export interface DriverExecHandlers {
+  onStdout(b: Buffer): void;
+  onStderr(b: Buffer): void;
 }
 
 /** Result of a driver exec plus whether the sandbox OOM-killed a process meanwhile. */
@@ -70,6 +93,21 @@ export interface SandboxDriver {
   destroy(sb: SandboxRecord, fp: Failpoints): Promise<void>;
   /** Runs a command to completion. @throws DsecError FailedPrecondition when the sandbox is not running. */
   exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult>;
+  /**
+   * Starts a command and returns its handle at once; output arrives through `handlers`.
+   * @throws DsecError Unavailable when the agent cannot be reached.
+   */
+  startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle>;
+  /**
+   * The sandbox's agent connection (the same protocol for every backend), for file
+   * operations and other agent requests.
+   * @throws DsecError Unavailable when the agent cannot be reached.
+   */
+  agentClient(sb: SandboxRecord): Promise<AgentClient>;
+  /** Resource usage of a running sandbox, or null when it has none (stopped). */
+  stats(sb: SandboxRecord): Promise<SandboxStats | null>;
+  /** Host path of the sandbox's agent log, or null for backends without one. */
+  logPath(sb: SandboxRecord): string | null;
   /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */
   isAlive(sb: SandboxRecord): Promise<boolean>;
   /** Re-establishes in-memory state (agent connection, layer refs) for a live sandbox after a restart. */

@@ -49,6 +49,7 @@ interface NativeAddon {
   umount(target: string, flags: number): void;
   isMountpoint(path: string): boolean;
   dropCache(path: string): void;
+  peerCred(fd: number): PeerCred;
   constants: NativeConstants;
 }
 
@@ -187,6 +188,22 @@ export function umount(target: string, flags = 0): void {
  */
 export function isMountpoint(path: string): boolean {
   return addon().isMountpoint(path);
+}
+
+/** Credentials of the peer of a connected Unix socket (SO_PEERCRED). */
+export interface PeerCred {
+  pid: number;
+  uid: number;
+  gid: number;
+}
+
+/**
+ * The pid, uid and gid of the process at the other end of the connected Unix socket
+ * `fd`, as recorded by the kernel at connect time. Throws with `syscall:
+ * "getsockopt(SO_PEERCRED)"` (e.g. ENOTSOCK).
+ */
+export function peerCred(fd: number): PeerCred {
+  return addon().peerCred(fd);
 }
 
 /**

@@ -15,7 +15,7 @@ import { lchown, lstat, readdir, rm } from 'node:fs/promises';
 import { join, relative } from 'node:path';
 import { execa } from 'execa';
 import { minimatch } from 'minimatch';
-import { internal } from '../errors.js';
+import { internal, invalidArgument } from '../errors.js';
 
 /**
  * Paths (globs relative to the sandbox root, matched with dotfiles) stripped from every
@@ -42,6 +42,26 @@ export interface PackedUpper {
   dir: string;
   /** Relative paths removed by the strip rules, sorted. */
   stripped: string[];
+  /** Caller-given exclude patterns (as normalised) that matched nothing. */
+  unmatched: string[];
+}
+
+/**
+ * Normalises a caller's exclude glob to the form the strip walk matches: relative to
+ * the sandbox root (a leading `/` is dropped), and a trailing `/` means the directory
+ * with everything below it. Negations (`!x`) are refused: an exclude list only removes.
+ * @throws DsecError InvalidArgument for an empty pattern, a negation or `..`.
+ */
+export function normaliseExclude(glob: string): string[] {
+  const g = glob.trim();
+  if (!g || g.startsWith('!')) throw invalidArgument(`exclude pattern ${JSON.stringify(glob)}: empty patterns and negations are not allowed`);
+  if (g.split('/').includes('..')) throw invalidArgument(`exclude pattern ${JSON.stringify(glob)} must not contain ".."`);
+  const rel = g.replace(/^\/+/, '');
+  if (rel.endsWith('/')) {
+    const dir = rel.replace(/\/+$/, '');
+    return [dir, `${dir}/**`];
+  }
+  return [rel];
 }
 
 /**
@@ -56,13 +76,16 @@ export async function packUpper(upper: string, dest: string, uidBase: number, co
     await rm(dest, { recursive: true, force: true });
     throw internal(`commit: copying the writable layer failed: ${String(r.stderr).trim() || r.message}`);
   }
-  const patterns = [...COMMIT_STRIP, ...exclude];
+  const extra = exclude.map((g) => ({ given: g, globs: normaliseExclude(g), hit: false }));
+  const patterns = [...COMMIT_STRIP];
   const stripped: string[] = [];
   const walk = async (dir: string): Promise<void> => {
     for (const e of await readdir(dir, { withFileTypes: true })) {
       const p = join(dir, e.name);
       const rel = relative(dest, p);
-      if (patterns.some((g) => minimatch(rel, g, { dot: true }))) {
+      const byExtra = extra.filter((x) => x.globs.some((g) => minimatch(rel, g, { dot: true })));
+      for (const x of byExtra) x.hit = true;
+      if (byExtra.length || patterns.some((g) => minimatch(rel, g, { dot: true }))) {
         await rm(p, { recursive: true, force: true });
         stripped.push(rel);
         continue;
@@ -76,5 +99,5 @@ export async function packUpper(upper: string, dest: string, uidBase: number, co
   const top = await lstat(dest);
   await lchown(dest, top.uid >= uidBase && top.uid < uidBase + count ? top.uid - uidBase : top.uid, top.gid >= uidBase && top.gid < uidBase + count ? top.gid - uidBase : top.gid);
   await walk(dest);
-  return { dir: dest, stripped: stripped.sort() };
+  return { dir: dest, stripped: stripped.sort(), unmatched: extra.filter((x) => !x.hit).map((x) => x.given) };
 }

@@ -7,7 +7,7 @@
  *
  *   blobs/sha256/<64 hex>          one EROFS layer each, named by the sha256 of its bytes (mode 0444)
  *   layers/<64 hex>.json           {@link LayerMeta}: size, created, source, builder
- *   manifests/<name>/<tag>.json    one {@link ImageManifest} each (names may contain `/`)
+ *   manifests/<name>/@<tag>.json   one {@link ImageManifest} each (names may contain `/`)
  *   leases/<host>/<instance>/<hex> present while a sandbox of that instance on that host uses the blob
  *   tmp/<host>-<pid>-<random>...   scratch of one writer; stale entries are removed by prune
  *
@@ -26,8 +26,8 @@
  *   published by a build whose manifest is not written yet is never taken.
  */
 import { randomBytes } from 'node:crypto';
-import { constants as fsc } from 'node:fs';
-import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat, unlink, writeFile } from 'node:fs/promises';
+import { constants as fsc, existsSync } from 'node:fs';
+import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
@@ -161,6 +161,8 @@ export interface ImageStoreOptions {
   localDir?: string;
   /** Identity for leases and temp names. Default this host's name and instance `default`. */
   owner?: StoreOwner;
+  /** Called with a message for recoverable problems (e.g. an unreadable manifest skipped by list). */
+  onWarning?: (msg: string) => void;
   /**
    * Blobs younger than this are never pruned even when unreferenced: 10 minutes, far
    * longer than publishing a blob and then its manifest takes, so prune never races a build.
@@ -180,6 +182,12 @@ export interface PruneReport {
   tmp_removed: number;
 }
 
+/**
+ * Most layers in one image: 48. The overlay's lowerdir list must fit in one 4 KiB page
+ * of mount options, and each sandbox's lower paths are ~70 bytes each.
+ */
+export const MAX_LAYERS = 48;
+
 /** Default prune grace period: 10 minutes (see {@link ImageStoreOptions.pruneGraceMs}). */
 export const PRUNE_GRACE_MS = 10 * 60 * 1000;
 /** Temp entries older than this (1 hour) belong to a crashed writer and are removed by prune. */
@@ -196,6 +204,7 @@ export class ImageStore {
   /** Identity for leases and temp names. */
   readonly owner: StoreOwner;
   private readonly graceMs: number;
+  private readonly onWarning?: (msg: string) => void;
   private builtinOnce: Promise<void> | undefined;
   private leaseChain: Promise<void> = Promise.resolve();
 
@@ -205,6 +214,7 @@ export class ImageStore {
     this.localDir = opts.localDir ?? join(opts.root, 'local');
     this.owner = opts.owner ?? { host: hostname(), instance: 'default' };
     this.graceMs = opts.pruneGraceMs ?? PRUNE_GRACE_MS;
+    this.onWarning = opts.onWarning;
   }
 
   private get blobsDir(): string {
@@ -230,8 +240,9 @@ export class ImageStore {
   }
 
   /**
-   * Creates the layout. Safe to call again and from many hosts at once; never deletes
-   * anything (other writers' temp files may be in flight; prune removes stale ones).
+   * Creates the layout. Safe to call again and from many hosts at once. Removes only
+   * temp entries that a dead process of this host left (other writers' temp files may
+   * be in flight; prune removes stale ones of any host after an hour).
    */
   async init(): Promise<void> {
     for (const d of [this.blobsDir, this.manifestsDir, this.layersDir, this.tmpDir, this.leaseDir, join(this.localDir, 'verified')]) {
@@ -239,6 +250,13 @@ export class ImageStore {
     }
     // Images may contain task data; only root (on any host sharing the store) reads them.
     await chmod(this.root, 0o700).catch(() => undefined);
+    // Scratch left by a writer of this host that died (a crashed import, build or commit).
+    for (const f of await readdir(this.tmpDir)) {
+      const m = /^(.+)-(\d+)-[0-9a-f]{12}/.exec(f);
+      if (!m || m[1] !== this.owner.host) continue;
+      const pid = Number(m[2]);
+      if (pid !== process.pid && !existsSync(`/proc/${pid}`)) await rm(join(this.tmpDir, f), { recursive: true, force: true });
+    }
   }
 
   /**
@@ -259,8 +277,8 @@ export class ImageStore {
 
   /**
    * Re-hashes the blob for `digest` and checks it matches.
-   * Throws NotFound when the blob is missing, Internal when its content hashes to
-   * something else (corruption: the blob must be deleted and rebuilt or re-fetched).
+   * Throws NotFound when the blob is missing, FailedPrecondition when its content hashes
+   * to something else (corruption: the blob must be deleted and rebuilt or re-fetched).
    */
   async verifyBlob(digest: string): Promise<void> {
     const path = this.blobPath(digest);
@@ -272,7 +290,7 @@ export class ImageStore {
       throw e;
     }
     if (actual !== digest) {
-      throw new DsecError('Internal', `layer ${digest}: blob ${path} is corrupt (its content hashes to ${actual}); refusing to mount it. Remove it and rebuild or re-import the layer`);
+      throw new DsecError('FailedPrecondition', `layer ${digest}: blob ${path} is corrupt (its content hashes to ${actual}); refusing to mount it. Remove it and rebuild or re-import the layer`);
     }
   }
 
@@ -286,7 +304,8 @@ export class ImageStore {
     const path = this.blobPath(digest);
     const st = await stat(path).catch(() => undefined);
     if (!st) throw new DsecError('NotFound', `layer ${digest} is missing from the store (${path})`);
-    const stamp = `${st.size}:${st.mtimeMs}:${st.ino}`;
+    // ctime cannot be set from user space: an in-place edit that restores the mtime still changes it.
+    const stamp = `${st.size}:${st.mtimeMs}:${st.ctimeMs}:${st.ino}`;
     const marker = join(this.localDir, 'verified', digestHex(digest));
     const seen = await readFile(marker, 'utf8').catch(() => '');
     if (seen !== stamp) {
@@ -336,9 +355,13 @@ export class ImageStore {
         // This host just hashed these bytes while building them: record the blob as
         // verified here, so its first mount does not read it all again.
         const st = await stat(this.blobPath(blob.digest));
-        await writeFileAtomic(join(this.localDir, 'verified', digestHex(blob.digest)), `${st.size}:${st.mtimeMs}:${st.ino}`);
+        await writeFileAtomic(join(this.localDir, 'verified', digestHex(blob.digest)), `${st.size}:${st.mtimeMs}:${st.ctimeMs}:${st.ino}`);
       }
       const meta = await this.ensureLayerMeta(blob.digest, blob.sizeBytes, opts.source ?? `dir:${srcDir}`);
+      // Mark the layer as just used, so prune's grace period protects a reused blob
+      // until the manifest that will reference it is written.
+      const now = new Date();
+      await utimes(join(this.layersDir, `${digestHex(blob.digest)}.json`), now, now).catch(() => undefined);
       return { ...meta, sizeBytes: blob.sizeBytes };
     } finally {
       await rm(tmp, { force: true });
@@ -393,6 +416,9 @@ export class ImageStore {
     parseRef(`${m.name}:${m.tag}`);
     checkManifest(m, `${m.name}:${m.tag}`);
     if (m.layers.length === 0) throw new DsecError('InvalidArgument', `image ${m.name}:${m.tag}: an image needs at least one layer`);
+    if (m.layers.length > MAX_LAYERS) {
+      throw new DsecError('InvalidArgument', `image ${m.name}:${m.tag}: ${m.layers.length} layers; at most ${MAX_LAYERS} (overlayfs mount options must fit in one page)`);
+    }
     for (const d of m.layers) {
       if (!(await this.hasBlob(d))) throw new DsecError('NotFound', `image ${m.name}:${m.tag}: layer ${d} is not in the store`);
     }
@@ -400,7 +426,8 @@ export class ImageStore {
   }
 
   private manifestPath(name: string, tag: string): string {
-    return join(this.manifestsDir, ...name.split('/'), `${tag}.json`);
+    // `@` cannot occur in names, so the tag file `x/@b.json` never collides with a name `x/b.json`.
+    return join(this.manifestsDir, ...name.split('/'), `@${tag}.json`);
   }
 
   /**
@@ -452,7 +479,9 @@ export class ImageStore {
       if (referenced.has(digest)) continue;
       const st = await stat(join(this.blobsDir, f)).catch(() => undefined);
       if (!st) continue;
-      if (now - st.mtimeMs < this.graceMs) {
+      const metaSt = await stat(join(this.layersDir, `${f}.json`)).catch(() => undefined);
+      const lastUsed = Math.max(st.mtimeMs, metaSt?.mtimeMs ?? 0);
+      if (now - lastUsed < this.graceMs) {
         rep.kept_young.push(digest);
         continue;
       }
@@ -550,10 +579,15 @@ export class ImageStore {
       for (const ent of entries) {
         const p = join(dir, ent.name);
         if (ent.isDirectory()) await walk(p);
-        else if (ent.isFile() && ent.name.endsWith('.json')) {
-          const rel = relative(this.manifestsDir, p).split(sep);
-          const tag = rel.pop()!.slice(0, -'.json'.length);
-          out.push(await this.get(`${rel.join('/')}:${tag}`));
+        else if (ent.isFile() && ent.name.startsWith('@') && ent.name.endsWith('.json')) {
+          const rel = relative(this.manifestsDir, dir).split(sep);
+          const tag = ent.name.slice(1, -'.json'.length);
+          try {
+            out.push(await this.get(`${rel.join('/')}:${tag}`));
+          } catch (e) {
+            // One unreadable manifest must not hide every other image.
+            this.onWarning?.(`skipping manifest ${p}: ${(e as Error).message}`);
+          }
         }
       }
     };

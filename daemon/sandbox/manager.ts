@@ -13,15 +13,18 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, StartExecRequest } from '../api/schema.js';
+import path from 'node:path';
+import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
 import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
 import os, { constants as osConstants } from 'node:os';
 
 const { ENOENT, E2BIG } = osConstants.errno;
-import type { SandboxDriver } from '../drivers/types.js';
+import type { SandboxDriver, SandboxStats } from '../drivers/types.js';
+import type { AgentClient } from '../agent/client.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
-import { packUpper } from '../image/commit.js';
+import { normaliseExclude, packUpper } from '../image/commit.js';
 import { procStartTime } from '../host/proc.js';
 import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
@@ -70,8 +73,12 @@ export interface ManagerDeps {
 /** The lifecycle of every sandbox on this host. */
 export class SandboxManager {
   private readonly mutex = new KeyedMutex();
+  /** Exec sessions (streamed, background, PTY) of every sandbox. */
+  readonly execs: ExecRegistry;
 
-  constructor(private readonly d: ManagerDeps) {}
+  constructor(private readonly d: ManagerDeps) {
+    this.execs = new ExecRegistry({ spoolDir: (sid) => path.join(d.config.root, 'sandboxes', sid, 'execs') });
+  }
 
   private driver(backend: Backend): SandboxDriver {
     const drv = this.d.drivers.get(backend);
@@ -211,6 +218,7 @@ export class SandboxManager {
       this.d.repo.setDesired(id, 'destroyed');
       this.d.failpoints.hit('destroy.after-intent');
       await this.driver(sb.backend).destroy(sb, this.d.failpoints);
+      await this.execs.dropSandbox(id);
       this.d.repo.remove(id);
       await this.d.images.syncLeases(this.layersInUse());
       const gone: SandboxRecord = { ...sb, state: 'destroyed', desired: null, initPid: null, updatedAt: Date.now() };
@@ -224,9 +232,8 @@ export class SandboxManager {
    * @throws DsecError NotFound, FailedPrecondition (not running), InvalidArgument (bad
    *   cwd or user inside the sandbox), Unavailable (agent unreachable or lost mid-exec).
    */
-  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
-    const sb = this.d.repo.get(id);
-    ContainerDriver.assertRunning(sb);
+  /** The command as the agent runs it: env = image env < sandbox env < request env; cwd and user default to the image's. */
+  private resolveCommand(sb: SandboxRecord, req: { argv: string[]; env?: Record<string, string>; cwd?: string; user?: string; timeout_ms?: number }) {
     const env = new Map<string, string>();
     for (const kv of sb.imageConfig.env) {
       const i = kv.indexOf('=');
@@ -234,16 +241,55 @@ export class SandboxManager {
     }
     for (const [k, v] of Object.entries(sb.env)) env.set(k, v);
     for (const [k, v] of Object.entries(req.env ?? {})) env.set(k, v);
-    const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
-    if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
-    const drv = this.driver(sb.backend);
-    const r = await drv.exec(sb, {
+    return {
       argv: req.argv,
       env: [...env].map(([k, v]) => `${k}=${v}`),
       cwd: req.cwd ?? sb.imageConfig.cwd ?? '/',
       user: req.user ?? sb.imageConfig.user ?? '0',
-      stdin,
       timeoutMs: req.timeout_ms,
+    };
+  }
+
+  /**
+   * Starts an exec session: the command runs on its own, owned by `ownerUid`, its
+   * output spooled for any number of readers (daemon/sandbox/execs.ts).
+   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable (agent unreachable).
+   */
+  async startExec(id: string, req: StartExecRequest, ownerUid: number): Promise<ExecSession> {
+    const sb = this.d.repo.get(id);
+    ContainerDriver.assertRunning(sb);
+    const cmd = this.resolveCommand(sb, req);
+    if (req.tty && !cmd.env.some((e) => e.startsWith('TERM='))) cmd.env.push('TERM=xterm');
+    // Output may arrive before the session exists; it is held until the sink is set.
+    const early: ['stdout' | 'stderr', Buffer][] = [];
+    let sink: ((s: 'stdout' | 'stderr', b: Buffer) => void) | null = null;
+    const handle = await this.driver(sb.backend).startExec(sb, { ...cmd, stdin: !!req.stdin, tty: req.tty }, {
+      onStdout: (b) => (sink ? sink('stdout', b) : early.push(['stdout', b])),
+      onStderr: (b) => (sink ? sink('stderr', b) : early.push(['stderr', b])),
+    });
+    const session = this.execs.create(id, ownerUid, req.argv, !!req.tty, !!req.stdin, (handlers) => {
+      sink = (s, b) => (s === 'stdout' ? handlers.onStdout(b) : handlers.onStderr(b));
+      for (const [s, b] of early.splice(0)) sink(s, b);
+      return handle;
+    });
+    this.d.repo.event('exec.started', sb, `${session.id} ${JSON.stringify(req.argv).slice(0, 200)}`);
+    void session.wait().then(() => {
+      const i = session.info();
+      const row = this.d.repo.find(id);
+      if (row) this.d.repo.event('exec.finished', row, `${session.id} exit=${i.exit_code ?? 'none'} signal=${i.signal ?? 'none'}`);
+    });
+    return session;
+  }
+
+  async exec(id: string, req: ExecRequest): Promise<ExecResult> {
+    const sb = this.d.repo.get(id);
+    ContainerDriver.assertRunning(sb);
+    const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
+    if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
+    const drv = this.driver(sb.backend);
+    const r = await drv.exec(sb, {
+      ...this.resolveCommand(sb, req),
+      stdin,
       maxOutputBytes: this.d.config.maxOutputBytes,
     }).catch(async (e) => {
       if (!isDsecError(e, 'Unavailable')) throw e;
@@ -285,8 +331,9 @@ export class SandboxManager {
    * @returns the new manifest, the new layer and the stripped paths.
    * @throws DsecError NotFound, InvalidArgument (bad ref), FailedPrecondition (no writable layer).
    */
-  async commit(id: string, ref: string, exclude: string[] = []): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[] }> {
+  async commit(id: string, ref: string, exclude: string[] = []): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[]; warnings: string[] }> {
     const { name, tag } = parseRef(ref);
+    for (const g of exclude) normaliseExclude(g); // refuse bad patterns before freezing anything
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (sb.uidBase === null || sb.uidCount === null) throw failedPrecondition(`sandbox ${id} has no uid range`);
@@ -304,11 +351,34 @@ export class SandboxManager {
         await this.d.images.putManifest(image);
         this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);
         const { sizeBytes: _s, ...meta } = layer;
-        return { image, layer: meta, stripped: packed.stripped };
+        const warnings = packed.unmatched.map((g) => `exclude pattern ${JSON.stringify(g)} matched nothing`);
+        return { image, layer: meta, stripped: packed.stripped, warnings };
       } finally {
         await rm(tmp, { recursive: true, force: true });
       }
     });
+  }
+
+  /**
+   * The agent of a running sandbox, for file operations.
+   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable.
+   */
+  async agent(id: string): Promise<AgentClient> {
+    const sb = this.d.repo.get(id);
+    ContainerDriver.assertRunning(sb);
+    return this.driver(sb.backend).agentClient(sb);
+  }
+
+  /** Resource usage of a sandbox (null when it is not running). @throws DsecError NotFound. */
+  async stats(id: string): Promise<SandboxStats | null> {
+    const sb = this.d.repo.get(id);
+    return this.driver(sb.backend).stats(sb);
+  }
+
+  /** Host path of the sandbox's agent log, or null. @throws DsecError NotFound. */
+  logPath(id: string): string | null {
+    const sb = this.d.repo.get(id);
+    return this.driver(sb.backend).logPath(sb);
   }
 
   /** Layer digests used by sandboxes of this instance that exist (any state but destroyed). */

@@ -32,6 +32,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <linux/mount.h>
 #include <sched.h>
 #include <signal.h>
@@ -489,6 +490,27 @@ static napi_value js_drop_cache(napi_env env, napi_callback_info info) {
   return NULL;
 }
 
+static int set_u32(napi_env env, napi_value obj, const char *name, uint32_t v);
+
+/* peerCred(fd): the credentials of the process at the other end of a connected Unix
+ * socket, as the kernel recorded them at connect time (SO_PEERCRED): {pid, uid, gid}.
+ * dsecd uses the uid to give execs an owner. */
+static napi_value js_peer_cred(napi_env env, napi_callback_info info) {
+  napi_value argv[1];
+  int fd;
+  if (get_args(env, info, 1, argv) || get_fd(env, argv[0], &fd, "fd")) return NULL;
+  struct ucred cred;
+  socklen_t len = sizeof cred;
+  if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &len) < 0) {
+    throw_errno(env, errno, "getsockopt(SO_PEERCRED)", "");
+    return NULL;
+  }
+  napi_value obj;
+  if (napi_create_object(env, &obj) != napi_ok) return NULL;
+  if (set_u32(env, obj, "pid", (uint32_t)cred.pid) || set_u32(env, obj, "uid", cred.uid) || set_u32(env, obj, "gid", cred.gid)) return NULL;
+  return obj;
+}
+
 /* ---------- module init ---------- */
 
 static int set_u32(napi_env env, napi_value obj, const char *name, uint32_t v) {
@@ -506,6 +528,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"umount", NULL, js_umount, NULL, NULL, NULL, napi_enumerable, NULL},
       {"isMountpoint", NULL, js_is_mountpoint, NULL, NULL, NULL, napi_enumerable, NULL},
       {"dropCache", NULL, js_drop_cache, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"peerCred", NULL, js_peer_cred, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
 

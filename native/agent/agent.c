@@ -18,12 +18,18 @@
  *     sockets and the parent ends of exec pipes are non-blocking, and outbound data is
  *     queued per connection with a 4 MiB high-water mark (see OUTQ_HIGH).
  *
+ * Besides execs (pipes or a pseudo-terminal, optionally detached from the connection) it
+ * serves file operations (read, write, stat, list, mkdir, remove, symlink) inside the
+ * sandbox's mount namespace as a given user: the agent switches its fsuid/fsgid and
+ * supplementary groups around each step (cred_enter/cred_leave) and always restores them.
+ *
  * Logging: one line per event on fd 2, "<RFC 3339 UTC timestamp> dsec-agent[pid]: msg".
  *
  * Built with: gcc -static -O2 -Wall -Wextra (plain libc, no NSS: /etc/passwd and
  * /etc/group of the sandbox are parsed directly).
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
@@ -37,6 +43,10 @@
 #include <unistd.h>
 #include <grp.h>
 #include <sys/epoll.h>
+#include <sys/fsuid.h>
+#include <sys/ioctl.h>
+#include <termios.h>
+#include <linux/openat2.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -72,6 +82,27 @@
 /* How long the listener is paused after accept() hits EMFILE/ENFILE. */
 #define ACCEPT_RETRY_MS 100
 
+/* File transfer: FILE_DATA frames the agent sends are at most FILE_CHUNK bytes; a
+ * FILE_ACK is sent every FILE_ACK_EVERY bytes written; a streaming file job (read, list)
+ * produces at most FILE_STEP_BUDGET bytes per loop iteration so execs stay responsive. */
+#define FILE_CHUNK (256u << 10)
+#define FILE_ACK_EVERY (1u << 20)
+#define FILE_STEP_BUDGET (1u << 20)
+/* getdents64 buffer of a FILE_LIST job. */
+#define LIST_BUF 32768
+/* Deepest directory nesting FILE_REMOVE with RECURSIVE descends into. */
+#define RM_MAX_DEPTH 1024
+
+#ifndef TIOCGPTPEER
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
+#ifndef SYS_openat2
+#define SYS_openat2 437
+#endif
+#ifndef RENAME_NOREPLACE
+#define RENAME_NOREPLACE (1 << 0)
+#endif
+
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 enum frame_type {
@@ -88,6 +119,20 @@ enum frame_type {
 	F_EXIT = 11,
 	F_EXEC_ERROR = 12,
 	F_ERROR = 13,
+	F_RESIZE = 14,
+	F_FILE_READ = 15,
+	F_FILE_INFO = 16,
+	F_FILE_DATA = 17,
+	F_FILE_DONE = 18,
+	F_FILE_WRITE = 19,
+	F_FILE_ERROR = 20,
+	F_FILE_ACK = 21,
+	F_FILE_STAT = 22,
+	F_FILE_LIST = 23,
+	F_FILE_ENTRY = 24,
+	F_FILE_MKDIR = 25,
+	F_FILE_REMOVE = 26,
+	F_FILE_SYMLINK = 27,
 };
 
 enum exec_tag {
@@ -97,7 +142,31 @@ enum exec_tag {
 	T_USER = 4,
 	T_TIMEOUT_MS = 5,
 	T_STDIN = 6,
+	T_TTY = 7,
+	T_DETACHED = 8,
 };
+
+/* TLV tags of the file requests (FILE_READ, FILE_WRITE, FILE_STAT, ...). */
+enum file_tag {
+	FT_PATH = 1,
+	FT_USER = 2,
+	FT_OFFSET = 3,
+	FT_LENGTH = 4,
+	FT_MODE = 5,
+	FT_FLAGS = 6,
+	FT_NOFOLLOW = 7,
+	FT_RECURSIVE = 9,
+	FT_TARGET = 10,
+};
+
+/* FLAGS of FILE_WRITE (all four) and FILE_MKDIR (WF_PARENTS only). */
+enum write_flag {
+	WF_CREATE = 1,
+	WF_APPEND = 2,
+	WF_EXCL = 4,
+	WF_PARENTS = 8,
+};
+#define WF_ALL (WF_CREATE | WF_APPEND | WF_EXCL | WF_PARENTS)
 
 /* Stage codes the forked child reports (with errno) over its CLOEXEC error pipe. */
 enum child_stage {
@@ -131,6 +200,7 @@ struct chunk {
 };
 
 struct exec;
+struct fop;
 
 struct conn {
 	struct watch w;
@@ -146,7 +216,8 @@ struct conn {
 	size_t in_len, in_cap;
 	struct chunk *oq_head, *oq_tail;
 	size_t oq_bytes;
-	struct exec *execs; /* live streams (final frame not yet sent) */
+	struct exec *execs; /* live exec streams (final frame not yet sent) */
+	struct fop *fops;   /* live file streams */
 	struct conn *next, *prev;
 	struct conn *dirty_next;
 	struct conn *grave_next;
@@ -163,6 +234,9 @@ struct exec {
 	int timed_out;
 	int stdin_eof;      /* STDIN_EOF received: close stdin once the queue is empty */
 	int stdin_over;
+	int is_tty;         /* w_out is the pty master, w_in a dup of it, no w_err */
+	int detached;       /* DETACHED: survives the loss of its connection */
+	int orphaned;       /* detached and its connection is gone: output discarded */
 	uint64_t t0_ns;
 	uint64_t deadline_ns; /* 0 = none / already fired */
 	struct chunk *iq_head, *iq_tail;
@@ -171,6 +245,44 @@ struct exec {
 	struct exec *cnext, *cprev;
 	struct exec *gnext, *gprev;
 	struct exec *grave_next;
+};
+
+/* The identity a file operation runs as (fsuid/fsgid + supplementary groups). */
+struct creds {
+	int noop;           /* unprivileged agent asked for its own identity: no switch */
+	char home[512];     /* the user's home from /etc/passwd ("/" when it has no entry) */
+	uint32_t uid, gid;
+	int ngroups;
+	gid_t groups[256];
+};
+
+enum fop_kind { FOP_READ = 1, FOP_WRITE, FOP_LIST };
+
+/* A file operation that spans more than one loop iteration: a streaming read or list
+ * (agent->client), or a write (client->agent). Lives on its connection's fops list until
+ * its final frame. */
+struct fop {
+	struct conn *c;
+	uint32_t stream;
+	int kind;
+	int fd;             /* READ: the file; LIST: the directory; WRITE: temp file or target */
+	int dirfd;          /* WRITE: O_PATH fd of the target's directory */
+	struct creds cr;
+	char *path;         /* normalized path, for messages and logs */
+	/* READ */
+	uint64_t pos, remaining;
+	/* LIST */
+	unsigned char *dbuf;
+	size_t dlen, doff;
+	int eof;
+	/* WRITE */
+	char *name, *tmpname; /* tmpname NULL: writing the target in place (APPEND) */
+	uint32_t mode;
+	int excl;
+	int preserve_owner;
+	uint32_t owner_uid, owner_gid;
+	uint64_t written, acked;
+	struct fop *next, *prev;
 };
 
 /* ---- globals ---------------------------------------------------------------------- */
@@ -191,6 +303,14 @@ static struct exec *g_execs;      /* every not-yet-reaped exec */
 static struct exec *g_exec_grave;
 static unsigned g_deadlines;      /* # execs with deadline_ns != 0 */
 static unsigned char g_rbuf[READ_CHUNK];
+static int g_no_openat2;          /* openat2 unavailable (ENOSYS): O_NOFOLLOW fallback */
+/* The agent's own filesystem identity, restored after every file operation. */
+static uid_t g_fsuid0;
+static gid_t g_fsgid0;
+static int g_ngroups0;
+static gid_t *g_groups0;
+static mode_t g_umask0;
+static int g_cred_active;
 
 /* ---- small helpers ---------------------------------------------------------------- */
 
@@ -238,6 +358,17 @@ static void put_u32(unsigned char *p, uint32_t v)
 static uint32_t get_u32(const unsigned char *p)
 {
 	return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | (uint32_t)p[3];
+}
+
+static void put_u64(unsigned char *p, uint64_t v)
+{
+	put_u32(p, (uint32_t)(v >> 32));
+	put_u32(p + 4, (uint32_t)v);
+}
+
+static uint64_t get_u64(const unsigned char *p)
+{
+	return ((uint64_t)get_u32(p) << 32) | get_u32(p + 4);
 }
 
 static void *xmalloc(size_t n)
@@ -362,27 +493,32 @@ static void conn_mark_dirty(struct conn *c)
 	}
 }
 
-/* Queue one frame whose payload is the concatenation of (p1,n1) and (p2,n2). */
-static void send_frame2(struct conn *c, unsigned type, uint32_t stream, const void *p1, size_t n1,
-			const void *p2, size_t n2)
+/* A frame with room for up to cap payload bytes at ch->data + HDR_LEN; queue it with
+ * frame_queue() once the payload is in place. */
+static struct chunk *frame_alloc(unsigned type, uint32_t stream, size_t cap)
 {
-	if (!c || c->dead)
-		return;
-	size_t plen = n1 + n2;
-	struct chunk *ch = xmalloc(sizeof *ch + HDR_LEN + plen);
+	struct chunk *ch = xmalloc(sizeof *ch + HDR_LEN + cap);
 	ch->next = NULL;
 	ch->off = 0;
-	ch->len = HDR_LEN + plen;
-	put_u32(ch->data, (uint32_t)plen);
+	ch->len = HDR_LEN + cap;
+	put_u32(ch->data, (uint32_t)cap);
 	ch->data[4] = (unsigned char)type;
 	ch->data[5] = 0;
 	ch->data[6] = 0;
 	ch->data[7] = 0;
 	put_u32(ch->data + 8, stream);
-	if (n1)
-		memcpy(ch->data + HDR_LEN, p1, n1);
-	if (n2)
-		memcpy(ch->data + HDR_LEN + n1, p2, n2);
+	return ch;
+}
+
+/* Queue a frame from frame_alloc() whose payload is plen bytes (<= its cap). */
+static void frame_queue(struct conn *c, struct chunk *ch, size_t plen)
+{
+	if (!c || c->dead) {
+		free(ch);
+		return;
+	}
+	ch->len = HDR_LEN + plen;
+	put_u32(ch->data, (uint32_t)plen);
 	if (c->oq_tail)
 		c->oq_tail->next = ch;
 	else
@@ -392,6 +528,20 @@ static void send_frame2(struct conn *c, unsigned type, uint32_t stream, const vo
 	conn_mark_dirty(c);
 	if (!c->out_paused && c->oq_bytes > OUTQ_HIGH)
 		exec_pipes_set_paused(c, 1);
+}
+
+/* Queue one frame whose payload is the concatenation of (p1,n1) and (p2,n2). */
+static void send_frame2(struct conn *c, unsigned type, uint32_t stream, const void *p1, size_t n1,
+			const void *p2, size_t n2)
+{
+	if (!c || c->dead)
+		return;
+	struct chunk *ch = frame_alloc(type, stream, n1 + n2);
+	if (n1)
+		memcpy(ch->data + HDR_LEN, p1, n1);
+	if (n2)
+		memcpy(ch->data + HDR_LEN + n1, p2, n2);
+	frame_queue(c, ch, n1 + n2);
 }
 
 static void send_frame(struct conn *c, unsigned type, uint32_t stream, const void *p, size_t n)
@@ -436,6 +586,7 @@ static void conn_fatal(struct conn *c, const char *fmt, ...)
 
 /* ---- exec bookkeeping ------------------------------------------------------------- */
 
+/* Output of an orphaned (detached, connection gone) exec is read and discarded. */
 static uint32_t pipe_events(struct exec *e)
 {
 	return (e->c && e->c->out_paused) ? 0 : EPOLLIN;
@@ -672,11 +823,11 @@ static void exec_mark_started(struct exec *e)
 {
 	watch_close(&e->w_start);
 	e->started = 1;
-	if (!e->c)
-		return;
-	unsigned char b[4];
-	put_u32(b, (uint32_t)e->pid);
-	send_frame(e->c, F_STARTED, e->stream, b, 4);
+	if (e->c) {
+		unsigned char b[4];
+		put_u32(b, (uint32_t)e->pid);
+		send_frame(e->c, F_STARTED, e->stream, b, 4);
+	}
 	uint32_t ev = pipe_events(e);
 	watch_set(&e->w_out, ev);
 	watch_set(&e->w_err, ev);
@@ -745,11 +896,30 @@ static void exec_on_reaped(struct exec *e, int status)
 		      how ? "killed by signal" : "exited with", code, e->timed_out ? " (timed out)" : "",
 		      (unsigned long long)dur_us);
 		send_frame(e->c, F_EXIT, e->stream, b, sizeof b);
+	} else if (e->orphaned) {
+		logf_("stream=%u pid=%d (detached, connection gone) reaped: status=0x%x after %llu us", e->stream,
+		      (int)e->pid, status, (unsigned long long)dur_us);
 	} else {
 		logf_("reaped pid=%d (stream already closed) status=0x%x", (int)e->pid, status);
 	}
 	exec_finish(e);
 	exec_free_later(e);
+}
+
+/* The connection of a DETACHED exec is going away: the exec keeps running (and its
+ * timeout keeps counting); its stdin is closed, its output is read and discarded (so it
+ * never blocks on a full pipe or pty) and it is reaped as usual. */
+static void exec_orphan(struct exec *e)
+{
+	struct conn *c = e->c;
+	logf_("conn=%u stream=%u pid=%d detached: keeps running, output discarded", c->id, e->stream, (int)e->pid);
+	exec_close_stdin(e);
+	conn_unlink_exec(e);
+	e->orphaned = 1;
+	if (e->started) {
+		watch_set(&e->w_out, EPOLLIN);
+		watch_set(&e->w_err, EPOLLIN);
+	}
 }
 
 static struct exec *exec_by_pid(pid_t pid)
@@ -786,6 +956,9 @@ struct exec_req {
 	const char *user;
 	uint32_t timeout_ms;
 	int want_stdin;
+	int tty;            /* TTY requested: in_r is the pty slave, out_w/err_w unused */
+	uint16_t rows, cols;
+	int detached;
 };
 
 static void child_fail(int errfd, int stage, int err)
@@ -863,6 +1036,7 @@ static int parse_id(const char *s, uint32_t *out)
 struct pwent {
 	int found;
 	char name[256];
+	char home[512];
 	uint32_t uid, gid;
 };
 
@@ -878,7 +1052,8 @@ static void passwd_lookup(const char *name, uint32_t uid, struct pwent *out)
 		char *f[7];
 		if (line[0] == '#' || line[0] == '+' || line[0] == '-')
 			continue;
-		if (split_fields(line, f, 7) < 4)
+		int split_n = split_fields(line, f, 7);
+		if (split_n < 4)
 			continue;
 		uint32_t u, g;
 		if (parse_id(f[2], &u) || parse_id(f[3], &g))
@@ -888,6 +1063,9 @@ static void passwd_lookup(const char *name, uint32_t uid, struct pwent *out)
 				continue;
 			out->found = 1;
 			strcpy(out->name, f[0]);
+			out->home[0] = 0;
+			if (split_n >= 6 && strlen(f[5]) < sizeof out->home)
+				strcpy(out->home, f[5]);
 			out->uid = u;
 			out->gid = g;
 			break;
@@ -954,12 +1132,15 @@ static int member_groups(const char *user, gid_t primary, gid_t *out, int max)
 	return n;
 }
 
-/* user spec: "uid", "uid:gid", "name", "name:group" (group numeric or a name). */
-static void child_set_user(const char *spec, int errfd)
+/* Resolve a user spec: "uid", "uid:gid", "name", "name:group" (group numeric or a
+ * name) against the sandbox's /etc/passwd and /etc/group. Used by execs (in the child)
+ * and by file operations (in the agent). Returns 0, ST_USER_UNKNOWN, ST_GROUP_UNKNOWN
+ * (errno ENOENT) or ST_SETUP (ENOMEM). */
+static int user_resolve(const char *spec, struct creds *cr)
 {
 	char *u = strdup(spec);
 	if (!u)
-		child_fail(errfd, ST_SETUP, ENOMEM);
+		return ST_SETUP;
 	char *g = strchr(u, ':');
 	if (g)
 		*g++ = 0;
@@ -972,29 +1153,65 @@ static void child_set_user(const char *spec, int errfd)
 		passwd_lookup(NULL, uid, &pw);
 	} else {
 		passwd_lookup(u, 0, &pw);
-		if (!pw.found)
-			child_fail(errfd, ST_USER_UNKNOWN, ENOENT);
+		if (!pw.found) {
+			free(u);
+			return ST_USER_UNKNOWN;
+		}
 		uid = pw.uid;
 	}
 	if (g) {
-		if (parse_id(g, &gid) != 0 && group_lookup(g, &gid) != 0)
-			child_fail(errfd, ST_GROUP_UNKNOWN, ENOENT);
+		if (parse_id(g, &gid) != 0 && group_lookup(g, &gid) != 0) {
+			free(u);
+			return ST_GROUP_UNKNOWN;
+		}
 	} else {
 		gid = pw.found ? pw.gid : uid; /* numeric user without a passwd entry: gid = uid */
 	}
-
-	if (geteuid() != 0 && uid == geteuid() && gid == getegid())
-		return; /* unprivileged agent (tests) asked for its own identity: nothing to do */
-
-	gid_t groups[256];
-	int ngroups = member_groups(pw.found ? pw.name : NULL, (gid_t)gid, groups, 256);
-	if (setgroups((size_t)ngroups, groups) < 0)
-		child_fail(errfd, ST_SETGROUPS, errno);
-	if (setgid((gid_t)gid) < 0)
-		child_fail(errfd, ST_SETGID, errno);
-	if (setuid((uid_t)uid) < 0)
-		child_fail(errfd, ST_SETUID, errno);
 	free(u);
+	cr->uid = uid;
+	cr->gid = gid;
+	strcpy(cr->home, pw.found && pw.home[0] ? pw.home : "/");
+	/* Unprivileged agent (tests) asked for its own identity: nothing to switch. */
+	cr->noop = geteuid() != 0 && uid == geteuid() && gid == getegid();
+	cr->ngroups = member_groups(pw.found ? pw.name : NULL, (gid_t)gid, cr->groups, 256);
+	return 0;
+}
+
+static struct creds g_child_cr; /* in the forked child only */
+
+static void child_set_user(const char *spec, int errfd)
+{
+	int st = user_resolve(spec, &g_child_cr);
+	if (st)
+		child_fail(errfd, st, st == ST_SETUP ? ENOMEM : ENOENT);
+	if (g_child_cr.noop)
+		return;
+	if (setgroups((size_t)g_child_cr.ngroups, g_child_cr.groups) < 0)
+		child_fail(errfd, ST_SETGROUPS, errno);
+	if (setgid((gid_t)g_child_cr.gid) < 0)
+		child_fail(errfd, ST_SETGID, errno);
+	if (setuid((uid_t)g_child_cr.uid) < 0)
+		child_fail(errfd, ST_SETUID, errno);
+}
+
+/* In the child: the request's env, plus HOME from the user's passwd entry when the
+ * request has none (as login, docker and podman do). Returns envp or a new array. */
+static char **child_env_with_home(char **envp)
+{
+	size_t n = 0;
+	for (; envp[n]; n++)
+		if (strncmp(envp[n], "HOME=", 5) == 0)
+			return envp;
+	char **out = malloc(sizeof(char *) * (n + 2));
+	char *home = malloc(strlen(g_child_cr.home) + 6);
+	if (!out || !home)
+		return envp;
+	memcpy(out, envp, sizeof(char *) * n);
+	strcpy(home, "HOME=");
+	strcat(home, g_child_cr.home);
+	out[n] = home;
+	out[n + 1] = NULL;
+	return out;
 }
 
 /* A file with no #! line: run it with /bin/sh, as execvp does. */
@@ -1085,6 +1302,15 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 {
 	if (setsid() < 0)
 		child_fail(errfd, ST_SETUP, errno);
+	if (r->tty) {
+		/* The slave becomes stdin/stdout/stderr and, as the first tty this new session
+		 * leader acquires explicitly, its controlling terminal. */
+		if (dup2(in_r, 0) < 0 || dup2(in_r, 1) < 0 || dup2(in_r, 2) < 0)
+			child_fail(errfd, ST_SETUP, errno);
+		if (ioctl(0, TIOCSCTTY, 0) < 0)
+			child_fail(errfd, ST_SETUP, errno);
+		goto stdio_done;
+	}
 	/* Move the stdio ends into place. Every source fd is >= 3 (fds 0-2 are always open
 	 * in the agent), so dup2 cannot clobber a source before it is used. */
 	int src_in = in_r >= 0 ? in_r : g_devnull;
@@ -1097,6 +1323,7 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 	}
 	if (dup2(src_in, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
 		child_fail(errfd, ST_SETUP, errno);
+stdio_done:;
 
 	/* Default dispositions (the agent ignores SIGPIPE), then an empty mask. */
 	struct sigaction sa;
@@ -1118,7 +1345,7 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 	/* Everything the agent owns is already CLOEXEC; make sure nothing else leaks.
 	 * errfd must survive until execve, and CLOEXEC closes it exactly then. */
 	cloexec_from(3);
-	child_exec(r->argv, r->envp, errfd);
+	child_exec(r->argv, child_env_with_home(r->envp), errfd);
 	_exit(127);
 }
 
@@ -1146,9 +1373,74 @@ static void close_pair(int p[2])
 	p[0] = p[1] = -1;
 }
 
+/* Open a pty master through one ptmx path and unlock it; -1 with errno on failure. */
+static int pty_master(const char *ptmx)
+{
+	int m = open(ptmx, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (m < 0)
+		return -1;
+	if (grantpt(m) < 0 || unlockpt(m) < 0) { /* e.g. not a ptmx at all (ENOTTY) */
+		int err = errno;
+		close(m);
+		errno = err;
+		return -1;
+	}
+	return m;
+}
+
+/* Allocate a pseudo-terminal inside the sandbox: the master via /dev/ptmx (what
+ * posix_openpt opens) or, if that fails at any step (missing, not a ptmx, or bound to
+ * another devpts instance), via /dev/pts/ptmx of the sandbox's own devpts (newinstance,
+ * ptmxmode=0666). The slave is opened with TIOCGPTPEER (no path lookup, always the
+ * master's devpts instance), or by ptsname on kernels before 4.13. Both O_NOCTTY: the
+ * agent itself must never acquire a controlling terminal. Returns 0 or -1 with errno. */
+static int pty_open(int *master, int *slave, uint16_t rows, uint16_t cols)
+{
+	int m = pty_master("/dev/ptmx");
+	if (m < 0) {
+		int e1 = errno;
+		m = pty_master("/dev/pts/ptmx");
+		if (m < 0) {
+			if (errno == ENOENT)
+				errno = e1;
+			return -1;
+		}
+	}
+	int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (s < 0) {
+		char name[128];
+		if (ptsname_r(m, name, sizeof name) != 0)
+			goto fail;
+		s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (s < 0)
+			goto fail;
+	}
+	struct winsize ws = { .ws_row = rows, .ws_col = cols };
+	if (ioctl(m, TIOCSWINSZ, &ws) < 0)
+		goto fail;
+	*master = m;
+	*slave = s;
+	return 0;
+fail:;
+	int err = errno;
+	if (s >= 0)
+		close(s);
+	close(m);
+	errno = err;
+	return -1;
+}
+
+static struct fop *conn_find_fop(struct conn *c, uint32_t stream)
+{
+	for (struct fop *f = c->fops; f; f = f->next)
+		if (f->stream == stream)
+			return f;
+	return NULL;
+}
+
 static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t len)
 {
-	if (conn_find_exec(c, stream)) {
+	if (conn_find_exec(c, stream) || conn_find_fop(c, stream)) {
 		send_error(c, stream, "stream %u is already in use", stream);
 		return;
 	}
@@ -1230,6 +1522,22 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 			}
 			r.want_stdin = v[0] != 0;
 			break;
+		case T_TTY:
+			if (flen != 4) {
+				send_error(c, stream, "malformed EXEC: TTY must be 4 bytes (u16 rows, u16 cols)");
+				return;
+			}
+			r.tty = 1;
+			r.rows = (uint16_t)((v[0] << 8) | v[1]);
+			r.cols = (uint16_t)((v[2] << 8) | v[3]);
+			break;
+		case T_DETACHED:
+			if (flen != 1) {
+				send_error(c, stream, "malformed EXEC: DETACHED must be 1 byte");
+				return;
+			}
+			r.detached = v[0] != 0;
+			break;
 		default:
 			break; /* unknown tags are ignored (forward compatibility) */
 		}
@@ -1239,9 +1547,10 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 		return;
 	}
 
-	/* Pass 2: build argv/envp in one block (freed right after fork; the child has a copy). */
+	/* Pass 2: build argv/envp in one block (freed right after fork; the child has a copy).
+	 * envp has room for TERM=xterm, added for a TTY exec whose ENV has no TERM. */
 	char **argv = xmalloc(sizeof(char *) * (nargv + 1));
-	char **envp = xmalloc(sizeof(char *) * (nenv + 1));
+	char **envp = xmalloc(sizeof(char *) * (nenv + 2));
 	char *strs = xmalloc(strbytes);
 	size_t ai = 0, ei = 0, so = 0;
 	for (off = 0; off < len;) {
@@ -1258,6 +1567,14 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 		else
 			envp[ei++] = strs + so;
 		so += flen + 1;
+	}
+	if (r.tty) {
+		int has_term = 0;
+		for (size_t i = 0; i < ei; i++)
+			if (strncmp(envp[i], "TERM=", 5) == 0)
+				has_term = 1;
+		if (!has_term)
+			envp[ei++] = (char *)"TERM=xterm";
 	}
 	argv[ai] = NULL;
 	envp[ei] = NULL;
@@ -1276,12 +1593,23 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 
 	int in_p[2] = { -1, -1 }, out_p[2] = { -1, -1 }, err_p[2] = { -1, -1 }, st_p[2] = { -1, -1 };
 	int err = 0;
-	if ((r.want_stdin && pipe_cloexec(in_p) < 0) || pipe_cloexec(out_p) < 0 || pipe_cloexec(err_p) < 0 ||
-	    pipe_cloexec(st_p) < 0)
-		err = errno;
-	if (!err && ((in_p[1] >= 0 && set_nonblock(in_p[1]) < 0) || set_nonblock(out_p[0]) < 0 ||
-		     set_nonblock(err_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
-		err = errno;
+	if (r.tty) {
+		/* in_p[0] = slave (the child's stdio), out_p[0] = master (read: output),
+		 * in_p[1] = a dup of the master (written: STDIN frames), so reading and writing
+		 * have their own epoll registrations. O_NONBLOCK is shared by both master fds. */
+		if (pty_open(&out_p[0], &in_p[0], r.rows, r.cols) < 0 ||
+		    (in_p[1] = fcntl(out_p[0], F_DUPFD_CLOEXEC, 3)) < 0 || pipe_cloexec(st_p) < 0)
+			err = errno;
+		if (!err && (set_nonblock(out_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
+			err = errno;
+	} else {
+		if ((r.want_stdin && pipe_cloexec(in_p) < 0) || pipe_cloexec(out_p) < 0 || pipe_cloexec(err_p) < 0 ||
+		    pipe_cloexec(st_p) < 0)
+			err = errno;
+		if (!err && ((in_p[1] >= 0 && set_nonblock(in_p[1]) < 0) || set_nonblock(out_p[0]) < 0 ||
+			     set_nonblock(err_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
+			err = errno;
+	}
 	pid_t pid = -1;
 	if (!err) {
 		e->t0_ns = mono_ns();
@@ -1314,10 +1642,14 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 		return;
 	}
 	close(in_p[0]);
-	close(out_p[1]);
-	close(err_p[1]);
+	if (out_p[1] >= 0)
+		close(out_p[1]);
+	if (err_p[1] >= 0)
+		close(err_p[1]);
 	close(st_p[1]);
 	e->pid = pid;
+	e->is_tty = r.tty;
+	e->detached = r.detached;
 	e->c = c;
 	e->cnext = c->execs;
 	if (c->execs)
@@ -1333,14 +1665,1102 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	}
 	/* stdout/stderr are registered but not read until the child has exec'd (STARTED
 	 * must come first); stdin gets EPOLLOUT only while data is queued. */
-	if (watch_add(&e->w_out, W_STDOUT, out_p[0], e, 0) < 0 || watch_add(&e->w_err, W_STDERR, err_p[0], e, 0) < 0 ||
+	if (watch_add(&e->w_out, W_STDOUT, out_p[0], e, 0) < 0 ||
+	    (err_p[0] >= 0 && watch_add(&e->w_err, W_STDERR, err_p[0], e, 0) < 0) ||
 	    watch_add(&e->w_start, W_STARTPIPE, st_p[0], e, EPOLLIN) < 0 ||
 	    (in_p[1] >= 0 && watch_add(&e->w_in, W_STDIN, in_p[1], e, 0) < 0))
 		logf_("epoll_ctl ADD for stream %u: %s", stream, strerror(errno));
 	if (in_p[1] >= 0)
 		e->w_in.fd = in_p[1];
-	logf_("conn=%u stream=%u pid=%d exec %s cwd=%s user=%s timeout_ms=%u stdin=%d", c->id, stream, (int)pid,
-	      e->argv0, e->cwd, e->user, r.timeout_ms, r.want_stdin);
+	char ttyd[32] = "none";
+	if (r.tty)
+		snprintf(ttyd, sizeof ttyd, "%ux%u", r.rows, r.cols);
+	logf_("conn=%u stream=%u pid=%d exec %s cwd=%s user=%s timeout_ms=%u stdin=%d tty=%s detached=%d", c->id, stream,
+	      (int)pid, e->argv0, e->cwd, e->user, r.timeout_ms, r.want_stdin, ttyd, r.detached);
+}
+
+/* ---- file operations ---------------------------------------------------------------- */
+
+static void cred_leave(void);
+
+/* Switch the agent's filesystem identity to cr for one step of a file operation: umask 0
+ * (modes in requests are exact), supplementary groups, fsgid, then fsuid (a nonzero
+ * fsuid drops the filesystem capabilities from the effective set; fsuid 0 brings them
+ * back). Every cred_enter is followed by cred_leave on every path; if switching fails
+ * the identity is already restored. Returns 0 or an errno. */
+static int cred_enter(const struct creds *cr)
+{
+	if (g_cred_active) { /* a bug: never nest; restore first so nothing leaks */
+		logf_("bug: nested cred_enter");
+		cred_leave();
+	}
+	g_cred_active = 1;
+	g_umask0 = umask(0);
+	if (cr->noop)
+		return 0;
+	if (setgroups((size_t)cr->ngroups, cr->groups) < 0) {
+		int err = errno;
+		cred_leave();
+		return err;
+	}
+	setfsgid((gid_t)cr->gid);
+	if ((uint32_t)setfsgid((gid_t)-1) != cr->gid) {
+		cred_leave();
+		return EPERM;
+	}
+	setfsuid((uid_t)cr->uid);
+	if ((uint32_t)setfsuid((uid_t)-1) != cr->uid) {
+		cred_leave();
+		return EPERM;
+	}
+	return 0;
+}
+
+/* Restore the agent's own fsuid, fsgid, groups and umask. Preserves errno. */
+static void cred_leave(void)
+{
+	if (!g_cred_active)
+		return;
+	g_cred_active = 0;
+	int saved = errno;
+	setfsuid(g_fsuid0);
+	setfsgid(g_fsgid0);
+	if (geteuid() == 0 && setgroups((size_t)g_ngroups0, g_groups0) < 0)
+		logf_("cannot restore supplementary groups: %s", strerror(errno));
+	if ((uid_t)setfsuid((uid_t)-1) != g_fsuid0 || (gid_t)setfsgid((gid_t)-1) != g_fsgid0)
+		logf_("cannot restore fsuid %u / fsgid %u", (unsigned)g_fsuid0, (unsigned)g_fsgid0);
+	umask(g_umask0);
+	errno = saved;
+}
+
+/* Open path (absolute, or relative to dirfd) refusing /proc magic links anywhere in the
+ * resolution (openat2 RESOLVE_NO_MAGICLINKS). Without openat2 (kernel < 5.6) it falls
+ * back to openat with O_NOFOLLOW when last is set, i.e. when the final component is the
+ * object of the operation: a final symlink is then refused, magic or not. */
+static int open_res(int dirfd, const char *path, int flags, mode_t mode, int last)
+{
+	flags |= O_CLOEXEC;
+	if (!g_no_openat2) {
+		struct open_how how;
+		memset(&how, 0, sizeof how);
+		how.flags = (uint64_t)(unsigned)flags;
+		how.mode = (flags & O_CREAT) ? mode : 0;
+		how.resolve = RESOLVE_NO_MAGICLINKS;
+		long fd;
+		do
+			fd = syscall(SYS_openat2, dirfd, path, &how, sizeof how);
+		while (fd < 0 && errno == EINTR);
+		if (fd >= 0 || errno != ENOSYS)
+			return (int)fd;
+		g_no_openat2 = 1;
+		logf_("openat2 is not available: falling back to O_NOFOLLOW on the final component");
+	}
+	return openat(dirfd, path, flags | (last ? O_NOFOLLOW : 0), mode);
+}
+
+/* Normalize an absolute path: repeated '/' collapse, '.' components and a trailing '/'
+ * are dropped. A relative path, a NUL byte or any '..' component is EINVAL; an
+ * over-long path or component ENAMETOOLONG. On success *out is a malloc'd string. */
+static int path_norm(const unsigned char *p, size_t n, char **out)
+{
+	if (n == 0 || p[0] != '/' || memchr(p, 0, n))
+		return EINVAL;
+	if (n >= PATH_MAX)
+		return ENAMETOOLONG;
+	char *o = xmalloc(n + 2);
+	size_t k = 0, i = 0;
+	while (i < n) {
+		while (i < n && p[i] == '/')
+			i++;
+		size_t s = i;
+		while (i < n && p[i] != '/')
+			i++;
+		size_t cl = i - s;
+		if (cl == 0)
+			break;
+		if (cl == 1 && p[s] == '.')
+			continue;
+		if (cl == 2 && p[s] == '.' && p[s + 1] == '.') {
+			free(o);
+			return EINVAL;
+		}
+		if (cl > NAME_MAX) {
+			free(o);
+			return ENAMETOOLONG;
+		}
+		o[k++] = '/';
+		memcpy(o + k, p + s, cl);
+		k += cl;
+	}
+	if (k == 0)
+		o[k++] = '/';
+	o[k] = 0;
+	*out = o;
+	return 0;
+}
+
+/* O_PATH fd of the directory containing a normalized path; *name points at the final
+ * component inside path ("" for "/"). Returns -1 with errno on failure. */
+static int open_parent(const char *path, const char **name)
+{
+	const char *slash = strrchr(path, '/');
+	*name = slash + 1;
+	if (slash == path)
+		return open_res(AT_FDCWD, "/", O_PATH | O_DIRECTORY, 0, 0);
+	char *dir = xstrndup(path, (size_t)(slash - path));
+	int fd = open_res(AT_FDCWD, dir, O_PATH | O_DIRECTORY, 0, 0);
+	int err = errno;
+	free(dir);
+	errno = err;
+	return fd;
+}
+
+/* mkdir -p: create every missing directory of a normalized path (the final component
+ * too when include_last; it gets last_mode, the others 0755), following symlinks to
+ * directories like mkdir -p. Returns an O_PATH fd of the deepest directory handled, or
+ * -1 with errno (ENOTDIR if a component exists and is not a directory). */
+static int mkdir_p(const char *path, mode_t last_mode, int include_last)
+{
+	int dfd = open_res(AT_FDCWD, "/", O_PATH | O_DIRECTORY, 0, 0);
+	if (dfd < 0)
+		return -1;
+	const char *p = path;
+	while (*p == '/')
+		p++;
+	while (*p) {
+		const char *e = strchr(p, '/');
+		size_t l = e ? (size_t)(e - p) : strlen(p);
+		int last = !e;
+		if (last && !include_last)
+			break;
+		char comp[NAME_MAX + 1];
+		memcpy(comp, p, l);
+		comp[l] = 0;
+		if (mkdirat(dfd, comp, last ? last_mode : 0755) < 0 && errno != EEXIST) {
+			int err = errno;
+			close(dfd);
+			errno = err;
+			return -1;
+		}
+		int nfd = open_res(dfd, comp, O_PATH | O_DIRECTORY, 0, 0);
+		int err = errno;
+		close(dfd);
+		if (nfd < 0) {
+			errno = err;
+			return -1;
+		}
+		dfd = nfd;
+		if (!e)
+			break;
+		p = e + 1;
+	}
+	return dfd;
+}
+
+struct dirent64_ {
+	uint64_t ino;
+	int64_t off;
+	unsigned short reclen;
+	unsigned char type;
+	char name[];
+};
+
+static int dot_or_dotdot(const char *n)
+{
+	return n[0] == '.' && (n[1] == 0 || (n[1] == '.' && n[2] == 0));
+}
+
+/* Remove directory name (in parentfd) and everything below it. Never follows symlinks
+ * (they are unlinked); crosses into mounted filesystems like rm -r (whose mount points
+ * then fail with EBUSY). Returns 0 or an errno. */
+static int rm_tree(int parentfd, const char *name, int depth)
+{
+	if (depth > RM_MAX_DEPTH)
+		return ENAMETOOLONG;
+	int fd = openat(parentfd, name, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return errno == ENOENT ? 0 : errno;
+	unsigned char *buf = xmalloc(LIST_BUF);
+	int err = 0;
+	/* Entries can be missed while the directory changes under us: rescan until a pass
+	 * finds nothing (at most three passes; rmdir then reports ENOTEMPTY). */
+	for (int pass = 0; pass < 3 && !err; pass++) {
+		int found = 0;
+		for (;;) {
+			long n = syscall(SYS_getdents64, fd, buf, LIST_BUF);
+			if (n < 0) {
+				err = errno;
+				break;
+			}
+			if (n == 0)
+				break;
+			for (long off = 0; off < n && !err;) {
+				struct dirent64_ *d = (void *)(buf + off);
+				off += d->reclen;
+				if (dot_or_dotdot(d->name))
+					continue;
+				found = 1;
+				if (d->type == DT_DIR) {
+					err = rm_tree(fd, d->name, depth + 1);
+				} else if (unlinkat(fd, d->name, 0) < 0) {
+					if (errno == EISDIR)
+						err = rm_tree(fd, d->name, depth + 1);
+					else if (errno != ENOENT)
+						err = errno;
+				}
+			}
+			if (err)
+				break;
+		}
+		if (err || !found)
+			break;
+		lseek(fd, 0, SEEK_SET);
+	}
+	free(buf);
+	close(fd);
+	if (!err && unlinkat(parentfd, name, AT_REMOVEDIR) < 0 && errno != ENOENT)
+		err = errno;
+	return err;
+}
+
+/* FILE_INFO fields: u64 size, u32 st_mode, u32 uid, u32 gid, u64 mtime_ns, u8 type. */
+#define INFO_LEN 29
+
+static void put_info(unsigned char *b, const struct stat *st)
+{
+	put_u64(b, (uint64_t)st->st_size);
+	put_u32(b + 8, (uint32_t)st->st_mode);
+	put_u32(b + 12, (uint32_t)st->st_uid);
+	put_u32(b + 16, (uint32_t)st->st_gid);
+	uint64_t mt = st->st_mtim.tv_sec < 0 ? 0
+					      : (uint64_t)st->st_mtim.tv_sec * 1000000000ull + (uint64_t)st->st_mtim.tv_nsec;
+	put_u64(b + 20, mt);
+	b[28] = S_ISREG(st->st_mode) ? 0 : S_ISDIR(st->st_mode) ? 1 : S_ISLNK(st->st_mode) ? 2 : 3;
+}
+
+static const char *file_op_name(unsigned type)
+{
+	switch (type) {
+	case F_FILE_READ: return "read";
+	case F_FILE_WRITE: return "write";
+	case F_FILE_STAT: return "stat";
+	case F_FILE_LIST: return "list";
+	case F_FILE_MKDIR: return "mkdir";
+	case F_FILE_REMOVE: return "remove";
+	case F_FILE_SYMLINK: return "symlink";
+	default: return "file";
+	}
+}
+
+/* FILE_ERROR: u32 errno, then a UTF-8 message. The final frame of a file stream. */
+static void send_file_error(struct conn *c, uint32_t stream, int err, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+static void send_file_error(struct conn *c, uint32_t stream, int err, const char *fmt, ...)
+{
+	char msg[1400];
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		n = 0;
+	if ((size_t)n >= sizeof msg)
+		n = sizeof msg - 1;
+	logf_("conn=%u stream=%u file error: %s", c->id, stream, msg);
+	unsigned char b[4];
+	put_u32(b, (uint32_t)err);
+	send_frame2(c, F_FILE_ERROR, stream, b, 4, msg, (size_t)n);
+}
+
+/* "<op> <path>: <strerror>"; ELOOP gets a hint, since a refused magic link reports it. */
+static void file_fail(struct conn *c, uint32_t stream, const char *op, const char *path, int err)
+{
+	send_file_error(c, stream, err, "%s %.1024s: %s%s", op, path, strerror(err),
+			err == ELOOP ? " (a symlink loop, or a /proc magic link, which is refused)" : "");
+}
+
+struct file_req {
+	char *path;         /* normalized */
+	char *raw;          /* as sent, for messages when it is refused */
+	int path_err;
+	char *user;         /* NULL: "0" */
+	uint64_t offset, length;
+	uint32_t mode;
+	int have_mode;
+	unsigned flags;
+	int have_flags;
+	int nofollow, recursive;
+	char *target;
+};
+
+static void file_req_free(struct file_req *fr)
+{
+	free(fr->path);
+	free(fr->raw);
+	free(fr->user);
+	free(fr->target);
+	memset(fr, 0, sizeof *fr);
+}
+
+/* Parse the TLV fields of a file request. On failure sends FILE_ERROR (EINVAL, or
+ * ENAMETOOLONG for the path) and returns -1. */
+static int file_req_parse(struct conn *c, uint32_t stream, const char *op, const unsigned char *p, size_t len,
+			  struct file_req *fr)
+{
+	memset(fr, 0, sizeof *fr);
+	const char *bad = NULL;
+	int bad_tag = 0;
+	size_t off = 0;
+	while (off < len && !bad) {
+		if (len - off < 5) {
+			bad = "truncated field header";
+			break;
+		}
+		unsigned tag = p[off];
+		uint32_t flen = get_u32(p + off + 1);
+		off += 5;
+		if (flen > len - off) {
+			bad = "field overruns the payload";
+			bad_tag = (int)tag;
+			break;
+		}
+		const unsigned char *v = p + off;
+		off += flen;
+		switch (tag) {
+		case FT_PATH:
+			free(fr->path);
+			free(fr->raw);
+			fr->path = NULL;
+			fr->raw = xstrndup((const char *)v, flen > 512 ? 512 : flen);
+			fr->path_err = path_norm(v, flen, &fr->path);
+			break;
+		case FT_USER:
+			if (flen == 0 || memchr(v, 0, flen)) {
+				bad = "USER must be non-empty and without NUL bytes";
+				break;
+			}
+			free(fr->user);
+			fr->user = xstrndup((const char *)v, flen);
+			break;
+		case FT_OFFSET:
+		case FT_LENGTH:
+			if (flen != 8) {
+				bad = "OFFSET and LENGTH must be 8 bytes";
+				break;
+			}
+			if (tag == FT_OFFSET)
+				fr->offset = get_u64(v);
+			else
+				fr->length = get_u64(v);
+			break;
+		case FT_MODE:
+			if (flen != 4 || (get_u32(v) & ~07777u)) {
+				bad = "MODE must be a u32 within 07777";
+				break;
+			}
+			fr->mode = get_u32(v);
+			fr->have_mode = 1;
+			break;
+		case FT_FLAGS:
+		case FT_NOFOLLOW:
+		case FT_RECURSIVE:
+			if (flen != 1) {
+				bad = "FLAGS, NOFOLLOW and RECURSIVE must be 1 byte";
+				break;
+			}
+			if (tag == FT_FLAGS) {
+				fr->flags = v[0];
+				fr->have_flags = 1;
+			}
+			else if (tag == FT_NOFOLLOW)
+				fr->nofollow = v[0] != 0;
+			else
+				fr->recursive = v[0] != 0;
+			break;
+		case FT_TARGET:
+			if (flen == 0 || memchr(v, 0, flen) || flen >= PATH_MAX) {
+				bad = "TARGET must be non-empty, shorter than PATH_MAX and without NUL bytes";
+				break;
+			}
+			free(fr->target);
+			fr->target = xstrndup((const char *)v, flen);
+			break;
+		default:
+			break; /* unknown tags are ignored (forward compatibility) */
+		}
+	}
+	if (!bad && !fr->raw)
+		bad = "PATH is required";
+	if (bad) {
+		if (bad_tag)
+			send_file_error(c, stream, EINVAL, "%s: malformed request: field %d: %s", op, bad_tag, bad);
+		else
+			send_file_error(c, stream, EINVAL, "%s: malformed request: %s", op, bad);
+		file_req_free(fr);
+		return -1;
+	}
+	if (fr->path_err) {
+		if (fr->path_err == EINVAL)
+			send_file_error(c, stream, EINVAL,
+					"%s %s: invalid path: it must be absolute, without NUL bytes or '..' components", op,
+					fr->raw);
+		else
+			send_file_error(c, stream, fr->path_err, "%s %s: %s", op, fr->raw, strerror(fr->path_err));
+		file_req_free(fr);
+		return -1;
+	}
+	return 0;
+}
+
+/* Resolve USER and switch to it. On failure sends FILE_ERROR and returns -1; on success
+ * the caller must cred_leave(). */
+static int file_enter(struct conn *c, uint32_t stream, const char *op, const struct file_req *fr, struct creds *cr)
+{
+	const char *spec = fr->user ? fr->user : "0";
+	int st = user_resolve(spec, cr);
+	if (st == ST_USER_UNKNOWN || st == ST_GROUP_UNKNOWN) {
+		send_file_error(c, stream, ENOENT, "%s %s: user: %s: unknown %s", op, fr->path, spec,
+				st == ST_USER_UNKNOWN ? "user" : "group");
+		return -1;
+	}
+	if (st) {
+		file_fail(c, stream, op, fr->path, ENOMEM);
+		return -1;
+	}
+	int err = cred_enter(cr);
+	if (err) {
+		send_file_error(c, stream, err, "%s %s: user: %s: cannot switch to uid %u gid %u: %s", op, fr->path, spec,
+				cr->uid, cr->gid, strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
+static struct fop *fop_new(struct conn *c, uint32_t stream, int kind, struct file_req *fr, const struct creds *cr)
+{
+	struct fop *f = xmalloc(sizeof *f);
+	memset(f, 0, sizeof *f);
+	f->c = c;
+	f->stream = stream;
+	f->kind = kind;
+	f->fd = f->dirfd = -1;
+	f->cr = *cr;
+	f->path = fr->path; /* ownership moves to the fop */
+	fr->path = NULL;
+	f->next = c->fops;
+	if (c->fops)
+		c->fops->prev = f;
+	c->fops = f;
+	return f;
+}
+
+/* Forget a file operation (after its final frame, or with its connection). A write that
+ * was not committed leaves nothing behind: its temp file is removed. */
+static void fop_free(struct fop *f)
+{
+	struct conn *c = f->c;
+	if (f->prev)
+		f->prev->next = f->next;
+	else
+		c->fops = f->next;
+	if (f->next)
+		f->next->prev = f->prev;
+	if (f->fd >= 0)
+		close(f->fd);
+	if (f->tmpname && f->dirfd >= 0) {
+		int err = cred_enter(&f->cr);
+		(void)err; /* if switching fails, the agent's own identity removes it */
+		if (unlinkat(f->dirfd, f->tmpname, 0) < 0)
+			logf_("conn=%u stream=%u cannot remove temp file %s of %s: %s", c->id, f->stream, f->tmpname, f->path,
+			      strerror(errno));
+		cred_leave();
+	}
+	if (f->dirfd >= 0)
+		close(f->dirfd);
+	free(f->dbuf);
+	free(f->path);
+	free(f->name);
+	free(f->tmpname);
+	free(f);
+}
+
+static void op_stat(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	struct creds cr;
+	if (file_enter(c, stream, "stat", fr, &cr) < 0)
+		return;
+	int err = 0;
+	unsigned char b[INFO_LEN + PATH_MAX];
+	size_t n = INFO_LEN;
+	struct stat st;
+	int fd = open_res(AT_FDCWD, fr->path, O_PATH | (fr->nofollow ? O_NOFOLLOW : 0), 0, 1);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		err = errno;
+	} else {
+		put_info(b, &st);
+		if (S_ISLNK(st.st_mode)) {
+			ssize_t k = readlinkat(fd, "", (char *)b + INFO_LEN, PATH_MAX);
+			if (k < 0)
+				err = errno;
+			else
+				n += (size_t)k;
+		}
+	}
+	if (fd >= 0)
+		close(fd);
+	cred_leave();
+	if (err) {
+		file_fail(c, stream, "stat", fr->path, err);
+		return;
+	}
+	send_frame(c, F_FILE_INFO, stream, b, n);
+	send_frame(c, F_FILE_DONE, stream, NULL, 0);
+}
+
+static void op_mkdir(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	if (fr->flags & ~(unsigned)WF_PARENTS) {
+		send_file_error(c, stream, EINVAL, "mkdir %s: unknown FLAGS 0x%x (only 8 = parents)", fr->path, fr->flags);
+		return;
+	}
+	struct creds cr;
+	if (file_enter(c, stream, "mkdir", fr, &cr) < 0)
+		return;
+	mode_t mode = fr->have_mode ? fr->mode : 0755;
+	int err = 0;
+	if (fr->flags & WF_PARENTS) {
+		int fd = mkdir_p(fr->path, mode, 1);
+		if (fd < 0)
+			err = errno;
+		else
+			close(fd);
+	} else {
+		const char *name;
+		int dfd = open_parent(fr->path, &name);
+		if (dfd < 0)
+			err = errno;
+		else if (!*name)
+			err = EEXIST;
+		else if (mkdirat(dfd, name, mode) < 0)
+			err = errno;
+		if (dfd >= 0)
+			close(dfd);
+	}
+	cred_leave();
+	if (err) {
+		file_fail(c, stream, "mkdir", fr->path, err);
+		return;
+	}
+	logf_("conn=%u stream=%u mkdir %s mode=%o parents=%d", c->id, stream, fr->path, (unsigned)mode,
+	      !!(fr->flags & WF_PARENTS));
+	send_frame(c, F_FILE_DONE, stream, NULL, 0);
+}
+
+static void op_remove(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	if (strcmp(fr->path, "/") == 0) {
+		send_file_error(c, stream, EBUSY, "remove /: refusing to remove the root directory");
+		return;
+	}
+	struct creds cr;
+	if (file_enter(c, stream, "remove", fr, &cr) < 0)
+		return;
+	int err = 0;
+	const char *name;
+	int dfd = open_parent(fr->path, &name);
+	if (dfd < 0) {
+		err = errno;
+	} else if (fr->recursive) {
+		struct stat st;
+		if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) < 0)
+			err = errno;
+		else if (S_ISDIR(st.st_mode))
+			err = rm_tree(dfd, name, 0);
+		else if (unlinkat(dfd, name, 0) < 0)
+			err = errno;
+	} else if (unlinkat(dfd, name, 0) < 0) {
+		err = errno;
+		if (err == EISDIR)
+			err = unlinkat(dfd, name, AT_REMOVEDIR) < 0 ? errno : 0;
+	}
+	if (dfd >= 0)
+		close(dfd);
+	cred_leave();
+	if (err) {
+		file_fail(c, stream, "remove", fr->path, err);
+		return;
+	}
+	logf_("conn=%u stream=%u remove %s recursive=%d", c->id, stream, fr->path, fr->recursive);
+	send_frame(c, F_FILE_DONE, stream, NULL, 0);
+}
+
+static void op_symlink(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	if (!fr->target) {
+		send_file_error(c, stream, EINVAL, "symlink %s: malformed request: TARGET is required", fr->path);
+		return;
+	}
+	struct creds cr;
+	if (file_enter(c, stream, "symlink", fr, &cr) < 0)
+		return;
+	int err = 0;
+	const char *name;
+	int dfd = open_parent(fr->path, &name);
+	if (dfd < 0)
+		err = errno;
+	else if (!*name)
+		err = EEXIST;
+	else if (symlinkat(fr->target, dfd, name) < 0)
+		err = errno;
+	if (dfd >= 0)
+		close(dfd);
+	cred_leave();
+	if (err) {
+		file_fail(c, stream, "symlink", fr->path, err);
+		return;
+	}
+	send_frame(c, F_FILE_DONE, stream, NULL, 0);
+}
+
+static void op_read(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	struct creds cr;
+	if (file_enter(c, stream, "read", fr, &cr) < 0)
+		return;
+	int err = 0, fd = -1;
+	struct stat st, st2;
+	/* Look before opening: opening a FIFO would block and opening a device can have
+	 * side effects, so only a regular file is ever opened for reading. */
+	int pfd = open_res(AT_FDCWD, fr->path, O_PATH, 0, 1);
+	if (pfd < 0 || fstat(pfd, &st) < 0) {
+		err = errno;
+	} else if (S_ISDIR(st.st_mode)) {
+		err = EISDIR;
+	} else if (S_ISLNK(st.st_mode)) {
+		err = ELOOP; /* only without openat2: the final symlink is not followed */
+	} else if (!S_ISREG(st.st_mode)) {
+		err = -1;
+	} else {
+		fd = open_res(AT_FDCWD, fr->path, O_RDONLY | O_NOCTTY | O_NONBLOCK, 0, 1);
+		if (fd < 0 || fstat(fd, &st2) < 0)
+			err = errno;
+		else if (!S_ISREG(st2.st_mode) || st2.st_ino != st.st_ino || st2.st_dev != st.st_dev)
+			err = EAGAIN; /* replaced between the two opens */
+	}
+	if (pfd >= 0)
+		close(pfd);
+	cred_leave();
+	if (err) {
+		if (fd >= 0)
+			close(fd);
+		if (err < 0)
+			send_file_error(c, stream, EINVAL, "read %s: not a regular file", fr->path);
+		else
+			file_fail(c, stream, "read", fr->path, err);
+		return;
+	}
+	unsigned char b[INFO_LEN];
+	put_info(b, &st2);
+	send_frame(c, F_FILE_INFO, stream, b, INFO_LEN);
+	struct fop *f = fop_new(c, stream, FOP_READ, fr, &cr);
+	f->fd = fd;
+	f->pos = fr->offset;
+	f->remaining = fr->length ? fr->length : UINT64_MAX;
+	logf_("conn=%u stream=%u read %s user=%s offset=%llu length=%llu size=%lld", c->id, stream, f->path,
+	      fr->user ? fr->user : "0", (unsigned long long)fr->offset, (unsigned long long)fr->length,
+	      (long long)st2.st_size);
+}
+
+static void op_list(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	struct creds cr;
+	if (file_enter(c, stream, "list", fr, &cr) < 0)
+		return;
+	int fd = open_res(AT_FDCWD, fr->path, O_RDONLY | O_DIRECTORY, 0, 1);
+	int err = fd < 0 ? errno : 0;
+	cred_leave();
+	if (err) {
+		file_fail(c, stream, "list", fr->path, err);
+		return;
+	}
+	struct fop *f = fop_new(c, stream, FOP_LIST, fr, &cr);
+	f->fd = fd;
+	f->dbuf = xmalloc(LIST_BUF);
+}
+
+static void op_write(struct conn *c, uint32_t stream, struct file_req *fr)
+{
+	if (!fr->have_flags)
+		fr->flags = WF_CREATE; /* no FLAGS field: create or replace */
+	if (fr->flags & ~(unsigned)WF_ALL) {
+		send_file_error(c, stream, EINVAL, "write %s: unknown FLAGS 0x%x", fr->path, fr->flags);
+		return;
+	}
+	if (strcmp(fr->path, "/") == 0) {
+		file_fail(c, stream, "write", fr->path, EISDIR);
+		return;
+	}
+	struct creds cr;
+	if (file_enter(c, stream, "write", fr, &cr) < 0)
+		return;
+	int err = 0, dfd = -1, fd = -1;
+	int append = !!(fr->flags & WF_APPEND), excl = !!(fr->flags & WF_EXCL), create = !!(fr->flags & WF_CREATE);
+	const char *name = strrchr(fr->path, '/') + 1;
+	char tmp[NAME_MAX + 1] = "";
+	struct stat st;
+	int exists = 0;
+	uint32_t mode = fr->have_mode ? fr->mode : 0644;
+	if (fr->flags & WF_PARENTS) {
+		char *dir = xstrndup(fr->path, (size_t)(name - 1 - fr->path));
+		dfd = mkdir_p(*dir ? dir : "/", 0755, 1);
+		free(dir);
+	} else {
+		dfd = open_parent(fr->path, &name);
+	}
+	if (dfd < 0) {
+		err = errno;
+		goto out;
+	}
+	if (fstatat(dfd, name, &st, AT_SYMLINK_NOFOLLOW) == 0)
+		exists = 1;
+	else if (errno != ENOENT) {
+		err = errno;
+		goto out;
+	}
+	if (append) {
+		/* In place, through a final symlink if there is one; never a non-regular file. */
+		struct stat fst;
+		if (exists && fstatat(dfd, name, &fst, 0) == 0 && !S_ISREG(fst.st_mode)) {
+			err = S_ISDIR(fst.st_mode) ? EISDIR : -1;
+			goto out;
+		}
+		int of = O_WRONLY | O_APPEND | O_NOCTTY | ((create || excl) ? O_CREAT : 0) | (excl ? O_EXCL : 0);
+		fd = open_res(dfd, name, of, mode, 1);
+		if (fd < 0)
+			err = errno;
+		goto out;
+	}
+	/* Replace: a temp file in the same directory, renamed over PATH on FILE_DONE. A
+	 * symlink at PATH is replaced, not followed. */
+	if (exists && S_ISDIR(st.st_mode)) {
+		err = EISDIR;
+		goto out;
+	}
+	if (exists && excl) {
+		err = EEXIST;
+		goto out;
+	}
+	if (!exists && !create && !excl) {
+		err = ENOENT;
+		goto out;
+	}
+	if (exists && S_ISREG(st.st_mode) && !fr->have_mode)
+		mode = st.st_mode & 07777;
+	static unsigned tmp_seq;
+	for (int i = 0; i < 100; i++) {
+		tmp_seq++;
+		int k = snprintf(tmp, sizeof tmp, ".%s.dsec-%d-%u.tmp", name, (int)getpid(), tmp_seq);
+		if (k < 0 || (size_t)k >= sizeof tmp)
+			snprintf(tmp, sizeof tmp, ".dsec-%d-%u.tmp", (int)getpid(), tmp_seq);
+		fd = openat(dfd, tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_NOCTTY | O_CLOEXEC, 0600);
+		if (fd >= 0 || errno != EEXIST)
+			break;
+	}
+	if (fd < 0)
+		err = errno;
+out:
+	cred_leave();
+	if (err) {
+		if (fd >= 0)
+			close(fd);
+		if (dfd >= 0)
+			close(dfd);
+		if (err < 0)
+			send_file_error(c, stream, EINVAL, "write %s: not a regular file", fr->path);
+		else
+			file_fail(c, stream, "write", fr->path, err);
+		return;
+	}
+	struct fop *f = fop_new(c, stream, FOP_WRITE, fr, &cr);
+	f->fd = fd;
+	f->dirfd = dfd;
+	f->name = xstrndup(name, strlen(name));
+	f->tmpname = append ? NULL : xstrndup(tmp, strlen(tmp));
+	f->mode = mode;
+	f->excl = excl;
+	if (!append && exists && S_ISREG(st.st_mode)) {
+		f->preserve_owner = 1;
+		f->owner_uid = st.st_uid;
+		f->owner_gid = st.st_gid;
+	}
+	logf_("conn=%u stream=%u write %s user=%s flags=0x%x mode=%o", c->id, stream, f->path,
+	      fr->user ? fr->user : "0", fr->flags, (unsigned)mode);
+	unsigned char b[8];
+	put_u64(b, 0);
+	send_frame(c, F_FILE_ACK, stream, b, 8); /* open: the client may stream */
+}
+
+/* FILE_DATA of a write: write it all now (regular files do not block for long). */
+static void fop_write_data(struct fop *f, const unsigned char *p, size_t len)
+{
+	struct conn *c = f->c;
+	int err = cred_enter(&f->cr);
+	size_t off = 0;
+	while (!err && off < len) {
+		ssize_t n = write(f->fd, p + off, len - off);
+		if (n < 0) {
+			if (errno != EINTR)
+				err = errno;
+			continue;
+		}
+		off += (size_t)n;
+	}
+	cred_leave();
+	if (err) {
+		file_fail(c, f->stream, "write", f->path, err);
+		fop_free(f);
+		return;
+	}
+	f->written += len;
+	if (f->written - f->acked >= FILE_ACK_EVERY) {
+		unsigned char b[8];
+		put_u64(b, f->written);
+		send_frame(c, F_FILE_ACK, f->stream, b, 8);
+		f->acked = f->written;
+	}
+}
+
+/* FILE_DONE of a write: mode and owner, close, then rename over PATH (atomic). */
+static void fop_write_commit(struct fop *f)
+{
+	struct conn *c = f->c;
+	int err = cred_enter(&f->cr);
+	if (!err && f->tmpname) {
+		/* Replacing: the new file keeps the old one's owner when the writer may do
+		 * that (root), and gets the requested (or the old) mode exactly. chown first:
+		 * it clears set-id bits. */
+		if (f->preserve_owner && fchown(f->fd, f->owner_uid, f->owner_gid) < 0 && errno != EPERM)
+			err = errno;
+		if (!err && fchmod(f->fd, f->mode) < 0)
+			err = errno;
+	}
+	if (!err) {
+		int fd = f->fd;
+		f->fd = -1;
+		if (close(fd) < 0 && errno != EINTR)
+			err = errno;
+	}
+	if (!err && f->tmpname) {
+		if (f->excl) {
+			if (renameat2(f->dirfd, f->tmpname, f->dirfd, f->name, RENAME_NOREPLACE) < 0) {
+				err = errno;
+				if (err == EINVAL || err == ENOSYS) { /* filesystem without RENAME_NOREPLACE */
+					err = linkat(f->dirfd, f->tmpname, f->dirfd, f->name, 0) < 0 ? errno : 0;
+					if (!err)
+						unlinkat(f->dirfd, f->tmpname, 0);
+				}
+			}
+		} else if (renameat(f->dirfd, f->tmpname, f->dirfd, f->name) < 0) {
+			err = errno;
+		}
+		if (!err) {
+			free(f->tmpname);
+			f->tmpname = NULL;
+		}
+	}
+	cred_leave();
+	if (err) {
+		file_fail(c, f->stream, "write", f->path, err);
+	} else {
+		logf_("conn=%u stream=%u write %s: %llu bytes", c->id, f->stream, f->path, (unsigned long long)f->written);
+		unsigned char b[8];
+		put_u64(b, f->written);
+		send_frame(c, F_FILE_DONE, f->stream, b, 8);
+	}
+	fop_free(f);
+}
+
+/* One slice of a READ: FILE_DATA frames until the budget is spent, the connection's
+ * queue is above its high-water mark, or the end (FILE_DONE). */
+static void fop_step_read(struct fop *f)
+{
+	struct conn *c = f->c;
+	size_t budget = FILE_STEP_BUDGET;
+	while (!c->out_paused && budget > 0) {
+		size_t want = FILE_CHUNK;
+		if (f->remaining < want)
+			want = (size_t)f->remaining;
+		if (want == 0)
+			break;
+		struct chunk *ch = frame_alloc(F_FILE_DATA, f->stream, want);
+		ssize_t n;
+		do
+			n = pread(f->fd, ch->data + HDR_LEN, want, (off_t)f->pos);
+		while (n < 0 && errno == EINTR);
+		if (n < 0) {
+			int err = errno;
+			free(ch);
+			file_fail(c, f->stream, "read", f->path, err);
+			fop_free(f);
+			return;
+		}
+		if (n == 0) {
+			free(ch);
+			f->remaining = 0;
+			break;
+		}
+		if ((size_t)n + 16384 < want) { /* a short tail: do not queue a mostly empty buffer */
+			struct chunk *nc = realloc(ch, sizeof *ch + HDR_LEN + (size_t)n);
+			if (nc)
+				ch = nc;
+		}
+		frame_queue(c, ch, (size_t)n);
+		f->pos += (uint64_t)n;
+		f->remaining -= (uint64_t)n;
+		budget -= (size_t)n < budget ? (size_t)n : budget;
+	}
+	if (f->remaining == 0) {
+		send_frame(c, F_FILE_DONE, f->stream, NULL, 0);
+		fop_free(f);
+	}
+}
+
+/* One slice of a LIST: FILE_ENTRY frames (lstat of each entry as the user). */
+static void fop_step_list(struct fop *f)
+{
+	struct conn *c = f->c;
+	size_t budget = FILE_STEP_BUDGET;
+	int err = cred_enter(&f->cr);
+	char failed[NAME_MAX + 1] = "";
+	while (!err && !c->out_paused && budget > 0) {
+		if (f->doff >= f->dlen) {
+			long n = syscall(SYS_getdents64, f->fd, f->dbuf, LIST_BUF);
+			if (n < 0) {
+				err = errno;
+				break;
+			}
+			if (n == 0) {
+				f->eof = 1;
+				break;
+			}
+			f->dlen = (size_t)n;
+			f->doff = 0;
+		}
+		struct dirent64_ *d = (void *)(f->dbuf + f->doff);
+		f->doff += d->reclen;
+		if (dot_or_dotdot(d->name))
+			continue;
+		struct stat st;
+		if (fstatat(f->fd, d->name, &st, AT_SYMLINK_NOFOLLOW) < 0) {
+			if (errno == ENOENT)
+				continue; /* removed since getdents */
+			err = errno;
+			snprintf(failed, sizeof failed, "%s", d->name);
+			break;
+		}
+		char target[PATH_MAX];
+		ssize_t tl = 0;
+		if (S_ISLNK(st.st_mode)) {
+			tl = readlinkat(f->fd, d->name, target, sizeof target);
+			if (tl < 0)
+				tl = 0;
+		}
+		size_t nl = strlen(d->name);
+		size_t plen = INFO_LEN + 2 + nl + (size_t)tl;
+		struct chunk *ch = frame_alloc(F_FILE_ENTRY, f->stream, plen);
+		unsigned char *b = ch->data + HDR_LEN;
+		put_info(b, &st);
+		b[INFO_LEN] = (unsigned char)(nl >> 8);
+		b[INFO_LEN + 1] = (unsigned char)nl;
+		memcpy(b + INFO_LEN + 2, d->name, nl);
+		if (tl)
+			memcpy(b + INFO_LEN + 2 + nl, target, (size_t)tl);
+		frame_queue(c, ch, plen);
+		budget -= plen + HDR_LEN < budget ? plen + HDR_LEN : budget;
+	}
+	cred_leave();
+	if (err) {
+		if (*failed)
+			send_file_error(c, f->stream, err, "list %.1024s: %s: %s", f->path, failed, strerror(err));
+		else
+			file_fail(c, f->stream, "list", f->path, err);
+		fop_free(f);
+		return;
+	}
+	if (f->eof) {
+		send_frame(c, F_FILE_DONE, f->stream, NULL, 0);
+		fop_free(f);
+	}
+}
+
+/* Is any READ or LIST job able to produce output now? (Then the loop does not sleep.) */
+static int file_jobs_runnable(void)
+{
+	for (struct conn *c = g_conns; c; c = c->next) {
+		if (c->dead || c->closing || c->out_paused)
+			continue;
+		for (struct fop *f = c->fops; f; f = f->next)
+			if (f->kind != FOP_WRITE)
+				return 1;
+	}
+	return 0;
+}
+
+/* Advance every READ and LIST job by one slice, on connections that take output. */
+static void run_file_jobs(void)
+{
+	for (struct conn *c = g_conns; c; c = c->next) {
+		if (c->dead || c->closing)
+			continue;
+		for (struct fop *f = c->fops, *next; f && !c->out_paused; f = next) {
+			next = f->next;
+			if (f->kind == FOP_READ)
+				fop_step_read(f);
+			else if (f->kind == FOP_LIST)
+				fop_step_list(f);
+		}
+	}
+}
+
+static void handle_file_request(struct conn *c, unsigned type, uint32_t stream, const unsigned char *p, size_t len)
+{
+	struct file_req fr;
+	if (file_req_parse(c, stream, file_op_name(type), p, len, &fr) < 0)
+		return;
+	switch (type) {
+	case F_FILE_READ: op_read(c, stream, &fr); break;
+	case F_FILE_WRITE: op_write(c, stream, &fr); break;
+	case F_FILE_STAT: op_stat(c, stream, &fr); break;
+	case F_FILE_LIST: op_list(c, stream, &fr); break;
+	case F_FILE_MKDIR: op_mkdir(c, stream, &fr); break;
+	case F_FILE_REMOVE: op_remove(c, stream, &fr); break;
+	case F_FILE_SYMLINK: op_symlink(c, stream, &fr); break;
+	}
+	file_req_free(&fr);
+}
+
+/* FILE_DATA, FILE_DONE or FILE_ERROR from the client on a live file stream. */
+static void handle_file_stream_frame(struct conn *c, struct fop *f, unsigned type, const unsigned char *p, size_t len)
+{
+	const char *op = f->kind == FOP_READ ? "read" : f->kind == FOP_LIST ? "list" : "write";
+	if (type == F_FILE_DATA && f->kind == FOP_WRITE) {
+		if (len)
+			fop_write_data(f, p, len);
+		return;
+	}
+	if (type == F_FILE_DONE && f->kind == FOP_WRITE) {
+		fop_write_commit(f);
+		return;
+	}
+	if (type == F_FILE_DATA) {
+		send_error(c, f->stream, "FILE_DATA on a %s stream", op);
+		fop_free(f);
+		return;
+	}
+	/* FILE_DONE on a read/list, FILE_ERROR on any: the client cancels. */
+	logf_("conn=%u stream=%u %s %s cancelled by the client", c->id, f->stream, op, f->path);
+	send_file_error(c, f->stream, ECANCELED, "%s %.1024s: cancelled by the client", op, f->path);
+	fop_free(f);
 }
 
 /* ---- inbound frames --------------------------------------------------------------- */
@@ -1364,7 +2784,8 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 		c->helloed = 1;
 		char json[256];
 		int n = snprintf(json, sizeof json,
-				 "{\"agent\":\"" AGENT_NAME "\",\"version\":\"" AGENT_VERSION "\",\"protocol\":%u,\"pid\":%d}",
+				 "{\"agent\":\"" AGENT_NAME "\",\"version\":\"" AGENT_VERSION "\",\"protocol\":%u,\"pid\":%d,"
+				 "\"features\":[\"tty\",\"detached\",\"files\"]}",
 				 PROTOCOL_VERSION, (int)getpid());
 		unsigned char b[4];
 		put_u32(b, PROTOCOL_VERSION);
@@ -1390,6 +2811,39 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 		}
 		handle_exec(c, stream, p, len);
 		return;
+	case F_FILE_READ:
+	case F_FILE_WRITE:
+	case F_FILE_STAT:
+	case F_FILE_LIST:
+	case F_FILE_MKDIR:
+	case F_FILE_REMOVE:
+	case F_FILE_SYMLINK:
+		if (stream == 0) {
+			conn_fatal(c, "frame type %u on stream 0", type);
+			return;
+		}
+		if (conn_find_exec(c, stream) || conn_find_fop(c, stream)) {
+			send_error(c, stream, "stream %u is already in use", stream);
+			return;
+		}
+		handle_file_request(c, type, stream, p, len);
+		return;
+	case F_FILE_DATA:
+	case F_FILE_DONE:
+	case F_FILE_ERROR: {
+		if (stream == 0) {
+			conn_fatal(c, "frame type %u on stream 0", type);
+			return;
+		}
+		struct fop *f = conn_find_fop(c, stream);
+		if (f)
+			handle_file_stream_frame(c, f, type, p, len);
+		else if (conn_find_exec(c, stream))
+			send_error(c, stream, "frame type %u is not valid on an exec stream", type);
+		/* else: the file stream already ended (race with its final frame): drop */
+		return;
+	}
+	case F_RESIZE:
 	case F_STDIN:
 	case F_STDIN_EOF:
 	case F_SIGNAL: {
@@ -1398,8 +2852,32 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 			return;
 		}
 		struct exec *e = conn_find_exec(c, stream);
-		if (!e)
+		if (!e) {
+			struct fop *f = conn_find_fop(c, stream);
+			if (f) {
+				send_error(c, stream, "frame type %u is not valid on a file stream", type);
+				fop_free(f);
+			}
 			return; /* the stream just ended (race with EXIT) or never existed: drop */
+		}
+		if (type == F_RESIZE) {
+			if (len != 4) {
+				send_error(c, stream, "malformed RESIZE: payload must be u16 rows, u16 cols");
+				return;
+			}
+			if (!e->is_tty) {
+				send_error(c, stream, "resize: exec has no tty");
+				return;
+			}
+			struct winsize ws = { .ws_row = (unsigned short)((p[0] << 8) | p[1]),
+					      .ws_col = (unsigned short)((p[2] << 8) | p[3]) };
+			/* Either master fd will do; both are closed only once the exec is over. */
+			int mfd = e->w_out.fd >= 0 ? e->w_out.fd : e->w_in.fd;
+			if (mfd >= 0 && ioctl(mfd, TIOCSWINSZ, &ws) < 0)
+				logf_("conn=%u stream=%u resize: %s", c->id, stream, strerror(errno));
+			logf_("conn=%u stream=%u pid=%d resize %ux%u", c->id, stream, (int)e->pid, ws.ws_row, ws.ws_col);
+			return;
+		}
 		if (type == F_SIGNAL) {
 			if (len != 4) {
 				send_error(c, stream, "malformed SIGNAL: payload must be a u32 signal number");
@@ -1417,6 +2895,8 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 		if (e->w_in.fd < 0)
 			return; /* no stdin requested, already closed, or the child closed it */
 		if (type == F_STDIN_EOF) {
+			if (e->is_tty)
+				return; /* a terminal has no EOF of its own: the client sends ^D */
 			e->stdin_eof = 1;
 			if (!e->iq_head)
 				watch_close(&e->w_in);
@@ -1439,10 +2919,14 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 		return;
 	}
 	default:
-		if (stream == 0)
+		if (stream == 0) {
 			conn_fatal(c, "unknown or unexpected frame type %u on stream 0", type);
-		else
+		} else {
 			send_error(c, stream, "unknown or unexpected frame type %u", type);
+			struct fop *f = conn_find_fop(c, stream);
+			if (f)
+				fop_free(f); /* ERROR is the final frame of a file stream */
+		}
 		return;
 	}
 }
@@ -1484,15 +2968,21 @@ static void conn_destroy(struct conn *c, const char *why)
 		return;
 	logf_("conn=%u closed (%s)", c->id, why);
 	c->dead = 1;
-	/* Kill what is still running; the processes are reaped normally. */
+	/* Kill what is still running (unless DETACHED); the processes are reaped normally. */
 	while (c->execs) {
 		struct exec *e = c->execs;
+		if (e->detached && !e->reaped) {
+			exec_orphan(e); /* unlinks from c->execs */
+			continue;
+		}
 		if (!e->reaped) {
 			logf_("conn=%u stream=%u pid=%d killed: connection closed", c->id, e->stream, (int)e->pid);
 			exec_kill(e, SIGKILL);
 		}
 		exec_finish(e); /* unlinks from c->execs */
 	}
+	while (c->fops)
+		fop_free(c->fops); /* uncommitted writes leave no temp file behind */
 	watch_close(&c->w);
 	struct chunk *ch = c->oq_head;
 	while (ch) {
@@ -1926,6 +3416,21 @@ int main(int argc, char **argv)
 	set_cloexec(lfd);
 	set_nonblock(lfd);
 
+	/* The identity file operations return to after each step. */
+	g_fsuid0 = (uid_t)setfsuid((uid_t)-1);
+	g_fsgid0 = (gid_t)setfsgid((gid_t)-1);
+	int ng = getgroups(0, NULL);
+	if (ng > 0) {
+		g_groups0 = xmalloc(sizeof(gid_t) * (size_t)ng);
+		g_ngroups0 = getgroups(ng, g_groups0);
+		if (g_ngroups0 < 0)
+			g_ngroups0 = 0;
+	}
+	/* Test hook: behave as on a kernel without openat2 (< 5.6). */
+	const char *no2 = getenv("DSEC_AGENT_NO_OPENAT2");
+	if (no2 && strcmp(no2, "1") == 0)
+		g_no_openat2 = 1;
+
 	getrlimit(RLIMIT_NOFILE, &g_orig_nofile);
 	struct rlimit rl = g_orig_nofile;
 	if (rl.rlim_cur < rl.rlim_max) {
@@ -1959,7 +3464,7 @@ int main(int argc, char **argv)
 
 	struct epoll_event evs[64];
 	while (!g_quit) {
-		int n = epoll_wait(g_epfd, evs, 64, next_timeout_ms());
+		int n = epoll_wait(g_epfd, evs, 64, file_jobs_runnable() ? 0 : next_timeout_ms());
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
@@ -1971,6 +3476,7 @@ int main(int argc, char **argv)
 		for (int i = 0; i < n; i++)
 			dispatch(evs[i].data.ptr, evs[i].events);
 		run_timers();
+		run_file_jobs();
 		flush_dirty();
 		free_graveyard();
 	}

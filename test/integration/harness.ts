@@ -84,7 +84,7 @@ export class TestDaemon {
   async launch(env: Record<string, string> = {}): Promise<void> {
     writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
     this.stderr = '';
-    const proc = spawn(process.execPath, [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml')], {
+    const proc = spawn(path.join(REPO, 'bin/dsecd'), ['--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml')], {
       env: { ...process.env, DSEC_LOG_LEVEL: process.env.DSEC_LOG_LEVEL ?? 'warn', ...env },
       stdio: ['ignore', 'ignore', 'pipe'],
     });

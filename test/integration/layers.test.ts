@@ -5,7 +5,7 @@
  * publishing a blob and its manifest.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync, chmodSync, openSync, writeSync, closeSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, rmSync, writeFileSync, chmodSync, openSync, writeSync, closeSync, statSync, utimesSync } from 'node:fs';
 import path from 'node:path';
 import { IS_ROOT, TestDaemon } from './harness.js';
 
@@ -136,12 +136,94 @@ describe.skipIf(!IS_ROOT)('layer store', () => {
     writeSync(fd, Buffer.from('corrupt!'), 0, 8, 4096 + 100);
     closeSync(fd);
     const before = d.layerMounts().length;
-    await expect(d.client.createSandbox({ image: 'bad:1' })).rejects.toMatchObject({ code: 'Internal', message: expect.stringContaining(digest) });
+    await expect(d.client.createSandbox({ image: 'bad:1' })).rejects.toMatchObject({ code: 'FailedPrecondition', message: expect.stringContaining(digest) });
     expect(d.layerMounts().length).toBe(before);
     rmSync(blob);
     await expect(d.client.createSandbox({ image: 'bad:1' })).rejects.toMatchObject({ code: 'NotFound', message: expect.stringContaining(digest) });
     const t = await d.traces();
     expect(t).toMatchObject({ mounts: [], cgroups: [], runtime: [], dirs: [], rows: [] });
+  });
+
+  it('an image that repeats a layer still starts; HOME comes from passwd when the image sets none', async () => {
+    const base = await req<Img>('GET', '/v1/images/busybox');
+    const extra = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('dup', { 'same.txt': 'same\n' }), image: 'dupl:1' });
+    const img = await req<Img>('POST', '/v1/images', {
+      image: 'dupl:2', layers: [base.layers[0], extra.layers[0], extra.layers[0]],
+      config: { env: ['PATH=/bin:/usr/bin:/sbin'], cwd: '/', user: '0', cmd: ['/bin/sh'] },
+    });
+    expect(img.layers.length).toBe(3);
+    const sb = await d.client.createSandbox({ image: 'dupl:2' });
+    try {
+      expect(await sh(sb.id, 'cat /same.txt; echo $HOME')).toBe('same\n/root\n');
+      const asNobody = await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo $HOME'], user: 'nobody' });
+      expect(asNobody.stdout.toString()).toBe('/nonexistent\n'); // busybox image: nobody's home
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
+  it('commit excludes: a leading / and a trailing / are normalised, negations refused, unmatched ones reported', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    try {
+      await sh(sb.id, 'mkdir -p /root/work/sub && echo s > /root/work/secret && echo x > /root/work/sub/y && echo k > /root/keep');
+      await expect(req('POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'ex:0', exclude: ['!root/**'] })).rejects.toMatchObject({ code: 'InvalidArgument' });
+      const r = await req<{ stripped: string[]; warnings: string[] }>('POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'ex:1', exclude: ['/root/work/secret', 'root/work/sub/', 'nothing/here'] });
+      expect(r.stripped).toEqual(expect.arrayContaining(['root/work/secret', 'root/work/sub']));
+      expect(r.warnings).toEqual(['exclude pattern "nothing/here" matched nothing']);
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+    const c = await d.client.createSandbox({ image: 'ex:1' });
+    try {
+      expect(await sh(c.id, 'cat /root/keep; ls /root/work')).toBe('k\n');
+    } finally {
+      await d.client.deleteSandbox(c.id, { force: true });
+    }
+  });
+
+  it('an in-place edit that restores the mtime is still caught before mount', async () => {
+    const img = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('touched', { 'f': 'y'.repeat(10000) }), base: 'busybox', image: 'touched:1' });
+    const digest = img.layers[1];
+    const blob = path.join(d.root, 'images', 'blobs', 'sha256', digest.slice(7));
+    const st = statSync(blob);
+    chmodSync(blob, 0o644);
+    const fd = openSync(blob, 'r+');
+    writeSync(fd, Buffer.from('XX'), 0, 2, 4096 + 10);
+    closeSync(fd);
+    chmodSync(blob, 0o444);
+    utimesSync(blob, st.atime, st.mtime);
+    await expect(d.client.createSandbox({ image: 'touched:1' })).rejects.toMatchObject({ code: 'FailedPrecondition', message: expect.stringContaining(digest) });
+  });
+
+  it('a blob reused by a new build is protected by the grace period even if it was old', async () => {
+    const d2 = await TestDaemon.start({ slot: 20, config: '[images]\nprune_grace_s = 3600\n' });
+    try {
+      const src = tree('graced', { 'g': 'graced' });
+      const a = await d2.client.request<Img>('POST', '/v1/images/import', { type: 'dir', path: src, image: 'g:1' });
+      const hex = a.layers[0].slice(7);
+      const old = new Date(Date.now() - 7200_000);
+      utimesSync(path.join(d2.root, 'images', 'blobs', 'sha256', hex), old, old);
+      utimesSync(path.join(d2.root, 'images', 'layers', `${hex}.json`), old, old);
+      await d2.client.request('DELETE', '/v1/images/g:1');
+      // The same tree built again reuses the blob: it is "just used" now.
+      await d2.client.request<Img>('POST', '/v1/images/import', { type: 'dir', path: src, image: 'g:2' });
+      await d2.client.request('DELETE', '/v1/images/g:2');
+      const rep = await d2.client.request<{ removed: { digest: string }[]; kept_young: string[] }>('POST', '/v1/images/prune', {});
+      expect(rep.removed.map((x) => x.digest)).not.toContain(a.layers[0]);
+      expect(rep.kept_young).toContain(a.layers[0]);
+    } finally {
+      await d2.cleanup();
+    }
+  });
+
+  it('a sandbox frozen when dsecd died (mid-commit) is thawed at restart', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    const cg = await d.cgroups();
+    await cg.freeze(sb.id);
+    await d.kill9();
+    await d.launch();
+    expect((await d.client.exec(sb.id, { argv: ['echo', 'thawed'] })).stdout.toString()).toBe('thawed\n');
+    await d.client.deleteSandbox(sb.id, { force: true });
   });
 
   it('a crash between publishing a blob and its manifest leaves no image, and prune collects the blob', async () => {

@@ -243,7 +243,7 @@ describe('dsec-agent (not PID 1)', () => {
   it('answers HELLO and PING and logs timestamped lines', async () => {
     const a = await startAgent();
     const c = await connect(a);
-    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid });
+    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files'] });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);
     c.close();
@@ -595,10 +595,13 @@ describe('dsec-agent protocol errors', () => {
     const a = await startAgent();
     const raw = new RawConn(a.socketPath);
     await raw.hello();
-    raw.send(20, 5, Buffer.from('future'));
+    raw.send(30, 5, Buffer.from('future')); // 28–31 are still reserved
     let f = await raw.next();
     expect([f.type, f.stream]).toEqual([FrameType.ERROR, 5]);
-    expect(f.payload.toString()).toMatch(/unknown or unexpected frame type 20/);
+    expect(f.payload.toString()).toMatch(/unknown or unexpected frame type 30/);
+    raw.send(FrameType.FILE_INFO, 5, Buffer.alloc(29)); // an agent→client type from a client
+    f = await raw.next();
+    expect([f.type, f.stream, f.payload.toString()]).toEqual([FrameType.ERROR, 5, 'unknown or unexpected frame type 16']);
 
     raw.send(FrameType.EXEC, 6, encodeTlv([{ tag: ExecTag.ENV, value: Buffer.from('A=1') }]));
     f = await raw.next();

@@ -11,11 +11,16 @@ export interface HostInfoProvider {
   hostInfo(): Promise<z.infer<typeof HostInfo>>;
 }
 
+const metricsRoute = route({ method: 'GET', url: '/metrics', summary: 'Prometheus metrics (text exposition format).', status: 200, response: null, errors: [] });
 const versionRoute = route({ method: 'GET', url: '/v1/version', summary: 'Daemon and API version.', status: 200, response: VersionInfo, errors: [] });
 const hostRoute = route({ method: 'GET', url: '/v1/host', summary: 'Host capacity, runtime, cgroups, uid pool and which defences are enforced.', status: 200, response: HostInfo, errors: [] });
 
 /** Registers the host routes. */
 export function registerHostRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.get(versionRoute.url, async () => deps.host.version());
+  app.get(metricsRoute.url, async (_req, reply) => {
+    const { contentType, body } = await deps.metrics.render();
+    return reply.type(contentType).send(body);
+  });
   app.get(hostRoute.url, async () => deps.host.hostInfo());
 }

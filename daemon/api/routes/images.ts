@@ -148,6 +148,6 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
     const r = await deps.manager.commit(req.params.id, body.image, body.exclude);
-    return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped });
+    return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped, warnings: r.warnings });
   });
 }

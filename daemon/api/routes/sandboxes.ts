@@ -31,7 +31,9 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
   const m = deps.manager;
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
+    const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
     const sb = await m.create(body);
+    end();
     return reply.code(201).send(toApi(sb));
   });
   app.get(listRoute.url, async (req) => {
@@ -54,6 +56,9 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
   app.post<{ Params: { id: string } }>(startRoute.url, async (req) => toApi(await m.start(req.params.id)));
   app.post<{ Params: { id: string } }>(execRoute.url, async (req) => {
     const body = parseWith(ExecRequest, req.body, 'exec request');
-    return m.exec(req.params.id, body);
+    const end = deps.metrics.execSeconds.startTimer();
+    const r = await m.exec(req.params.id, body);
+    end();
+    return r;
   });
 }

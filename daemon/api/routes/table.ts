@@ -7,7 +7,7 @@ import type { z } from 'zod';
 
 /** One route as the OpenAPI document describes it. */
 export interface RouteDoc {
-  method: 'GET' | 'POST' | 'DELETE';
+  method: 'GET' | 'POST' | 'DELETE' | 'PUT';
   /** fastify-style path, e.g. `/v1/sandboxes/:id`. */
   url: string;
   summary: string;

@@ -19,11 +19,11 @@ import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
 import type { LayerMounts } from '../../image/mounts.js';
 import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
-import { AgentClient } from '../../agent/client.js';
+import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
 import { DsecError, failedPrecondition, internal, invalidArgument, unavailable } from '../../errors.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
-import type { DriverCapabilities, DriverExecRequest, DriverExecResult, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
+import type { DriverCapabilities, DriverExecHandlers, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
 import { buildSpec } from './spec.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
@@ -41,6 +41,18 @@ export interface ContainerDriverDeps {
   /** Host path of the static agent binary. */
   agentBinary: string;
   log: Logger;
+}
+
+/**
+ * The layer stack to mount: a layer that occurs twice (an image that repeats a blob,
+ * e.g. two identical COPY steps) is kept only at its topmost position. That yields the
+ * same tree: the upper copy covers every path of the lower one, and the lower copy's
+ * whiteouts only hide layers that the upper copy's whiteouts hide too. overlayfs
+ * refuses the same lower twice (ELOOP).
+ * @param layers digests, lowest first.
+ */
+export function effectiveLayers(layers: readonly string[]): string[] {
+  return layers.filter((d, i) => layers.indexOf(d, i + 1) === -1);
 }
 
 const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
@@ -89,7 +101,7 @@ export class ContainerDriver implements SandboxDriver {
     if (sb.uidBase === null || sb.uidCount === null) throw internal(`sandbox ${sb.id} has no uid range`);
     await this.acquireLayers(sb);
     if (op === 'create') fp.hit('create.after-layers');
-    const lowers = sb.imageLayers.map((dg) => this.d.layers.dirFor(dg));
+    const lowers = effectiveLayers(sb.imageLayers).map((dg) => this.d.layers.dirFor(dg));
     const { rootfs } = await prepareRootfs({ dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount });
     if (op === 'create') fp.hit('create.after-rootfs');
     return rootfs;
@@ -261,9 +273,36 @@ export class ContainerDriver implements SandboxDriver {
     return { ...res, oom };
   }
 
+  async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+    try {
+      return await this.agent(sb.id);
+    } catch (e) {
+      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
+    }
+  }
+
+  async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
+    const client = await this.agentClient(sb);
+    return client.startExec(
+      { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
+      handlers,
+    );
+  }
+
   /** Signal number -> name (e.g. 9 -> SIGKILL). */
   static signalName(n: number): string {
     return SIGNAL_NAMES[n] ?? `SIG${n}`;
+  }
+
+  async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    const st = await this.d.cgroups.stats(sb.id).catch(() => null);
+    if (!st) return null;
+    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills };
+  }
+
+  logPath(sb: SandboxRecord): string {
+    return path.join(this.dir(sb.id), 'agent.log');
   }
 
   async isAlive(sb: SandboxRecord): Promise<boolean> {
@@ -275,6 +314,9 @@ export class ContainerDriver implements SandboxDriver {
 
   async adopt(sb: SandboxRecord): Promise<void> {
     await this.acquireLayers(sb);
+    // A running sandbox is never left frozen: dsecd may have died in the middle of a
+    // commit or snapshot, which freeze the sandbox while they copy its layer.
+    if (sb.state === 'running') await this.d.cgroups.thaw(sb.id).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'thaw at adopt failed'));
   }
 
   async cleanOrphans(known: Set<string>): Promise<OrphanReport> {

@@ -1,0 +1,243 @@
+/**
+ * Files of a running sandbox, through its agent, as a user inside the sandbox:
+ * single files (raw bytes), stat, list, mkdir, remove, and tar archives in both
+ * directions. Everything streams: a file's bytes flow agent -> HTTP response (or HTTP
+ * request -> agent) with backpressure on both sides, so a multi-GB file never sits in
+ * daemon memory.
+ *
+ * Paths are absolute paths inside the sandbox. The agent refuses `..` components and
+ * magic links (/proc/PID/root and the like); its root is the sandbox root, so no path
+ * or symlink leads out of the sandbox. Tar archives given to PUT .../archive are
+ * sanitised the same way before any entry is written: absolute names are made relative,
+ * `..` and links that point outside the target are refused, devices are refused.
+ */
+import type { FastifyInstance, FastifyRequest } from 'fastify';
+import path from 'node:path';
+import { PassThrough, Readable } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
+import tarStream from 'tar-stream';
+import { z } from 'zod';
+import { parseWith } from '../server.js';
+import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
+import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
+import type { AgentClient } from '../../agent/client.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const user = z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User inside the sandbox (name or uid[:gid]); default the image user.');
+const absPath = z.string().startsWith('/').max(4096).describe('Absolute path inside the sandbox.');
+const bool = z.enum(['true', 'false', '1', '0']).optional();
+
+/** GET/DELETE .../files and GET .../files/stat|list and GET .../archive query. */
+export const FileQuery = z.object({ path: absPath, user, nofollow: bool, recursive: bool }).strict();
+/** PUT .../files query. */
+export const PutFileQuery = z.object({ path: absPath, user, mode: z.string().regex(/^0?[0-7]{3,4}$/).optional().describe('Octal mode, default 0644.'), parents: bool }).strict();
+/** POST .../files/mkdir body. */
+export const MkdirRequest = z.object({ path: absPath, user, mode: z.number().int().min(0).max(0o7777).optional(), parents: z.boolean().optional() }).strict();
+/** A file's metadata. */
+export const FileStat = z.object({
+  path: z.string(),
+  type: z.enum(['file', 'dir', 'symlink', 'other']),
+  size: z.number().int().describe('Bytes.'),
+  mode: z.number().int().describe('Permission bits.'),
+  uid: z.number().int(),
+  gid: z.number().int(),
+  mtime_ms: z.number().describe('ms since the Unix epoch.'),
+  target: z.string().optional().describe('Symlink target.'),
+});
+
+const B = '/v1/sandboxes/:id';
+const getRoute = route({ method: 'GET', url: `${B}/files`, summary: 'Read a file (raw bytes, streamed).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+const putRoute = route({ method: 'PUT', url: `${B}/files`, summary: 'Write a file from the raw request body (streamed; replaced atomically).', query: PutFileQuery, status: 201, response: z.object({ path: z.string(), bytes: z.number().int() }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'] });
+const statRoute = route({ method: 'GET', url: `${B}/files/stat`, summary: 'Stat a path.', query: FileQuery, status: 200, response: FileStat, errors: ['InvalidArgument', 'NotFound'] });
+const listRoute = route({ method: 'GET', url: `${B}/files/list`, summary: 'List a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.array(FileStat.extend({ name: z.string() })) }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+const mkdirRoute = route({ method: 'POST', url: `${B}/files/mkdir`, summary: 'Create a directory.', body: MkdirRequest, status: 201, response: FileStat, errors: ['InvalidArgument', 'AlreadyExists', 'FailedPrecondition'] });
+const rmRoute = route({ method: 'DELETE', url: `${B}/files`, summary: 'Remove a file or (recursive=true) a directory tree.', query: FileQuery, status: 204, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+const getArchiveRoute = route({ method: 'GET', url: `${B}/archive`, summary: 'A tar stream of a file or directory (entries named from its basename, like docker cp).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound'] });
+const putArchiveRoute = route({ method: 'PUT', url: `${B}/archive`, summary: 'Extract the tar request body into a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.number().int(), bytes: z.number().int() }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+
+/** API view of a FileInfo. */
+function statView(p: string, i: FileInfo): z.infer<typeof FileStat> {
+  return { path: p, type: i.type, size: i.size, mode: i.mode, uid: i.uid, gid: i.gid, mtime_ms: Math.round(i.mtimeMs), ...(i.target !== undefined ? { target: i.target } : {}) };
+}
+
+const truthy = (v?: string) => v === 'true' || v === '1';
+
+/**
+ * Normalises a tar entry name for extraction below the target directory.
+ * @returns the relative path, or null for the archive's root entry (`./`).
+ * @throws DsecError InvalidArgument for `..` components (the archive is refused).
+ */
+export function safeEntryName(name: string): string | null {
+  const parts = name.split('/').filter((x) => x !== '' && x !== '.');
+  if (parts.some((x) => x === '..')) throw invalidArgument(`archive entry ${JSON.stringify(name)} has a ".." component; refusing the archive`);
+  return parts.length ? parts.join('/') : null;
+}
+
+/** Registers the file routes (in their own scope: request bodies are raw streams here). */
+export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  type R = FastifyRequest<{ Params: { id: string } }>;
+  // Bodies of PUT .../files and .../archive are streamed to the agent, never parsed; the
+  // JSON body of POST .../files/mkdir is parsed here.
+  app.removeAllContentTypeParsers();
+  app.addContentTypeParser('application/json', { parseAs: 'string' }, (_req, body, done) => {
+    try {
+      done(null, (body as string).trim() ? JSON.parse(body as string) : undefined);
+    } catch (e) {
+      done(invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
+    }
+  });
+  app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+
+  const agent = (req: R): Promise<AgentClient> => deps.manager.agent(req.params.id);
+  const userOf = (req: R, u?: string) => u ?? deps.manager.get(req.params.id).imageConfig.user ?? '0';
+
+  app.get(getRoute.url, async (req, reply) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    const a = await agent(r);
+    const f = a.readFile(q.path, { user: userOf(r, q.user) });
+    const info = await f.info;
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(info.size), 'x-dsec-mode': info.mode.toString(8) });
+    try {
+      await pipeline(f.stream, res);
+      await f.done;
+    } catch {
+      res.destroy();
+    }
+  });
+
+  app.put(putRoute.url, async (req, reply) => {
+    const r = req as R;
+    const q = parseWith(PutFileQuery, req.query, 'query');
+    const body = (req.body ?? Readable.from([])) as Readable;
+    const a = await agent(r);
+    const flags = FileWriteFlag.CREATE | (truthy(q.parents) ? FileWriteFlag.PARENTS : 0);
+    const out = await a.writeFile(q.path, body, { user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags });
+    return reply.code(201).send({ path: q.path, bytes: out.bytes });
+  });
+
+  app.get(statRoute.url, async (req) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    return statView(q.path, await (await agent(r)).stat(q.path, { user: userOf(r, q.user), nofollow: truthy(q.nofollow) }));
+  });
+
+  app.get(listRoute.url, async (req) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    const entries = await (await agent(r)).list(q.path, { user: userOf(r, q.user) });
+    return { entries: entries.map((e) => ({ ...statView(path.posix.join(q.path, e.name), e), name: e.name })) };
+  });
+
+  app.post(mkdirRoute.url, async (req, reply) => {
+    const r = req as R;
+    const b = parseWith(MkdirRequest, req.body, 'mkdir request');
+    const a = await agent(r);
+    await a.mkdir(b.path, { user: userOf(r, b.user), mode: b.mode ?? 0o755, parents: b.parents });
+    return reply.code(201).send(statView(b.path, await a.stat(b.path, { user: userOf(r, b.user) })));
+  });
+
+  app.delete(rmRoute.url, async (req, reply) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    await (await agent(r)).remove(q.path, { user: userOf(r, q.user), recursive: truthy(q.recursive) });
+    return reply.code(204).send();
+  });
+
+  app.get(getArchiveRoute.url, async (req, reply) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    const a = await agent(r);
+    const u = userOf(r, q.user);
+    const top = await a.stat(q.path, { user: u, nofollow: true });
+    const pack = tarStream.pack();
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, { 'content-type': 'application/x-tar' });
+    const done = pipeline(pack, res).catch(() => undefined);
+    const base = path.posix.basename(q.path) || '.';
+    const header = (name: string, i: FileInfo) => ({ name, mode: i.mode, uid: i.uid, gid: i.gid, mtime: new Date(i.mtimeMs) });
+    // Depth-first walk; each file's bytes are piped into its entry before the next starts
+    // (a tar stream is sequential), so memory holds one chunk at a time.
+    const add = async (p: string, name: string, i: FileInfo): Promise<void> => {
+      if (i.type === 'dir') {
+        pack.entry({ ...header(name, i), type: 'directory' });
+        for (const e of await a.list(p, { user: u })) await add(path.posix.join(p, e.name), `${name}/${e.name}`, e);
+      } else if (i.type === 'symlink') {
+        pack.entry({ ...header(name, i), type: 'symlink', linkname: i.target ?? '' });
+      } else if (i.type === 'file') {
+        const f = a.readFile(p, { user: u });
+        const info = await f.info;
+        const entry = pack.entry({ ...header(name, info), type: 'file', size: info.size });
+        await pipeline(f.stream, entry);
+        await f.done;
+      }
+      // sockets, fifos and devices are skipped: they cannot be copied as bytes.
+    };
+    try {
+      await add(q.path, base, top);
+      pack.finalize();
+    } catch (e) {
+      deps.log.warn({ err: e, path: q.path }, 'archive stream failed');
+      pack.destroy(e as Error);
+    }
+    await done;
+  });
+
+  app.put(putArchiveRoute.url, async (req) => {
+    const r = req as R;
+    const q = parseWith(FileQuery, req.query, 'query');
+    const a = await agent(r);
+    const u = userOf(r, q.user);
+    const dest = await a.stat(q.path, { user: u });
+    if (dest.type !== 'dir') throw failedPrecondition(`${q.path} is not a directory; an archive is extracted into a directory`);
+    const body = (req.body ?? Readable.from([])) as Readable;
+    const extract = tarStream.extract();
+    let entries = 0;
+    let bytes = 0;
+    let failure: Error | null = null;
+    extract.on('entry', (h, stream, next) => {
+      const run = async () => {
+        const rel = safeEntryName(h.name);
+        if (rel === null) {
+          stream.resume();
+          return;
+        }
+        const target = path.posix.join(q.path, rel);
+        const mode = (h.mode ?? 0o644) & 0o7777;
+        if (h.type === 'directory') {
+          await a.mkdir(target, { user: u, mode, parents: true }).catch((e: DsecError) => {
+            if (e.kind !== 'AlreadyExists') throw e;
+          });
+          stream.resume();
+        } else if (h.type === 'file' || h.type === 'contiguous-file') {
+          const pass = new PassThrough();
+          stream.pipe(pass);
+          const w = await a.writeFile(target, pass, { user: u, mode, flags: FileWriteFlag.CREATE | FileWriteFlag.PARENTS });
+          bytes += w.bytes;
+        } else if (h.type === 'symlink') {
+          await a.remove(target, { user: u }).catch(() => undefined);
+          await a.symlink(target, h.linkname ?? '', { user: u });
+          stream.resume();
+        } else {
+          throw invalidArgument(`archive entry ${JSON.stringify(h.name)} is a ${h.type}; only files, directories and symlinks can be extracted`);
+        }
+        entries += 1;
+      };
+      run().then(() => next(), (e: Error) => {
+        failure = e;
+        stream.resume();
+        next(e);
+      });
+    });
+    try {
+      await pipeline(body, extract);
+    } catch (e) {
+      throw failure ?? (e instanceof DsecError ? e : invalidArgument(`not a valid tar stream: ${(e as Error).message}`));
+    }
+    return { entries, bytes };
+  });
+}

@@ -1,0 +1,88 @@
+/** Resource usage (GET /v1/stats, GET /v1/sandboxes/{id}/stats) and logs (GET /v1/sandboxes/{id}/logs). */
+import type { FastifyInstance } from 'fastify';
+import { open, stat } from 'node:fs/promises';
+import os from 'node:os';
+import type { z } from 'zod';
+import { LogsQuery, SandboxStatsView, StatsResponse } from '../schema.js';
+import { parseWith } from '../server.js';
+import type { SandboxRecord } from '../../sandbox/repo.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const statsRoute = route({ method: 'GET', url: '/v1/stats', summary: 'Resource usage of every sandbox and of the host (for dsec top).', status: 200, response: StatsResponse, errors: [] });
+const oneRoute = route({ method: 'GET', url: '/v1/sandboxes/:id/stats', summary: 'Resource usage of one sandbox.', status: 200, response: SandboxStatsView, errors: ['NotFound'] });
+const logsRoute = route({
+  method: 'GET', url: '/v1/sandboxes/:id/logs', summary: "The sandbox's lifecycle and exec history, then its agent log, as text lines; follow=true streams new lines.",
+  query: LogsQuery, status: 200, response: null, errors: ['NotFound'],
+});
+
+/** How often a followed agent log is checked for new bytes: 250 ms. */
+const LOG_POLL_MS = 250;
+
+/** Registers the stats and logs routes. */
+export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const view = async (sb: SandboxRecord): Promise<z.infer<typeof SandboxStatsView>> => {
+    const st = await deps.manager.stats(sb.id).catch(() => null);
+    return {
+      id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt,
+      cpu_usage_ns: st?.cpuUsageNs ?? null, memory_bytes: st?.memoryBytes ?? null, memory_limit_bytes: st?.memoryLimitBytes ?? null,
+      pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null,
+    };
+  };
+  app.get(statsRoute.url, async () => ({
+    time: Date.now(),
+    host: { cores: os.cpus().length, memory_bytes: os.totalmem(), memory_available_bytes: os.freemem(), load_avg: os.loadavg() },
+    sandboxes: await Promise.all(deps.repo.all().map(view)),
+  }));
+  app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.manager.get(req.params.id)));
+  app.get<{ Params: { id: string } }>(logsRoute.url, async (req, reply) => {
+    const sb = deps.manager.get(req.params.id);
+    const q = parseWith(LogsQuery, req.query, 'query');
+    const follow = q.follow === 'true' || q.follow === '1';
+    const logFile = deps.manager.logPath(sb.id);
+    reply.hijack();
+    const res = reply.raw;
+    res.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
+    let closed = false;
+    res.on('close', () => { closed = true; });
+    const line = (e: { time: number; type: string; message?: string; state?: string }) =>
+      `${new Date(e.time).toISOString()} ${e.type}${e.state ? ` state=${e.state}` : ''}${e.message ? ` ${e.message}` : ''}\n`;
+    for (const e of deps.repo.events()) if (e.sandbox_id === sb.id) res.write(line(e));
+    const off = follow ? deps.repo.onEvent((e) => { if (e.sandbox_id === sb.id && !closed) res.write(line(e)); }) : () => {};
+    // The agent log: written by the agent (PID 1) on the host side; read from our offset on.
+    let pos = 0;
+    const drain = async () => {
+      if (!logFile) return;
+      const st = await stat(logFile).catch(() => null);
+      if (!st) return;
+      if (st.size < pos) pos = 0; // truncated or replaced (restart of the sandbox)
+      if (st.size === pos) return;
+      const fh = await open(logFile, 'r');
+      try {
+        const buf = Buffer.alloc(Math.min(1 << 20, st.size - pos));
+        const { bytesRead } = await fh.read(buf, 0, buf.length, pos);
+        pos += bytesRead;
+        if (!closed) res.write(buf.subarray(0, bytesRead));
+      } finally {
+        await fh.close();
+      }
+    };
+    try {
+      if (!follow) {
+        for (let before = -1; before !== pos && !closed;) {
+          before = pos;
+          await drain();
+        }
+        return;
+      }
+      while (!closed) {
+        await drain();
+        await new Promise((r) => setTimeout(r, LOG_POLL_MS));
+        if (!deps.repo.find(sb.id)) break; // destroyed: the stream ends
+      }
+    } finally {
+      off();
+      res.end();
+    }
+  });
+}

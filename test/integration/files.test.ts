@@ -1,0 +1,135 @@
+/**
+ * Files through the agent: a 1 GiB file in and out with bounded daemon memory, stat,
+ * list, mkdir, remove, tar archives both ways, and paths that try to leave the sandbox.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import { readFileSync } from 'node:fs';
+import { Readable } from 'node:stream';
+import tarStream from 'tar-stream';
+import { IS_ROOT, TestDaemon } from './harness.js';
+
+function rss(pid: number): number {
+  const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  return m ? Number(m[1]) * 1024 : 0;
+}
+
+describe.skipIf(!IS_ROOT)('files', () => {
+  let d: TestDaemon;
+  let sb: string;
+  /** One HTTP request on the daemon socket; body may be a stream; resolves with status and body (or hash of it). */
+  const req = (method: string, p: string, body?: Readable | Buffer | string, opts: { hash?: boolean; type?: string } = {}) =>
+    new Promise<{ status: number; body: Buffer; sha256?: string; bytes: number }>((resolve, reject) => {
+      const r = http.request({ socketPath: d.socket, method, path: `/v1/sandboxes/${sb}${p}`, headers: { 'content-type': opts.type ?? 'application/octet-stream' } }, (res) => {
+        const h = createHash('sha256');
+        const parts: Buffer[] = [];
+        let bytes = 0;
+        res.on('data', (c: Buffer) => {
+          bytes += c.length;
+          if (opts.hash) h.update(c);
+          else parts.push(c);
+        });
+        res.on('end', () => resolve({ status: res.statusCode!, body: Buffer.concat(parts), bytes, ...(opts.hash ? { sha256: h.digest('hex') } : {}) }));
+        res.on('error', reject);
+      });
+      r.on('error', reject);
+      if (body instanceof Readable) body.pipe(r);
+      else r.end(body);
+    });
+  const json = (r: { body: Buffer }) => JSON.parse(r.body.toString());
+
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 19, config: '[defaults]\nmemory_bytes = 1073741824\n' });
+    sb = (await d.client.createSandbox({ image: 'busybox' })).id;
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+  });
+
+  it('copies a 1 GiB file in and out with equal sha256 while dsecd memory stays bounded', async () => {
+    const chunk = Buffer.alloc(1 << 20);
+    const total = 1024;
+    const h = createHash('sha256');
+    let i = 0;
+    const src = new Readable({
+      read() {
+        if (i === total) return this.push(null);
+        chunk.writeUInt32BE(i++, 0); // vary every MiB
+        h.update(chunk);
+        this.push(Buffer.from(chunk));
+      },
+    });
+    const base = rss(d.pid);
+    let peak = base;
+    const t = setInterval(() => { peak = Math.max(peak, rss(d.pid)); }, 50);
+    const put = await req('PUT', '/files?path=/root/big.bin&mode=0600', src);
+    const get = await req('GET', '/files?path=/root/big.bin', undefined, { hash: true });
+    clearInterval(t);
+    expect(put.status).toBe(201);
+    expect(json(put)).toEqual({ path: '/root/big.bin', bytes: total << 20 });
+    expect(get.status).toBe(200);
+    expect(get.bytes).toBe(total << 20);
+    expect(get.sha256).toBe(h.digest('hex'));
+    console.log(`files: 1 GiB in and out; dsecd RSS ${Math.round(base / 2 ** 20)} MiB -> peak ${Math.round(peak / 2 ** 20)} MiB (+${((peak - base) / 2 ** 20).toFixed(1)} MiB)`);
+    expect(peak - base).toBeLessThan(64 * 2 ** 20);
+    const st = json(await req('GET', '/files/stat?path=/root/big.bin'));
+    expect(st).toMatchObject({ type: 'file', size: total << 20, mode: 0o600, uid: 0 });
+    expect((await req('DELETE', '/files?path=/root/big.bin')).status).toBe(204);
+  });
+
+  it('stat, list, mkdir -p, remove -r, as a user of the sandbox', async () => {
+    expect((await req('POST', '/files/mkdir', JSON.stringify({ path: '/srv/a/b', parents: true }), { type: 'application/json' })).status).toBe(201);
+    await req('PUT', '/files?path=/srv/a/b/f.txt', 'hello');
+    const ls = json(await req('GET', '/files/list?path=/srv/a/b'));
+    expect(ls.entries.map((e: { name: string; size: number }) => [e.name, e.size])).toEqual([['f.txt', 5]]);
+    // As nobody: cannot write into a root-owned 0755 directory.
+    const denied = await req('PUT', '/files?path=/srv/a/b/g.txt&user=nobody', 'x');
+    expect(denied.status).toBe(412);
+    expect(json(denied).error.code).toBe('FailedPrecondition');
+    expect((await req('GET', '/files?path=/srv/nope')).status).toBe(404);
+    expect((await req('DELETE', '/files?path=/srv/a&recursive=true')).status).toBe(204);
+    expect((await req('GET', '/files/stat?path=/srv/a')).status).toBe(404);
+  });
+
+  it('refuses paths that try to leave the sandbox', async () => {
+    const dots = await req('GET', '/files?path=/etc/../../etc/passwd');
+    expect(dots.status).toBe(400);
+    expect(json(dots).error.code).toBe('InvalidArgument');
+    // A magic link (/proc/PID/root) is refused outright.
+    await d.client.exec(sb, { argv: ['ln', '-sf', '/proc/1/root/etc', '/tmp/magic'] });
+    const magic = await req('GET', '/files?path=/tmp/magic/passwd');
+    expect(magic.status).toBe(400);
+    // A plain symlink with .. stays inside: the sandbox root is the agent's root.
+    await d.client.exec(sb, { argv: ['ln', '-sf', '../../../../..', '/tmp/up'] });
+    const up = await req('GET', '/files?path=/tmp/up/etc/passwd');
+    expect(up.status).toBe(200);
+    expect(up.body.toString()).toBe(readFileSync(`/proc/${(await d.client.getSandbox(sb)).init_pid}/root/etc/passwd`, 'utf8'));
+    expect(up.body.toString()).not.toBe(readFileSync('/etc/passwd', 'utf8'));
+  });
+
+  it('tar archives out and in preserve the tree; a ".." entry refuses the archive', async () => {
+    await d.client.exec(sb, { argv: ['sh', '-c', 'mkdir -p /data/x/y && echo one > /data/x/1 && echo two > /data/x/y/2 && ln -s 1 /data/x/link && chmod 600 /data/x/1'] });
+    const out = await req('GET', '/archive?path=/data/x');
+    expect(out.status).toBe(200);
+    const names: string[] = [];
+    const ex = tarStream.extract();
+    ex.on('entry', (h, s, next) => { names.push(`${h.type}:${h.name}`); s.resume(); s.on('end', next); });
+    await new Promise((resolve, reject) => { ex.on('finish', resolve); ex.on('error', reject); ex.end(out.body); });
+    expect(names.sort()).toEqual(['directory:x', 'directory:x/y', 'file:x/1', 'file:x/y/2', 'symlink:x/link']);
+    await req('POST', '/files/mkdir', JSON.stringify({ path: '/copy' }), { type: 'application/json' });
+    const put = await req('PUT', '/archive?path=/copy', out.body, { type: 'application/x-tar' });
+    expect(json(put)).toMatchObject({ entries: 5 });
+    const r = await d.client.exec(sb, { argv: ['sh', '-c', 'cat /copy/x/1 /copy/x/y/2; readlink /copy/x/link; stat -c %a /copy/x/1'] });
+    expect(r.stdout.toString()).toBe('one\ntwo\n1\n600\n');
+
+    const evil = tarStream.pack();
+    evil.entry({ name: '../../evil', type: 'file' }, 'pwned');
+    evil.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of evil) chunks.push(c as Buffer);
+    const bad = await req('PUT', '/archive?path=/copy', Buffer.concat(chunks), { type: 'application/x-tar' });
+    expect(bad.status).toBe(400);
+    expect((await d.client.exec(sb, { argv: ['ls', '/evil', '/copy/evil'] })).exit_code).not.toBe(0);
+  });
+});

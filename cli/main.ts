@@ -3,7 +3,7 @@
  *
  * One file per verb under cli/commands/; this file wires them into commander, routes
  * all output through injectable streams, and turns every failure into an exit code:
- * 0 success; `exec`/`run` pass the command's code through (128+N signal, 124 timeout);
+ * 0 success; `exec`/`run`/`attach` pass the command's code through (128+N signal, 124 timeout);
  * 125 when dsec itself failed (API error, usage error, missing socket, bug).
  * `--help` anywhere exits 0. A usage error is one line; an API or user error is
  * `dsec: <message>` plus a `hint:` line; only a bug under DSEC_DEBUG=1 shows a stack.
@@ -11,10 +11,16 @@
  * `{"error": {"code", "message", "hint"}}`.
  */
 import { Command, CommanderError } from 'commander';
+import * as attach from './commands/attach.js';
 import * as commit from './commands/commit.js';
+import * as cp from './commands/cp.js';
 import * as create from './commands/create.js';
 import * as events from './commands/events.js';
 import * as exec from './commands/exec.js';
+import * as execsInspect from './commands/execs/inspect.js';
+import * as execsKill from './commands/execs/kill.js';
+import * as execsLs from './commands/execs/ls.js';
+import * as execsRm from './commands/execs/rm.js';
 import * as hostInfo from './commands/host/info.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
 import * as imageBuild from './commands/image/build.js';
@@ -29,11 +35,13 @@ import * as images from './commands/images.js';
 import * as inspect from './commands/inspect.js';
 import * as layerInspect from './commands/layer/inspect.js';
 import * as layerLs from './commands/layer/ls.js';
+import * as logs from './commands/logs.js';
 import * as ls from './commands/ls.js';
 import * as rm from './commands/rm.js';
 import * as run from './commands/run.js';
 import * as start from './commands/start.js';
 import * as stop from './commands/stop.js';
+import * as top from './commands/top.js';
 import * as version from './commands/version.js';
 import { Ctx } from './util/context.js';
 import { EXIT, UserError, reportError, writeJsonError } from './util/errors.js';
@@ -68,6 +76,12 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   ls.register(program, ctx);
   inspect.register(program, ctx);
   exec.register(program, ctx);
+  attach.register(program, ctx);
+  const execs = execsLs.registerGroup(program, ctx);
+  for (const verb of [execsLs, execsInspect, execsKill, execsRm]) verb.register(execs, ctx);
+  cp.register(program, ctx);
+  logs.register(program, ctx);
+  top.register(program, ctx);
   run.register(program, ctx);
   stop.register(program, ctx);
   start.register(program, ctx);

@@ -7,12 +7,19 @@
  * runtime schema validation on the client side, and idle pooled sockets are unref'd so a
  * short-lived process exits without calling {@link DsecClient.close}.
  *
+ * Transfers stream: file contents, tar archives, exec output and exec stdin go through
+ * node:http with backpressure in both directions (uploads are piped, downloads are
+ * returned as Readables), so a multi-GB file never sits in memory here. Exec sessions
+ * can be attached over a WebSocket ({@link DsecClient.attachExec}, sdk/attach.ts).
+ *
  * Every failure is a {@link DsecApiError} whose `code` is one of the closed set of error
- * kinds (daemon/errors.ts), with two exceptions: a call aborted through an `AbortSignal`
- * rejects with the signal's reason (an `AbortError` by default), and a long image
- * operation whose `onProgress` callback throws rejects with that error.
+ * kinds (daemon/errors.ts), with three exceptions: a call aborted through an `AbortSignal`
+ * rejects with the signal's reason (an `AbortError` by default), a long image operation
+ * whose `onProgress` callback throws rejects with that error, and an upload whose source
+ * stream fails rejects with that stream's error.
  */
 import http from 'node:http';
+import { Readable, pipeline } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import type { z } from 'zod';
 import type { ErrorKind } from '../daemon/errors.js';
@@ -23,6 +30,7 @@ import type {
   ComposeRequest,
   CreateSandboxRequest,
   Event,
+  ExecInfo as ExecInfoSchema,
   ExecResult,
   HostInfo as HostInfoSchema,
   Image as ImageSchema,
@@ -32,8 +40,11 @@ import type {
   PruneResult as PruneResultSchema,
   Sandbox,
   SandboxState,
+  SandboxStatsView,
+  StatsResponse as StatsResponseSchema,
   VersionInfo as VersionInfoSchema,
 } from '../daemon/api/schema.js';
+import { ExecAttachment, type AttachOptions } from './attach.js';
 
 /**
  * API types re-exported from daemon/api/schema.ts and daemon/errors.ts: `Sandbox`, one
@@ -241,6 +252,140 @@ export interface ExecOutput extends ExecResult {
   stderr: Buffer;
 }
 
+/**
+ * An exec session (POST /v1/sandboxes/{id}/execs and the calls on it): `exec_id` (128-bit
+ * random, usable only by the uid that started it, and root), `state` (`running` or
+ * `exited`), `pid` (inside the sandbox), `started_at`/`finished_at` (ms since the Unix
+ * epoch), `exit_code` (null while running or when killed), `signal`, `timed_out`,
+ * `error` (why it could not start, or ended with its sandbox), and the bytes of output
+ * kept (`stdout_bytes`, `stderr_bytes`) and dropped beyond dsecd's spool budget.
+ */
+export type ExecInfo = z.infer<typeof ExecInfoSchema>;
+
+/** The attachment type {@link DsecClient.attachExec} returns, typed with {@link ExecInfo}. */
+export type ExecAttachmentHandle = ExecAttachment<ExecInfo>;
+
+/**
+ * Resource usage of one sandbox (GET /v1/stats, GET /v1/sandboxes/{id}/stats):
+ * `cpu_usage_ns` is cumulative CPU time in ns (compare two samples for a rate),
+ * `memory_bytes`/`memory_limit_bytes` bytes charged/allowed, `pids`, `oom_kills`; every
+ * usage field is null when the sandbox is not running.
+ */
+export type SandboxStats = z.infer<typeof SandboxStatsView>;
+
+/** GET /v1/stats response: `time` of the sample (ms since the epoch), the `host` block and every sandbox's {@link SandboxStats}. */
+export type StatsResponse = z.infer<typeof StatsResponseSchema>;
+
+/** A command to start as an exec session with {@link DsecClient.startExec}. */
+export interface StartExecOptions {
+  /** Program and arguments; `argv[0]` is looked up in the sandbox PATH. At least one element. */
+  argv: string[];
+  /** Extra environment, merged over the sandbox env. */
+  env?: Record<string, string>;
+  /** Absolute working directory inside the sandbox; default the image's. */
+  cwd?: string;
+  /** User name or `uid[:gid]` inside the sandbox; default the image's. */
+  user?: string;
+  /** Open stdin for streaming ({@link DsecClient.writeExecStdin} or an attachment); default /dev/null. */
+  stdin?: boolean;
+  /** Run under a pseudo-terminal of this size; stdout and stderr are then one stream (stdout). */
+  tty?: { rows: number; cols: number };
+  /** Kill the command (SIGKILL) after this many ms; its ExecInfo then has `timed_out: true`. */
+  timeoutMs?: number;
+  /** Abort the HTTP call (the promise rejects with the signal's reason); the session may still start. */
+  signal?: AbortSignal;
+}
+
+/** Query of {@link DsecClient.execOutput}. */
+export interface ExecOutputQuery {
+  /** Which stream; default `stdout`. */
+  stream?: 'stdout' | 'stderr';
+  /** Start at this byte of what dsecd kept; default 0. */
+  offset?: number;
+  /** Keep streaming until the command ends. */
+  follow?: boolean;
+  /** Closes the stream when aborted (the Readable is destroyed with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.writeExecStdin}. */
+export interface WriteStdinOptions {
+  /** Close the command's stdin after these bytes. */
+  eof?: boolean;
+  /** Abort the upload (rejects with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.waitExec}. */
+export interface WaitExecOptions {
+  /** Give up after this many ms: rejects with `DeadlineExceeded` (the command keeps running). Default: wait as long as it runs. */
+  timeoutMs?: number;
+  /** Stop waiting (rejects with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.logs}. */
+export interface LogsOptions {
+  /** Keep the stream open and yield new lines until `signal` aborts or the sandbox is destroyed. */
+  follow?: boolean;
+  /** Ends the stream: iteration then finishes normally, without an error. */
+  signal?: AbortSignal;
+}
+
+/** Options shared by the file calls. */
+export interface FileOptions {
+  /** Act as this user inside the sandbox (name or `uid[:gid]`): permissions are checked and new files owned as that user. */
+  user?: string;
+  /** Abort the transfer (rejects, or destroys the stream, with the signal's reason). */
+  signal?: AbortSignal;
+}
+
+/** Options of {@link DsecClient.writeFile}. */
+export interface WriteFileOptions extends FileOptions {
+  /** Permission bits of a new file, e.g. `0o644` (sent as octal `0644`); dsecd's default otherwise. */
+  mode?: number;
+  /** Create missing parent directories. */
+  parents?: boolean;
+}
+
+/** GET /v1/sandboxes/{id}/files/stat response: what is at a path in the sandbox (lstat: a symlink is not followed). */
+export interface FileStat {
+  /** The path asked about. */
+  path: string;
+  /** Kind of file. */
+  type: 'file' | 'dir' | 'symlink' | 'other';
+  /** Size in bytes. */
+  size: number;
+  /** Mode bits (permissions and, when dsecd includes them, the file type bits). */
+  mode: number;
+  /** Owner uid and gid, as seen inside the sandbox. */
+  uid: number;
+  gid: number;
+  /** Modification time, ms since the Unix epoch. */
+  mtime_ms: number;
+  /** The link target of a symlink. */
+  target?: string;
+}
+
+/** PUT /v1/sandboxes/{id}/files response. */
+export interface WriteFileResult {
+  /** The file written. */
+  path: string;
+  /** Bytes written. */
+  bytes: number;
+}
+
+/** PUT /v1/sandboxes/{id}/archive response. */
+export interface PutArchiveResult {
+  /** Archive members extracted. */
+  entries: number;
+  /** Bytes of file content extracted. */
+  bytes: number;
+}
+
+/** Options of {@link DsecClient.attachExec}; see {@link AttachOptions}. */
+export type AttachExecOptions = AttachOptions;
+
 /** Query of {@link DsecClient.events}. */
 export interface EventsQuery {
   /** Only events of sandboxes whose labels match this selector (`k=v`, `k!=v`, `k` terms, comma-separated; see {@link ListSandboxesQuery.selector}). */
@@ -420,6 +565,163 @@ export class DsecClient {
     return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
   }
 
+  /**
+   * POST /v1/sandboxes/{id}/execs: starts an exec session and resolves with its ExecInfo
+   * once the program started (or failed to: see `error`, `exit_code` 127/126). The
+   * session runs until its command exits, whoever is connected; read its output with
+   * {@link execOutput} or {@link attachExec}. Errors: `NotFound`, `FailedPrecondition`
+   * (sandbox not running), `InvalidArgument`, `Unavailable` (agent unreachable).
+   */
+  startExec(id: string, req: StartExecOptions): Promise<ExecInfo> {
+    const body: Record<string, unknown> = { argv: req.argv };
+    if (req.env !== undefined) body.env = req.env;
+    if (req.cwd !== undefined) body.cwd = req.cwd;
+    if (req.user !== undefined) body.user = req.user;
+    if (req.stdin !== undefined) body.stdin = req.stdin;
+    if (req.tty !== undefined) body.tty = { rows: req.tty.rows, cols: req.tty.cols };
+    if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
+    return this.request<ExecInfo>('POST', execsPath(id), body, { signal: req.signal });
+  }
+
+  /** GET /v1/sandboxes/{id}/execs: the caller's exec sessions in the sandbox (running, and exited ones dsecd still keeps). Errors: `NotFound`. */
+  async listExecs(id: string): Promise<ExecInfo[]> {
+    return (await this.request<{ execs: ExecInfo[] }>('GET', execsPath(id))).execs;
+  }
+
+  /** GET /v1/sandboxes/{id}/execs/{exec_id}: one session. Errors: `NotFound` (unknown, forgotten, or another user's). */
+  getExec(id: string, execId: string): Promise<ExecInfo> {
+    return this.request<ExecInfo>('GET', execPath(id, execId));
+  }
+
+  /**
+   * GET .../execs/{exec_id}/output: one output stream as raw bytes from `offset`, as a
+   * Readable (it streams with backpressure; nothing is buffered here). With `follow` it
+   * ends when the command ends. Resolves once dsecd answered; errors: `NotFound`,
+   * `InvalidArgument`; a dropped connection is an `error` event on the Readable.
+   */
+  async execOutput(id: string, execId: string, q: ExecOutputQuery = {}): Promise<Readable> {
+    const qs = query({ stream: q.stream, offset: q.offset === undefined ? undefined : String(q.offset), follow: q.follow ? 'true' : undefined });
+    return this.openStream('GET', execPath(id, execId) + '/output' + qs, q.signal);
+  }
+
+  /**
+   * POST .../execs/{exec_id}/stdin: writes `data` (bytes, or a Readable streamed with
+   * backpressure) to the command's stdin, then closes it when `eof`. Errors: `NotFound`,
+   * `FailedPrecondition` (started without stdin); a failing Readable rejects with its own error.
+   */
+  async writeExecStdin(id: string, execId: string, data: Buffer | Uint8Array | Readable, opts: WriteStdinOptions = {}): Promise<void> {
+    await this.upload('POST', execPath(id, execId) + '/stdin' + query({ eof: opts.eof ? 'true' : undefined }), data, OCTET_STREAM, opts.signal);
+  }
+
+  /** POST .../execs/{exec_id}/signal: sends `signal` (`SIGTERM`, `TERM` or a number) to the command's process group; resolves with the ExecInfo. Errors: `NotFound`, `InvalidArgument`. */
+  signalExec(id: string, execId: string, signal: string | number): Promise<ExecInfo> {
+    return this.request<ExecInfo>('POST', execPath(id, execId) + '/signal', { signal });
+  }
+
+  /** POST .../execs/{exec_id}/resize: resizes the PTY of a tty session. Errors: `NotFound`, `InvalidArgument` (no tty, size out of 1..1000). */
+  resizeExec(id: string, execId: string, rows: number, cols: number): Promise<ExecInfo> {
+    return this.request<ExecInfo>('POST', execPath(id, execId) + '/resize', { rows, cols });
+  }
+
+  /**
+   * POST .../execs/{exec_id}/wait: resolves with the ExecInfo once the command has ended.
+   * With `timeoutMs`, dsecd gives up after that long (`DeadlineExceeded`; the command
+   * keeps running). No HTTP deadline beyond it. Errors: `NotFound`, `DeadlineExceeded`.
+   */
+  waitExec(id: string, execId: string, opts: WaitExecOptions = {}): Promise<ExecInfo> {
+    const qs = query({ timeout_ms: opts.timeoutMs === undefined ? undefined : String(opts.timeoutMs) });
+    const deadline = opts.timeoutMs !== undefined && this.timeoutMs > 0 ? opts.timeoutMs + this.timeoutMs : 0;
+    return this.request<ExecInfo>('POST', execPath(id, execId) + '/wait' + qs, undefined, { signal: opts.signal, timeoutMs: deadline });
+  }
+
+  /** DELETE .../execs/{exec_id}: kills the command if it runs and forgets the session and its output; resolves with its last ExecInfo. Errors: `NotFound`. */
+  removeExec(id: string, execId: string): Promise<ExecInfo> {
+    return this.request<ExecInfo>('DELETE', execPath(id, execId));
+  }
+
+  /**
+   * Attaches to an exec session over a WebSocket (GET .../execs/{exec_id}/attach): returns
+   * at once an {@link ExecAttachment} emitting `stdout`/`stderr` chunks and `exit` (the
+   * final ExecInfo), with `write(bytes)`, `eof()`, `resize(rows, cols)`, `signal(name)` and
+   * `close()`; `opened` and `done` are its promises (see sdk/attach.ts). Output dsecd kept
+   * is replayed from `stdoutOffset`/`stderrOffset` (default 0). With `killOnDetach` the
+   * command is killed when the connection closes before it ends.
+   * Errors (on `done`): `NotFound`, `FailedPrecondition` (stdin written to a session started
+   * without it), `Unavailable` (socket unreachable, connection dropped).
+   */
+  attachExec(id: string, execId: string, opts: AttachExecOptions = {}): ExecAttachmentHandle {
+    const qs = query({
+      stdout_offset: opts.stdoutOffset ? String(opts.stdoutOffset) : undefined,
+      stderr_offset: opts.stderrOffset ? String(opts.stderrOffset) : undefined,
+      kill_on_detach: opts.killOnDetach === undefined ? undefined : String(opts.killOnDetach),
+    });
+    const path = execPath(id, execId) + '/attach' + qs;
+    return new ExecAttachment<ExecInfo>(
+      `ws+unix://${this.socketPath}:${path}`,
+      {
+        response: (status, body) => errorFromResponse(status, body),
+        connection: (err) => this.connectionError(err, 'GET', path),
+        kind: (code, message, status) => new DsecApiError(code, message, status),
+      },
+      opts.signal,
+    );
+  }
+
+  /** GET /v1/stats: resource usage of every sandbox and the host's totals (cores, memory, load). */
+  stats(): Promise<StatsResponse> {
+    return this.request<StatsResponse>('GET', '/v1/stats');
+  }
+
+  /** GET /v1/sandboxes/{id}/stats: resource usage of one sandbox. Errors: `NotFound`. */
+  sandboxStats(id: string): Promise<SandboxStats> {
+    return this.request<SandboxStats>('GET', sandboxPath(id) + '/stats');
+  }
+
+  /**
+   * GET /v1/sandboxes/{id}/files: the file at `path` (absolute, inside the sandbox) as a
+   * Readable of its raw bytes, streamed. Errors: `NotFound`, `FailedPrecondition` (a
+   * directory: use {@link getArchive}), `InvalidArgument`.
+   */
+  readFile(id: string, path: string, opts: FileOptions = {}): Promise<Readable> {
+    return this.openStream('GET', sandboxPath(id) + '/files' + query({ path, user: opts.user }), opts.signal);
+  }
+
+  /**
+   * PUT /v1/sandboxes/{id}/files: writes `data` (bytes, or a Readable streamed with
+   * backpressure, never buffered whole) to `path`, replacing it. `parents` creates
+   * missing directories; `mode` sets the permission bits. Errors: `NotFound` (parent
+   * missing), `FailedPrecondition` (path is a directory), `InvalidArgument`; a failing
+   * Readable rejects with its own error.
+   */
+  async writeFile(id: string, path: string, data: Buffer | Uint8Array | Readable, opts: WriteFileOptions = {}): Promise<WriteFileResult> {
+    const qs = query({ path, mode: opts.mode === undefined ? undefined : formatMode(opts.mode), user: opts.user, parents: opts.parents ? 'true' : undefined });
+    return this.upload<WriteFileResult>('PUT', sandboxPath(id) + '/files' + qs, data, OCTET_STREAM, opts.signal);
+  }
+
+  /** GET /v1/sandboxes/{id}/files/stat: what is at `path` (not following a final symlink). Errors: `NotFound`. */
+  statFile(id: string, path: string, opts: FileOptions = {}): Promise<FileStat> {
+    return this.request<FileStat>('GET', sandboxPath(id) + '/files/stat' + query({ path, user: opts.user }), undefined, { signal: opts.signal });
+  }
+
+  /**
+   * GET /v1/sandboxes/{id}/archive: a tar stream of `path` (a file or a whole directory
+   * tree), members named relative to its parent (`docker cp` semantics: the archive of
+   * `/a/b` holds `b/...`). Streamed, never buffered. Errors: `NotFound`.
+   */
+  getArchive(id: string, path: string, opts: FileOptions = {}): Promise<Readable> {
+    return this.openStream('GET', sandboxPath(id) + '/archive' + query({ path, user: opts.user }), opts.signal);
+  }
+
+  /**
+   * PUT /v1/sandboxes/{id}/archive: extracts the tar stream `tar` into the directory
+   * `dir` (which must exist), streamed with backpressure. Errors: `NotFound` (dir),
+   * `FailedPrecondition` (not a directory), `InvalidArgument` (a malformed archive or an
+   * unsafe member); a failing Readable rejects with its own error.
+   */
+  putArchive(id: string, dir: string, tar: Readable | Buffer, opts: FileOptions = {}): Promise<PutArchiveResult> {
+    return this.upload<PutArchiveResult>('PUT', sandboxPath(id) + '/archive' + query({ path: dir, user: opts.user }), tar, TAR_TYPE, opts.signal);
+  }
+
   /** GET /v1/images: the images the daemon can create sandboxes from, as an array. */
   async listImages(): Promise<Image[]> {
     const res = await this.request<{ images: Image[] }>('GET', '/v1/images');
@@ -551,6 +853,138 @@ export class DsecClient {
     } finally {
       res.destroy();
     }
+  }
+
+  /**
+   * GET /v1/sandboxes/{id}/logs: the sandbox's lifecycle and exec history, then its agent
+   * log, as text lines (without their newline). Without `follow` it ends after what is
+   * recorded; with it, it stays open until `signal` aborts (iteration then ends normally),
+   * the consumer stops iterating, or the sandbox is destroyed. Errors: `NotFound` when
+   * opening; a dropped connection is `Unavailable`.
+   */
+  async *logs(id: string, opts: LogsOptions = {}): AsyncGenerator<string, void, undefined> {
+    const signal = opts.signal;
+    if (signal?.aborted) return;
+    let res: http.IncomingMessage;
+    try {
+      res = await this.openStream('GET', sandboxPath(id) + '/logs' + query({ follow: opts.follow ? 'true' : undefined }), signal);
+    } catch (e) {
+      if (signal?.aborted) return;
+      throw e;
+    }
+    try {
+      for await (const line of textLines(res)) yield line;
+    } catch (e) {
+      if (signal?.aborted) return;
+      if (e instanceof DsecApiError) throw e;
+      throw new DsecApiError('Unavailable', `log stream from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+    } finally {
+      res.destroy();
+    }
+  }
+
+  /**
+   * Opens a streamed download: resolves with the response (a Readable of the raw body)
+   * once dsecd answered 2xx, or rejects with the error of its answer. No deadline (a
+   * transfer takes as long as it takes); `signal` destroys the stream.
+   */
+  private async openStream(method: string, path: string, signal?: AbortSignal): Promise<http.IncomingMessage> {
+    const res = await this.open(method, path, undefined, signal, 0, 0, IDEMPOTENT.has(method), '*/*');
+    const status = res.statusCode ?? 0;
+    if (status < 200 || status >= 300) {
+      let text = '';
+      try {
+        text = await readBody(res);
+      } catch {
+        // The error body is a nicety; the status alone still says what failed.
+      }
+      throw errorFromResponse(status, text);
+    }
+    return res;
+  }
+
+  /**
+   * Sends `body` (bytes, or a Readable piped with backpressure: memory stays at a few
+   * chunks whatever its size) and parses the JSON answer (undefined when empty). A new
+   * connection per upload: a stream cannot be resent if a pooled socket turns out closed.
+   * When dsecd answers before the body is sent (an error), the rest is not sent. Errors:
+   * as {@link request}; a failing Readable rejects with its own error.
+   */
+  private upload<T>(method: string, path: string, body: Buffer | Uint8Array | Readable, contentType: string, signal?: AbortSignal): Promise<T> {
+    return new Promise<T>((resolve, reject) => {
+      if (signal?.aborted) {
+        reject(signal.reason);
+        return;
+      }
+      const isStream = body instanceof Readable;
+      // keep-alive although the connection is never reused: with `Connection: close`
+      // dsecd closes the socket right after an early (error) answer, and our next write
+      // fails with EPIPE before that answer is read. Kept alive, it drains the rest.
+      const headers: http.OutgoingHttpHeaders = { accept: 'application/json', 'content-type': contentType, connection: 'keep-alive' };
+      if (!isStream) headers['content-length'] = body.byteLength;
+      const req = http.request({ socketPath: this.socketPath, path, method, headers, agent: false });
+      let settled = false;
+      let responded = false;
+      let bodySent = false;
+      let bodyError: Error | undefined;
+      const finish = (err: unknown, value?: T) => {
+        if (settled) return;
+        settled = true;
+        signal?.removeEventListener('abort', onAbort);
+        if (err) reject(err);
+        else resolve(value as T);
+      };
+      const onAbort = () => {
+        finish(signal!.reason);
+        req.destroy();
+        if (isStream) body.destroy();
+      };
+      signal?.addEventListener('abort', onAbort, { once: true });
+      req.on('response', (res) => {
+        responded = true;
+        // Answered (possibly early, with an error): stop sending what is left.
+        if (isStream && !bodySent) {
+          body.unpipe(req);
+          body.destroy();
+        }
+        readBody(res).then(
+          (text) => {
+            // The body was cut short: this connection cannot be reused; let it go.
+            if (isStream && !bodySent) req.destroy();
+            const status = res.statusCode ?? 0;
+            if (status < 200 || status >= 300) return finish(errorFromResponse(status, text));
+            if (text === '') return finish(undefined, undefined as T);
+            try {
+              finish(undefined, JSON.parse(text) as T);
+            } catch (e) {
+              finish(new DsecApiError('Internal', `dsecd answered ${method} ${path} with a body that is not JSON (status ${status})`, status, { cause: e }));
+            }
+          },
+          (e) => finish(new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e })),
+        );
+      });
+      req.on('error', (err: NodeJS.ErrnoException) => {
+        if (bodyError) return finish(bodyError);
+        if (responded) return; // e.g. EPIPE after an early answer: the answer is what counts
+        if (err.code === 'ENOENT' || err.code === 'ECONNREFUSED' || err.code === 'EACCES' || err.code === 'EPERM' || err.code === 'ENOTSOCK') {
+          return finish(this.connectionError(err, method, path));
+        }
+        finish(new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${err.message} (dsecd may have refused the upload part way)`, 0, { cause: err }));
+      });
+      if (!isStream) {
+        req.end(body);
+        return;
+      }
+      body.once('error', (e) => {
+        bodyError = e;
+      });
+      pipeline(body, req, (err) => {
+        if (!err) bodySent = true;
+        if (!err || settled) return;
+        if (bodyError) finish(bodyError);
+        // A request error is reported by req's own 'error' handler.
+      });
+    });
   }
 
   /**
@@ -749,6 +1183,47 @@ const NDJSON_TYPE = 'application/x-ndjson';
 /** `/v1/images/{ref}` with the ref escaped (`team/py:1` → `team%2Fpy%3A1`). */
 function imagePath(ref: string): string {
   return `/v1/images/${encodeURIComponent(ref)}`;
+}
+
+/** Media type of raw uploads (stdin, file contents). */
+const OCTET_STREAM = 'application/octet-stream';
+
+/** Media type of tar uploads. */
+const TAR_TYPE = 'application/x-tar';
+
+/** `/v1/sandboxes/{id}/execs`. */
+function execsPath(id: string): string {
+  return `${sandboxPath(id)}/execs`;
+}
+
+/** `/v1/sandboxes/{id}/execs/{exec_id}`. */
+function execPath(id: string, execId: string): string {
+  return `${execsPath(id)}/${encodeURIComponent(execId)}`;
+}
+
+/** Permission bits as the files API takes them: octal, 4 digits (`0o644` → `0644`). */
+function formatMode(mode: number): string {
+  if (!Number.isInteger(mode) || mode < 0 || mode > 0o7777) throw new DsecApiError('InvalidArgument', `mode ${mode} is not a permission mode (0 to 0o7777)`, 0);
+  return mode.toString(8).padStart(4, '0');
+}
+
+/**
+ * The lines of a text response body, in order, without their `\n` (blank lines kept). A
+ * line split across reads (even inside a UTF-8 character) is reassembled; a final line
+ * without a newline counts. Errors of the underlying stream propagate.
+ */
+async function* textLines(res: http.IncomingMessage): AsyncGenerator<string, void, undefined> {
+  const decoder = new StringDecoder('utf8');
+  let pending = '';
+  for await (const chunk of res as AsyncIterable<Buffer>) {
+    pending += decoder.write(chunk);
+    if (!pending.includes('\n')) continue;
+    const lines = pending.split('\n');
+    pending = lines.pop()!;
+    for (const line of lines) yield line;
+  }
+  pending += decoder.end();
+  if (pending !== '') yield pending;
 }
 
 /** `/v1/sandboxes/{id}` with the id escaped. */

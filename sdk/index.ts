@@ -10,8 +10,12 @@ export {
   DEFAULT_SOCKET_PATH,
   DEFAULT_TIMEOUT_MS,
 } from './client.js';
+/** The exec-session attachment (WebSocket) and its options. */
+export { ExecAttachment } from './attach.js';
+export type { AttachOptions, AttachExecInfo, ExecAttachmentEvents } from './attach.js';
 /** Request, response and option types of the client (see sdk/client.ts). */
 export type {
+  AttachExecOptions,
   Backend,
   BootstrapImageInput,
   CommitOptions,
@@ -23,9 +27,14 @@ export type {
   ErrorKind,
   Event,
   EventsQuery,
+  ExecAttachmentHandle,
+  ExecInfo,
   ExecOptions,
   ExecOutput,
+  ExecOutputQuery,
   ExecResult,
+  FileOptions,
+  FileStat,
   HostInfo,
   Image,
   ImageConfig,
@@ -34,12 +43,21 @@ export type {
   ImportImageInput,
   Layer,
   ListSandboxesQuery,
+  LogsOptions,
   LongOperationOptions,
   PruneOptions,
   PruneResult,
+  PutArchiveResult,
   RequestOptions,
   Sandbox,
   SandboxState,
+  SandboxStats,
+  StartExecOptions,
+  StatsResponse,
   StopSandboxOptions,
   VersionInfo,
+  WaitExecOptions,
+  WriteFileOptions,
+  WriteFileResult,
+  WriteStdinOptions,
 } from './client.js';

@@ -1,17 +1,31 @@
 /**
- * `dsec exec ID [flags] -- CMD...`: runs a command in a sandbox to completion, writes its
- * stdout/stderr bytes to ours and exits with its exit code (128+N for signal N, 124 on
- * --timeout, 125 when dsec itself failed). With --json prints the ExecResult instead.
+ * `dsec exec [-i] [-t] [-d] ID [flags] -- CMD...`: runs a command in a sandbox.
  *
- * On SIGINT/SIGTERM dsec stops waiting and exits 128+N, saying that the command may still
- * be running: the API has no call yet to signal a running exec, so it runs on in the
- * sandbox until it ends (or its --timeout, or `dsec exec ID -- kill ...`).
+ * - No -i/-t/-d: runs it to completion (one API call), writes its stdout/stderr bytes to
+ *   ours and exits with its exit code (128+N for signal N, 124 on --timeout, 125 when dsec
+ *   itself failed). With --json prints the ExecResult instead. On SIGINT/SIGTERM dsec
+ *   stops waiting and exits 128+N, saying that the command may still be running.
+ * - `-t` (usually with `-i`, like `docker exec -it`): starts an exec session under a PTY
+ *   the size of our terminal, attaches over a WebSocket that kills the command if it
+ *   drops, puts our terminal in raw mode (every key, ^C too, goes to the command), follows
+ *   our terminal's size, restores the terminal however it ends, and exits with the
+ *   command's code. Needs stdin to be a terminal ("the input device is not a TTY", 125).
+ * - `-i` alone: streams our stdin (until it ends, then EOF) to the command and its stdout
+ *   and stderr to ours, separately. The first ^C is sent to the command as SIGINT; a
+ *   second one gives up (and kills it).
+ * - `-d`: starts the session in the background and prints its exec id (the ExecInfo with
+ *   --json); follow it with `dsec attach`, list with `dsec execs`. With -i its stdin stays
+ *   open for a later `dsec attach`.
  */
 import type { Command } from 'commander';
+import type { ExecInfo } from '../../sdk/index.js';
+import { runAttached } from '../util/attach.js';
 import type { Ctx } from '../util/context.js';
-import { EXIT } from '../util/errors.js';
-import { readStdin, parseTimeout, reportExecResult, signalNumber } from '../util/exec.js';
+import { EXIT, UserError } from '../util/errors.js';
+import { parseTimeout, reportExecInfo, reportExecResult, signalNumber } from '../util/exec.js';
+import { writeJson } from '../util/output.js';
 import { collectEnv, flag } from '../util/parse.js';
+import { terminalSize } from '../util/terminal.js';
 
 /** Parsed exec flags. */
 export interface ExecFlags {
@@ -25,47 +39,115 @@ export interface ExecFlags {
   user?: string;
   /** `-i`/`--stdin`: send our stdin. */
   stdin?: boolean;
+  /** `-t`/`--tty`: run under a PTY, attached to our terminal. */
+  tty?: boolean;
+  /** `-d`/`--detach`: start in the background and print the exec id. */
+  detach?: boolean;
 }
 
-/** Adds `--timeout`, `--cwd`, `--user` and `-i` (shared with `run`) to `cmd`. */
+/** Adds `--timeout`, `--cwd` and `--user` (shared with `run`) to `cmd`. */
 export function addCommandOptions(cmd: Command): Command {
   return cmd
     .option('--timeout <dur>', 'kill the command after this long; a number with a unit, ms, s, m or h (e.g. 500ms, 30s, 5m); exit 124', flag('--timeout', (t: string) => parseTimeout(t)))
     .option('--cwd <dir>', 'working directory inside the sandbox (absolute)')
-    .option('--user <user>', 'user name or uid[:gid] inside the sandbox')
-    .option('-i, --stdin', 'send our stdin (a pipe or file, read to the end) to the command');
+    .option('--user <user>', 'user name or uid[:gid] inside the sandbox');
 }
 
 /** Adds `exec` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
   const cmd = parent
     .command('exec')
-    .description('run a command in a sandbox; exits with its exit code')
+    .description('run a command in a sandbox; exits with its exit code (-it for an interactive terminal, -d in the background)')
     .argument('<id>', 'sandbox id')
     .argument('<cmd...>', 'command and arguments (put them after --)')
+    .option('-i, --stdin', 'stream our stdin to the command (until it ends); with -t, interactive')
+    .option('-t, --tty', 'run under a pseudo-terminal attached to ours (raw mode; ^C goes to the command); needs a terminal')
+    .option('-d, --detach', 'start in the background and print the exec id (see `dsec attach`, `dsec execs`)')
     .option('--env <K=V>', 'extra environment, repeatable (each name once)', flag('--env', collectEnv));
-  return addCommandOptions(cmd).action(async (id: string, argv: string[], flags: ExecFlags) => {
-    const stdin = flags.stdin ? await readStdin(ctx) : undefined;
-    const abort = new AbortController();
-    let interrupted: NodeJS.Signals | undefined;
-    const unregister = ctx.io.onInterrupt((sig) => {
-      interrupted ??= sig;
-      abort.abort();
+  return addCommandOptions(cmd)
+    .addHelpText('after', '\nExamples:\n  dsec exec ID -- ls -la /\n  dsec exec -it ID -- sh\n  tar c . | dsec exec -i ID -- tar x -C /work\n  dsec exec -d ID -- sh -c "make > /tmp/log 2>&1"')
+    .action(async (id: string, argv: string[], flags: ExecFlags) => {
+      if (flags.detach) return execDetached(ctx, id, argv, flags);
+      if (flags.tty || flags.stdin) return execAttached(ctx, id, argv, flags);
+      return execToCompletion(ctx, id, argv, flags);
     });
-    let result;
-    try {
-      result = await ctx.client().exec(id, { argv, env: flags.env, cwd: flags.cwd, user: flags.user, stdin, timeoutMs: flags.timeout, signal: abort.signal });
-    } catch (e) {
-      if (!interrupted) throw e;
-    } finally {
-      unregister();
-    }
-    if (result === undefined) {
-      // Only an interrupt gets here (other failures were rethrown above).
-      ctx.err(`dsec: interrupted; the command may still be running in sandbox ${id} (stop it with dsec exec ${id} -- kill ...)\n`);
-      ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted!) ?? 2);
-      return;
-    }
-    ctx.exitCode = reportExecResult(ctx, result, { timeoutMs: flags.timeout });
+}
+
+/** The run-to-completion exec (no -i/-t/-d): one API call. */
+async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
+  const abort = new AbortController();
+  let interrupted: NodeJS.Signals | undefined;
+  const unregister = ctx.io.onInterrupt((sig) => {
+    interrupted ??= sig;
+    abort.abort();
   });
+  let result;
+  try {
+    result = await ctx.client().exec(id, { argv, env: flags.env, cwd: flags.cwd, user: flags.user, timeoutMs: flags.timeout, signal: abort.signal });
+  } catch (e) {
+    if (!interrupted) throw e;
+  } finally {
+    unregister();
+  }
+  if (result === undefined) {
+    // Only an interrupt gets here (other failures were rethrown above).
+    ctx.err(`dsec: interrupted; the command may still be running in sandbox ${id} (stop it with dsec exec ${id} -- kill ...)\n`);
+    ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted!) ?? 2);
+    return;
+  }
+  ctx.exitCode = reportExecResult(ctx, result, { timeoutMs: flags.timeout });
+}
+
+/** `exec -d`: starts the session and prints its id (or ExecInfo). */
+async function execDetached(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
+  const info = await ctx.client().startExec(id, {
+    argv,
+    env: flags.env,
+    cwd: flags.cwd,
+    user: flags.user,
+    stdin: flags.stdin ? true : undefined,
+    tty: flags.tty ? terminalSize(ctx.io.stdout) : undefined,
+    timeoutMs: flags.timeout,
+  });
+  if (ctx.json) writeJson(ctx.io.stdout, info);
+  else ctx.out(info.exec_id + '\n');
+  // A command that could not even start (not found, not executable) is reported now.
+  if (info.state === 'exited' && info.error) ctx.exitCode = reportExecInfo(ctx, info, { timeoutMs: flags.timeout });
+}
+
+/** `exec -i` / `exec -t`: starts a session and stays attached until it ends. */
+async function execAttached(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
+  if (ctx.json) {
+    throw new UserError('--json cannot be combined with -i or -t (the command\'s output is the output)', 'start it with `dsec exec -d --json ID -- CMD` and read it with `dsec attach`, or drop -i/-t');
+  }
+  const stdinTTY = ctx.io.stdin.isTTY === true;
+  if (flags.tty && !stdinTTY) {
+    throw new UserError('the input device is not a TTY', 'drop -t (pipes work with -i alone), or run it from a terminal');
+  }
+  const client = ctx.client();
+  const info: ExecInfo = await client.startExec(id, {
+    argv,
+    env: flags.env,
+    cwd: flags.cwd,
+    user: flags.user,
+    stdin: flags.stdin ? true : undefined,
+    tty: flags.tty ? terminalSize(ctx.io.stdout) : undefined,
+    timeoutMs: flags.timeout,
+  });
+  const att = client.attachExec(id, info.exec_id, { killOnDetach: true });
+  const outcome = await runAttached(ctx, att, {
+    tty: flags.tty === true,
+    raw: flags.tty === true && flags.stdin === true && stdinTTY,
+    stdin: flags.stdin === true,
+    eofOnEnd: true,
+    detachKeys: false,
+    sendSize: false,
+  });
+  if (outcome.kind === 'exit') {
+    ctx.exitCode = reportExecInfo(ctx, outcome.info, { timeoutMs: flags.timeout });
+    return;
+  }
+  const sig = outcome.kind === 'interrupted' ? outcome.signal : 'SIGTERM';
+  ctx.err(`dsec: interrupted by ${sig}; the command was killed\n`);
+  ctx.exitCode = EXIT.signalBase + (signalNumber(sig) ?? 15);
 }

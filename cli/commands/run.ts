@@ -20,7 +20,8 @@ export function register(parent: Command, ctx: Ctx): Command {
     .description('create a sandbox, run a command in it, destroy it; exits with the command\'s exit code')
     .argument('<cmd...>', 'command and arguments (put them after --)');
   addCreateOptions(cmd);
-  return addCommandOptions(cmd).action(async (argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>) => {
+  addCommandOptions(cmd).option('-i, --stdin', 'send our stdin (a pipe or file, read to the end) to the command');
+  return cmd.action(async (argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>) => {
     // Read stdin before creating anything, so a refused stdin leaves nothing behind.
     const stdin = flags.stdin ? await readStdin(ctx) : undefined;
     const client = ctx.client();

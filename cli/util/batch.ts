@@ -12,7 +12,7 @@
  */
 import { DsecApiError } from '../../sdk/index.js';
 import type { Ctx } from './context.js';
-import { EXIT, apiErrorHint, type ErrorDoc } from './errors.js';
+import { EXIT, UserError, apiErrorHint, type ErrorDoc } from './errors.js';
 import { writeJson } from './output.js';
 
 /** How a batch verb names its targets and results. */
@@ -29,8 +29,8 @@ export interface BatchSpec {
 
 /**
  * Runs `op` on every target concurrently and reports the outcomes (see the file comment).
- * API errors are per-target failures; any other error (a bug) propagates after all
- * targets settle.
+ * API errors and user errors (a refusal about that one target) are per-target failures;
+ * any other error (a bug) propagates after all targets settle.
  */
 export async function runBatch<T>(ctx: Ctx, targets: string[], spec: BatchSpec, op: (target: string) => Promise<T>): Promise<void> {
   const outcomes = await Promise.all(
@@ -38,6 +38,7 @@ export async function runBatch<T>(ctx: Ctx, targets: string[], spec: BatchSpec, 
       try {
         return { target, ok: true, value: await op(target) };
       } catch (e) {
+        if (e instanceof UserError) return { target, ok: false, error: e, doc: { code: e.code, message: e.message, hint: e.hint ?? null } };
         if (!(e instanceof DsecApiError)) return { target, ok: false, bug: e };
         return { target, ok: false, error: e, doc: { code: e.code, message: e.message, hint: apiErrorHint(e, spec.verb) } };
       }
@@ -48,7 +49,7 @@ export async function runBatch<T>(ctx: Ctx, targets: string[], spec: BatchSpec, 
   const failed = outcomes.filter((o): o is Failure => !o.ok);
   if (!ctx.json) for (const o of outcomes) if (o.ok) ctx.out(o.target + '\n');
   for (const o of failed) ctx.err(`dsec: ${spec.verb} ${o.target}: ${o.error!.message} (${o.error!.code})\n`);
-  for (const hint of new Set(failed.map((o) => o.doc!.hint))) ctx.err(`hint: ${hint}\n`);
+  for (const hint of new Set(failed.map((o) => o.doc!.hint))) if (hint !== null) ctx.err(`hint: ${hint}\n`);
 
   if (ctx.json) {
     const results = outcomes.map((o) => (o.ok ? { [spec.key]: o.target, ok: true, [spec.valueKey]: o.value } : { [spec.key]: o.target, ok: false, error: o.doc }));
@@ -76,7 +77,7 @@ interface Success<T> {
 interface Failure {
   target: string;
   ok: false;
-  error?: DsecApiError;
+  error?: DsecApiError | UserError;
   doc?: ErrorDoc;
   bug?: unknown;
 }

@@ -97,6 +97,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (verb === 'image compose') return 'list layers with `dsec layer ls`, images with `dsec image ls`';
       if (image) return 'list images with `dsec image ls`';
       if (layer) return 'list layers with `dsec layer ls`';
+      if (verb === 'attach' || verb.startsWith('execs')) return 'list sandboxes with `dsec ls`, the exec sessions of one with `dsec execs ID`';
+      if (verb === 'cp') return 'check the path inside the sandbox (`dsec exec ID -- ls -la DIR`); `dsec ls` lists sandboxes';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;

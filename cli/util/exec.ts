@@ -7,7 +7,7 @@
  * daemon as ordinary exit codes (not executable / not found); 125 is dsec's own failure.
  */
 import { constants } from 'node:os';
-import type { ExecOutput } from '../../sdk/index.js';
+import type { ExecInfo, ExecOutput } from '../../sdk/index.js';
 import type { Ctx } from './context.js';
 import { EXIT, UserError } from './errors.js';
 import { formatDuration, writeJson } from './output.js';
@@ -97,6 +97,25 @@ export function reportExecResult(ctx: Ctx, r: ExecOutput, opts: { timeoutMs?: nu
     ctx.err(`dsec: command timed out${after} and was killed (exit ${EXIT.timedOut})\n`);
   } else if (r.exit_code === null && r.signal) {
     ctx.err(code === EXIT.failure ? `dsec: command killed by unknown signal ${r.signal}\n` : `dsec: command killed by ${r.signal} (exit ${code})\n`);
+  }
+  return code;
+}
+
+/**
+ * Writes the notes on how an exec session ended (timeout, signal, the reason it could
+ * not start) to stderr and returns our exit code for it, as {@link exitCodeOf}.
+ */
+export function reportExecInfo(ctx: Ctx, info: ExecInfo, opts: { timeoutMs?: number } = {}): number {
+  const code = exitCodeOf(info);
+  if (info.error) ctx.err(`dsec: ${info.error}\n`);
+  if (info.timed_out) {
+    const after = opts.timeoutMs !== undefined ? ` after ${formatDuration(opts.timeoutMs)}` : '';
+    ctx.err(`dsec: command timed out${after} and was killed (exit ${EXIT.timedOut})\n`);
+  } else if (info.exit_code === null && info.signal) {
+    ctx.err(code === EXIT.failure ? `dsec: command killed by unknown signal ${info.signal}\n` : `dsec: command killed by ${info.signal} (exit ${code})\n`);
+  }
+  if (info.stdout_dropped_bytes > 0 || info.stderr_dropped_bytes > 0) {
+    ctx.err('dsec: note: dsecd dropped output beyond its spool limit; what was dropped was never sent\n');
   }
   return code;
 }

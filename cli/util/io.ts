@@ -11,12 +11,31 @@ export interface OutStream {
   isTTY?: boolean;
   /** Width of the terminal in columns, when it is one (cuts the progress status line). */
   columns?: number;
+  /** Height of the terminal in rows, when it is one (the size of an `exec -t` PTY). */
+  rows?: number;
+  /**
+   * Node stream events, when the stream has them: `drain` (write returned false earlier;
+   * streaming verbs wait for it), `resize` (a terminal's SIGWINCH; `exec -t` forwards it).
+   */
+  on?(event: 'drain' | 'resize', listener: () => void): unknown;
+  /** Removes a listener added with {@link on}. */
+  off?(event: 'drain' | 'resize', listener: () => void): unknown;
 }
 
 /** Where stdin comes from: `process.stdin`, or a test's readable. */
 export interface InStream extends AsyncIterable<string | Uint8Array> {
-  /** True when stdin is a terminal (then `exec -i` refuses to read it rather than wait for input). */
+  /** True when stdin is a terminal (then `run -i` refuses to read it rather than wait for input; `exec -t` requires it). */
   isTTY?: boolean;
+  /** Raw mode of a terminal (tty.ReadStream): keys arrive byte by byte, ^C as byte 3 instead of SIGINT. */
+  setRawMode?(raw: boolean): unknown;
+  /** Readable events, when stdin is a Node stream (streaming verbs read it this way, so they can stop). */
+  on?(event: 'data' | 'end' | 'error', listener: (arg?: any) => void): unknown;
+  /** Removes a listener added with {@link on}. */
+  off?(event: 'data' | 'end' | 'error', listener: (arg?: any) => void): unknown;
+  /** Stops reading (lets the process exit while stdin is a terminal). */
+  pause?(): unknown;
+  /** Starts or resumes reading. */
+  resume?(): unknown;
 }
 
 /** Everything a CLI run touches outside itself. */

@@ -40,5 +40,9 @@ export async function runImageOperation(ctx: Ctx, what: string, op: (opts: LongO
     return;
   }
   if (ctx.json) writeJson(ctx.io.stdout, image);
-  else ctx.out(image.ref + '\n');
+  else {
+    ctx.out(image.ref + '\n');
+    // What the importer sanitised (stripped leading /, dropped device nodes, ...).
+    for (const n of (image as Image & { notes?: string[] }).notes ?? []) ctx.err(`note: ${n}\n`);
+  }
 }

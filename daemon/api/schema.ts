@@ -157,6 +157,7 @@ export const ExecInfo = z.object({
   sandbox_id: z.string(),
   argv: z.array(z.string()),
   tty: z.boolean(),
+  stdin: z.boolean().describe('Whether stdin is open for writing.'),
   state: z.enum(['running', 'exited']),
   pid: z.number().int().nullable().describe('pid inside the sandbox.'),
   started_at: z.number().int().describe('ms since the Unix epoch.'),

@@ -203,8 +203,9 @@ export function bootstrapCacheKey(k: BootstrapCacheKeyInput): string {
  * Needs root, `debootstrap` (Debian package `debootstrap`), `tar`, `mkfs.erofs`, and
  * the network path to the mirror on a cache miss. Progress goes to `onProgress`.
  *
- * Throws DsecError: InvalidArgument (bad name/tag/suite/package/mirror/cacheDir),
- * FailedPrecondition (not root, debootstrap missing), Unavailable (the mirror could not
+ * Throws DsecError: InvalidArgument (bad name/tag/suite/package/mirror/cacheDir, or a
+ * package the mirror does not have — the message names it), FailedPrecondition (not
+ * root, debootstrap missing), Unavailable (the mirror could not
  * be reached or served a file that failed to download), Internal (debootstrap or tar
  * failed otherwise; the message quotes the tail of debootstrap's output and log), and
  * errors of ImageStore.addLayerFromDir / putManifest. Rejects with `signal.reason` when
@@ -292,7 +293,8 @@ export async function bootstrapDebian(store: ImageStore, opts: BootstrapDebianOp
     signal?.throwIfAborted();
     progress('dsec: packing the EROFS layer');
     const source = `debootstrap:${suite}/${VARIANT}${include.length ? `+${[...include].sort().join(',')}` : ''}@${mirror}${fromCache ? ` (cached tree ${key})` : ''}`;
-    const { digest, sizeBytes } = await store.addLayerFromDir(tree, { source });
+    // The tree comes from debootstrap and cleanTree emptied dev/: no device nodes to look for.
+    const { digest, sizeBytes } = await store.addLayerFromDir(tree, { source, skipDeviceCheck: true });
     progress(`dsec: layer ${digest} (${(sizeBytes / 2 ** 20).toFixed(1)} MiB)`);
     const manifest: ImageManifest = { name, tag, layers: [digest], config: structuredClone(DEBIAN_IMAGE_CONFIG), created_ms: Date.now() };
     await store.putManifest(manifest);
@@ -371,6 +373,14 @@ async function runDebootstrap(a: {
     const log = await readFile(join(a.tree, 'debootstrap', 'debootstrap.log'), 'utf8').catch(() => '');
     const logTail = log.split('\n').filter(Boolean).slice(-ERROR_TAIL_LINES).join('\n');
     const text = `${tail.join('\n')}\n${logTail}`;
+    const missing = missingPackages(text);
+    if (missing.length > 0) {
+      throw new DsecError(
+        'InvalidArgument',
+        `${missing.length === 1 ? 'package' : 'packages'} ${missing.map((p) => JSON.stringify(p)).join(', ')} not found in ${a.suite} on ${a.mirror}: check the name${missing.length === 1 ? '' : 's'} in include`,
+        { cause: r },
+      );
+    }
     const unreachable = /Failed getting release file|Couldn't download|Could not resolve|Temporary failure|Connection refused|No route to host|Network is unreachable|Couldn't retrieve/i.test(text);
     throw new DsecError(
       unreachable ? 'Unavailable' : 'Internal',
@@ -380,6 +390,19 @@ async function runDebootstrap(a: {
   } finally {
     a.signal?.removeEventListener('abort', onAbort);
   }
+}
+
+/**
+ * The packages debootstrap reports as unknown (`E: Couldn't find these debs: a b`, printed
+ * when an `--include` package is not in the suite), in order, without duplicates; empty
+ * when `output` has no such line. Pure; never throws.
+ */
+export function missingPackages(output: string): string[] {
+  const out: string[] = [];
+  for (const m of output.matchAll(/^E: Couldn't find these debs:(.*)$/gm)) {
+    for (const p of m[1].trim().split(/\s+/)) if (p && !out.includes(p)) out.push(p);
+  }
+  return out;
 }
 
 /**

@@ -12,10 +12,17 @@
  *     created in different orders: same bytes).
  * Data is stored uncompressed by default: blocks are then read on demand straight from the
  * blob (the point of file-backed layers) and no decompression cost is paid per read.
+ *
+ * Device nodes: a layer must not carry block or character devices (a device node in a
+ * rootfs reaches host hardware), except the character device 0:0, which is how overlayfs
+ * records a whiteout (a file deleted in an upper layer) and so legitimately appears in
+ * imported and committed layers. {@link buildErofs} walks the source tree before mkfs and
+ * refuses any other device (see {@link findForbiddenDevice}); callers that made the tree
+ * themselves may skip the walk with `skipDeviceCheck`.
  */
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';
-import { mkdir, rename, rm, stat } from 'node:fs/promises';
+import { lstat, mkdir, readdir, rename, rm, stat } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import { execa } from 'execa';
 import { DsecError } from '../errors.js';
@@ -35,6 +42,54 @@ export interface BuildErofsOptions {
   compression?: string;
   /** The mkfs.erofs binary; default `mkfs.erofs` on PATH. */
   mkfsPath?: string;
+  /**
+   * Skip the walk that refuses block and character devices (other than overlay whiteouts,
+   * char 0:0) in the source tree. Default false: every tree is checked. Only for trees the
+   * caller built itself and knows to hold no devices (e.g. a bootstrapped tree whose /dev
+   * was emptied); whiteouts are accepted either way, so a commit does not need it.
+   */
+  skipDeviceCheck?: boolean;
+}
+
+/** A device node found in a layer source tree. */
+export interface ForbiddenDevice {
+  /** Path relative to the tree root. */
+  path: string;
+  kind: 'block' | 'character';
+  major: number;
+  minor: number;
+}
+
+/** Linux dev_t → major, minor (glibc's gnu_dev_major/minor encoding). */
+function splitDev(rdev: number): { major: number; minor: number } {
+  const d = BigInt(rdev);
+  const major = Number(((d >> 8n) & 0xfffn) | ((d >> 32n) & ~0xfffn));
+  const minor = Number((d & 0xffn) | ((d >> 12n) & ~0xffn));
+  return { major, minor };
+}
+
+/**
+ * The first block or character device below `root` other than an overlay whiteout
+ * (character device 0:0), or undefined when there is none. Symlinks are not followed.
+ * Cheap: one readdir (with file types) per directory, an lstat only for devices.
+ * Rejects with the fs error if the tree cannot be read.
+ */
+export async function findForbiddenDevice(root: string): Promise<ForbiddenDevice | undefined> {
+  const stack = [''];
+  while (stack.length > 0) {
+    const rel = stack.pop() as string;
+    for (const ent of await readdir(rel ? join(root, rel) : root, { withFileTypes: true })) {
+      const r = rel ? `${rel}/${ent.name}` : ent.name;
+      if (ent.isDirectory()) stack.push(r);
+      else if (ent.isBlockDevice() || ent.isCharacterDevice()) {
+        const st = await lstat(join(root, r));
+        if (!st.isBlockDevice() && !st.isCharacterDevice()) continue; // replaced meanwhile
+        if (st.isCharacterDevice() && st.rdev === 0) continue; // overlay whiteout
+        return { path: r, kind: st.isBlockDevice() ? 'block' : 'character', ...splitDev(st.rdev) };
+      }
+    }
+  }
+  return undefined;
 }
 
 /** The result of {@link buildErofs}. */
@@ -64,11 +119,22 @@ export async function sha256File(file: string): Promise<string> {
  * The parent directory of `outFile` is created if needed. An existing `outFile` is replaced.
  *
  * Returns the blob's digest and size. Throws an InvalidArgument DsecError when `srcDir`
- * is not a directory, and an Internal DsecError (with mkfs.erofs's stderr) when mkfs fails.
+ * is not a directory or (unless `opts.skipDeviceCheck`) holds a block or character device
+ * other than an overlay whiteout (char 0:0) — the message names its path —, and an
+ * Internal DsecError (with mkfs.erofs's stderr) when mkfs fails.
  */
 export async function buildErofs(srcDir: string, outFile: string, opts: BuildErofsOptions = {}): Promise<ErofsBlob> {
   const st = await stat(srcDir).catch(() => undefined);
   if (!st?.isDirectory()) throw new DsecError('InvalidArgument', `layer source ${srcDir} is not a directory`);
+  if (!opts.skipDeviceCheck) {
+    const dev = await findForbiddenDevice(srcDir);
+    if (dev) {
+      throw new DsecError(
+        'InvalidArgument',
+        `layer source ${srcDir} contains the ${dev.kind} device ${join(srcDir, dev.path)} (${dev.major}:${dev.minor}): device nodes cannot go into a layer (the only one allowed is an overlay whiteout, a character device 0:0); remove it, e.g. empty dev/, which the runtime mounts anyway`,
+      );
+    }
+  }
 
   await mkdir(dirname(outFile), { recursive: true });
   const tmp = join(dirname(outFile), `.tmp-${basename(outFile)}-${process.pid}-${Math.random().toString(36).slice(2)}`);

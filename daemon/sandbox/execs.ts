@@ -65,6 +65,8 @@ export interface ExecInfo {
   sandbox_id: string;
   argv: string[];
   tty: boolean;
+  /** Whether stdin is open for writing (started with `stdin: true`). */
+  stdin: boolean;
   state: 'running' | 'exited';
   /** pid inside the sandbox, null until the program started. */
   pid: number | null;
@@ -204,6 +206,7 @@ export class ExecSession {
       sandbox_id: this.sandboxId,
       argv: this.argv,
       tty: this.tty,
+      stdin: this.stdinOpen,
       state: this.ended ? 'exited' : 'running',
       pid: this.pid,
       started_at: this.startedAt,

@@ -26,8 +26,10 @@ import {
   bootstrapCacheKey,
   bootstrapDebian,
   detectMirror,
+  missingPackages,
   parseAptSources,
 } from '../../daemon/image/bootstrap.js';
+import { listMountsUnder } from '../../daemon/image/rootfs.js';
 import { ImageStore } from '../../daemon/image/store.js';
 import { isDsecError } from '../../daemon/errors.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
@@ -83,6 +85,18 @@ describe('apt sources and the bootstrap cache key', () => {
     }
   });
 
+  it('reads the packages debootstrap could not find from its output', () => {
+    const out = [
+      'I: Checking component main on http://deb.debian.org/debian...',
+      "E: Couldn't find these debs: foo bar-baz",
+      "E: Couldn't find these debs: foo",
+      'W: something else',
+    ].join('\n');
+    expect(missingPackages(out)).toEqual(['foo', 'bar-baz']);
+    expect(missingPackages('I: Base system installed successfully.\n')).toEqual([]);
+    expect(missingPackages("E: Couldn't download packages: x\n")).toEqual([]);
+  });
+
   it('rejects bad arguments before doing any work', async () => {
     const store = new ImageStore({ root: path.join(tmpdir(), 'dsec-never-created') });
     await expect(bootstrapDebian(store, { include: ['python3; rm -rf /'] })).rejects.toSatisfy((e: unknown) => isDsecError(e, 'InvalidArgument'));
@@ -95,6 +109,30 @@ describe('apt sources and the bootstrap cache key', () => {
     }
     expect(existsSync(path.join(tmpdir(), 'dsec-never-created'))).toBe(false);
   });
+});
+
+describe.skipIf(!IS_ROOT)('bootstrap with a package the mirror does not have (root, mirror)', () => {
+  it(
+    'is InvalidArgument naming the package, and leaves no scratch dir or cached tree',
+    async () => {
+      const cacheDir = mkdtempSync(path.join(tmpdir(), 'dsec-bootstrap-unknown-'));
+      const store = new ImageStore({ root: path.join(cacheDir, 'store') });
+      try {
+        const pkg = `dsec-no-such-package-${process.pid}`;
+        await expect(bootstrapDebian(store, { name: 'debian', tag: 'unknown-pkg', include: ['python3', pkg], cacheDir })).rejects.toSatisfy((e: unknown) => {
+          if (!isDsecError(e, 'InvalidArgument')) throw e;
+          expect((e as Error).message).toMatch(new RegExp(`^package "${pkg}" not found in bookworm on (https?|file)://`));
+          return true;
+        });
+        expect(readdirSync(path.join(cacheDir, 'work'))).toEqual([]);
+        expect(readdirSync(path.join(cacheDir, 'trees'))).toEqual([]);
+        expect(await listMountsUnder(cacheDir)).toEqual([]);
+      } finally {
+        await rm(cacheDir, { recursive: true, force: true });
+      }
+    },
+    LONG,
+  );
 });
 
 describe.skipIf(!IS_ROOT)('debian:bookworm from the mirror, in a sandbox', () => {

@@ -87,6 +87,10 @@ describe.skipIf(!IS_ROOT)('files', () => {
     const denied = await req('PUT', '/files?path=/srv/a/b/g.txt&user=nobody', 'x');
     expect(denied.status).toBe(412);
     expect(json(denied).error.code).toBe('FailedPrecondition');
+    // Refused while the client is still sending 32 MiB: the error body still arrives.
+    const big = await req('PUT', '/files?path=/etc/too-big&user=nobody', Buffer.alloc(32 << 20));
+    expect(big.status).toBe(412);
+    expect(json(big).error.code).toBe('FailedPrecondition');
     expect((await req('GET', '/files?path=/srv/nope')).status).toBe(404);
     expect((await req('DELETE', '/files?path=/srv/a&recursive=true')).status).toBe(204);
     expect((await req('GET', '/files/stat?path=/srv/a')).status).toBe(404);

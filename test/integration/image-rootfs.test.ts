@@ -95,7 +95,7 @@ describe.skipIf(!isRoot)('image store, layer mounts and rootfs (root)', () => {
     await store.verifyBlob(digest);
     await rm(store.blobPath(digest));
     await writeFile(store.blobPath(digest), 'not erofs');
-    await expect(store.verifyBlob(digest)).rejects.toSatisfy((e: unknown) => isDsecError(e, 'Internal'));
+    await expect(store.verifyBlob(digest)).rejects.toSatisfy((e: unknown) => isDsecError(e, 'FailedPrecondition'));
     await expect(layers.acquire(digest)).rejects.toSatisfy((e: unknown) => isDsecError(e, 'Internal'));
     expect(await listMountsUnder(join(base, 'layers'))).toEqual([]);
     await rm(store.blobPath(digest));

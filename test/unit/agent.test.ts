@@ -266,17 +266,20 @@ describe('dsec-agent (not PID 1)', () => {
     expect(r.stdoutTruncated || r.stderrTruncated).toBe(false);
   });
 
-  it('gives the program only the request env, and searches PATH from it', async () => {
+  it('gives the program only the request env (plus HOME from passwd when absent), and searches PATH from it', async () => {
     const c = await connect(await startAgent());
-    const r = await c.exec({ argv: ['busybox', 'env'], env: ['PATH=/nonexistent:/bin', 'FOO=bar baz'], maxOutputBytes: MiB });
+    const r = await c.exec({ argv: ['busybox', 'env'], env: ['PATH=/nonexistent:/bin', 'FOO=bar baz', 'HOME=/h'], maxOutputBytes: MiB });
     expectExit(r, 0);
-    expect(r.stdout.toString().trim().split('\n').sort()).toEqual(['FOO=bar baz', 'PATH=/nonexistent:/bin']);
+    expect(r.stdout.toString().trim().split('\n').sort()).toEqual(['FOO=bar baz', 'HOME=/h', 'PATH=/nonexistent:/bin']);
+    // Without HOME, the user's passwd entry supplies it (root here: /root).
+    const h = await c.exec({ argv: ['busybox', 'env'], env: ['PATH=/bin'], maxOutputBytes: MiB });
+    expect(h.stdout.toString().trim().split('\n').sort()).toEqual(['HOME=/root', 'PATH=/bin']);
     const miss = await c.exec({ argv: ['busybox', 'true'], env: ['PATH=/nonexistent'], maxOutputBytes: MiB });
     expect(miss).toMatchObject({ kind: 'exec_error', errno: 2, message: 'exec: busybox: No such file or directory' });
     // No PATH in env: the default PATH finds `env` in /usr/bin or /bin.
-    const dflt = await c.exec({ argv: ['env'], env: [], maxOutputBytes: MiB });
+    const dflt = await c.exec({ argv: ['env'], env: ['HOME=/x'], maxOutputBytes: MiB });
     expectExit(dflt, 0);
-    expect(dflt.stdout.toString()).toBe('');
+    expect(dflt.stdout.toString()).toBe('HOME=/x\n');
   });
 
   it('runs in the requested cwd and reports a bad cwd as exec_error', async () => {

@@ -417,24 +417,6 @@ describe('exec', () => {
     expect(r.err).toMatch(/ran out of memory/);
   });
 
-  it('-i sends a piped stdin; without -i stdin is not read', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = (req, res) => json(res, 200, execResult({ stdout_b64: req.body.stdin_b64 ?? '' }));
-    const r = await dsec(['exec', '-i', ID, '--', 'cat'], { stdin: Readable.from([Buffer.from('hello '), Buffer.from('world')]) });
-    expect(r.code).toBe(0);
-    expect(r.out).toBe('hello world');
-    const n = await dsec(['exec', ID, '--', 'cat'], { stdin: Readable.from([Buffer.from('ignored')]) });
-    expect(n.out).toBe('');
-    expect(seen[1].body.stdin_b64).toBeUndefined();
-  });
-
-  it('-i refuses a terminal instead of waiting for input', async () => {
-    const tty = Object.assign(Readable.from([]), { isTTY: true });
-    const r = await dsec(['exec', '--stdin', ID, '--', 'cat'], { stdin: tty });
-    expect(r.code).toBe(125);
-    expect(r.err).toMatch(/^dsec: -i reads stdin to the end, but stdin is a terminal\nhint: /);
-    expect(seen).toHaveLength(0);
-  });
-
   it('an exec on a missing sandbox is 125 with the NotFound hint', async () => {
     routes['POST /v1/sandboxes/:id/exec'] = fail(404, 'NotFound', 'sandbox nope not found');
     const r = await dsec(['exec', 'nope', '--', 'true']);

@@ -33,6 +33,7 @@ export function register(parent: Command, ctx: Ctx): Command {
     .argument('<path>', 'tar file, OCI layout (directory or tar) or docker save archive')
     .requiredOption('-t, --tag <name[:tag]>', 'name of the new image')
     .option('--format <format>', `${IMPORT_FORMATS.join(', ')}; auto looks at PATH`, flag('--format', parseFormat), 'auto')
+    .option('--ref <name>', 'which image of a multi-image archive (oci only), e.g. localhost/app:1')
     .addHelpText(
       'after',
       '\nPATH is resolved to an absolute path here and read by dsecd on its own host, with\n' +
@@ -41,7 +42,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         'oci-layout/index.json/manifest.json, is oci; any other archive is a root\n' +
         'filesystem tar.\n',
     )
-    .action(async (p: string, flags: { tag: string; format: string }) => {
+    .action(async (p: string, flags: { tag: string; format: string; ref?: string }) => {
       const path = resolve(p);
       let type: ImportFormat;
       if (flags.format === 'auto') {
@@ -54,6 +55,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         }
       }
       const client = ctx.client();
-      await runImageOperation(ctx, 'import', (opts) => client.importImage({ type, path, image: flags.tag }, opts));
+      if (flags.ref && type !== 'oci') throw new UserError('--ref selects an image of an OCI/docker archive', 'use --format oci, or drop --ref');
+      await runImageOperation(ctx, 'import', (opts) => client.importImage({ type, path, image: flags.tag, ...(flags.ref ? { source_ref: flags.ref } : {}) }, opts));
     });
 }

@@ -74,6 +74,38 @@ export function safeEntryName(name: string): string | null {
   return parts.length ? parts.join('/') : null;
 }
 
+/** Most request body read and discarded after a failed upload, so the error response reaches the client: 64 MiB. */
+const DRAIN_LIMIT = 64 * 1024 * 1024;
+
+/**
+ * Runs an upload; when it fails, reads and discards the rest of the request body (up to
+ * {@link DRAIN_LIMIT}) before the error is answered. A client still sending would
+ * otherwise see a reset connection instead of the error.
+ */
+async function upload<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
+  try {
+    return await fn();
+  } catch (e) {
+    let n = 0;
+    if (!body.readableEnded && !body.destroyed) {
+      body.resume();
+      await new Promise<void>((resolve) => {
+        body.on('data', (c: Buffer) => {
+          n += c.length;
+          if (n > DRAIN_LIMIT) {
+            body.destroy();
+            resolve();
+          }
+        });
+        body.once('end', () => resolve());
+        body.once('close', () => resolve());
+        body.once('error', () => resolve());
+      });
+    }
+    throw e;
+  }
+}
+
 /** Registers the file routes (in their own scope: request bodies are raw streams here). */
 export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
   type R = FastifyRequest<{ Params: { id: string } }>;
@@ -113,9 +145,20 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const r = req as R;
     const q = parseWith(PutFileQuery, req.query, 'query');
     const body = (req.body ?? Readable.from([])) as Readable;
-    const a = await agent(r);
-    const flags = FileWriteFlag.CREATE | (truthy(q.parents) ? FileWriteFlag.PARENTS : 0);
-    const out = await a.writeFile(q.path, body, { user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags });
+    const out = await upload(body, async () => {
+      const a = await agent(r);
+      const flags = FileWriteFlag.CREATE | (truthy(q.parents) ? FileWriteFlag.PARENTS : 0);
+      // The agent's writeFile destroys its source on failure; give it a pass-through so
+      // the request body itself survives to be drained.
+      const pass = new PassThrough();
+      body.pipe(pass);
+      try {
+        return await a.writeFile(q.path, pass, { user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags });
+      } catch (e) {
+        body.unpipe(pass);
+        throw e;
+      }
+    });
     return reply.code(201).send({ path: q.path, bytes: out.bytes });
   });
 
@@ -233,11 +276,16 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         next(e);
       });
     });
-    try {
-      await pipeline(body, extract);
-    } catch (e) {
-      throw failure ?? (e instanceof DsecError ? e : invalidArgument(`not a valid tar stream: ${(e as Error).message}`));
-    }
+    const pass = new PassThrough();
+    body.pipe(pass);
+    await upload(body, async () => {
+      try {
+        await pipeline(pass, extract);
+      } catch (e) {
+        body.unpipe(pass);
+        throw failure ?? (e instanceof DsecError ? e : invalidArgument(`not a valid tar stream: ${(e as Error).message}`));
+      }
+    });
     return { entries, bytes };
   });
 }

@@ -12,18 +12,22 @@ import {
 import { parseWith } from '../server.js';
 import { DsecError, invalidArgument } from '../../errors.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
-import { importArchive, importTar, type ImportProgress } from '../../image/import/oci.js';
+import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
-import type { z } from 'zod';
+import { z } from 'zod';
 
 const listRoute = route({ method: 'GET', url: '/v1/images', summary: 'Images in the layer store.', status: 200, response: ImageList, errors: [] });
 const composeRoute = route({ method: 'POST', url: '/v1/images', summary: 'Compose an image from layers already in the store.', body: ComposeRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
 const getRoute = route({ method: 'GET', url: '/v1/images/:ref', summary: 'One image (URL-encode a / in the name).', status: 200, response: Image, errors: ['InvalidArgument', 'NotFound'] });
 const deleteRoute = route({ method: 'DELETE', url: '/v1/images/:ref', summary: 'Remove an image manifest; its layers stay until pruned.', status: 200, response: Image, errors: ['NotFound'] });
 const tagRoute = route({ method: 'POST', url: '/v1/images/:ref/tag', summary: 'Give an image another name:tag.', body: TagRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
-const importRoute = route({ method: 'POST', url: '/v1/images/import', summary: 'Build or import an image from a directory, tar or OCI/docker archive on the daemon host.', body: ImportRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const importRoute = route({
+  method: 'POST', url: '/v1/images/import', summary: 'Build or import an image from a directory, tar or OCI/docker archive on the daemon host.', body: ImportRequest, status: 201,
+  response: Image.extend({ notes: z.array(z.string()).describe('What was sanitised (e.g. leading / stripped, device nodes under dev/ dropped).') }),
+  errors: ['InvalidArgument', 'NotFound'],
+});
 const bootstrapRoute = route({ method: 'POST', url: '/v1/images/bootstrap', summary: 'Build the Debian bookworm base image with debootstrap.', body: BootstrapRequest, status: 201, response: Image, errors: ['InvalidArgument', 'Unavailable'] });
 const pruneRoute = route({ method: 'POST', url: '/v1/images/prune', summary: 'Remove layers no image, lease or sandbox references.', body: PruneRequest, status: 200, response: PruneResult, errors: [] });
 const layersRoute = route({ method: 'GET', url: '/v1/layers', summary: 'Layers in the store.', status: 200, response: LayerList, errors: [] });
@@ -104,6 +108,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
     if (body.source_ref && body.type !== 'oci') throw invalidArgument('source_ref is only supported with type "oci"');
     return runLong(req, reply, deps.log, async (progress) => {
       let m: ImageManifest;
+      let notes: string[] = [];
       if (body.type === 'dir') {
         const base = body.base ? await store.get(body.base) : null;
         progress({ phase: 'pack', message: `packing ${body.path} as an EROFS layer` });
@@ -116,15 +121,17 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
         await store.putManifest(m);
       } else {
         const onProgress = (p: ImportProgress) => progress({ ...p });
-        m = body.type === 'tar'
-          ? await importTar(store, body.path, { name, tag, onProgress })
-          : await importArchive(store, body.path, { name, tag, ref: body.source_ref, onProgress });
+        const r = body.type === 'tar'
+          ? await importTarWithNotes(store, body.path, { name, tag, onProgress })
+          : await importArchiveWithNotes(store, body.path, { name, tag, ref: body.source_ref, onProgress });
+        m = r.manifest;
+        notes = r.notes;
         if (body.config) {
           m = { ...m, config: mergeConfig(m.config, body.config) };
           await store.putManifest(m);
         }
       }
-      return imageView(store, m);
+      return { ...(await imageView(store, m)), notes };
     });
   });
   app.post(bootstrapRoute.url, async (req, reply) => {

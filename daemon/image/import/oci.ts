@@ -33,14 +33,36 @@ import { extractLayerTar, type ExtractReport } from './tar.js';
 
 /** Progress of an import. `bytes` counts input bytes of the current phase (compressed, as stored). */
 export interface ImportProgress {
-  /** `unpack`: extracting an archive file; `layer`: extracting layer `layer` of `layers`; `build`: mkfs.erofs of it; `manifest`: storing the manifest. */
-  phase: 'unpack' | 'layer' | 'build' | 'manifest';
-  /** 1-based layer number (phases `layer` and `build`). */
+  /**
+   * `unpack`: extracting an archive file; `layer`: extracting layer `layer` of `layers`;
+   * `sanitised`: something was changed rather than refused (see {@link ImportResult.notes}),
+   * one event per note right after the archive or layer it concerns, then one summary
+   * event (`summary: true`) before `manifest` — none at all when nothing was sanitised;
+   * `build`: mkfs.erofs of a layer; `manifest`: storing the manifest.
+   */
+  phase: 'unpack' | 'layer' | 'sanitised' | 'build' | 'manifest';
+  /** 1-based layer number (phases `layer` and `build`, and `sanitised` for a layer's note). */
   layer?: number;
   /** Number of layers in the source image. */
   layers?: number;
   /** Bytes consumed so far (phases `unpack` and `layer`). */
   bytes?: number;
+  /** Phase `sanitised`: the note (as in {@link ImportResult.notes}), or the summary line. */
+  message?: string;
+  /** Phase `sanitised`: true on the final summary event. */
+  summary?: boolean;
+}
+
+/**
+ * What {@link importArchiveWithNotes} and {@link importTarWithNotes} return: the stored
+ * manifest, and what extraction changed instead of refusing, one line per kind and source,
+ * e.g. `layer 2/3: stripped leading "/" (2 entries, e.g. "/etc/x")` or (a plain tar)
+ * `dropped device node below /dev (runc mounts its own /dev there) (3 entries, e.g. "dev/null")`.
+ * Lines of the outer archive file start with `archive: `. Empty when nothing was changed.
+ */
+export interface ImportResult {
+  manifest: ImageManifest;
+  notes: string[];
 }
 
 /** Options for {@link importArchive}. */
@@ -196,7 +218,9 @@ async function inside(root: string, rel: string, what: string): Promise<string> 
   try {
     real = await realpath(join(root, rel));
   } catch (e) {
-    if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw bad(`${what}: ${rel} is missing from the archive`, e);
+    const code = (e as NodeJS.ErrnoException).code;
+    if (code === 'ENOENT') throw bad(`${what}: ${rel} is missing from the archive`, e);
+    if (code === 'ELOOP' || code === 'ENOTDIR' || code === 'ENAMETOOLONG') throw bad(`${what}: ${rel} cannot be resolved in the archive (${code})`, e);
     throw e;
   }
   if (real !== realRoot && !real.startsWith(realRoot + sep)) throw bad(`${what}: ${rel} points outside the archive`);
@@ -238,6 +262,10 @@ async function readJsonFile(file: string, what: string): Promise<{ json: unknown
 async function readVerifiedJson(root: string, desc: Descriptor, what: string): Promise<unknown> {
   const file = await blobFile(root, desc, what);
   if (desc.size > MAX_JSON_BYTES) throw bad(`${what} ${desc.digest} is ${desc.size} bytes, more than the ${MAX_JSON_BYTES} allowed for JSON`);
+  const { size } = await stat(file);
+  if (size !== desc.size) {
+    throw bad(`${what} ${desc.digest}: the blob is ${size} bytes, its descriptor says ${desc.size}; the archive is corrupt or was altered`);
+  }
   const bytes = await readFile(file);
   const actual = sha256(bytes);
   if (actual !== desc.digest || bytes.length !== desc.size) {
@@ -262,9 +290,9 @@ function diffIds(cfg: OciImageConfig, layers: number): string[] | undefined {
 
 /** Chooses and resolves the image of an OCI image layout directory. */
 async function resolveOci(root: string, want: string | undefined, where: string): Promise<ResolvedImage> {
-  const layout = asObject((await readJsonFile(join(root, 'oci-layout'), `${where}: oci-layout`)).json, `${where}: oci-layout`);
+  const layout = asObject((await readJsonFile(await inside(root, 'oci-layout', where), `${where}: oci-layout`)).json, `${where}: oci-layout`);
   if (typeof layout.imageLayoutVersion !== 'string') throw bad(`${where}: oci-layout has no imageLayoutVersion`);
-  const index = asObject((await readJsonFile(join(root, 'index.json'), `${where}: index.json`)).json, `${where}: index.json`);
+  const index = asObject((await readJsonFile(await inside(root, 'index.json', where), `${where}: index.json`)).json, `${where}: index.json`);
   if (!Array.isArray(index.manifests)) throw bad(`${where}: index.json has no manifests`);
 
   const arch = GOARCH[process.arch] ?? process.arch;
@@ -308,7 +336,7 @@ async function resolveOci(root: string, want: string | undefined, where: string)
 
 /** Chooses and resolves the image of an unpacked docker-archive (`docker save` / `podman save`). */
 async function resolveDocker(root: string, want: string | undefined, where: string): Promise<ResolvedImage> {
-  const list = (await readJsonFile(join(root, 'manifest.json'), `${where}: manifest.json`)).json;
+  const list = (await readJsonFile(await inside(root, 'manifest.json', where), `${where}: manifest.json`)).json;
   if (!Array.isArray(list)) throw bad(`${where}: manifest.json is not a list`);
   const cands = list.map((e: unknown, i) => {
     const o = asObject(e, `${where}: manifest.json entry ${i}`);
@@ -378,7 +406,7 @@ function verifyLayer(src: LayerSource, rep: ExtractReport, what: string): void {
 
 /**
  * Imports one image from `path` into `store` as `opts.name:opts.tag` and returns the
- * stored manifest. `path` may be:
+ * stored manifest with what was sanitised (see {@link ImportResult}). `path` may be:
  *   1. an OCI image layout directory (`oci-layout`, `index.json`, `blobs/sha256/…`);
  *   2. a tar of one (e.g. `podman save --format oci-archive`; newer `docker save` output
  *      also has an OCI layout and is read as one);
@@ -390,42 +418,83 @@ function verifyLayer(src: LayerSource, rep: ExtractReport, what: string): void {
  * linux/<arch>. Each source layer becomes one EROFS layer (empty ones are skipped);
  * config per {@link imageConfigFromOci}. Progress phases: see {@link ImportProgress}.
  *
- * Throws DsecError: InvalidArgument for a bad name/tag, an unrecognised or malformed
- * archive, an ambiguous or unknown ref (the message lists the archive's refs), a digest
- * or size mismatch (naming the digest), an unsupported layer media type, or anything
- * extractLayerTar refuses; NotFound when `path` does not exist; FailedPrecondition /
- * ResourceExhausted / Internal as extractLayerTar and buildErofs. Temp dirs are removed
- * in every case, and the manifest is written only after every layer is stored.
+ * Throws DsecError: InvalidArgument for a bad name/tag, an archive with no entries, an
+ * unrecognised, corrupt or malformed archive, an ambiguous or unknown ref (the message
+ * lists the archive's refs), a digest or size mismatch (naming the digest), an
+ * unsupported layer media type, or anything extractLayerTar refuses; NotFound when `path`
+ * does not exist; FailedPrecondition / ResourceExhausted / Internal as extractLayerTar
+ * and buildErofs (Internal only for failures of the host, never for the archive's
+ * content). Temp dirs are removed in every case, and the manifest is written only after
+ * every layer is stored.
  */
-export async function importArchive(store: ImageStore, path: string, opts: ImportArchiveOptions): Promise<ImageManifest> {
+export async function importArchiveWithNotes(store: ImageStore, path: string, opts: ImportArchiveOptions): Promise<ImportResult> {
   parseRef(`${opts.name}:${opts.tag}`);
   const abs = resolve(path);
   const st = await statInput(abs);
   if (!st.isDirectory() && !st.isFile()) throw bad(`${abs} is neither a file nor a directory`);
   return withWorkDir(store, async (work, touch) => {
+    const notes = new Notes(opts.onProgress);
     let root = abs;
     if (st.isFile()) {
       root = join(work, 'archive');
       opts.onProgress?.({ phase: 'unpack', bytes: 0 });
-      await extractLayerTar(abs, root, {
-        ociWhiteouts: false,
-        onProgress: (bytes) => {
-          touch();
-          opts.onProgress?.({ phase: 'unpack', bytes });
-        },
-      });
+      let rep: ExtractReport;
+      try {
+        rep = await extractLayerTar(abs, root, {
+          ociWhiteouts: false,
+          onProgress: (bytes) => {
+            touch();
+            opts.onProgress?.({ phase: 'unpack', bytes });
+          },
+        });
+      } catch (e) {
+        if (e instanceof DsecError) throw new DsecError(e.kind, `${abs}: ${e.message}`, { cause: e });
+        throw e;
+      }
+      if (rep.entries === 0) throw bad(`${abs}: the archive has no entries`);
+      notes.add(rep.sanitised, 'archive');
     }
     const has = async (f: string) => (await stat(join(root, f)).catch(() => undefined))?.isFile() ?? false;
     let image: ResolvedImage;
     if ((await has('oci-layout')) && (await has('index.json'))) image = await resolveOci(root, opts.ref, abs);
     else if (await has('manifest.json')) image = await resolveDocker(root, opts.ref, abs);
     else {
-      throw bad(`${abs} is neither an OCI image layout (oci-layout + index.json) nor a docker/podman save archive (manifest.json); import a root filesystem tar with importTar`);
+      throw bad(
+        `${abs} is neither an OCI image layout (oci-layout + index.json) nor a docker/podman save archive (manifest.json); a root filesystem tar is imported as type "tar" (dsec image import --format tar)`,
+      );
     }
     const config = imageConfigFromOci(image.config);
     if (image.layers.length === 0) throw bad(`${abs}: the image has no layers`);
-    return buildImage(store, work, image.layers, config, opts, `oci:${abs}`, touch);
+    const manifest = await buildImage(store, work, image.layers, config, opts, `oci:${abs}`, touch, notes);
+    return { manifest, notes: notes.lines };
   });
+}
+
+/** {@link importArchiveWithNotes}, returning only the manifest (the notes still go to `onProgress`). */
+export async function importArchive(store: ImageStore, path: string, opts: ImportArchiveOptions): Promise<ImageManifest> {
+  return (await importArchiveWithNotes(store, path, opts)).manifest;
+}
+
+/** Sanitisation notes of one import, also reported through `onProgress` (phase `sanitised`). */
+class Notes {
+  readonly lines: string[] = [];
+  constructor(private readonly onProgress?: (p: ImportProgress) => void) {}
+
+  /** Adds the notes of one extraction; `prefix` names it (`archive`, `layer 2/3`), none for a plain tar. */
+  add(sanitised: string[], prefix?: string, layer?: { layer: number; layers: number }): void {
+    for (const s of sanitised) {
+      const line = prefix ? `${prefix}: ${s}` : s;
+      this.lines.push(line);
+      this.onProgress?.({ phase: 'sanitised', ...layer, message: line });
+    }
+  }
+
+  /** The summary event, when anything was noted. */
+  summary(): void {
+    const n = this.lines.length;
+    if (n === 0) return;
+    this.onProgress?.({ phase: 'sanitised', summary: true, message: `sanitised: ${n} kind${n === 1 ? '' : 's'} of entries changed instead of refused (listed above)` });
+  }
 }
 
 /** Extracts, verifies and stores each layer, then the manifest. */
@@ -437,7 +506,8 @@ async function buildImage(
   opts: { name: string; tag: string; onProgress?(p: ImportProgress): void },
   source: string,
   touch: () => void,
-  ociWhiteouts = true,
+  notes: Notes,
+  plainTar = false,
 ): Promise<ImageManifest> {
   const n = layers.length;
   const digests: string[] = [];
@@ -451,17 +521,19 @@ async function buildImage(
     let rep: ExtractReport;
     try {
       rep = await extractLayerTar(src.file, dir, {
-        ociWhiteouts,
+        ociWhiteouts: !plainTar,
         onProgress: (bytes) => {
           touch();
           opts.onProgress?.({ phase: 'layer', layer: i + 1, layers: n, bytes });
         },
       });
     } catch (e) {
-      if (e instanceof DsecError) throw new DsecError(e.kind, `${what} (${src.label}): ${e.message}`, { cause: e });
+      if (e instanceof DsecError) throw new DsecError(e.kind, plainTar ? `${src.label}: ${e.message}` : `${what} (${src.label}): ${e.message}`, { cause: e });
       throw e;
     }
     verifyLayer(src, rep, what);
+    if (plainTar && rep.entries === 0) throw bad(`${src.label}: the archive has no entries`);
+    notes.add(rep.sanitised, plainTar ? undefined : what, { layer: i + 1, layers: n });
     const keepEmpty = i === n - 1 && digests.length === 0; // an image needs one layer
     if (rep.entries > 0 || keepEmpty) {
       opts.onProgress?.({ phase: 'build', layer: i + 1, layers: n });
@@ -471,6 +543,7 @@ async function buildImage(
     await rm(dir, { recursive: true, force: true });
     touch();
   }
+  notes.summary();
   opts.onProgress?.({ phase: 'manifest' });
   const m: ImageManifest = { name: opts.name, tag: opts.tag, layers: digests, config, created_ms: Date.now() };
   await store.putManifest(m);
@@ -479,20 +552,23 @@ async function buildImage(
 
 /**
  * Imports a plain root filesystem tar (plain, gzip or zstd; e.g. `tar -C rootfs -c .`)
- * as a one-layer image `opts.name:opts.tag` and returns the stored manifest. The tar is
+ * as a one-layer image `opts.name:opts.tag` and returns the stored manifest with what
+ * was sanitised (see {@link ImportResult}; these notes have no prefix). The tar is
  * extracted with the same sanitisation as archive layers but WITHOUT whiteout
  * conversion (`.wh.*` names stay ordinary files). Config: {@link ROOTFS_TAR_DEFAULTS}
  * overridden field by field by `opts.config`.
  *
- * Throws DsecError: InvalidArgument (bad name/tag, `path` is a directory, anything
- * extractLayerTar refuses), NotFound (no such file), otherwise as extractLayerTar and
- * buildErofs. Temp dirs are always removed; no manifest is written on failure.
+ * Throws DsecError: InvalidArgument (bad name/tag, `path` is a directory, the tar is
+ * empty or has no entries, anything extractLayerTar refuses), NotFound (no such file),
+ * otherwise as extractLayerTar and buildErofs. Temp dirs are always removed; no manifest
+ * is written on failure.
  */
-export async function importTar(store: ImageStore, path: string, opts: ImportTarOptions): Promise<ImageManifest> {
+export async function importTarWithNotes(store: ImageStore, path: string, opts: ImportTarOptions): Promise<ImportResult> {
   parseRef(`${opts.name}:${opts.tag}`);
   const abs = resolve(path);
   const st = await statInput(abs);
-  if (!st.isFile()) throw bad(`${abs} is not a file: importTar takes a tar of a root filesystem`);
+  if (st.isDirectory()) throw bad(`${abs} is a directory, not a tar of a root filesystem`);
+  if (!st.isFile()) throw bad(`${abs} is not a regular file, so not a tar of a root filesystem`);
   const c = opts.config ?? {};
   const config: ImageManifest['config'] = {
     env: c.env ?? ROOTFS_TAR_DEFAULTS.env,
@@ -500,5 +576,14 @@ export async function importTar(store: ImageStore, path: string, opts: ImportTar
     user: c.user ?? ROOTFS_TAR_DEFAULTS.user,
     cmd: c.cmd ?? ROOTFS_TAR_DEFAULTS.cmd,
   };
-  return withWorkDir(store, (work, touch) => buildImage(store, work, [{ file: abs, label: abs }], config, opts, `tar:${abs}`, touch, false));
+  return withWorkDir(store, async (work, touch) => {
+    const notes = new Notes(opts.onProgress);
+    const manifest = await buildImage(store, work, [{ file: abs, label: abs }], config, opts, `tar:${abs}`, touch, notes, true);
+    return { manifest, notes: notes.lines };
+  });
+}
+
+/** {@link importTarWithNotes}, returning only the manifest (the notes still go to `onProgress`). */
+export async function importTar(store: ImageStore, path: string, opts: ImportTarOptions): Promise<ImageManifest> {
+  return (await importTarWithNotes(store, path, opts)).manifest;
 }

@@ -19,14 +19,23 @@
  *     ping; they are safe because every sandbox runs in its own user namespace with
  *     no_new_privs); owners are kept numerically (uid/gid from the header, names ignored)
  *     when running as root; mtimes are kept (directory mtimes set last, after their
- *     children). Extended attributes in PAX headers are not read (node-tar drops them).
+ *     children). Extended attributes in PAX headers are not applied;
+ *   - a link name on a regular-file entry is ignored, as GNU tar and Go's archive/tar do
+ *     (podman writes the second and later whiteouts of a layer that way, because
+ *     overlayfs shares one inode between whiteouts); unknown entry types (GNU sparse
+ *     files, volume labels, …) refuse the archive rather than lose a file silently.
+ *
+ * Parsing is done by `tar-stream` (ustar, GNU long names, PAX path/linkpath/size/uid/
+ * gid/mtime records, base-256 numbers, v7 headers). node-tar's parser is not used: it
+ * refuses a regular-file header with a link name (TAR_ENTRY_INVALID), see above.
  *
  * With `ociWhiteouts`, OCI whiteouts become what overlayfs understands in a lower layer:
  * `<dir>/.wh.<name>` becomes a character device 0:0 `<dir>/<name>` (mode 0000, root) and
- * `<dir>/.wh..wh..opq` sets the xattr `trusted.overlay.opaque=y` on `<dir>`. Per the OCI
- * image spec a whiteout only hides LOWER layers: if the same archive also has `<name>`,
- * the whiteout is dropped (the entry itself hides the lower one). Other `.wh..wh.*`
- * names are AUFS bookkeeping and are skipped.
+ * `<dir>/.wh..wh..opq` sets the xattr `trusted.overlay.opaque=y` on `<dir>`. The name
+ * decides, not the entry type: a `.wh.*` entry is a whiteout whatever its type, size or
+ * link name. Per the OCI image spec a whiteout only hides LOWER layers: if the same
+ * archive also has `<name>`, the whiteout is dropped (the entry itself hides the lower
+ * one). Other `.wh..wh.*` names are AUFS bookkeeping and are skipped.
  *
  * Node has neither mknod(2) nor setxattr(2): fifos and whiteouts are created at the end,
  * in one `xargs … mknod` run per kind (an empty placeholder file holds their path
@@ -38,13 +47,12 @@
 import { createHash } from 'node:crypto';
 import { constants as fsc, createReadStream, type ReadStream } from 'node:fs';
 import { chmod, lchown, link, lstat, lutimes, mkdir, open, rm, symlink, unlink, type FileHandle } from 'node:fs/promises';
-import { once } from 'node:events';
 import { resolve } from 'node:path';
 import { pipeline, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { Stats } from 'node:fs';
 import { execa, type ResultPromise } from 'execa';
-import { Parser, type ReadEntry } from 'tar';
+import tarStream from 'tar-stream';
 import { DsecError } from '../../errors.js';
 
 /** Options for {@link extractLayerTar}. */
@@ -133,6 +141,7 @@ export function detectCompression(head: Buffer): TarCompression {
  * (even one that would not escape: no well-formed layer has one).
  */
 export function normaliseEntryPath(raw: string): { rel: string; strippedSlash: boolean } {
+  if (raw.includes('\0')) throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} contains a NUL byte`);
   const strippedSlash = raw.startsWith('/');
   const parts: string[] = [];
   for (const c of raw.split('/')) {
@@ -152,6 +161,61 @@ interface PendingNode {
   mtime: Date;
 }
 
+/** Entry types, as tar-stream names them; `null` for a type flag it does not know. */
+type EntryType = 'file' | 'contiguous-file' | 'directory' | 'symlink' | 'link' | 'fifo' | 'character-device' | 'block-device';
+
+/** One tar entry, as the extractor sees it (PAX and GNU long-name records already applied). */
+interface TarEntry {
+  /** Entry name as stored (not yet normalised). */
+  path: string;
+  type: EntryType | null;
+  /** Link name as stored; `''` when the header has none. Used for symlinks and hard links only. */
+  linkpath: string;
+  mode?: number;
+  uid?: number;
+  gid?: number;
+  mtime?: Date;
+  devmajor?: number;
+  devminor?: number;
+  /** Body bytes (regular files; read to the end or resumed by the caller). */
+  body: AsyncIterable<Buffer> & { resume(): unknown };
+}
+
+/** An entry as tar-stream's extractor yields it: a readable body with its header. */
+type StreamEntry = tarStream.Extract extends AsyncIterable<infer S> ? S : never;
+/** tar-stream's header; `type` is null for a type flag it does not know, `pax` holds the entry's PAX records. */
+type StreamHeader = Omit<tarStream.Header, 'type' | 'pax' | 'linkname'> & {
+  type: tarStream.Header['type'] | null;
+  linkname: string | null;
+  pax?: Record<string, string> | null;
+};
+
+/** A decimal PAX number (`uid`, `gid`, `mtime` with fraction), or undefined when absent or malformed. */
+function paxNumber(v: string | undefined): number | undefined {
+  if (v === undefined || !/^-?\d+(?:\.\d+)?$/.test(v)) return undefined;
+  const n = Number(v);
+  return Number.isFinite(n) ? n : undefined;
+}
+
+/** A tar-stream entry as a {@link TarEntry}: PAX uid/gid/mtime override the ustar fields (tar-stream applies only path, linkpath and size). */
+function toTarEntry(e: StreamEntry): TarEntry {
+  const h = e.header as unknown as StreamHeader;
+  const pax = h.pax ?? {};
+  const mtimeS = paxNumber(pax.mtime);
+  return {
+    path: h.name ?? '',
+    type: (h.type ?? null) as EntryType | null,
+    linkpath: h.linkname ?? '',
+    mode: h.mode,
+    uid: paxNumber(pax.uid) ?? h.uid,
+    gid: paxNumber(pax.gid) ?? h.gid,
+    mtime: mtimeS !== undefined ? new Date(Math.floor(mtimeS * 1000)) : h.mtime,
+    devmajor: h.devmajor,
+    devminor: h.devminor,
+    body: e as unknown as TarEntry['body'],
+  };
+}
+
 /** Numeric metadata of an entry, with defaults for missing or malformed header fields. */
 interface EntryMeta {
   uid: number;
@@ -164,7 +228,7 @@ function validDate(d: Date | undefined): Date {
   return d instanceof Date && !Number.isNaN(d.getTime()) ? d : EPOCH;
 }
 
-function entryMeta(e: ReadEntry, defaultMode: number): EntryMeta {
+function entryMeta(e: TarEntry, defaultMode: number): EntryMeta {
   const id = (n: number | undefined) => (Number.isInteger(n) && (n as number) >= 0 ? (n as number) : 0);
   return {
     uid: id(e.uid),
@@ -183,9 +247,16 @@ async function lstatOrNull(p: string): Promise<Stats | null> {
   }
 }
 
+/** Reading an entry's body failed: the parser or the decompressor stopped (its own error says why). */
+class BodyReadError extends Error {
+  constructor(readonly original: unknown) {
+    super(`reading a tar entry's data failed: ${(original as Error)?.message ?? String(original)}`);
+  }
+}
+
 /** Turns an errno error met while extracting `entryPath` into a DsecError with context. */
-function entryError(e: unknown, entryPath: string): DsecError {
-  if (e instanceof DsecError) return e;
+function entryError(e: unknown, entryPath: string): DsecError | BodyReadError {
+  if (e instanceof DsecError || e instanceof BodyReadError) return e;
   const code = (e as NodeJS.ErrnoException).code;
   const msg = `extracting tar entry ${JSON.stringify(entryPath)}: ${(e as Error).message ?? String(e)}`;
   if (code === 'ENOSPC' || code === 'EDQUOT') return new DsecError('ResourceExhausted', msg, { cause: e });
@@ -239,17 +310,19 @@ class Extractor {
     );
   }
 
-  /** Handles one entry; consumes (or resumes) its body. Errors carry the entry path. */
-  async handle(entry: ReadEntry): Promise<void> {
+  /**
+   * Handles one entry. Reads the body of a regular file; any other body is left for the
+   * caller to skip (resume). Errors carry the entry path.
+   */
+  async handle(entry: TarEntry): Promise<void> {
     try {
       await this.handleInner(entry);
     } catch (e) {
-      entry.resume();
       throw entryError(e, entry.path);
     }
   }
 
-  private async handleInner(entry: ReadEntry): Promise<void> {
+  private async handleInner(entry: TarEntry): Promise<void> {
     const raw = entry.path;
     const { rel, strippedSlash } = normaliseEntryPath(raw);
     if (strippedSlash) this.note('stripped leading "/"', raw);
@@ -259,53 +332,50 @@ class Extractor {
       for (let i = 0; i < parts.length - 1; i++) {
         if (parts[i].startsWith('.wh..wh.')) {
           this.note('skipped AUFS metadata below .wh..wh.*', raw);
-          entry.resume();
           return;
         }
         if (parts[i].startsWith(WHITEOUT_PREFIX)) {
           throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)}: a whiteout name (${parts[i]}) used as a directory`);
         }
       }
+      // The name decides: podman writes later whiteouts of a layer as regular files with a
+      // link name (one shared overlay whiteout inode), other tools as hard links.
       if (parts[parts.length - 1].startsWith(WHITEOUT_PREFIX)) {
-        entry.resume();
         await this.whiteout(raw, parts, validDate(entry.mtime));
         return;
       }
     }
 
     switch (entry.type) {
-      case 'File':
-      case 'OldFile':
-      case 'ContiguousFile':
+      case 'file':
+      case 'contiguous-file':
+        if (entry.linkpath !== '') this.note('ignored the link name of regular-file entries', raw);
         return this.file(entry, raw, rel);
-      case 'Directory':
-      case 'GNUDumpDir':
-        entry.resume();
-        return this.directory(entry, rel);
-      case 'SymbolicLink':
-        entry.resume();
+      case 'directory':
+        return this.directory(entry, raw, rel);
+      case 'symlink':
         return this.symlink(entry, raw, rel);
-      case 'Link':
-        entry.resume();
+      case 'link':
         return this.hardlink(entry, raw, rel);
-      case 'FIFO':
-        entry.resume();
+      case 'fifo':
         return this.fifo(entry, raw, rel);
-      case 'CharacterDevice':
-      case 'BlockDevice': {
-        entry.resume();
+      case 'character-device':
+      case 'block-device': {
         if (rel === 'dev' || rel.startsWith('dev/')) {
           this.note('dropped device node below /dev (runc mounts its own /dev there)', raw);
           return;
         }
-        const kind = entry.type === 'CharacterDevice' ? 'character' : 'block';
+        const kind = entry.type === 'character-device' ? 'character' : 'block';
         throw new DsecError(
           'InvalidArgument',
-          `tar entry ${JSON.stringify(raw)} is a ${kind} device ${entry.header.devmaj ?? '?'}:${entry.header.devmin ?? '?'}: device nodes are refused in layers (only below /dev are they dropped)`,
+          `tar entry ${JSON.stringify(raw)} is a ${kind} device ${entry.devmajor ?? '?'}:${entry.devminor ?? '?'}: device nodes are refused in layers (only below /dev are they dropped)`,
         );
       }
       default:
-        throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} has unsupported type ${String(entry.type)}`);
+        throw new DsecError(
+          'InvalidArgument',
+          `tar entry ${JSON.stringify(raw)} has an unsupported type (e.g. a GNU sparse file, a GNU dump directory or a volume label): refused, skipping it would silently lose a file`,
+        );
     }
   }
 
@@ -396,7 +466,7 @@ class Extractor {
     await Promise.allSettled([...this.inflight]);
   }
 
-  private async file(entry: ReadEntry, raw: string, rel: string): Promise<void> {
+  private async file(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
     const m = entryMeta(entry, 0o644);
     await this.ensureDirChain(this.parentOf(rel), raw);
@@ -410,22 +480,21 @@ class Extractor {
       fh = await open(this.abs(rel), flags, 0o600);
     }
     try {
-      // Body: pause while each chunk is written (backpressure reaches the tar parser).
-      await new Promise<void>((res, rej) => {
-        let writes = Promise.resolve();
-        entry.on('data', (chunk: Buffer) => {
-          entry.pause();
-          writes = writes.then(async () => {
-            await fh.write(chunk);
-            this.bytes += chunk.length;
-            entry.resume();
-          });
-          writes.catch(rej);
-        });
-        entry.on('end', () => writes.then(res, rej));
-        entry.on('error', rej);
-        entry.resume();
-      });
+      // Body: the next chunk is asked for only once this one is written (backpressure
+      // reaches the tar parser). A failing read is the archive's fault (truncated, or the
+      // decompressor failed): the caller reports the parser's or decompressor's error.
+      const it = entry.body[Symbol.asyncIterator]();
+      for (;;) {
+        let r: IteratorResult<Buffer>;
+        try {
+          r = await it.next();
+        } catch (e) {
+          throw new BodyReadError(e);
+        }
+        if (r.done) break;
+        await fh.write(r.value);
+        this.bytes += r.value.length;
+      }
     } catch (e) {
       await fh.close();
       throw e;
@@ -447,10 +516,10 @@ class Extractor {
     );
   }
 
-  private async directory(entry: ReadEntry, rel: string): Promise<void> {
+  private async directory(entry: TarEntry, raw: string, rel: string): Promise<void> {
     const m = entryMeta(entry, 0o755);
     if (rel !== '') {
-      await this.ensureDirChain(this.parentOf(rel), entry.path);
+      await this.ensureDirChain(this.parentOf(rel), raw);
       try {
         await mkdir(this.abs(rel), { mode: 0o700 }); // the final mode is set at the end
       } catch (e) {
@@ -463,25 +532,29 @@ class Extractor {
     this.dirMeta.set(rel, { mode: m.mode, mtime: m.mtime });
   }
 
-  private async symlink(entry: ReadEntry, raw: string, rel: string): Promise<void> {
+  private async symlink(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
+    const target = entry.linkpath;
+    if (target === '') throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} is a symlink without a target`);
+    if (target.includes('\0')) throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} is a symlink whose target contains a NUL byte`);
     const m = entryMeta(entry, 0o777);
     await this.ensureDirChain(this.parentOf(rel), raw);
     try {
-      await symlink(entry.linkpath ?? '', this.abs(rel));
+      await symlink(target, this.abs(rel));
     } catch (e) {
       if ((e as NodeJS.ErrnoException).code !== 'EEXIST') throw e;
       await this.prepareLeaf(rel, false);
-      await symlink(entry.linkpath ?? '', this.abs(rel));
+      await symlink(target, this.abs(rel));
     }
     if (this.asRoot) await lchown(this.abs(rel), m.uid, m.gid);
     await lutimes(this.abs(rel), m.mtime, m.mtime);
     this.extracted.add(rel);
   }
 
-  private async hardlink(entry: ReadEntry, raw: string, rel: string): Promise<void> {
+  private async hardlink(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
-    const linkpath = entry.linkpath ?? '';
+    const linkpath = entry.linkpath;
+    if (linkpath === '') throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} is a hard link without a target`);
     const { rel: target, strippedSlash } = normaliseEntryPath(linkpath);
     if (strippedSlash) this.note('stripped leading "/" from a hard link target', linkpath);
     if (target === rel) return; // a link to itself: nothing to do
@@ -510,7 +583,7 @@ class Extractor {
     this.extracted.add(rel);
   }
 
-  private async fifo(entry: ReadEntry, raw: string, rel: string): Promise<void> {
+  private async fifo(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
     const m = entryMeta(entry, 0o644);
     await this.ensureDirChain(this.parentOf(rel), raw);
@@ -612,6 +685,26 @@ async function setOpaque(dirs: string[]): Promise<void> {
   }
 }
 
+/**
+ * The DsecError for the first failure of an extraction. `parseError` is what the tar
+ * parser reported, if anything: a body read that failed because the parser stopped
+ * (truncated archive) is reported as the parser's error, a corrupt archive as
+ * InvalidArgument, never Internal.
+ */
+function archiveError(err: unknown, parseError: unknown): DsecError {
+  if (err instanceof BodyReadError) err = parseError ?? err.original;
+  if (err instanceof DsecError) return err;
+  const code = (err as { code?: string } | undefined)?.code;
+  if (code === 'Z_DATA_ERROR' || code === 'Z_BUF_ERROR') {
+    return new DsecError('InvalidArgument', `gzip could not decompress the tar: ${(err as Error).message}`, { cause: err });
+  }
+  if (err !== undefined && err === parseError) {
+    return new DsecError('InvalidArgument', `not a valid tar: ${(err as Error).message ?? String(err)}`, { cause: err });
+  }
+  const e = entryError(err, '(archive)');
+  return e instanceof DsecError ? e : new DsecError('InvalidArgument', `not a valid tar: ${e.message}`, { cause: err });
+}
+
 /** The input as a stream of Buffers, plus a way to stop it early. */
 function openInput(input: string | NodeJS.ReadableStream): { chunks: AsyncIterable<Buffer>; close(): void } {
   if (typeof input === 'string') {
@@ -643,7 +736,8 @@ function openInput(input: string | NodeJS.ReadableStream): { chunks: AsyncIterab
  * Returns an {@link ExtractReport} (counts, what was sanitised, input and diff digests).
  * Throws DsecError: InvalidArgument for a refused or corrupt archive (`..`, writing
  * through a symlink, a hard link to outside the archive, a device node outside /dev,
- * a truncated or non-tar stream, xz/bzip2 input, a zstd error); NotFound when `input`
+ * a 0-byte input, a truncated or non-tar stream, an entry of unknown type, xz/bzip2
+ * input, a gzip or zstd error: never Internal for the archive's content); NotFound when `input`
  * names no file; FailedPrecondition when `zstd` or `setfattr` is not installed;
  * ResourceExhausted for ENOSPC/EDQUOT; Internal for other I/O failures. On failure
  * `destDir` is left partially filled: the caller removes it.
@@ -661,21 +755,18 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
   let inBytes = 0;
   let tarBytes = 0;
   let lastProgress = 0;
-  let allZero = true;
   const it = src.chunks[Symbol.asyncIterator]();
   let zstd: ResultPromise | undefined;
   let zstdStderr = '';
   const cleanups: (() => void)[] = [() => src.close()];
 
+  /** The first error, whoever met it (input, decompressor, parser or an entry handler). */
   let failure: unknown;
-  let rejectFailed!: (e: unknown) => void;
-  const failed = new Promise<never>((_, rej) => (rejectFailed = rej));
-  failed.catch(() => undefined);
   const fail = (e: unknown): void => {
-    if (failure !== undefined) return;
-    failure = e;
-    rejectFailed(e);
+    if (failure === undefined) failure = e;
   };
+  let parseError: unknown;
+  let feeding: Promise<void> | undefined;
 
   try {
     // Input bytes, hashed and counted as they are read; the first ones decide compression.
@@ -703,7 +794,7 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
       head.push(r.value);
       headLen += r.value.length;
     }
-    if (headLen === 0) throw new DsecError('InvalidArgument', 'the tar is empty (0 bytes)');
+    if (headLen === 0) throw new DsecError('InvalidArgument', 'the archive has no entries (it is 0 bytes long)');
     const compression = detectCompression(Buffer.concat(head));
 
     let tarChunks: AsyncIterable<Buffer>;
@@ -742,35 +833,46 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
       tarChunks = tapped(head);
     }
 
-    const parser = new Parser({ strict: false, brotli: false, zstd: false });
-    let chain = Promise.resolve();
-    parser.on('entry', (entry: ReadEntry) => {
-      x.entries++;
-      chain = chain.then(() => (failure === undefined ? x.handle(entry) : void entry.resume())).catch(fail);
+    // allowUnknownFormat: also v7 headers (no ustar magic); a bad checksum still refuses.
+    const ex = tarStream.extract({ allowUnknownFormat: true } as Parameters<typeof tarStream.extract>[0]);
+    ex.on('error', (e: Error) => {
+      if ((e as { code?: string })?.code !== 'STREAM_DESTROYED') parseError ??= e;
     });
-    parser.on('ignoredEntry', (entry: ReadEntry) => {
-      fail(new DsecError('InvalidArgument', `tar entry ${JSON.stringify(entry.path)} has unsupported type ${String(entry.type)} (or an oversized header)`));
-    });
-    parser.on('warn', (code: string, message: string) => {
-      // An archive of end-of-archive blocks only is a valid empty layer (e.g. `RUN true`).
-      if (code === 'TAR_BAD_ARCHIVE' && x.entries === 0 && allZero && tarBytes >= 1024 && /Unrecognized/.test(message)) return;
-      fail(new DsecError('InvalidArgument', `not a valid tar: ${message} (${code})`));
-    });
-    parser.on('error', (e: Error) => fail(new DsecError('InvalidArgument', `not a valid tar: ${e.message}`, { cause: e })));
-    const ended = new Promise<void>((res) => parser.on('end', () => res()));
+    const closed = new Promise<void>((res) => ex.once('close', () => res()));
+    cleanups.push(() => ex.destroy());
 
-    for await (const chunk of tarChunks) {
-      if (failure !== undefined) break;
-      tarHash.update(chunk);
-      tarBytes += chunk.length;
-      if (allZero && chunk.some((b) => b !== 0)) allZero = false;
-      if (!parser.write(chunk)) await Promise.race([once(parser, 'drain'), failed]);
+    // Producer: hashes and counts the tar bytes and writes them into the parser, waiting
+    // while it is busy. Input or decompression errors are recorded and stop the parser.
+    feeding = (async () => {
+      try {
+        for await (const chunk of tarChunks) {
+          if (ex.destroyed || failure !== undefined) return;
+          tarHash.update(chunk);
+          tarBytes += chunk.length;
+          if (!ex.write(chunk)) await Promise.race([new Promise<void>((res) => ex.once('drain', () => res())), closed]);
+        }
+        if (!ex.destroyed) ex.end(undefined);
+      } catch (e) {
+        fail(e);
+        ex.destroy(e as Error);
+      }
+    })();
+
+    // Consumer: one entry at a time; the parser reads the next header only when asked.
+    try {
+      for await (const e of ex) {
+        x.entries++;
+        const entry = toTarEntry(e);
+        await x.handle(entry);
+        entry.body.resume(); // skip a body the handler did not read (e.g. a whiteout's)
+      }
+    } catch (e) {
+      fail(e);
+      for (const c of cleanups) c(); // stop the producer wherever it waits
     }
+    await feeding;
     if (failure !== undefined) throw failure;
-    parser.end();
-    await Promise.race([ended, failed]);
-    await chain;
-    if (failure !== undefined) throw failure;
+    if (tarBytes === 0) throw new DsecError('InvalidArgument', `not a valid tar: the ${compression} stream decompresses to 0 bytes`);
     await x.finish();
     if (opts.onProgress && lastProgress !== inBytes) opts.onProgress(inBytes);
     return {
@@ -785,15 +887,10 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
       diffId: `sha256:${tarHash.digest('hex')}`,
     };
   } catch (e) {
-    // The entry chain may hold the first, more precise error.
-    const err = failure ?? e;
-    if (err instanceof DsecError) throw err;
-    if ((err as { code?: string }).code === 'Z_DATA_ERROR' || (err as { code?: string }).code === 'Z_BUF_ERROR') {
-      throw new DsecError('InvalidArgument', `gzip could not decompress the tar: ${(err as Error).message}`, { cause: err });
-    }
-    throw entryError(err, '(archive)');
+    throw archiveError(failure ?? e, parseError);
   } finally {
     for (const c of cleanups) c();
+    await feeding;
     await x.drainQuietly(); // every fd closed before returning, success or not
     if (zstd) await zstd.catch(() => undefined);
   }

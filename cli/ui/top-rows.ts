@@ -1,0 +1,173 @@
+/**
+ * What `dsec top` shows, computed from two samples of GET /v1/stats. Pure: data in, rows
+ * or text out, so the arithmetic, sorting and filtering are tested without a terminal.
+ *
+ * CPU% of a sandbox = (cpu_usage_ns now − cpu_usage_ns before) ÷ elapsed ÷ 1e9 × 100,
+ * elapsed in seconds between the two samples' `time`: 100% is one core busy, so a
+ * sandbox can show up to cores × 100%. Unknown (`-`) on the first sample, for a sandbox
+ * that was not in the previous sample or not running, and when the counter went back
+ * (the sandbox restarted).
+ */
+import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
+import { formatAge, formatBytes, formatLabels, makeTable, tableText } from '../util/output.js';
+
+/** Sort orders of `dsec top`: CPU% (highest first), memory (largest first), age (newest first), id. */
+export const TOP_SORTS = ['cpu', 'mem', 'age', 'id'] as const;
+/** One of {@link TOP_SORTS}. */
+export type TopSort = (typeof TOP_SORTS)[number];
+
+/** Characters of a sandbox id shown by `top`. */
+export const SHORT_ID = 12;
+
+/** Column headers of the `top` table, in order. */
+export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'AGE', 'LABELS'] as const;
+
+/** One sandbox as `top` shows it. */
+export interface TopRow {
+  /** Full sandbox id. */
+  id: string;
+  state: string;
+  image: string;
+  labels: Record<string, string>;
+  /** CPU use since the previous sample, percent of one core; null when unknown. */
+  cpuPercent: number | null;
+  /** Memory charged, bytes; null when not running. */
+  memoryBytes: number | null;
+  /** Memory limit, bytes; null when none or not running. */
+  memoryLimitBytes: number | null;
+  pids: number | null;
+  /** ms since the sandbox was created, at the sample's time. */
+  ageMs: number;
+}
+
+/** CPU% of `cur` against `prev` (the same sandbox one sample earlier); null when it cannot be known. */
+export function cpuPercent(prev: Pick<SandboxStats, 'cpu_usage_ns'> | undefined, cur: Pick<SandboxStats, 'cpu_usage_ns'>, elapsedMs: number): number | null {
+  if (!prev || prev.cpu_usage_ns === null || cur.cpu_usage_ns === null || !(elapsedMs > 0)) return null;
+  const delta = cur.cpu_usage_ns - prev.cpu_usage_ns;
+  if (delta < 0) return null;
+  return (delta / (elapsedMs / 1000) / 1e9) * 100;
+}
+
+/**
+ * Whether a sandbox matches a `top` filter: empty matches all; `k=v` matches label k
+ * equal to v, or (when the sandbox has no label k) the field `state`, `image` or `id`
+ * (a prefix) equal to v; anything else is a case-insensitive substring of the id, state,
+ * image or `k=v` labels.
+ */
+export function matchesFilter(s: Pick<SandboxStats, 'id' | 'state' | 'image' | 'labels'>, filter: string): boolean {
+  const f = filter.trim();
+  if (f === '') return true;
+  const eq = f.indexOf('=');
+  if (eq > 0) {
+    const k = f.slice(0, eq).trim();
+    const v = f.slice(eq + 1).trim();
+    if (Object.prototype.hasOwnProperty.call(s.labels, k)) return s.labels[k] === v;
+    if (k === 'state') return s.state === v;
+    if (k === 'image') return s.image === v;
+    if (k === 'id') return s.id.startsWith(v);
+    return false;
+  }
+  const needle = f.toLowerCase();
+  return [s.id, s.state, s.image, formatLabels(s.labels)].some((x) => x.toLowerCase().includes(needle));
+}
+
+/** `a` before `b` under `sort`; unknown values last, ties broken by id. */
+function compare(a: TopRow, b: TopRow, sort: TopSort): number {
+  const desc = (x: number | null, y: number | null) => (x === y ? 0 : x === null ? 1 : y === null ? -1 : y - x);
+  let c = 0;
+  if (sort === 'cpu') c = desc(a.cpuPercent, b.cpuPercent);
+  else if (sort === 'mem') c = desc(a.memoryBytes, b.memoryBytes);
+  else if (sort === 'age') c = a.ageMs - b.ageMs;
+  return c !== 0 ? c : a.id.localeCompare(b.id);
+}
+
+/**
+ * The rows of `cur` (CPU% against `prev`, when given), those matching `filter` (see
+ * {@link matchesFilter}), in `sort` order.
+ */
+export function renderTopRows(prev: StatsResponse | undefined, cur: StatsResponse, sort: TopSort, filter = ''): TopRow[] {
+  const before = new Map((prev?.sandboxes ?? []).map((s) => [s.id, s]));
+  const elapsedMs = prev ? cur.time - prev.time : 0;
+  const rows: TopRow[] = [];
+  for (const s of cur.sandboxes) {
+    if (!matchesFilter(s, filter)) continue;
+    rows.push({
+      id: s.id,
+      state: s.state,
+      image: s.image,
+      labels: s.labels,
+      cpuPercent: s.state === 'running' ? cpuPercent(before.get(s.id), s, elapsedMs) : null,
+      memoryBytes: s.memory_bytes,
+      memoryLimitBytes: s.memory_limit_bytes,
+      pids: s.pids,
+      ageMs: Math.max(0, cur.time - s.created_at),
+    });
+  }
+  return rows.sort((a, b) => compare(a, b, sort));
+}
+
+/** A row's cells, in {@link TOP_COLUMNS} order. */
+export function topCells(r: TopRow): string[] {
+  const opt = (n: number | null, f: (n: number) => string) => (n === null ? '-' : f(n));
+  return [
+    r.id.slice(0, SHORT_ID),
+    r.state,
+    opt(r.cpuPercent, (n) => n.toFixed(1)),
+    opt(r.memoryBytes, formatBytes),
+    opt(r.memoryLimitBytes, formatBytes),
+    opt(r.pids, String),
+    formatAge(r.ageMs),
+    formatLabels(r.labels),
+  ];
+}
+
+/** The host line of `top`'s header. */
+export interface TopHost {
+  cores: number;
+  /** Host CPU busy, percent of all cores; null when unknown. */
+  cpuPercent: number | null;
+  memoryUsedBytes: number;
+  memoryTotalBytes: number;
+  loadAvg: number[];
+}
+
+/** The host header line: `host: 2 cores, cpu 12%, mem 3.1GiB / 24GiB, load 0.52 0.40 0.33`. */
+export function renderTopHeader(h: TopHost, sandboxes: number, shown: number): string {
+  const cpu = h.cpuPercent === null ? '' : `, cpu ${h.cpuPercent.toFixed(0)}%`;
+  const load = h.loadAvg.slice(0, 3).map((l) => l.toFixed(2)).join(' ');
+  const count = shown === sandboxes ? `${sandboxes} sandboxes` : `${shown} of ${sandboxes} sandboxes`;
+  return `host: ${h.cores} cores${cpu}, mem ${formatBytes(h.memoryUsedBytes)} / ${formatBytes(h.memoryTotalBytes)}, load ${load}; ${count}`;
+}
+
+/** The host block of a stats sample as a {@link TopHost} (the fallback when systeminformation fails). */
+export function hostFromStats(s: StatsResponse): TopHost {
+  return {
+    cores: s.host.cores,
+    cpuPercent: null,
+    memoryUsedBytes: Math.max(0, s.host.memory_bytes - s.host.memory_available_bytes),
+    memoryTotalBytes: s.host.memory_bytes,
+    loadAvg: s.host.load_avg,
+  };
+}
+
+/** The plain table of `top --once` (and of a non-terminal stdout): header first even when empty. */
+export function renderTopTable(rows: TopRow[], opts: { color?: boolean } = {}): string {
+  const t = makeTable([...TOP_COLUMNS], { color: opts.color ?? false });
+  for (const r of rows) t.push(topCells(r));
+  return tableText(t);
+}
+
+/** A row as `top --json` prints it: the full id and raw numbers (CPU% rounded to 0.1). */
+export function topRowJson(r: TopRow): Record<string, unknown> {
+  return {
+    id: r.id,
+    state: r.state,
+    image: r.image,
+    labels: r.labels,
+    cpu_percent: r.cpuPercent === null ? null : Math.round(r.cpuPercent * 10) / 10,
+    memory_bytes: r.memoryBytes,
+    memory_limit_bytes: r.memoryLimitBytes,
+    pids: r.pids,
+    age_ms: r.ageMs,
+  };
+}

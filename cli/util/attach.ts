@@ -1,0 +1,173 @@
+/**
+ * Running the local end of an attached exec session, shared by `exec -i/-t` and `attach`:
+ * output to our stdout/stderr (with backpressure), our stdin to the command, terminal
+ * resizes to its PTY, interrupts, and the terminal restored on every way out.
+ *
+ * Keys and signals:
+ * - raw mode (a tty session, our stdin a terminal, stdin forwarded): every key goes to
+ *   the command, ^C as byte 3 (the PTY inside turns it into SIGINT, as with ssh or
+ *   docker); with `detachKeys`, Ctrl-P Ctrl-Q detaches;
+ * - otherwise the first SIGINT is forwarded to the command as a signal, and a second
+ *   SIGINT (or a SIGTERM) makes us let go (for `exec`, which attached with
+ *   kill_on_detach, that kills the command);
+ * - in raw mode a SIGTERM sent to dsec lets go too.
+ */
+import type { ExecAttachmentHandle, ExecInfo } from '../../sdk/index.js';
+import type { Ctx } from './context.js';
+import type { InStream, OutStream } from './io.js';
+import { DetachKeys, enterRawMode, terminalSize } from './terminal.js';
+
+/** How {@link runAttached} drives a session. */
+export interface AttachedOptions {
+  /** The session has a PTY: forward our terminal's size changes. */
+  tty: boolean;
+  /** Put our stdin in raw mode (only when it is a terminal and is forwarded). */
+  raw: boolean;
+  /** Forward our stdin to the command. */
+  stdin: boolean;
+  /** When our stdin ends, close the command's stdin (`exec -i`); `attach` leaves it open. */
+  eofOnEnd: boolean;
+  /** Ctrl-P Ctrl-Q detaches (raw mode only). */
+  detachKeys: boolean;
+  /** Send our terminal's size once attached (re-attaching to a tty session). */
+  sendSize: boolean;
+}
+
+/** How an attached session ended (an error rejects instead). */
+export type AttachedOutcome =
+  | { kind: 'exit'; info: ExecInfo }
+  | { kind: 'detached' }
+  | { kind: 'interrupted'; signal: NodeJS.Signals };
+
+/**
+ * Drives `att` until the command exits, we detach, or an interrupt makes us let go;
+ * rejects with the attachment's error (an error message from dsecd, a dropped
+ * connection). Our terminal is restored and our stdin released before it settles.
+ */
+export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: AttachedOptions): Promise<AttachedOutcome> {
+  const { stdin, stdout, stderr } = ctx.io;
+  const cleanups: (() => void)[] = [];
+  let interrupted: NodeJS.Signals | undefined;
+  let detached = false;
+  let forwardedSigint = false;
+
+  // Output, pausing the socket while a slow stdout (a pipe) catches up.
+  att.on('stdout', (b) => writeWithBackpressure(stdout, b, att));
+  att.on('stderr', (b) => writeWithBackpressure(stderr, b, att));
+
+  try {
+    if (opts.raw) cleanups.push(enterRawMode(stdin));
+
+    if (opts.tty && stdout.isTTY && typeof stdout.on === 'function') {
+      const onResize = () => {
+        const { rows, cols } = terminalSize(stdout);
+        att.resize(rows, cols);
+      };
+      stdout.on('resize', onResize);
+      cleanups.push(() => stdout.off?.('resize', onResize));
+      if (opts.sendSize) onResize();
+    }
+
+    if (opts.stdin) cleanups.push(forwardStdin(stdin, att, opts, () => {
+      detached = true;
+      att.close();
+    }));
+
+    const unregister = ctx.io.onInterrupt((sig) => {
+      if (sig === 'SIGINT' && !opts.raw && !forwardedSigint) {
+        forwardedSigint = true;
+        att.signal('SIGINT');
+        return;
+      }
+      interrupted ??= sig;
+      att.close();
+    });
+    cleanups.push(unregister);
+
+    const info = await att.done;
+    if (info) return { kind: 'exit', info };
+    if (interrupted) return { kind: 'interrupted', signal: interrupted };
+    return detached ? { kind: 'detached' } : { kind: 'interrupted', signal: 'SIGTERM' };
+  } finally {
+    // Last in, first out: stop reading stdin before leaving raw mode.
+    for (const c of cleanups.reverse()) c();
+    att.close();
+  }
+}
+
+/**
+ * Forwards `stdin` to the attachment (with backpressure, and the detach keys in raw
+ * mode) and returns the function that stops it and releases stdin.
+ */
+function forwardStdin(stdin: InStream, att: ExecAttachmentHandle, opts: AttachedOptions, detach: () => void): () => void {
+  const keys = opts.raw && opts.detachKeys ? new DetachKeys() : undefined;
+  let stopped = false;
+  const onData = (chunk: string | Uint8Array) => {
+    if (stopped) return;
+    let bytes: Buffer = typeof chunk === 'string' ? Buffer.from(chunk, 'utf8') : Buffer.from(chunk);
+    if (keys) {
+      const r = keys.feed(bytes);
+      bytes = r.forward;
+      if (r.detach) {
+        if (bytes.length > 0) att.write(bytes);
+        detach();
+        return;
+      }
+    }
+    if (bytes.length === 0) return;
+    if (!att.write(bytes) && typeof stdin.pause === 'function') {
+      stdin.pause();
+      att.once('drain', () => {
+        if (!stopped) stdin.resume?.();
+      });
+    }
+  };
+  const onEnd = () => {
+    if (!stopped && opts.eofOnEnd) att.eof();
+  };
+  // A failing stdin (EIO on a terminal that went away) is treated as its end.
+  const onError = () => onEnd();
+
+  if (typeof stdin.on === 'function') {
+    stdin.on('data', onData);
+    stdin.on('end', onEnd);
+    stdin.on('error', onError);
+    stdin.resume?.();
+    return () => {
+      stopped = true;
+      stdin.off?.('data', onData);
+      stdin.off?.('end', onEnd);
+      stdin.off?.('error', onError);
+      // Paused, a terminal stdin no longer keeps the process alive.
+      stdin.pause?.();
+    };
+  }
+  // A bare async iterable (no events): read it in the background; it cannot be cancelled.
+  void (async () => {
+    try {
+      for await (const c of stdin) {
+        if (stopped) return;
+        onData(c);
+      }
+      onEnd();
+    } catch {
+      onEnd();
+    }
+  })();
+  return () => {
+    stopped = true;
+  };
+}
+
+/** Writes `b` to `out`; when `out` is full (a slow pipe), pauses the attachment until it drains. */
+function writeWithBackpressure(out: OutStream, b: Buffer, att: ExecAttachmentHandle): void {
+  const ok = out.write(b);
+  if (ok === false && typeof out.on === 'function') {
+    att.pause();
+    const onDrain = () => {
+      out.off?.('drain', onDrain);
+      att.resume();
+    };
+    out.on('drain', onDrain);
+  }
+}

@@ -535,6 +535,13 @@ describe('events', () => {
     expect(seen[0].query.has('follow')).toBe(false);
   });
 
+  it('--label k=v (repeatable) filters like a selector', async () => {
+    routes['GET /v1/events'] = stream();
+    const r = await dsec(['events', '--label', 'job=a', '--label', 'round=3']);
+    expect(r.code).toBe(0);
+    expect(seen[0].query.get('selector')).toBe('job=a,round=3');
+  });
+
   it('--json prints NDJSON, one Event per line', async () => {
     routes['GET /v1/events'] = stream();
     const r = await dsec(['events', '--json']);

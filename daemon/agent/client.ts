@@ -589,39 +589,26 @@ export class AgentClient {
     // Failures are reported through `done`; without this, destroying a stream nobody
     // listens to would crash the process with an unhandled 'error' event.
     readable.on('error', () => {});
-    const sink: StreamSink = {
-      onFrame: (f) => {
-        switch (f.type) {
-          case FrameType.FILE_INFO:
-            resolveInfo(decodeFileInfo(f.payload));
-            return;
-          case FrameType.FILE_DATA:
-            if (!finished && !readable.push(f.payload)) this.pauseFor(stream);
-            return;
-          case FrameType.FILE_DONE:
-            this.streams.delete(f.stream);
-            if (finished) return;
-            finished = true;
-            this.unpauseFor(stream);
-            readable.push(null);
-            resolveDone();
-            return;
-          case FrameType.FILE_ERROR: {
-            this.streams.delete(f.stream);
-            const x = decodeFileError(f.payload);
-            fail(new AgentFileError(x.errno, x.message));
-            return;
-          }
-          case FrameType.ERROR:
-            this.streams.delete(f.stream);
-            fail(streamError(f.stream, f.payload));
-            return;
-          default:
-            return;
-        }
-      },
-      fail,
-    };
+    const sink = this.fileSink((f) => {
+      switch (f.type) {
+        case FrameType.FILE_INFO:
+          resolveInfo(decodeFileInfo(f.payload));
+          return;
+        case FrameType.FILE_DATA:
+          if (!finished && !readable.push(f.payload)) this.pauseFor(stream);
+          return;
+        case FrameType.FILE_DONE:
+          this.streams.delete(f.stream);
+          if (finished) return;
+          finished = true;
+          this.unpauseFor(stream);
+          readable.push(null);
+          resolveDone();
+          return;
+        default:
+          return;
+      }
+    }, fail);
     this.startFileOp(stream, sink, FrameType.FILE_READ, payload);
     return { info, stream: readable, done };
   }
@@ -670,37 +657,24 @@ export class AgentClient {
       // otherwise only notice at its next chunk).
       if (source instanceof Readable && !source.destroyed) source.destroy();
     };
-    const sink: StreamSink = {
-      onFrame: (f) => {
-        switch (f.type) {
-          case FrameType.FILE_ACK:
-            acked = decodeU64(f.payload, 'FILE_ACK');
+    const sink = this.fileSink((f) => {
+      switch (f.type) {
+        case FrameType.FILE_ACK:
+          acked = decodeU64(f.payload, 'FILE_ACK');
+          wakeUp();
+          return;
+        case FrameType.FILE_DONE:
+          this.streams.delete(f.stream);
+          if (!settled) {
+            settled = true;
+            resolveResult({ bytes: decodeU64(f.payload, 'FILE_DONE') });
             wakeUp();
-            return;
-          case FrameType.FILE_DONE:
-            this.streams.delete(f.stream);
-            if (!settled) {
-              settled = true;
-              resolveResult({ bytes: decodeU64(f.payload, 'FILE_DONE') });
-              wakeUp();
-            }
-            return;
-          case FrameType.FILE_ERROR: {
-            this.streams.delete(f.stream);
-            const x = decodeFileError(f.payload);
-            fail(new AgentFileError(x.errno, x.message));
-            return;
           }
-          case FrameType.ERROR:
-            this.streams.delete(f.stream);
-            fail(streamError(f.stream, f.payload));
-            return;
-          default:
-            return;
-        }
-      },
-      fail,
-    };
+          return;
+        default:
+          return;
+      }
+    }, fail);
     this.startFileOp(stream, sink, FrameType.FILE_WRITE, payload);
     const iterable: AsyncIterable<unknown> = Buffer.isBuffer(source) ? [source] as unknown as AsyncIterable<unknown> : source;
     // The pump runs on its own: `result` settles on the agent's answer or on connection
@@ -856,31 +830,41 @@ export class AgentClient {
   private simpleFileOp(type: number, payload: Buffer, onFrame: (f: Frame) => void): Promise<void> {
     return new Promise<void>((resolve, reject) => {
       const stream = this.allocStream();
-      const sink: StreamSink = {
-        onFrame: (f) => {
-          switch (f.type) {
-            case FrameType.FILE_DONE:
-              this.streams.delete(f.stream);
-              resolve();
-              return;
-            case FrameType.FILE_ERROR: {
-              this.streams.delete(f.stream);
-              const x = decodeFileError(f.payload);
-              reject(new AgentFileError(x.errno, x.message));
-              return;
-            }
-            case FrameType.ERROR:
-              this.streams.delete(f.stream);
-              reject(streamError(f.stream, f.payload));
-              return;
-            default:
-              onFrame(f);
-          }
-        },
-        fail: reject,
-      };
+      const sink = this.fileSink((f) => {
+        if (f.type === FrameType.FILE_DONE) {
+          this.streams.delete(f.stream);
+          resolve();
+        } else {
+          onFrame(f);
+        }
+      }, reject);
       this.startFileOp(stream, sink, type, payload);
     });
+  }
+
+  /**
+   * The sink of a file stream. FILE_ERROR and ERROR end the stream the same way for every
+   * operation: it is forgotten and `fail` gets an {@link AgentFileError} or the stream
+   * error (see streamError). Every other frame goes to `onFrame`; `fail` also receives
+   * connection loss.
+   */
+  private fileSink(onFrame: (f: Frame) => void, fail: (err: Error) => void): StreamSink {
+    return {
+      onFrame: (f) => {
+        if (f.type !== FrameType.FILE_ERROR && f.type !== FrameType.ERROR) {
+          onFrame(f);
+          return;
+        }
+        this.streams.delete(f.stream);
+        if (f.type === FrameType.ERROR) {
+          fail(streamError(f.stream, f.payload));
+        } else {
+          const x = decodeFileError(f.payload);
+          fail(new AgentFileError(x.errno, x.message));
+        }
+      },
+      fail,
+    };
   }
 
   /** A readFile consumer is behind: stop reading the socket (all streams). */

@@ -296,10 +296,18 @@ export class SandboxManager {
       // The agent connection dropped: tell a stop/destroy that raced the command from a dead init.
       const now = this.d.repo.find(id);
       if (!now) throw conflict(`sandbox ${id} was destroyed while the command ran`);
+      if (now.state === 'failed') {
+        throw failedPrecondition(`sandbox ${id} is failed: ${now.error ?? 'its init exited'}; start it again with \`dsec start ${id}\` or destroy it`);
+      }
       if (now.desired === 'destroyed' || now.desired === 'stopped' || now.state !== 'running') {
         throw conflict(`sandbox ${id} was ${now.desired ?? now.state} while the command ran`);
       }
-      if (!(await drv.isAlive(sb))) throw await this.markDead(id);
+      // The connection can drop a moment before the dying init is visibly gone (exit in
+      // progress, not yet a zombie): look again for up to 1 s before calling it alive.
+      for (let i = 0; i < 20; i++) {
+        if (!(await drv.isAlive(sb))) throw await this.markDead(id);
+        await new Promise((r) => setTimeout(r, 50));
+      }
       throw e;
     });
     if (r.kind === 'exec_error') {

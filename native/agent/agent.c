@@ -285,6 +285,26 @@ struct fop {
 	struct fop *next, *prev;
 };
 
+/* Doubly linked lists threaded through a pair of next/prev fields of their elements
+ * (conn.next/prev, exec.cnext/cprev and gnext/gprev, fop.next/prev): push x at the head,
+ * or unlink x (its own next/prev fields are left as they are). */
+#define DL_PUSH(head, x, next, prev)          \
+	do {                                  \
+		(x)->next = (head);           \
+		if (head)                     \
+			(head)->prev = (x);   \
+		(head) = (x);                 \
+	} while (0)
+#define DL_UNLINK(head, x, next, prev)                \
+	do {                                          \
+		if ((x)->prev)                        \
+			(x)->prev->next = (x)->next;  \
+		else                                  \
+			(head) = (x)->next;           \
+		if ((x)->next)                        \
+			(x)->next->prev = (x)->prev;  \
+	} while (0)
+
 /* ---- globals ---------------------------------------------------------------------- */
 
 static int g_epfd = -1;
@@ -369,6 +389,33 @@ static void put_u64(unsigned char *p, uint64_t v)
 static uint64_t get_u64(const unsigned char *p)
 {
 	return ((uint64_t)get_u32(p) << 32) | get_u32(p + 4);
+}
+
+/* One field of a TLV payload (EXEC and file requests): u8 tag, u32 BE length, value. */
+struct tlv {
+	unsigned tag;
+	uint32_t len;
+	const unsigned char *v;
+};
+
+enum tlv_result { TLV_END = 0, TLV_FIELD, TLV_TRUNCATED, TLV_OVERRUN };
+
+/* Read the field at *off of the payload p (len bytes) and advance *off past it. Returns
+ * TLV_FIELD, TLV_END after the last field, TLV_TRUNCATED for a partial field header
+ * (*off unchanged) or TLV_OVERRUN when the value runs past the payload (t->tag is set). */
+static enum tlv_result tlv_next(const unsigned char *p, size_t len, size_t *off, struct tlv *t)
+{
+	if (*off >= len)
+		return TLV_END;
+	if (len - *off < 5)
+		return TLV_TRUNCATED;
+	t->tag = p[*off];
+	t->len = get_u32(p + *off + 1);
+	if (t->len > len - *off - 5)
+		return TLV_OVERRUN;
+	t->v = p + *off + 5;
+	*off += 5 + (size_t)t->len;
+	return TLV_FIELD;
 }
 
 static void *xmalloc(size_t n)
@@ -549,20 +596,34 @@ static void send_frame(struct conn *c, unsigned type, uint32_t stream, const voi
 	send_frame2(c, type, stream, p, n, NULL, 0);
 }
 
+/* EXEC_ERROR or FILE_ERROR: u32 errno, then the message (n bytes). */
+static void send_errno_frame(struct conn *c, unsigned type, uint32_t stream, int err, const char *msg, size_t n)
+{
+	unsigned char b[4];
+	put_u32(b, (uint32_t)err);
+	send_frame2(c, type, stream, b, 4, msg, n);
+}
+
+/* vsnprintf into msg (cap bytes); returns the length of what fits (truncated, never < 0). */
+static size_t vformat(char *msg, size_t cap, const char *fmt, va_list ap) __attribute__((format(printf, 3, 0)));
+static size_t vformat(char *msg, size_t cap, const char *fmt, va_list ap)
+{
+	int n = vsnprintf(msg, cap, fmt, ap);
+	if (n < 0)
+		return 0;
+	return (size_t)n >= cap ? cap - 1 : (size_t)n;
+}
+
 static void send_error(struct conn *c, uint32_t stream, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static void send_error(struct conn *c, uint32_t stream, const char *fmt, ...)
 {
 	char msg[512];
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	size_t n = vformat(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	if (n < 0)
-		n = 0;
-	if ((size_t)n >= sizeof msg)
-		n = sizeof msg - 1;
 	logf_("conn=%u stream=%u error: %s", c->id, stream, msg);
-	send_frame(c, F_ERROR, stream, msg, (size_t)n);
+	send_frame(c, F_ERROR, stream, msg, n);
 }
 
 /* A fatal protocol error: ERROR on stream 0, stop reading, close once it is flushed. */
@@ -572,14 +633,10 @@ static void conn_fatal(struct conn *c, const char *fmt, ...)
 	char msg[512];
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	size_t n = vformat(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	if (n < 0)
-		n = 0;
-	if ((size_t)n >= sizeof msg)
-		n = sizeof msg - 1;
 	logf_("conn=%u fatal protocol error: %s", c->id, msg);
-	send_frame(c, F_ERROR, 0, msg, (size_t)n);
+	send_frame(c, F_ERROR, 0, msg, n);
 	c->closing = 1;
 	watch_set(&c->w, 0);
 }
@@ -632,14 +689,19 @@ static void stdin_over_update(struct exec *e)
 	}
 }
 
-static void stdin_queue_free(struct exec *e)
+/* Free a queue of chunks (stdin or outbound). */
+static void chunks_free(struct chunk *ch)
 {
-	struct chunk *ch = e->iq_head;
 	while (ch) {
 		struct chunk *n = ch->next;
 		free(ch);
 		ch = n;
 	}
+}
+
+static void stdin_queue_free(struct exec *e)
+{
+	chunks_free(e->iq_head);
 	e->iq_head = e->iq_tail = NULL;
 	e->iq_bytes = 0;
 	stdin_over_update(e);
@@ -695,12 +757,7 @@ static void conn_unlink_exec(struct exec *e)
 		c->stdin_over--;
 		conn_resume_input(c);
 	}
-	if (e->cprev)
-		e->cprev->cnext = e->cnext;
-	else
-		c->execs = e->cnext;
-	if (e->cnext)
-		e->cnext->cprev = e->cprev;
+	DL_UNLINK(c->execs, e, cnext, cprev);
 	e->cnext = e->cprev = NULL;
 	e->c = NULL;
 }
@@ -735,12 +792,7 @@ static void exec_finish(struct exec *e)
 
 static void exec_free_later(struct exec *e)
 {
-	if (e->gprev)
-		e->gprev->gnext = e->gnext;
-	else
-		g_execs = e->gnext;
-	if (e->gnext)
-		e->gnext->gprev = e->gprev;
+	DL_UNLINK(g_execs, e, gnext, gprev);
 	e->gnext = e->gprev = NULL;
 	e->grave_next = g_exec_grave;
 	g_exec_grave = e;
@@ -769,19 +821,14 @@ static void exec_send_exec_error(struct exec *e, int stage, int err)
 		snprintf(msg, sizeof msg, "chdir: %s: %s", e->cwd, strerror(err));
 		break;
 	case ST_USER_UNKNOWN:
-		snprintf(msg, sizeof msg, "user: %s: unknown user", e->user);
-		break;
 	case ST_GROUP_UNKNOWN:
-		snprintf(msg, sizeof msg, "user: %s: unknown group", e->user);
+		snprintf(msg, sizeof msg, "user: %s: unknown %s", e->user, stage == ST_USER_UNKNOWN ? "user" : "group");
 		break;
 	case ST_SETGROUPS:
-		snprintf(msg, sizeof msg, "user: %s: setgroups: %s", e->user, strerror(err));
-		break;
 	case ST_SETGID:
-		snprintf(msg, sizeof msg, "user: %s: setgid: %s", e->user, strerror(err));
-		break;
 	case ST_SETUID:
-		snprintf(msg, sizeof msg, "user: %s: setuid: %s", e->user, strerror(err));
+		snprintf(msg, sizeof msg, "user: %s: %s: %s", e->user,
+			 stage == ST_SETGROUPS ? "setgroups" : stage == ST_SETGID ? "setgid" : "setuid", strerror(err));
 		break;
 	case ST_EXEC:
 		snprintf(msg, sizeof msg, "exec: %s: %s", e->argv0, strerror(err));
@@ -792,9 +839,7 @@ static void exec_send_exec_error(struct exec *e, int stage, int err)
 	}
 	if (e->c) {
 		logf_("conn=%u stream=%u pid=%d exec error: %s", e->c->id, e->stream, (int)e->pid, msg);
-		unsigned char b[4];
-		put_u32(b, (uint32_t)err);
-		send_frame2(e->c, F_EXEC_ERROR, e->stream, b, 4, msg, strlen(msg));
+		send_errno_frame(e->c, F_EXEC_ERROR, e->stream, err, msg, strlen(msg));
 	}
 	exec_finish(e);
 }
@@ -1438,12 +1483,28 @@ static struct fop *conn_find_fop(struct conn *c, uint32_t stream)
 	return NULL;
 }
 
+/* A new stream (EXEC or a file request) must not reuse a live stream id: answers ERROR and
+ * returns 1 if it does. */
+static int stream_in_use(struct conn *c, uint32_t stream)
+{
+	if (!conn_find_exec(c, stream) && !conn_find_fop(c, stream))
+		return 0;
+	send_error(c, stream, "stream %u is already in use", stream);
+	return 1;
+}
+
+/* In handle_exec: if bad, answer ERROR "malformed EXEC: <what>" on the stream. Returns bad. */
+static int exec_malformed(struct conn *c, uint32_t stream, int bad, const char *what)
+{
+	if (bad)
+		send_error(c, stream, "malformed EXEC: %s", what);
+	return bad;
+}
+
 static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t len)
 {
-	if (conn_find_exec(c, stream) || conn_find_fop(c, stream)) {
-		send_error(c, stream, "stream %u is already in use", stream);
+	if (stream_in_use(c, stream))
 		return;
-	}
 	/* Pass 1: validate and size. */
 	size_t nargv = 0, nenv = 0, strbytes = 0;
 	const unsigned char *cwd = NULL, *user = NULL;
@@ -1452,20 +1513,20 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	r.cwd = "/";
 	r.user = "0";
 	size_t off = 0;
-	while (off < len) {
-		if (len - off < 5) {
+	struct tlv t;
+	enum tlv_result rc;
+	while ((rc = tlv_next(p, len, &off, &t)) != TLV_END) {
+		if (rc == TLV_TRUNCATED) {
 			send_error(c, stream, "malformed EXEC: truncated field header at offset %zu", off);
 			return;
 		}
-		unsigned tag = p[off];
-		uint32_t flen = get_u32(p + off + 1);
-		off += 5;
-		if (flen > len - off) {
-			send_error(c, stream, "malformed EXEC: field %u overruns the payload", tag);
+		if (rc == TLV_OVERRUN) {
+			send_error(c, stream, "malformed EXEC: field %u overruns the payload", t.tag);
 			return;
 		}
-		const unsigned char *v = p + off;
-		off += flen;
+		unsigned tag = t.tag;
+		uint32_t flen = t.len;
+		const unsigned char *v = t.v;
 		switch (tag) {
 		case T_ARGV:
 		case T_ENV:
@@ -1485,67 +1546,51 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 			strbytes += flen + 1;
 			break;
 		case T_ENV:
-			if (!memchr(v, '=', flen)) {
-				send_error(c, stream, "malformed EXEC: ENV entry without '='");
+			if (exec_malformed(c, stream, !memchr(v, '=', flen), "ENV entry without '='"))
 				return;
-			}
 			nenv++;
 			strbytes += flen + 1;
 			break;
 		case T_CWD:
-			if (flen == 0) {
-				send_error(c, stream, "malformed EXEC: empty CWD");
+			if (exec_malformed(c, stream, flen == 0, "empty CWD"))
 				return;
-			}
 			cwd = v;
 			cwd_len = flen;
 			break;
 		case T_USER:
-			if (flen == 0) {
-				send_error(c, stream, "malformed EXEC: empty USER");
+			if (exec_malformed(c, stream, flen == 0, "empty USER"))
 				return;
-			}
 			user = v;
 			user_len = flen;
 			break;
 		case T_TIMEOUT_MS:
-			if (flen != 4) {
-				send_error(c, stream, "malformed EXEC: TIMEOUT_MS must be 4 bytes");
+			if (exec_malformed(c, stream, flen != 4, "TIMEOUT_MS must be 4 bytes"))
 				return;
-			}
 			r.timeout_ms = get_u32(v);
 			break;
 		case T_STDIN:
-			if (flen != 1) {
-				send_error(c, stream, "malformed EXEC: STDIN must be 1 byte");
+			if (exec_malformed(c, stream, flen != 1, "STDIN must be 1 byte"))
 				return;
-			}
 			r.want_stdin = v[0] != 0;
 			break;
 		case T_TTY:
-			if (flen != 4) {
-				send_error(c, stream, "malformed EXEC: TTY must be 4 bytes (u16 rows, u16 cols)");
+			if (exec_malformed(c, stream, flen != 4, "TTY must be 4 bytes (u16 rows, u16 cols)"))
 				return;
-			}
 			r.tty = 1;
 			r.rows = (uint16_t)((v[0] << 8) | v[1]);
 			r.cols = (uint16_t)((v[2] << 8) | v[3]);
 			break;
 		case T_DETACHED:
-			if (flen != 1) {
-				send_error(c, stream, "malformed EXEC: DETACHED must be 1 byte");
+			if (exec_malformed(c, stream, flen != 1, "DETACHED must be 1 byte"))
 				return;
-			}
 			r.detached = v[0] != 0;
 			break;
 		default:
 			break; /* unknown tags are ignored (forward compatibility) */
 		}
 	}
-	if (nargv == 0) {
-		send_error(c, stream, "malformed EXEC: at least one ARGV field is required");
+	if (exec_malformed(c, stream, nargv == 0, "at least one ARGV field is required"))
 		return;
-	}
 
 	/* Pass 2: build argv/envp in one block (freed right after fork; the child has a copy).
 	 * envp has room for TERM=xterm, added for a TTY exec whose ENV has no TERM. */
@@ -1553,20 +1598,16 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	char **envp = xmalloc(sizeof(char *) * (nenv + 2));
 	char *strs = xmalloc(strbytes);
 	size_t ai = 0, ei = 0, so = 0;
-	for (off = 0; off < len;) {
-		unsigned tag = p[off];
-		uint32_t flen = get_u32(p + off + 1);
-		const unsigned char *v = p + off + 5;
-		off += 5 + flen;
-		if (tag != T_ARGV && tag != T_ENV)
+	for (off = 0; tlv_next(p, len, &off, &t) == TLV_FIELD;) {
+		if (t.tag != T_ARGV && t.tag != T_ENV)
 			continue;
-		memcpy(strs + so, v, flen);
-		strs[so + flen] = 0;
-		if (tag == T_ARGV)
+		memcpy(strs + so, t.v, t.len);
+		strs[so + t.len] = 0;
+		if (t.tag == T_ARGV)
 			argv[ai++] = strs + so;
 		else
 			envp[ei++] = strs + so;
-		so += flen + 1;
+		so += t.len + 1;
 	}
 	if (r.tty) {
 		int has_term = 0;
@@ -1632,9 +1673,7 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 		char msg[256];
 		snprintf(msg, sizeof msg, "spawn: %s", strerror(err));
 		logf_("conn=%u stream=%u %s", c->id, stream, msg);
-		unsigned char b[4];
-		put_u32(b, (uint32_t)err);
-		send_frame2(c, F_EXEC_ERROR, stream, b, 4, msg, strlen(msg));
+		send_errno_frame(c, F_EXEC_ERROR, stream, err, msg, strlen(msg));
 		free(e->argv0);
 		free(e->cwd);
 		free(e->user);
@@ -1651,14 +1690,8 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	e->is_tty = r.tty;
 	e->detached = r.detached;
 	e->c = c;
-	e->cnext = c->execs;
-	if (c->execs)
-		c->execs->cprev = e;
-	c->execs = e;
-	e->gnext = g_execs;
-	if (g_execs)
-		g_execs->gprev = e;
-	g_execs = e;
+	DL_PUSH(c->execs, e, cnext, cprev);
+	DL_PUSH(g_execs, e, gnext, gprev);
 	if (r.timeout_ms) {
 		e->deadline_ns = e->t0_ns + (uint64_t)r.timeout_ms * 1000000ull;
 		g_deadlines++;
@@ -1815,6 +1848,23 @@ static int open_parent(const char *path, const char **name)
 	return fd;
 }
 
+/* Create the final component of a normalized path: a directory with mode, or a symlink
+ * to target when target is set. Returns 0 or an errno (EEXIST for "/"). */
+static int create_final(const char *path, const char *target, mode_t mode)
+{
+	const char *name;
+	int dfd = open_parent(path, &name);
+	if (dfd < 0)
+		return errno;
+	int err = 0;
+	if (!*name)
+		err = EEXIST;
+	else if ((target ? symlinkat(target, dfd, name) : mkdirat(dfd, name, mode)) < 0)
+		err = errno;
+	close(dfd);
+	return err;
+}
+
 /* mkdir -p: create every missing directory of a normalized path (the final component
  * too when include_last; it gets last_mode, the others 0755), following symlinks to
  * directories like mkdir -p. Returns an O_PATH fd of the deepest directory handled, or
@@ -1960,16 +2010,10 @@ static void send_file_error(struct conn *c, uint32_t stream, int err, const char
 	char msg[1400];
 	va_list ap;
 	va_start(ap, fmt);
-	int n = vsnprintf(msg, sizeof msg, fmt, ap);
+	size_t n = vformat(msg, sizeof msg, fmt, ap);
 	va_end(ap);
-	if (n < 0)
-		n = 0;
-	if ((size_t)n >= sizeof msg)
-		n = sizeof msg - 1;
 	logf_("conn=%u stream=%u file error: %s", c->id, stream, msg);
-	unsigned char b[4];
-	put_u32(b, (uint32_t)err);
-	send_frame2(c, F_FILE_ERROR, stream, b, 4, msg, (size_t)n);
+	send_errno_frame(c, F_FILE_ERROR, stream, err, msg, n);
 }
 
 /* "<op> <path>: <strerror>"; ELOOP gets a hint, since a refused magic link reports it. */
@@ -1977,6 +2021,29 @@ static void file_fail(struct conn *c, uint32_t stream, const char *op, const cha
 {
 	send_file_error(c, stream, err, "%s %.1024s: %s%s", op, path, strerror(err),
 			err == ELOOP ? " (a symlink loop, or a /proc magic link, which is refused)" : "");
+}
+
+/* The end of the part of a file operation that runs as the user: restore the agent's
+ * identity (cred_leave), then, if err is set, answer FILE_ERROR (err -1: EINVAL "not a
+ * regular file"). Returns 0 when err was 0, else -1 (the caller cleans up and stops). */
+static int file_leave(struct conn *c, uint32_t stream, const char *op, const char *path, int err)
+{
+	cred_leave();
+	if (!err)
+		return 0;
+	if (err < 0)
+		send_file_error(c, stream, EINVAL, "%s %s: not a regular file", op, path);
+	else
+		file_fail(c, stream, op, path, err);
+	return -1;
+}
+
+/* FILE_ACK or FILE_DONE carrying a u64 byte count. */
+static void send_u64(struct conn *c, unsigned type, uint32_t stream, uint64_t v)
+{
+	unsigned char b[8];
+	put_u64(b, v);
+	send_frame(c, type, stream, b, 8);
 }
 
 struct file_req {
@@ -2011,21 +2078,21 @@ static int file_req_parse(struct conn *c, uint32_t stream, const char *op, const
 	const char *bad = NULL;
 	int bad_tag = 0;
 	size_t off = 0;
-	while (off < len && !bad) {
-		if (len - off < 5) {
+	struct tlv t;
+	enum tlv_result rc;
+	while (!bad && (rc = tlv_next(p, len, &off, &t)) != TLV_END) {
+		if (rc == TLV_TRUNCATED) {
 			bad = "truncated field header";
 			break;
 		}
-		unsigned tag = p[off];
-		uint32_t flen = get_u32(p + off + 1);
-		off += 5;
-		if (flen > len - off) {
+		if (rc == TLV_OVERRUN) {
 			bad = "field overruns the payload";
-			bad_tag = (int)tag;
+			bad_tag = (int)t.tag;
 			break;
 		}
-		const unsigned char *v = p + off;
-		off += flen;
+		unsigned tag = t.tag;
+		uint32_t flen = t.len;
+		const unsigned char *v = t.v;
 		switch (tag) {
 		case FT_PATH:
 			free(fr->path);
@@ -2147,10 +2214,7 @@ static struct fop *fop_new(struct conn *c, uint32_t stream, int kind, struct fil
 	f->cr = *cr;
 	f->path = fr->path; /* ownership moves to the fop */
 	fr->path = NULL;
-	f->next = c->fops;
-	if (c->fops)
-		c->fops->prev = f;
-	c->fops = f;
+	DL_PUSH(c->fops, f, next, prev);
 	return f;
 }
 
@@ -2159,12 +2223,7 @@ static struct fop *fop_new(struct conn *c, uint32_t stream, int kind, struct fil
 static void fop_free(struct fop *f)
 {
 	struct conn *c = f->c;
-	if (f->prev)
-		f->prev->next = f->next;
-	else
-		c->fops = f->next;
-	if (f->next)
-		f->next->prev = f->prev;
+	DL_UNLINK(c->fops, f, next, prev);
 	if (f->fd >= 0)
 		close(f->fd);
 	if (f->tmpname && f->dirfd >= 0) {
@@ -2208,11 +2267,8 @@ static void op_stat(struct conn *c, uint32_t stream, struct file_req *fr)
 	}
 	if (fd >= 0)
 		close(fd);
-	cred_leave();
-	if (err) {
-		file_fail(c, stream, "stat", fr->path, err);
+	if (file_leave(c, stream, "stat", fr->path, err))
 		return;
-	}
 	send_frame(c, F_FILE_INFO, stream, b, n);
 	send_frame(c, F_FILE_DONE, stream, NULL, 0);
 }
@@ -2235,22 +2291,10 @@ static void op_mkdir(struct conn *c, uint32_t stream, struct file_req *fr)
 		else
 			close(fd);
 	} else {
-		const char *name;
-		int dfd = open_parent(fr->path, &name);
-		if (dfd < 0)
-			err = errno;
-		else if (!*name)
-			err = EEXIST;
-		else if (mkdirat(dfd, name, mode) < 0)
-			err = errno;
-		if (dfd >= 0)
-			close(dfd);
+		err = create_final(fr->path, NULL, mode);
 	}
-	cred_leave();
-	if (err) {
-		file_fail(c, stream, "mkdir", fr->path, err);
+	if (file_leave(c, stream, "mkdir", fr->path, err))
 		return;
-	}
 	logf_("conn=%u stream=%u mkdir %s mode=%o parents=%d", c->id, stream, fr->path, (unsigned)mode,
 	      !!(fr->flags & WF_PARENTS));
 	send_frame(c, F_FILE_DONE, stream, NULL, 0);
@@ -2285,11 +2329,8 @@ static void op_remove(struct conn *c, uint32_t stream, struct file_req *fr)
 	}
 	if (dfd >= 0)
 		close(dfd);
-	cred_leave();
-	if (err) {
-		file_fail(c, stream, "remove", fr->path, err);
+	if (file_leave(c, stream, "remove", fr->path, err))
 		return;
-	}
 	logf_("conn=%u stream=%u remove %s recursive=%d", c->id, stream, fr->path, fr->recursive);
 	send_frame(c, F_FILE_DONE, stream, NULL, 0);
 }
@@ -2303,22 +2344,9 @@ static void op_symlink(struct conn *c, uint32_t stream, struct file_req *fr)
 	struct creds cr;
 	if (file_enter(c, stream, "symlink", fr, &cr) < 0)
 		return;
-	int err = 0;
-	const char *name;
-	int dfd = open_parent(fr->path, &name);
-	if (dfd < 0)
-		err = errno;
-	else if (!*name)
-		err = EEXIST;
-	else if (symlinkat(fr->target, dfd, name) < 0)
-		err = errno;
-	if (dfd >= 0)
-		close(dfd);
-	cred_leave();
-	if (err) {
-		file_fail(c, stream, "symlink", fr->path, err);
+	int err = create_final(fr->path, fr->target, 0);
+	if (file_leave(c, stream, "symlink", fr->path, err))
 		return;
-	}
 	send_frame(c, F_FILE_DONE, stream, NULL, 0);
 }
 
@@ -2349,14 +2377,9 @@ static void op_read(struct conn *c, uint32_t stream, struct file_req *fr)
 	}
 	if (pfd >= 0)
 		close(pfd);
-	cred_leave();
-	if (err) {
+	if (file_leave(c, stream, "read", fr->path, err)) {
 		if (fd >= 0)
 			close(fd);
-		if (err < 0)
-			send_file_error(c, stream, EINVAL, "read %s: not a regular file", fr->path);
-		else
-			file_fail(c, stream, "read", fr->path, err);
 		return;
 	}
 	unsigned char b[INFO_LEN];
@@ -2377,12 +2400,8 @@ static void op_list(struct conn *c, uint32_t stream, struct file_req *fr)
 	if (file_enter(c, stream, "list", fr, &cr) < 0)
 		return;
 	int fd = open_res(AT_FDCWD, fr->path, O_RDONLY | O_DIRECTORY, 0, 1);
-	int err = fd < 0 ? errno : 0;
-	cred_leave();
-	if (err) {
-		file_fail(c, stream, "list", fr->path, err);
+	if (file_leave(c, stream, "list", fr->path, fd < 0 ? errno : 0))
 		return;
-	}
 	struct fop *f = fop_new(c, stream, FOP_LIST, fr, &cr);
 	f->fd = fd;
 	f->dbuf = xmalloc(LIST_BUF);
@@ -2469,16 +2488,11 @@ static void op_write(struct conn *c, uint32_t stream, struct file_req *fr)
 	if (fd < 0)
 		err = errno;
 out:
-	cred_leave();
-	if (err) {
+	if (file_leave(c, stream, "write", fr->path, err)) {
 		if (fd >= 0)
 			close(fd);
 		if (dfd >= 0)
 			close(dfd);
-		if (err < 0)
-			send_file_error(c, stream, EINVAL, "write %s: not a regular file", fr->path);
-		else
-			file_fail(c, stream, "write", fr->path, err);
 		return;
 	}
 	struct fop *f = fop_new(c, stream, FOP_WRITE, fr, &cr);
@@ -2495,9 +2509,7 @@ out:
 	}
 	logf_("conn=%u stream=%u write %s user=%s flags=0x%x mode=%o", c->id, stream, f->path,
 	      fr->user ? fr->user : "0", fr->flags, (unsigned)mode);
-	unsigned char b[8];
-	put_u64(b, 0);
-	send_frame(c, F_FILE_ACK, stream, b, 8); /* open: the client may stream */
+	send_u64(c, F_FILE_ACK, stream, 0); /* open: the client may stream */
 }
 
 /* FILE_DATA of a write: write it all now (regular files do not block for long). */
@@ -2515,17 +2527,13 @@ static void fop_write_data(struct fop *f, const unsigned char *p, size_t len)
 		}
 		off += (size_t)n;
 	}
-	cred_leave();
-	if (err) {
-		file_fail(c, f->stream, "write", f->path, err);
+	if (file_leave(c, f->stream, "write", f->path, err)) {
 		fop_free(f);
 		return;
 	}
 	f->written += len;
 	if (f->written - f->acked >= FILE_ACK_EVERY) {
-		unsigned char b[8];
-		put_u64(b, f->written);
-		send_frame(c, F_FILE_ACK, f->stream, b, 8);
+		send_u64(c, F_FILE_ACK, f->stream, f->written);
 		f->acked = f->written;
 	}
 }
@@ -2568,14 +2576,9 @@ static void fop_write_commit(struct fop *f)
 			f->tmpname = NULL;
 		}
 	}
-	cred_leave();
-	if (err) {
-		file_fail(c, f->stream, "write", f->path, err);
-	} else {
+	if (!file_leave(c, f->stream, "write", f->path, err)) {
 		logf_("conn=%u stream=%u write %s: %llu bytes", c->id, f->stream, f->path, (unsigned long long)f->written);
-		unsigned char b[8];
-		put_u64(b, f->written);
-		send_frame(c, F_FILE_DONE, f->stream, b, 8);
+		send_u64(c, F_FILE_DONE, f->stream, f->written);
 	}
 	fop_free(f);
 }
@@ -2765,6 +2768,16 @@ static void handle_file_stream_frame(struct conn *c, struct fop *f, unsigned typ
 
 /* ---- inbound frames --------------------------------------------------------------- */
 
+/* A frame that belongs to a stream is a fatal protocol error on stream 0 (the control
+ * stream). Returns 1 if it came on stream 0. */
+static int on_control_stream(struct conn *c, unsigned type, uint32_t stream)
+{
+	if (stream != 0)
+		return 0;
+	conn_fatal(c, "frame type %u on stream 0", type);
+	return 1;
+}
+
 static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const unsigned char *p, size_t len)
 {
 	if (!c->helloed) {
@@ -2818,23 +2831,15 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 	case F_FILE_MKDIR:
 	case F_FILE_REMOVE:
 	case F_FILE_SYMLINK:
-		if (stream == 0) {
-			conn_fatal(c, "frame type %u on stream 0", type);
+		if (on_control_stream(c, type, stream) || stream_in_use(c, stream))
 			return;
-		}
-		if (conn_find_exec(c, stream) || conn_find_fop(c, stream)) {
-			send_error(c, stream, "stream %u is already in use", stream);
-			return;
-		}
 		handle_file_request(c, type, stream, p, len);
 		return;
 	case F_FILE_DATA:
 	case F_FILE_DONE:
 	case F_FILE_ERROR: {
-		if (stream == 0) {
-			conn_fatal(c, "frame type %u on stream 0", type);
+		if (on_control_stream(c, type, stream))
 			return;
-		}
 		struct fop *f = conn_find_fop(c, stream);
 		if (f)
 			handle_file_stream_frame(c, f, type, p, len);
@@ -2847,10 +2852,8 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 	case F_STDIN:
 	case F_STDIN_EOF:
 	case F_SIGNAL: {
-		if (stream == 0) {
-			conn_fatal(c, "frame type %u on stream 0", type);
+		if (on_control_stream(c, type, stream))
 			return;
-		}
 		struct exec *e = conn_find_exec(c, stream);
 		if (!e) {
 			struct fop *f = conn_find_fop(c, stream);
@@ -2984,22 +2987,12 @@ static void conn_destroy(struct conn *c, const char *why)
 	while (c->fops)
 		fop_free(c->fops); /* uncommitted writes leave no temp file behind */
 	watch_close(&c->w);
-	struct chunk *ch = c->oq_head;
-	while (ch) {
-		struct chunk *n = ch->next;
-		free(ch);
-		ch = n;
-	}
+	chunks_free(c->oq_head);
 	c->oq_head = c->oq_tail = NULL;
 	c->oq_bytes = 0;
 	free(c->in);
 	c->in = NULL;
-	if (c->prev)
-		c->prev->next = c->next;
-	else
-		g_conns = c->next;
-	if (c->next)
-		c->next->prev = c->prev;
+	DL_UNLINK(g_conns, c, next, prev);
 	c->grave_next = g_conn_grave;
 	g_conn_grave = c;
 }
@@ -3118,10 +3111,7 @@ static void on_accept(void)
 			free(c);
 			continue;
 		}
-		c->next = g_conns;
-		if (g_conns)
-			g_conns->prev = c;
-		g_conns = c;
+		DL_PUSH(g_conns, c, next, prev);
 		logf_("conn=%u accepted", c->id);
 	}
 }
@@ -3271,6 +3261,14 @@ static void flush_dirty(void)
 	}
 }
 
+/* An int SOL_SOCKET option of fd, or -1 if it cannot be read. */
+static int sock_opt(int fd, int opt)
+{
+	int v = 0;
+	socklen_t vl = sizeof v;
+	return getsockopt(fd, SOL_SOCKET, opt, &v, &vl) < 0 ? -1 : v;
+}
+
 static void usage(void)
 {
 	fprintf(stderr, "usage: " AGENT_NAME " --listen-fd N\n"
@@ -3292,13 +3290,7 @@ static int kill_children_via_proc(void)
 		if (n <= 0)
 			break;
 		for (long off = 0; off < n;) {
-			struct {
-				uint64_t ino;
-				int64_t off;
-				unsigned short reclen;
-				unsigned char type;
-				char name[];
-			} *d = (void *)(buf + off);
+			struct dirent64_ *d = (void *)(buf + off);
 			off += d->reclen;
 			uint32_t pid;
 			if (parse_id(d->name, &pid) != 0)
@@ -3396,19 +3388,15 @@ int main(int argc, char **argv)
 		prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
 
 	int lfd = (int)listen_fd;
-	int v = 0;
-	socklen_t vl = sizeof v;
-	if (getsockopt(lfd, SOL_SOCKET, SO_ACCEPTCONN, &v, &vl) < 0 || !v) {
+	if (sock_opt(lfd, SO_ACCEPTCONN) <= 0) {
 		logf_("fatal: fd %d is not a listening socket", lfd);
 		return 1;
 	}
-	vl = sizeof v;
-	if (getsockopt(lfd, SOL_SOCKET, SO_DOMAIN, &v, &vl) < 0 || v != AF_UNIX) {
+	if (sock_opt(lfd, SO_DOMAIN) != AF_UNIX) {
 		logf_("fatal: fd %d is not an AF_UNIX socket", lfd);
 		return 1;
 	}
-	vl = sizeof v;
-	if (getsockopt(lfd, SOL_SOCKET, SO_TYPE, &v, &vl) < 0 || v != SOCK_STREAM) {
+	if (sock_opt(lfd, SO_TYPE) != SOCK_STREAM) {
 		logf_("fatal: fd %d is not a SOCK_STREAM socket", lfd);
 		return 1;
 	}

@@ -4,73 +4,23 @@
  * not stop on signals sent from inside the sandbox. Needs root.
  */
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { AgentClient, type AgentExecResult } from '../../daemon/agent/client.js';
+import {
+  AGENT, BB, UnsharedAgents, agentHostPid, buildAgent, waitFor, type UnsharedAgent,
+} from '../fixtures/agent.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const AGENT = path.join(ROOT, 'native/agent/dsec-agent');
-const BB = '/bin/busybox';
 const ENV = ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'];
 const isRoot = process.getuid?.() === 0;
 
-interface Pid1Agent {
-  unshare: ChildProcess;
-  dir: string;
-  socketPath: string;
-  logPath: string;
-  exited: Promise<void>;
-}
+const unshared = new UnsharedAgents();
 
-let current: Pid1Agent | null = null;
-let client: AgentClient | null = null;
-
-/** Same fd hand-over as the unit tests: Node binds, the agent inherits fd 3, Node lets go. */
-async function startPid1Agent(): Promise<Pid1Agent> {
+/** Same fd hand-over as the unit tests (test/fixtures/agent.ts), under unshare. */
+async function startPid1Agent(): Promise<UnsharedAgent> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-pid1-'));
-  const bindPath = path.join(dir, 'bind.sock');
-  const socketPath = path.join(dir, 'agent.sock');
-  const logPath = path.join(dir, 'agent.log');
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(bindPath, resolve);
-  });
-  fs.linkSync(bindPath, socketPath);
-  const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-  const log = fs.openSync(logPath, 'a');
-  // --kill-child: if unshare dies, the kernel SIGKILLs the agent, which tears down the
-  // whole pid namespace.
-  const unshare = spawn('unshare', ['--fork', '--pid', '--mount-proc', '--kill-child', AGENT, '--listen-fd', '3'], {
-    stdio: ['ignore', log, log, fd],
-  });
-  fs.closeSync(log);
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  const exited = new Promise<void>((resolve) => unshare.once('exit', () => resolve()));
-  current = { unshare, dir, socketPath, logPath, exited };
-  return current;
-}
-
-/** Host pid of the agent: the only child of the unshare process. */
-function agentHostPid(a: Pid1Agent): number | null {
-  try {
-    const kids = fs.readFileSync(`/proc/${a.unshare.pid}/task/${a.unshare.pid}/children`, 'utf8').trim();
-    return kids ? Number(kids.split(/\s+/)[0]) : null;
-  } catch {
-    return null;
-  }
-}
-
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, limitMs = 20_000): Promise<void> {
-  const end = Date.now() + limitMs;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
+  return unshared.start(dir, ['--fork', '--pid', '--mount-proc', '--kill-child', AGENT, '--listen-fd', '3']);
 }
 
 function out(r: AgentExecResult): string {
@@ -90,33 +40,14 @@ async function processTable(c: AgentClient): Promise<{ pid: number; state: strin
   });
 }
 
-beforeAll(() => {
-  execFileSync('make', ['-s', '-C', path.join(ROOT, 'native/agent')], { stdio: 'inherit' });
-});
+beforeAll(() => buildAgent());
 
-afterEach(async () => {
-  client?.close();
-  client = null;
-  const a = current;
-  current = null;
-  if (!a) return;
-  const pid = agentHostPid(a);
-  if (pid) {
-    try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
-  }
-  if (a.unshare.exitCode === null && a.unshare.signalCode === null) {
-    const t = setTimeout(() => { try { process.kill(a.unshare.pid!, 'SIGKILL'); } catch { /* gone */ } }, 10_000);
-    await a.exited;
-    clearTimeout(t);
-  }
-  fs.rmSync(a.dir, { recursive: true, force: true });
-});
+afterEach(() => unshared.cleanup());
 
 describe.skipIf(!isRoot)('dsec-agent as PID 1 of a pid namespace', () => {
   it('runs as pid 1 and reaps orphaned zombies it did not spawn', async () => {
     const a = await startPid1Agent();
-    client = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-    const c = client;
+    const c = unshared.track(await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 }));
     expect(c.info.pid).toBe(1);
 
     // The shell exits at once; its background children become orphans, are reparented
@@ -143,8 +74,7 @@ describe.skipIf(!isRoot)('dsec-agent as PID 1 of a pid namespace', () => {
 
   it('is not stopped by signals sent from inside the sandbox', async () => {
     const a = await startPid1Agent();
-    client = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-    const c = client;
+    const c = unshared.track(await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 }));
     const hostPid = agentHostPid(a);
     expect(hostPid).toBeGreaterThan(1);
 

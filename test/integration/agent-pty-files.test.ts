@@ -4,31 +4,19 @@
  * container sandboxes mount /dev/pts. Needs root.
  */
 import { afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
-import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { fileURLToPath } from 'node:url';
 import { AgentClient } from '../../daemon/agent/client.js';
+import {
+  AGENT, BB, UnsharedAgents, agentHostPid, buildAgent, waitFor, type UnsharedAgent,
+} from '../fixtures/agent.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const AGENT = path.join(ROOT, 'native/agent/dsec-agent');
-const BB = '/bin/busybox';
 const ENV = ['PATH=/usr/bin:/bin:/usr/sbin:/sbin'];
 const isRoot = process.getuid?.() === 0;
 
-interface NsAgent {
-  unshare: ChildProcess;
-  dir: string;
-  socketPath: string;
-  logPath: string;
-  exited: Promise<void>;
-}
-
-let current: NsAgent | null = null;
-let client: AgentClient | null = null;
+const unshared = new UnsharedAgents();
 
 /**
  * The agent as PID 1 of new pid + mount namespaces, after mounting a new devpts instance
@@ -36,59 +24,25 @@ let client: AgentClient | null = null;
  * ptmx = 'null', /dev/ptmx is bind-mounted over by /dev/null, so the agent has to use
  * /dev/pts/ptmx.
  */
-async function startNsAgent(ptmx: 'default' | 'null'): Promise<NsAgent> {
+async function startNsAgent(ptmx: 'default' | 'null'): Promise<UnsharedAgent> {
   const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-ns-'));
   fs.chmodSync(dir, 0o755);
-  const bindPath = path.join(dir, 'bind.sock');
-  const socketPath = path.join(dir, 'agent.sock');
-  const logPath = path.join(dir, 'agent.log');
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(bindPath, resolve);
-  });
-  fs.linkSync(bindPath, socketPath);
-  const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-  const log = fs.openSync(logPath, 'a');
   const script = [
     'set -e',
     'mount -t devpts -o newinstance,ptmxmode=0666,mode=620 devpts /dev/pts',
     'if [ "$1" = null ]; then mount --bind /dev/null /dev/ptmx; fi',
     'exec "$0" --listen-fd 3',
   ].join('\n');
-  const unshare = spawn('unshare', ['--fork', '--pid', '--mount-proc', '--propagation', 'private', '--kill-child',
-    '/bin/sh', '-c', script, AGENT, ptmx], { stdio: ['ignore', log, log, fd] });
-  fs.closeSync(log);
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  const exited = new Promise<void>((resolve) => unshare.once('exit', () => resolve()));
-  current = { unshare, dir, socketPath, logPath, exited };
-  return current;
+  return unshared.start(dir, ['--fork', '--pid', '--mount-proc', '--propagation', 'private', '--kill-child',
+    '/bin/sh', '-c', script, AGENT, ptmx]);
 }
 
-function agentHostPid(a: NsAgent): number | null {
-  try {
-    const kids = fs.readFileSync(`/proc/${a.unshare.pid}/task/${a.unshare.pid}/children`, 'utf8').trim();
-    return kids ? Number(kids.split(/\s+/)[0]) : null;
-  } catch {
-    return null;
-  }
-}
-
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, limitMs = 20_000): Promise<void> {
-  const end = Date.now() + limitMs;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 25));
-  }
-}
-
-async function connectNs(a: NsAgent): Promise<AgentClient> {
+async function connectNs(a: UnsharedAgent): Promise<AgentClient> {
   // The socket exists at once, but the agent accepts only after the mounts.
   let last: unknown;
   for (let i = 0; i < 200; i++) {
     try {
-      client = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-      return client;
+      return unshared.track(await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 }));
     } catch (e) {
       last = e;
       await new Promise((r) => setTimeout(r, 25));
@@ -106,27 +60,9 @@ async function tty(c: AgentClient, script: string): Promise<string> {
   return out;
 }
 
-beforeAll(() => {
-  execFileSync('make', ['-s', '-C', path.join(ROOT, 'native/agent')], { stdio: 'inherit' });
-});
+beforeAll(() => buildAgent());
 
-afterEach(async () => {
-  client?.close();
-  client = null;
-  const a = current;
-  current = null;
-  if (!a) return;
-  const pid = agentHostPid(a);
-  if (pid) {
-    try { process.kill(pid, 'SIGKILL'); } catch { /* gone */ }
-  }
-  if (a.unshare.exitCode === null && a.unshare.signalCode === null) {
-    const t = setTimeout(() => { try { process.kill(a.unshare.pid!, 'SIGKILL'); } catch { /* gone */ } }, 10_000);
-    await a.exited;
-    clearTimeout(t);
-  }
-  fs.rmSync(a.dir, { recursive: true, force: true });
-});
+afterEach(() => unshared.cleanup());
 
 describe.skipIf(!isRoot)('dsec-agent as PID 1 with its own devpts', () => {
   it('allocates terminals from the sandbox devpts through /dev/ptmx', async () => {

@@ -6,89 +6,26 @@
  * switching).
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
-import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
 import { Readable } from 'node:stream';
-import { fileURLToPath } from 'node:url';
-import { AgentClient, AgentFileError, FileWriteFlag, fileErrorKind } from '../../daemon/agent/client.js';
+import { AgentFileError, FileWriteFlag, fileErrorKind } from '../../daemon/agent/client.js';
 import {
-  FileTag, FrameDecoder, FrameType, decodeFileEntry, decodeFileError, decodeFileInfo, decodeU64, encodeFileInfo,
-  encodeFileRequest, encodeFrame, encodeTlv, encodeU32, type Frame,
+  FileTag, FrameType, decodeFileEntry, decodeFileError, decodeFileInfo, decodeU64, encodeFileInfo,
+  encodeFileRequest, encodeTlv, encodeU32,
 } from '../../daemon/agent/protocol.js';
+import { AgentHarness, BB, buildAgent, waitFor } from '../fixtures/agent.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const AGENT = path.join(ROOT, 'native/agent/dsec-agent');
-const BB = '/bin/busybox';
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const MiB = 1 << 20;
 const isRoot = process.getuid?.() === 0;
 
-// ---- harness (same fd hand-over as agent.test.ts) -----------------------------------
+// ---- harness (test/fixtures/agent.ts, same fd hand-over as agent.test.ts) --------------
 
-interface RunningAgent {
-  child: ChildProcess;
-  pid: number;
-  dir: string;
-  socketPath: string;
-  logPath: string;
-  exited: Promise<void>;
-}
-
-const agents: RunningAgent[] = [];
-const clients: AgentClient[] = [];
-const rawSockets: net.Socket[] = [];
-const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-files-test-'));
-fs.chmodSync(tmpRoot, 0o755); // user 65534 must be able to reach the test directories
-
-async function startAgent(env: NodeJS.ProcessEnv = process.env): Promise<RunningAgent> {
-  const dir = fs.mkdtempSync(path.join(tmpRoot, 'a-'));
-  fs.chmodSync(dir, 0o755);
-  const bindPath = path.join(dir, 'bind.sock');
-  const socketPath = path.join(dir, 'agent.sock');
-  const logPath = path.join(dir, 'agent.log');
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(bindPath, resolve);
-  });
-  fs.linkSync(bindPath, socketPath);
-  const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-  const log = fs.openSync(logPath, 'a');
-  const child = spawn(AGENT, ['--listen-fd', '3'], { stdio: ['ignore', log, log, fd], env });
-  fs.closeSync(log);
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  if (!child.pid) throw new Error('agent did not start');
-  const a: RunningAgent = { child, pid: child.pid, dir, socketPath, logPath, exited };
-  agents.push(a);
-  return a;
-}
-
-async function connect(a: RunningAgent): Promise<AgentClient> {
-  const c = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-  clients.push(c);
-  return c;
-}
-
-async function stopAgent(a: RunningAgent): Promise<void> {
-  if (a.child.exitCode !== null || a.child.signalCode !== null) return;
-  process.kill(a.pid, 'SIGTERM');
-  const t = setTimeout(() => { try { process.kill(a.pid, 'SIGKILL'); } catch { /* gone */ } }, 10_000);
-  await a.exited;
-  clearTimeout(t);
-}
-
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, limitMs = 20_000): Promise<void> {
-  const end = Date.now() + limitMs;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+// 0755: user 65534 must be able to reach the test directories.
+const harness = new AgentHarness({ prefix: 'dsec-agent-files-test-', dirMode: 0o755, removeAgentDirs: true });
 
 function rssKb(pid: number): number {
   return Number(/^VmRSS:\s+(\d+)/m.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1]);
@@ -118,64 +55,11 @@ async function failure(p: Promise<unknown>): Promise<{ kind: string; message: st
   throw new Error('expected a rejection');
 }
 
-class RawConn {
-  readonly sock: net.Socket;
-  private readonly decoder = new FrameDecoder();
-  private readonly frames: Frame[] = [];
-  private waiters: (() => void)[] = [];
-  ended = false;
+beforeAll(() => buildAgent());
 
-  constructor(socketPath: string) {
-    this.sock = net.createConnection({ path: socketPath });
-    rawSockets.push(this.sock);
-    this.sock.on('data', (b: Buffer) => { this.frames.push(...this.decoder.push(b)); this.wake(); });
-    this.sock.on('close', () => { this.ended = true; this.wake(); });
-    this.sock.on('error', () => { /* surfaced as close */ });
-  }
+afterEach(() => harness.cleanup());
 
-  private wake(): void {
-    const w = this.waiters;
-    this.waiters = [];
-    w.forEach((f) => f());
-  }
-
-  send(type: number, stream: number, payload?: Buffer): void {
-    this.sock.write(encodeFrame(type, stream, payload));
-  }
-
-  async hello(): Promise<void> {
-    this.send(FrameType.HELLO, 0, encodeU32(1));
-    expect((await this.next()).type).toBe(FrameType.HELLO);
-  }
-
-  async next(): Promise<Frame> {
-    await waitFor('a frame', async () => {
-      if (this.frames.length || this.ended) return true;
-      await new Promise<void>((r) => { this.waiters.push(r); setTimeout(r, 1000); });
-      return this.frames.length > 0 || this.ended;
-    });
-    const f = this.frames.shift();
-    if (!f) throw new Error('connection closed');
-    return f;
-  }
-}
-
-beforeAll(() => {
-  execFileSync('make', ['-s', '-C', path.join(ROOT, 'native/agent')], { stdio: 'inherit' });
-});
-
-afterEach(async () => {
-  for (const s of rawSockets.splice(0)) s.destroy();
-  for (const c of clients.splice(0)) c.close();
-  for (const a of agents.splice(0)) {
-    await stopAgent(a);
-    fs.rmSync(a.dir, { recursive: true, force: true });
-  }
-});
-
-afterAll(() => {
-  fs.rmSync(tmpRoot, { recursive: true, force: true });
-});
+afterAll(() => harness.removeAll());
 
 // ---- codec ----------------------------------------------------------------------------
 
@@ -221,8 +105,8 @@ describe('protocol codec: files', () => {
 
 describe('dsec-agent file transfer', () => {
   it('writes and reads back 200 MiB with bounded agent memory', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const file = path.join(a.dir, 'big.bin');
     const total = 200 * MiB;
     const block = randomBytes(MiB);
@@ -263,8 +147,8 @@ describe('dsec-agent file transfer', () => {
   }, 120_000);
 
   it('bounds memory on both ends when the reader is slow (socket paused)', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const file = path.join(a.dir, 'slow.bin');
     const data = randomBytes(48 * MiB);
     fs.writeFileSync(file, data);
@@ -277,7 +161,7 @@ describe('dsec-agent file transfer', () => {
     expect(r.stream.readableLength).toBeLessThan(4 * MiB);
     // Other streams of this connection wait while it is paused; a second connection is
     // unaffected.
-    const c2 = await connect(a);
+    const c2 = await harness.connect(a);
     expect(await c2.ping()).toBeGreaterThanOrEqual(0);
     const out = await readAll(r);
     expect(rss.stop()).toBeLessThan(32 * 1024);
@@ -286,8 +170,8 @@ describe('dsec-agent file transfer', () => {
   }, 60_000);
 
   it('reads a range, and cancels a read when the stream is destroyed', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const file = path.join(a.dir, 'range.bin');
     const data = randomBytes(3 * MiB + 5);
     fs.writeFileSync(file, data);
@@ -312,8 +196,8 @@ describe('dsec-agent file transfer', () => {
   });
 
   it('creates, replaces atomically, appends, and honours EXCLUSIVE / no-CREATE / PARENTS', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const f = path.join(a.dir, 'f.txt');
     expect(await c.writeFile(f, Buffer.from('one\n'))).toEqual({ bytes: 4 });
     expect(fs.statSync(f).mode & 0o7777).toBe(0o644); // default mode, exact (no umask)
@@ -349,8 +233,8 @@ describe('dsec-agent file transfer', () => {
   });
 
   it('aborts a write whose source fails, leaving the old file and no temp file', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const f = path.join(a.dir, 'keep.txt');
     fs.writeFileSync(f, 'original');
     async function* failing(): AsyncGenerator<Buffer> {
@@ -363,7 +247,7 @@ describe('dsec-agent file transfer', () => {
     expect(fs.readdirSync(a.dir).filter((n) => n.includes('.dsec-'))).toEqual([]);
 
     // Connection loss mid-write: same.
-    const c2 = await connect(a);
+    const c2 = await harness.connect(a);
     let fed = false;
     const slow = new Readable({ read() { if (!fed) { fed = true; this.push(Buffer.alloc(MiB)); } } });
     const p = c2.writeFile(f, slow);
@@ -379,8 +263,8 @@ describe('dsec-agent file transfer', () => {
 
 describe('dsec-agent stat, list, mkdir, remove, symlink', () => {
   it('stats files, directories and symlinks', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const f = path.join(a.dir, 'file');
     fs.writeFileSync(f, 'hello');
     fs.chmodSync(f, 0o640);
@@ -401,8 +285,8 @@ describe('dsec-agent stat, list, mkdir, remove, symlink', () => {
   });
 
   it('lists a directory with types, sizes, and symlink targets', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const d = path.join(a.dir, 'd');
     fs.mkdirSync(d);
     fs.writeFileSync(path.join(d, 'f'), 'abc');
@@ -427,8 +311,8 @@ describe('dsec-agent stat, list, mkdir, remove, symlink', () => {
   });
 
   it('mkdir (with and without parents), symlink and remove (recursive)', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const d = path.join(a.dir, 'm');
     await c.mkdir(d, { mode: 0o700 });
     expect(fs.statSync(d).mode & 0o7777).toBe(0o700);
@@ -468,8 +352,8 @@ describe('dsec-agent stat, list, mkdir, remove, symlink', () => {
 
 describe('dsec-agent file path rules and users', () => {
   it('refuses relative paths and any ".." component', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     fs.writeFileSync(path.join(a.dir, 'f'), 'x');
     for (const p of ['relative/path', `${a.dir}/../${path.basename(a.dir)}/f`, `${a.dir}/..`, '/..', '..']) {
       const e = await failure(c.stat(p));
@@ -482,8 +366,8 @@ describe('dsec-agent file path rules and users', () => {
   });
 
   it('refuses /proc magic links, directly or through a symlink', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const link = path.join(a.dir, 'escape');
     fs.symlinkSync('/proc/self/root/etc/passwd', link);
     for (const p of [link, '/proc/self/root/etc/passwd', `/proc/${a.pid}/cwd`, '/proc/self/fd/0']) {
@@ -500,8 +384,8 @@ describe('dsec-agent file path rules and users', () => {
   });
 
   it('reads regular files only (directories, devices and FIFOs are refused without blocking)', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     expect(await failure(readAll(c.readFile(a.dir)))).toMatchObject({ kind: 'FailedPrecondition', errno: 21 });
     expect(await failure(readAll(c.readFile('/dev/null')))).toMatchObject({ kind: 'InvalidArgument', message: '/dev/null: not a regular file'.replace(/^/, 'read ') });
     const fifo = path.join(a.dir, 'fifo');
@@ -514,8 +398,8 @@ describe('dsec-agent file path rules and users', () => {
   });
 
   it.skipIf(!isRoot)('runs as the requested user and always restores the agent identity', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const ro = path.join(a.dir, 'root-only');
     fs.mkdirSync(ro, { mode: 0o755 });
     fs.writeFileSync(path.join(ro, 'secret'), 's', { mode: 0o600 });
@@ -561,8 +445,8 @@ describe('dsec-agent file path rules and users', () => {
   });
 
   it('falls back to O_NOFOLLOW on the final component without openat2', async () => {
-    const a = await startAgent({ ...process.env, DSEC_AGENT_NO_OPENAT2: '1' });
-    const c = await connect(a);
+    const a = await harness.start({ env: { ...process.env, DSEC_AGENT_NO_OPENAT2: '1' } });
+    const c = await harness.connect(a);
     const f = path.join(a.dir, 'f');
     fs.writeFileSync(f, 'data');
     fs.symlinkSync('f', path.join(a.dir, 'ln'));
@@ -578,8 +462,8 @@ describe('dsec-agent file path rules and users', () => {
 
 describe('dsec-agent file protocol', () => {
   it('answers each request on its stream, with FILE_ERROR for malformed ones', async () => {
-    const a = await startAgent();
-    const raw = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const raw = harness.raw(a.socketPath);
     await raw.hello();
     const fileErr = async (stream: number) => {
       const f = await raw.next();
@@ -632,8 +516,8 @@ describe('dsec-agent file protocol', () => {
   });
 
   it('interleaves file streams with execs on one connection', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const data = randomBytes(5 * MiB);
     const ops = await Promise.all([
       c.writeFile(path.join(a.dir, 'p1'), data),

@@ -3,138 +3,23 @@
  * normal (non-PID-1) process on a fresh listening socket, like test/unit/agent.test.ts.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { AgentClient } from '../../daemon/agent/client.js';
 import {
-  FrameDecoder, FrameType, decodeExecRequest, decodeExit, encodeExecRequest, encodeFrame, encodeU32, encodeWinsize,
-  type Frame,
+  FrameType, decodeExecRequest, decodeExit, encodeExecRequest, encodeFrame, encodeU32, encodeWinsize,
 } from '../../daemon/agent/protocol.js';
+import { AgentHarness, BB, buildAgent, procState, waitFor } from '../fixtures/agent.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const AGENT = path.join(ROOT, 'native/agent/dsec-agent');
-const BB = '/bin/busybox';
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 
-// ---- harness (same fd hand-over as agent.test.ts) -----------------------------------
+// ---- harness (test/fixtures/agent.ts, same fd hand-over as agent.test.ts) --------------
 
-interface RunningAgent {
-  child: ChildProcess;
-  pid: number;
-  dir: string;
-  socketPath: string;
-  logPath: string;
-  exited: Promise<void>;
-}
-
-const agents: RunningAgent[] = [];
-const clients: AgentClient[] = [];
-const rawSockets: net.Socket[] = [];
-const strayPids: number[] = [];
-const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-pty-test-'));
-
-async function startAgent(): Promise<RunningAgent> {
-  const dir = fs.mkdtempSync(path.join(tmpRoot, 'a-'));
-  const bindPath = path.join(dir, 'bind.sock');
-  const socketPath = path.join(dir, 'agent.sock');
-  const logPath = path.join(dir, 'agent.log');
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(bindPath, resolve);
-  });
-  fs.linkSync(bindPath, socketPath);
-  const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-  const log = fs.openSync(logPath, 'a');
-  const child = spawn(AGENT, ['--listen-fd', '3'], { stdio: ['ignore', log, log, fd] });
-  fs.closeSync(log);
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  if (!child.pid) throw new Error('agent did not start');
-  const a: RunningAgent = { child, pid: child.pid, dir, socketPath, logPath, exited };
-  agents.push(a);
-  return a;
-}
-
-async function connect(a: RunningAgent): Promise<AgentClient> {
-  const c = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-  clients.push(c);
-  return c;
-}
-
-async function stopAgent(a: RunningAgent): Promise<void> {
-  if (a.child.exitCode !== null || a.child.signalCode !== null) return;
-  process.kill(a.pid, 'SIGTERM');
-  const t = setTimeout(() => { try { process.kill(a.pid, 'SIGKILL'); } catch { /* gone */ } }, 10_000);
-  await a.exited;
-  clearTimeout(t);
-}
-
-function procState(pid: number): string | null {
-  try {
-    const s = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return s.slice(s.lastIndexOf(')') + 2).split(' ')[0];
-  } catch {
-    return null;
-  }
-}
-
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, limitMs = 20_000): Promise<void> {
-  const end = Date.now() + limitMs;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-}
+const harness = new AgentHarness({ prefix: 'dsec-agent-pty-test-' });
 
 function sh(script: string): string[] {
   return [BB, 'sh', '-c', script];
-}
-
-class RawConn {
-  readonly sock: net.Socket;
-  private readonly decoder = new FrameDecoder();
-  private readonly frames: Frame[] = [];
-  private waiters: (() => void)[] = [];
-  ended = false;
-
-  constructor(socketPath: string) {
-    this.sock = net.createConnection({ path: socketPath });
-    rawSockets.push(this.sock);
-    this.sock.on('data', (b: Buffer) => { this.frames.push(...this.decoder.push(b)); this.wake(); });
-    this.sock.on('close', () => { this.ended = true; this.wake(); });
-    this.sock.on('error', () => { /* surfaced as close */ });
-  }
-
-  private wake(): void {
-    const w = this.waiters;
-    this.waiters = [];
-    w.forEach((f) => f());
-  }
-
-  send(type: number, stream: number, payload?: Buffer): void {
-    this.sock.write(encodeFrame(type, stream, payload));
-  }
-
-  async hello(): Promise<void> {
-    this.send(FrameType.HELLO, 0, encodeU32(1));
-    expect((await this.next()).type).toBe(FrameType.HELLO);
-  }
-
-  async next(): Promise<Frame> {
-    await waitFor('a frame', async () => {
-      if (this.frames.length || this.ended) return true;
-      await new Promise<void>((r) => { this.waiters.push(r); setTimeout(r, 1000); });
-      return this.frames.length > 0 || this.ended;
-    });
-    const f = this.frames.shift();
-    if (!f) throw new Error('connection closed');
-    return f;
-  }
 }
 
 /** Run a tty exec to completion, feeding `input` (if any) after it started. */
@@ -150,22 +35,11 @@ async function runTty(c: AgentClient, argv: string[], opts: { rows?: number; col
   return { outcome, out };
 }
 
-beforeAll(() => {
-  execFileSync('make', ['-s', '-C', path.join(ROOT, 'native/agent')], { stdio: 'inherit' });
-});
+beforeAll(() => buildAgent());
 
-afterEach(async () => {
-  for (const s of rawSockets.splice(0)) s.destroy();
-  for (const c of clients.splice(0)) c.close();
-  for (const a of agents.splice(0)) await stopAgent(a);
-  for (const pid of strayPids.splice(0)) {
-    try { process.kill(pid, 'SIGKILL'); } catch { /* already gone */ }
-  }
-});
+afterEach(() => harness.cleanup());
 
-afterAll(() => {
-  fs.rmSync(tmpRoot, { recursive: true, force: true });
-});
+afterAll(() => harness.removeAll());
 
 // ---- codec ----------------------------------------------------------------------------
 
@@ -183,7 +57,7 @@ describe('protocol codec: TTY and DETACHED', () => {
 
 describe('dsec-agent PTY execs', () => {
   it('gives the child a terminal of the requested size as stdio and controlling tty', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const { outcome, out } = await runTty(c, sh(
       `${BB} stty size; ${BB} tty; echo "TERM=$TERM"; ` +
       'for f in 0 1 2; do readlink /proc/self/fd/$f; done; ' +
@@ -207,7 +81,7 @@ describe('dsec-agent PTY execs', () => {
   });
 
   it('resizes the terminal (stty in an interactive shell) and signals SIGWINCH', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     let out = '';
     const h = c.startExec({ argv: [BB, 'sh'], env: [...ENV, 'PS1=$ '], tty: { rows: 24, cols: 80 } }, {
       onStdout: (b) => { out += b.toString(); },
@@ -235,13 +109,13 @@ describe('dsec-agent PTY execs', () => {
   });
 
   it('answers RESIZE on a non-tty exec with ERROR on its stream and lets it finish', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const h = c.startExec({ argv: [BB, 'true'], env: ENV });
     expect(() => h.resize(24, 80)).toThrow(/resize: exec has no tty/);
     await h.done;
 
-    const raw = new RawConn(a.socketPath);
+    const raw = harness.raw(a.socketPath);
     await raw.hello();
     raw.send(FrameType.EXEC, 1, encodeExecRequest({ argv: sh('sleep 0.3; echo finished'), env: ENV }));
     expect((await raw.next()).type).toBe(FrameType.STARTED);
@@ -260,16 +134,16 @@ describe('dsec-agent PTY execs', () => {
   });
 
   it('turns Ctrl-C typed into the terminal into SIGINT for the foreground job', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const h = c.startExec({ argv: [BB, 'sleep', '30'], env: ENV, tty: { rows: 24, cols: 80 } });
     const pid = await h.pid;
-    strayPids.push(pid);
+    harness.strayPids.push(pid);
     h.writeStdin(Buffer.from('\x03'));
     expect(await h.done).toMatchObject({ kind: 'exit', exitCode: null, signal: 2, timedOut: false });
   });
 
   it('ignores STDIN_EOF for a tty: the client types ^D itself', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     let out = '';
     const h = c.startExec({ argv: [BB, 'cat'], env: ENV, tty: { rows: 24, cols: 80 } }, { onStdout: (b) => { out += b.toString(); } });
     await h.pid;
@@ -283,7 +157,7 @@ describe('dsec-agent PTY execs', () => {
   });
 
   it('delivers all terminal output before EXIT, however much', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     for (let round = 0; round < 3; round++) {
       const { outcome, out } = await runTty(c, sh('i=0; while [ $i -lt 5000 ]; do echo "line $i"; i=$((i+1)); done'));
       expect(outcome).toMatchObject({ kind: 'exit', exitCode: 0 });
@@ -299,14 +173,14 @@ describe('dsec-agent PTY execs', () => {
   });
 
   it('reports exec errors for tty execs like for pipe execs', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const h = c.startExec({ argv: ['/nonexistent/prog'], env: ENV, tty: { rows: 24, cols: 80 } });
     await expect(h.pid).rejects.toThrow('exec: /nonexistent/prog: No such file or directory');
     expect(await h.done).toMatchObject({ kind: 'exec_error', errno: 2 });
   });
 
   it('runs many tty execs side by side', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const results = await Promise.all(Array.from({ length: 12 }, (_, i) =>
       runTty(c, sh(`${BB} stty size; exit ${i % 4}`), { rows: 10 + i, cols: 50 + i })));
     results.forEach((r, i) => {
@@ -320,15 +194,15 @@ describe('dsec-agent PTY execs', () => {
 
 describe('dsec-agent detached execs', () => {
   it('keeps a detached exec running when its connection closes, and still reaps it', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const file = path.join(a.dir, 'detached-done');
     const killedFile = path.join(a.dir, 'attached-done');
     const d = c.startExec({ argv: sh(`sleep 1; echo done > ${file}`), env: ENV, detached: true });
     const n = c.startExec({ argv: sh(`sleep 1; echo done > ${killedFile}`), env: ENV });
     const dPid = await d.pid;
     const nPid = await n.pid;
-    strayPids.push(dPid, nPid);
+    harness.strayPids.push(dPid, nPid);
     c.close();
     await expect(d.done).rejects.toThrow(/agent connection lost/);
     await waitFor('the detached exec to write its file', () => fs.existsSync(file));
@@ -343,8 +217,8 @@ describe('dsec-agent detached execs', () => {
   });
 
   it('discards the output of an orphaned detached exec instead of blocking it', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const file = path.join(a.dir, 'after-output');
     const file2 = path.join(a.dir, 'tty-after-output');
     // Far more output than a pipe or pty buffer holds, produced after the disconnect.
@@ -356,28 +230,28 @@ describe('dsec-agent detached execs', () => {
       argv: sh(`sleep 0.3; ${BB} head -c 5000000 /dev/zero | ${BB} tr '\\0' y; echo ok > ${file2}`),
       env: ENV, detached: true, tty: { rows: 24, cols: 80 },
     });
-    strayPids.push(await d.pid, await t.pid);
+    harness.strayPids.push(await d.pid, await t.pid);
     c.close();
     await waitFor('both detached execs to finish', () => fs.existsSync(file) && fs.existsSync(file2), 30_000);
     // The agent keeps serving.
-    const c2 = await connect(a);
+    const c2 = await harness.connect(a);
     const r = await c2.exec({ argv: [BB, 'echo', 'alive'], env: ENV, maxOutputBytes: 100 });
     expect(r.stdout.toString()).toBe('alive\n');
   });
 
   it('still applies the timeout of a detached exec after its connection closed', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const d = c.startExec({ argv: [BB, 'sleep', '30'], env: ENV, detached: true, timeoutMs: 300 });
     const pid = await d.pid;
-    strayPids.push(pid);
+    harness.strayPids.push(pid);
     c.close();
     await waitFor('the timed-out detached exec to be killed and reaped', () => procState(pid) === null);
     expect(fs.readFileSync(a.logPath, 'utf8')).toMatch(/timed out/);
   });
 
   it('reports a detached exec normally while its connection lives', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({ argv: sh('echo hi; exit 4'), env: ENV, detached: true, maxOutputBytes: 100 });
     expect(r).toMatchObject({ kind: 'exit', exitCode: 4 });
     expect(r.stdout.toString()).toBe('hi\n');
@@ -388,7 +262,7 @@ describe('dsec-agent detached execs', () => {
 
 describe('AgentClient against an agent without the additions', () => {
   it('refuses tty, detached and file operations with Unimplemented', async () => {
-    const dir = fs.mkdtempSync(path.join(tmpRoot, 'old-'));
+    const dir = fs.mkdtempSync(path.join(harness.tmpRoot, 'old-'));
     const conns = new Set<net.Socket>();
     const old = net.createServer((s) => {
       conns.add(s);
@@ -399,7 +273,7 @@ describe('AgentClient against an agent without the additions', () => {
     await new Promise<void>((r) => old.listen(path.join(dir, 'old.sock'), r));
     try {
       const c = await AgentClient.connect(path.join(dir, 'old.sock'));
-      clients.push(c);
+      harness.track(c);
       expect(() => c.startExec({ argv: ['sh'], env: [], tty: { rows: 1, cols: 1 } })).toThrow(/does not support "tty"/);
       expect(() => c.startExec({ argv: ['sh'], env: [], detached: true })).toThrow(/does not support "detached"/);
       await expect(c.stat('/')).rejects.toMatchObject({ kind: 'Unimplemented' });

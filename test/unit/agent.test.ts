@@ -1,100 +1,27 @@
 /**
  * The in-sandbox agent (native/agent) and its client (daemon/agent), run as a normal
  * (non-PID-1) process on the host: every test gets its own agent on a fresh listening
- * socket. PID-1 behaviour is in test/integration/agent-pid1.test.ts.
+ * socket (test/fixtures/agent.ts). PID-1 behaviour is in test/integration/agent-pid1.test.ts.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { spawn, execFileSync, type ChildProcess } from 'node:child_process';
 import { createHash, randomBytes } from 'node:crypto';
 import fs from 'node:fs';
 import net from 'node:net';
-import os from 'node:os';
 import path from 'node:path';
-import { fileURLToPath } from 'node:url';
 import { AgentClient, type AgentExecResult } from '../../daemon/agent/client.js';
 import {
   ExecTag, FrameDecoder, FrameType, HEADER_LENGTH, MAX_PAYLOAD, ProtocolError,
   decodeExecRequest, decodeExit, decodeTlv, encodeExecRequest, encodeExit, encodeFrame,
   encodeTlv, encodeU32, type Frame,
 } from '../../daemon/agent/protocol.js';
+import { AGENT, AgentHarness, BB, buildAgent, procState, waitFor } from '../fixtures/agent.js';
 
-const ROOT = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '../..');
-const AGENT = path.join(ROOT, 'native/agent/dsec-agent');
-const BB = '/bin/busybox';
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const MiB = 1 << 20;
 
 // ---- harness ------------------------------------------------------------------------
 
-interface RunningAgent {
-  child: ChildProcess;
-  pid: number;
-  dir: string;
-  socketPath: string;
-  logPath: string;
-  exited: Promise<void>;
-}
-
-const agents: RunningAgent[] = [];
-const clients: AgentClient[] = [];
-const rawSockets: net.Socket[] = [];
-const strayPids: number[] = [];
-const tmpRoot = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-test-'));
-
-/**
- * Start an agent on a fresh listening socket. Node's net.Server creates and binds it; the
- * fd goes to the agent as fd 3 (stdio index 3). Node would also accept on it, so the
- * server is closed right after the spawn; closing unlinks its path, hence the socket is
- * hard-linked to a second path first, which is what clients connect to.
- */
-async function startAgent(wrapper: string[] = []): Promise<RunningAgent> {
-  const dir = fs.mkdtempSync(path.join(tmpRoot, 'a-'));
-  const bindPath = path.join(dir, 'bind.sock');
-  const socketPath = path.join(dir, 'agent.sock');
-  const logPath = path.join(dir, 'agent.log');
-  const server = net.createServer();
-  await new Promise<void>((resolve, reject) => {
-    server.once('error', reject);
-    server.listen(bindPath, resolve);
-  });
-  fs.linkSync(bindPath, socketPath);
-  const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-  const log = fs.openSync(logPath, 'a');
-  // A wrapper (e.g. setpriv) must exec the agent, so the child's pid is the agent's.
-  const argv = [...wrapper, AGENT, '--listen-fd', '3'];
-  const child = spawn(argv[0], argv.slice(1), { stdio: ['ignore', log, log, fd] });
-  fs.closeSync(log);
-  await new Promise<void>((resolve) => server.close(() => resolve()));
-  const exited = new Promise<void>((resolve) => child.once('exit', () => resolve()));
-  if (!child.pid) throw new Error('agent did not start');
-  const a: RunningAgent = { child, pid: child.pid, dir, socketPath, logPath, exited };
-  agents.push(a);
-  return a;
-}
-
-async function connect(a: RunningAgent): Promise<AgentClient> {
-  const c = await AgentClient.connect(a.socketPath, { timeoutMs: 10_000 });
-  clients.push(c);
-  return c;
-}
-
-async function stopAgent(a: RunningAgent): Promise<void> {
-  if (a.child.exitCode !== null || a.child.signalCode !== null) return;
-  process.kill(a.pid, 'SIGTERM'); // non-PID-1: kills and reaps its execs, then exits
-  const t = setTimeout(() => { try { process.kill(a.pid, 'SIGKILL'); } catch { /* gone */ } }, 10_000);
-  await a.exited;
-  clearTimeout(t);
-}
-
-/** State letter of a process from /proc, or null if it does not exist. */
-function procState(pid: number): string | null {
-  try {
-    const s = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return s.slice(s.lastIndexOf(')') + 2).split(' ')[0];
-  } catch {
-    return null;
-  }
-}
+const harness = new AgentHarness({ prefix: 'dsec-agent-test-' });
 
 function ppidOf(pid: number): number | null {
   try {
@@ -102,15 +29,6 @@ function ppidOf(pid: number): number | null {
     return m ? Number(m[1]) : null;
   } catch {
     return null;
-  }
-}
-
-/** Poll until cond() is true; throws after a generous bound (a hang, not a timing check). */
-async function waitFor(what: string, cond: () => boolean | Promise<boolean>, limitMs = 20_000): Promise<void> {
-  const end = Date.now() + limitMs;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
   }
 }
 
@@ -124,73 +42,14 @@ function expectExit(r: AgentExecResult, code: number): void {
     .toEqual({ exitCode: code, signal: null, stderr: expect.any(String) });
 }
 
-/** A raw protocol connection for tests that must send what the client never would. */
-class RawConn {
-  readonly sock: net.Socket;
-  private readonly decoder = new FrameDecoder();
-  private readonly frames: Frame[] = [];
-  private waiters: (() => void)[] = [];
-  ended = false;
-
-  constructor(socketPath: string) {
-    this.sock = net.createConnection({ path: socketPath });
-    rawSockets.push(this.sock);
-    this.sock.on('data', (b: Buffer) => { this.frames.push(...this.decoder.push(b)); this.wake(); });
-    this.sock.on('close', () => { this.ended = true; this.wake(); });
-    this.sock.on('error', () => { /* surfaced as close */ });
-  }
-
-  private wake(): void {
-    const w = this.waiters;
-    this.waiters = [];
-    w.forEach((f) => f());
-  }
-
-  send(type: number, stream: number, payload?: Buffer): void {
-    this.sock.write(encodeFrame(type, stream, payload));
-  }
-
-  async hello(): Promise<void> {
-    this.send(FrameType.HELLO, 0, encodeU32(1));
-    const f = await this.next();
-    expect(f.type).toBe(FrameType.HELLO);
-  }
-
-  /** Next frame, in arrival order. */
-  async next(): Promise<Frame> {
-    await waitFor('a frame', async () => {
-      if (this.frames.length || this.ended) return true;
-      await new Promise<void>((r) => { this.waiters.push(r); setTimeout(r, 1000); });
-      return this.frames.length > 0 || this.ended;
-    });
-    const f = this.frames.shift();
-    if (!f) throw new Error('connection closed');
-    return f;
-  }
-
-  async closed(): Promise<void> {
-    await waitFor('the agent to close the connection', () => this.ended);
-  }
-}
-
 beforeAll(() => {
-  // Always run make: it is a no-op when the binary is up to date with agent.c.
-  execFileSync('make', ['-s', '-C', path.join(ROOT, 'native/agent')], { stdio: 'inherit' });
+  buildAgent();
   expect(fs.existsSync(AGENT)).toBe(true);
 });
 
-afterEach(async () => {
-  for (const s of rawSockets.splice(0)) s.destroy();
-  for (const c of clients.splice(0)) c.close();
-  for (const a of agents.splice(0)) await stopAgent(a);
-  for (const pid of strayPids.splice(0)) {
-    try { process.kill(pid, 'SIGKILL'); } catch { /* already gone */ }
-  }
-});
+afterEach(() => harness.cleanup());
 
-afterAll(() => {
-  fs.rmSync(tmpRoot, { recursive: true, force: true });
-});
+afterAll(() => harness.removeAll());
 
 // ---- protocol codec (no agent) --------------------------------------------------------
 
@@ -241,8 +100,8 @@ describe('protocol codec', () => {
 
 describe('dsec-agent (not PID 1)', () => {
   it('answers HELLO and PING and logs timestamped lines', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files'] });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);
@@ -255,7 +114,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('passes argv exactly and keeps stdout and stderr apart', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({
       argv: sh('echo out1; echo err1 >&2; printf "%s|" "$@"; echo err2 >&2', 'a b', '', "c'd"),
       env: ENV, maxOutputBytes: MiB,
@@ -267,7 +126,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('gives the program only the request env (plus HOME from passwd when absent), and searches PATH from it', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({ argv: ['busybox', 'env'], env: ['PATH=/nonexistent:/bin', 'FOO=bar baz', 'HOME=/h'], maxOutputBytes: MiB });
     expectExit(r, 0);
     expect(r.stdout.toString().trim().split('\n').sort()).toEqual(['FOO=bar baz', 'HOME=/h', 'PATH=/nonexistent:/bin']);
@@ -283,8 +142,8 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('runs in the requested cwd and reports a bad cwd as exec_error', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const r = await c.exec({ argv: [BB, 'pwd'], env: ENV, cwd: a.dir, maxOutputBytes: MiB });
     expectExit(r, 0);
     expect(r.stdout.toString()).toBe(`${a.dir}\n`);
@@ -293,7 +152,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('resolves users from /etc/passwd and /etc/group', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const id = async (user: string) => {
       const r = await c.exec({ argv: sh('echo $(id -u) $(id -g) $(id -G)'), env: ENV, user, maxOutputBytes: MiB });
       if (r.kind !== 'exit') return r.message;
@@ -314,7 +173,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('is binary safe in both directions (all 256 byte values)', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const all = Buffer.from(Array.from({ length: 256 }, (_, i) => i));
     const fmt = Array.from(all, (b) => `\\${b.toString(8).padStart(3, '0')}`).join('');
     const out = await c.exec({ argv: [BB, 'printf', fmt], env: ENV, maxOutputBytes: MiB });
@@ -327,7 +186,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('streams large stdin through a slow reader without loss', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const data = randomBytes(9 * MiB); // above the agent's 4 MiB stdin high-water mark
     const r = await c.exec({
       argv: sh('sleep 0.3; sha256sum | cut -d" " -f1'), env: ENV, stdin: data, maxOutputBytes: MiB,
@@ -339,7 +198,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('supports interactive stdin through startExec', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const chunks: string[] = [];
     const h = c.startExec({ argv: [BB, 'cat'], env: ENV, stdin: true }, { onStdout: (b) => chunks.push(b.toString()) });
     expect(await h.pid).toBeGreaterThan(0);
@@ -357,7 +216,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('reports exit codes and death by signal', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     for (const code of [0, 1, 7, 255]) {
       const r = await c.exec({ argv: sh(`exit ${code}`), env: ENV, maxOutputBytes: 10 });
       expect(r).toMatchObject({ kind: 'exit', exitCode: code, signal: null, timedOut: false });
@@ -368,19 +227,19 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('kills the process group when the timeout elapses', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({ argv: sh('sleep 10 & echo $!; sleep 10'), env: ENV, timeoutMs: 200, maxOutputBytes: 100 });
     expect(r).toMatchObject({ kind: 'exit', exitCode: null, signal: 9, timedOut: true });
     const bg = Number(r.stdout.toString().trim());
-    strayPids.push(bg);
+    harness.strayPids.push(bg);
     await waitFor('the background sleep to be killed and reaped', () => procState(bg) === null);
     const fast = await c.exec({ argv: [BB, 'true'], env: ENV, timeoutMs: 60_000, maxOutputBytes: 10 });
     expect(fast).toMatchObject({ kind: 'exit', exitCode: 0, timedOut: false });
   });
 
   it('reports a missing program and a non-executable file as exec_error', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const missing = await c.exec({ argv: ['/nonexistent/dsec-prog'], env: ENV, maxOutputBytes: 10 });
     expect(missing).toMatchObject({ kind: 'exec_error', errno: 2, message: 'exec: /nonexistent/dsec-prog: No such file or directory' });
     const h = c.startExec({ argv: ['no-such-program-dsec'], env: ENV });
@@ -402,8 +261,8 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('runs many execs at once on one connection and across two', async () => {
-    const a = await startAgent();
-    const [c1, c2] = await Promise.all([connect(a), connect(a)]);
+    const a = await harness.start();
+    const [c1, c2] = await Promise.all([harness.connect(a), harness.connect(a)]);
     const run = (c: AgentClient, i: number) =>
       c.exec({ argv: sh('sleep 0.1; echo "$1"; echo "e$1" >&2; exit $(($1 % 5))', String(i)), env: ENV, maxOutputBytes: 100 });
     const results = await Promise.all([
@@ -419,7 +278,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('truncates large output at maxOutputBytes without deadlocking', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const big = await c.exec({ argv: [BB, 'head', '-c', String(20 * MiB), '/dev/zero'], env: ENV, maxOutputBytes: MiB });
     expectExit(big, 0);
     expect(big.stdout.length).toBe(MiB);
@@ -436,7 +295,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('never loses or reorders output produced before exit', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     for (let round = 0; round < 5; round++) {
       const r = await c.exec({
         argv: sh('i=0; while [ $i -lt 3000 ]; do echo "line $i"; i=$((i+1)); done; echo last >&2'),
@@ -451,16 +310,16 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('sends EXIT without waiting for EOF held by a backgrounded grandchild', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({ argv: sh('sleep 100 & echo $!; echo started'), env: ENV, maxOutputBytes: 100 });
     expectExit(r, 0);
     const [bg, msg] = r.stdout.toString().trim().split('\n');
-    strayPids.push(Number(bg));
+    harness.strayPids.push(Number(bg));
     expect(msg).toBe('started');
   });
 
   it('delivers SIGNAL to the process group', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const h = c.startExec({ argv: [BB, 'sleep', '100'], env: ENV });
     expect(await h.pid).toBeGreaterThan(0);
     h.signal(15);
@@ -479,31 +338,31 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('kills running execs when their connection closes', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     let out = '';
     const h = c.startExec({ argv: sh('sleep 100 & echo $!; wait'), env: ENV }, { onStdout: (b) => { out += b.toString(); } });
     const shPid = await h.pid;
     await waitFor('the background pid', () => out.includes('\n'));
     const bgPid = Number(out.trim());
-    strayPids.push(shPid, bgPid);
+    harness.strayPids.push(shPid, bgPid);
     expect(ppidOf(shPid)).toBe(a.pid);
     c.close();
     await expect(h.done).rejects.toThrow(/agent connection lost/);
     await waitFor('both processes to be killed and reaped', () => procState(shPid) === null && procState(bgPid) === null);
     // The agent keeps serving other connections.
-    const c2 = await connect(a);
+    const c2 = await harness.connect(a);
     expectExit(await c2.exec({ argv: [BB, 'true'], env: ENV, maxOutputBytes: 1 }), 0);
   });
 
   it('rejects pending execs and calls onLost when the agent goes away', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const lost: Error[] = [];
     c.onLost((e) => lost.push(e));
     const h = c.startExec({ argv: [BB, 'sleep', '100'], env: ENV });
     const pid = await h.pid;
-    strayPids.push(pid);
+    harness.strayPids.push(pid);
     const ping = c.ping();
     await ping;
     process.kill(a.pid, 'SIGTERM');
@@ -519,12 +378,12 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('reaps orphans of its execs (as a child subreaper)', async () => {
-    const a = await startAgent();
-    const c = await connect(a);
+    const a = await harness.start();
+    const c = await harness.connect(a);
     const r = await c.exec({ argv: sh('sleep 0.3 & echo $!; exit 0'), env: ENV, maxOutputBytes: 100 });
     expectExit(r, 0);
     const orphan = Number(r.stdout.toString().trim());
-    strayPids.push(orphan);
+    harness.strayPids.push(orphan);
     const ppid = ppidOf(orphan);
     if (ppid !== null) expect(ppid).toBe(a.pid); // reparented to the agent, not to host init
     await waitFor('the orphan to exit and be reaped', () => procState(orphan) === null);
@@ -533,7 +392,7 @@ describe('dsec-agent (not PID 1)', () => {
   });
 
   it('leaks no fds into execs', async () => {
-    const c = await connect(await startAgent());
+    const c = await harness.connect(await harness.start());
     const r = await c.exec({ argv: [BB, 'ls', '/proc/self/fd'], env: ENV, maxOutputBytes: 1000 });
     expectExit(r, 0);
     // 0-2 plus the directory fd ls itself opened to list /proc/self/fd.
@@ -546,11 +405,11 @@ describe('dsec-agent (not PID 1)', () => {
     // Like in a container: the agent and its execs share a capability set without
     // CAP_SYS_PTRACE. Then only dumpability decides whether /proc/PID/fd/N can be read.
     const noPtrace = ['setpriv', '--bounding-set=-sys_ptrace', '--inh-caps=-sys_ptrace'];
-    const a = await startAgent(noPtrace);
-    const c = await connect(a);
+    const a = await harness.start({ wrapper: noPtrace });
+    const c = await harness.connect(a);
     const sibling = c.startExec({ argv: [BB, 'sleep', '100'], env: ENV });
     const siblingPid = await sibling.pid;
-    strayPids.push(siblingPid);
+    harness.strayPids.push(siblingPid);
     const readFd0 = (pid: number) => c.exec({ argv: [BB, 'readlink', `/proc/${pid}/fd/0`], env: ENV, maxOutputBytes: 1000 });
     const control = await readFd0(siblingPid); // an ordinary (dumpable) process: readable
     expectExit(control, 0);
@@ -565,8 +424,8 @@ describe('dsec-agent (not PID 1)', () => {
 
 describe('dsec-agent protocol errors', () => {
   it('answers a wrong protocol version with ERROR and closes', async () => {
-    const a = await startAgent();
-    const raw = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const raw = harness.raw(a.socketPath);
     raw.send(FrameType.HELLO, 0, encodeU32(2));
     const f = await raw.next();
     expect([f.type, f.stream]).toEqual([FrameType.ERROR, 0]);
@@ -575,13 +434,13 @@ describe('dsec-agent protocol errors', () => {
   });
 
   it('requires HELLO first and closes on an oversized frame', async () => {
-    const a = await startAgent();
-    const r1 = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const r1 = harness.raw(a.socketPath);
     r1.send(FrameType.PING, 0, Buffer.from('x'));
     expect((await r1.next()).payload.toString()).toMatch(/expected HELLO/);
     await r1.closed();
 
-    const r2 = new RawConn(a.socketPath);
+    const r2 = harness.raw(a.socketPath);
     await r2.hello();
     const h = Buffer.alloc(HEADER_LENGTH);
     h.writeUInt32BE(MAX_PAYLOAD + 1, 0);
@@ -595,8 +454,8 @@ describe('dsec-agent protocol errors', () => {
   });
 
   it('answers unknown types and bad EXECs on their stream and stays open', async () => {
-    const a = await startAgent();
-    const raw = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const raw = harness.raw(a.socketPath);
     await raw.hello();
     raw.send(30, 5, Buffer.from('future')); // 28–31 are still reserved
     let f = await raw.next();
@@ -644,8 +503,8 @@ describe('dsec-agent protocol errors', () => {
   });
 
   it('reassembles frames that arrive one byte at a time', async () => {
-    const a = await startAgent();
-    const raw = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const raw = harness.raw(a.socketPath);
     const bytes = Buffer.concat([
       encodeFrame(FrameType.HELLO, 0, encodeU32(1)),
       encodeFrame(FrameType.PING, 0, Buffer.from('abc')),
@@ -660,15 +519,15 @@ describe('dsec-agent protocol errors', () => {
   });
 
   it('keeps serving others while one client does not read (backpressure)', async () => {
-    const a = await startAgent();
-    const slow = new RawConn(a.socketPath);
+    const a = await harness.start();
+    const slow = harness.raw(a.socketPath);
     await slow.hello();
     const total = 40 * MiB;
     slow.send(FrameType.EXEC, 1, encodeExecRequest({ argv: [BB, 'head', '-c', String(total), '/dev/zero'], env: ENV }));
     expect((await slow.next()).type).toBe(FrameType.STARTED);
     slow.sock.pause();
     // While the slow client's queue is full, another connection is served normally.
-    const c = await connect(a);
+    const c = await harness.connect(a);
     for (let i = 0; i < 3; i++) await c.ping();
     expectExit(await c.exec({ argv: [BB, 'echo', 'fine'], env: ENV, maxOutputBytes: 100 }), 0);
     const status = fs.readFileSync(`/proc/${a.pid}/status`, 'utf8');
@@ -689,11 +548,11 @@ describe('dsec-agent protocol errors', () => {
 
 describe('AgentClient.connect failures', () => {
   it('rejects clearly when nothing listens', async () => {
-    await expect(AgentClient.connect(path.join(tmpRoot, 'missing.sock'))).rejects.toThrow(/cannot connect to agent at .*missing\.sock/);
+    await expect(AgentClient.connect(path.join(harness.tmpRoot, 'missing.sock'))).rejects.toThrow(/cannot connect to agent at .*missing\.sock/);
   });
 
   it('rejects on timeout and on a protocol version mismatch', async () => {
-    const dir = fs.mkdtempSync(path.join(tmpRoot, 'fake-'));
+    const dir = fs.mkdtempSync(path.join(harness.tmpRoot, 'fake-'));
     const conns = new Set<net.Socket>();
     const mute = net.createServer((s) => { conns.add(s); /* never answers */ });
     await new Promise<void>((r) => mute.listen(path.join(dir, 'mute.sock'), r));

@@ -51,6 +51,15 @@ const FileConfig = z
       .optional(),
     exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
     metrics: z.object({ address: z.string().optional() }).strict().optional(),
+    admission: z
+      .object({
+        max_sandboxes: z.number().int().min(1).optional(),
+        memory_overcommit: z.number().positive().optional(),
+        cpu_overcommit: z.number().positive().optional(),
+      })
+      .strict()
+      .optional(),
+    leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
     images: z
       .object({
         store: z.string().optional(),
@@ -105,6 +114,17 @@ export interface DaemonConfig {
   images: { store: string; cacheDir: string | null; cacheBytes: number; commitExclude: string[]; pruneGraceMs: number };
   /** TCP `host:port` serving GET /metrics only (e.g. `127.0.0.1:9464`), or null: metrics on the socket only. */
   metricsAddress: string | null;
+  /**
+   * Admission limits, checked at create. Defaults are permissive, because RL sandboxes
+   * idle far below their limits and the density target is thousands per host; operators
+   * tighten them per fleet:
+   * - `maxSandboxes`: default 16,384, the size of the default uid pool;
+   * - `memoryOvercommit`: memory limits may sum to this times host memory (default 100);
+   * - `cpuOvercommit`: CPU limits may sum to this times the cores (default 1,000).
+   */
+  admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number };
+  /** After a job's lease lapses its sandboxes are paused; `destroyGraceMs` later they are destroyed (default 10 min). */
+  leases: { destroyGraceMs: number };
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -174,6 +194,12 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
+    admission: {
+      maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,
+      memoryOvercommit: fc.admission?.memory_overcommit ?? 100,
+      cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
+    },
+    leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

@@ -14,6 +14,7 @@ import './routes/images.js';
 import './routes/execs.js';
 import './routes/stats.js';
 import './routes/files.js';
+import './routes/jobs.js';
 import { DSEC_VERSION } from '../version.js';
 
 function schemaOf(s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {

@@ -73,6 +73,8 @@ export const CreateSandboxRequest = z
     env: z.record(envKey, envValue).refine((e) => envSize(e) <= LIMITS.maxEnvBytes, 'env larger than 128 KiB').optional()
       .describe('Environment for every exec, merged over the image env; at most 128 KiB in all.'),
     ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after creation when the sandbox is destroyed.'),
+    priority: z.enum(['latency', 'batch']).optional().describe('latency (default) or batch: SCHED_IDLE and minimal CPU shares, so batch work never delays latency sandboxes.'),
+    idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Pause the sandbox after this many seconds without an exec.'),
   })
   .strict();
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
@@ -96,6 +98,9 @@ export const Sandbox = z.object({
   uid_base: z.number().int().nullable().describe('First host uid/gid of the sandbox range (container uid 0).'),
   uid_count: z.number().int().nullable().describe('Size of the uid/gid range.'),
   error: z.string().nullable().describe('Why the sandbox failed, when state is failed.'),
+  priority: z.enum(['latency', 'batch']),
+  idle_timeout_s: z.number().int().nullable(),
+  last_active_at: z.number().int().nullable().describe('Start of the last exec, ms since the epoch.'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 

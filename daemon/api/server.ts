@@ -19,6 +19,7 @@ import { ROUTE_DOCS } from './routes/table.js';
 import { registerExecRoutes } from './routes/execs.js';
 import { registerStatsRoutes } from './routes/stats.js';
 import { registerFileRoutes } from './routes/files.js';
+import { registerJobRoutes } from './routes/jobs.js';
 import websocket from '@fastify/websocket';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
 
@@ -129,6 +130,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerEventRoutes(app, deps);
   registerImageRoutes(app, deps);
   registerStatsRoutes(app, deps);
+  registerJobRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));

@@ -33,6 +33,21 @@ export interface SandboxStats {
   oomKills: number;
 }
 
+/** What a pause reclaimed, measured from the sandbox's memory.stat before and after. Bytes. */
+export interface ReclaimReport {
+  memory_before_bytes: number;
+  memory_after_bytes: number;
+  /** File-backed (page cache) bytes before and after. */
+  file_before_bytes: number;
+  file_after_bytes: number;
+  /** Anonymous bytes after the pause: reclaimable only where swap or zswap exists. */
+  anon_bytes: number;
+  reclaimed_bytes: number;
+  /** Whether the host has swap, so anonymous memory could be reclaimed too. */
+  swap: boolean;
+  note: string;
+}
+
 /** Where the init of a running sandbox is: host pid and its /proc starttime. */
 export interface InitInfo {
   pid: number;
@@ -121,6 +136,10 @@ export interface SandboxDriver {
    * @throws DsecError FailedPrecondition when the sandbox has no writable layer on this host.
    */
   withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T>;
+  /** Freezes every process of a running sandbox and reclaims what memory the host can. */
+  pause(sb: SandboxRecord): Promise<ReclaimReport>;
+  /** Thaws a paused sandbox: every process continues where it stopped. */
+  resume(sb: SandboxRecord): Promise<void>;
   /** Releases in-memory resources at daemon shutdown; sandboxes keep running. */
   close(): Promise<void>;
 }

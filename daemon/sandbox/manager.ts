@@ -17,11 +17,11 @@ import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, StartExecR
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
-import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, unimplemented, wrap } from '../errors.js';
+import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, notFound, resourceExhausted, unimplemented, wrap } from '../errors.js';
 import os, { constants as osConstants } from 'node:os';
 
 const { ENOENT, E2BIG } = osConstants.errno;
-import type { SandboxDriver, SandboxStats } from '../drivers/types.js';
+import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import type { AgentClient } from '../agent/client.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packUpper } from '../image/commit.js';
@@ -30,6 +30,18 @@ import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
 import { parseSelector, SandboxRepo, type SandboxRecord } from './repo.js';
+
+/** Actions of {@link SandboxManager.bulk}. */
+export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
+
+/** One sandbox's outcome in a bulk operation. */
+export interface BulkResult {
+  id: string;
+  ok: boolean;
+  state?: string;
+  reclaim?: ReclaimReport;
+  error?: { code: string; message: string };
+}
 
 /** Default grace between SIGTERM and SIGKILL on stop: 10 s, Docker's `docker stop` default. */
 export const DEFAULT_STOP_GRACE_MS = 10_000;
@@ -100,6 +112,7 @@ export class SandboxManager {
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
     }
+    this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
     const image = await this.d.images.get(req.image);
     const id = randomBytes(8).toString('hex');
     const rec = this.d.repo.insertCreating({
@@ -114,6 +127,8 @@ export class SandboxManager {
       labels: req.labels ?? {},
       env: req.env ?? {},
       ttlS: req.ttl_s ?? null,
+      priority: req.priority ?? 'latency',
+      idleTimeoutS: req.idle_timeout_s ?? null,
       createdAt: Date.now(),
     });
     this.d.failpoints.hit('create.after-intent');
@@ -134,6 +149,31 @@ export class SandboxManager {
       this.d.repo.event('sandbox.created', done);
       return done;
     });
+  }
+
+  /**
+   * Admission: refuses a create that would take the host past its configured limits
+   * (count of sandboxes, sum of memory limits over total memory times the memory
+   * overcommit ratio, sum of CPU limits over cores times the CPU overcommit ratio).
+   * Checked before anything is written, so a refused create leaves nothing behind.
+   * @throws DsecError ResourceExhausted naming the limit.
+   */
+  private admit(cpus: number, memoryBytes: number): void {
+    const a = this.d.config.admission;
+    const live = this.d.repo.all();
+    if (live.length + 1 > a.maxSandboxes) {
+      throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes); destroy some first`);
+    }
+    const mem = live.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes;
+    const memCap = os.totalmem() * a.memoryOvercommit;
+    if (mem > memCap) {
+      throw resourceExhausted(`memory limits would total ${mem} bytes, over ${Math.floor(memCap)} (host memory x admission.memory_overcommit ${a.memoryOvercommit})`);
+    }
+    const cpu = live.reduce((n, s) => n + s.cpus, 0) + cpus;
+    const cpuCap = os.cpus().length * a.cpuOvercommit;
+    if (cpu > cpuCap) {
+      throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
+    }
   }
 
   /** @throws DsecError NotFound. */
@@ -203,6 +243,110 @@ export class SandboxManager {
   }
 
   /**
+   * Pauses a running sandbox: freezes every process and reclaims its page cache
+   * (anonymous memory too where the host has swap). Idempotent: pausing a paused
+   * sandbox returns it with no reclaim report.
+   * @throws DsecError NotFound, FailedPrecondition (not running).
+   */
+  async pause(id: string): Promise<{ sandbox: SandboxRecord; reclaim: ReclaimReport | null }> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.state === 'paused') return { sandbox: sb, reclaim: null };
+      if (sb.state !== 'running') throw failedPrecondition(`sandbox ${id} is ${sb.state}; only a running sandbox can be paused`);
+      this.d.repo.setDesired(id, 'paused');
+      let reclaim: ReclaimReport;
+      try {
+        reclaim = await this.driver(sb.backend).pause(sb);
+      } catch (e) {
+        await this.driver(sb.backend).resume(sb).catch(() => {});
+        this.d.repo.setDesired(id, null);
+        throw e instanceof DsecError ? e : wrap(e, `pause sandbox ${id}`);
+      }
+      const done = this.d.repo.transition(id, 'paused');
+      this.d.repo.event('sandbox.paused', done, `reclaimed ${reclaim.reclaimed_bytes} bytes`);
+      return { sandbox: done, reclaim };
+    });
+  }
+
+  /**
+   * Resumes a paused sandbox exactly where it stopped. Idempotent on a running one.
+   * @throws DsecError NotFound, FailedPrecondition (not paused or running).
+   */
+  async resume(id: string): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (sb.state === 'running') return sb;
+      if (sb.state !== 'paused') throw failedPrecondition(`sandbox ${id} is ${sb.state}; only a paused sandbox can be resumed`);
+      this.d.repo.setDesired(id, 'running');
+      await this.driver(sb.backend).resume(sb);
+      const done = this.d.repo.transition(id, 'running');
+      this.d.repo.touchActive(id);
+      this.d.repo.event('sandbox.resumed', done);
+      return done;
+    });
+  }
+
+  /**
+   * Applies one action to every sandbox matching `selector`, at most 8 at a time, and
+   * reports a result per sandbox (one failure does not stop the others).
+   * @throws DsecError InvalidArgument for a malformed or empty selector.
+   */
+  async bulk(selector: string, action: BulkAction, opts: { ttlS?: number | null; graceMs?: number } = {}): Promise<BulkResult[]> {
+    if (!selector.trim()) throw invalidArgument('bulk operations need a non-empty selector (e.g. job=a,round=3)');
+    const targets = this.list(selector);
+    const results: BulkResult[] = new Array(targets.length);
+    let next = 0;
+    const worker = async () => {
+      while (next < targets.length) {
+        const i = next++;
+        const id = targets[i].id;
+        try {
+          let sb: SandboxRecord;
+          let reclaim: ReclaimReport | null = null;
+          switch (action) {
+            case 'pause': ({ sandbox: sb, reclaim } = await this.pause(id)); break;
+            case 'resume': sb = await this.resume(id); break;
+            case 'stop': sb = await this.stop(id, opts.graceMs); break;
+            case 'destroy': sb = await this.destroy(id, true, 'bulk destroy'); break;
+            case 'set_ttl': sb = this.d.repo.setTtl(id, opts.ttlS ?? null); break;
+          }
+          results[i] = { id, ok: true, state: sb.state, ...(reclaim ? { reclaim } : {}) };
+        } catch (e) {
+          const err = e instanceof DsecError ? e : wrap(e, `${action} ${id}`);
+          results[i] = { id, ok: false, error: { code: err.kind, message: err.message } };
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(8, targets.length) }, worker));
+    return results;
+  }
+
+  /**
+   * One sweep of lease expiry (called by the reaper): lapsed leases pause their job's
+   * sandboxes; leases lapsed longer than the destroy grace destroy them and are deleted.
+   * All decisions are read from the store, so a restart neither loses nor repeats one.
+   */
+  async sweepLeases(now = Date.now()): Promise<{ paused: string[]; destroyed: string[] }> {
+    const out = { paused: [] as string[], destroyed: [] as string[] };
+    const sel = (job: string) => `job=${job}`;
+    for (const job of this.d.repo.lapseDue(now)) this.d.repo.event('lease.lapsed', null, `job ${job}`);
+    for (const job of this.d.repo.lapsedJobs()) {
+      for (const r of await this.bulk(sel(job), 'pause')) if (r.ok && r.reclaim) out.paused.push(r.id);
+    }
+    for (const job of this.d.repo.lapsedBefore(now - this.d.config.leases.destroyGraceMs)) {
+      for (const r of await this.bulk(sel(job), 'destroy')) if (r.ok) out.destroyed.push(r.id);
+      if (this.list(sel(job)).length === 0) {
+        this.d.repo.deleteLease(job);
+        this.d.repo.event('lease.reclaimed', null, `job ${job}`);
+      }
+    }
+    for (const id of this.d.repo.idleDue(now)) {
+      await this.pause(id).then(() => out.paused.push(id), () => {});
+    }
+    return out;
+  }
+
+  /**
    * Destroys a sandbox and everything it has on the host.
    * @param force when false, a running or paused sandbox is refused.
    * @param reason recorded in the destroyed event (e.g. "ttl expired").
@@ -258,6 +402,7 @@ export class SandboxManager {
   async startExec(id: string, req: StartExecRequest, ownerUid: number): Promise<ExecSession> {
     const sb = this.d.repo.get(id);
     ContainerDriver.assertRunning(sb);
+    if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const cmd = this.resolveCommand(sb, req);
     if (req.tty && !cmd.env.some((e) => e.startsWith('TERM='))) cmd.env.push('TERM=xterm');
     // Output may arrive before the session exists; it is held until the sink is set.
@@ -284,6 +429,7 @@ export class SandboxManager {
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
     const sb = this.d.repo.get(id);
     ContainerDriver.assertRunning(sb);
+    if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
     if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
     const drv = this.driver(sb.backend);
@@ -465,6 +611,10 @@ export class SandboxManager {
         } else if (sb.state === 'running' || sb.state === 'paused') {
           if (await drv.isAlive(sb)) {
             await drv.adopt(sb);
+            // Unacknowledged pause/resume roll back to the recorded state.
+            if (sb.desired === 'paused' && sb.state === 'running') await drv.resume(sb).catch(() => {});
+            if (sb.desired === 'running' && sb.state === 'paused') await drv.pause(sb).catch(() => {});
+            if (sb.desired) this.d.repo.setDesired(sb.id, null);
             rep.adopted.push(sb.id);
           } else {
             await drv.stop(sb, fp);

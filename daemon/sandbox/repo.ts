@@ -5,7 +5,7 @@
 import type { Db } from '../store/db.js';
 import type { Backend, Event, Sandbox, SandboxState } from '../api/schema.js';
 import { assertTransition } from './state.js';
-import { notFound, resourceExhausted } from '../errors.js';
+import { failedPrecondition, notFound, resourceExhausted } from '../errors.js';
 
 /** Image config recorded at create, so a later image change never alters a sandbox. */
 export interface ImageConfig {
@@ -41,6 +41,23 @@ export interface SandboxRecord {
   uidBase: number | null;
   uidCount: number | null;
   error: string | null;
+  /** Scheduling class: latency (default) or batch (SCHED_IDLE, minimal CPU shares). */
+  priority: 'latency' | 'batch';
+  /** Pause after this many seconds without an exec; null: never. */
+  idleTimeoutS: number | null;
+  /** Last exec start (ms), or null: none yet (creation counts). */
+  lastActiveAt: number | null;
+}
+
+/** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
+export interface Lease {
+  job: string;
+  ttl_s: number;
+  /** ms since the epoch; a renewal at or after it is refused. */
+  expires_at: number;
+  /** ms since the epoch when the reaper paused the job, or null while active. */
+  lapsed_at: number | null;
+  created_at: number;
 }
 
 interface Row {
@@ -48,6 +65,7 @@ interface Row {
   desired: string | null; acknowledged: number; cpus: number; memory_bytes: number; pids: number;
   labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
   init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
+  priority: string; idle_timeout_s: number | null; last_active_at: number | null;
 }
 
 function decode(r: Row): SandboxRecord {
@@ -73,6 +91,9 @@ function decode(r: Row): SandboxRecord {
     uidBase: r.uid_base,
     uidCount: r.uid_count,
     error: r.error,
+    priority: r.priority === 'batch' ? 'batch' : 'latency',
+    idleTimeoutS: r.idle_timeout_s,
+    lastActiveAt: r.last_active_at,
   };
 }
 
@@ -96,6 +117,9 @@ export function toApi(s: SandboxRecord): Sandbox {
     uid_base: s.uidBase,
     uid_count: s.uidCount,
     error: s.error,
+    priority: s.priority,
+    idle_timeout_s: s.idleTimeoutS,
+    last_active_at: s.lastActiveAt,
   };
 }
 
@@ -177,6 +201,79 @@ export class SandboxRepo {
       .all(now) as { id: string }[]).map((r) => r.id);
   }
 
+  /** Records exec activity (resets the idle timer). */
+  touchActive(id: string, now = Date.now()): void {
+    this.db.prepare('UPDATE sandboxes SET last_active_at = ? WHERE id = ?').run(now, id);
+  }
+
+  /** Running sandboxes whose idle timeout has passed at `now`. */
+  idleDue(now: number): string[] {
+    return (this.db
+      .prepare(`SELECT id FROM sandboxes WHERE state = 'running' AND desired IS NULL AND idle_timeout_s IS NOT NULL
+                AND COALESCE(last_active_at, created_at) + idle_timeout_s * 1000 <= ?`)
+      .all(now) as { id: string }[]).map((r) => r.id);
+  }
+
+  /** Sets the TTL (seconds from creation; null removes it). */
+  setTtl(id: string, ttlS: number | null): SandboxRecord {
+    this.db.prepare('UPDATE sandboxes SET ttl_s = ?, updated_at = ? WHERE id = ?').run(ttlS, Date.now(), id);
+    return this.get(id);
+  }
+
+  /**
+   * Creates the lease of `job`, or renews it. The rule that makes a renewal racing the
+   * expiry come out one way: a renewal is accepted only if it runs strictly before
+   * `expires_at` and the lease has not lapsed; otherwise it is refused, whether or not
+   * the reaper has swept yet. A lapsed lease must be deleted and created again.
+   * @returns the lease, and whether it was created.
+   * @throws DsecError FailedPrecondition when the lease expired or lapsed.
+   */
+  putLease(job: string, ttlS: number, now = Date.now(), mode: 'create-or-renew' | 'renew' = 'create-or-renew'): { lease: Lease; created: boolean } {
+    return this.db.transaction(() => {
+      const cur = this.db.prepare('SELECT * FROM leases WHERE job = ?').get(job) as Lease | undefined;
+      if (!cur) {
+        if (mode === 'renew') throw notFound(`no lease for job ${job}`);
+        this.db.prepare('INSERT INTO leases (job, ttl_s, expires_at, lapsed_at, created_at) VALUES (?, ?, ?, NULL, ?)').run(job, ttlS, now + ttlS * 1000, now);
+        return { lease: this.lease(job)!, created: true };
+      }
+      if (cur.lapsed_at !== null || now >= cur.expires_at) {
+        throw failedPrecondition(`lease of job ${job} expired at ${new Date(cur.expires_at).toISOString()}; its sandboxes are being reclaimed. Delete the lease and create a new one`);
+      }
+      this.db.prepare('UPDATE leases SET ttl_s = ?, expires_at = ? WHERE job = ?').run(ttlS, now + ttlS * 1000, job);
+      return { lease: this.lease(job)!, created: false };
+    })();
+  }
+
+  /** The lease of `job`, or undefined. */
+  lease(job: string): Lease | undefined {
+    return this.db.prepare('SELECT * FROM leases WHERE job = ?').get(job) as Lease | undefined;
+  }
+
+  /** All leases, by job. */
+  leases(): Lease[] {
+    return this.db.prepare('SELECT * FROM leases ORDER BY job').all() as Lease[];
+  }
+
+  /** Deletes the lease of `job`. @returns whether one existed. */
+  deleteLease(job: string): boolean {
+    return this.db.prepare('DELETE FROM leases WHERE job = ?').run(job).changes > 0;
+  }
+
+  /** Marks every active lease whose expiry passed as lapsed (one transaction); returns their jobs. */
+  lapseDue(now: number): string[] {
+    return (this.db.prepare('UPDATE leases SET lapsed_at = ? WHERE lapsed_at IS NULL AND expires_at <= ? RETURNING job').all(now, now) as { job: string }[]).map((r) => r.job);
+  }
+
+  /** Jobs whose lease lapsed at least `graceMs` ago. */
+  lapsedBefore(cutoff: number): string[] {
+    return (this.db.prepare('SELECT job FROM leases WHERE lapsed_at IS NOT NULL AND lapsed_at <= ?').all(cutoff) as { job: string }[]).map((r) => r.job);
+  }
+
+  /** Jobs whose lease lapsed (paused, not yet destroyed). */
+  lapsedJobs(): string[] {
+    return (this.db.prepare('SELECT job FROM leases WHERE lapsed_at IS NOT NULL').all() as { job: string }[]).map((r) => r.job);
+  }
+
   /** Counts by state. */
   countByState(): Record<string, number> {
     const out: Record<string, number> = {};
@@ -191,18 +288,19 @@ export class SandboxRepo {
    * uid range, in one transaction, before anything is done on the host.
    * @throws DsecError ResourceExhausted when the uid pool has no free range.
    */
-  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt'>): SandboxRecord {
+  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt'>): SandboxRecord {
     const base = this.pickBase();
     const now = rec.createdAt;
     this.db.transaction(() => {
       this.db
         .prepare(
           `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count)
-           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s)
+           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
-          rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize);
+          rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
+          rec.priority, rec.idleTimeoutS);
       this.db.prepare('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);

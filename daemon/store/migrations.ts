@@ -62,4 +62,20 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX events_time ON events(time);
     `,
   },
+  {
+    version: 2,
+    description: 'priority, idle timeout and last activity on sandboxes; job leases',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN priority TEXT NOT NULL DEFAULT 'latency'; -- latency | batch
+      ALTER TABLE sandboxes ADD COLUMN idle_timeout_s INTEGER;                 -- pause after this long without an exec
+      ALTER TABLE sandboxes ADD COLUMN last_active_at INTEGER;                 -- ms; last exec start (or creation)
+      CREATE TABLE leases (
+        job         TEXT PRIMARY KEY,          -- value of the sandboxes' "job" label
+        ttl_s       INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL,          -- ms; a renewal at or after this instant is refused
+        lapsed_at   INTEGER,                   -- ms; set by the reaper when it paused the job
+        created_at  INTEGER NOT NULL
+      );
+    `,
+  },
 ];

@@ -13,7 +13,7 @@ function rec(id: string) {
   return {
     id, backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
     imageConfig: { env: [], cwd: '/', user: '0', cmd: [] }, cpus: 1, memoryBytes: 1 << 28, pids: 100,
-    labels: { job: 'a' }, env: {}, ttlS: null, createdAt: Date.now(),
+    labels: { job: 'a' }, env: {}, ttlS: null, createdAt: Date.now(), priority: 'latency' as const, idleTimeoutS: null,
   };
 }
 
@@ -25,6 +25,17 @@ describe('migrations', () => {
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type='table' ORDER BY name").all().map((r: any) => r.name);
     expect(tables).toEqual(expect.arrayContaining(['sandboxes', 'uid_ranges', 'events']));
     expect(migrate(db)).toEqual(MIGRATIONS.slice(1).map((m) => m.version));
+  });
+  it('migration 2 adds priority, idle timeout, last activity and leases to a version-1 store, keeping its rows', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 1));
+    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+    expect(migrate(db, MIGRATIONS.slice(0, 2))).toEqual([2]);
+    const row = db.prepare("SELECT priority, idle_timeout_s, last_active_at FROM sandboxes WHERE id = 'old'").get();
+    expect(row).toEqual({ priority: 'latency', idle_timeout_s: null, last_active_at: null });
+    db.prepare("INSERT INTO leases (job, ttl_s, expires_at, created_at) VALUES ('j', 5, 10, 1)").run();
+    expect(db.prepare('SELECT job, lapsed_at FROM leases').all()).toEqual([{ job: 'j', lapsed_at: null }]);
   });
   it('versions are consecutive from 1', () => {
     MIGRATIONS.forEach((m, i) => expect(m.version).toBe(i + 1));
@@ -95,6 +106,22 @@ describe('SandboxRepo', () => {
     expect(seen).toEqual(['sandbox.created']);
     expect(repo.events().map((e) => e.type)).toEqual(['sandbox.created', 'sandbox.destroyed']);
     expect(repo.events()[0]).toMatchObject({ sandbox_id: 'a', labels: { job: 'a' } });
+  });
+});
+
+describe('leases', () => {
+  it('renewal is accepted strictly before expires_at and refused at or after it, swept or not', () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    expect(repo.putLease('j', 10, 1000).created).toBe(true); // expires at 11000
+    expect(repo.putLease('j', 10, 10_999, 'renew').lease.expires_at).toBe(20_999);
+    expect(() => repo.putLease('j', 10, 20_999, 'renew')).toThrow(expect.objectContaining({ kind: 'FailedPrecondition' }));
+    expect(repo.lapseDue(20_998)).toEqual([]);
+    expect(repo.lapseDue(20_999)).toEqual(['j']);
+    expect(repo.lapseDue(30_000)).toEqual([]); // lapses once
+    expect(() => repo.putLease('j', 10, 21_000)).toThrow(/expired/);
+    expect(repo.lapsedBefore(20_999 + 5000)).toEqual(['j']);
+    expect(repo.deleteLease('j')).toBe(true);
+    expect(() => repo.putLease('nope', 10, 0, 'renew')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
   });
 });
 

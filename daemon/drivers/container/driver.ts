@@ -11,7 +11,7 @@
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  */
 import net from 'node:net';
-import { closeSync, openSync } from 'node:fs';
+import { closeSync, openSync, readFileSync } from 'node:fs';
 import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { constants as osConstants } from 'node:os';
@@ -23,7 +23,7 @@ import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
 import { DsecError, failedPrecondition, internal, invalidArgument, unavailable } from '../../errors.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
-import type { DriverCapabilities, DriverExecHandlers, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
+import type { DriverCapabilities, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
 import { buildSpec } from './spec.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
@@ -55,6 +55,16 @@ export function effectiveLayers(layers: readonly string[]): string[] {
   return layers.filter((d, i) => layers.indexOf(d, i + 1) === -1);
 }
 
+/** True when /proc/meminfo reports any swap (SwapTotal > 0). */
+export function hostHasSwap(): boolean {
+  try {
+    const m = /^SwapTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'));
+    return !!m && Number(m[1]) > 0;
+  } catch {
+    return false;
+  }
+}
+
 const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
   Object.entries(osConstants.signals).map(([name, num]) => [num as number, name]),
 );
@@ -79,7 +89,7 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   capabilities(): DriverCapabilities {
-    return { id: 'dsec.driver.container.v1', backend: 'container', available: true, reason: null, pause: false, snapshot: false };
+    return { id: 'dsec.driver.container.v1', backend: 'container', available: true, reason: null, pause: true, snapshot: false };
   }
 
   async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
@@ -204,7 +214,9 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
-    if (opts.graceMs && opts.graceMs > 0 && sb.initPid) await this.terminate(sb, opts.graceMs);
+    // A frozen task cannot act on a signal: thaw a paused sandbox before ending it.
+    if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
+    if (opts.graceMs && opts.graceMs > 0 && sb.initPid && sb.state === 'running') await this.terminate(sb, opts.graceMs);
     await this.dropAgent(sb.id);
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('stop.after-kill');
@@ -230,6 +242,7 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+    if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
     await this.dropAgent(sb.id);
     await this.d.runtime.kill(sb.id, 'KILL');
     fp.hit('destroy.after-kill');
@@ -354,6 +367,31 @@ export class ContainerDriver implements SandboxDriver {
       }
     }
     return { removed };
+  }
+
+  async pause(sb: SandboxRecord): Promise<ReclaimReport> {
+    await this.d.cgroups.freeze(sb.id);
+    const before = await this.d.cgroups.stats(sb.id);
+    // v2: memory.reclaim; v1: memory.force_empty. Without swap only page cache can go.
+    await this.d.cgroups.reclaim(sb.id).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'reclaim at pause failed'));
+    const after = await this.d.cgroups.stats(sb.id);
+    const swap = hostHasSwap();
+    return {
+      memory_before_bytes: before.memoryBytes,
+      memory_after_bytes: after.memoryBytes,
+      file_before_bytes: before.memoryCacheBytes,
+      file_after_bytes: after.memoryCacheBytes,
+      anon_bytes: after.memoryAnonBytes,
+      reclaimed_bytes: Math.max(0, before.memoryBytes - after.memoryBytes),
+      swap,
+      note: swap
+        ? 'page cache reclaimed; anonymous memory can be swapped out under pressure'
+        : 'page cache reclaimed; this host has no swap, so anonymous memory stays resident',
+    };
+  }
+
+  async resume(sb: SandboxRecord): Promise<void> {
+    await this.d.cgroups.thaw(sb.id);
   }
 
   async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T> {

@@ -60,6 +60,10 @@ const FileConfig = z
       .strict()
       .optional(),
     leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
+    retention: z
+      .object({ events_max: z.number().int().min(100).optional(), events_max_age_s: z.number().int().min(60).optional() })
+      .strict()
+      .optional(),
     images: z
       .object({
         store: z.string().optional(),
@@ -125,6 +129,13 @@ export interface DaemonConfig {
   admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number };
   /** After a job's lease lapses its sandboxes are paused; `destroyGraceMs` later they are destroyed (default 10 min). */
   leases: { destroyGraceMs: number };
+  /**
+   * Store retention: events beyond the newest `eventsMax` (default 100,000) or older
+   * than `eventsMaxAgeMs` (default 7 days) are pruned by the reaper. Destroyed
+   * sandboxes leave no row (their history is their events), and exec sessions are
+   * forgotten 10 minutes after they end, so the store stays bounded.
+   */
+  retention: { eventsMax: number; eventsMaxAgeMs: number };
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -200,6 +211,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
+    retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000 },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

@@ -236,7 +236,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     }
     const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState());
     const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
-    const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }));
+    const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }), config.retention);
     await reaper.sweep();
     reaper.start();
     const cg = cgroups;

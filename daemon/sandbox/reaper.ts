@@ -16,9 +16,6 @@ import { isDsecError } from '../errors.js';
 /** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
 export const REAP_INTERVAL_MS = 1000;
 
-/** Events kept in the store: the newest 100,000 (about a day of a busy host's lifecycle events); older ones are pruned by the sweep. */
-export const EVENTS_KEPT = 100_000;
-
 /** Periodic TTL enforcement and event pruning; `start()` after reconcile, `stop()` at shutdown. */
 export class Reaper {
   private timer: NodeJS.Timeout | null = null;
@@ -26,7 +23,14 @@ export class Reaper {
   private sweeps = 0;
   private readonly inFlight = new Set<string>();
 
-  constructor(private readonly repo: SandboxRepo, private readonly manager: SandboxManager, private readonly log: Logger, private readonly intervalMs = REAP_INTERVAL_MS) {}
+  constructor(
+    private readonly repo: SandboxRepo,
+    private readonly manager: SandboxManager,
+    private readonly log: Logger,
+    /** Event retention (see DaemonConfig.retention). */
+    private readonly retention: { eventsMax: number; eventsMaxAgeMs: number } = { eventsMax: 100_000, eventsMaxAgeMs: 7 * 86400_000 },
+    private readonly intervalMs = REAP_INTERVAL_MS,
+  ) {}
 
   /** Starts sweeping. Safe to call twice. */
   start(): void {
@@ -48,7 +52,7 @@ export class Reaper {
     const done: string[] = [];
     try {
       this.sweeps += 1;
-      if (this.sweeps % 60 === 1) this.repo.pruneEvents(EVENTS_KEPT);
+      if (this.sweeps % 60 === 1) this.repo.pruneEvents(this.retention.eventsMax, now - this.retention.eventsMaxAgeMs);
       await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
       await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {

@@ -403,9 +403,11 @@ export class SandboxRepo {
     }));
   }
 
-  /** Deletes all but the newest `keep` events. Returns how many were deleted. */
-  pruneEvents(keep: number): number {
-    return this.db.prepare('DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?').run(keep).changes;
+  /** Deletes all but the newest `keep` events, and (when `before` is given) events older than `before` (ms). Returns how many were deleted. */
+  pruneEvents(keep: number, before?: number): number {
+    let n = this.db.prepare('DELETE FROM events WHERE seq <= (SELECT MAX(seq) FROM events) - ?').run(keep).changes;
+    if (before !== undefined) n += this.db.prepare('DELETE FROM events WHERE time < ?').run(before).changes;
+    return n;
   }
 
   /** Subscribes to new events; returns the unsubscribe function. */

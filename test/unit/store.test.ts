@@ -132,6 +132,10 @@ describe('event pruning', () => {
     expect(repo.pruneEvents(3)).toBe(7);
     expect(repo.events().map((e) => e.type)).toEqual(['e7', 'e8', 'e9']);
     expect(repo.pruneEvents(3)).toBe(0);
+    // By age too.
+    const cutoff = Date.now() + 1;
+    expect(repo.pruneEvents(100, cutoff)).toBe(3);
+    expect(repo.events()).toEqual([]);
   });
 });
 

@@ -3,17 +3,17 @@
  * Also exports the create flags and their translation, which `dsec run` shares.
  */
 import type { Command } from 'commander';
-import type { Backend, CreateSandboxInput } from '../../sdk/index.js';
+import type { Backend, CreateSandboxInput, SandboxPriority } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
 import { UserError } from '../util/errors.js';
 import { writeJson } from '../util/output.js';
-import { collectEnv, collectLabel, flag, parseCpus, parseDuration, parsePositiveInt, parseSize } from '../util/parse.js';
+import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
 
 /** The backends the API names (whether this host has each: `dsec host info`). */
 export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisfies readonly Backend[];
 
-/** Longest TTL the API accepts (LIMITS.maxTtlS): 30 days, in ms. */
-const MAX_TTL_MS = 30 * 24 * 3600 * 1000;
+/** Scheduling classes the API names (`--priority`). */
+export const PRIORITIES = ['latency', 'batch'] as const satisfies readonly SandboxPriority[];
 
 /** Parsed create flags, as commander hands them to the action. */
 export interface CreateFlags {
@@ -31,8 +31,12 @@ export interface CreateFlags {
   label?: Record<string, string>;
   /** `--env`, accumulated. */
   env?: Record<string, string>;
-  /** `--ttl`, ms. */
+  /** `--ttl`, ms (whole seconds). */
   ttl?: number;
+  /** `--priority`. */
+  priority?: SandboxPriority;
+  /** `--idle-timeout`, seconds. */
+  idleTimeout?: number;
 }
 
 /** Parses `--backend`: one of {@link BACKENDS}. */
@@ -43,15 +47,23 @@ function parseBackend(text: string): string {
   return text;
 }
 
-/** Parses `--ttl DUR` into ms: at least 1s, at most 30 days; a unit is required. */
+/** Parses `--ttl DUR` into ms: at least 1s, at most 30 days, rounded up to whole seconds; a unit is required. */
 function parseTtl(text: string): number {
-  const ms = parseDuration(text, '--ttl');
-  if (ms < 1000) throw new UserError(`--ttl must be at least 1s, got ${JSON.stringify(text)}`, 'e.g. --ttl 10m');
-  if (ms > MAX_TTL_MS) throw new UserError(`--ttl ${JSON.stringify(text)} is longer than 30 days`);
-  return ms;
+  return parseWholeSeconds(text, '--ttl') * 1000;
 }
 
-/** Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--label`, `--env`, `--ttl`) to `cmd`. */
+/** Parses `--priority`: one of {@link PRIORITIES}. */
+function parsePriority(text: string): SandboxPriority {
+  if (!(PRIORITIES as readonly string[]).includes(text)) {
+    throw new UserError(`unknown priority ${JSON.stringify(text)}`, 'latency (the default) or batch (runs only on CPU time latency sandboxes leave over)');
+  }
+  return text as SandboxPriority;
+}
+
+/**
+ * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`,
+ * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`.
+ */
 export function addCreateOptions(cmd: Command): Command {
   return cmd
     .option('--backend <backend>', `isolation tier: ${BACKENDS.join(', ')} (default container)`, flag('--backend', parseBackend))
@@ -61,7 +73,9 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
     .option('--label <k=v>', 'label, repeatable (each key once)', flag('--label', collectLabel))
     .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
-    .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl));
+    .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl))
+    .option('--priority <class>', `scheduling class: ${PRIORITIES.join(' or ')}; batch runs at SCHED_IDLE with minimal CPU shares, so it never delays latency sandboxes (default latency)`, flag('--priority', parsePriority))
+    .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds); `dsec resume` thaws it', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));
 }
 
 /** The API request for parsed create flags; unset flags are left to the daemon's defaults. A TTL is rounded up to whole seconds. */
@@ -75,6 +89,8 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.label !== undefined) req.labels = f.label;
   if (f.env !== undefined) req.env = f.env;
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);
+  if (f.priority !== undefined) req.priority = f.priority;
+  if (f.idleTimeout !== undefined) req.idle_timeout_s = f.idleTimeout;
   return req;
 }
 

@@ -1,6 +1,6 @@
 /**
- * `dsec ls`: lists sandboxes as a table (ID, STATE, IMAGE, CPUS, MEMORY, AGE, LABELS),
- * their ids with -q, or `{sandboxes}` with --json.
+ * `dsec ls`: lists sandboxes as a table (ID, STATE, IMAGE, CPUS, MEMORY, AGE, LABELS;
+ * `--wide` adds PRIORITY after STATE), their ids with -q, or `{sandboxes}` with --json.
  */
 import type { Command } from 'commander';
 import type { SandboxState } from '../../sdk/index.js';
@@ -27,10 +27,11 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('--selector <sel>', 'only sandboxes whose labels match all terms: k=v, k!=v or k (has key), comma-separated', flag('--selector', parseSelector))
     .option('--state <state>', `only sandboxes in this state: ${STATES.join(', ')}`, flag('--state', parseState))
     .option('-q, --quiet', 'print only ids')
-    .action(async (opts: { selector?: string; state?: string; quiet?: boolean }) => {
+    .option('-w, --wide', 'more columns: PRIORITY (latency or batch)')
+    .action(async (opts: { selector?: string; state?: string; quiet?: boolean; wide?: boolean }) => {
       const sandboxes = await ctx.client().listSandboxes({ selector: opts.selector, state: opts.state });
       if (ctx.json) writeJson(ctx.io.stdout, { sandboxes });
       else if (opts.quiet) ctx.out(sandboxes.map((s) => s.id + '\n').join(''));
-      else ctx.out(renderSandboxTable(sandboxes, { color: ctx.color }));
+      else ctx.out(renderSandboxTable(sandboxes, { color: ctx.color, wide: opts.wide }));
     });
 }

@@ -71,6 +71,10 @@ const PERMISSION_HINT = 'the socket is root:dsec 0660: run as root or join the d
 /** dsecd answered Unavailable because it lost (or never got) the sandbox's agent. */
 const AGENT_HINT = "the sandbox's agent is unreachable; `dsec inspect ID` shows its state";
 
+/** A lease renewal (or re-creation) refused because the lease has expired (FailedPrecondition on `job lease`/`job renew`). */
+export const LEASE_EXPIRED_HINT =
+  'the lease expired; its sandboxes are paused and will be destroyed; create a new lease: `dsec job rm JOB`, then `dsec job lease JOB --ttl DUR`';
+
 /** The errno code behind a client-side API error (from its `cause`), if any. */
 export function errnoOf(err: DsecApiError): string | undefined {
   const c = (err as { cause?: unknown }).cause as { code?: unknown } | undefined;
@@ -88,6 +92,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
   const d: ErrorDetail = typeof detail === 'number' ? { status: detail } : detail;
   const image = verb === 'images' || verb.startsWith('image ');
   const layer = verb.startsWith('layer ');
+  const job = verb.startsWith('job ');
   switch (code) {
     case 'Unavailable':
       return unavailableHint(verb, d, image || layer);
@@ -99,6 +104,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (layer) return 'list layers with `dsec layer ls`';
       if (verb === 'attach' || verb.startsWith('execs')) return 'list sandboxes with `dsec ls`, the exec sessions of one with `dsec execs ID`';
       if (verb === 'cp') return 'check the path inside the sandbox (`dsec exec ID -- ls -la DIR`); `dsec ls` lists sandboxes';
+      if (verb === 'job renew') return 'no lease for that job: create one with `dsec job lease JOB --ttl DUR`; `dsec job ls` lists leases';
+      if (job) return 'list leases with `dsec job ls`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;
@@ -111,6 +118,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       return 'retry, or check `dsec inspect ID`';
     case 'FailedPrecondition':
       if (image || layer) return 'see `dsec image ls` and `dsec layer ls` for what uses it';
+      if (job) return LEASE_EXPIRED_HINT;
+      if (verb === 'pause') return 'check the sandbox state with `dsec inspect ID`; a stopped sandbox needs `dsec start ID` first';
       if (verb === 'rm') return 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway';
       return 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':

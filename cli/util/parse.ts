@@ -55,6 +55,21 @@ export function parseDuration(text: string, name = 'duration'): number {
   return out;
 }
 
+/** Longest TTL-like value the API accepts (LIMITS.maxTtlS): 30 days, in seconds. */
+export const MAX_TTL_S = 30 * 24 * 3600;
+
+/**
+ * Parses a DUR that dsecd takes in whole seconds (`ttl_s`, `idle_timeout_s`, a lease's
+ * `ttl_s`): at least 1s, at most 30 days, rounded up to whole seconds; returns seconds.
+ * `name` (e.g. `--idle-timeout`) names the value in errors.
+ */
+export function parseWholeSeconds(text: string, name: string): number {
+  const ms = parseDuration(text, name);
+  if (ms < 1000) throw new UserError(`${name} must be at least 1s, got ${JSON.stringify(text)}`, name.startsWith('-') ? `e.g. ${name} 10m` : 'e.g. 10m');
+  if (ms > MAX_TTL_S * 1000) throw new UserError(`${name} ${JSON.stringify(text)} is longer than 30 days`);
+  return Math.ceil(ms / 1000);
+}
+
 /** Label keys, as the API accepts them (daemon/api/schema.ts). */
 const LABEL_KEY = /^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/;
 /** Label values, as the API accepts them. */

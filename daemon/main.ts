@@ -24,6 +24,7 @@ import { SandboxManager } from './sandbox/manager.js';
 import { Failpoints } from './sandbox/failpoints.js';
 import { Reaper } from './sandbox/reaper.js';
 import { Metrics } from './metrics.js';
+import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
@@ -210,7 +211,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       // Verify before the first mount on this host; with a cache, mount the verified local copy.
       prepare: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
     });
-    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, log: log.child({ component: 'container' }) });
+    const coreSched = detectCoreScheduling();
+    const schedIdle = detectSchedIdle();
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }) });
     const drivers = new Map<Backend, SandboxDriver>([['container', container]]);
     const manager = new SandboxManager({ config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }) });
 
@@ -275,6 +278,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             capabilities: { enforced: true, detail: 'Docker default set; no CAP_SYS_PTRACE, CAP_SYS_ADMIN' },
             no_new_privileges: { enforced: true, detail: 'set on every sandbox process' },
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
+            sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
+            core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
             seccomp: { enforced: false, detail: 'default profile not built yet' },
             apparmor: { enforced: false, detail: existsSync('/sys/kernel/security/apparmor') ? 'profiles not built yet' : 'kernel has no AppArmor' },
             landlock: { enforced: false, detail: 'not built yet' },

@@ -1,7 +1,8 @@
 /**
  * Typed access to dsec's N-API addon (native/addon/dsec_native.c): the few Linux syscalls
  * Node lacks — user namespaces for idmapped mounts, open_tree/mount_setattr/move_mount,
- * mount(2), umount2(2) and a mount-point test.
+ * mount(2), umount2(2), a mount-point test, and the scheduling probes behind
+ * daemon/host/sched.ts (core scheduling, SCHED_IDLE).
  *
  * The addon is built by `make -C native/addon` into
  * `native/addon/build/Release/dsec_native.node` and loaded lazily on first use, so
@@ -50,6 +51,8 @@ interface NativeAddon {
   isMountpoint(path: string): boolean;
   dropCache(path: string): void;
   peerCred(fd: number): PeerCred;
+  schedCoreProbe(): number;
+  schedIdleProbe(): number;
   constants: NativeConstants;
 }
 
@@ -213,6 +216,28 @@ export function peerCred(fd: number): PeerCred {
  */
 export function dropCache(path: string): void {
   addon().dropCache(path);
+}
+
+/**
+ * Probes core scheduling on the calling thread: `prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET,
+ * 0, PIDTYPE_PID, &cookie)`. Returns 0 when the kernel has it and it is usable, else the
+ * errno number (positive): EINVAL (22) when the kernel was built without
+ * CONFIG_SCHED_CORE, ENODEV (19) when it has it but the CPUs have no SMT siblings.
+ * Changes nothing. Never throws for the probe itself (only when the addon is missing).
+ * See {@link detectCoreScheduling} in daemon/host/sched.ts for the interpreted result.
+ */
+export function schedCoreProbe(): number {
+  return addon().schedCoreProbe();
+}
+
+/**
+ * Probes SCHED_IDLE: a short-lived helper thread switches itself to SCHED_IDLE
+ * (scheduling policy is per thread, so the daemon's own threads keep theirs). Returns 0
+ * or the errno number (positive), e.g. EPERM under a seccomp/LSM policy that forbids
+ * sched_setscheduler. Never throws for the probe itself (only when the addon is missing).
+ */
+export function schedIdleProbe(): number {
+  return addon().schedIdleProbe();
 }
 
 /** Like {@link isMountpoint} but returns false when `path` does not exist. */

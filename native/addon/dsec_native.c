@@ -15,6 +15,13 @@
  *   mount(source, target, fstype, flags, data|null)   -- mount(2)
  *   umount(target, flags)                              -- umount2(2)
  *   isMountpoint(path) -> boolean                      -- statx STATX_ATTR_MOUNT_ROOT
+ *   schedCoreProbe() -> 0 | errno                     -- prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET)
+ *       on the calling thread: 0 when the kernel has core scheduling and it is usable
+ *       (CONFIG_SCHED_CORE and SMT present), else the errno (EINVAL: not compiled in;
+ *       ENODEV: compiled in but no SMT siblings). Never throws.
+ *   schedIdleProbe() -> 0 | errno                     -- sched_setscheduler(SCHED_IDLE)
+ *       on a short-lived thread of its own (policies are per thread), so the caller's
+ *       threads keep their policy. Never throws.
  *   constants: { MS_*, MNT_* } used by the TypeScript wrappers.
  *
  * Every failure throws an Error whose `code` is the errno name (e.g. "ENOENT"), with
@@ -34,6 +41,7 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <linux/mount.h>
+#include <pthread.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -80,6 +88,17 @@
 #endif
 #ifndef STATX_ATTR_MOUNT_ROOT
 #define STATX_ATTR_MOUNT_ROOT 0x00002000
+#endif
+
+/* Core scheduling (Linux 5.14); values are the kernel ABI of <linux/prctl.h>. */
+#ifndef PR_SCHED_CORE
+#define PR_SCHED_CORE 62
+#endif
+#ifndef PR_SCHED_CORE_GET
+#define PR_SCHED_CORE_GET 0
+#endif
+#ifndef PR_SCHED_CORE_SCOPE_THREAD
+#define PR_SCHED_CORE_SCOPE_THREAD 0 /* PIDTYPE_PID */
 #endif
 
 #define PATH_BUF 4096
@@ -511,6 +530,44 @@ static napi_value js_peer_cred(napi_env env, napi_callback_info info) {
   return obj;
 }
 
+/* ---------- scheduling probes (dsec host info; daemon/host/sched.ts) ---------- */
+
+static napi_value make_int(napi_env env, int v) {
+  napi_value n;
+  return napi_create_int32(env, v, &n) == napi_ok ? n : NULL;
+}
+
+/* schedCoreProbe(): prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET, 0 (this thread), PIDTYPE_PID,
+ * &cookie). Returns 0 or the errno: a kernel without CONFIG_SCHED_CORE does not know the
+ * option (EINVAL); one with it but without SMT refuses every command (ENODEV). */
+static napi_value js_sched_core_probe(napi_env env, napi_callback_info info) {
+  (void)info;
+  unsigned long long cookie = 0; /* 8-byte aligned, as the kernel requires */
+  int rc = prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET, 0, PR_SCHED_CORE_SCOPE_THREAD, (unsigned long)&cookie);
+  return make_int(env, rc == 0 ? 0 : errno);
+}
+
+static void *sched_idle_thread(void *arg) {
+  struct sched_param sp = {.sched_priority = 0};
+  int *out = arg;
+  /* pid 0 is the calling thread: only this helper thread changes policy. */
+  if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) *out = errno;
+  else *out = sched_getscheduler(0) == SCHED_IDLE ? 0 : EINVAL;
+  return NULL;
+}
+
+/* schedIdleProbe(): switch a short-lived thread of ours to SCHED_IDLE. Returns 0 or the
+ * errno (e.g. EPERM under a seccomp or LSM policy that forbids it). */
+static napi_value js_sched_idle_probe(napi_env env, napi_callback_info info) {
+  (void)info;
+  pthread_t t;
+  int result = 0;
+  int rc = pthread_create(&t, NULL, sched_idle_thread, &result);
+  if (rc != 0) return make_int(env, rc);
+  pthread_join(t, NULL);
+  return make_int(env, result);
+}
+
 /* ---------- module init ---------- */
 
 static int set_u32(napi_env env, napi_value obj, const char *name, uint32_t v) {
@@ -529,6 +586,8 @@ static napi_value init(napi_env env, napi_value exports) {
       {"isMountpoint", NULL, js_is_mountpoint, NULL, NULL, NULL, napi_enumerable, NULL},
       {"dropCache", NULL, js_drop_cache, NULL, NULL, NULL, napi_enumerable, NULL},
       {"peerCred", NULL, js_peer_cred, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"schedCoreProbe", NULL, js_sched_core_probe, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"schedIdleProbe", NULL, js_sched_idle_probe, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
 

@@ -4,7 +4,17 @@
  * It serves the dsec agent protocol (version 1, see docs/AGENT_PROTOCOL.md) on an
  * inherited, already-listening AF_UNIX SOCK_STREAM socket:
  *
- *     dsec-agent --listen-fd N
+ *     dsec-agent --listen-fd N [--sched-idle] [--core-sched]
+ *
+ * Priority flags (applied once at start, before the first connection is accepted, and
+ * inherited by every process the agent forks; see docs/AGENT_PROTOCOL.md, "Agent flags"):
+ *   --sched-idle  lower the agent's RLIMIT_NICE to 0 (soft and hard) and switch it to
+ *                 SCHED_IDLE: a batch sandbox. Failure is fatal (exit 1): a batch sandbox
+ *                 silently running at normal priority would hurt its latency neighbours.
+ *   --core-sched  give the agent's thread group a core-scheduling cookie of its own
+ *                 (PR_SCHED_CORE_CREATE): no task outside the sandbox shares an SMT core
+ *                 with its tasks at the same time. On a kernel without core scheduling
+ *                 (EINVAL: not compiled in; ENODEV: no SMT) it logs one line and continues.
  *
  * Lifecycle contracts:
  *   - As PID 1 it never exits: SIGTERM/SIGINT/SIGHUP are blocked (consumed through a
@@ -47,6 +57,7 @@
 #include <sys/ioctl.h>
 #include <termios.h>
 #include <linux/openat2.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/signalfd.h>
@@ -56,6 +67,17 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+
+/* Core scheduling (Linux 5.14, <linux/prctl.h>); values are the kernel ABI. */
+#ifndef PR_SCHED_CORE
+#define PR_SCHED_CORE 62
+#endif
+#ifndef PR_SCHED_CORE_CREATE
+#define PR_SCHED_CORE_CREATE 1
+#endif
+#ifndef PR_SCHED_CORE_SCOPE_THREAD_GROUP
+#define PR_SCHED_CORE_SCOPE_THREAD_GROUP 1 /* PIDTYPE_TGID */
+#endif
 
 #define AGENT_NAME "dsec-agent"
 #define AGENT_VERSION "0.1.0"
@@ -3271,8 +3293,50 @@ static int sock_opt(int fd, int opt)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: " AGENT_NAME " --listen-fd N\n"
-			"  N: an inherited, listening AF_UNIX SOCK_STREAM socket\n");
+	fprintf(stderr, "usage: " AGENT_NAME " --listen-fd N [--sched-idle] [--core-sched]\n"
+			"  N: an inherited, listening AF_UNIX SOCK_STREAM socket\n"
+			"  --sched-idle: run as SCHED_IDLE with RLIMIT_NICE 0 (a batch sandbox; inherited by every exec)\n"
+			"  --core-sched: own core-scheduling cookie for the agent and its execs (skipped if the kernel lacks it)\n");
+}
+
+/*
+ * --sched-idle. RLIMIT_NICE goes to 0 first (soft and hard; lowering needs no privilege):
+ * the kernel lets an unprivileged task leave SCHED_IDLE for SCHED_OTHER/SCHED_BATCH only
+ * when RLIMIT_NICE would permit nice 0 (rlimit >= 20 - nice, so any limit >= 1 can open a
+ * way out); otherwise it needs CAP_SYS_NICE in the initial user namespace, which no
+ * sandbox process has. Raising the hard limit again needs CAP_SYS_RESOURCE there too.
+ * Returns -1 (logged) on failure.
+ */
+static int sched_idle_setup(void)
+{
+	struct rlimit nl = { 0, 0 };
+	if (setrlimit(RLIMIT_NICE, &nl) < 0) {
+		logf_("fatal: setrlimit(RLIMIT_NICE, 0): %s", strerror(errno));
+		return -1;
+	}
+	struct sched_param sp = { .sched_priority = 0 };
+	if (sched_setscheduler(0, SCHED_IDLE, &sp) < 0) {
+		logf_("fatal: sched_setscheduler(SCHED_IDLE): %s", strerror(errno));
+		return -1;
+	}
+	return 0;
+}
+
+/* --core-sched: a new cookie for our own thread group (pid 0 = us), inherited across fork.
+ * Best effort: logs exactly one line either way and never fails the agent. */
+static void core_sched_setup(void)
+{
+	if (prctl(PR_SCHED_CORE, PR_SCHED_CORE_CREATE, 0, PR_SCHED_CORE_SCOPE_THREAD_GROUP, 0) == 0) {
+		logf_("core scheduling: own cookie for pid %d and its children", (int)getpid());
+		return;
+	}
+	int e = errno;
+	if (e == EINVAL || e == ENODEV)
+		logf_("core scheduling unavailable (prctl(PR_SCHED_CORE_CREATE): %s, errno %d: %s); continuing without a cookie",
+		      e == EINVAL ? "EINVAL" : "ENODEV", e, e == EINVAL ? "not in this kernel" : "no SMT siblings");
+	else
+		logf_("core scheduling failed (prctl(PR_SCHED_CORE_CREATE): errno %d: %s); continuing without a cookie", e,
+		      strerror(e));
 }
 
 /* SIGKILL every child of ours found in /proc (orphans reparented to us as subreaper).
@@ -3345,9 +3409,18 @@ static void shutdown_execs(void)
 int main(int argc, char **argv)
 {
 	long listen_fd = -1;
+	int sched_idle = 0, core_sched = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
+		if (strcmp(a, "--sched-idle") == 0) {
+			sched_idle = 1;
+			continue;
+		}
+		if (strcmp(a, "--core-sched") == 0) {
+			core_sched = 1;
+			continue;
+		}
 		if (strcmp(a, "--listen-fd") == 0 && i + 1 < argc)
 			val = argv[++i];
 		else if (strncmp(a, "--listen-fd=", 12) == 0)
@@ -3386,6 +3459,13 @@ int main(int argc, char **argv)
 	prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
 	if (!g_is_pid1)
 		prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0);
+
+	/* Priority class: before the listening socket is served, so no exec ever starts
+	 * outside it (children inherit the policy, RLIMIT_NICE and the core cookie). */
+	if (sched_idle && sched_idle_setup() < 0)
+		return 1;
+	if (core_sched)
+		core_sched_setup();
 
 	int lfd = (int)listen_fd;
 	if (sock_opt(lfd, SO_ACCEPTCONN) <= 0) {
@@ -3446,8 +3526,8 @@ int main(int argc, char **argv)
 		logf_("fatal: epoll_ctl: %s", strerror(errno));
 		return 1;
 	}
-	logf_("started version=" AGENT_VERSION " protocol=%u listen-fd=%d pid1=%s", PROTOCOL_VERSION, lfd,
-	      g_is_pid1 ? "yes" : "no");
+	logf_("started version=" AGENT_VERSION " protocol=%u listen-fd=%d pid1=%s sched=%s", PROTOCOL_VERSION, lfd,
+	      g_is_pid1 ? "yes" : "no", sched_idle ? "idle" : "other");
 	reap_all(); /* children that existed before we exec'd, if any */
 
 	struct epoll_event evs[64];

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { AGENT_PATH, buildSpec, DEFAULT_CAPS } from '../../daemon/drivers/container/spec.js';
+import { AGENT_PATH, BATCH_CPU_SHARES, buildSpec, DEFAULT_CAPS } from '../../daemon/drivers/container/spec.js';
 
 const input = {
   id: 'abcd', rootfs: '/r/rootfs', agentBinary: '/opt/dsec-agent', uidBase: 2 ** 31, uidCount: 65536,
@@ -34,5 +34,40 @@ describe('OCI spec', () => {
   });
   it('is deterministic', () => {
     expect(JSON.stringify(buildSpec(input))).toBe(JSON.stringify(buildSpec(input)));
+  });
+});
+
+describe('OCI spec: priority classes', () => {
+  const latency = buildSpec(input) as any;
+  it('latency (the default, or explicit) is the unchanged spec: no agent flags, default shares, no rlimits, no unified', () => {
+    expect(JSON.stringify(buildSpec({ ...input, priority: 'latency' }))).toBe(JSON.stringify(latency));
+    expect(JSON.stringify(buildSpec({ ...input, priority: 'latency', cgroupVersion: 2 }))).toBe(JSON.stringify(latency));
+    expect(latency.process.args).toEqual([AGENT_PATH, '--listen-fd', '3']);
+    expect(latency.process.rlimits).toBeUndefined();
+    expect(latency.linux.resources.cpu).not.toHaveProperty('shares');
+    expect(latency.linux.resources).not.toHaveProperty('unified');
+  });
+  it('batch: the agent gets --sched-idle, the cgroup the minimum cpu.shares (2), RLIMIT_NICE 0', () => {
+    const b = buildSpec({ ...input, priority: 'batch' }) as any;
+    expect(b.process.args).toEqual([AGENT_PATH, '--listen-fd', '3', '--sched-idle']);
+    expect(BATCH_CPU_SHARES).toBe(2);
+    expect(b.linux.resources.cpu).toEqual({ quota: 50_000, period: 100_000, shares: 2 });
+    expect(b.process.rlimits).toEqual([{ type: 'RLIMIT_NICE', hard: 0, soft: 0 }]);
+    // Everything else is the latency spec.
+    const strip = (s: any) => ({ ...s, process: { ...s.process, args: undefined, rlimits: undefined }, linux: { ...s.linux, resources: { ...s.linux.resources, cpu: undefined } } });
+    expect(strip(b)).toEqual(strip(latency));
+  });
+  it('batch on cgroup v1 (the default) never sets unified; on v2 it sets cpu.idle 1', () => {
+    expect((buildSpec({ ...input, priority: 'batch' }) as any).linux.resources).not.toHaveProperty('unified');
+    expect((buildSpec({ ...input, priority: 'batch', cgroupVersion: 1 }) as any).linux.resources).not.toHaveProperty('unified');
+    const v2 = buildSpec({ ...input, priority: 'batch', cgroupVersion: 2 }) as any;
+    expect(v2.linux.resources.unified).toEqual({ 'cpu.idle': '1' });
+    expect(v2.linux.resources.cpu.shares).toBe(2);
+  });
+  it('core scheduling adds --core-sched for either class, only when the caller asks', () => {
+    expect((buildSpec({ ...input, coreScheduling: true }) as any).process.args).toEqual([AGENT_PATH, '--listen-fd', '3', '--core-sched']);
+    expect((buildSpec({ ...input, priority: 'batch', coreScheduling: true }) as any).process.args)
+      .toEqual([AGENT_PATH, '--listen-fd', '3', '--sched-idle', '--core-sched']);
+    expect((buildSpec({ ...input, coreScheduling: false }) as any).process.args).toEqual([AGENT_PATH, '--listen-fd', '3']);
   });
 });

@@ -40,6 +40,8 @@ export interface ContainerDriverDeps {
   layers: LayerMounts;
   /** Host path of the static agent binary. */
   agentBinary: string;
+  /** Give each sandbox its own core-scheduling cookie (only where the kernel has core scheduling). */
+  coreScheduling: boolean;
   log: Logger;
 }
 
@@ -157,6 +159,9 @@ export class ContainerDriver implements SandboxDriver {
       cpus: sb.cpus,
       memoryBytes: sb.memoryBytes,
       pids: sb.pids,
+      priority: sb.priority,
+      cgroupVersion: this.d.cgroups.version,
+      coreScheduling: this.d.coreScheduling,
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');

@@ -5,6 +5,13 @@
  * The container's init is the dsec agent (native/agent), bind-mounted read-only at
  * {@link AGENT_PATH} and started with `--listen-fd 3`: fd 3 is the listening socket that
  * dsecd bound at a host path the sandbox's mount namespace does not contain.
+ *
+ * Priority classes (see daemon/host/sched.ts): a `batch` sandbox's agent also gets
+ * `--sched-idle` (it and every process it forks run as SCHED_IDLE), its cgroup gets the
+ * smallest CPU weight (cpu.shares 2; cgroup v2 also cpu.idle 1) and RLIMIT_NICE 0 so no
+ * process inside can switch itself back to SCHED_OTHER. A `latency` sandbox (the
+ * default) gets the spec it always had. `--core-sched` (one core-scheduling cookie per
+ * sandbox) is passed when the caller says the host has core scheduling.
  */
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
@@ -23,6 +30,19 @@ export const DEFAULT_CAPS = [
 /** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
 export const CPU_PERIOD_US = 100_000;
 
+/**
+ * cpu.shares of a batch sandbox: 2, the smallest value cgroup v1 accepts (the default is
+ * 1024), so under contention a batch sandbox's cgroup gets ~1/512 of a latency sibling's
+ * CPU time. On cgroup v2 runc maps shares to cpu.weight (2 → 1, the minimum).
+ */
+export const BATCH_CPU_SHARES = 2;
+
+/** Agent flag that puts the agent and every process it forks in SCHED_IDLE (batch sandboxes). */
+export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
+
+/** Agent flag that gives the sandbox its own core-scheduling cookie (hosts with core scheduling). */
+export const AGENT_FLAG_CORE_SCHED = '--core-sched';
+
 /** Inputs of {@link buildSpec}. */
 export interface SpecInput {
   /** Sandbox id; also the hostname. */
@@ -40,6 +60,15 @@ export interface SpecInput {
   cpus: number;
   memoryBytes: number;
   pids: number;
+  /** CPU priority class; default `latency` (see the module comment). */
+  priority?: 'latency' | 'batch';
+  /**
+   * cgroup version of the host (daemon/host/cgroups); default 1. Only on 2 does a batch
+   * sandbox get `unified: {"cpu.idle": "1"}` — runc refuses `unified` on v1 hosts.
+   */
+  cgroupVersion?: 1 | 2;
+  /** Pass `--core-sched` to the agent (set when detectCoreScheduling() says available); default false. */
+  coreScheduling?: boolean;
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -52,18 +81,35 @@ const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/pro
 /** Builds the OCI spec (runtime-spec 1.0.2 as runc 1.1 reads it). */
 export function buildSpec(i: SpecInput): Record<string, unknown> {
   const caps = [...DEFAULT_CAPS];
+  const batch = i.priority === 'batch';
+  const args = [AGENT_PATH, '--listen-fd', '3'];
+  if (batch) args.push(AGENT_FLAG_SCHED_IDLE);
+  if (i.coreScheduling) args.push(AGENT_FLAG_CORE_SCHED);
+  const cpu: Record<string, number> = { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US };
+  if (batch) cpu.shares = BATCH_CPU_SHARES;
+  const proc: Record<string, unknown> = {
+    terminal: false,
+    user: { uid: 0, gid: 0 },
+    args,
+    env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'],
+    cwd: '/',
+    capabilities: { bounding: caps, effective: caps, permitted: caps },
+    noNewPrivileges: true,
+    oomScoreAdj: 0,
+  };
+  // Leaving SCHED_IDLE without CAP_SYS_NICE needs RLIMIT_NICE ≥ 20 − nice; 0 closes that
+  // door whatever limit dsecd itself inherited (e.g. systemd's LimitNICE=).
+  if (batch) proc.rlimits = [{ type: 'RLIMIT_NICE', hard: 0, soft: 0 }];
+  const resources: Record<string, unknown> = {
+    memory: { limit: i.memoryBytes },
+    cpu,
+    pids: { limit: i.pids },
+    devices: [{ allow: false, access: 'rwm' }],
+  };
+  if (batch && i.cgroupVersion === 2) resources.unified = { 'cpu.idle': '1' };
   return {
     ociVersion: '1.0.2',
-    process: {
-      terminal: false,
-      user: { uid: 0, gid: 0 },
-      args: [AGENT_PATH, '--listen-fd', '3'],
-      env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'],
-      cwd: '/',
-      capabilities: { bounding: caps, effective: caps, permitted: caps },
-      noNewPrivileges: true,
-      oomScoreAdj: 0,
-    },
+    process: proc,
     root: { path: i.rootfs, readonly: false },
     hostname: i.id,
     mounts: [
@@ -80,12 +126,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       gidMappings: [{ containerID: 0, hostID: i.uidBase, size: i.uidCount }],
       namespaces: [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'user' }, { type: 'cgroup' }],
       cgroupsPath: i.cgroupsPath,
-      resources: {
-        memory: { limit: i.memoryBytes },
-        cpu: { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US },
-        pids: { limit: i.pids },
-        devices: [{ allow: false, access: 'rwm' }],
-      },
+      resources,
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',

@@ -132,6 +132,12 @@ export interface AgentExecHandle {
    */
   writeStdin(b: Buffer): void;
   /**
+   * Resolves when the connection can take more data: its socket's buffer is below its
+   * high-water mark (or the connection is gone). Callers feeding stdin await it after
+   * each write, so stdin is paced by what the agent (and the command) consume.
+   */
+  drained(): Promise<void>;
+  /**
    * Close the child's stdin (after the queued bytes). Safe to call twice. A no-op for a tty
    * exec: a terminal has no end of input; write "\x04" (Ctrl-D) instead.
    */
@@ -467,6 +473,7 @@ export class AgentClient {
           this.send(FrameType.STDIN, stream, b.subarray(off, Math.min(b.length, off + STDIN_FRAME_BYTES)));
         }
       },
+      drained: () => this.drained(),
       closeStdin: () => {
         if (tty || !req.stdin || stdinClosed) return;
         stdinClosed = true;
@@ -878,6 +885,20 @@ export class AgentClient {
   private unpauseFor(stream: number): void {
     if (!this.pausers.delete(stream)) return;
     if (this.pausers.size === 0 && !this._closed) this.socket.resume();
+  }
+
+  /** Resolves once the socket's write buffer is below its high-water mark, or the connection closed. */
+  drained(): Promise<void> {
+    if (this._closed || !this.socket.writableNeedDrain) return Promise.resolve();
+    return new Promise((resolve) => {
+      const done = () => {
+        this.socket.off('drain', done);
+        this.socket.off('close', done);
+        resolve();
+      };
+      this.socket.on('drain', done);
+      this.socket.on('close', done);
+    });
   }
 
   private send(type: number, stream: number, payload?: Buffer): void {

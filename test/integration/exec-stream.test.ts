@@ -84,6 +84,27 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
     expect(exit).toMatchObject({ state: 'exited', exit_code: 0 });
   });
 
+  it('stdin nobody reads holds back its uploader, not the sandbox\'s other execs or dsecd memory', async () => {
+    const e = await api<Info>('POST', '/execs', { argv: ['sleep', '60'], stdin: true });
+    const base = rss(d.pid);
+    const post = new Promise<number>((resolve, reject) => {
+      const r = http.request({ socketPath: d.socket, method: 'POST', path: `/v1/sandboxes/${sb}/execs/${e.exec_id}/stdin`, headers: { 'content-type': 'application/octet-stream' } }, (res) => {
+        res.resume();
+        res.on('end', () => resolve(res.statusCode!));
+      });
+      r.on('error', reject);
+      r.end(Buffer.alloc(64 << 20));
+    });
+    const posted = post.then(() => 'stdin');
+    await new Promise((r) => setTimeout(r, 500));
+    const other = d.client.exec(sb, { argv: ['echo', 'not blocked'] }).then((x) => x.stdout.toString());
+    expect(await Promise.race([other, posted])).toBe('not blocked\n');
+    expect(rss(d.pid) - base).toBeLessThan(48 * 2 ** 20);
+    // Killing the session works even though its connection is backed up with stdin.
+    await api('DELETE', `/execs/${e.exec_id}`);
+    await posted.catch(() => {});
+  });
+
   it('delivers SIGTERM to a running exec', async () => {
     const e = await api<Info>('POST', '/execs', { argv: ['sh', '-c', 'trap "echo term; exit 7" TERM; while :; do sleep 0.1; done'] });
     await new Promise((r) => setTimeout(r, 300));

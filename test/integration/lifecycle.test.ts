@@ -218,12 +218,14 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
   it('stop sends SIGTERM first and waits out the grace period before killing', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox' });
     try {
-      await d.client.exec(sb.id, { argv: ['sh', '-c', 'sh -c \'trap "echo got-term > /root/term; exit 0" TERM; while true; do sleep 0.1; done\' >/dev/null 2>&1 &'] });
+      // The exec returns only once the background shell has installed its trap (marker file).
+      const trapper = 'rm -f /root/ready; sh -c \'trap "echo got-term > /root/term; exit 0" TERM; touch /root/ready; while true; do sleep 0.1; done\' >/dev/null 2>&1 & while [ ! -e /root/ready ]; do sleep 0.05; done';
+      await d.client.exec(sb.id, { argv: ['sh', '-c', trapper] });
       await d.client.request('POST', `/v1/sandboxes/${sb.id}/stop`, { timeout_ms: 5000 });
       await d.client.startSandbox(sb.id);
       expect((await d.client.exec(sb.id, { argv: ['cat', '/root/term'] })).stdout.toString()).toBe('got-term\n');
       // timeout_ms 0 kills at once: the trap never runs.
-      await d.client.exec(sb.id, { argv: ['sh', '-c', 'rm /root/term; sh -c \'trap "echo got-term > /root/term; exit 0" TERM; while true; do sleep 0.1; done\' >/dev/null 2>&1 &'] });
+      await d.client.exec(sb.id, { argv: ['sh', '-c', `rm /root/term; ${trapper}`] });
       await d.client.request('POST', `/v1/sandboxes/${sb.id}/stop`, { timeout_ms: 0 });
       await d.client.startSandbox(sb.id);
       expect((await d.client.exec(sb.id, { argv: ['ls', '/root/term'] })).exit_code).not.toBe(0);

@@ -110,7 +110,16 @@ export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
     assertStdin(s);
     const body = req.body as NodeJS.ReadableStream | string | Buffer | undefined;
     if (body && typeof (body as NodeJS.ReadableStream).on === 'function') {
-      for await (const chunk of body as AsyncIterable<Buffer>) s.handle.writeStdin(Buffer.from(chunk));
+      // Paced by the agent: wait for the connection to drain after each chunk, so an
+      // exec that does not read its stdin holds the upload back instead of daemon memory.
+      const stream = body as NodeJS.ReadableStream;
+      for await (const chunk of stream as AsyncIterable<Buffer>) {
+        if (s.ended) break;
+        s.handle.writeStdin(Buffer.from(chunk));
+        await s.handle.drained();
+      }
+      // The command ended first: discard the rest, so the connection is free again.
+      stream.resume();
     } else if (body) {
       s.handle.writeStdin(Buffer.isBuffer(body) ? body : Buffer.from(typeof body === 'string' ? body : JSON.stringify(body)));
     }
@@ -165,8 +174,11 @@ export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
       try {
         if (isBinary) {
           if (data.length < 1 || data[0] !== 0) throw invalidArgument('binary messages must start with channel byte 0 (stdin)');
-          assertStdin(s);
+          if (!s.tty) assertStdin(s);
           s.handle.writeStdin(data.subarray(1));
+          // Stop reading this WebSocket until the agent connection drains (backpressure).
+          socket.pause();
+          void s.handle.drained().then(() => socket.resume());
           return;
         }
         let msg: { type?: string; rows?: number; cols?: number; signal?: string | number };

@@ -300,6 +300,31 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
+    // An exec that takes stdin gets a connection of its own: the agent stops reading a
+    // connection while one of its execs has a large stdin backlog (a command that does
+    // not read), and that must never stall the sandbox's other execs and file copies.
+    if (req.stdin || req.tty) {
+      let own: AgentClient;
+      try {
+        own = await AgentClient.connect(path.join(this.dir(sb.id), 'agent.sock'), { timeoutMs: 5_000 });
+      } catch (e) {
+        throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
+      }
+      const h = own.startExec(
+        { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
+        handlers,
+      );
+      void h.done.then(() => own.close(), () => own.close());
+      // A SIGKILL frame can sit behind a stdin backlog the agent is not reading; closing
+      // the exec's own connection makes the agent kill it regardless.
+      return {
+        ...h,
+        signal: (signo: number) => {
+          h.signal(signo);
+          if (signo === 9) setTimeout(() => own.close(), 1000).unref();
+        },
+      };
+    }
     const client = await this.agentClient(sb);
     return client.startExec(
       { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },

@@ -152,5 +152,6 @@ describe('selectors', () => {
   it('reject malformed terms', () => {
     expect(() => parseSelector('=a')).toThrow(/empty key/);
     expect(() => parseSelector('a b=c')).toThrow(/bad selector key/);
+    expect(() => parseSelector('job=a, x y=1')).toThrow(/bad selector key "x y" at position 7/);
   });
 });

@@ -193,7 +193,8 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     // may be a devpts instance this process cannot open by name.)
     const masterFd = (p as unknown as { _fd: number })._fd;
     let raw = '';
-    for (let i = 0; i < 100 && !/-icanon/.test(raw); i++) {
+    // Raw mode (-icanon) and -opost are set in two steps: wait for both.
+    for (let i = 0; i < 100 && !(/-icanon/.test(raw) && /-opost/.test(raw)); i++) {
       await sleep(50);
       raw = String(spawnSync('stty', ['-a'], { stdio: [masterFd, 'pipe', 'pipe'] }).stdout);
     }

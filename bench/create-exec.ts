@@ -10,22 +10,14 @@
  *        [--no-podman] [--exec-repeats 500]
  * Without --socket it starts its own dsecd on a temporary root and removes it after.
  */
-import { spawn } from 'node:child_process';
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync } from 'node:fs';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
 import { DsecClient } from '../sdk/client.js';
 import { prepareBusyboxTree } from '../daemon/image/builtin.js';
-import { repoRoot } from '../daemon/main.js';
-
-/** Percentile (nearest-rank) of `xs` in the same unit; `p` in [0, 100]. */
-export function percentile(xs: number[], p: number): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-}
+import { percentile, tempDaemon } from './lib.js';
 
 const round = (x: number) => Math.round(x * 100) / 100;
 
@@ -37,39 +29,6 @@ async function pool(n: number, c: number, fn: (i: number) => Promise<void>): Pro
   }));
 }
 
-/** Starts a throwaway dsecd; resolves with its client and a stop function. */
-async function tempDaemon(): Promise<{ client: DsecClient; stop: () => Promise<void>; root: string }> {
-  const root = mkdtempSync('/tmp/dsec-bench-');
-  const cfg = path.join(root, 'dsecd.toml');
-  writeFileSync(cfg, `[uid_pool]\nbase = ${3 * 2 ** 30 + 30 * 2 ** 25}\nsize = ${2 ** 25}\n`);
-  const socket = path.join(root, 'dsecd.sock');
-  const proc = spawn(path.join(repoRoot(), 'bin/dsecd'), ['--root', root, '--socket', socket, '--config', cfg], {
-    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn' },
-  });
-  const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    try {
-      await client.version();
-      break;
-    } catch (e) {
-      if (Date.now() > deadline || proc.exitCode !== null) throw new Error(`dsecd did not start: ${(e as Error).message}`);
-      await new Promise((r) => setTimeout(r, 50));
-    }
-  }
-  return {
-    client,
-    root,
-    stop: async () => {
-      client.close();
-      proc.kill('SIGTERM');
-      await new Promise((r) => proc.once('exit', r));
-      // --purge destroys what is left (after a failed run), unmounts layers and removes cgroup parents.
-      await execa(process.execPath, [path.join(repoRoot(), 'bin/dsecd'), '--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
-      rmSync(root, { recursive: true, force: true });
-    },
-  };
-}
 
 async function main(): Promise<void> {
   const opts = new Command('create-exec')
@@ -84,7 +43,7 @@ async function main(): Promise<void> {
   const c = Number(opts.concurrency);
   const k = Number(opts.execRepeats);
 
-  const d = opts.socket ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {}, root: '' } : await tempDaemon();
+  const d = opts.socket ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {}, root: '' } : await tempDaemon('dsec-bench-', { base: 3 * 2 ** 30 + 30 * 2 ** 25, size: 2 ** 25 });
   const firstExec: number[] = [];
   const execLat: number[] = [];
   const destroyLat: number[] = [];

@@ -24,23 +24,14 @@
  * Without --socket it starts its own dsecd on a temporary root and removes it after.
  * Prints one JSON object.
  */
-import { spawn } from 'node:child_process';
-import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
-import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
 import { DsecClient } from '../sdk/client.js';
-import { repoRoot } from '../daemon/main.js';
+import { percentile, tempDaemon } from './lib.js';
 import { readSchedPolicy, SCHED_POLICY } from '../daemon/host/sched.js';
-
-/** Percentile (nearest-rank) of `xs`; `p` in [0, 100]. */
-function percentile(xs: number[], p: number): number {
-  if (xs.length === 0) return NaN;
-  const s = [...xs].sort((a, b) => a - b);
-  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
-}
 
 const round = (x: number) => Math.round(x * 1000) / 1000;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
@@ -51,39 +42,6 @@ const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
  */
 const POOL = { base: 3 * 2 ** 30 + 31 * 2 ** 25, size: 2 ** 25 - 65536 };
 
-/** Starts a throwaway dsecd (the bench/create-exec.ts pattern); resolves with its client and a stop function. */
-async function tempDaemon(): Promise<{ client: DsecClient; stop: () => Promise<void>; pid?: number }> {
-  const root = mkdtempSync('/tmp/dsec-bench-prio-');
-  const cfg = path.join(root, 'dsecd.toml');
-  writeFileSync(cfg, `[uid_pool]\nbase = ${POOL.base}\nsize = ${POOL.size}\n`);
-  const socket = path.join(root, 'dsecd.sock');
-  const proc = spawn(path.join(repoRoot(), 'bin/dsecd'), ['--root', root, '--socket', socket, '--config', cfg], {
-    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn' },
-  });
-  const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });
-  const deadline = Date.now() + 60_000;
-  for (;;) {
-    try {
-      await client.version();
-      break;
-    } catch (e) {
-      if (Date.now() > deadline || proc.exitCode !== null) throw new Error(`dsecd did not start: ${(e as Error).message}`);
-      await sleep(50);
-    }
-  }
-  return {
-    client,
-    pid: proc.pid,
-    stop: async () => {
-      client.close();
-      proc.kill('SIGTERM');
-      await new Promise((r) => proc.once('exit', r));
-      // --purge destroys what is left (after a failed run), unmounts layers and removes cgroup parents.
-      await execa(process.execPath, [path.join(repoRoot(), 'bin/dsecd'), '--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
-      rmSync(root, { recursive: true, force: true });
-    },
-  };
-}
 
 /** Host pids whose parent is `ppid` and whose command line contains `needle`. */
 function childrenMatching(ppid: number, needle: string): number[] {
@@ -215,7 +173,7 @@ async function main(): Promise<void> {
 
   const d: { client: DsecClient; stop: () => Promise<void>; pid?: number } = opts.socket
     ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {} }
-    : await tempDaemon();
+    : await tempDaemon('dsec-bench-prio-', POOL);
   const client = d.client;
   const cleanup: (() => Promise<void>)[] = [];
   const live: number[] = [];

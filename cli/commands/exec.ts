@@ -98,9 +98,9 @@ async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: Exe
   ctx.exitCode = reportExecResult(ctx, result, { timeoutMs: flags.timeout });
 }
 
-/** `exec -d`: starts the session and prints its id (or ExecInfo). */
-async function execDetached(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
-  const info = await ctx.client().startExec(id, {
+/** The exec-session request of `exec -d/-i/-t`: the flags, a PTY of our terminal's size with -t. */
+function sessionRequest(ctx: Ctx, argv: string[], flags: ExecFlags) {
+  return {
     argv,
     env: flags.env,
     cwd: flags.cwd,
@@ -108,7 +108,12 @@ async function execDetached(ctx: Ctx, id: string, argv: string[], flags: ExecFla
     stdin: flags.stdin ? true : undefined,
     tty: flags.tty ? terminalSize(ctx.io.stdout) : undefined,
     timeoutMs: flags.timeout,
-  });
+  };
+}
+
+/** `exec -d`: starts the session and prints its id (or ExecInfo). */
+async function execDetached(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
+  const info = await ctx.client().startExec(id, sessionRequest(ctx, argv, flags));
   if (ctx.json) writeJson(ctx.io.stdout, info);
   else ctx.out(info.exec_id + '\n');
   // A command that could not even start (not found, not executable) is reported now.
@@ -125,15 +130,7 @@ async function execAttached(ctx: Ctx, id: string, argv: string[], flags: ExecFla
     throw new UserError('the input device is not a TTY', 'drop -t (pipes work with -i alone), or run it from a terminal');
   }
   const client = ctx.client();
-  const info: ExecInfo = await client.startExec(id, {
-    argv,
-    env: flags.env,
-    cwd: flags.cwd,
-    user: flags.user,
-    stdin: flags.stdin ? true : undefined,
-    tty: flags.tty ? terminalSize(ctx.io.stdout) : undefined,
-    timeoutMs: flags.timeout,
-  });
+  const info: ExecInfo = await client.startExec(id, sessionRequest(ctx, argv, flags));
   const att = client.attachExec(id, info.exec_id, { killOnDetach: true });
   const outcome = await runAttached(ctx, att, {
     tty: flags.tty === true,

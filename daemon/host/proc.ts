@@ -1,5 +1,6 @@
-/** Reading /proc/PID/stat: process liveness that survives pid reuse. */
+/** Reading /proc/PID/stat (process liveness that survives pid reuse), and signal names. */
 import { readFileSync } from 'node:fs';
+import { constants as osConstants } from 'node:os';
 
 /**
  * starttime (field 22 of /proc/PID/stat: clock ticks after boot) of a live process, or
@@ -17,4 +18,13 @@ export function procStartTime(pid: number): number | null {
   const rest = s.slice(s.lastIndexOf(')') + 2).split(' ');
   if (rest[0] === 'Z' || rest[0] === 'X') return null; // rest[0] is field 3, the state
   return Number(rest[19]);
+}
+
+const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
+  Object.entries(osConstants.signals).map(([name, num]) => [num as number, name]),
+);
+
+/** Signal number -> name, e.g. 9 -> `SIGKILL`; `SIG<n>` for numbers Node does not name. */
+export function signalName(n: number): string {
+  return SIGNAL_NAMES[n] ?? `SIG${n}`;
 }

@@ -24,6 +24,7 @@ import path from 'node:path';
 import { constants as osConstants } from 'node:os';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound } from '../errors.js';
 import type { AgentExecHandle, AgentExecOutcome } from '../agent/client.js';
+import { signalName } from '../host/proc.js';
 
 /** Which output stream. */
 export type StreamName = 'stdout' | 'stderr';
@@ -83,7 +84,6 @@ export interface ExecInfo {
   stderr_dropped_bytes: number;
 }
 
-const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(Object.entries(osConstants.signals).map(([n, v]) => [v as number, n]));
 
 /** One exec session; see the module comment. */
 export class ExecSession {
@@ -212,7 +212,7 @@ export class ExecSession {
       started_at: this.startedAt,
       finished_at: this.finishedAt,
       exit_code: o?.kind === 'exit' ? o.exitCode : o?.kind === 'exec_error' ? (o.errno === osConstants.errno.ENOENT ? 127 : 126) : null,
-      signal: o?.kind === 'exit' && o.signal !== null ? SIGNAL_NAMES[o.signal] ?? `SIG${o.signal}` : null,
+      signal: o?.kind === 'exit' && o.signal !== null ? signalName(o.signal) : null,
       timed_out: o?.kind === 'exit' ? o.timedOut : false,
       error: this.error,
       stdout_bytes: this.spools.stdout.size,

@@ -25,7 +25,7 @@ import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/type
 import type { AgentClient } from '../agent/client.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packUpper } from '../image/commit.js';
-import { procStartTime } from '../host/proc.js';
+import { procStartTime, signalName } from '../host/proc.js';
 import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
@@ -467,7 +467,7 @@ export class SandboxManager {
     }
     return {
       exit_code: r.exitCode,
-      signal: r.signal === null ? null : ContainerDriver.signalName(r.signal),
+      signal: r.signal === null ? null : signalName(r.signal),
       stdout_b64: r.stdout.toString('base64'),
       stderr_b64: r.stderr.toString('base64'),
       stdout_truncated: r.stdoutTruncated,

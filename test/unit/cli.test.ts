@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { main } from '../../cli/main.js';
 import { apiErrorHint } from '../../cli/util/errors.js';
 import { DsecApiError, type Event, type ExecResult, type HostInfo, type Sandbox } from '../../sdk/index.js';
-import { Interrupts, Sink, fail, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
+import { Interrupts, Sink, fail, fakeSandbox, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
 
 // The CLI runs in-process against a tiny fake dsecd (test/fixtures/fake-dsecd.ts: node:http
 // on a temp Unix socket) whose answers each test sets through `route`.
@@ -46,26 +46,7 @@ async function dsec(args: string[], opts: RunOpts = {}): Promise<Ran> {
 }
 
 const ID = '0123456789abcdef';
-const sandbox = (over: Partial<Sandbox> = {}): Sandbox => ({
-  id: ID,
-  backend: 'container',
-  image: 'busybox:latest',
-  image_layers: ['sha256:aa'],
-  state: 'running',
-  cpus: 0.5,
-  memory_bytes: 512 * 1024 * 1024,
-  pids: 256,
-  labels: { round: '3', job: 'a' },
-  env: {},
-  ttl_s: null,
-  created_at: Date.now() - 3 * 60_000 - 1000,
-  updated_at: Date.now(),
-  init_pid: 4242,
-  uid_base: 100000,
-  uid_count: 65536,
-  error: null,
-  ...over,
-});
+const sandbox = fakeSandbox;
 const execResult = (over: Partial<ExecResult> = {}): ExecResult => ({
   exit_code: 0,
   signal: null,

@@ -14,7 +14,6 @@ import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
 import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { constants as osConstants } from 'node:os';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
 import type { LayerMounts } from '../../image/mounts.js';
@@ -66,10 +65,6 @@ export function hostHasSwap(): boolean {
     return false;
   }
 }
-
-const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
-  Object.entries(osConstants.signals).map(([name, num]) => [num as number, name]),
-);
 
 /** The container backend. */
 export class ContainerDriver implements SandboxDriver {
@@ -330,11 +325,6 @@ export class ContainerDriver implements SandboxDriver {
       { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
       handlers,
     );
-  }
-
-  /** Signal number -> name (e.g. 9 -> SIGKILL). */
-  static signalName(n: number): string {
-    return SIGNAL_NAMES[n] ?? `SIG${n}`;
   }
 
   async stats(sb: SandboxRecord): Promise<SandboxStats | null> {

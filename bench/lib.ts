@@ -1,0 +1,65 @@
+/** Shared pieces of the benchmarks: percentiles and a throwaway dsecd. */
+import { spawn } from 'node:child_process';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import path from 'node:path';
+import { execa } from 'execa';
+import { DsecClient } from '../sdk/client.js';
+import { repoRoot } from '../daemon/main.js';
+
+/** Percentile (nearest-rank) of `xs` in the same unit; `p` in [0, 100]. NaN for no samples. */
+export function percentile(xs: number[], p: number): number {
+  if (xs.length === 0) return NaN;
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.min(s.length - 1, Math.max(0, Math.ceil((p / 100) * s.length) - 1))];
+}
+
+/** A dsecd started by {@link tempDaemon}. */
+export interface TempDaemon {
+  client: DsecClient;
+  /** Its state directory. */
+  root: string;
+  /** Host pid of the dsecd process. */
+  pid: number | undefined;
+  /** SIGTERMs it, purges what is left (sandboxes, layer mounts, cgroup parents) and removes the root. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts a throwaway dsecd on a new root under /tmp (`prefix` names it) with uid pool
+ * `pool` (benchmarks use pools above the test slots' so they can run beside tests).
+ * @throws Error when dsecd does not answer within 60 s or exits first.
+ */
+export async function tempDaemon(prefix: string, pool: { base: number; size: number }): Promise<TempDaemon> {
+  const root = mkdtempSync(`/tmp/${prefix}`);
+  const cfg = path.join(root, 'dsecd.toml');
+  writeFileSync(cfg, `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n`);
+  const socket = path.join(root, 'dsecd.sock');
+  const dsecd = path.join(repoRoot(), 'bin/dsecd');
+  const proc = spawn(dsecd, ['--root', root, '--socket', socket, '--config', cfg], {
+    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn' },
+  });
+  const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });
+  const deadline = Date.now() + 60_000;
+  for (;;) {
+    try {
+      await client.version();
+      break;
+    } catch (e) {
+      if (Date.now() > deadline || proc.exitCode !== null) throw new Error(`dsecd did not start: ${(e as Error).message}`);
+      await new Promise((r) => setTimeout(r, 50));
+    }
+  }
+  return {
+    client,
+    root,
+    pid: proc.pid,
+    stop: async () => {
+      client.close();
+      proc.kill('SIGTERM');
+      await new Promise((r) => proc.once('exit', r));
+      // --purge destroys what is left (after a failed run), unmounts layers and removes cgroup parents.
+      await execa(dsecd, ['--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
+      rmSync(root, { recursive: true, force: true });
+    },
+  };
+}

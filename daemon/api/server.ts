@@ -93,7 +93,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
     loggerInstance: deps.log.child({ component: 'api' }, { level: 'warn' }) as unknown as FastifyBaseLogger,
     bodyLimit: BODY_LIMIT_BYTES,
     // Image refs (up to 255 characters, URL-encoded) and digests are path parameters.
-    maxParamLength: 1024,
+    routerOptions: { maxParamLength: 1024 },
     return503OnClosing: true,
     // On shutdown, idle keep-alive connections close at once and requests in flight
     // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).

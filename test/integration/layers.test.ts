@@ -60,6 +60,14 @@ describe.skipIf(!IS_ROOT)('layer store', () => {
     }
   });
 
+  it('long image refs (beyond 100 characters) can be tagged, inspected and removed', async () => {
+    const ref = `team/${'a'.repeat(180)}:v1`;
+    await req('POST', '/v1/images/busybox/tag', { target: ref });
+    expect((await req<Img>('GET', `/v1/images/${encodeURIComponent(ref)}`)).ref).toBe(ref);
+    await req('DELETE', `/v1/images/${encodeURIComponent(ref)}`);
+    await expect(req('GET', `/v1/images/${encodeURIComponent(ref)}`)).rejects.toMatchObject({ code: 'NotFound' });
+  });
+
   it('builds reproducibly: the same tree twice gives the same digest and one blob', async () => {
     const a = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: tree('rep', { 'a/b/c': 'x', 'z': 'y' }), image: 'rep:1' });
     const b = await req<Img>('POST', '/v1/images/import', { type: 'dir', path: path.join(work, 'rep'), image: 'rep:2' });

@@ -21,6 +21,7 @@ import * as execsInspect from './commands/execs/inspect.js';
 import * as execsKill from './commands/execs/kill.js';
 import * as execsLs from './commands/execs/ls.js';
 import * as execsRm from './commands/execs/rm.js';
+import * as fork from './commands/fork.js';
 import * as hostInfo from './commands/host/info.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
 import * as imageBuild from './commands/image/build.js';
@@ -42,12 +43,21 @@ import * as layerLs from './commands/layer/ls.js';
 import * as logs from './commands/logs.js';
 import * as ls from './commands/ls.js';
 import * as pause from './commands/pause.js';
+import * as restore from './commands/restore.js';
 import * as resume from './commands/resume.js';
 import * as rm from './commands/rm.js';
 import * as run from './commands/run.js';
+import * as snapshotCreate from './commands/snapshot/create.js';
+import * as snapshotInspect from './commands/snapshot/inspect.js';
+import * as snapshotLs from './commands/snapshot/ls.js';
+import * as snapshotRm from './commands/snapshot/rm.js';
 import * as start from './commands/start.js';
 import * as stop from './commands/stop.js';
 import * as top from './commands/top.js';
+import * as trajExport from './commands/traj/export.js';
+import * as trajLs from './commands/traj/ls.js';
+import * as trajRm from './commands/traj/rm.js';
+import * as trajShow from './commands/traj/show.js';
 import * as ttl from './commands/ttl.js';
 import * as version from './commands/version.js';
 import { Ctx } from './util/context.js';
@@ -105,6 +115,14 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   const layer = program.command('layer').description('layer commands: ls, inspect');
   for (const verb of [layerLs, layerInspect]) verb.register(layer, ctx);
   images.register(program, ctx);
+  // `dsec snapshot ID [NAME]` runs the default subcommand `create`: sandbox ids are 16 hex
+  // characters, never `ls`, `inspect` or `rm`.
+  const snapshot = program.command('snapshot').description('snapshot a sandbox (`dsec snapshot ID [NAME]`), or: ls, inspect, rm');
+  for (const verb of [snapshotCreate, snapshotLs, snapshotInspect, snapshotRm]) verb.register(snapshot, ctx);
+  restore.register(program, ctx);
+  fork.register(program, ctx);
+  const traj = program.command('traj').alias('trajectory').description('trajectories (steps recorded by `dsec exec --trajectory`): ls, show, export, rm');
+  for (const verb of [trajLs, trajShow, trajExport, trajRm]) verb.register(traj, ctx);
 
   // Per command, so a usage error knows which command's --help to point at. outputError
   // is silenced (main prints the one line); writeErr only ever receives help shown as an

@@ -61,7 +61,11 @@ const FileConfig = z
       .optional(),
     leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
     retention: z
-      .object({ events_max: z.number().int().min(100).optional(), events_max_age_s: z.number().int().min(60).optional() })
+      .object({
+        events_max: z.number().int().min(100).optional(),
+        events_max_age_s: z.number().int().min(60).optional(),
+        trajectory_max_age_s: z.number().int().min(60).optional(),
+      })
       .strict()
       .optional(),
     images: z
@@ -133,9 +137,12 @@ export interface DaemonConfig {
    * Store retention: events beyond the newest `eventsMax` (default 100,000) or older
    * than `eventsMaxAgeMs` (default 7 days) are pruned by the reaper. Destroyed
    * sandboxes leave no row (their history is their events), and exec sessions are
-   * forgotten 10 minutes after they end, so the store stays bounded.
+   * forgotten 10 minutes after they end, so the store stays bounded. Trajectories not
+   * updated for `trajectoryMaxAgeMs` (default 30 days: longer than any RL run stays
+   * preempted) are removed, leaving a tombstone that is itself forgotten after another
+   * such period.
    */
-  retention: { eventsMax: number; eventsMaxAgeMs: number };
+  retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -211,7 +218,8 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
-    retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000 },
+    retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
+      trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

@@ -35,10 +35,17 @@ export const ERROR_KINDS = Object.keys(ERROR_STATUS) as ErrorKind[];
 export class DsecError extends Error {
   /** The kind, which decides the HTTP status. */
   readonly kind: ErrorKind;
+  /**
+   * Optional machine-readable refinement of the kind, sent as `error.reason`, for the few
+   * cases a caller must branch on (e.g. trajectory step `outcome_unknown`); undefined
+   * for most errors.
+   */
+  readonly reason: string | undefined;
 
-  constructor(kind: ErrorKind, message: string, options?: { cause?: unknown }) {
+  constructor(kind: ErrorKind, message: string, options?: { cause?: unknown; reason?: string }) {
     super(message, options);
     this.kind = kind;
+    this.reason = options?.reason;
     this.name = `DsecError(${kind})`;
   }
 
@@ -67,7 +74,7 @@ export function isDsecError(e: unknown, kind?: ErrorKind): e is DsecError {
 
 /** Wraps any thrown value as a DsecError (kind Internal unless it already is one), prefixing context. */
 export function wrap(e: unknown, context: string, kind: ErrorKind = 'Internal'): DsecError {
-  if (e instanceof DsecError) return new DsecError(e.kind, `${context}: ${e.message}`, { cause: e });
+  if (e instanceof DsecError) return new DsecError(e.kind, `${context}: ${e.message}`, { cause: e, reason: e.reason });
   const msg = e instanceof Error ? e.message : String(e);
   return new DsecError(kind, `${context}: ${msg}`, { cause: e });
 }

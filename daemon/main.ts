@@ -20,6 +20,9 @@ import { loadConfig, type DaemonConfig } from './config.js';
 import { DsecError, failedPrecondition, unavailable } from './errors.js';
 import { openDb } from './store/db.js';
 import { SandboxRepo } from './sandbox/repo.js';
+import { SnapshotRepo } from './sandbox/snapshots.js';
+import { TrajectoryLog } from './sandbox/trajectory.js';
+import { probeCriu } from './host/criu.js';
 import { SandboxManager } from './sandbox/manager.js';
 import { Failpoints } from './sandbox/failpoints.js';
 import { Reaper } from './sandbox/reaper.js';
@@ -215,7 +218,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const schedIdle = detectSchedIdle();
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }) });
     const drivers = new Map<Backend, SandboxDriver>([['container', container]]);
-    const manager = new SandboxManager({ config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }) });
+    const trajectories = new TrajectoryLog(db, os.hostname());
+    const manager = new SandboxManager({
+      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories,
+    });
+    // `criu check` runs once, in the background; host info and process snapshots read the result.
+    const criu = probeCriu();
 
     const rep = await manager.reconcile();
     // Adopted sandboxes re-acquired their layers above; keep exactly those references
@@ -239,7 +247,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     }
     const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState());
     const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
-    const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }), config.retention);
+    const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }), config.retention, undefined, trajectories);
     await reaper.sweep();
     reaper.start();
     const cg = cgroups;
@@ -250,6 +258,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log,
       failpoints: fp,
       metrics,
+      trajectories,
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -273,6 +282,11 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             in_use: repo.rangesInUse, free: repo.poolRanges - repo.rangesInUse,
           },
           sandboxes: repo.countByState(),
+          features: {
+            filesystem_snapshots: { available: true, reason: null },
+            process_checkpoints: await criu.then((c) => ({ available: false, reason: c.available ? 'criu check passes, but container process checkpoints are not built yet' : c.reason })),
+            trajectory_log: { available: true, reason: null },
+          },
           defences: {
             user_namespace: { enforced: true, detail: 'each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
             capabilities: { enforced: true, detail: 'Docker default set; no CAP_SYS_PTRACE, CAP_SYS_ADMIN' },

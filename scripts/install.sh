@@ -23,9 +23,10 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # Apt packages: the OCI runtime, EROFS tools, busybox for the built-in image, a C
 # toolchain with a static libc for the agent, util-linux(-extra: fincore)/iproute2 for
 # tests, podman and bubblewrap as benchmark peers, systemd for `systemd-analyze verify`,
-# debootstrap for the Debian base image, zstd and attr for layer import.
+# debootstrap for the Debian base image, zstd and attr for layer import, criu so that
+# process checkpoints are offered where `criu check` passes.
 PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
-      debootstrap zstd attr)
+      debootstrap zstd attr criu)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -32,16 +32,25 @@ import type {
   Event,
   ExecInfo as ExecInfoSchema,
   ExecResult,
+  ForkRequest,
   HostInfo as HostInfoSchema,
   Image as ImageSchema,
   ImageConfig as ImageConfigSchema,
   ImportRequest,
   Layer as LayerSchema,
   PruneResult as PruneResultSchema,
+  RestoreRequest,
   Sandbox,
   SandboxState,
   SandboxStatsView,
+  Snapshot as SnapshotSchema,
   StatsResponse as StatsResponseSchema,
+  StepState as StepStateSchema,
+  TrajectoryDetail as TrajectoryDetailSchema,
+  TrajectoryRecord as TrajectoryRecordSchema,
+  TrajectoryRemoved as TrajectoryRemovedSchema,
+  TrajectoryStep as TrajectoryStepSchema,
+  TrajectorySummary as TrajectorySummarySchema,
   VersionInfo as VersionInfoSchema,
 } from '../daemon/api/schema.js';
 import type {
@@ -192,6 +201,91 @@ export interface CommitOptions {
   signal?: AbortSignal;
 }
 
+/**
+ * A snapshot (POST /v1/sandboxes/{id}/snapshot, GET /v1/snapshots...): `id`
+ * (`snap-<16 hex>`), `name` (unique, or null), `kind` (`filesystem`: the source's
+ * writable layer), `sandbox_id` (the source; it may be gone since), `image` and
+ * `image_layers` (digests a restore mounts, lowest first; the last is `layer`, the
+ * snapshot's own), `size_bytes` (bytes of that layer's blob), the source's limits
+ * (`cpus` cores, `memory_bytes` bytes, `pids`), `priority`, `labels` and `env` (the
+ * defaults of a restore or fork), and `created_at` (ms since the Unix epoch).
+ */
+export type Snapshot = z.infer<typeof SnapshotSchema>;
+
+/** Options of {@link DsecClient.snapshot}. */
+export interface SnapshotOptions {
+  /** Unique name to restore by, `[a-z0-9][a-z0-9._-]{0,127}`; default none (restore by id). */
+  name?: string;
+  /**
+   * Also checkpoint memory and processes (CRIU). dsecd answers `Unimplemented`, naming the
+   * reason, on a host where `criu check` fails.
+   */
+  process?: boolean;
+  /** Stop waiting (rejects with the signal's reason); dsecd may still finish the snapshot. */
+  signal?: AbortSignal;
+}
+
+/**
+ * POST /v1/snapshots/{ref}/restore request in the wire format; every field is optional
+ * and defaults to the snapshot's source sandbox: `labels` (replace the source's),
+ * `env` (merged over the source's), `cpus` cores, `memory_bytes` bytes, `pids`,
+ * `ttl_s` seconds from creation, `priority`, `idle_timeout_s` seconds.
+ */
+export type RestoreInput = z.input<typeof RestoreRequest>;
+
+/**
+ * POST /v1/snapshots/{ref}/fork request in the wire format: `count` (how many sandboxes,
+ * 1-256) and the overrides of {@link RestoreInput}, applied to every one of them.
+ */
+export type ForkInput = z.input<typeof ForkRequest>;
+
+/**
+ * State of a recorded trajectory step: `running` (in this dsecd now), `finished` (its
+ * result is recorded and replayed on a rerun) or `unknown` (it started and never
+ * finished: dsecd died or the sandbox was lost mid-step; a rerun is refused with reason
+ * `outcome_unknown` until the step is truncated).
+ */
+export type StepState = z.infer<typeof StepStateSchema>;
+
+/**
+ * One recorded step of a trajectory, without its output: `step` (number), `state`,
+ * `hash` (sha256 hex of the canonical request: argv, env, cwd, user, stdin digest,
+ * timeout_ms), `sandbox_id`, `argv`, `started_at`/`finished_at` (ms since the Unix
+ * epoch), the outcome (`exit_code`, `signal`, `oom`, `timed_out`, `duration_ms` ms,
+ * `stdout_bytes`/`stderr_bytes` bytes; null until finished), `replays` (how many times
+ * the recorded result was replayed) and `error` (why the outcome is unknown, when it is).
+ */
+export type TrajectoryStep = z.infer<typeof TrajectoryStepSchema>;
+
+/**
+ * A trajectory's summary (GET /v1/trajectories): `id`, `host` (the dsecd holding the
+ * log), `steps` (recorded), `first_step`/`last_step` (null when empty), `unknown` (steps
+ * whose outcome is unknown), `sandbox_id` (of the latest step), `truncations` (how many
+ * times the log was truncated), `created_at`/`updated_at` (ms since the Unix epoch).
+ */
+export type TrajectorySummary = z.infer<typeof TrajectorySummarySchema>;
+
+/** GET /v1/trajectories/{id} response: the {@link TrajectorySummary} plus `step_list`, every {@link TrajectoryStep} in step order. */
+export type TrajectoryDetail = z.infer<typeof TrajectoryDetailSchema>;
+
+/**
+ * One line of a trajectory export (GET /v1/trajectories/{id}/export): a whole
+ * {@link TrajectoryStep} plus `trajectory` and `host` (lines of several hosts merge), the
+ * request (`env`, `cwd`, `user`, `timeout_ms` ms, `stdin_sha256`) and the recorded output
+ * (`stdout_b64`/`stderr_b64`, base64, with `stdout_truncated`/`stderr_truncated`; null
+ * until the step finished).
+ */
+export type TrajectoryRecord = z.infer<typeof TrajectoryRecordSchema>;
+
+/** DELETE /v1/trajectories/{id} response: the `id` and how many steps were discarded (`removed_steps`). */
+export type TrajectoryRemoved = z.infer<typeof TrajectoryRemovedSchema>;
+
+/** Options of {@link DsecClient.exportTrajectory}. */
+export interface ExportTrajectoryOptions {
+  /** Ends the stream: iteration then finishes normally, without an error (check the signal to tell a cut export from a whole one). */
+  signal?: AbortSignal;
+}
+
 /** Options of {@link DsecClient}. */
 export interface DsecClientOptions {
   /** Path of dsecd's Unix socket; default `$DSEC_SOCKET`, else {@link DEFAULT_SOCKET_PATH}. */
@@ -302,6 +396,20 @@ export interface ExecOptions {
   stdin?: Buffer | Uint8Array | string;
   /** Kill the command (SIGKILL to its process group) after this many ms; the result then has `timed_out: true`. */
   timeoutMs?: number;
+  /**
+   * Record the command as step {@link step} of this trajectory (1-128 of
+   * `[A-Za-z0-9._:@-]`, starting with a letter or digit); needs `step`. A rerun of a
+   * finished step with the same request is not executed: dsecd answers with the recorded
+   * result and `replayed: true`. See {@link DsecClient.exec} for the refusals.
+   */
+  trajectory?: string;
+  /** Step number within `trajectory`, 0 to 2^31-1; steps are recorded in increasing order. Needs `trajectory`. */
+  step?: number;
+  /**
+   * Discard the recorded steps of `trajectory` from `step` on, then run this one: the way
+   * past a `Conflict` with reason `outcome_unknown` or `step_mismatch`. Needs `trajectory` and `step`.
+   */
+  truncate?: boolean;
   /** Abort the HTTP call (the promise rejects with the signal's reason). Whether the command keeps running is up to the daemon. */
   signal?: AbortSignal;
 }
@@ -498,25 +606,34 @@ const KNOWN_KINDS: Record<ErrorKind, true> = {
 /**
  * A failed API call. `code` is one of the closed set of error kinds; `message` is the
  * daemon's own message (it names what failed) or, for client-side failures, one written
- * here that names the socket path.
+ * here that names the socket path; `reason`, when dsecd sent one, refines `code` for
+ * callers that branch on it (trajectory execs).
  */
 export class DsecApiError extends Error {
   /** Error kind, e.g. `NotFound`. Connection failures are `Unavailable`, client deadlines `DeadlineExceeded`. */
   readonly code: ErrorKind;
   /** HTTP status of the response, or 0 when there was no response (connection failure, client deadline). */
   readonly status: number;
+  /**
+   * Machine-readable refinement of `code` from the error body, where a caller must branch
+   * on it, e.g. for a trajectory exec: `outcome_unknown`, `step_mismatch`, `in_progress`,
+   * `out_of_order`, `trajectory_removed`. Undefined when dsecd gave none (most errors) and
+   * for client-side failures.
+   */
+  readonly reason: string | undefined;
 
   /**
    * @param code error kind
    * @param message human-readable description
    * @param status HTTP status, 0 without a response
-   * @param options `cause`: the underlying error, for logs
+   * @param options `cause`: the underlying error, for logs; `reason`: the body's `reason`
    */
-  constructor(code: ErrorKind, message: string, status: number, options?: { cause?: unknown }) {
-    super(message, options);
+  constructor(code: ErrorKind, message: string, status: number, options?: { cause?: unknown; reason?: string }) {
+    super(message, options !== undefined && 'cause' in options ? { cause: options.cause } : undefined);
     this.name = 'DsecApiError';
     this.code = code;
     this.status = status;
+    this.reason = options?.reason;
   }
 }
 
@@ -697,7 +814,18 @@ export class DsecClient {
    * 126 not executable), `signal`, `timed_out` and `oom`. The HTTP deadline is the
    * command's `timeoutMs` plus the client's `timeoutMs`; without a command timeout there
    * is no HTTP deadline (the command may legitimately run long).
-   * Errors: `NotFound`, `FailedPrecondition` (sandbox not running), `InvalidArgument`.
+   *
+   * With `trajectory` and `step` the command is recorded as that step (docs/TRAJECTORIES.md):
+   * a rerun of a finished step with the same request resolves with the recorded result
+   * and `replayed: true` (nothing runs); the result also names its `trajectory` and `step`.
+   * Refusals carry a {@link DsecApiError.reason}: `Conflict` with `outcome_unknown` (the
+   * step started and never finished: whether it took effect is unknown), `step_mismatch`
+   * (the step is recorded with another request), `out_of_order` (a later step is
+   * recorded) or `in_progress` (running now); pass `truncate` to discard the step and the
+   * later ones and run it. `FailedPrecondition` with `trajectory_removed`: the id was
+   * removed and stays reserved; use a new one. A replay is answered in any sandbox state.
+   * Errors: `NotFound`, `FailedPrecondition` (sandbox not running), `InvalidArgument`
+   * (including `trajectory` without `step`, or `truncate` without both), `Conflict`.
    */
   async exec(id: string, req: ExecOptions): Promise<ExecOutput> {
     const body: Record<string, unknown> = { argv: req.argv };
@@ -709,6 +837,9 @@ export class DsecClient {
       body.stdin_b64 = bytes.toString('base64');
     }
     if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
+    if (req.trajectory !== undefined) body.trajectory = req.trajectory;
+    if (req.step !== undefined) body.step = req.step;
+    if (req.truncate !== undefined) body.truncate = req.truncate;
     const deadline = req.timeoutMs !== undefined && this.timeoutMs > 0 ? req.timeoutMs + this.timeoutMs : 0;
     const res = await this.request<ExecResult>('POST', sandboxPath(id) + '/exec', body, { signal: req.signal, timeoutMs: deadline });
     return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
@@ -970,6 +1101,115 @@ export class DsecClient {
   }
 
   /**
+   * POST /v1/sandboxes/{id}/snapshot: captures the sandbox's writable layer (unstripped)
+   * as a snapshot to restore or fork from, named `opts.name` when given. A running
+   * sandbox is frozen while its layer is copied and thawed afterwards. No HTTP deadline:
+   * packing a large writable layer takes a while.
+   * Errors: `NotFound` (sandbox), `AlreadyExists` (name taken), `InvalidArgument`
+   * (malformed name), `FailedPrecondition` (sandbox in a state that cannot be
+   * snapshotted), `Unimplemented` (`process` on a host without a working CRIU).
+   */
+  snapshot(id: string, opts: SnapshotOptions = {}): Promise<Snapshot> {
+    const body: Record<string, unknown> = {};
+    if (opts.name !== undefined) body.name = opts.name;
+    if (opts.process !== undefined) body.process = opts.process;
+    return this.request<Snapshot>('POST', sandboxPath(id) + '/snapshot', body, { signal: opts.signal, timeoutMs: 0 });
+  }
+
+  /** GET /v1/snapshots: every snapshot on this host, oldest first, as an array. */
+  async listSnapshots(): Promise<Snapshot[]> {
+    return (await this.request<{ snapshots: Snapshot[] }>('GET', '/v1/snapshots')).snapshots;
+  }
+
+  /** GET /v1/snapshots/{ref}: one snapshot; `ref` is its id (`snap-<16 hex>`) or name. Errors: `NotFound`. */
+  getSnapshot(ref: string): Promise<Snapshot> {
+    return this.request<Snapshot>('GET', snapshotPath(ref));
+  }
+
+  /**
+   * DELETE /v1/snapshots/{ref}: removes the snapshot and resolves with it as it was;
+   * sandboxes restored or forked from it keep running. Errors: `NotFound`.
+   */
+  deleteSnapshot(ref: string): Promise<Snapshot> {
+    return this.request<Snapshot>('DELETE', snapshotPath(ref));
+  }
+
+  /**
+   * POST /v1/snapshots/{ref}/restore: creates one sandbox from the snapshot (its image
+   * layers plus the snapshot layer) and resolves when it is running (or failed), like
+   * {@link createSandbox}. Fields of `req` left out default to the source sandbox's.
+   * Errors: `NotFound` (snapshot, or a layer of it missing), `FailedPrecondition` (a
+   * layer of it corrupt), `InvalidArgument` (bad overrides), `ResourceExhausted` (host full).
+   */
+  restore(ref: string, req: RestoreInput = {}, opts: RequestOptions = {}): Promise<Sandbox> {
+    return this.request<Sandbox>('POST', snapshotPath(ref) + '/restore', req, opts);
+  }
+
+  /**
+   * POST /v1/snapshots/{ref}/fork: creates `req.count` sandboxes (1-256; a larger group
+   * is several calls) from the snapshot, each with the overrides of `req`, and resolves
+   * with them, running, in creation order. All or nothing: if one cannot be created,
+   * none is left. No HTTP deadline unless `opts.timeoutMs` is given: a large group
+   * legitimately takes long. Not retried on a dropped connection.
+   * Errors: as {@link restore}; `InvalidArgument` also for `count` out of range,
+   * `ResourceExhausted` when the host cannot fit the whole group.
+   */
+  async fork(ref: string, req: ForkInput, opts: RequestOptions = {}): Promise<Sandbox[]> {
+    const res = await this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0 });
+    return res.sandboxes;
+  }
+
+  /** GET /v1/trajectories: the summary of every trajectory this dsecd holds, most recently updated first, as an array. */
+  async listTrajectories(): Promise<TrajectorySummary[]> {
+    return (await this.request<{ trajectories: TrajectorySummary[] }>('GET', '/v1/trajectories')).trajectories;
+  }
+
+  /** GET /v1/trajectories/{id}: the summary and every step (without output), in step order. Errors: `NotFound`. */
+  getTrajectory(id: string): Promise<TrajectoryDetail> {
+    return this.request<TrajectoryDetail>('GET', trajectoryPath(id));
+  }
+
+  /**
+   * GET /v1/trajectories/{id}/export: every step with its request and recorded output,
+   * in step order, as an async iterable of {@link TrajectoryRecord} (NDJSON on the wire,
+   * streamed: a long trajectory is never held whole here). It ends after the last step;
+   * `signal` or a `break` closes the connection (iteration then ends normally).
+   * Errors: `NotFound` when opening; a malformed line is `Internal`; a dropped connection
+   * is `Unavailable`.
+   */
+  async *exportTrajectory(id: string, opts: ExportTrajectoryOptions = {}): AsyncGenerator<TrajectoryRecord, void, undefined> {
+    const signal = opts.signal;
+    if (signal?.aborted) return;
+    let res: http.IncomingMessage;
+    try {
+      res = await this.openStream('GET', trajectoryPath(id) + '/export', signal);
+    } catch (e) {
+      if (signal?.aborted) return;
+      throw e;
+    }
+    try {
+      for await (const line of ndjsonLines(res)) yield parseRecordLine(line, id);
+    } catch (e) {
+      if (signal?.aborted) return;
+      if (e instanceof DsecApiError) throw e;
+      throw new DsecApiError('Unavailable', `export of trajectory ${id} from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+    } finally {
+      res.destroy();
+    }
+  }
+
+  /**
+   * DELETE /v1/trajectories/{id}: discards the trajectory's recorded steps and resolves
+   * with how many. The id stays reserved: an exec re-using it is refused
+   * (`FailedPrecondition`, reason `trajectory_removed`) rather than run steps again.
+   * Errors: `NotFound` (unknown or already removed), `Conflict` with reason
+   * `in_progress` (a step of it is running now).
+   */
+  deleteTrajectory(id: string): Promise<TrajectoryRemoved> {
+    return this.request<TrajectoryRemoved>('DELETE', trajectoryPath(id));
+  }
+
+  /**
    * GET /v1/events: sandbox lifecycle events, oldest first, as an async iterable. Without
    * `follow` it ends after the recorded events; with it, it stays open until `signal`
    * aborts (iteration then ends normally) or the consumer stops iterating (`break`), which
@@ -1206,7 +1446,8 @@ export class DsecClient {
           const c = msg.error?.code;
           const code: ErrorKind = typeof c === 'string' && Object.prototype.hasOwnProperty.call(KNOWN_KINDS, c) ? (c as ErrorKind) : 'Internal';
           const message = typeof msg.error?.message === 'string' ? msg.error.message : `${method} ${path} failed on dsecd (no message)`;
-          throw new DsecApiError(code, message, status);
+          const reason = typeof msg.error?.reason === 'string' ? msg.error.reason : undefined;
+          throw new DsecApiError(code, message, status, reason === undefined ? undefined : { reason });
         }
         // Any other type: a newer daemon's addition; skipped.
       }
@@ -1329,6 +1570,16 @@ export class DsecClient {
 /** Media type of streamed responses (events, long operations). */
 const NDJSON_TYPE = 'application/x-ndjson';
 
+/** `/v1/snapshots/{ref}` with the ref (id or name) escaped. */
+function snapshotPath(ref: string): string {
+  return `/v1/snapshots/${encodeURIComponent(ref)}`;
+}
+
+/** `/v1/trajectories/{id}` with the id escaped (ids may hold `:` and `@`). */
+function trajectoryPath(id: string): string {
+  return `/v1/trajectories/${encodeURIComponent(id)}`;
+}
+
 /** `/v1/images/{ref}` with the ref escaped (`team/py:1` → `team%2Fpy%3A1`). */
 function imagePath(ref: string): string {
   return `/v1/images/${encodeURIComponent(ref)}`;
@@ -1422,21 +1673,23 @@ function withDeadline<T>(p: Promise<T>, res: http.IncomingMessage, deadline: num
   });
 }
 
-/** The {@link DsecApiError} for an error response: its `{error: {code, message}}` when well-formed, else derived from the status. */
+/** The {@link DsecApiError} for an error response: its `{error: {code, message, reason?}}` when well-formed, else derived from the status. */
 function errorFromResponse(status: number, text: string): DsecApiError {
   let code: ErrorKind | undefined;
   let message: string | undefined;
+  let reason: string | undefined;
   try {
-    const body = JSON.parse(text) as { error?: { code?: unknown; message?: unknown } };
+    const body = JSON.parse(text) as { error?: { code?: unknown; message?: unknown; reason?: unknown } };
     const c = body?.error?.code;
     if (typeof c === 'string' && Object.prototype.hasOwnProperty.call(KNOWN_KINDS, c)) code = c as ErrorKind;
     if (typeof body?.error?.message === 'string') message = body.error.message;
+    if (typeof body?.error?.reason === 'string') reason = body.error.reason;
   } catch {
     // Not JSON (a proxy, a crash page): fall back to the status.
   }
   code ??= KIND_BY_STATUS[status] ?? (status >= 500 ? 'Internal' : 'InvalidArgument');
   message ??= text.trim() !== '' && text.length <= 200 ? `dsecd answered ${status}: ${text.trim()}` : `dsecd answered HTTP ${status}`;
-  return new DsecApiError(code, message, status);
+  return new DsecApiError(code, message, status, reason === undefined ? undefined : { reason });
 }
 
 /**
@@ -1462,7 +1715,7 @@ async function* ndjsonLines(res: http.IncomingMessage): AsyncGenerator<string, v
 interface StreamLine {
   type: string;
   result?: unknown;
-  error?: { code?: unknown; message?: unknown };
+  error?: { code?: unknown; message?: unknown; reason?: unknown };
   [k: string]: unknown;
 }
 
@@ -1483,6 +1736,15 @@ function parseProgressLine(line: string, method: string, path: string, status: n
 /** `s` cut to 80 characters for an error message. */
 function clip(s: string): string {
   return s.length > 80 ? s.slice(0, 80) + '…' : s;
+}
+
+/** Parses one NDJSON line of a trajectory export; a malformed line is `Internal`. */
+function parseRecordLine(line: string, id: string): TrajectoryRecord {
+  try {
+    return JSON.parse(line) as TrajectoryRecord;
+  } catch (e) {
+    throw new DsecApiError('Internal', `dsecd sent a malformed line in the export of trajectory ${id}: ${JSON.stringify(clip(line))}`, 200, { cause: e });
+  }
 }
 
 /** Parses one NDJSON line of the event stream. */

@@ -48,12 +48,12 @@ function parseBackend(text: string): string {
 }
 
 /** Parses `--ttl DUR` into ms: at least 1s, at most 30 days, rounded up to whole seconds; a unit is required. */
-function parseTtl(text: string): number {
+export function parseTtl(text: string): number {
   return parseWholeSeconds(text, '--ttl') * 1000;
 }
 
 /** Parses `--priority`: one of {@link PRIORITIES}. */
-function parsePriority(text: string): SandboxPriority {
+export function parsePriority(text: string): SandboxPriority {
   if (!(PRIORITIES as readonly string[]).includes(text)) {
     throw new UserError(`unknown priority ${JSON.stringify(text)}`, 'latency (the default) or batch (runs only on CPU time latency sandboxes leave over)');
   }

@@ -16,9 +16,17 @@
  * - `-d`: starts the session in the background and prints its exec id (the ExecInfo with
  *   --json); follow it with `dsec attach`, list with `dsec execs`. With -i its stdin stays
  *   open for a later `dsec attach`.
+ * - `--trajectory T --step N [--truncate]` (the run-to-completion form only): records the
+ *   command as step N of trajectory T (docs/TRAJECTORIES.md). A rerun of a finished step
+ *   with the same command is answered from the log: its recorded output and exit code,
+ *   and `dsec: step N of T replayed from the log; nothing ran` on stderr (not with
+ *   --json, whose ExecResult says `replayed: true`). A refused step (its outcome unknown,
+ *   or recorded with another command) is a Conflict whose hint tells of --truncate, which
+ *   discards the step and the later ones and runs it.
  */
 import type { Command } from 'commander';
 import type { ExecInfo } from '../../sdk/index.js';
+import { renderReplayedNote } from '../ui/trajectories.js';
 import { runAttached } from '../util/attach.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError } from '../util/errors.js';
@@ -43,6 +51,51 @@ export interface ExecFlags {
   tty?: boolean;
   /** `-d`/`--detach`: start in the background and print the exec id. */
   detach?: boolean;
+  /** `--trajectory`: record the command as a step of this trajectory. */
+  trajectory?: string;
+  /** `--step`: the step number within `--trajectory`. */
+  step?: number;
+  /** `--truncate`: discard the recorded steps from `--step` on first. */
+  truncate?: boolean;
+}
+
+/** Trajectory ids, as the API accepts them (TrajectoryId in daemon/api/schema.ts). */
+const TRAJECTORY_ID = /^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$/;
+
+/** Largest step number (LIMITS.maxStep in daemon/api/schema.ts): 2^31-1. */
+export const MAX_STEP = 2 ** 31 - 1;
+
+/** Parses `--trajectory`: 1-128 of `[A-Za-z0-9._:@-]`, starting with a letter or digit. */
+export function parseTrajectoryId(text: string): string {
+  if (!TRAJECTORY_ID.test(text)) {
+    throw new UserError(`invalid trajectory id ${JSON.stringify(text)}`, 'trajectory ids are 1-128 of [A-Za-z0-9._:@-], starting with a letter or digit, e.g. run-7:ep-12');
+  }
+  return text;
+}
+
+/** Parses `--step`: a whole number from 0 to 2^31-1. */
+export function parseStep(text: string): number {
+  const s = text.trim();
+  const n = /^\d+$/.test(s) ? Number(s) : NaN;
+  if (!Number.isSafeInteger(n) || n > MAX_STEP) throw new UserError(`invalid step ${JSON.stringify(text)}`, `steps are whole numbers from 0 to ${MAX_STEP}`);
+  return n;
+}
+
+/**
+ * Checks the trajectory flags go together (`--trajectory` with `--step`, `--truncate` with
+ * both) and only with the run-to-completion form; throws a UserError otherwise.
+ */
+function checkTrajectoryFlags(flags: ExecFlags): void {
+  const traj = flags.trajectory !== undefined;
+  const step = flags.step !== undefined;
+  if (!traj && !step && !flags.truncate) return;
+  const example = 'e.g. `dsec exec --trajectory T --step 3 ID -- CMD`';
+  if (traj !== step) throw new UserError(traj ? '--trajectory needs --step' : '--step needs --trajectory', `give both: ${example}`);
+  if (!traj) throw new UserError('--truncate needs --trajectory and --step', `give all three: \`dsec exec --trajectory T --step 3 --truncate ID -- CMD\``);
+  const mode = [flags.stdin && '-i', flags.tty && '-t', flags.detach && '-d'].filter(Boolean);
+  if (mode.length > 0) {
+    throw new UserError(`--trajectory cannot be combined with ${mode.join(', ')}`, `a trajectory step runs to completion and is recorded whole: drop ${mode.join(', ')}`);
+  }
 }
 
 /** Adds `--timeout`, `--cwd` and `--user` (shared with `run`) to `cmd`. */
@@ -63,10 +116,14 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('-i, --stdin', 'stream our stdin to the command (until it ends); with -t, interactive')
     .option('-t, --tty', 'run under a pseudo-terminal attached to ours (raw mode; ^C goes to the command); needs a terminal')
     .option('-d, --detach', 'start in the background and print the exec id (see `dsec attach`, `dsec execs`)')
-    .option('--env <K=V>', 'extra environment, repeatable (each name once)', flag('--env', collectEnv));
+    .option('--env <K=V>', 'extra environment, repeatable (each name once)', flag('--env', collectEnv))
+    .option('--trajectory <id>', 'record the command as a step of this trajectory (needs --step; not with -i/-t/-d)', flag('--trajectory', parseTrajectoryId))
+    .option('--step <n>', 'step number within --trajectory (0 or more, increasing); a finished step rerun with the same command is replayed from the log', flag('--step', parseStep))
+    .option('--truncate', 'discard the recorded steps of --trajectory from --step on, then run this one');
   return addCommandOptions(cmd)
-    .addHelpText('after', '\nExamples:\n  dsec exec ID -- ls -la /\n  dsec exec -it ID -- sh\n  tar c . | dsec exec -i ID -- tar x -C /work\n  dsec exec -d ID -- sh -c "make > /tmp/log 2>&1"')
+    .addHelpText('after', '\nExamples:\n  dsec exec ID -- ls -la /\n  dsec exec -it ID -- sh\n  tar c . | dsec exec -i ID -- tar x -C /work\n  dsec exec -d ID -- sh -c "make > /tmp/log 2>&1"\n  dsec exec --trajectory ep-7 --step 3 ID -- python3 step.py')
     .action(async (id: string, argv: string[], flags: ExecFlags) => {
+      checkTrajectoryFlags(flags);
       if (flags.detach) return execDetached(ctx, id, argv, flags);
       if (flags.tty || flags.stdin) return execAttached(ctx, id, argv, flags);
       return execToCompletion(ctx, id, argv, flags);
@@ -83,7 +140,17 @@ async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: Exe
   });
   let result;
   try {
-    result = await ctx.client().exec(id, { argv, env: flags.env, cwd: flags.cwd, user: flags.user, timeoutMs: flags.timeout, signal: abort.signal });
+    result = await ctx.client().exec(id, {
+      argv,
+      env: flags.env,
+      cwd: flags.cwd,
+      user: flags.user,
+      timeoutMs: flags.timeout,
+      trajectory: flags.trajectory,
+      step: flags.step,
+      truncate: flags.truncate,
+      signal: abort.signal,
+    });
   } catch (e) {
     if (!interrupted) throw e;
   } finally {
@@ -96,6 +163,7 @@ async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: Exe
     return;
   }
   ctx.exitCode = reportExecResult(ctx, result, { timeoutMs: flags.timeout });
+  if (result.replayed && !ctx.json) ctx.err(renderReplayedNote(result.trajectory ?? flags.trajectory!, result.step ?? flags.step!));
 }
 
 /** The exec-session request of `exec -d/-i/-t`: the flags, a PTY of our terminal's size with -t. */

@@ -42,6 +42,11 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
   const backends = makeTable(['BACKEND', 'AVAILABLE', 'REASON'], { color });
   for (const [name, b] of Object.entries(h.backends)) backends.push([name, b.available ? 'yes' : 'no', b.reason ?? '-']);
   out += '\n' + tableText(backends);
+  if (h.features && Object.keys(h.features).length) {
+    const features = makeTable(['FEATURE', 'AVAILABLE', 'REASON'], { color });
+    for (const [name, f] of Object.entries(h.features)) features.push([name, f.available ? 'yes' : 'no', f.reason ?? '-']);
+    out += '\n' + tableText(features);
+  }
 
   const defences = makeTable(['DEFENCE', 'ENFORCED', 'DETAIL'], { color });
   for (const [name, d] of Object.entries(h.defences)) defences.push([name, d.enforced ? 'yes' : 'no', d.detail || '-']);

@@ -9,7 +9,7 @@
  * Both exit {@link EXIT.failure} (125), the code meaning "dsec itself failed" (as in
  * `env`, `chroot`, `docker run`), so it never collides with a command's own exit code.
  * With `--json` the same failure is also written to stdout as one line
- * `{"error": {"code", "message", "hint"}}` ({@link ErrorDoc}), so a script reading stdout
+ * `{"error": {"code", "message", "hint", "reason"?}}` ({@link ErrorDoc}), so a script reading stdout
  * always gets JSON.
  */
 import { DsecApiError, type ErrorKind } from '../../sdk/index.js';
@@ -60,6 +60,8 @@ export interface ErrorDetail {
   errno?: string;
   /** The error's message (tells an agent failure from other daemon-side ones). */
   message?: string;
+  /** dsecd's `reason` refining the kind (trajectory execs: `outcome_unknown`, `step_mismatch`, ...). */
+  reason?: string;
 }
 
 /** Where dsecd logs, under systemd and without it (docs/OPERATIONS.md). */
@@ -75,6 +77,22 @@ const AGENT_HINT = "the sandbox's agent is unreachable; `dsec inspect ID` shows 
 export const LEASE_EXPIRED_HINT =
   'the lease expired; its sandboxes are paused and will be destroyed; create a new lease: `dsec job rm JOB`, then `dsec job lease JOB --ttl DUR`';
 
+/**
+ * Hints of `exec --trajectory` by the `reason` of its refusal (docs/TRAJECTORIES.md),
+ * whatever the kind: what happened to the step, and the way on (often `--truncate`).
+ */
+export const TRAJECTORY_HINTS: Record<string, string> = {
+  outcome_unknown:
+    'the step started but never finished (dsecd or the sandbox died mid-step), so there is no result to replay; check the sandbox, then rerun the step with --truncate to discard it and the steps after it',
+  step_mismatch:
+    'the step is recorded with a different command (argv, env, cwd, user, stdin or timeout); rerun with --truncate to discard the recorded step and the steps after it, or use a new step number',
+  out_of_order:
+    'steps are recorded in increasing order and this one is below the last; `dsec traj show T` lists them; use a higher step, or --truncate to rewrite from this one',
+  in_progress: 'the step is running now (another exec); wait for it, then rerun to get its recorded result',
+  trajectory_removed:
+    'this trajectory id was removed (`dsec traj rm`, or by retention) and stays reserved, so its steps are neither replayed nor run again; use a new trajectory id',
+};
+
 /** The errno code behind a client-side API error (from its `cause`), if any. */
 export function errnoOf(err: DsecApiError): string | undefined {
   const c = (err as { cause?: unknown }).cause as { code?: unknown } | undefined;
@@ -86,13 +104,17 @@ export function errnoOf(err: DsecApiError): string | undefined {
  * (e.g. `ls`, `host info`, `image build`). `detail` tells apart, for `Unavailable`,
  * dsecd not running (no answer; ENOENT/ECONNREFUSED), a socket we may not open
  * (EACCES/EPERM), a connection that broke, and dsecd's own answer (an agent it cannot
- * reach, or something else it needs). A bare number is taken as the HTTP status.
+ * reach, or something else it needs); for `exec`, its `reason` picks a trajectory hint
+ * ({@link TRAJECTORY_HINTS}). A bare number is taken as the HTTP status.
  */
 export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | number = {}): string {
   const d: ErrorDetail = typeof detail === 'number' ? { status: detail } : detail;
   const image = verb === 'images' || verb.startsWith('image ');
   const layer = verb.startsWith('layer ');
   const job = verb.startsWith('job ');
+  const snapshot = verb.startsWith('snapshot ') || verb === 'restore' || verb === 'fork';
+  const traj = verb.startsWith('traj ');
+  if (verb === 'exec' && d.reason !== undefined && Object.prototype.hasOwnProperty.call(TRAJECTORY_HINTS, d.reason)) return TRAJECTORY_HINTS[d.reason];
   switch (code) {
     case 'Unavailable':
       return unavailableHint(verb, d, image || layer);
@@ -106,15 +128,19 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (verb === 'cp') return 'check the path inside the sandbox (`dsec exec ID -- ls -la DIR`); `dsec ls` lists sandboxes';
       if (verb === 'job renew') return 'no lease for that job: create one with `dsec job lease JOB --ttl DUR`; `dsec job ls` lists leases';
       if (job) return 'list leases with `dsec job ls`';
+      if (snapshot && verb !== 'snapshot create') return 'list snapshots with `dsec snapshot ls`';
+      if (traj) return 'list trajectories with `dsec traj ls`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;
     case 'AlreadyExists':
       if (image || layer || verb === 'commit') return 'list images with `dsec image ls`; pick another name or remove the old one with `dsec image rm`';
+      if (snapshot) return 'list snapshots with `dsec snapshot ls`; pick another name or remove the old one with `dsec snapshot rm NAME`';
       return 'list existing sandboxes with `dsec ls`';
     case 'Conflict':
       // Another operation changed the sandbox (or image) under this one; the message says which.
       if (image || layer) return 'retry, or see `dsec image ls` and `dsec layer ls` for what uses it';
+      if (traj) return 'a step of it is running now; retry when the step has ended (`dsec traj show ID` shows it)';
       return 'retry, or check `dsec inspect ID`';
     case 'FailedPrecondition':
       if (image || layer) return 'see `dsec image ls` and `dsec layer ls` for what uses it';
@@ -124,11 +150,13 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       return 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';
+      if (verb === 'snapshot create') return 'the layer store may be full: `dsec snapshot rm` and `dsec image prune` free space';
       return 'remove idle sandboxes (`dsec ls`, `dsec rm`) or retry later; `dsec host info` shows capacity';
     case 'Internal':
       return LOG_HINT;
     case 'Unimplemented':
       if (image || layer) return 'this dsecd does not support that yet; upgrade dsecd';
+      if (verb === 'snapshot create') return "process snapshots need CRIU working on dsecd's host (`criu check`); drop --process for a filesystem snapshot";
       return '`dsec host info` lists which backends this host supports';
     case 'DeadlineExceeded':
       return 'dsecd is overloaded or the command ran too long; retry, or raise --timeout';
@@ -162,7 +190,7 @@ function unavailableHint(verb: string, d: ErrorDetail, imageOrLayer: boolean): s
 
 /** The hint of an API error raised while running `verb`. */
 export function apiErrorHint(err: DsecApiError, verb: string): string {
-  return hintFor(err.code, verb, { status: err.status, errno: errnoOf(err), message: err.message });
+  return hintFor(err.code, verb, { status: err.status, errno: errnoOf(err), message: err.message, reason: err.reason });
 }
 
 /** Writes the two-line report of an API error: `dsec: <message> (<code>)` and its hint. */
@@ -179,6 +207,8 @@ export interface ErrorDoc {
   message: string;
   /** What to do about it, as on the `hint:` line. */
   hint: string | null;
+  /** dsecd's machine-readable refinement of `code` (e.g. `outcome_unknown`); only when it sent one. */
+  reason?: string;
 }
 
 /** Writes `{"error": doc}` as one JSON line (a `--json` run's stdout on failure). */
@@ -199,6 +229,7 @@ export function reportError(err: unknown, stderr: OutStream, verb: string, debug
   if (err instanceof DsecApiError) {
     reportApiError(err, stderr, verb);
     doc = { code: err.code, message: err.message, hint: apiErrorHint(err, verb) };
+    if (err.reason !== undefined) doc.reason = err.reason;
   } else if (err instanceof UserError) {
     stderr.write(`dsec: ${err.message}\n`);
     if (err.hint) stderr.write(`hint: ${err.hint}\n`);

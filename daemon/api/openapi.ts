@@ -15,6 +15,8 @@ import './routes/execs.js';
 import './routes/stats.js';
 import './routes/files.js';
 import './routes/jobs.js';
+import './routes/snapshots.js';
+import './routes/trajectories.js';
 import { DSEC_VERSION } from '../version.js';
 
 function schemaOf(s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {

@@ -26,6 +26,10 @@ export const LIMITS = {
   maxPids: 4_194_304,
   /** Longest exec timeout: 24 h. */
   maxTimeoutMs: 24 * 3600 * 1000,
+  /** Largest trajectory step number: 2^31-1, so steps fit a signed 32-bit int in every client language. */
+  maxStep: 2 ** 31 - 1,
+  /** Most sandboxes one fork call creates: 256 (a rollout group; larger groups are several calls). */
+  maxForkCount: 256,
   /** Largest stdin accepted inline by exec: 16 MiB (base64 in JSON). */
   maxStdinBytes: 16 * 1024 * 1024,
   /** Longest sandbox TTL: 30 days. */
@@ -44,6 +48,16 @@ const labelValue = z.string().regex(/^[A-Za-z0-9._/-]{0,63}$/, 'label value must
 const envKey = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names must match [A-Za-z_][A-Za-z0-9_]*');
 const envValue = z.string().refine((s) => !s.includes('\0'), 'env values must not contain NUL');
 
+/**
+ * Trajectory ids: 1–128 characters from `A-Z a-z 0-9 . _ : @ -`, starting with a letter
+ * or digit, so an id is safe in a URL path segment, a file name and a JSONL line as is.
+ */
+export const TrajectoryId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$/, 'trajectory ids are 1-128 characters of [A-Za-z0-9._:@-], starting with a letter or digit');
+
+/** Snapshot names: like image names, lowercase `[a-z0-9][a-z0-9._-]{0,127}`; unique per host. */
+export const SnapshotName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'snapshot names are 1-128 characters of [a-z0-9._-], starting with a letter or digit')
+  .refine((n) => !/^snap-[0-9a-f]{16}$/.test(n), 'snapshot names must not look like snapshot ids (snap- and 16 hex characters)');
+
 /** Isolation tiers. Only `container` is built so far; the others answer Unimplemented. */
 export const Backend = z.enum(['container', 'fncall', 'microvm', 'vm']).describe('Isolation tier.');
 export type Backend = z.infer<typeof Backend>;
@@ -57,6 +71,9 @@ export const ErrorBody = z.object({
   error: z.object({
     code: z.enum(ERROR_KINDS as [string, ...string[]]).describe('Error kind; decides the HTTP status.'),
     message: z.string().describe('Human-readable description naming what failed.'),
+    reason: z.string().optional().describe(
+      'Machine-readable refinement of `code` where a caller must branch on it, e.g. for trajectory steps: '
+      + '`outcome_unknown`, `step_mismatch`, `in_progress`, `out_of_order`, `trajectory_removed` (see docs/TRAJECTORIES.md).'),
   }),
 });
 
@@ -101,6 +118,7 @@ export const Sandbox = z.object({
   priority: z.enum(['latency', 'batch']),
   idle_timeout_s: z.number().int().nullable(),
   last_active_at: z.number().int().nullable().describe('Start of the last exec, ms since the epoch.'),
+  snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 
@@ -137,8 +155,15 @@ export const ExecRequest = z
     user: z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User name or uid[:gid] inside the sandbox; default the image user.'),
     stdin_b64: z.string().base64().optional().describe('Bytes fed to stdin, base64; stdin is empty otherwise.'),
     timeout_ms: z.number().int().min(1).max(LIMITS.maxTimeoutMs).optional().describe('Kill the command (SIGKILL to its process group) after this many ms.'),
+    trajectory: TrajectoryId.optional().describe('Record this command as a step of this trajectory (docs/TRAJECTORIES.md); needs `step`.'),
+    step: z.number().int().min(0).max(LIMITS.maxStep).optional().describe('Step number within `trajectory`, 0 or more; steps are recorded in increasing order.'),
+    truncate: z.boolean().optional().describe('Discard the recorded steps of `trajectory` from `step` on, then run this one (after a Conflict).'),
   })
-  .strict();
+  .strict()
+  .superRefine((r, ctx) => {
+    if ((r.trajectory === undefined) !== (r.step === undefined)) ctx.addIssue({ code: 'custom', message: 'trajectory and step go together: give both or neither', path: [r.trajectory === undefined ? 'trajectory' : 'step'] });
+    if (r.truncate === true && r.trajectory === undefined) ctx.addIssue({ code: 'custom', message: 'truncate needs trajectory and step', path: ['truncate'] });
+  });
 export type ExecRequest = z.infer<typeof ExecRequest>;
 
 /** POST /v1/sandboxes/{id}/execs request: start an exec session (streamed, background, optionally with a PTY). */
@@ -218,6 +243,9 @@ export const ExecResult = z.object({
   duration_ms: z.number().describe('Time from fork to exit inside the sandbox, ms.'),
   oom: z.boolean().describe("True when the command was killed by SIGKILL while the sandbox's memory cgroup recorded an OOM kill."),
   timed_out: z.boolean().describe('True when timeout_ms elapsed and the command was killed.'),
+  trajectory: z.string().optional().describe('The trajectory the step belongs to (trajectory execs only).'),
+  step: z.number().int().optional(),
+  replayed: z.boolean().optional().describe('True when this result is the recorded one of an earlier run of the same step and nothing was executed now (trajectory execs only).'),
 });
 export type ExecResult = z.infer<typeof ExecResult>;
 
@@ -243,6 +271,8 @@ export const HostInfo = z.object({
   backends: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() })),
   uid_pool: z.object({ base: z.number().int(), size: z.number().int(), range_size: z.number().int(), in_use: z.number().int(), free: z.number().int() }),
   sandboxes: z.record(z.string(), z.number().int()).describe('Count by state.'),
+  features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
+    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
 });
 
@@ -412,3 +442,129 @@ export const LogsQuery = z
     follow: z.enum(['true', 'false', '1', '0']).optional().describe('Keep streaming new lines.'),
   })
   .strict();
+
+/** POST /v1/sandboxes/{id}/snapshot request (the body is optional). */
+export const SnapshotRequest = z
+  .object({
+    name: SnapshotName.optional().describe('Unique name to restore by; default none (use the id).'),
+    process: z.boolean().optional().describe(
+      'Also checkpoint memory and processes (CRIU). Answered Unimplemented, with the reason, where `criu check` fails on the host.'),
+  })
+  .strict();
+export type SnapshotRequest = z.infer<typeof SnapshotRequest>;
+
+/** A snapshot as the API returns it. */
+export const Snapshot = z.object({
+  id: z.string().describe('Snapshot id: `snap-` and 16 lowercase hex characters.'),
+  name: z.string().nullable(),
+  kind: z.enum(['filesystem']).describe('What was captured: `filesystem` (the writable layer, unstripped).'),
+  sandbox_id: z.string().describe('The source sandbox (it may have been destroyed since).'),
+  backend: Backend,
+  image: z.string().describe('Image of the source sandbox, `name:tag`.'),
+  image_layers: z.array(z.string()).describe('Layer digests a restored sandbox mounts, lowest first; the last is the snapshot layer.'),
+  layer: z.string().describe('Digest of the snapshot layer (the source writable layer, packed).'),
+  size_bytes: z.number().int().describe('Size of the snapshot layer blob, bytes.'),
+  cpus: z.number().describe('CPU limit of the source, cores; the default for restores.'),
+  memory_bytes: z.number().int().describe('Memory limit of the source, bytes; the default for restores.'),
+  pids: z.number().int(),
+  priority: z.enum(['latency', 'batch']),
+  labels: z.record(z.string(), z.string()).describe('Labels of the source; the default labels of restores.'),
+  env: z.record(z.string(), z.string()).describe('Sandbox env of the source, kept by restores.'),
+  created_at: z.number().int().describe('ms since the Unix epoch.'),
+});
+export type Snapshot = z.infer<typeof Snapshot>;
+
+/** GET /v1/snapshots response. */
+export const SnapshotList = z.object({ snapshots: z.array(Snapshot) });
+
+/** Overrides a restore or fork may set; every field defaults to the snapshot's source sandbox. */
+const restoreFields = {
+  labels: z.record(labelKey, labelValue).refine((l) => Object.keys(l).length <= LIMITS.maxLabels, `at most ${LIMITS.maxLabels} labels`).optional()
+    .describe("Labels of the new sandbox(es); default the source's labels."),
+  env: z.record(envKey, envValue).refine((e) => envSize(e) <= LIMITS.maxEnvBytes, 'env larger than 128 KiB').optional()
+    .describe("Merged over the source's sandbox env."),
+  cpus: z.number().min(LIMITS.minCpus).max(LIMITS.maxCpus).optional(),
+  memory_bytes: z.number().int().min(LIMITS.minMemoryBytes).max(LIMITS.maxMemoryBytes).optional(),
+  pids: z.number().int().min(LIMITS.minPids).max(LIMITS.maxPids).optional(),
+  ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after the new sandbox is created when it is destroyed; default none.'),
+  priority: z.enum(['latency', 'batch']).optional(),
+  idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional(),
+};
+
+/** POST /v1/snapshots/{ref}/restore request (the body is optional). */
+export const RestoreRequest = z.object(restoreFields).strict();
+export type RestoreRequest = z.infer<typeof RestoreRequest>;
+
+/** POST /v1/snapshots/{ref}/fork request. */
+export const ForkRequest = z
+  .object({ count: z.number().int().min(1).max(LIMITS.maxForkCount).describe('How many sandboxes, 1-256.'), ...restoreFields })
+  .strict();
+export type ForkRequest = z.infer<typeof ForkRequest>;
+
+/** POST /v1/snapshots/{ref}/fork response. */
+export const ForkResult = z.object({ sandboxes: z.array(Sandbox).describe('The new sandboxes, all running, in creation order.') });
+
+/** State of a recorded step: `running` in this dsecd now, `finished` with a result, or `unknown` (started, never finished: dsecd died or the sandbox was lost mid-step). */
+export const StepState = z.enum(['running', 'finished', 'unknown']);
+
+/** One step of a trajectory, without its output (GET /v1/trajectories/{id}). */
+export const TrajectoryStep = z.object({
+  step: z.number().int(),
+  state: StepState,
+  hash: z.string().describe('sha256 (hex) of the canonical request: argv, env, cwd, user, stdin digest, timeout_ms.'),
+  sandbox_id: z.string().describe('Sandbox the step ran in.'),
+  argv: z.array(z.string()),
+  started_at: z.number().int().describe('ms since the Unix epoch.'),
+  finished_at: z.number().int().nullable(),
+  exit_code: z.number().int().nullable(),
+  signal: z.string().nullable(),
+  oom: z.boolean().nullable(),
+  timed_out: z.boolean().nullable(),
+  duration_ms: z.number().nullable(),
+  stdout_bytes: z.number().int().nullable(),
+  stderr_bytes: z.number().int().nullable(),
+  replays: z.number().int().describe('How many times the recorded result was replayed.'),
+  error: z.string().nullable().describe('Why the outcome is unknown, when it is.'),
+});
+
+/** A trajectory's summary (GET /v1/trajectories). */
+export const TrajectorySummary = z.object({
+  id: z.string(),
+  host: z.string().describe('Host name of the dsecd that holds the log.'),
+  steps: z.number().int().describe('Recorded steps.'),
+  first_step: z.number().int().nullable(),
+  last_step: z.number().int().nullable(),
+  unknown: z.number().int().describe('Steps whose outcome is unknown.'),
+  sandbox_id: z.string().nullable().describe('Sandbox of the latest step.'),
+  truncations: z.number().int().describe('How many times the log was truncated.'),
+  created_at: z.number().int(),
+  updated_at: z.number().int(),
+});
+
+/** GET /v1/trajectories response. */
+export const TrajectoryList = z.object({ trajectories: z.array(TrajectorySummary) });
+
+/** GET /v1/trajectories/{id} response. */
+export const TrajectoryDetail = TrajectorySummary.extend({ step_list: z.array(TrajectoryStep) });
+
+/**
+ * One line of GET /v1/trajectories/{id}/export (JSONL): a whole step, for training
+ * pipelines. `host` and `trajectory` make lines from several hosts mergeable.
+ */
+export const TrajectoryRecord = TrajectoryStep.extend({
+  trajectory: z.string(),
+  host: z.string(),
+  env: z.record(z.string(), z.string()),
+  cwd: z.string().nullable(),
+  user: z.string().nullable(),
+  timeout_ms: z.number().int().nullable(),
+  stdin_sha256: z.string().nullable(),
+  stdout_b64: z.string().nullable(),
+  stderr_b64: z.string().nullable(),
+  stdout_truncated: z.boolean().nullable(),
+  stderr_truncated: z.boolean().nullable(),
+});
+export type TrajectoryRecord = z.infer<typeof TrajectoryRecord>;
+
+/** DELETE /v1/trajectories/{id} response. */
+export const TrajectoryRemoved = z.object({ id: z.string(), removed_steps: z.number().int() });

@@ -3,6 +3,9 @@
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
+import type { TrajectoryLog } from '../sandbox/trajectory.js';
+import { registerSnapshotRoutes } from './routes/snapshots.js';
+import { registerTrajectoryRoutes } from './routes/trajectories.js';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { z } from 'zod';
@@ -32,6 +35,8 @@ export interface ApiDeps {
   failpoints: Failpoints;
   metrics: Metrics;
   log: Logger;
+  /** The trajectory log (routes/trajectories.ts). */
+  trajectories: TrajectoryLog;
 }
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
@@ -67,7 +72,7 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
   }
   if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
   metrics?.errors.inc({ code: err.kind });
-  return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message } });
+  return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } });
 }
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
@@ -131,6 +136,8 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerImageRoutes(app, deps);
   registerStatsRoutes(app, deps);
   registerJobRoutes(app, deps);
+  registerSnapshotRoutes(app, deps);
+  registerTrajectoryRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));

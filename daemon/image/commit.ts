@@ -68,16 +68,18 @@ export function normaliseExclude(glob: string): string[] {
  * Copies `upper` into `dest` (which must not exist), strips, and shifts ownership.
  * @param uidBase first host uid/gid of the sandbox's range; ids in [uidBase, uidBase+count) become id - uidBase.
  * @param exclude extra globs to strip, relative to the sandbox root (e.g. `srv/cache/**`).
+ * @param opts.strip false keeps everything (snapshots: a restore must see exactly what
+ *   the source saw, /tmp and histories included); default true ({@link COMMIT_STRIP}).
  * @throws DsecError Internal when the copy fails (e.g. disk full); `dest` is removed then.
  */
-export async function packUpper(upper: string, dest: string, uidBase: number, count: number, exclude: readonly string[] = []): Promise<PackedUpper> {
+export async function packUpper(upper: string, dest: string, uidBase: number, count: number, exclude: readonly string[] = [], opts: { strip?: boolean } = {}): Promise<PackedUpper> {
   const r = await execa('cp', ['-a', '--', upper, dest], { reject: false });
   if (r.failed) {
     await rm(dest, { recursive: true, force: true });
     throw internal(`commit: copying the writable layer failed: ${String(r.stderr).trim() || r.message}`);
   }
   const extra = exclude.map((g) => ({ given: g, globs: normaliseExclude(g), hit: false }));
-  const patterns = [...COMMIT_STRIP];
+  const patterns = opts.strip === false ? [] : [...COMMIT_STRIP];
   const stripped: string[] = [];
   const walk = async (dir: string): Promise<void> => {
     for (const e of await readdir(dir, { withFileTypes: true })) {

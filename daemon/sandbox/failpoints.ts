@@ -27,6 +27,8 @@ export const FAILPOINTS = [
   'start.after-intent',
   'start.after-runtime',
   'image.after-blob', // an imported layer's blob published, before its manifest
+  'trajectory.before-record', // a trajectory step's command ended, before its result is recorded
+  'snapshot.after-layer', // a snapshot's layer stored, before its row
 ] as const;
 
 /** A failpoint name. */

@@ -13,7 +13,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, StartExecRequest } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
@@ -23,13 +23,16 @@ import os, { constants as osConstants } from 'node:os';
 const { ENOENT, E2BIG } = osConstants.errno;
 import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import type { AgentClient } from '../agent/client.js';
-import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
+import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packUpper } from '../image/commit.js';
 import { procStartTime, signalName } from '../host/proc.js';
 import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
-import { parseSelector, SandboxRepo, type SandboxRecord } from './repo.js';
+import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from './repo.js';
+import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
+import type { TrajectoryLog } from './trajectory.js';
+import { probeCriu } from '../host/criu.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -80,7 +83,22 @@ export interface ManagerDeps {
   drivers: Map<Backend, SandboxDriver>;
   failpoints: Failpoints;
   log: Logger;
+  snapshots: SnapshotRepo;
+  trajectories: TrajectoryLog;
 }
+
+/** What a new sandbox is made of: an image's layers and config, or a snapshot's. */
+interface SandboxSource {
+  /** `name:tag` of the image. */
+  image: string;
+  layers: string[];
+  config: ImageConfig;
+  /** The snapshot restored, if any. */
+  snapshotId: string | null;
+}
+
+/** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
+const FORK_CONCURRENCY = 4;
 
 /** The lifecycle of every sandbox on this host. */
 export class SandboxManager {
@@ -105,22 +123,36 @@ export class SandboxManager {
    *   ResourceExhausted (uid pool), Internal (runtime failure; nothing is left behind).
    */
   async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
-    const drv = this.driver(req.backend);
-    // A limit above what the host has can never be honoured: say so instead of overcommitting silently.
+    this.driver(req.backend);
+    this.checkLimits(req);
+    this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
+    const image = await this.d.images.get(req.image);
+    return this.createFrom(req, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+  }
+
+  /**
+   * Refuses limits above what the host has: they can never be honoured, so say so
+   * instead of overcommitting silently.
+   * @throws DsecError InvalidArgument.
+   */
+  private checkLimits(req: { cpus?: number; memory_bytes?: number }): void {
     const cores = os.cpus().length;
     if (req.cpus !== undefined && req.cpus > cores) throw invalidArgument(`cpus ${req.cpus} is more than this host's ${cores} cores`);
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
     }
-    this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
-    const image = await this.d.images.get(req.image);
+  }
+
+  /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
+  private async createFrom(req: CreateSandboxRequest, src: SandboxSource): Promise<SandboxRecord> {
+    const drv = this.driver(req.backend);
     const id = randomBytes(8).toString('hex');
     const rec = this.d.repo.insertCreating({
       id,
       backend: req.backend,
-      image: `${image.name}:${image.tag}`,
-      imageLayers: image.layers,
-      imageConfig: image.config,
+      image: src.image,
+      imageLayers: src.layers,
+      imageConfig: src.config,
       cpus: req.cpus ?? this.d.config.defaults.cpus,
       memoryBytes: req.memory_bytes ?? this.d.config.defaults.memoryBytes,
       pids: req.pids ?? this.d.config.defaults.pids,
@@ -130,6 +162,7 @@ export class SandboxManager {
       priority: req.priority ?? 'latency',
       idleTimeoutS: req.idle_timeout_s ?? null,
       createdAt: Date.now(),
+      snapshotId: src.snapshotId,
     });
     this.d.failpoints.hit('create.after-intent');
     await this.d.images.syncLeases(this.layersInUse());
@@ -158,12 +191,15 @@ export class SandboxManager {
    * Checked before anything is written, so a refused create leaves nothing behind.
    * @throws DsecError ResourceExhausted naming the limit.
    */
-  private admit(cpus: number, memoryBytes: number): void {
+  private admit(cpus: number, memoryBytes: number, count = 1): void {
     const a = this.d.config.admission;
     const live = this.d.repo.all();
-    if (live.length + 1 > a.maxSandboxes) {
-      throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes); destroy some first`);
+    if (live.length + count > a.maxSandboxes) {
+      throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes)`
+        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.length)} more, not ${count}` : ''}; destroy some first`);
     }
+    cpus *= count;
+    memoryBytes *= count;
     const mem = live.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes;
     const memCap = os.totalmem() * a.memoryOvercommit;
     if (mem > memCap) {
@@ -428,10 +464,36 @@ export class SandboxManager {
 
   async exec(id: string, req: ExecRequest): Promise<ExecResult> {
     const sb = this.d.repo.get(id);
-    ContainerDriver.assertRunning(sb);
-    if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const stdin = req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined;
     if (stdin && stdin.length > 16 * 1024 * 1024) throw invalidArgument('stdin_b64 decodes to more than 16 MiB');
+    if (req.trajectory === undefined || req.step === undefined) {
+      ContainerDriver.assertRunning(sb);
+      return this.runExec(sb, req, stdin);
+    }
+    // A replay touches nothing in the sandbox, so it is answered in any state; a step
+    // that must run needs a running sandbox, checked before `started` is recorded.
+    const decision = this.d.trajectories.begin(req.trajectory, req.step, id, req, req.truncate ?? false, Date.now(), () => ContainerDriver.assertRunning(sb));
+    if (decision.kind === 'replay') return decision.result;
+    const tok = decision.token;
+    let r: ExecResult;
+    try {
+      r = await this.runExec(sb, req, stdin);
+    } catch (e) {
+      // InvalidArgument comes from checks that run before the command (cwd, user, execve
+      // limits): nothing ran. Anything else may have broken off a running command.
+      if (isDsecError(e, 'InvalidArgument')) this.d.trajectories.abandon(tok);
+      else this.d.trajectories.unknown(tok, `the command was cut off: ${(e as Error).message}`);
+      throw e;
+    }
+    this.d.failpoints.hit('trajectory.before-record');
+    this.d.trajectories.finish(tok, r);
+    return { ...r, trajectory: req.trajectory, step: req.step, replayed: false };
+  }
+
+  /** Runs a command in a running sandbox through its driver (the exec path without the trajectory log). */
+  private async runExec(sb: SandboxRecord, req: ExecRequest, stdin: Buffer | undefined): Promise<ExecResult> {
+    const id = sb.id;
+    if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const drv = this.driver(sb.backend);
     const r = await drv.exec(sb, {
       ...this.resolveCommand(sb, req),
@@ -537,7 +599,152 @@ export class SandboxManager {
 
   /** Layer digests used by sandboxes of this instance that exist (any state but destroyed). */
   layersInUse(): Set<string> {
-    return new Set(this.d.repo.all().flatMap((s) => s.imageLayers));
+    return new Set([...this.d.repo.all().flatMap((s) => s.imageLayers), ...this.d.snapshots.all().flatMap((s) => s.imageLayers)]);
+  }
+
+  /**
+   * Takes a filesystem snapshot: the sandbox's writable layer packed, unstripped, as a
+   * layer in the image store (ownership shifted to image uids like a commit), recorded
+   * with what a restore needs. A running sandbox is frozen while its layer is copied
+   * and keeps running afterwards; a paused or stopped one is copied as it is.
+   * @param req.process also checkpoint processes: answered Unimplemented with the reason.
+   * @throws DsecError NotFound, AlreadyExists (name taken), FailedPrecondition (no
+   *   writable layer), Unimplemented (process checkpoints), Internal (copy or mkfs failed).
+   */
+  async snapshot(id: string, req: SnapshotRequest): Promise<SnapshotRecord> {
+    const sb0 = this.d.repo.get(id);
+    if (req.process) {
+      const criu = await probeCriu();
+      throw unimplemented(criu.available
+        ? 'process checkpoints of container sandboxes are not supported by this dsecd yet (criu check passes on this host); take a filesystem snapshot (omit process)'
+        : `process checkpoints need CRIU, and ${criu.reason}; take a filesystem snapshot (omit process) instead`);
+    }
+    if (sb0.backend !== 'container') throw unimplemented(`snapshots of ${sb0.backend} sandboxes are not built yet`);
+    const name = req.name ?? null;
+    this.d.snapshots.assertNameFree(name);
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (!['running', 'paused', 'stopped', 'failed'].includes(sb.state) || sb.desired !== null) {
+        throw failedPrecondition(`sandbox ${id} is ${sb.desired ? `becoming ${sb.desired}` : sb.state}; snapshot it when it is running, paused or stopped`);
+      }
+      if (sb.uidBase === null || sb.uidCount === null) throw failedPrecondition(`sandbox ${id} has no uid range`);
+      if (sb.imageLayers.length + 1 > MAX_LAYERS) {
+        throw failedPrecondition(`sandbox ${id} already has ${sb.imageLayers.length} layers (snapshots of restored sandboxes stack up); a snapshot would exceed ${MAX_LAYERS}`);
+      }
+      const tmp = this.d.images.tmpPath('-snapshot');
+      try {
+        const packed = await this.driver(sb.backend).withWritableLayer(sb, (upper) => packUpper(upper, tmp, sb.uidBase!, sb.uidCount!, [], { strip: false }));
+        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `snapshot:${id}` });
+        this.d.failpoints.hit('snapshot.after-layer');
+        const snap = this.d.snapshots.insert({
+          id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
+          imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
+          cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
+        });
+        await this.d.images.syncLeases(this.layersInUse());
+        this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} ${layer.digest}`);
+        return snap;
+      } finally {
+        await rm(tmp, { recursive: true, force: true });
+      }
+    });
+  }
+
+  /** @throws DsecError NotFound. */
+  getSnapshot(ref: string): SnapshotRecord {
+    return this.d.snapshots.get(ref);
+  }
+
+  /** All snapshots on this host, oldest first. */
+  listSnapshots(): SnapshotRecord[] {
+    return this.d.snapshots.all();
+  }
+
+  /**
+   * Removes a snapshot. Sandboxes restored from it keep running: they hold their own
+   * lease on its layer, which prune collects once nothing uses it.
+   * @throws DsecError NotFound.
+   */
+  async removeSnapshot(ref: string): Promise<SnapshotRecord> {
+    const snap = this.d.snapshots.get(ref);
+    this.d.snapshots.remove(snap.id);
+    await this.d.images.syncLeases(this.layersInUse());
+    this.d.repo.event('snapshot.removed', null, `${snap.id}${snap.name ? ` (${snap.name})` : ''}`);
+    return snap;
+  }
+
+  /**
+   * Checks a snapshot can be restored before anything is created: its layer blobs must
+   * be present and hash to their digests.
+   * @throws DsecError NotFound (snapshot or a layer missing), FailedPrecondition (corrupt layer).
+   */
+  private async checkSnapshot(ref: string): Promise<SnapshotRecord> {
+    const snap = this.d.snapshots.get(ref);
+    this.driver(snap.backend);
+    for (const digest of snap.imageLayers) {
+      try {
+        await this.d.images.prepareForMount(digest);
+      } catch (e) {
+        const err = e instanceof DsecError ? e : wrap(e, 'layer check');
+        throw new DsecError(err.kind, `snapshot ${snap.id}${snap.name ? ` (${snap.name})` : ''} cannot be restored: ${err.message}`, { cause: e });
+      }
+    }
+    return snap;
+  }
+
+  /** The create request a restore of `snap` with overrides `req` amounts to. */
+  private restoreRequest(snap: SnapshotRecord, req: RestoreRequest): CreateSandboxRequest {
+    return {
+      backend: snap.backend, image: snap.image, cpus: req.cpus ?? snap.cpus, memory_bytes: req.memory_bytes ?? snap.memoryBytes, pids: req.pids ?? snap.pids,
+      labels: req.labels ?? snap.labels, env: { ...snap.env, ...(req.env ?? {}) }, priority: req.priority ?? snap.priority,
+      ...(req.ttl_s !== undefined ? { ttl_s: req.ttl_s } : {}), ...(req.idle_timeout_s !== undefined ? { idle_timeout_s: req.idle_timeout_s } : {}),
+    };
+  }
+
+  /**
+   * Creates a new running sandbox from a snapshot: the snapshot layer is mounted as the
+   * top lower layer (shared, read-only) under a fresh writable layer, so the sandbox
+   * starts with exactly the files the source had. The source is never touched.
+   * @param ref snapshot id or name.
+   * @throws DsecError NotFound, FailedPrecondition (corrupt layer), ResourceExhausted
+   *   (admission, uid pool), InvalidArgument (limits above the host's), Internal.
+   */
+  async restore(ref: string, req: RestoreRequest = {}): Promise<SandboxRecord> {
+    return (await this.fork(ref, { ...req, count: 1 }))[0];
+  }
+
+  /**
+   * Creates `req.count` independent sandboxes from one snapshot ({@link restore} each),
+   * at most {@link FORK_CONCURRENCY} at a time. All or nothing: when one fails, the
+   * others are destroyed and the first error is thrown.
+   * @throws as {@link restore}.
+   */
+  async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
+    const snap = await this.checkSnapshot(ref);
+    const creq = this.restoreRequest(snap, req);
+    this.checkLimits(creq);
+    this.admit(creq.cpus!, creq.memory_bytes!, req.count);
+    const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };
+    const made: SandboxRecord[] = new Array(req.count);
+    let next = 0;
+    let failure: unknown = null;
+    const worker = async () => {
+      while (next < req.count && failure === null) {
+        const i = next++;
+        try {
+          made[i] = await this.createFrom(creq, src);
+        } catch (e) {
+          failure ??= e;
+        }
+      }
+    };
+    await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
+    if (failure !== null) {
+      for (const sb of made) if (sb) await this.destroy(sb.id, true, `fork of ${snap.id} failed`).catch((e) => this.d.log.error({ err: e, id: sb.id }, 'cleanup after failed fork failed'));
+      throw failure instanceof DsecError ? failure : wrap(failure, `fork ${snap.id}`);
+    }
+    if (req.count > 1) this.d.repo.event('snapshot.forked', null, `${snap.id} -> ${made.map((s) => s.id).join(',')}`);
+    return made;
   }
 
   /**

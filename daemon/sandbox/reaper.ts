@@ -8,6 +8,7 @@
  * nor double-fires an expiry: a sandbox that expired while dsecd was down is destroyed
  * by the first sweep after start.
  */
+import type { TrajectoryLog } from './trajectory.js';
 import type { Logger } from 'pino';
 import type { SandboxManager } from './manager.js';
 import type { SandboxRepo } from './repo.js';
@@ -27,9 +28,11 @@ export class Reaper {
     private readonly repo: SandboxRepo,
     private readonly manager: SandboxManager,
     private readonly log: Logger,
-    /** Event retention (see DaemonConfig.retention). */
-    private readonly retention: { eventsMax: number; eventsMaxAgeMs: number } = { eventsMax: 100_000, eventsMaxAgeMs: 7 * 86400_000 },
+    /** Event and trajectory retention (see DaemonConfig.retention). */
+    private readonly retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs?: number } = { eventsMax: 100_000, eventsMaxAgeMs: 7 * 86400_000 },
     private readonly intervalMs = REAP_INTERVAL_MS,
+    /** The trajectory log to prune, if any. */
+    private readonly trajectories: TrajectoryLog | null = null,
   ) {}
 
   /** Starts sweeping. Safe to call twice. */
@@ -52,7 +55,11 @@ export class Reaper {
     const done: string[] = [];
     try {
       this.sweeps += 1;
-      if (this.sweeps % 60 === 1) this.repo.pruneEvents(this.retention.eventsMax, now - this.retention.eventsMaxAgeMs);
+      if (this.sweeps % 60 === 1) {
+        this.repo.pruneEvents(this.retention.eventsMax, now - this.retention.eventsMaxAgeMs);
+        const age = this.retention.trajectoryMaxAgeMs;
+        if (this.trajectories && age !== undefined) this.trajectories.prune(now - age, now - 2 * age, now);
+      }
       await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
       await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {

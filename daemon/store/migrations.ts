@@ -78,4 +78,53 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    version: 3,
+    description: 'snapshots; the trajectory log; the snapshot a sandbox was restored from',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN snapshot_id TEXT;                     -- snapshot restored or forked from, else NULL
+      CREATE TABLE snapshots (
+        id            TEXT PRIMARY KEY,        -- snap-<16 hex>
+        name          TEXT UNIQUE,             -- optional, unique per host
+        kind          TEXT NOT NULL,           -- filesystem
+        sandbox_id    TEXT NOT NULL,           -- source (may be gone)
+        backend       TEXT NOT NULL,
+        image         TEXT NOT NULL,
+        image_layers  TEXT NOT NULL,           -- JSON array, lowest first; the last is the snapshot layer
+        image_config  TEXT NOT NULL,           -- JSON: env, cwd, user, cmd
+        layer         TEXT NOT NULL,           -- digest of the snapshot layer
+        size_bytes    INTEGER NOT NULL,
+        cpus          REAL NOT NULL,
+        memory_bytes  INTEGER NOT NULL,
+        pids          INTEGER NOT NULL,
+        priority      TEXT NOT NULL,
+        labels        TEXT NOT NULL,           -- JSON object
+        env           TEXT NOT NULL,           -- JSON object
+        created_at    INTEGER NOT NULL
+      );
+      CREATE TABLE trajectories (
+        id            TEXT PRIMARY KEY,
+        created_at    INTEGER NOT NULL,
+        updated_at    INTEGER NOT NULL,
+        truncations   INTEGER NOT NULL DEFAULT 0,
+        removed_at    INTEGER                  -- set by rm or retention: the id is never reused
+      );
+      CREATE TABLE trajectory_steps (
+        trajectory    TEXT NOT NULL REFERENCES trajectories(id) ON DELETE CASCADE,
+        step          INTEGER NOT NULL,
+        hash          TEXT NOT NULL,           -- sha256 hex of the canonical request
+        sandbox_id    TEXT NOT NULL,
+        request       TEXT NOT NULL,           -- JSON: argv, env, cwd, user, timeout_ms, stdin_sha256
+        started_at    INTEGER NOT NULL,
+        finished_at   INTEGER,                 -- NULL: started and not (yet) finished
+        result        TEXT,                    -- JSON: exit_code, signal, oom, timed_out, duration_ms, truncation flags
+        stdout        BLOB,
+        stderr        BLOB,
+        error         TEXT,                    -- why the outcome is unknown, when known to be
+        replays       INTEGER NOT NULL DEFAULT 0,
+        PRIMARY KEY (trajectory, step)
+      );
+      CREATE INDEX trajectories_updated ON trajectories(updated_at);
+    `,
+  },
 ];

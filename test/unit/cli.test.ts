@@ -192,6 +192,7 @@ describe('version and host info', () => {
       backends: { container: { available: true, reason: null }, microvm: { available: false, reason: 'no /dev/vhost-vsock' } },
       uid_pool: { base: 100000, size: 6553600, range_size: 65536, in_use: 3, free: 97 },
       sandboxes: { running: 3 },
+      features: { filesystem_snapshots: { available: true, reason: null }, process_checkpoints: { available: false, reason: 'criu check failed on this kernel: vdso' } },
       defences: { seccomp: { enforced: true, detail: 'default profile' }, apparmor: { enforced: false, detail: 'kernel lacks AppArmor' } },
     };
     routes['GET /v1/host'] = ok(host);
@@ -202,6 +203,7 @@ describe('version and host info', () => {
     expect(r.out).toMatch(/^cgroup\s+v1 \(memory=\/sys\/fs\/cgroup\/memory\/dsec\)$/m);
     expect(r.out).toMatch(/^microvm\s+no\s+no \/dev\/vhost-vsock$/m);
     expect(r.out).toMatch(/^apparmor\s+no\s+kernel lacks AppArmor$/m);
+    expect(r.out).toMatch(/^process_checkpoints\s+no\s+criu check failed on this kernel: vdso$/m);
     expect(r.out).not.toMatch(/\x1b\[/);
     expect(JSON.parse((await dsec(['--json', 'host', 'info'])).out)).toEqual(host);
   });

@@ -43,6 +43,10 @@ const sandbox = (over: Partial<Sandbox> = {}): Sandbox => ({
   uid_base: 100000,
   uid_count: 65536,
   error: null,
+  priority: 'latency',
+  idle_timeout_s: null,
+  last_active_at: null,
+  snapshot: null,
   ...over,
 });
 

@@ -1,0 +1,53 @@
+/**
+ * `dsec restore SNAPSHOT [overrides]`: creates a sandbox from a snapshot (by id or name)
+ * and prints its id (or the Sandbox with --json). Every setting defaults to the snapshot's
+ * source sandbox; the overrides (`--label`, `--env`, `--cpus`, `--memory`, `--pids`,
+ * `--ttl`, `--priority`, `--idle-timeout`) take the values `dsec create` takes, parsed by
+ * the same parsers. `--label` replaces the source's labels, `--env` is merged over its env.
+ * Also exports the overrides and their translation, which `dsec fork` shares.
+ */
+import type { Command } from 'commander';
+import type { RestoreInput } from '../../sdk/index.js';
+import type { Ctx } from '../util/context.js';
+import { writeJson } from '../util/output.js';
+import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
+import { PRIORITIES, createRequest, parsePriority, parseTtl, type CreateFlags } from './create.js';
+
+/** Parsed overrides of `restore` and `fork`: the create flags without `--backend` and `--image` (a snapshot fixes both). */
+export type RestoreFlags = Omit<CreateFlags, 'backend' | 'image'>;
+
+/**
+ * Adds the overrides of a restore or fork (`--label`, `--env`, `--cpus`, `--memory`,
+ * `--pids`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`, with the parsers of
+ * `dsec create`.
+ */
+export function addRestoreOptions(cmd: Command): Command {
+  return cmd
+    .option('--label <k=v>', "label, repeatable (each key once); replaces the snapshot's labels", flag('--label', collectLabel))
+    .option('--env <K=V>', "environment for every exec, repeatable (each name once); merged over the snapshot's", flag('--env', collectEnv))
+    .option('--cpus <n>', "CPU limit in cores, fractions allowed (default: the snapshot's source)", flag('--cpus', parseCpus))
+    .option('--memory <size>', "memory limit: bytes or K/M/G (binary), e.g. 512M (default: the snapshot's source)", flag('--memory', parseSize))
+    .option('--pids <n>', "maximum number of processes (default: the snapshot's source)", flag('--pids', parsePositiveInt))
+    .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m; rounded up to whole seconds)', flag('--ttl', parseTtl))
+    .option('--priority <class>', `scheduling class: ${PRIORITIES.join(' or ')} (default: the snapshot's source)`, flag('--priority', parsePriority))
+    .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds)', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));
+}
+
+/** The restore request for parsed overrides; unset flags are left to the snapshot's defaults. */
+export function restoreRequest(f: RestoreFlags): RestoreInput {
+  const { backend: _b, image: _i, ...req } = createRequest(f);
+  return req;
+}
+
+/** Adds `restore` to `parent`. */
+export function register(parent: Command, ctx: Ctx): Command {
+  const cmd = parent
+    .command('restore')
+    .description('create a sandbox from a snapshot and print its id')
+    .argument('<snapshot>', 'snapshot id (snap-...) or name');
+  return addRestoreOptions(cmd).action(async (ref: string, flags: RestoreFlags) => {
+    const sandbox = await ctx.client().restore(ref, restoreRequest(flags));
+    if (ctx.json) writeJson(ctx.io.stdout, sandbox);
+    else ctx.out(sandbox.id + '\n');
+  });
+}

@@ -1,0 +1,33 @@
+/** The trajectory log: list, show, export (JSONL) and remove. Steps are recorded by exec (routes/sandboxes.ts). */
+import { Readable } from 'node:stream';
+import type { FastifyInstance } from 'fastify';
+import { TrajectoryDetail, TrajectoryList, TrajectoryRecord, TrajectoryRemoved } from '../schema.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const listRoute = route({ method: 'GET', url: '/v1/trajectories', summary: 'Every trajectory recorded on this host, most recently updated first.', status: 200, response: TrajectoryList, errors: [] });
+const getRoute = route({ method: 'GET', url: '/v1/trajectories/:id', summary: 'One trajectory and its steps (without output).', status: 200, response: TrajectoryDetail, errors: ['NotFound'] });
+const exportRoute = route({
+  method: 'GET', url: '/v1/trajectories/:id/export', summary: 'Every step with its request and full output, as JSONL in step order (for training pipelines).',
+  status: 200, response: TrajectoryRecord, ndjson: true, errors: ['NotFound'],
+});
+const delRoute = route({
+  method: 'DELETE', url: '/v1/trajectories/:id', summary: 'Remove a trajectory; its id stays reserved (re-using it is FailedPrecondition trajectory_removed).',
+  status: 200, response: TrajectoryRemoved, errors: ['NotFound', 'Conflict'],
+});
+
+/** Registers the trajectory routes. */
+export function registerTrajectoryRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  const log = deps.trajectories;
+  app.get(listRoute.url, async () => ({ trajectories: log.list() }));
+  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => log.get(req.params.id));
+  app.get<{ Params: { id: string } }>(exportRoute.url, async (req, reply) => {
+    const records = log.export(req.params.id);
+    const first = records.next(); // throws NotFound before any byte is sent
+    function* lines() {
+      for (let r = first; !r.done; r = records.next()) yield JSON.stringify(r.value) + '\n';
+    }
+    return reply.type('application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines()));
+  });
+  app.delete<{ Params: { id: string } }>(delRoute.url, async (req) => ({ id: req.params.id, removed_steps: log.remove(req.params.id) }));
+}

@@ -1,0 +1,104 @@
+/**
+ * Typed access to the `snapshots` table. A snapshot is a sandbox's writable layer,
+ * packed unstripped as an EROFS layer in the image store, plus what a restore needs to
+ * recreate the sandbox: its image layers and config, limits, labels and env.
+ */
+import type { Db } from '../store/db.js';
+import type { Backend, Snapshot } from '../api/schema.js';
+import { alreadyExists, notFound } from '../errors.js';
+import type { ImageConfig } from './repo.js';
+
+/** A snapshot row, decoded. Times in ms since the epoch; sizes in bytes; cpus in cores. */
+export interface SnapshotRecord {
+  /** `snap-` and 16 lowercase hex characters. */
+  id: string;
+  name: string | null;
+  kind: 'filesystem';
+  sandboxId: string;
+  backend: Backend;
+  image: string;
+  /** Layers a restore mounts, lowest first; the last is {@link layer}. */
+  imageLayers: string[];
+  imageConfig: ImageConfig;
+  /** Digest of the snapshot layer. */
+  layer: string;
+  sizeBytes: number;
+  cpus: number;
+  memoryBytes: number;
+  pids: number;
+  priority: 'latency' | 'batch';
+  labels: Record<string, string>;
+  env: Record<string, string>;
+  createdAt: number;
+}
+
+interface Row {
+  id: string; name: string | null; kind: string; sandbox_id: string; backend: string; image: string; image_layers: string; image_config: string;
+  layer: string; size_bytes: number; cpus: number; memory_bytes: number; pids: number; priority: string; labels: string; env: string; created_at: number;
+}
+
+const decode = (r: Row): SnapshotRecord => ({
+  id: r.id, name: r.name, kind: 'filesystem', sandboxId: r.sandbox_id, backend: r.backend as Backend, image: r.image,
+  imageLayers: JSON.parse(r.image_layers), imageConfig: JSON.parse(r.image_config), layer: r.layer, sizeBytes: r.size_bytes,
+  cpus: r.cpus, memoryBytes: r.memory_bytes, pids: r.pids, priority: r.priority === 'batch' ? 'batch' : 'latency',
+  labels: JSON.parse(r.labels), env: JSON.parse(r.env), createdAt: r.created_at,
+});
+
+/** The API view of a snapshot. */
+export function snapshotToApi(s: SnapshotRecord): Snapshot {
+  return {
+    id: s.id, name: s.name, kind: s.kind, sandbox_id: s.sandboxId, backend: s.backend, image: s.image, image_layers: s.imageLayers,
+    layer: s.layer, size_bytes: s.sizeBytes, cpus: s.cpus, memory_bytes: s.memoryBytes, pids: s.pids, priority: s.priority,
+    labels: s.labels, env: s.env, created_at: s.createdAt,
+  };
+}
+
+/** Snapshot ids: `snap-` + 16 hex; anything else given as a ref is a name. */
+export const SNAPSHOT_ID = /^snap-[0-9a-f]{16}$/;
+
+/** Store access for snapshots. Synchronous (better-sqlite3). */
+export class SnapshotRepo {
+  constructor(private readonly db: Db) {}
+
+  /**
+   * Inserts a snapshot.
+   * @throws DsecError AlreadyExists when the name is taken.
+   */
+  insert(s: SnapshotRecord): SnapshotRecord {
+    this.assertNameFree(s.name);
+    this.db.prepare(`INSERT INTO snapshots (id, name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus,
+        memory_bytes, pids, priority, labels, env, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+      .run(s.id, s.name, s.kind, s.sandboxId, s.backend, s.image, JSON.stringify(s.imageLayers), JSON.stringify(s.imageConfig), s.layer,
+        s.sizeBytes, s.cpus, s.memoryBytes, s.pids, s.priority, JSON.stringify(s.labels), JSON.stringify(s.env), s.createdAt);
+    return s;
+  }
+
+  /** @throws DsecError AlreadyExists when a snapshot already has `name`. */
+  assertNameFree(name: string | null): void {
+    if (name !== null && this.db.prepare('SELECT 1 FROM snapshots WHERE name = ?').get(name)) {
+      throw alreadyExists(`a snapshot named ${name} already exists; pick another name or remove it with \`dsec snapshot rm ${name}\``);
+    }
+  }
+
+  /**
+   * The snapshot with this id (`snap-…`) or name.
+   * @throws DsecError NotFound.
+   */
+  get(ref: string): SnapshotRecord {
+    const r = (SNAPSHOT_ID.test(ref)
+      ? this.db.prepare('SELECT * FROM snapshots WHERE id = ?').get(ref)
+      : this.db.prepare('SELECT * FROM snapshots WHERE name = ?').get(ref)) as Row | undefined;
+    if (!r) throw notFound(`snapshot ${ref} not found (list them with \`dsec snapshot ls\`)`);
+    return decode(r);
+  }
+
+  /** All snapshots, oldest first. */
+  all(): SnapshotRecord[] {
+    return (this.db.prepare('SELECT * FROM snapshots ORDER BY created_at, id').all() as Row[]).map(decode);
+  }
+
+  /** Deletes a snapshot row. Safe to call twice. */
+  remove(id: string): void {
+    this.db.prepare('DELETE FROM snapshots WHERE id = ?').run(id);
+  }
+}

@@ -1,0 +1,153 @@
+import { describe, expect, it } from 'vitest';
+import Database from 'better-sqlite3';
+import { openDb } from '../../daemon/store/db.js';
+import { migrate } from '../../daemon/store/db.js';
+import { MIGRATIONS } from '../../daemon/store/migrations.js';
+import { canonicalRequest, TrajectoryLog } from '../../daemon/sandbox/trajectory.js';
+import type { ExecResult } from '../../daemon/api/schema.js';
+
+const result = (out: string, exit = 0): ExecResult => ({
+  exit_code: exit, signal: null, stdout_b64: Buffer.from(out).toString('base64'), stderr_b64: '', stdout_truncated: false,
+  stderr_truncated: false, duration_ms: 1.5, oom: false, timed_out: false,
+});
+const req = (cmd: string) => ({ argv: ['sh', '-c', cmd] });
+const fresh = () => new TrajectoryLog(openDb(':memory:'), 'host-a');
+
+/** Runs a step to completion through the log, as the manager does. */
+function run(log: TrajectoryLog, t: string, step: number, cmd: string, out = cmd, truncate = false) {
+  const d = log.begin(t, step, 'sb1', req(cmd), truncate);
+  if (d.kind === 'replay') return d.result;
+  log.finish(d.token, result(out));
+  return null;
+}
+
+describe('canonicalRequest', () => {
+  it('is independent of env key order and distinguishes every field', () => {
+    const a = canonicalRequest({ argv: ['x'], env: { A: '1', B: '2' } }).hash;
+    expect(canonicalRequest({ argv: ['x'], env: { B: '2', A: '1' } }).hash).toBe(a);
+    const variants = [
+      { argv: ['y'], env: { A: '1', B: '2' } },
+      { argv: ['x'], env: { A: '1' } },
+      { argv: ['x'], env: { A: '1', B: '2' }, cwd: '/' },
+      { argv: ['x'], env: { A: '1', B: '2' }, user: '0' },
+      { argv: ['x'], env: { A: '1', B: '2' }, timeout_ms: 5 },
+      { argv: ['x'], env: { A: '1', B: '2' }, stdin_b64: '' },
+      { argv: ['x'], env: { A: '1', B: '2' }, stdin_b64: 'YQ==' },
+      { argv: ['x y'], env: { A: '1', B: '2' } },
+      { argv: ['x', ''], env: { A: '1', B: '2' } },
+    ];
+    const hashes = new Set([a, ...variants.map((v) => canonicalRequest(v).hash)]);
+    expect(hashes.size).toBe(variants.length + 1);
+    expect(canonicalRequest({ argv: ['x'], stdin_b64: 'YQ==' }).request.stdin_sha256).toBe('ca978112ca1bbdcafac231b39a23dc4da786eff8147c4e72b9807785afee48bb');
+  });
+});
+
+describe('TrajectoryLog', () => {
+  it('replays a finished step with the same request and counts replays', () => {
+    const log = fresh();
+    expect(run(log, 't', 1, 'echo a')).toBeNull();
+    const r = run(log, 't', 1, 'echo a');
+    expect(r).toMatchObject({ replayed: true, trajectory: 't', step: 1, exit_code: 0 });
+    expect(Buffer.from(r!.stdout_b64, 'base64').toString()).toBe('echo a');
+    expect(log.get('t').step_list[0].replays).toBe(1);
+  });
+
+  it('refuses a different request at a recorded step unless truncating', () => {
+    const log = fresh();
+    run(log, 't', 1, 'a');
+    run(log, 't', 2, 'b');
+    run(log, 't', 3, 'c');
+    expect(() => log.begin('t', 2, 'sb1', req('B'))).toThrow(expect.objectContaining({ kind: 'Conflict', reason: 'step_mismatch' }));
+    expect(run(log, 't', 2, 'B', 'B', true)).toBeNull();
+    expect(log.get('t').step_list.map((s) => s.step)).toEqual([1, 2]);
+    expect(log.get('t').truncations).toBe(1);
+  });
+
+  it('a started step is in_progress while this process runs it and outcome_unknown for a new process', () => {
+    const db = openDb(':memory:');
+    const log = new TrajectoryLog(db, 'h');
+    const d = log.begin('t', 0, 'sb1', req('x'));
+    expect(d.kind).toBe('run');
+    expect(() => log.begin('t', 0, 'sb1', req('x'))).toThrow(expect.objectContaining({ reason: 'in_progress' }));
+    expect(log.get('t').step_list[0].state).toBe('running');
+    const after = new TrajectoryLog(db, 'h'); // dsecd restarted
+    expect(() => after.begin('t', 0, 'sb1', req('x'))).toThrow(expect.objectContaining({ kind: 'Conflict', reason: 'outcome_unknown' }));
+    expect(after.get('t').step_list[0]).toMatchObject({ state: 'unknown', error: 'dsecd stopped during the step' });
+    expect(after.get('t').unknown).toBe(1);
+    expect(after.begin('t', 0, 'sb1', req('x'), true).kind).toBe('run');
+  });
+
+  it('unknown() keeps the step refused with its reason; abandon() forgets a step that never ran', () => {
+    const log = fresh();
+    const d = log.begin('t', 0, 'sb1', req('x'));
+    if (d.kind !== 'run') throw new Error('expected run');
+    log.unknown(d.token, 'agent connection lost');
+    expect(() => log.begin('t', 0, 'sb1', req('x'))).toThrow(/agent connection lost/);
+    const d2 = log.begin('u', 0, 'sb1', req('x'));
+    if (d2.kind !== 'run') throw new Error('expected run');
+    log.abandon(d2.token);
+    expect(log.get('u').steps).toBe(0);
+    expect(log.begin('u', 0, 'sb1', req('x')).kind).toBe('run');
+  });
+
+  it('appends in increasing order: gaps forward are fine, an unrecorded earlier step is out_of_order', () => {
+    const log = fresh();
+    run(log, 't', 10, 'a');
+    run(log, 't', 20, 'b');
+    expect(() => log.begin('t', 15, 'sb1', req('c'))).toThrow(expect.objectContaining({ reason: 'out_of_order' }));
+    expect(run(log, 't', 15, 'c', 'c', true)).toBeNull();
+    expect(log.get('t').step_list.map((s) => s.step)).toEqual([10, 15]);
+  });
+
+  it('canRun failing records nothing and truncates nothing', () => {
+    const log = fresh();
+    run(log, 't', 1, 'a');
+    run(log, 't', 2, 'b');
+    const stop = () => { throw new Error('not running'); };
+    expect(() => log.begin('t', 1, 'sb1', req('z'), true, Date.now(), stop)).toThrow('not running');
+    expect(log.get('t').step_list.map((s) => s.step)).toEqual([1, 2]);
+    // A replay does not need canRun.
+    expect(log.begin('t', 2, 'sb1', req('b'), false, Date.now(), stop).kind).toBe('replay');
+  });
+
+  it('remove leaves a tombstone: the id is refused, not silently re-run; prune applies retention', () => {
+    const log = fresh();
+    run(log, 't', 1, 'a');
+    expect(log.remove('t')).toBe(1);
+    expect(() => log.begin('t', 1, 'sb1', req('a'))).toThrow(expect.objectContaining({ kind: 'FailedPrecondition', reason: 'trajectory_removed' }));
+    expect(() => log.get('t')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+    expect(log.list()).toEqual([]);
+    run(log, 'old', 1, 'a');
+    run(log, 'new', 1, 'a');
+    const now = Date.now();
+    log.begin('new', 2, 'sb1', req('running')); // in flight: never pruned
+    expect(log.prune(now + 1, 0, now + 1)).toEqual({ removed: 1, forgotten: 0 });
+    expect(log.list().map((t) => t.id)).toEqual(['new']);
+    expect(log.prune(0, now + 10, now + 2).forgotten).toBe(2); // tombstones of t and old
+    expect(log.begin('t', 1, 'sb1', req('a')).kind).toBe('run');
+  });
+
+  it('exports every step with request and output, and summarises trajectories', () => {
+    const log = fresh();
+    run(log, 't', 1, 'a', 'out-a');
+    run(log, 't', 2, 'b', 'out-b');
+    const recs = [...log.export('t')];
+    expect(recs.map((r) => [r.step, r.host, r.trajectory, Buffer.from(r.stdout_b64!, 'base64').toString()])).toEqual([[1, 'host-a', 't', 'out-a'], [2, 'host-a', 't', 'out-b']]);
+    expect(recs[0]).toMatchObject({ argv: ['sh', '-c', 'a'], env: {}, cwd: null, stdin_sha256: null, state: 'finished', exit_code: 0, duration_ms: 1.5 });
+    expect(log.list()[0]).toMatchObject({ id: 't', steps: 2, first_step: 1, last_step: 2, unknown: 0, sandbox_id: 'sb1', host: 'host-a' });
+    expect(() => [...log.export('nope')]).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+  });
+});
+
+describe('migration 3', () => {
+  it('adds snapshots, the trajectory log and sandboxes.snapshot_id to a version-2 store, keeping its rows', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 2));
+    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+    expect(migrate(db, MIGRATIONS.slice(0, 3))).toEqual([3]);
+    expect(db.prepare("SELECT snapshot_id FROM sandboxes WHERE id = 'old'").get()).toEqual({ snapshot_id: null });
+    const tables = db.prepare("SELECT name FROM sqlite_master WHERE type='table'").all().map((r: any) => r.name);
+    expect(tables).toEqual(expect.arrayContaining(['snapshots', 'trajectories', 'trajectory_steps']));
+  });
+});

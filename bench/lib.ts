@@ -26,13 +26,14 @@ export interface TempDaemon {
 
 /**
  * Starts a throwaway dsecd on a new root under /tmp (`prefix` names it) with uid pool
- * `pool` (benchmarks use pools above the test slots' so they can run beside tests).
+ * `pool` (benchmarks use pools above the test slots' so they can run beside tests) and
+ * `extraToml` appended to its config (e.g. an `[fncall]` table).
  * @throws Error when dsecd does not answer within 60 s or exits first.
  */
-export async function tempDaemon(prefix: string, pool: { base: number; size: number }): Promise<TempDaemon> {
+export async function tempDaemon(prefix: string, pool: { base: number; size: number }, extraToml = ''): Promise<TempDaemon> {
   const root = mkdtempSync(`/tmp/${prefix}`);
   const cfg = path.join(root, 'dsecd.toml');
-  writeFileSync(cfg, `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n`);
+  writeFileSync(cfg, `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${extraToml}`);
   const socket = path.join(root, 'dsecd.sock');
   const dsecd = path.join(repoRoot(), 'bin/dsecd');
   const proc = spawn(dsecd, ['--root', root, '--socket', socket, '--config', cfg], {

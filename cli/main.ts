@@ -47,6 +47,7 @@ import * as restore from './commands/restore.js';
 import * as resume from './commands/resume.js';
 import * as rm from './commands/rm.js';
 import * as run from './commands/run.js';
+import * as call from './commands/call.js';
 import * as snapshotCreate from './commands/snapshot/create.js';
 import * as snapshotInspect from './commands/snapshot/inspect.js';
 import * as snapshotLs from './commands/snapshot/ls.js';
@@ -100,6 +101,7 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   logs.register(program, ctx);
   top.register(program, ctx);
   run.register(program, ctx);
+  call.register(program, ctx);
   stop.register(program, ctx);
   start.register(program, ctx);
   rm.register(program, ctx);

@@ -2,6 +2,8 @@
  * dsecd configuration: defaults, the optional TOML file, environment, and flags, in
  * increasing precedence. The resolved object is immutable for the life of the process.
  */
+import os from 'node:os';
+import type { FncallPoolConfig } from './fncall/pool.js';
 import { createHash } from 'node:crypto';
 import { readFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
@@ -60,6 +62,18 @@ const FileConfig = z
       .strict()
       .optional(),
     leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
+    fncall: z
+      .object({
+        max_workers: z.number().int().min(1).max(4096).optional(),
+        min_idle: z.number().int().min(0).optional(),
+        idle_s: z.number().int().min(1).optional(),
+        calls_per_worker: z.number().int().min(1).optional(),
+        max_queue: z.number().int().min(0).optional(),
+        memory_bytes: z.number().int().min(4 * 1024 * 1024).optional(),
+        pids: z.number().int().min(8).optional(),
+      })
+      .strict()
+      .optional(),
     retention: z
       .object({
         events_max: z.number().int().min(100).optional(),
@@ -131,6 +145,8 @@ export interface DaemonConfig {
    * - `cpuOvercommit`: CPU limits may sum to this times the cores (default 1,000).
    */
   admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number };
+  /** Sizing of the fncall pools (daemon/fncall/pool.ts FncallPoolConfig, which documents each default). */
+  fncall: FncallPoolConfig;
   /** After a job's lease lapses its sandboxes are paused; `destroyGraceMs` later they are destroyed (default 10 min). */
   leases: { destroyGraceMs: number };
   /**
@@ -218,6 +234,16 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
+    fncall: {
+      maxWorkers: fc.fncall?.max_workers ?? 4 * os.cpus().length,
+      minIdle: fc.fncall?.min_idle ?? 1,
+      idleMs: (fc.fncall?.idle_s ?? 60) * 1000,
+      callsPerWorker: fc.fncall?.calls_per_worker ?? 10_000,
+      maxQueue: fc.fncall?.max_queue ?? 10_000,
+      memoryBytes: fc.fncall?.memory_bytes ?? 512 * 1024 * 1024,
+      cpus: os.cpus().length,
+      pids: fc.fncall?.pids ?? 256,
+    },
     retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
       trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },
     images: {

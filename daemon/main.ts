@@ -8,6 +8,7 @@
  * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
+import { FNCALL_WORKER_LABEL, FncallPools } from './fncall/pool.js';
 import { Command } from 'commander';
 import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
@@ -17,7 +18,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pino, { type Logger } from 'pino';
 import { loadConfig, type DaemonConfig } from './config.js';
-import { DsecError, failedPrecondition, unavailable } from './errors.js';
+import { DsecError, failedPrecondition, isDsecError, unavailable } from './errors.js';
 import { openDb } from './store/db.js';
 import { SandboxRepo } from './sandbox/repo.js';
 import { SnapshotRepo } from './sandbox/snapshots.js';
@@ -217,7 +218,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const coreSched = detectCoreScheduling();
     const schedIdle = detectSchedIdle();
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }) });
-    const drivers = new Map<Backend, SandboxDriver>([['container', container]]);
+    // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
+    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories,
@@ -245,6 +247,33 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
       return { config, log, async close() {} };
     }
+    // fncall workers are stateless and never adopted: the ones a previous dsecd left are destroyed.
+    for (const sb of repo.all()) {
+      if (sb.backend === 'fncall') await manager.destroy(sb.id, true, 'fncall worker of a previous dsecd').catch((e) => log.error({ err: e, id: sb.id }, 'destroying a stale fncall worker failed'));
+    }
+    const resolved = new Map<string, { name: string; at: number }>();
+    const fncall = new FncallPools({
+      // Resolved refs are cached for a second: a call must not read a manifest from the
+      // (possibly shared) store each time, and a retag is seen within that second.
+      resolveImage: async (ref) => {
+        const hit = resolved.get(ref);
+        if (hit && Date.now() - hit.at < 1000) return hit.name;
+        const m = await images.get(ref);
+        resolved.set(ref, { name: `${m.name}:${m.tag}`, at: Date.now() });
+        return `${m.name}:${m.tag}`;
+      },
+      createWorker: (image, l) => manager.create({
+        backend: 'fncall', image, cpus: l.cpus, memory_bytes: l.memoryBytes, pids: l.pids, labels: { [FNCALL_WORKER_LABEL]: 'worker' },
+      }, { worker: true }),
+      destroyWorker: async (id) => {
+        await manager.destroy(id, true, 'fncall worker retired').catch((e) => {
+          if (!isDsecError(e, 'NotFound')) throw e;
+        });
+      },
+      execIsolated: (sb, call) => manager.execIsolated(sb, call),
+      setMemoryLimit: (id, bytes) => cgroups!.setMemoryLimit(id, bytes),
+    }, config.fncall, log.child({ component: 'fncall' }));
+    fncall.start();
     const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState());
     const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
     const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }), config.retention, undefined, trajectories);
@@ -259,6 +288,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       failpoints: fp,
       metrics,
       trajectories,
+      fncall,
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -273,7 +303,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           runtime: { name: runtimeInfo.name, path: runtimeInfo.path, version: runtimeInfo.version },
           backends: {
             container: { available: true, reason: null },
-            fncall: { available: false, reason: 'not implemented yet' },
+            fncall: { available: true, reason: null },
             microvm: { available: false, reason: 'not implemented yet' },
             vm: { available: false, reason: 'not implemented yet' },
           },
@@ -317,6 +347,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
         await drained;
         clearTimeout(t);
+        await fncall.close();
         await container.close();
         db.close();
         reg.release();

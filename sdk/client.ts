@@ -23,6 +23,7 @@ import { Readable, pipeline } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
 import type { z } from 'zod';
 import type { ErrorKind } from '../daemon/errors.js';
+import type { RunRequest as RunRequestSchema } from '../daemon/api/schema.js';
 import type {
   Backend,
   BootstrapRequest,
@@ -415,6 +416,18 @@ export interface ExecOptions {
 }
 
 /** Result of {@link DsecClient.exec}: the API's ExecResult plus its output decoded from base64. */
+/** A POST /v1/run request (snake_case, as on the wire): `{backend?, image?, argv, env?, cwd?, user?, stdin_b64?, timeout_ms?, memory_bytes?, cpus?, pids?}`. */
+export type RunInput = z.input<typeof RunRequestSchema>;
+
+/** One entry of a POST /v1/run:batch response. */
+export interface RunBatchEntry {
+  ok: boolean;
+  /** When ok: the call's result (a failing command is ok, with its exit code). */
+  result?: ExecResult;
+  /** When not ok: why dsec could not run the call. */
+  error?: { code: ErrorKind; message: string };
+}
+
 export interface ExecOutput extends ExecResult {
   /** Standard output bytes (decoded `stdout_b64`), possibly truncated (`stdout_truncated`). */
   stdout: Buffer;
@@ -682,6 +695,31 @@ export class DsecClient {
    */
   createSandbox(req: CreateSandboxInput = {}): Promise<Sandbox> {
     return this.request<Sandbox>('POST', '/v1/sandboxes', req);
+  }
+
+  /**
+   * POST /v1/run: runs one command in a fresh environment of any tier and returns its
+   * result (the shape of {@link exec}). `backend: "fncall"` runs it on a pre-warmed
+   * pooled worker in fresh namespaces (nothing survives the call); `"container"` (the
+   * default) creates a sandbox, runs the command and destroys the sandbox. The HTTP
+   * deadline is the command's `timeout_ms` plus the client's timeout, none without one.
+   * Errors: `InvalidArgument`, `NotFound` (image), `ResourceExhausted` (host full or the
+   * fncall queue full), `Unimplemented` (tier not built), `Unavailable`.
+   */
+  async run(req: RunInput, opts: RequestOptions = {}): Promise<ExecOutput> {
+    const deadline = req.timeout_ms !== undefined && this.timeoutMs > 0 ? req.timeout_ms + this.timeoutMs : 0;
+    const res = await this.request<ExecResult>('POST', '/v1/run', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? deadline });
+    return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
+  }
+
+  /**
+   * POST /v1/run:batch: runs up to 1,000 calls concurrently; one entry per call, in
+   * order, each either `{ok: true, result}` or `{ok: false, error: {code, message}}`.
+   * No HTTP deadline by default. Errors: `InvalidArgument` (a malformed call refuses the batch).
+   */
+  async runBatch(calls: RunInput[], opts: RequestOptions = {}): Promise<RunBatchEntry[]> {
+    const res = await this.request<{ results: RunBatchEntry[] }>('POST', '/v1/run:batch', { calls }, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0 });
+    return res.results;
   }
 
   /** GET /v1/sandboxes: sandboxes matching the query (all when empty), as an array. */

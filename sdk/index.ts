@@ -34,6 +34,8 @@ export type {
   ExecInfo,
   ExecOptions,
   ExecOutput,
+  RunInput,
+  RunBatchEntry,
   ExecOutputQuery,
   ExecResult,
   ExportTrajectoryOptions,

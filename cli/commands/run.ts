@@ -6,7 +6,7 @@
  * sandbox and the command's exit code is kept.
  */
 import type { Command } from 'commander';
-import { DsecApiError, type Sandbox } from '../../sdk/index.js';
+import { DsecApiError, type RunInput, type Sandbox } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError, apiErrorHint } from '../util/errors.js';
 import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
@@ -22,6 +22,7 @@ export function register(parent: Command, ctx: Ctx): Command {
   addCreateOptions(cmd);
   addCommandOptions(cmd).option('-i, --stdin', 'send our stdin (a pipe or file, read to the end) to the command');
   return cmd.action(async (argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>) => {
+    if (flags.backend === 'fncall') return runFncall(ctx, argv, flags);
     // Read stdin before creating anything, so a refused stdin leaves nothing behind.
     const stdin = flags.stdin ? await readStdin(ctx) : undefined;
     const client = ctx.client();
@@ -72,4 +73,30 @@ async function destroy(ctx: Ctx, id: string): Promise<void> {
     ctx.err(`dsec: warning: could not destroy sandbox ${id}: ${e.message} (${e.code})\n`);
     ctx.err(`hint: remove it with \`dsec rm -f ${id}\`; ${apiErrorHint(e, 'rm')}\n`);
   }
+}
+
+/**
+ * `dsec run --backend fncall`: the same call through POST /v1/run on the fncall tier,
+ * exactly as `dsec call` makes it. Sandbox-only flags are refused: a call has no
+ * sandbox to label, keep or schedule.
+ */
+async function runFncall(ctx: Ctx, argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>): Promise<void> {
+  const sandboxOnly = (['cpus', 'pids', 'label', 'ttl', 'priority', 'idleTimeout'] as const).filter((k) => (flags as Record<string, unknown>)[k] !== undefined);
+  if (sandboxOnly.length) {
+    throw new UserError(`--backend fncall runs a stateless call: ${sandboxOnly.map((k) => `--${k.replace(/[A-Z]/g, (c) => `-${c.toLowerCase()}`)}`).join(', ')} ${sandboxOnly.length > 1 ? 'do' : 'does'} not apply`,
+      'drop them, or run in a sandbox with --backend container');
+  }
+  const stdin = flags.stdin ? await readStdin(ctx) : undefined;
+  const r = await ctx.client().run(fncallRequest(argv, flags, stdin));
+  ctx.exitCode = reportExecResult(ctx, r, { timeoutMs: flags.timeout });
+}
+
+/** The POST /v1/run body of an fncall from CLI flags (`--image`, `--env`, `--cwd`, `--user`, `--timeout`, `--memory`) and stdin bytes. */
+export function fncallRequest(argv: string[], flags: { image?: string; env?: Record<string, string>; cwd?: string; user?: string; timeout?: number; memory?: number }, stdin?: Buffer): RunInput {
+  return {
+    backend: 'fncall', argv,
+    ...(flags.image ? { image: flags.image } : {}), ...(flags.env ? { env: flags.env } : {}), ...(flags.cwd ? { cwd: flags.cwd } : {}),
+    ...(flags.user ? { user: flags.user } : {}), ...(flags.timeout !== undefined ? { timeout_ms: flags.timeout } : {}),
+    ...(flags.memory !== undefined ? { memory_bytes: flags.memory } : {}), ...(stdin ? { stdin_b64: Buffer.from(stdin).toString('base64') } : {}),
+  };
 }

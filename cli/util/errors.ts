@@ -87,7 +87,7 @@ export const TRAJECTORY_HINTS: Record<string, string> = {
   step_mismatch:
     'the step is recorded with a different command (argv, env, cwd, user, stdin or timeout); rerun with --truncate to discard the recorded step and the steps after it, or use a new step number',
   out_of_order:
-    'steps are recorded in increasing order and this one is below the last; `dsec traj show T` lists them; use a higher step, or --truncate to rewrite from this one',
+    'steps are recorded in increasing order and this one is below the last; `dsec traj show <trajectory>` lists them; use a higher step, or --truncate to rewrite from this one',
   in_progress: 'the step is running now (another exec); wait for it, then rerun to get its recorded result',
   trajectory_removed:
     'this trajectory id was removed (`dsec traj rm`, or by retention) and stays reserved, so its steps are neither replayed nor run again; use a new trajectory id',
@@ -147,6 +147,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (job) return LEASE_EXPIRED_HINT;
       if (verb === 'pause') return 'check the sandbox state with `dsec inspect ID`; a stopped sandbox needs `dsec start ID` first';
       if (verb === 'rm') return 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway';
+      if (verb === 'restore' || verb === 'fork') return 'the snapshot cannot be restored (a layer of it is missing or corrupt): remove it with `dsec snapshot rm REF` and take a new one';
       return 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';

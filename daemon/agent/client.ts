@@ -8,7 +8,8 @@
  *   - `DeadlineExceeded`: the HELLO handshake did not finish in time;
  *   - `FailedPrecondition`: the agent speaks another protocol version or refused HELLO;
  *   - `InvalidArgument`: a malformed exec or file request (thrown before anything is sent);
- *   - `Unimplemented`: the agent predates a feature (tty, detached, files);
+ *   - `Unimplemented`: the agent predates a feature (tty, detached, files), or cannot
+ *     isolate (`isolate`: only fncall worker sandboxes can);
  *   - `Internal`: the agent sent an ERROR for one stream (a bug on one side);
  *   - file operations fail with an {@link AgentFileError} whose kind follows the errno
  *     (see {@link fileErrorKind}).
@@ -50,7 +51,7 @@ import {
   type ErrorKind,
 } from '../errors.js';
 
-export type { FileEntry, FileInfo, FileType } from './protocol.js';
+export type { FileEntry, FileInfo, FileType, IsolateOptions } from './protocol.js';
 export { FileWriteFlag } from './protocol.js';
 
 /** What the agent says about itself in its HELLO reply. */
@@ -64,13 +65,21 @@ export interface AgentInfo {
   /** The agent's pid as seen in its own pid namespace (1 when it is the sandbox's init). */
   pid: number;
   /**
-   * Optional protocol-1 additions the agent implements: "tty", "detached", "files".
+   * Optional protocol-1 additions the agent implements: "tty", "detached", "files", and
+   * "isolate" when it can run isolated execs (an fncall worker: it holds CAP_SYS_ADMIN).
    * Absent on agents that predate them.
    */
   features?: string[];
 }
 
-/** One command to run inside the sandbox: the fields of one EXEC frame (see protocol.ts). */
+/**
+ * One command to run inside the sandbox: the fields of one EXEC frame (see protocol.ts).
+ * With `isolate` the command runs in fresh pid/mount/IPC/UTS namespaces and nothing of it
+ * survives the call ({@link IsolateOptions}: /tmp and /dev/shm are fresh tmpfs mounts of
+ * `tmpBytes`/`shmBytes`, default 64 MiB each, plus up to 8 `scratch` mounts; everything
+ * else is read-only; processes left behind are killed when the command exits). Its exit
+ * code, signal and timeout are reported exactly as for a plain exec.
+ */
 export type AgentExecRequest = ExecRequestFields;
 
 /** How an exec ended. */
@@ -379,8 +388,10 @@ export class AgentClient {
    * Start one exec. Output is delivered to `handlers` as it arrives (for a tty exec,
    * everything arrives as stdout).
    * @throws DsecError(InvalidArgument) synchronously for a malformed request
-   *   (empty argv, NUL in a string, env entry without '=', bad timeout, bad tty size);
-   *   DsecError(Unimplemented) if `tty` or `detached` is asked of an agent without them
+   *   (empty argv, NUL in a string, env entry without '=', bad timeout, bad tty size,
+   *   bad isolate sizes or scratch paths); DsecError(Unimplemented) if `tty`, `detached`
+   *   or `isolate` is asked of an agent without them (an agent that predates an EXEC field
+   *   would silently ignore it, which for `isolate` would mean no isolation at all)
    * @returns a handle whose `done` rejects with DsecError(Unavailable) if the
    *   connection is already closed or gets lost
    */
@@ -393,6 +404,7 @@ export class AgentClient {
     }
     if (req.tty !== undefined) this.requireFeature('tty', 'exec with a tty');
     if (req.detached) this.requireFeature('detached', 'detached exec');
+    if (req.isolate !== undefined) this.requireFeature('isolate', 'isolated exec');
     const stream = this.allocStream();
     let resolvePid!: (pid: number) => void;
     let rejectPid!: (e: Error) => void;

@@ -105,7 +105,47 @@ export const ExecTag = {
   TTY: 7,
   /** u8 1: keep running when the connection that started it closes. */
   DETACHED: 8,
+  /**
+   * u64 BE /tmp bytes, u64 BE /dev/shm bytes (0 = 64 MiB each): run in fresh pid, mount,
+   * IPC and UTS namespaces (agent feature "isolate"; see {@link IsolateOptions}).
+   */
+  ISOLATE: 9,
+  /** Repeated (≤ 8), needs ISOLATE: u64 BE bytes (> 0), then an absolute path: a fresh tmpfs there. */
+  SCRATCH: 10,
 } as const;
+
+/** Default size of the per-call tmpfs on /tmp and on /dev/shm of an isolated exec: 64 MiB. */
+export const ISOLATE_DEFAULT_TMPFS_BYTES = 64 * 1024 * 1024;
+/** Most SCRATCH mounts one isolated exec may ask for. */
+export const ISOLATE_MAX_SCRATCH = 8;
+
+/**
+ * An isolated exec (EXEC `ISOLATE`, docs/AGENT_PROTOCOL.md "Isolated execs"): the command
+ * runs in fresh pid, mount, IPC and UTS namespaces whose init is a small agent process, so
+ * nothing of the call survives it: every process it leaves behind is killed when the
+ * command exits, every mount of the sandbox is read-only inside the call, /tmp, /dev/shm
+ * and the scratch paths are fresh tmpfs mounts that vanish with the call, and SysV IPC
+ * objects and POSIX message queues live in the call's own IPC namespace. /proc shows only
+ * the call's processes (the namespace init is pid 1, the command pid 2). Needs an agent
+ * with the "isolate" feature (an fncall worker sandbox).
+ *
+ * Sizes are upper bounds of the tmpfs mounts in bytes (rounded up to pages by the
+ * kernel); the pages they use are charged to the sandbox's memory cgroup and freed when
+ * the call ends.
+ */
+export interface IsolateOptions {
+  /** Size limit of the fresh /tmp in bytes; default (or 0) 64 MiB. Integer, 0..2^53-1. */
+  tmpBytes?: number;
+  /** Size limit of the fresh /dev/shm in bytes; default (or 0) 64 MiB. Integer, 0..2^53-1. */
+  shmBytes?: number;
+  /**
+   * Up to 8 more fresh tmpfs mounts (mode 1777), mounted in order after /tmp: `path` is
+   * absolute, not `/`, without `..` components or NUL; `bytes` > 0 is its size limit. A
+   * path that does not exist is created only where it can be: below /tmp or an earlier
+   * scratch mount (the image is read-only); elsewhere it must exist in the image.
+   */
+  scratch?: { path: string; bytes: number }[];
+}
 
 /** Tags of the TLV fields of the file requests (FILE_READ … FILE_SYMLINK). */
 export const FileTag = {
@@ -262,6 +302,11 @@ export interface ExecRequestFields {
   tty?: { rows: number; cols: number };
   /** Keep running (output discarded) when the connection that started it closes. */
   detached?: boolean;
+  /**
+   * Run in fresh namespaces so nothing of the call survives it (see {@link IsolateOptions});
+   * `{}` for the defaults. The pid in STARTED is then the call's namespace init's.
+   */
+  isolate?: IsolateOptions;
 }
 
 function checkU16(what: string, v: number): number {
@@ -283,10 +328,38 @@ function checkString(what: string, s: string): Buffer {
   return Buffer.from(s, 'utf8');
 }
 
+function u64Field(what: string, v: number, min: number): Buffer {
+  if (!Number.isSafeInteger(v) || v < min) throw new TypeError(`${what} must be an integer in ${min}..2^53-1, got ${v}`);
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64BE(BigInt(v), 0);
+  return b;
+}
+
+/** The ISOLATE and SCRATCH fields of an isolated exec. @throws TypeError on bad sizes or paths */
+function encodeIsolate(iso: IsolateOptions): TlvField[] {
+  if (iso === null || typeof iso !== 'object') throw new TypeError('isolate must be an object');
+  const fields: TlvField[] = [{
+    tag: ExecTag.ISOLATE,
+    value: Buffer.concat([u64Field('isolate.tmpBytes', iso.tmpBytes ?? 0, 0), u64Field('isolate.shmBytes', iso.shmBytes ?? 0, 0)]),
+  }];
+  const scratch = iso.scratch ?? [];
+  if (!Array.isArray(scratch) || scratch.length > ISOLATE_MAX_SCRATCH) {
+    throw new TypeError(`isolate.scratch must be an array of at most ${ISOLATE_MAX_SCRATCH} entries`);
+  }
+  scratch.forEach((m, i) => {
+    const p = checkString(`isolate.scratch[${i}].path`, m?.path);
+    if (!m.path.startsWith('/') || /^\/+$/.test(m.path) || m.path.split('/').includes('..') || p.length >= 4096) {
+      throw new TypeError(`isolate.scratch[${i}].path must be an absolute path other than / without '..' components, got ${JSON.stringify(m.path)}`);
+    }
+    fields.push({ tag: ExecTag.SCRATCH, value: Buffer.concat([u64Field(`isolate.scratch[${i}].bytes`, m.bytes, 1), p]) });
+  });
+  return fields;
+}
+
 /**
  * Encode an EXEC payload.
  * @throws TypeError on an empty argv, strings with NUL, env entries without '=', an empty
- *   cwd/user, or a timeout outside 0..2^32-1 ms
+ *   cwd/user, a timeout outside 0..2^32-1 ms, or bad isolate sizes or scratch paths
  * @throws ProtocolError if the encoded request exceeds MAX_PAYLOAD
  */
 export function encodeExecRequest(req: ExecRequestFields): Buffer {
@@ -318,6 +391,7 @@ export function encodeExecRequest(req: ExecRequestFields): Buffer {
   if (req.stdin) fields.push({ tag: ExecTag.STDIN, value: Buffer.from([1]) });
   if (req.tty !== undefined) fields.push({ tag: ExecTag.TTY, value: encodeWinsize(req.tty.rows, req.tty.cols) });
   if (req.detached) fields.push({ tag: ExecTag.DETACHED, value: Buffer.from([1]) });
+  if (req.isolate !== undefined) fields.push(...encodeIsolate(req.isolate));
   const payload = encodeTlv(fields);
   if (payload.length > MAX_PAYLOAD) {
     throw new ProtocolError(`exec request of ${payload.length} bytes exceeds the ${MAX_PAYLOAD} byte limit`);
@@ -354,6 +428,19 @@ export function decodeExecRequest(payload: Buffer): ExecRequestFields {
         if (f.value.length !== 1) throw new ProtocolError('DETACHED must be 1 byte');
         req.detached = f.value[0] !== 0;
         break;
+      case ExecTag.ISOLATE: {
+        if (f.value.length !== 16) throw new ProtocolError('ISOLATE must be 16 bytes');
+        const tmp = Number(f.value.readBigUInt64BE(0));
+        const shm = Number(f.value.readBigUInt64BE(8));
+        req.isolate = { ...req.isolate, ...(tmp ? { tmpBytes: tmp } : {}), ...(shm ? { shmBytes: shm } : {}) };
+        break;
+      }
+      case ExecTag.SCRATCH: {
+        if (f.value.length < 9) throw new ProtocolError('SCRATCH must be a u64 and a path');
+        const m = { path: f.value.subarray(8).toString('utf8'), bytes: Number(f.value.readBigUInt64BE(0)) };
+        req.isolate = { ...req.isolate, scratch: [...(req.isolate?.scratch ?? []), m] };
+        break;
+      }
       default: break;
     }
   }

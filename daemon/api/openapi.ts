@@ -17,6 +17,7 @@ import './routes/files.js';
 import './routes/jobs.js';
 import './routes/snapshots.js';
 import './routes/trajectories.js';
+import './routes/run.js';
 import { DSEC_VERSION } from '../version.js';
 
 function schemaOf(s: z.ZodType, io: 'input' | 'output'): Record<string, unknown> {
@@ -30,7 +31,7 @@ export function buildOpenApi(): Record<string, unknown> {
   const paths: Record<string, Record<string, unknown>> = {};
   const routes = [...ROUTE_DOCS].sort((a, b) => a.url.localeCompare(b.url) || a.method.localeCompare(b.method));
   for (const r of routes) {
-    const p = r.url.replace(/:([a-z_]+)/g, '{$1}');
+    const p = r.url.replace(/\/:([a-z_]+)/g, '/{$1}');
     const params: unknown[] = [];
     for (const m of r.url.matchAll(/:([a-z_]+)/g)) params.push({ name: m[1], in: 'path', required: true, schema: { type: 'string' } });
     if (r.query) {

@@ -372,8 +372,17 @@ export const TagRequest = z.object({ target: ImageRef }).strict();
 export const BootstrapRequest = z
   .object({
     distro: z.literal('debian').describe('Only debian (bookworm minbase) so far.'),
-    image: ImageRef.optional().describe('Default debian:bookworm.'),
-    include: z.array(z.string().regex(/^[a-z0-9][a-z0-9+.-]*$/)).optional().describe('Extra packages; default python3, git.'),
+    toolkit: z
+      .enum(['judge'])
+      .optional()
+      .describe(
+        'Build a toolkit image instead: the base image (debian:bookworm, bootstrapped first when missing) plus one layer of packages. judge: gcc, g++, libc6-dev (image judge:bookworm).',
+      ),
+    image: ImageRef.optional().describe('Default debian:bookworm, or the toolkit\'s image (judge:bookworm).'),
+    include: z
+      .array(z.string().regex(/^[a-z0-9][a-z0-9+.-]*$/))
+      .optional()
+      .describe('Extra packages of the layer being built: on top of minbase (default python3, git), or with toolkit on top of its packages.'),
   })
   .strict();
 
@@ -568,3 +577,42 @@ export type TrajectoryRecord = z.infer<typeof TrajectoryRecord>;
 
 /** DELETE /v1/trajectories/{id} response. */
 export const TrajectoryRemoved = z.object({ id: z.string(), removed_steps: z.number().int() });
+
+/** Most calls in one POST /v1/run:batch: 1,000 (a rollout group's rewards; larger batches are several requests). */
+export const MAX_BATCH_CALLS = 1000;
+
+/**
+ * POST /v1/run request: one command in a fresh environment, for any tier. `container`
+ * creates a sandbox, runs the command and destroys the sandbox; `fncall` runs it on a
+ * pre-warmed pooled worker in fresh namespaces. Only `backend` differs between tiers.
+ */
+export const RunRequest = z
+  .object({
+    backend: Backend.default('container').describe('Isolation tier; default container (as for sandboxes); fncall is the fastest isolated execution.'),
+    image: z.string().min(1).max(255).default('busybox').describe('Image reference; default busybox.'),
+    argv: ExecRequest.shape.argv,
+    env: ExecRequest.shape.env,
+    cwd: ExecRequest.shape.cwd,
+    user: ExecRequest.shape.user,
+    stdin_b64: ExecRequest.shape.stdin_b64,
+    timeout_ms: z.number().int().min(1).max(LIMITS.maxTimeoutMs).optional().describe('Wall-clock limit, ms: the whole process tree is killed when it passes. Default 60,000 for fncall.'),
+    memory_bytes: z.number().int().min(LIMITS.minMemoryBytes).max(LIMITS.maxMemoryBytes).optional().describe('Memory limit, bytes; default from config.'),
+    cpus: z.number().min(LIMITS.minCpus).max(LIMITS.maxCpus).optional().describe('CPU limit, cores (container only; fncall workers share the pool limit).'),
+    pids: z.number().int().min(LIMITS.minPids).max(LIMITS.maxPids).optional().describe('Process limit (container only; fncall workers have the pool limit).'),
+  })
+  .strict();
+export type RunRequest = z.infer<typeof RunRequest>;
+
+/** POST /v1/run:batch request. */
+export const RunBatchRequest = z
+  .object({ calls: z.array(RunRequest).min(1).max(MAX_BATCH_CALLS).describe(`The calls, 1-${MAX_BATCH_CALLS}; they run concurrently.`) })
+  .strict();
+
+/** POST /v1/run:batch response: one entry per call, in request order. */
+export const RunBatchResult = z.object({
+  results: z.array(z.object({
+    ok: z.boolean(),
+    result: ExecResult.optional().describe('When ok.'),
+    error: z.object({ code: z.string(), message: z.string() }).optional().describe('When not ok: why dsec could not run the call (a failing command is ok with its exit code).'),
+  })),
+});

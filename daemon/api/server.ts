@@ -3,6 +3,8 @@
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
+import type { FncallPools } from '../fncall/pool.js';
+import { registerRunRoutes } from './routes/run.js';
 import type { TrajectoryLog } from '../sandbox/trajectory.js';
 import { registerSnapshotRoutes } from './routes/snapshots.js';
 import { registerTrajectoryRoutes } from './routes/trajectories.js';
@@ -37,6 +39,8 @@ export interface ApiDeps {
   log: Logger;
   /** The trajectory log (routes/trajectories.ts). */
   trajectories: TrajectoryLog;
+  /** The fncall pools (routes/run.ts). */
+  fncall: FncallPools;
 }
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
@@ -77,7 +81,7 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
 function routeRegex(url: string): RegExp {
-  return new RegExp(`^${url.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/:[a-z_]+/g, '[^/]+')}/?$`);
+  return new RegExp(`^${url.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/\/:[a-z_]+/g, '/[^/]+')}/?$`);
 }
 
 /** Builds the fastify app with every route; the caller listens. */
@@ -138,6 +142,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerJobRoutes(app, deps);
   registerSnapshotRoutes(app, deps);
   registerTrajectoryRoutes(app, deps);
+  registerRunRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));

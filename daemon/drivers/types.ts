@@ -7,6 +7,7 @@
  * again (or `destroy`ed) after a restart, so each is idempotent with respect to what it
  * leaves on the host.
  */
+import type { IsolateOptions } from '../agent/protocol.js';
 import type { Backend } from '../api/schema.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
@@ -65,6 +66,11 @@ export interface DriverExecRequest {
   timeoutMs?: number;
   /** Cap per output stream, bytes. */
   maxOutputBytes: number;
+  /**
+   * Run in fresh namespaces so nothing of the command survives it (fncall workers only;
+   * see daemon/agent/protocol.ts IsolateOptions). Absent: a plain exec.
+   */
+  isolate?: IsolateOptions;
 }
 
 /** A command to start as an exec session (output streamed through handlers). */

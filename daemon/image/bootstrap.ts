@@ -19,6 +19,8 @@
  *                           cache miss downloads each package version at most once.
  *   work/build-<pid>-<hex>/ scratch trees. Removed on success and on failure; dirs of
  *                           dead processes (a crash) are reclaimed by the next run.
+ *   toolkits/, apt-archives/, work/toolkit-<pid>-<hex>/
+ *                           toolkit layers on top of a bootstrapped image (toolkit.ts).
  *
  * A fresh machine (empty cache) rebuilds from the mirror. A cached tree is frozen at the
  * package versions of the day it was built: pass `refresh: true` to rebuild it.
@@ -84,9 +86,9 @@ export const DEBIAN_IMAGE_CONFIG: ImageManifest['config'] = {
 const TREE_FORMAT = 'dsec-debian-tree-v1';
 const VARIANT = 'minbase';
 /** sbin dirs first: debootstrap, chroot and dpkg's helpers live there and Node's PATH may lack them. */
-const TOOL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
+export const TOOL_PATH = '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin';
 /** Debian package names (policy §5.6.1). */
-const PKG_RE = /^[a-z0-9][a-z0-9+.-]+$/;
+export const PKG_RE = /^[a-z0-9][a-z0-9+.-]+$/;
 /** Lines of debootstrap output (and of its log) quoted in an error. */
 const ERROR_TAIL_LINES = 25;
 
@@ -309,17 +311,17 @@ export async function bootstrapDebian(store: ImageStore, opts: BootstrapDebianOp
 }
 
 /** tar flags that keep what EROFS records: numeric owners, xattrs (e.g. security.capability). */
-const TAR_META_FLAGS = ['--numeric-owner', '--xattrs', '--xattrs-include=*'];
+export const TAR_META_FLAGS = ['--numeric-owner', '--xattrs', '--xattrs-include=*'];
 
 /** Trimmed stdout of `cmd args`; FailedPrecondition `missing` when it cannot be run. */
-async function toolOutput(cmd: string, args: string[], missing: string): Promise<string> {
+export async function toolOutput(cmd: string, args: string[], missing: string): Promise<string> {
   const r = await execa(cmd, args, { reject: false, stdin: 'ignore', env: { PATH: `${TOOL_PATH}:${process.env.PATH ?? ''}` } });
   if (r.failed) throw new DsecError('FailedPrecondition', missing, { cause: r });
   return String(r.stdout).trim();
 }
 
 /** True when `cmd` is on PATH (plus the sbin dirs). */
-async function hasTool(cmd: string): Promise<boolean> {
+export async function hasTool(cmd: string): Promise<boolean> {
   for (const d of `${TOOL_PATH}:${process.env.PATH ?? ''}`.split(':')) {
     if (d && existsSync(join(d, cmd))) return true;
   }
@@ -463,7 +465,7 @@ async function replaceFile(file: string, content: string, mode: number): Promise
  * Refuses (Internal) if a mount remains, so rm never descends into /proc or a host fs.
  * Missing `dir` is fine.
  */
-async function removeTree(dir: string): Promise<void> {
+export async function removeTree(dir: string): Promise<void> {
   if (!existsSync(dir)) return;
   const mounts = await listMountsUnder(dir);
   for (const m of mounts.reverse()) {
@@ -478,10 +480,13 @@ async function removeTree(dir: string): Promise<void> {
   await rm(dir, { recursive: true, force: true });
 }
 
-/** Removes `build-<pid>-*` work dirs whose process is gone (left by a crash or kill -9). */
-async function reclaimStaleWork(workRoot: string, progress: (l: string) => void): Promise<void> {
+/**
+ * Removes `build-<pid>-*` (debootstrap) and `toolkit-<pid>-*` (toolkit.ts) work dirs whose
+ * process is gone (left by a crash or kill -9), unmounting what is still mounted in them.
+ */
+export async function reclaimStaleWork(workRoot: string, progress: (l: string) => void): Promise<void> {
   for (const n of await readdir(workRoot).catch(() => [] as string[])) {
-    const m = /^build-(\d+)-[0-9a-f]+$/.exec(n);
+    const m = /^(?:build|toolkit)-(\d+)-[0-9a-f]+$/.exec(n);
     if (!m) continue;
     const pid = Number(m[1]);
     // Our own pid: a concurrent bootstrap in this process. A live pid: another one.

@@ -9,10 +9,10 @@
  *   outside the sandbox and never reach the upper dir);
  * - ownership is shifted back from the sandbox's host uid range to image uids
  *   (host `base + k` -> `k`), so the layer is usable by any sandbox's range.
- * The copy happens while the sandbox is frozen when it runs, so it is consistent.
+ * Only the copy happens while the sandbox is frozen (when it runs), so it is consistent
+ * and the freeze lasts no longer than `cp -a`.
  */
-import { lchown, lstat, readdir, rm } from 'node:fs/promises';
-import { join, relative } from 'node:path';
+import { chmod, lchown, lstat, readdir, rm } from 'node:fs/promises';
 import { execa } from 'execa';
 import { minimatch } from 'minimatch';
 import { internal, invalidArgument } from '../errors.js';
@@ -65,41 +65,85 @@ export function normaliseExclude(glob: string): string[] {
 }
 
 /**
- * Copies `upper` into `dest` (which must not exist), strips, and shifts ownership.
+ * Copies `upper` into `dest` (which must not exist) with GNU `cp -a` (owners, modes,
+ * setuid bits, xattrs, hard links, holes, whiteouts kept). This is the only step that
+ * must see a still writable layer, so callers freeze the sandbox around it alone.
+ * @throws DsecError Internal when the copy fails (e.g. disk full); `dest` is removed then.
+ */
+export async function copyUpper(upper: string, dest: string): Promise<void> {
+  const r = await execa('cp', ['-a', '--', upper, dest], { reject: false });
+  if (r.failed) {
+    await rm(dest, { recursive: true, force: true });
+    throw internal(`copying the writable layer failed: ${String(r.stderr).trim() || r.message}`);
+  }
+}
+
+/**
+ * Prepares a private copy of an upper dir (see {@link copyUpper}) for packing: strips,
+ * and shifts ownership from the sandbox's host uid range back to image uids. Names are
+ * handled as bytes, so file names that are not UTF-8 survive. Changing a file's owner
+ * makes the kernel drop its setuid/setgid bits and its `security.capability` xattr; both
+ * are put back, so the layer holds exactly what the sandbox had.
  * @param uidBase first host uid/gid of the sandbox's range; ids in [uidBase, uidBase+count) become id - uidBase.
  * @param exclude extra globs to strip, relative to the sandbox root (e.g. `srv/cache/**`).
  * @param opts.strip false keeps everything (snapshots: a restore must see exactly what
  *   the source saw, /tmp and histories included); default true ({@link COMMIT_STRIP}).
- * @throws DsecError Internal when the copy fails (e.g. disk full); `dest` is removed then.
+ * @throws DsecError Internal when the tree cannot be walked or fixed up.
  */
-export async function packUpper(upper: string, dest: string, uidBase: number, count: number, exclude: readonly string[] = [], opts: { strip?: boolean } = {}): Promise<PackedUpper> {
-  const r = await execa('cp', ['-a', '--', upper, dest], { reject: false });
-  if (r.failed) {
-    await rm(dest, { recursive: true, force: true });
-    throw internal(`commit: copying the writable layer failed: ${String(r.stderr).trim() || r.message}`);
-  }
+export async function prepareCopy(dest: string, uidBase: number, count: number, exclude: readonly string[] = [], opts: { strip?: boolean } = {}): Promise<PackedUpper> {
   const extra = exclude.map((g) => ({ given: g, globs: normaliseExclude(g), hit: false }));
   const patterns = opts.strip === false ? [] : [...COMMIT_STRIP];
   const stripped: string[] = [];
-  const walk = async (dir: string): Promise<void> => {
-    for (const e of await readdir(dir, { withFileTypes: true })) {
-      const p = join(dir, e.name);
-      const rel = relative(dest, p);
-      const byExtra = extra.filter((x) => x.globs.some((g) => minimatch(rel, g, { dot: true })));
+  const shift = (id: number) => (id >= uidBase && id < uidBase + count ? id - uidBase : id);
+  const caps = await dumpCapabilities(dest);
+  const root = Buffer.from(dest);
+  const walk = async (dir: Buffer, rel: string): Promise<void> => {
+    for (const e of await readdir(dir, { withFileTypes: true, encoding: 'buffer' })) {
+      const p = Buffer.concat([dir, SLASH, e.name]);
+      // Globs match the name as UTF-8 (lossy for other bytes); the file is handled by its bytes.
+      const r = rel ? `${rel}/${e.name.toString()}` : e.name.toString();
+      const byExtra = extra.filter((x) => x.globs.some((g) => minimatch(r, g, { dot: true })));
       for (const x of byExtra) x.hit = true;
-      if (byExtra.length || patterns.some((g) => minimatch(rel, g, { dot: true }))) {
+      if (byExtra.length || patterns.some((g) => minimatch(r, g, { dot: true }))) {
         await rm(p, { recursive: true, force: true });
-        stripped.push(rel);
+        stripped.push(r);
         continue;
       }
-      const st = await lstat(p);
-      const shift = (id: number) => (id >= uidBase && id < uidBase + count ? id - uidBase : id);
-      if (shift(st.uid) !== st.uid || shift(st.gid) !== st.gid) await lchown(p, shift(st.uid), shift(st.gid));
-      if (e.isDirectory()) await walk(p);
+      await fixOwner(p, shift);
+      if (e.isDirectory()) await walk(p, r);
     }
   };
-  const top = await lstat(dest);
-  await lchown(dest, top.uid >= uidBase && top.uid < uidBase + count ? top.uid - uidBase : top.uid, top.gid >= uidBase && top.gid < uidBase + count ? top.gid - uidBase : top.gid);
-  await walk(dest);
+  await fixOwner(root, shift);
+  await walk(root, '');
+  if (caps) await restoreCapabilities(dest, caps);
   return { dir: dest, stripped: stripped.sort(), unmatched: extra.filter((x) => !x.hit).map((x) => x.given) };
+}
+
+const SLASH = Buffer.from('/');
+
+/** Shifts one entry's owner; re-applies setuid/setgid bits the chown cleared. */
+async function fixOwner(p: Buffer, shift: (id: number) => number): Promise<void> {
+  const st = await lstat(p);
+  const uid = shift(st.uid);
+  const gid = shift(st.gid);
+  if (uid === st.uid && gid === st.gid) return;
+  await lchown(p, uid, gid);
+  if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) await chmod(p, st.mode & 0o7777);
+}
+
+/**
+ * Every `security.capability` xattr under `dir`, as a `getfattr --dump` text (paths
+ * relative to `dir`, values hex), or null when there is none. One process for the tree.
+ */
+async function dumpCapabilities(dir: string): Promise<string | null> {
+  const r = await execa('getfattr', ['-R', '-P', '-h', '-e', 'hex', '-m', '^security\\.capability$', '-d', '.'], { cwd: dir, reject: false, encoding: 'buffer' });
+  if (r.exitCode !== 0 && r.exitCode !== 1) throw internal(`reading file capabilities failed: ${Buffer.from(r.stderr as Uint8Array).toString().trim() || r.message}`);
+  const text = Buffer.from(r.stdout as Uint8Array).toString('latin1');
+  return text.includes('security.capability') ? text : null;
+}
+
+/** Puts back the capabilities {@link dumpCapabilities} read. */
+async function restoreCapabilities(dir: string, dump: string): Promise<void> {
+  const r = await execa('setfattr', ['-h', '--restore=-'], { cwd: dir, input: Buffer.from(dump, 'latin1'), reject: false });
+  if (r.failed) throw internal(`restoring file capabilities failed: ${String(r.stderr).trim() || r.message}`);
 }

@@ -49,6 +49,17 @@ export interface BuildErofsOptions {
    * was emptied); whiteouts are accepted either way, so a commit does not need it.
    */
   skipDeviceCheck?: boolean;
+  /**
+   * Keep every file's mtime instead of stamping time 0 (`-T0`): snapshots, where a fork
+   * must see the source's times (a `make` in it must decide as the source's would).
+   * Default false: reproducible layers.
+   */
+  keepMtimes?: boolean;
+  /**
+   * Store files as chunks of this many bytes (`--chunksize`, a power of two ≥ 4096), so
+   * holes of sparse files take no space in the blob. Default none (contiguous files).
+   */
+  chunkBytes?: number;
 }
 
 /** A device node found in a layer source tree. */
@@ -138,7 +149,8 @@ export async function buildErofs(srcDir: string, outFile: string, opts: BuildEro
 
   await mkdir(dirname(outFile), { recursive: true });
   const tmp = join(dirname(outFile), `.tmp-${basename(outFile)}-${process.pid}-${Math.random().toString(36).slice(2)}`);
-  const args = ['--quiet', '-T0', `-U${EROFS_FIXED_UUID}`];
+  const args = ['--quiet', ...(opts.keepMtimes ? [] : ['-T0']), `-U${EROFS_FIXED_UUID}`];
+  if (opts.chunkBytes) args.push(`--chunksize=${opts.chunkBytes}`);
   if (opts.allRoot) args.push('--all-root');
   if (opts.compression) args.push(`-z${opts.compression}`);
   args.push(tmp, srcDir);

@@ -29,6 +29,7 @@ export const FAILPOINTS = [
   'image.after-blob', // an imported layer's blob published, before its manifest
   'trajectory.before-record', // a trajectory step's command ended, before its result is recorded
   'snapshot.after-layer', // a snapshot's layer stored, before its row
+  'fork.after-create', // one sandbox of a fork created (acknowledged), before the fork commits
 ] as const;
 
 /** A failpoint name. */

@@ -11,6 +11,8 @@
  * rolled forward, live sandboxes are adopted, and host leftovers no row accounts for
  * are removed.
  */
+import type { FncallCall } from '../fncall/pool.js';
+import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
 import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
@@ -24,7 +26,7 @@ const { ENOENT, E2BIG } = osConstants.errno;
 import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import type { AgentClient } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
-import { normaliseExclude, packUpper } from '../image/commit.js';
+import { copyUpper, normaliseExclude, prepareCopy } from '../image/commit.js';
 import { procStartTime, signalName } from '../host/proc.js';
 import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
@@ -97,6 +99,15 @@ interface SandboxSource {
   snapshotId: string | null;
 }
 
+/** Label naming the fork (or restore) call that created a sandbox: `fork-<16 hex>`; one value per call. */
+export const FORK_LABEL = 'dsec.fork';
+
+/** Chunk size of snapshot layers: 4 KiB, the page size, so any hole of a sparse file costs nothing in the blob. */
+const SNAPSHOT_CHUNK_BYTES = 4096;
+
+/** Wall-clock limit of an fncall that names none: 60 s, so a runaway call cannot hold a worker forever. */
+export const FNCALL_DEFAULT_TIMEOUT_MS = 60_000;
+
 /** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
 const FORK_CONCURRENCY = 4;
 
@@ -122,7 +133,10 @@ export class SandboxManager {
    * @throws DsecError Unimplemented (backend not built), NotFound (unknown image),
    *   ResourceExhausted (uid pool), Internal (runtime failure; nothing is left behind).
    */
-  async create(req: CreateSandboxRequest): Promise<SandboxRecord> {
+  async create(req: CreateSandboxRequest, opts: { worker?: boolean } = {}): Promise<SandboxRecord> {
+    if (req.backend === 'fncall' && !opts.worker) {
+      throw invalidArgument('fncall is the stateless tier: run calls with POST /v1/run (`dsec run --backend fncall` or `dsec call`), not as a sandbox');
+    }
     this.driver(req.backend);
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
@@ -490,8 +504,21 @@ export class SandboxManager {
     return { ...r, trajectory: req.trajectory, step: req.step, replayed: false };
   }
 
+  /**
+   * Runs one isolated call in an fncall worker (daemon/fncall/pool.ts): fresh pid,
+   * mount, IPC and UTS namespaces, the image read-only, fresh /tmp and /dev/shm.
+   * @throws as {@link exec}.
+   */
+  async execIsolated(sb: SandboxRecord, call: FncallCall): Promise<ExecResult> {
+    const req: ExecRequest = {
+      argv: call.argv, ...(call.env ? { env: call.env } : {}), ...(call.cwd ? { cwd: call.cwd } : {}), ...(call.user ? { user: call.user } : {}),
+      timeout_ms: call.timeoutMs ?? FNCALL_DEFAULT_TIMEOUT_MS,
+    };
+    return this.runExec(sb, req, call.stdin, { ...(call.tmpBytes ? { tmpBytes: call.tmpBytes } : {}) });
+  }
+
   /** Runs a command in a running sandbox through its driver (the exec path without the trajectory log). */
-  private async runExec(sb: SandboxRecord, req: ExecRequest, stdin: Buffer | undefined): Promise<ExecResult> {
+  private async runExec(sb: SandboxRecord, req: ExecRequest, stdin: Buffer | undefined, isolate?: IsolateOptions): Promise<ExecResult> {
     const id = sb.id;
     if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const drv = this.driver(sb.backend);
@@ -499,6 +526,7 @@ export class SandboxManager {
       ...this.resolveCommand(sb, req),
       stdin,
       maxOutputBytes: this.d.config.maxOutputBytes,
+      ...(isolate ? { isolate } : {}),
     }).catch(async (e) => {
       if (!isDsecError(e, 'Unavailable')) throw e;
       // The agent connection dropped: tell a stop/destroy that raced the command from a dead init.
@@ -555,8 +583,8 @@ export class SandboxManager {
       if (sb.uidBase === null || sb.uidCount === null) throw failedPrecondition(`sandbox ${id} has no uid range`);
       const tmp = this.d.images.tmpPath('-commit');
       try {
-        const packed = await this.driver(sb.backend).withWritableLayer(sb, (upper) =>
-          packUpper(upper, tmp, sb.uidBase!, sb.uidCount!, [...this.d.config.images.commitExclude, ...exclude]));
+        await this.driver(sb.backend).withWritableLayer(sb, (upper) => copyUpper(upper, tmp));
+        const packed = await prepareCopy(tmp, sb.uidBase!, sb.uidCount!, [...this.d.config.images.commitExclude, ...exclude]);
         const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `commit:${id}` });
         const env = new Map(sb.imageConfig.env.map((kv) => [kv.slice(0, kv.indexOf('=')), kv] as const));
         for (const [k, v] of Object.entries(sb.env)) env.set(k, `${k}=${v}`);
@@ -633,8 +661,10 @@ export class SandboxManager {
       }
       const tmp = this.d.images.tmpPath('-snapshot');
       try {
-        const packed = await this.driver(sb.backend).withWritableLayer(sb, (upper) => packUpper(upper, tmp, sb.uidBase!, sb.uidCount!, [], { strip: false }));
-        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `snapshot:${id}` });
+        await this.driver(sb.backend).withWritableLayer(sb, (upper) => copyUpper(upper, tmp));
+        const packed = await prepareCopy(tmp, sb.uidBase!, sb.uidCount!, [], { strip: false });
+        // Real mtimes (a fork must see what the source saw) and 4 KiB chunks (sparse files keep their holes).
+        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `snapshot:${id}`, keepMtimes: true, chunkBytes: SNAPSHOT_CHUNK_BYTES });
         this.d.failpoints.hit('snapshot.after-layer');
         const snap = this.d.snapshots.insert({
           id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
@@ -725,6 +755,10 @@ export class SandboxManager {
     this.checkLimits(creq);
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
     const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };
+    // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.
+    const forkId = `fork-${randomBytes(8).toString('hex')}`;
+    creq.labels = { ...creq.labels, [FORK_LABEL]: forkId };
+    this.d.snapshots.addForkIntent(forkId, snap.id, req.count);
     const made: SandboxRecord[] = new Array(req.count);
     let next = 0;
     let failure: unknown = null;
@@ -733,6 +767,7 @@ export class SandboxManager {
         const i = next++;
         try {
           made[i] = await this.createFrom(creq, src);
+          this.d.failpoints.hit('fork.after-create');
         } catch (e) {
           failure ??= e;
         }
@@ -741,8 +776,10 @@ export class SandboxManager {
     await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
     if (failure !== null) {
       for (const sb of made) if (sb) await this.destroy(sb.id, true, `fork of ${snap.id} failed`).catch((e) => this.d.log.error({ err: e, id: sb.id }, 'cleanup after failed fork failed'));
+      this.d.snapshots.removeForkIntent(forkId);
       throw failure instanceof DsecError ? failure : wrap(failure, `fork ${snap.id}`);
     }
+    this.d.snapshots.removeForkIntent(forkId);
     if (req.count > 1) this.d.repo.event('snapshot.forked', null, `${snap.id} -> ${made.map((s) => s.id).join(',')}`);
     return made;
   }
@@ -834,6 +871,21 @@ export class SandboxManager {
         this.d.log.error({ err: e, id: sb.id }, 'reconcile failed for sandbox');
         rep.failed.push(sb.id);
       }
+    }
+    // Forks that never committed are rolled back whole: their callers never got the ids.
+    for (const forkId of this.d.snapshots.forkIntents()) {
+      for (const sb of this.d.repo.all().filter((s) => s.labels[FORK_LABEL] === forkId)) {
+        const drv = this.d.drivers.get(sb.backend);
+        try {
+          if (drv) await drv.destroy(sb, fp);
+          this.d.repo.remove(sb.id);
+          this.d.repo.event('sandbox.destroyed', { ...sb, state: 'destroyed' }, `fork ${forkId} interrupted by a dsecd restart; rolled back`);
+          rep.rolledBack.push(sb.id);
+        } catch (e) {
+          this.d.log.error({ err: e, id: sb.id }, 'rolling back an interrupted fork failed');
+        }
+      }
+      this.d.snapshots.removeForkIntent(forkId);
     }
     const known = new Set(this.d.repo.all().map((s) => s.id));
     for (const drv of new Set(this.d.drivers.values())) {

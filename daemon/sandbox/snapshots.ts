@@ -88,13 +88,28 @@ export class SnapshotRepo {
     const r = (SNAPSHOT_ID.test(ref)
       ? this.db.prepare('SELECT * FROM snapshots WHERE id = ?').get(ref)
       : this.db.prepare('SELECT * FROM snapshots WHERE name = ?').get(ref)) as Row | undefined;
-    if (!r) throw notFound(`snapshot ${ref} not found (list them with \`dsec snapshot ls\`)`);
+    if (!r) throw notFound(`snapshot ${ref} not found`);
     return decode(r);
   }
 
   /** All snapshots, oldest first. */
   all(): SnapshotRecord[] {
     return (this.db.prepare('SELECT * FROM snapshots ORDER BY created_at, id').all() as Row[]).map(decode);
+  }
+
+  /** Records that a fork (or restore) `id` is about to create sandboxes labelled `dsec.fork=<id>`. */
+  addForkIntent(id: string, snapshotId: string, count: number): void {
+    this.db.prepare('INSERT INTO fork_intents (id, snapshot_id, count, created_at) VALUES (?, ?, ?, ?)').run(id, snapshotId, count, Date.now());
+  }
+
+  /** Commits a fork (all its sandboxes were created) or forgets a rolled-back one. Safe to call twice. */
+  removeForkIntent(id: string): void {
+    this.db.prepare('DELETE FROM fork_intents WHERE id = ?').run(id);
+  }
+
+  /** Forks that never committed (dsecd died during them): their sandboxes must be destroyed. */
+  forkIntents(): string[] {
+    return (this.db.prepare('SELECT id FROM fork_intents ORDER BY created_at').all() as { id: string }[]).map((r) => r.id);
   }
 
   /** Deletes a snapshot row. Safe to call twice. */

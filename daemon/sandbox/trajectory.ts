@@ -189,14 +189,21 @@ export class TrajectoryLog {
       if (cur && this.inFlight.has(this.key(trajectory, step))) {
         throw conflictWith('in_progress', `step ${step} of trajectory ${trajectory} is running now (started at ${new Date(cur.started_at).toISOString()} in sandbox ${cur.sandbox_id}); wait for it to finish, then re-issue it to get its result`);
       }
+      if (truncate) {
+        const running = [...this.inFlight].filter((k) => k.startsWith(`${trajectory}\0`)).map((k) => Number(k.slice(trajectory.length + 1))).filter((n) => n >= step);
+        if (running.length) {
+          throw conflictWith('in_progress', `step ${Math.min(...running)} of trajectory ${trajectory} is running now; truncating from step ${step} would discard it while it runs. Wait for it to finish`);
+        }
+      }
       if (cur && !truncate) {
         if (cur.finished_at === null) {
           throw conflictWith('outcome_unknown', `step ${step} of trajectory ${trajectory} started at ${new Date(cur.started_at).toISOString()} in sandbox ${cur.sandbox_id} and never finished`
             + `${cur.error ? ` (${cur.error})` : ' (dsecd stopped during it)'}: whether it took effect is unknown. Inspect the sandbox, then re-issue with truncate to run it again from this step`);
         }
         if (cur.hash !== hash) {
-          const was = (JSON.parse(cur.request) as CanonicalRequest).argv;
-          throw conflictWith('step_mismatch', `step ${step} of trajectory ${trajectory} was recorded with a different request (argv ${JSON.stringify(was).slice(0, 200)}); `
+          const was = JSON.parse(cur.request) as CanonicalRequest;
+          const differs = (Object.keys(request) as (keyof CanonicalRequest)[]).filter((k) => JSON.stringify(was[k]) !== JSON.stringify(request[k]));
+          throw conflictWith('step_mismatch', `step ${step} of trajectory ${trajectory} was recorded with a different request (${differs.join(', ')} differ; recorded argv ${JSON.stringify(was.argv).slice(0, 200)}); `
             + 're-issue with truncate to discard this step and every later one');
         }
         this.db.prepare('UPDATE trajectory_steps SET replays = replays + 1 WHERE trajectory = ? AND step = ?').run(trajectory, step);
@@ -245,7 +252,12 @@ export class TrajectoryLog {
 
   /** Forgets a started step whose command provably never began (e.g. execve's argument list too long). */
   abandon(tok: StepToken): void {
-    this.db.prepare('DELETE FROM trajectory_steps WHERE trajectory = ? AND step = ? AND finished_at IS NULL').run(tok.trajectory, tok.step);
+    this.db.transaction(() => {
+      this.db.prepare('DELETE FROM trajectory_steps WHERE trajectory = ? AND step = ? AND finished_at IS NULL').run(tok.trajectory, tok.step);
+      // A trajectory this step created, and nothing else touched, goes with it.
+      this.db.prepare(`DELETE FROM trajectories WHERE id = ? AND truncations = 0 AND removed_at IS NULL
+        AND NOT EXISTS (SELECT 1 FROM trajectory_steps WHERE trajectory = ?)`).run(tok.trajectory, tok.trajectory);
+    })();
     this.inFlight.delete(this.key(tok.trajectory, tok.step));
   }
 

@@ -127,4 +127,16 @@ export const MIGRATIONS: readonly Migration[] = [
       CREATE INDEX trajectories_updated ON trajectories(updated_at);
     `,
   },
+  {
+    version: 4,
+    description: 'fork intents: a fork is all or nothing across a dsecd crash',
+    sql: `
+      CREATE TABLE fork_intents (
+        id          TEXT PRIMARY KEY,          -- fork-<16 hex>; also the dsec.fork label of its sandboxes
+        snapshot_id TEXT NOT NULL,
+        count       INTEGER NOT NULL,
+        created_at  INTEGER NOT NULL
+      );
+    `,
+  },
 ];

@@ -4,7 +4,7 @@
  * It serves the dsec agent protocol (version 1, see docs/AGENT_PROTOCOL.md) on an
  * inherited, already-listening AF_UNIX SOCK_STREAM socket:
  *
- *     dsec-agent --listen-fd N [--sched-idle] [--core-sched]
+ *     dsec-agent --listen-fd N [--sched-idle] [--core-sched] [--worker]
  *
  * Priority flags (applied once at start, before the first connection is accepted, and
  * inherited by every process the agent forks; see docs/AGENT_PROTOCOL.md, "Agent flags"):
@@ -15,6 +15,10 @@
  *                 (PR_SCHED_CORE_CREATE): no task outside the sandbox shares an SMT core
  *                 with its tasks at the same time. On a kernel without core scheduling
  *                 (EINVAL: not compiled in; ENODEV: no SMT) it logs one line and continues.
+ *   --worker      an fncall worker: the spec granted CAP_SYS_ADMIN for isolated execs; the
+ *                 agent drops it from its bounding set at start (no exec'd program can
+ *                 ever hold it) and logs per-exec lines only for failures. Fatal (exit 1)
+ *                 if it cannot isolate.
  *
  * Lifecycle contracts:
  *   - As PID 1 it never exits: SIGTERM/SIGINT/SIGHUP are blocked (consumed through a
@@ -27,6 +31,10 @@
  *   - One thread, one epoll loop, level-triggered. Nothing in the loop blocks on a peer:
  *     sockets and the parent ends of exec pipes are non-blocking, and outbound data is
  *     queued per connection with a 4 MiB high-water mark (see OUTQ_HIGH).
+ *
+ * Isolated execs (EXEC ISOLATE, feature "isolate"): the exec runs under a namespace init
+ * in fresh pid/mount/IPC/UTS namespaces with fresh tmpfs mounts, so nothing of it survives
+ * the call; see "isolated execs" below and docs/AGENT_PROTOCOL.md.
  *
  * Besides execs (pipes or a pseudo-terminal, optionally detached from the connection) it
  * serves file operations (read, write, stat, list, mkdir, remove, symlink) inside the
@@ -55,7 +63,9 @@
 #include <sys/epoll.h>
 #include <sys/fsuid.h>
 #include <sys/ioctl.h>
+#include <sys/mount.h>
 #include <termios.h>
+#include <linux/capability.h>
 #include <linux/openat2.h>
 #include <sched.h>
 #include <sys/prctl.h>
@@ -127,6 +137,29 @@
 
 #define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
+/* Isolated execs (EXEC ISOLATE): mount_setattr (Linux 5.12) with its ABI spelled out, so
+ * the build does not depend on the libc headers having it. */
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#define MOUNT_ATTR_RDONLY_ 0x00000001
+struct mount_attr_ {
+	uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+/* Size of the per-call tmpfs on /tmp and on /dev/shm when the request gives 0: 64 MiB,
+ * the size the OCI spec gives a sandbox's /dev/shm (daemon/drivers/container/spec.ts). */
+#define ISO_DEFAULT_TMPFS_BYTES (64ull << 20)
+/* At most this many SCRATCH mounts per exec, and this many mounts below /proc that an
+ * isolated exec re-creates on its fresh /proc (runc's masked and read-only paths: 16). */
+#define ISO_MAX_SCRATCH 8
+#define ISO_MAX_PROC_MASKS 64
+/* The exec child's report on the error pipe: i32 stage, i32 errno, then (ST_ISOLATE only)
+ * a text naming the step. One write below PIPE_BUF, so the agent reads it in one piece. */
+#define CHILD_REPORT_TEXT 480
+
 enum frame_type {
 	F_HELLO = 1,
 	F_PING = 2,
@@ -166,6 +199,8 @@ enum exec_tag {
 	T_STDIN = 6,
 	T_TTY = 7,
 	T_DETACHED = 8,
+	T_ISOLATE = 9,
+	T_SCRATCH = 10,
 };
 
 /* TLV tags of the file requests (FILE_READ, FILE_WRITE, FILE_STAT, ...). */
@@ -200,6 +235,7 @@ enum child_stage {
 	ST_SETGID = 6,
 	ST_SETUID = 7,
 	ST_EXEC = 8,
+	ST_ISOLATE = 9, /* the namespace init of an isolated exec failed; a text follows */
 };
 
 enum watch_kind { W_LISTEN = 1, W_SIGNAL, W_CONN, W_STDOUT, W_STDERR, W_STDIN, W_STARTPIPE };
@@ -259,6 +295,8 @@ struct exec {
 	int is_tty;         /* w_out is the pty master, w_in a dup of it, no w_err */
 	int detached;       /* DETACHED: survives the loss of its connection */
 	int orphaned;       /* detached and its connection is gone: output discarded */
+	int isolated;       /* ISOLATE: pid is the namespace init, status_fd carries the command's status */
+	int status_fd;      /* isolated: read end of the status pipe (-1 otherwise / once read) */
 	uint64_t t0_ns;
 	uint64_t deadline_ns; /* 0 = none / already fired */
 	struct chunk *iq_head, *iq_tail;
@@ -346,6 +384,27 @@ static struct exec *g_exec_grave;
 static unsigned g_deadlines;      /* # execs with deadline_ns != 0 */
 static unsigned char g_rbuf[READ_CHUNK];
 static int g_no_openat2;          /* openat2 unavailable (ENOSYS): O_NOFOLLOW fallback */
+/* Isolated execs: available (feature "isolate" in HELLO) when the agent holds
+ * CAP_SYS_ADMIN in its user namespace, the kernel has mount_setattr and /proc could be
+ * read; g_isolate_why says why not otherwise. */
+static int g_isolate;
+static char g_isolate_why[160];
+/* --worker: no log line for an exec that starts and exits normally (a worker runs
+ * ~1,000 calls/s; errors, timeouts and deaths by signal are still logged). */
+static int g_quiet_execs;
+/* Signals whose disposition was not SIG_DFL once the agent had set itself up; every exec
+ * child resets exactly these (child_reset_signals). */
+static int g_sig_nondefault[64];
+static int g_nsig_nondefault;
+/* The mounts below the sandbox's /proc (runc's maskedPaths and readonlyPaths), found in
+ * /proc/self/mountinfo at start and re-created on the fresh /proc of every isolated exec. */
+enum proc_mask_kind { PM_NULL = 1, PM_EMPTY_DIR, PM_RO_BIND, PM_BIND };
+struct proc_mask {
+	char *path;
+	int kind;
+};
+static struct proc_mask g_proc_masks[ISO_MAX_PROC_MASKS];
+static int g_nproc_masks;
 /* The agent's own filesystem identity, restored after every file operation. */
 static uid_t g_fsuid0;
 static gid_t g_fsgid0;
@@ -831,14 +890,18 @@ static const char *stage_name(int stage)
 	case ST_SETGID:
 	case ST_SETUID: return "user";
 	case ST_EXEC: return "exec";
+	case ST_ISOLATE: return "isolate";
 	default: return "spawn";
 	}
 }
 
-static void exec_send_exec_error(struct exec *e, int stage, int err)
+static void exec_send_exec_error(struct exec *e, int stage, int err, const char *text)
 {
 	char msg[1024];
 	switch (stage) {
+	case ST_ISOLATE:
+		snprintf(msg, sizeof msg, "isolate: %s: %s", text && *text ? text : "setup", strerror(err));
+		break;
 	case ST_CHDIR:
 		snprintf(msg, sizeof msg, "chdir: %s: %s", e->cwd, strerror(err));
 		break;
@@ -903,19 +966,22 @@ static void exec_mark_started(struct exec *e)
 /* Handle the error pipe: returns 1 once it is resolved (STARTED or EXEC_ERROR sent). */
 static int exec_start_pipe_read(struct exec *e)
 {
-	int32_t rep[2];
+	unsigned char b[8 + CHILD_REPORT_TEXT + 1];
 	ssize_t n;
 	do
-		n = read(e->w_start.fd, rep, sizeof rep);
+		n = read(e->w_start.fd, b, sizeof b - 1);
 	while (n < 0 && errno == EINTR);
 	if (n < 0 && errno == EAGAIN)
 		return 0;
-	if (n == (ssize_t)sizeof rep) {
-		exec_send_exec_error(e, rep[0], rep[1]);
+	if (n >= 8) {
+		int32_t v[2];
+		memcpy(v, b, 8);
+		b[n] = 0;
+		exec_send_exec_error(e, v[0], v[1], (const char *)b + 8);
 		return 1;
 	}
 	if (n > 0) /* short report: cannot happen (< PIPE_BUF is atomic); be conservative */
-		exec_send_exec_error(e, ST_SETUP, EIO);
+		exec_send_exec_error(e, ST_SETUP, EIO, NULL);
 	else
 		exec_mark_started(e);
 	return 1;
@@ -930,7 +996,21 @@ static void exec_on_reaped(struct exec *e, int status)
 		 * block and tells STARTED from EXEC_ERROR. */
 		set_nonblock(e->w_start.fd);
 		if (!exec_start_pipe_read(e))
-			exec_send_exec_error(e, ST_SETUP, EIO);
+			exec_send_exec_error(e, ST_SETUP, EIO, NULL);
+	}
+	if (e->status_fd >= 0) {
+		/* An isolated exec: the namespace init reports the command's own wait status
+		 * just before it exits. Without a report (the init was SIGKILLed: timeout,
+		 * SIGNAL 9, connection loss), the init's status is the exec's. */
+		int32_t st;
+		ssize_t n;
+		do
+			n = read(e->status_fd, &st, sizeof st);
+		while (n < 0 && errno == EINTR);
+		if (n == (ssize_t)sizeof st)
+			status = st;
+		close(e->status_fd);
+		e->status_fd = -1;
 	}
 	if (!e->finished && e->c) {
 		/* Drain what is already in the pipes, without waiting for EOF: a backgrounded
@@ -959,9 +1039,10 @@ static void exec_on_reaped(struct exec *e, int status)
 		b[5] = (unsigned char)(e->timed_out ? 1 : 0);
 		put_u32(b + 6, (uint32_t)(dur_us >> 32));
 		put_u32(b + 10, (uint32_t)dur_us);
-		logf_("conn=%u stream=%u pid=%d %s %d%s after %llu us", e->c->id, e->stream, (int)e->pid,
-		      how ? "killed by signal" : "exited with", code, e->timed_out ? " (timed out)" : "",
-		      (unsigned long long)dur_us);
+		if (!g_quiet_execs || how || e->timed_out)
+			logf_("conn=%u stream=%u pid=%d %s %d%s after %llu us", e->c->id, e->stream, (int)e->pid,
+			      how ? "killed by signal" : "exited with", code, e->timed_out ? " (timed out)" : "",
+			      (unsigned long long)dur_us);
 		send_frame(e->c, F_EXIT, e->stream, b, sizeof b);
 	} else if (e->orphaned) {
 		logf_("stream=%u pid=%d (detached, connection gone) reaped: status=0x%x after %llu us", e->stream,
@@ -1026,13 +1107,29 @@ struct exec_req {
 	int tty;            /* TTY requested: in_r is the pty slave, out_w/err_w unused */
 	uint16_t rows, cols;
 	int detached;
+	int isolate;        /* ISOLATE: fresh pid/mount/IPC/UTS namespaces for this exec */
+	uint64_t tmp_bytes, shm_bytes;
+	int nscratch;
+	char *scratch[ISO_MAX_SCRATCH];
+	uint64_t scratch_bytes[ISO_MAX_SCRATCH];
 };
+
+
+static void child_report(int errfd, int stage, int err, const char *text)
+{
+	unsigned char b[8 + CHILD_REPORT_TEXT];
+	int32_t v[2] = { stage, err };
+	memcpy(b, v, 8);
+	size_t n = text ? strnlen(text, CHILD_REPORT_TEXT) : 0;
+	if (n)
+		memcpy(b + 8, text, n);
+	ssize_t w = write(errfd, b, 8 + n);
+	(void)w;
+}
 
 static void child_fail(int errfd, int stage, int err)
 {
-	int32_t rep[2] = { stage, err };
-	ssize_t w = write(errfd, rep, sizeof rep);
-	(void)w;
+	child_report(errfd, stage, err, NULL);
 	_exit(127);
 }
 
@@ -1364,8 +1461,10 @@ static void child_exec(char **argv, char **envp, int errfd)
 	child_fail(errfd, ST_EXEC, seen_eacces ? EACCES : ENOENT);
 }
 
-static void __attribute__((noreturn))
-child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+/* The first half of a forked exec child: its own session (so its process group id is
+ * its pid: SIGNAL and timeouts reach the whole group) and its stdio on fds 0-2. For an
+ * isolated exec this runs in the namespace init, and the command inherits both. */
+static void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 {
 	if (setsid() < 0)
 		child_fail(errfd, ST_SETUP, errno);
@@ -1376,7 +1475,7 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 			child_fail(errfd, ST_SETUP, errno);
 		if (ioctl(0, TIOCSCTTY, 0) < 0)
 			child_fail(errfd, ST_SETUP, errno);
-		goto stdio_done;
+		return;
 	}
 	/* Move the stdio ends into place. Every source fd is >= 3 (fds 0-2 are always open
 	 * in the agent), so dup2 cannot clobber a source before it is used. */
@@ -1390,19 +1489,28 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 	}
 	if (dup2(src_in, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
 		child_fail(errfd, ST_SETUP, errno);
-stdio_done:;
+}
 
-	/* Default dispositions (the agent ignores SIGPIPE), then an empty mask. */
+/* Default dispositions (the agent ignores SIGPIPE, and may have inherited other
+ * non-default ones), then an empty mask. Only the signals found non-default at start are
+ * reset (g_sig_nondefault): the agent never changes a disposition afterwards, and this
+ * saves ~60 system calls per exec. */
+static void child_reset_signals(void)
+{
 	struct sigaction sa;
 	memset(&sa, 0, sizeof sa);
 	sa.sa_handler = SIG_DFL;
-	for (int s = 1; s < NSIG; s++)
-		if (s != SIGKILL && s != SIGSTOP)
-			sigaction(s, &sa, NULL);
+	for (int i = 0; i < g_nsig_nondefault; i++)
+		sigaction(g_sig_nondefault[i], &sa, NULL);
 	sigset_t none;
 	sigemptyset(&none);
 	sigprocmask(SIG_SETMASK, &none, NULL);
+}
 
+/* The second half: working directory, user, limits, fds, execve. */
+static void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
+{
+	child_reset_signals();
 	if (chdir(r->cwd) < 0)
 		child_fail(errfd, ST_CHDIR, errno);
 	child_set_user(r->user, errfd);
@@ -1414,6 +1522,396 @@ stdio_done:;
 	cloexec_from(3);
 	child_exec(r->argv, child_env_with_home(r->envp), errfd);
 	_exit(127);
+}
+
+static void __attribute__((noreturn))
+child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+{
+	child_stdio(r, in_r, out_w, err_w, errfd);
+	child_run(r, errfd);
+}
+
+/* ---- isolated execs: the namespace init --------------------------------------------- */
+
+/*
+ * An isolated exec (EXEC ISOLATE, docs/AGENT_PROTOCOL.md "Isolated execs") runs in fresh
+ * pid, mount, IPC and UTS namespaces, so nothing it does survives it:
+ *
+ *   agent --clone(NEWPID|NEWNS|NEWIPC|NEWUTS)--> namespace init (pid 1 of the call)
+ *                                                   --fork--> the command (pid 2)
+ *
+ * The init makes every mount private and read-only (one recursive mount_setattr), mounts
+ * fresh tmpfs on /tmp, /dev/shm and the SCRATCH paths, a fresh mqueue on /dev/mqueue (the
+ * new IPC namespace's), a fresh /proc for the new pid namespace with the sandbox's /proc
+ * masks re-created on it, drops CAP_SYS_ADMIN, forks the command, reaps whatever gets
+ * reparented to it, and when the command has exited writes its wait status to the status
+ * pipe and exits. The kernel then SIGKILLs everything left in the pid namespace and waits
+ * for it before the agent sees the init exit; the mount namespace (with its tmpfs pages)
+ * and the IPC namespace (SysV shm/sem/msg, POSIX mqueues) go with their last process.
+ *
+ * Signals: the init is a session leader and the command stays in its process group, so
+ * SIGNAL (kill(-pid)) reaches the command and its group; the init ignores every signal
+ * but SIGKILL from the agent (a pid namespace's init with default dispositions), and
+ * SIGKILL of the init (timeout, connection loss) takes the whole call down.
+ *
+ * Why CAP_SYS_ADMIN in the sandbox's user namespace and not a nested user namespace per
+ * call (which needs no extra capability): measured in a worker container here, a nested
+ * user namespace cannot mount the fresh /proc at all — every mount copied into a less
+ * privileged user namespace is locked, and the kernel refuses a new proc mount while the
+ * existing /proc has locked mounts over files (runc's masked /proc/kcore etc.; EPERM from
+ * mount_too_revealing) — and even without /proc it cost ~1.1-2.1 ms per call against
+ * ~0.9-1.0 ms, for the uid/gid map writes and the parent/child handshake. The capability
+ * stays with the agent and this init: a worker's agent drops it from its bounding set at
+ * start (--worker), so no program it executes can hold it, and the init drops it from
+ * its own sets once the mounts are made.
+ */
+
+/* The init failed at some step: report it (stage ST_ISOLATE, errno, a text) and exit. */
+static void __attribute__((noreturn, format(printf, 3, 4))) iso_fail(int errfd, int err, const char *fmt, ...)
+{
+	char text[CHILD_REPORT_TEXT];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	child_report(errfd, ST_ISOLATE, err, text);
+	_exit(127);
+}
+
+/* Capability sets of this thread (v3: two 32-bit words). */
+static int caps_get(struct __user_cap_data_struct d[2])
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	return (int)syscall(SYS_capget, &h, d);
+}
+
+static int caps_set(struct __user_cap_data_struct d[2])
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	return (int)syscall(SYS_capset, &h, d);
+}
+
+/* Remove one capability from this thread's effective, permitted and inheritable sets. */
+static int caps_drop(int cap)
+{
+	struct __user_cap_data_struct d[2];
+	if (caps_get(d) < 0)
+		return -1;
+	uint32_t bit = 1u << (cap & 31);
+	int w = cap >> 5;
+	if (!((d[w].effective | d[w].permitted | d[w].inheritable) & bit))
+		return 0;
+	d[w].effective &= ~bit;
+	d[w].permitted &= ~bit;
+	d[w].inheritable &= ~bit;
+	return caps_set(d);
+}
+
+static int caps_has_effective(int cap)
+{
+	struct __user_cap_data_struct d[2];
+	if (caps_get(d) < 0)
+		return 0;
+	return (d[cap >> 5].effective >> (cap & 31)) & 1;
+}
+
+/* close_range(first, last) for a possibly empty range; 0 or -1 (ENOSYS: kernel < 5.9). */
+static int close_span(int first, int last)
+{
+	if (first > last)
+		return 0;
+	return (int)syscall(SYS_close_range, (unsigned)first, (unsigned)last, 0);
+}
+
+/* Close every fd >= 3 except keep1 and keep2 (two distinct fds >= 3). */
+static void close_all_but(int keep1, int keep2)
+{
+	int lo = keep1 < keep2 ? keep1 : keep2, hi = keep1 < keep2 ? keep2 : keep1;
+	if (close_span(3, lo - 1) == 0 && close_span(lo + 1, hi - 1) == 0 &&
+	    syscall(SYS_close_range, (unsigned)hi + 1, ~0U, 0) == 0)
+		return;
+	/* Kernel < 5.9: walk the table up to the soft limit. */
+	struct rlimit rl;
+	long max = 65536;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1048576)
+		max = (long)rl.rlim_cur;
+	for (long fd = 3; fd < max; fd++)
+		if (fd != keep1 && fd != keep2)
+			close((int)fd);
+}
+
+/* mkdir -p (0755) of an absolute path; existing components are fine. */
+static int mkdir_parents(const char *path)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		return errno = ENAMETOOLONG, -1;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1;; p++) {
+		if (*p == '/' || *p == 0) {
+			char c = *p;
+			*p = 0;
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -1;
+			*p = c;
+			if (!c)
+				return 0;
+		}
+	}
+}
+
+/* A fresh tmpfs of `bytes` on `path` (mode 1777). `optional`: a missing mount point is
+ * skipped (an image without /tmp); otherwise it is created (mkdir -p), which only works
+ * below another fresh tmpfs since everything else is read-only by then. */
+static void iso_tmpfs(int errfd, const char *path, uint64_t bytes, unsigned long flags, int optional)
+{
+	char opts[64];
+	snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)bytes);
+	if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
+		return;
+	if (errno == ENOENT && optional)
+		return;
+	if (errno == ENOENT) {
+		if (mkdir_parents(path) < 0)
+			iso_fail(errfd, errno, "mkdir %s", path);
+		if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
+			return;
+	}
+	iso_fail(errfd, errno, "mount tmpfs on %s", path);
+}
+
+static void iso_setup(const struct exec_req *r, int errfd)
+{
+	/* 1. Nothing propagates into or out of this mount namespace. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		iso_fail(errfd, errno, "make mounts private");
+	/* 2. Every inherited mount read-only: the image, /dev (a tmpfs), /dev/pts, ...; device
+	 *    nodes stay usable (a read-only mount only refuses changes to the filesystem). */
+	struct mount_attr_ ma = { .attr_set = MOUNT_ATTR_RDONLY_ };
+	if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ma, sizeof ma) < 0)
+		iso_fail(errfd, errno, "make mounts read-only");
+	/* 3. Fresh writable places. */
+	iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1);
+	iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1);
+	/* The new IPC namespace's POSIX message queues (the old mount shows the sandbox's). */
+	if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 && errno != ENOENT &&
+	    errno != ENODEV)
+		iso_fail(errfd, errno, "mount mqueue on /dev/mqueue");
+	/* 4. /proc of the new pid namespace, with the sandbox's masks re-created on it. */
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		iso_fail(errfd, errno, "mount proc on /proc");
+	for (int i = 0; i < g_nproc_masks; i++) {
+		const struct proc_mask *m = &g_proc_masks[i];
+		int rc;
+		switch (m->kind) {
+		case PM_NULL:
+			rc = mount("/dev/null", m->path, NULL, MS_BIND, NULL);
+			break;
+		case PM_EMPTY_DIR:
+			rc = mount("tmpfs", m->path, "tmpfs", MS_RDONLY, NULL);
+			break;
+		default:
+			rc = mount(m->path, m->path, NULL, MS_BIND | MS_REC, NULL);
+			if (rc == 0 && m->kind == PM_RO_BIND)
+				rc = mount(NULL, m->path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+					   NULL);
+			break;
+		}
+		/* A path this kernel's proc lacks is fine, as runc has it. */
+		if (rc < 0 && errno != ENOENT)
+			iso_fail(errfd, errno, "mask %s", m->path);
+	}
+	/* 5. Scratch directories, in request order (one may lie below another). */
+	for (int i = 0; i < r->nscratch; i++)
+		iso_tmpfs(errfd, r->scratch[i], r->scratch_bytes[i], MS_NOSUID | MS_NODEV, 0);
+	/* 6. Done with CAP_SYS_ADMIN. */
+	if (caps_drop(CAP_SYS_ADMIN) < 0)
+		iso_fail(errfd, errno, "drop CAP_SYS_ADMIN");
+}
+
+static void __attribute__((noreturn))
+ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd, int statusfd)
+{
+	/* If the agent goes away (a non-PID-1 agent killed), so does the call. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	child_stdio(r, in_r, out_w, err_w, errfd);
+	child_reset_signals();
+	/* This process lives as long as the call: it must not keep copies of the agent's
+	 * sockets and pipes (another exec's stdin would never see EOF). */
+	close_all_but(errfd, statusfd);
+	iso_setup(r, errfd);
+	pid_t cmd = vfork();
+	if (cmd < 0)
+		iso_fail(errfd, errno, "fork");
+	if (cmd == 0) {
+		close(statusfd);
+		child_run(r, errfd);
+	}
+	/* The error pipe reaches EOF once the command has exec'd (its copy is CLOEXEC). */
+	close(errfd);
+	close(0);
+	close(1);
+	close(2);
+	for (;;) {
+		int st;
+		pid_t p = waitpid(-1, &st, 0);
+		if (p == cmd) {
+			int32_t v = st;
+			ssize_t w = write(statusfd, &v, sizeof v);
+			(void)w;
+			_exit(0);
+		}
+		if (p < 0 && errno != EINTR)
+			_exit(126); /* ECHILD: cannot happen while cmd is unreaped */
+	}
+}
+
+/* fork() into fresh pid, mount, IPC and UTS namespaces: a raw clone without a new stack
+ * behaves like fork (the agent is single-threaded, so this is safe). The child is pid 1
+ * of its pid namespace. */
+static pid_t clone_isolated(void)
+{
+	return (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD),
+			      NULL, NULL, NULL, NULL);
+}
+
+/* Decode the octal escapes (\040 etc.) of a mountinfo field in place. */
+static void mountinfo_unescape(char *s)
+{
+	char *o = s;
+	for (char *p = s; *p; p++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' && p[3] <= '7') {
+			*o++ = (char)(((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+			p += 3;
+		} else {
+			*o++ = *p;
+		}
+	}
+	*o = 0;
+}
+
+/* Find the mounts below the visible /proc (runc's masks) in /proc/self/mountinfo, in
+ * mount order, and how to re-create each on a fresh proc: a proc bind (a readonlyPath) is
+ * bound again, read-only if it was; anything else over a directory (a masked directory's
+ * tmpfs, binfmt_misc) becomes an empty read-only tmpfs; anything else over a file (a
+ * masked file: /dev/null) becomes a /dev/null bind. Returns 0, or -1 with a reason. */
+static int proc_masks_scan(char *why, size_t whylen)
+{
+	char *mi = slurp("/proc/self/mountinfo");
+	if (!mi) {
+		snprintf(why, whylen, "cannot read /proc/self/mountinfo: %s", strerror(errno));
+		return -1;
+	}
+	/* Pass 1: the id of the topmost mount on /proc. Pass 2: its descendants. */
+	struct ent {
+		long id, parent;
+		char *mp, *fstype, *opts;
+	} *ents = NULL;
+	size_t n = 0, cap = 0;
+	long proc_id = -1;
+	for (char *line = mi, *next; line && *line; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = 0;
+		char *f[24];
+		int nf = 0;
+		char *save = NULL;
+		for (char *tok = strtok_r(line, " ", &save); tok && nf < 24; tok = strtok_r(NULL, " ", &save))
+			f[nf++] = tok;
+		if (nf < 10)
+			continue;
+		int dash = -1;
+		for (int i = 6; i < nf; i++)
+			if (strcmp(f[i], "-") == 0) {
+				dash = i;
+				break;
+			}
+		if (dash < 0 || dash + 1 >= nf)
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			struct ent *ne = realloc(ents, cap * sizeof *ents);
+			if (!ne) {
+				free(ents);
+				free(mi);
+				snprintf(why, whylen, "out of memory");
+				return -1;
+			}
+			ents = ne;
+		}
+		mountinfo_unescape(f[4]);
+		ents[n] = (struct ent){ strtol(f[0], NULL, 10), strtol(f[1], NULL, 10), f[4], f[dash + 1], f[5] };
+		if (strcmp(f[4], "/proc") == 0 && strcmp(f[dash + 1], "proc") == 0)
+			proc_id = ents[n].id;
+		n++;
+	}
+	if (proc_id < 0) {
+		free(ents);
+		free(mi);
+		snprintf(why, whylen, "no proc mount on /proc");
+		return -1;
+	}
+	/* Descendants of proc_id: mountinfo lists a mount after its parent. */
+	long *ids = xmalloc(sizeof(long) * (n + 1));
+	size_t nids = 0;
+	ids[nids++] = proc_id;
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		int under = 0;
+		for (size_t k = 0; k < nids; k++)
+			if (ents[i].parent == ids[k] && ents[i].id != proc_id)
+				under = 1;
+		if (!under || strncmp(ents[i].mp, "/proc/", 6) != 0)
+			continue;
+		ids[nids++] = ents[i].id;
+		if (g_nproc_masks == ISO_MAX_PROC_MASKS) {
+			snprintf(why, whylen, "more than %d mounts below /proc", ISO_MAX_PROC_MASKS);
+			rc = -1;
+			break;
+		}
+		struct proc_mask *m = &g_proc_masks[g_nproc_masks++];
+		m->path = xstrndup(ents[i].mp, strlen(ents[i].mp));
+		if (strcmp(ents[i].fstype, "proc") == 0) {
+			int ro = strncmp(ents[i].opts, "ro", 2) == 0 && (ents[i].opts[2] == ',' || ents[i].opts[2] == 0);
+			m->kind = ro ? PM_RO_BIND : PM_BIND;
+		} else {
+			struct stat st;
+			m->kind = stat(ents[i].mp, &st) == 0 && S_ISDIR(st.st_mode) ? PM_EMPTY_DIR : PM_NULL;
+		}
+	}
+	free(ids);
+	free(ents);
+	free(mi);
+	return rc;
+}
+
+/* At start: can this agent serve isolated execs? Sets g_isolate / g_isolate_why. */
+static void isolate_probe(void)
+{
+	if (!caps_has_effective(CAP_SYS_ADMIN)) {
+		snprintf(g_isolate_why, sizeof g_isolate_why, "no CAP_SYS_ADMIN in the agent's user namespace (not a worker)");
+		return;
+	}
+	if (syscall(SYS_mount_setattr, -1, NULL, 0, NULL, (size_t)0) < 0 && errno == ENOSYS) {
+		snprintf(g_isolate_why, sizeof g_isolate_why, "the kernel has no mount_setattr (Linux < 5.12)");
+		return;
+	}
+	if (proc_masks_scan(g_isolate_why, sizeof g_isolate_why) < 0)
+		return;
+	g_isolate = 1;
+	char list[1024];
+	size_t off = 0;
+	list[0] = 0;
+	for (int i = 0; i < g_nproc_masks && off < sizeof list; i++) {
+		static const char *kinds[] = { "", "null", "empty", "ro", "bind" };
+		int n = snprintf(list + off, sizeof list - off, "%s%s(%s)", i ? " " : "", g_proc_masks[i].path,
+				 kinds[g_proc_masks[i].kind]);
+		if (n < 0)
+			break;
+		off += (size_t)n;
+	}
+	logf_("isolate: %d /proc masks re-created per call: %s", g_nproc_masks, g_nproc_masks ? list : "none");
 }
 
 /* ---- exec start ------------------------------------------------------------------- */
@@ -1532,6 +2030,8 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	const unsigned char *cwd = NULL, *user = NULL;
 	size_t cwd_len = 0, user_len = 0;
 	struct exec_req r = { 0 };
+	const char *scratch_src[ISO_MAX_SCRATCH];
+	size_t scratch_len[ISO_MAX_SCRATCH];
 	r.cwd = "/";
 	r.user = "0";
 	size_t off = 0;
@@ -1607,12 +2107,58 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 				return;
 			r.detached = v[0] != 0;
 			break;
+		case T_ISOLATE:
+			if (exec_malformed(c, stream, flen != 16, "ISOLATE must be 16 bytes (u64 tmp bytes, u64 shm bytes)"))
+				return;
+			r.isolate = 1;
+			r.tmp_bytes = get_u64(v);
+			r.shm_bytes = get_u64(v + 8);
+			break;
+		case T_SCRATCH: {
+			const char *sp = (const char *)v + 8;
+			size_t sl = flen >= 8 ? flen - 8 : 0;
+			if (exec_malformed(c, stream, flen < 10 || get_u64(v) == 0,
+					   "SCRATCH must be a u64 size > 0 and an absolute path") ||
+			    exec_malformed(c, stream, r.nscratch == ISO_MAX_SCRATCH, "more than 8 SCRATCH fields") ||
+			    exec_malformed(c, stream, sp[0] != '/' || memchr(sp, 0, sl) || sl >= PATH_MAX,
+					   "SCRATCH path must be absolute, without NUL, shorter than PATH_MAX"))
+				return;
+			int dotdot = 0;
+			for (size_t k = 0; k + 1 < sl; k++)
+				if (sp[k] == '/' && sp[k + 1] == '.' && k + 2 < sl && sp[k + 2] == '.' &&
+				    (k + 3 == sl || sp[k + 3] == '/'))
+					dotdot = 1;
+			int root_only = 1;
+			for (size_t k = 0; k < sl; k++)
+				if (sp[k] != '/')
+					root_only = 0;
+			if (exec_malformed(c, stream, dotdot || root_only, "SCRATCH path must not be / or contain '..'"))
+				return;
+			scratch_src[r.nscratch] = sp;
+			scratch_len[r.nscratch] = sl;
+			r.scratch_bytes[r.nscratch++] = get_u64(v);
+			break;
+		}
 		default:
 			break; /* unknown tags are ignored (forward compatibility) */
 		}
 	}
-	if (exec_malformed(c, stream, nargv == 0, "at least one ARGV field is required"))
+	if (exec_malformed(c, stream, nargv == 0, "at least one ARGV field is required") ||
+	    exec_malformed(c, stream, r.nscratch && !r.isolate, "SCRATCH needs ISOLATE"))
 		return;
+	if (r.isolate && !g_isolate) {
+		char msg[256];
+		snprintf(msg, sizeof msg, "isolate: unavailable in this sandbox: %s", g_isolate_why);
+		logf_("conn=%u stream=%u %s", c->id, stream, msg);
+		send_errno_frame(c, F_EXEC_ERROR, stream, ENOTSUP, msg, strlen(msg));
+		return;
+	}
+	for (int i = 0; i < r.nscratch; i++)
+		r.scratch[i] = xstrndup(scratch_src[i], scratch_len[i]);
+	if (r.isolate && !r.tmp_bytes)
+		r.tmp_bytes = ISO_DEFAULT_TMPFS_BYTES;
+	if (r.isolate && !r.shm_bytes)
+		r.shm_bytes = ISO_DEFAULT_TMPFS_BYTES;
 
 	/* Pass 2: build argv/envp in one block (freed right after fork; the child has a copy).
 	 * envp has room for TERM=xterm, added for a TTY exec whose ENV has no TERM. */
@@ -1647,6 +2193,7 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	struct exec *e = xmalloc(sizeof *e);
 	memset(e, 0, sizeof *e);
 	e->w_out.fd = e->w_err.fd = e->w_in.fd = e->w_start.fd = -1;
+	e->status_fd = -1;
 	e->stream = stream;
 	e->argv0 = xstrndup(argv[0], strlen(argv[0]));
 	e->cwd = cwd ? xstrndup((const char *)cwd, cwd_len) : xstrndup("/", 1);
@@ -1655,6 +2202,7 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	r.user = e->user;
 
 	int in_p[2] = { -1, -1 }, out_p[2] = { -1, -1 }, err_p[2] = { -1, -1 }, st_p[2] = { -1, -1 };
+	int stat_p[2] = { -1, -1 }; /* isolated: the namespace init's status report */
 	int err = 0;
 	if (r.tty) {
 		/* in_p[0] = slave (the child's stdio), out_p[0] = master (read: output),
@@ -1673,27 +2221,39 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 			     set_nonblock(err_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
 			err = errno;
 	}
+	if (!err && r.isolate && (pipe_cloexec(stat_p) < 0 || set_nonblock(stat_p[0]) < 0))
+		err = errno;
 	pid_t pid = -1;
+	int clone_failed = 0;
 	if (!err) {
 		e->t0_ns = mono_ns();
-		pid = fork();
-		if (pid < 0)
+		pid = r.isolate ? clone_isolated() : fork();
+		if (pid < 0) {
 			err = errno;
+			clone_failed = r.isolate;
+		}
 	}
 	if (pid == 0) {
 		close(st_p[0]);
+		if (r.isolate) {
+			close(stat_p[0]);
+			ns_init_main(&r, in_p[0], out_p[1], err_p[1], st_p[1], stat_p[1]);
+		}
 		child_main(&r, in_p[0], out_p[1], err_p[1], st_p[1]);
 	}
 	free(argv);
 	free(envp);
 	free(strs);
+	for (int i = 0; i < r.nscratch; i++)
+		free(r.scratch[i]);
 	if (err) {
 		close_pair(in_p);
 		close_pair(out_p);
 		close_pair(err_p);
 		close_pair(st_p);
+		close_pair(stat_p);
 		char msg[256];
-		snprintf(msg, sizeof msg, "spawn: %s", strerror(err));
+		snprintf(msg, sizeof msg, clone_failed ? "isolate: clone: %s" : "spawn: %s", strerror(err));
 		logf_("conn=%u stream=%u %s", c->id, stream, msg);
 		send_errno_frame(c, F_EXEC_ERROR, stream, err, msg, strlen(msg));
 		free(e->argv0);
@@ -1708,6 +2268,11 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	if (err_p[1] >= 0)
 		close(err_p[1]);
 	close(st_p[1]);
+	if (r.isolate) {
+		close(stat_p[1]);
+		e->status_fd = stat_p[0];
+		e->isolated = 1;
+	}
 	e->pid = pid;
 	e->is_tty = r.tty;
 	e->detached = r.detached;
@@ -1730,8 +2295,10 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	char ttyd[32] = "none";
 	if (r.tty)
 		snprintf(ttyd, sizeof ttyd, "%ux%u", r.rows, r.cols);
-	logf_("conn=%u stream=%u pid=%d exec %s cwd=%s user=%s timeout_ms=%u stdin=%d tty=%s detached=%d", c->id, stream,
-	      (int)pid, e->argv0, e->cwd, e->user, r.timeout_ms, r.want_stdin, ttyd, r.detached);
+	if (!g_quiet_execs)
+		logf_("conn=%u stream=%u pid=%d exec %s cwd=%s user=%s timeout_ms=%u stdin=%d tty=%s detached=%d isolate=%d",
+		      c->id, stream, (int)pid, e->argv0, e->cwd, e->user, r.timeout_ms, r.want_stdin, ttyd, r.detached,
+		      r.isolate);
 }
 
 /* ---- file operations ---------------------------------------------------------------- */
@@ -2820,8 +3387,8 @@ static void handle_frame(struct conn *c, unsigned type, uint32_t stream, const u
 		char json[256];
 		int n = snprintf(json, sizeof json,
 				 "{\"agent\":\"" AGENT_NAME "\",\"version\":\"" AGENT_VERSION "\",\"protocol\":%u,\"pid\":%d,"
-				 "\"features\":[\"tty\",\"detached\",\"files\"]}",
-				 PROTOCOL_VERSION, (int)getpid());
+				 "\"features\":[\"tty\",\"detached\",\"files\"%s]}",
+				 PROTOCOL_VERSION, (int)getpid(), g_isolate ? ",\"isolate\"" : "");
 		unsigned char b[4];
 		put_u32(b, PROTOCOL_VERSION);
 		send_frame2(c, F_HELLO, 0, b, 4, json, (size_t)n);
@@ -3296,7 +3863,42 @@ static void usage(void)
 	fprintf(stderr, "usage: " AGENT_NAME " --listen-fd N [--sched-idle] [--core-sched]\n"
 			"  N: an inherited, listening AF_UNIX SOCK_STREAM socket\n"
 			"  --sched-idle: run as SCHED_IDLE with RLIMIT_NICE 0 (a batch sandbox; inherited by every exec)\n"
-			"  --core-sched: own core-scheduling cookie for the agent and its execs (skipped if the kernel lacks it)\n");
+			"  --core-sched: own core-scheduling cookie for the agent and its execs (skipped if the kernel lacks it)\n"
+			"  --worker: an fncall worker: keep CAP_SYS_ADMIN for isolated execs only (dropped from the bounding set)\n");
+}
+
+/* --worker: the spec gave the agent CAP_SYS_ADMIN for isolated execs. Keep it in the
+ * agent's effective/permitted sets, but drop it from the bounding set (and the
+ * inheritable and ambient sets) before anything runs: after execve a program's
+ * capabilities come from the bounding set (root) or from inheritable/ambient, so no
+ * program the agent ever executes can hold it. Any failure is fatal: a worker must not
+ * run execs with CAP_SYS_ADMIN, nor run without isolation. */
+static int worker_setup(void)
+{
+	if (!caps_has_effective(CAP_SYS_ADMIN)) {
+		logf_("fatal: --worker: the agent has no CAP_SYS_ADMIN in its user namespace (the sandbox spec must grant it)");
+		return -1;
+	}
+	if (prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN, 0, 0, 0) < 0) {
+		logf_("fatal: --worker: prctl(PR_CAPBSET_DROP, CAP_SYS_ADMIN): %s", strerror(errno));
+		return -1;
+	}
+	struct __user_cap_data_struct d[2];
+	if (caps_get(d) < 0) {
+		logf_("fatal: --worker: capget: %s", strerror(errno));
+		return -1;
+	}
+	d[CAP_SYS_ADMIN >> 5].inheritable &= ~(1u << (CAP_SYS_ADMIN & 31));
+	if (caps_set(d) < 0) {
+		logf_("fatal: --worker: capset: %s", strerror(errno));
+		return -1;
+	}
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL) {
+		logf_("fatal: --worker: clearing the ambient set: %s", strerror(errno));
+		return -1;
+	}
+	logf_("worker: CAP_SYS_ADMIN dropped from the bounding set, kept by the agent for isolated execs");
+	return 0;
 }
 
 /*
@@ -3409,7 +4011,7 @@ static void shutdown_execs(void)
 int main(int argc, char **argv)
 {
 	long listen_fd = -1;
-	int sched_idle = 0, core_sched = 0;
+	int sched_idle = 0, core_sched = 0, worker = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
 		const char *val = NULL;
@@ -3419,6 +4021,10 @@ int main(int argc, char **argv)
 		}
 		if (strcmp(a, "--core-sched") == 0) {
 			core_sched = 1;
+			continue;
+		}
+		if (strcmp(a, "--worker") == 0) {
+			worker = 1;
 			continue;
 		}
 		if (strcmp(a, "--listen-fd") == 0 && i + 1 < argc)
@@ -3466,6 +4072,9 @@ int main(int argc, char **argv)
 		return 1;
 	if (core_sched)
 		core_sched_setup();
+	if (worker && worker_setup() < 0)
+		return 1;
+	g_quiet_execs = worker;
 
 	int lfd = (int)listen_fd;
 	if (sock_opt(lfd, SO_ACCEPTCONN) <= 0) {
@@ -3507,6 +4116,11 @@ int main(int argc, char **argv)
 	}
 
 	signal(SIGPIPE, SIG_IGN);
+	for (int sig = 1; sig < NSIG && g_nsig_nondefault < (int)(sizeof g_sig_nondefault / sizeof g_sig_nondefault[0]); sig++) {
+		struct sigaction old;
+		if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
+			g_sig_nondefault[g_nsig_nondefault++] = sig;
+	}
 	sigset_t set;
 	sigemptyset(&set);
 	sigaddset(&set, SIGCHLD);
@@ -3526,8 +4140,15 @@ int main(int argc, char **argv)
 		logf_("fatal: epoll_ctl: %s", strerror(errno));
 		return 1;
 	}
-	logf_("started version=" AGENT_VERSION " protocol=%u listen-fd=%d pid1=%s sched=%s", PROTOCOL_VERSION, lfd,
-	      g_is_pid1 ? "yes" : "no", sched_idle ? "idle" : "other");
+	isolate_probe();
+	if (worker && !g_isolate) {
+		logf_("fatal: --worker: isolated execs are unavailable: %s", g_isolate_why);
+		return 1;
+	}
+	logf_("started version=" AGENT_VERSION " protocol=%u listen-fd=%d pid1=%s sched=%s isolate=%s", PROTOCOL_VERSION,
+	      lfd, g_is_pid1 ? "yes" : "no", sched_idle ? "idle" : "other", g_isolate ? "yes" : "no");
+	if (!g_isolate)
+		logf_("isolated execs unavailable: %s", g_isolate_why);
 	reap_all(); /* children that existed before we exec'd, if any */
 
 	struct epoll_event evs[64];

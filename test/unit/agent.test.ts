@@ -102,7 +102,11 @@ describe('dsec-agent (not PID 1)', () => {
   it('answers HELLO and PING and logs timestamped lines', async () => {
     const a = await harness.start();
     const c = await harness.connect(a);
-    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files'] });
+    // "isolate" is listed when the agent holds CAP_SYS_ADMIN, as it inherits from a root
+    // test runner (test/unit/agent-isolated.test.ts and docs/AGENT_PROTOCOL.md).
+    const capEff = BigInt('0x' + (/^CapEff:\s+([0-9a-f]+)/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))?.[1] ?? '0'));
+    const isolate = (capEff >> 21n) & 1n ? ['isolate'] : [];
+    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate] });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);
     c.close();

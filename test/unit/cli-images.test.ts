@@ -480,10 +480,25 @@ describe('image compose and bootstrap', () => {
     expect(seen[1].body).toEqual({ distro: 'debian', image: 'deb:py', include: ['python3', 'curl'] });
   });
 
+  it('bootstrap judge asks for the judge toolkit on debian and streams both phases', async () => {
+    routes['POST /v1/images/bootstrap'] = stream(image({ ref: 'judge:bookworm' }), [
+      { type: 'progress', phase: 'toolkit', message: 'dsec: debian:bookworm is not in the store: bootstrapping it first' },
+      { type: 'progress', phase: 'debootstrap', message: 'I: Base system installed successfully.' },
+      { type: 'progress', phase: 'toolkit', message: 'Setting up gcc (4:12.2.0-3) ...' },
+    ]);
+    const r = await dsec(['image', 'bootstrap', 'judge']);
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('judge:bookworm\n');
+    expect(r.err).toBe('toolkit: dsec: debian:bookworm is not in the store: bootstrapping it first\ndebootstrap: I: Base system installed successfully.\ntoolkit: Setting up gcc (4:12.2.0-3) ...\n');
+    expect(seen[0].body).toEqual({ distro: 'debian', toolkit: 'judge' });
+    await dsec(['image', 'bootstrap', 'judge', '--tag', 'judge:make', '--include', 'make']);
+    expect(seen[1].body).toEqual({ distro: 'debian', toolkit: 'judge', image: 'judge:make', include: ['make'] });
+  });
+
   it('bootstrap refuses other distros and bad package names locally', async () => {
     const u = await dsec(['image', 'bootstrap', 'ubuntu']);
     expect(u.code).toBe(125);
-    expect(u.err).toBe('dsec: cannot bootstrap "ubuntu"\nhint: distributions are debian\n');
+    expect(u.err).toBe('dsec: cannot bootstrap "ubuntu"\nhint: targets are debian, judge\n');
     const p = await dsec(['image', 'bootstrap', 'debian', '--include', 'Bad_Pkg']);
     expect(p.code).toBe(125);
     expect(p.err).toMatch(/^dsec: --include: invalid package name "Bad_Pkg"\nhint: /);

@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { AGENT_PATH, BATCH_CPU_SHARES, buildSpec, DEFAULT_CAPS } from '../../daemon/drivers/container/spec.js';
+import { AGENT_FLAG_WORKER, AGENT_PATH, BATCH_CPU_SHARES, buildSpec, DEFAULT_CAPS, WORKER_AGENT_CAPS } from '../../daemon/drivers/container/spec.js';
 
 const input = {
   id: 'abcd', rootfs: '/r/rootfs', agentBinary: '/opt/dsec-agent', uidBase: 2 ** 31, uidCount: 65536,
@@ -69,5 +69,34 @@ describe('OCI spec: priority classes', () => {
     expect((buildSpec({ ...input, priority: 'batch', coreScheduling: true }) as any).process.args)
       .toEqual([AGENT_PATH, '--listen-fd', '3', '--sched-idle', '--core-sched']);
     expect((buildSpec({ ...input, coreScheduling: false }) as any).process.args).toEqual([AGENT_PATH, '--listen-fd', '3']);
+  });
+});
+
+describe('OCI spec: fncall workers', () => {
+  const plain = buildSpec(input) as any;
+  const w = buildSpec({ ...input, worker: true }) as any;
+  it('worker: false (or absent) is the unchanged spec', () => {
+    expect(JSON.stringify(buildSpec({ ...input, worker: false }))).toBe(JSON.stringify(plain));
+    expect(plain.root.readonly).toBe(false);
+    expect(plain.process.args).not.toContain(AGENT_FLAG_WORKER);
+  });
+  it('adds exactly CAP_SYS_ADMIN for the agent, which --worker drops from the bounding set of its execs', () => {
+    expect(WORKER_AGENT_CAPS).toEqual(['CAP_SYS_ADMIN']);
+    const caps = [...DEFAULT_CAPS, 'CAP_SYS_ADMIN'];
+    expect(w.process.capabilities).toEqual({ bounding: caps, effective: caps, permitted: caps });
+    expect(w.process.capabilities.bounding).not.toContain('CAP_SYS_PTRACE');
+    expect(w.process.args).toEqual([AGENT_PATH, '--listen-fd', '3', AGENT_FLAG_WORKER]);
+    expect(w.process.noNewPrivileges).toBe(true);
+    expect(w.process.capabilities).not.toHaveProperty('ambient');
+    expect(w.process.capabilities).not.toHaveProperty('inheritable');
+  });
+  it('mounts the image read-only; everything else is the ordinary spec', () => {
+    expect(w.root).toEqual({ path: '/r/rootfs', readonly: true });
+    const strip = (s: any) => ({ ...s, root: undefined, process: { ...s.process, args: undefined, capabilities: undefined } });
+    expect(strip(w)).toEqual(strip(plain));
+  });
+  it('combines with the priority flags', () => {
+    expect((buildSpec({ ...input, worker: true, priority: 'batch', coreScheduling: true }) as any).process.args)
+      .toEqual([AGENT_PATH, '--listen-fd', '3', '--sched-idle', '--core-sched', AGENT_FLAG_WORKER]);
   });
 });

@@ -86,8 +86,29 @@ describe('TrajectoryLog', () => {
     const d2 = log.begin('u', 0, 'sb1', req('x'));
     if (d2.kind !== 'run') throw new Error('expected run');
     log.abandon(d2.token);
-    expect(log.get('u').steps).toBe(0);
+    expect(log.list().map((t) => t.id)).toEqual(['t']);
     expect(log.begin('u', 0, 'sb1', req('x')).kind).toBe('run');
+  });
+
+  it('truncate refuses to discard a step that is running; mismatches name the fields that differ', () => {
+    const log = fresh();
+    run(log, 't', 1, 'a');
+    const d = log.begin('t', 5, 'sb1', req('slow'));
+    expect(() => log.begin('t', 3, 'sb1', req('x'), true)).toThrow(expect.objectContaining({ kind: 'Conflict', reason: 'in_progress' }));
+    if (d.kind === 'run') log.finish(d.token, result('slow'));
+    expect(log.begin('t', 3, 'sb1', req('x'), true).kind).toBe('run');
+    const log2 = fresh();
+    log2.finish((log2.begin('u', 0, 'sb1', { argv: ['x'], env: { A: '1' } }) as { token: { trajectory: string; step: number } }).token, result(''));
+    expect(() => log2.begin('u', 0, 'sb1', { argv: ['x'], env: { A: '2' }, timeout_ms: 5 })).toThrow(/env, timeout_ms differ/);
+  });
+
+  it('a step abandoned before it ran leaves no trajectory behind', () => {
+    const log = fresh();
+    const d = log.begin('fresh', 0, 'sb1', req('x'));
+    if (d.kind !== 'run') throw new Error('expected run');
+    log.abandon(d.token);
+    expect(log.list()).toEqual([]);
+    expect(() => log.get('fresh')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
   });
 
   it('appends in increasing order: gaps forward are fine, an unrecorded earlier step is out_of_order', () => {

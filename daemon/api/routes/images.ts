@@ -1,6 +1,6 @@
 /**
- * Images and layers: list, inspect, import/build, compose, tag, remove, prune, bootstrap,
- * and commit of a sandbox. Long operations (import, bootstrap) stream progress as NDJSON
+ * Images and layers: list, inspect, import/build, compose, tag, remove, prune, bootstrap
+ * (a Debian base, or a toolkit image on top of it), and commit of a sandbox. Long operations (import, bootstrap) stream progress as NDJSON
  * when the request says `Accept: application/x-ndjson`: `{type:"progress", ...}` lines,
  * then one `{type:"result", result}` or `{type:"error", error:{code,message}}` line.
  * Without it they answer once, with the result.
@@ -14,6 +14,7 @@ import { DsecError, invalidArgument } from '../../errors.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
 import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
+import { TOOLKITS, bootstrapToolkit } from '../../image/toolkit.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 import { z } from 'zod';
@@ -28,7 +29,10 @@ const importRoute = route({
   response: Image.extend({ notes: z.array(z.string()).describe('What was sanitised (e.g. leading / stripped, device nodes under dev/ dropped).') }),
   errors: ['InvalidArgument', 'NotFound'],
 });
-const bootstrapRoute = route({ method: 'POST', url: '/v1/images/bootstrap', summary: 'Build the Debian bookworm base image with debootstrap.', body: BootstrapRequest, status: 201, response: Image, errors: ['InvalidArgument', 'Unavailable'] });
+const bootstrapRoute = route({
+  method: 'POST', url: '/v1/images/bootstrap', summary: 'Build the Debian bookworm base image with debootstrap, or (toolkit) a toolkit image: that base plus one layer of apt packages.', body: BootstrapRequest, status: 201,
+  response: Image, errors: ['InvalidArgument', 'Unavailable'],
+});
 const pruneRoute = route({ method: 'POST', url: '/v1/images/prune', summary: 'Remove layers no image, lease or sandbox references.', body: PruneRequest, status: 200, response: PruneResult, errors: [] });
 const layersRoute = route({ method: 'GET', url: '/v1/layers', summary: 'Layers in the store.', status: 200, response: LayerList, errors: [] });
 const layerRoute = route({ method: 'GET', url: '/v1/layers/:digest', summary: 'One layer.', status: 200, response: Layer, errors: ['InvalidArgument', 'NotFound'] });
@@ -136,9 +140,11 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   });
   app.post(bootstrapRoute.url, async (req, reply) => {
     const body = parseWith(BootstrapRequest, req.body ?? {}, 'bootstrap request');
-    const ref = parseRef(body.image ?? 'debian:bookworm');
+    const ref = parseRef(body.image ?? (body.toolkit ? TOOLKITS[body.toolkit].image : 'debian:bookworm'));
     return runLong(req, reply, deps.log, async (progress) => {
-      const m = await bootstrapDebian(store, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line: string) => progress({ phase: 'debootstrap', message: line }) });
+      const m = body.toolkit
+        ? await bootstrapToolkit(store, body.toolkit, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line, phase) => progress({ phase, message: line }) })
+        : await bootstrapDebian(store, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line: string) => progress({ phase: 'debootstrap', message: line }) });
       return imageView(store, m);
     });
   });

@@ -70,6 +70,8 @@ export function hostHasSwap(): boolean {
 export class ContainerDriver implements SandboxDriver {
   readonly backend = 'container' as const;
   private readonly agents = new Map<string, Promise<AgentClient>>();
+  /** Memory-cgroup OOM kill count after the last isolated call, per fncall worker (see exec). */
+  private readonly oomSeen = new Map<string, number>();
   /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
   private readonly held = new Map<string, string[]>();
 
@@ -157,6 +159,8 @@ export class ContainerDriver implements SandboxDriver {
       priority: sb.priority,
       cgroupVersion: this.d.cgroups.version,
       coreScheduling: this.d.coreScheduling,
+      // fncall workers: read-only image, an agent that serves isolated execs.
+      worker: sb.backend === 'fncall',
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');
@@ -242,6 +246,7 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+    this.oomSeen.delete(sb.id);
     if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
     await this.dropAgent(sb.id);
     await this.d.runtime.kill(sb.id, 'KILL');
@@ -265,18 +270,22 @@ export class ContainerDriver implements SandboxDriver {
     } catch (e) {
       throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
     }
-    const oomBefore = await this.d.cgroups.oomKills(sb.id).catch(() => 0);
+    // An fncall worker runs one call at a time, so the count read after its previous call
+    // is exact and saves a cgroup read per call; other sandboxes read it afresh.
+    const cached = req.isolate ? this.oomSeen.get(sb.id) : undefined;
+    const oomBefore = cached ?? await this.d.cgroups.oomKills(sb.id).catch(() => 0);
     let res;
     try {
       res = await client.exec({
         argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs,
-        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes,
+        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes, ...(req.isolate ? { isolate: req.isolate } : {}),
       });
     } catch (e) {
       if (e instanceof DsecError) throw e;
       throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
     }
     const oomAfter = await this.d.cgroups.oomKills(sb.id).catch(() => oomBefore);
+    if (req.isolate) this.oomSeen.set(sb.id, oomAfter);
     if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
       throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
     }
@@ -432,6 +441,7 @@ export class ContainerDriver implements SandboxDriver {
 
   /** Throws FailedPrecondition unless the sandbox is running (for exec). */
   static assertRunning(sb: SandboxRecord): void {
+    if (sb.state === 'paused') throw failedPrecondition(`sandbox ${sb.id} is paused; exec needs a running sandbox (resume it with \`dsec resume ${sb.id}\`)`);
     if (sb.state !== 'running') throw failedPrecondition(`sandbox ${sb.id} is ${sb.state}; exec needs a running sandbox (start it with \`dsec start ${sb.id}\`)`);
   }
 }

@@ -12,6 +12,21 @@
  * process inside can switch itself back to SCHED_OTHER. A `latency` sandbox (the
  * default) gets the spec it always had. `--core-sched` (one core-scheduling cookie per
  * sandbox) is passed when the caller says the host has core scheduling.
+ *
+ * Workers (`worker: true`): the pre-warmed containers of the `fncall` tier, whose agent
+ * runs every call in fresh pid/mount/IPC/UTS namespaces (EXEC `ISOLATE`,
+ * docs/AGENT_PROTOCOL.md). Creating those namespaces and mounting the per-call tmpfs and
+ * /proc needs CAP_SYS_ADMIN in the sandbox's user namespace, so a worker's spec adds
+ * exactly that one capability ({@link WORKER_AGENT_CAPS}) and passes `--worker` to the
+ * agent, which drops it from its bounding (and inheritable) set at start: the agent keeps
+ * it in its permitted/effective set, but no program it executes can ever hold it (root's
+ * capabilities after execve come from the bounding set; no_new_privs is set too). So the
+ * commands of a worker get exactly {@link DEFAULT_CAPS}, like any other sandbox's. The
+ * capability is namespaced: it is CAP_SYS_ADMIN over the sandbox's own user namespace
+ * (its mounts, its namespaces), never over the host. The image is read-only in a worker
+ * (`root.readonly`): nothing a call writes outside its fresh tmpfs mounts can reach the
+ * next call (the agent also makes every mount read-only inside each call). Everything
+ * else is the spec of an ordinary sandbox; without `worker` the spec is unchanged.
  */
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
@@ -26,6 +41,19 @@ export const DEFAULT_CAPS = [
   'CAP_CHOWN', 'CAP_DAC_OVERRIDE', 'CAP_FSETID', 'CAP_FOWNER', 'CAP_MKNOD', 'CAP_NET_RAW', 'CAP_SETGID',
   'CAP_SETUID', 'CAP_SETFCAP', 'CAP_SETPCAP', 'CAP_NET_BIND_SERVICE', 'CAP_SYS_CHROOT', 'CAP_KILL', 'CAP_AUDIT_WRITE',
 ] as const;
+
+/**
+ * Capabilities a worker's agent holds on top of {@link DEFAULT_CAPS}, for itself only (see
+ * the module comment): CAP_SYS_ADMIN, to create per-call namespaces and mount in them.
+ * The alternative, a nested user namespace per call, needs no extra capability but
+ * cannot mount a fresh /proc: every mount copied into a less privileged user namespace is
+ * locked, and the kernel refuses a new proc mount while the sandbox's /proc has locked
+ * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/agent.c.
+ */
+export const WORKER_AGENT_CAPS = ['CAP_SYS_ADMIN'] as const;
+
+/** Agent flag of a worker: drop {@link WORKER_AGENT_CAPS} from the bounding set at start, serve isolated execs. */
+export const AGENT_FLAG_WORKER = '--worker';
 
 /** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
 export const CPU_PERIOD_US = 100_000;
@@ -69,6 +97,11 @@ export interface SpecInput {
   cgroupVersion?: 1 | 2;
   /** Pass `--core-sched` to the agent (set when detectCoreScheduling() says available); default false. */
   coreScheduling?: boolean;
+  /**
+   * An `fncall` worker (see the module comment): the agent gets CAP_SYS_ADMIN for itself
+   * and `--worker`, the root filesystem is read-only. Default false: an ordinary sandbox.
+   */
+  worker?: boolean;
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -80,11 +113,13 @@ const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/pro
 
 /** Builds the OCI spec (runtime-spec 1.0.2 as runc 1.1 reads it). */
 export function buildSpec(i: SpecInput): Record<string, unknown> {
-  const caps = [...DEFAULT_CAPS];
+  const caps: string[] = [...DEFAULT_CAPS];
+  if (i.worker) caps.push(...WORKER_AGENT_CAPS);
   const batch = i.priority === 'batch';
   const args = [AGENT_PATH, '--listen-fd', '3'];
   if (batch) args.push(AGENT_FLAG_SCHED_IDLE);
   if (i.coreScheduling) args.push(AGENT_FLAG_CORE_SCHED);
+  if (i.worker) args.push(AGENT_FLAG_WORKER);
   const cpu: Record<string, number> = { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US };
   if (batch) cpu.shares = BATCH_CPU_SHARES;
   const proc: Record<string, unknown> = {
@@ -110,7 +145,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
   return {
     ociVersion: '1.0.2',
     process: proc,
-    root: { path: i.rootfs, readonly: false },
+    root: { path: i.rootfs, readonly: !!i.worker },
     hostname: i.id,
     mounts: [
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },

@@ -1,0 +1,26 @@
+/** One-shot runs on any tier: POST /v1/run and POST /v1/run:batch. */
+import type { FastifyInstance } from 'fastify';
+import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
+import { parseWith } from '../server.js';
+import { runBatch, runOnce } from '../../fncall/run.js';
+import { route } from './table.js';
+import type { ApiDeps } from '../server.js';
+
+const runRoute = route({
+  method: 'POST', url: '/v1/run', summary: 'Run one command in a fresh environment of any tier (fncall: a pooled isolated worker; container: create, exec, destroy).',
+  body: RunRequest, status: 200, response: ExecResult, errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
+});
+const batchRoute = route({
+  method: 'POST', url: '/v1/run:batch', summary: 'Run many one-shot calls concurrently; one result or error per call, in order.',
+  body: RunBatchRequest, status: 200, response: RunBatchResult, errors: ['InvalidArgument'],
+});
+
+/** Registers the run routes. */
+export function registerRunRoutes(app: FastifyInstance, deps: ApiDeps): void {
+  app.post(runRoute.url, async (req) => runOnce(deps.manager, deps.fncall, parseWith(RunRequest, req.body, 'run request')));
+  // `::` is fastify's escape for a literal colon in a path.
+  app.post(batchRoute.url.replace(':', '::'), async (req) => {
+    const b = parseWith(RunBatchRequest, req.body, 'batch request');
+    return { results: await runBatch(deps.manager, deps.fncall, b.calls) };
+  });
+}

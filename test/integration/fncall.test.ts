@@ -1,0 +1,164 @@
+/**
+ * The fncall tier on real runc, namespaces and cgroups: consecutive calls on one worker
+ * see nothing of each other; timeouts kill whole trees; a memory bomb is an OOM and
+ * costs only its worker; a fork bomb is contained; 10,000 calls leave no fd, pid,
+ * mount or cgroup behind; and /v1/run answers the same request on fncall and container.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readdirSync, readFileSync } from 'node:fs';
+import { isDsecApiError, type DsecApiError } from '../../sdk/client.js';
+import { IS_ROOT, TestDaemon, runCli } from './harness.js';
+
+interface RunBody { backend?: string; image?: string; argv: string[]; env?: Record<string, string>; timeout_ms?: number; memory_bytes?: number; stdin_b64?: string }
+interface Result { exit_code: number | null; signal: string | null; stdout_b64: string; stderr_b64: string; oom: boolean; timed_out: boolean; duration_ms: number }
+
+describe.skipIf(!IS_ROOT)('fncall tier', () => {
+  let d: TestDaemon;
+  /** POST through the SDK's raw request path, so the test exercises the wire format. */
+  const post = <T>(path: string, body: unknown) => (d.client as unknown as { request<R>(m: string, p: string, b?: unknown, o?: unknown): Promise<R> }).request<T>('POST', path, body, { timeoutMs: 0 });
+  const run = (b: RunBody) => post<Result>('/v1/run', { backend: 'fncall', ...b });
+  const out = (r: Result) => Buffer.from(r.stdout_b64, 'base64').toString();
+  const workers = async () => (await d.client.listSandboxes({ selector: 'dsec.fncall' })).filter((s) => s.state === 'running');
+  /** Host pids in a worker's cgroup (its agent, and whatever a call left behind). */
+  const cgroupPids = async (id: string) => (await d.cgroups()).pids(id);
+  const rejection = async (p: Promise<unknown>): Promise<DsecApiError> => {
+    const e = await p.then(() => null, (x: unknown) => x);
+    expect(isDsecApiError(e)).toBe(true);
+    return e as DsecApiError;
+  };
+
+  beforeAll(async () => {
+    // One worker, so consecutive calls are known to share it.
+    d = await TestDaemon.start({ slot: 29, config: '[fncall]\nmax_workers = 1\nmin_idle = 1\npids = 64\n' });
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+  });
+
+  it('runs a call and reports exit codes, signals and output like exec', async () => {
+    const r = await run({ argv: ['sh', '-c', 'echo hi; echo err >&2; exit 3'] });
+    expect(out(r)).toBe('hi\n');
+    expect(Buffer.from(r.stderr_b64, 'base64').toString()).toBe('err\n');
+    expect(r.exit_code).toBe(3);
+    expect((await run({ argv: ['sh', '-c', 'kill -TERM $$'] })).signal).toBe('SIGTERM');
+    expect((await run({ argv: ['no-such-program'] })).exit_code).toBe(127);
+    expect(out(await run({ argv: ['cat'], stdin_b64: Buffer.from('in').toString('base64') }))).toBe('in');
+    expect((await workers()).length).toBe(1);
+  });
+
+  it('consecutive calls on the same worker see nothing of each other: files, processes, env, /dev/shm, the image', async () => {
+    const [w] = await workers();
+    const r1 = await run({
+      argv: ['sh', '-c', 'echo secret > /tmp/answer; echo s > /dev/shm/x; (sleep 1000 &) ; echo $MARK; touch /etc/poison 2>/dev/null; echo done'],
+      env: { MARK: 'call-1' },
+    });
+    expect(out(r1)).toBe('call-1\ndone\n');
+    const r2 = await run({ argv: ['sh', '-c', 'ls -A /tmp /dev/shm; echo "mark=$MARK"; ps -o comm= | grep -c sleep; test -e /etc/poison && echo poisoned; true'] });
+    expect(out(r2)).toBe('/dev/shm:\n\n/tmp:\nmark=\n0\n');
+    expect((await workers()).map((s) => s.id)).toEqual([w.id]); // same worker
+    // From the host: only the agent is left in the worker's cgroup.
+    expect(await cgroupPids(w.id)).toHaveLength(1);
+  });
+
+  it('a timeout kills the whole process tree', async () => {
+    const [w] = await workers();
+    const r = await run({ argv: ['sh', '-c', 'sleep 100 & sleep 100 & (sleep 100 &); wait'], timeout_ms: 300 });
+    expect(r.timed_out).toBe(true);
+    expect(r.signal).toBe('SIGKILL');
+    expect(await cgroupPids(w.id)).toHaveLength(1);
+    expect(out(await run({ argv: ['echo', 'alive'] }))).toBe('alive\n');
+  });
+
+  it('a memory bomb is reported as OOM and its worker is replaced', async () => {
+    const [w] = await workers();
+    const r = await run({ argv: ['sh', '-c', 'x=a; while true; do x="$x$x"; done'], memory_bytes: 32 * 1024 * 1024, timeout_ms: 30_000 });
+    expect(r.oom).toBe(true);
+    expect(r.signal).toBe('SIGKILL');
+    expect(r.timed_out).toBe(false);
+    const after = await run({ argv: ['echo', 'ok'] });
+    expect(out(after)).toBe('ok\n');
+    const now = await workers();
+    expect(now).toHaveLength(1);
+    expect(now[0].id).not.toBe(w.id);
+    await expect(d.client.getSandbox(w.id)).rejects.toMatchObject({ code: 'NotFound' });
+  });
+
+  it('a fork bomb is contained by the pids limit and the worker keeps serving', async () => {
+    const r = await run({ argv: ['sh', '-c', 'b() { b | b & }; b; sleep 1; echo survived'], timeout_ms: 3000 });
+    expect(r.exit_code === 0 || r.timed_out).toBe(true);
+    const [w] = await workers();
+    expect(await cgroupPids(w.id)).toHaveLength(1);
+    expect(out(await run({ argv: ['echo', 'after-bomb'] }))).toBe('after-bomb\n');
+  });
+
+  it('the same one-shot request runs on fncall and on container, differing only in backend', async () => {
+    const body = { image: 'busybox', argv: ['sh', '-c', 'echo $((6*7)); exit 4'] };
+    const before = (await d.client.listSandboxes()).length;
+    for (const backend of ['fncall', 'container']) {
+      const r = await post<Result>('/v1/run', { ...body, backend });
+      expect([out(r), r.exit_code]).toEqual(['42\n', 4]);
+    }
+    expect((await d.client.listSandboxes()).length).toBe(before); // the container run left nothing
+    const e = await rejection(post('/v1/run', { ...body, backend: 'microvm' }));
+    expect(e.code).toBe('Unimplemented');
+    // fncall is not a sandbox tier.
+    expect((await rejection(d.client.createSandbox({ backend: 'fncall', image: 'busybox' }))).code).toBe('InvalidArgument');
+  });
+
+  it('refuses bad calls clearly and stays healthy', async () => {
+    for (const bad of [{ argv: [] }, { argv: ['true'], timeout_ms: 0 }, { argv: ['true'], timeout_ms: 2 * 86400_000 }, { argv: ['true'], image: 'no-such-image' }, { argv: ['true'], bogus: 1 }]) {
+      const e = await rejection(run(bad as RunBody));
+      expect(['InvalidArgument', 'NotFound']).toContain(e.code);
+    }
+    const flood = await run({ argv: ['sh', '-c', 'yes | head -c 10000000'] });
+    expect(Buffer.from(flood.stdout_b64, 'base64').length).toBe(4 * 1024 * 1024);
+    expect(out(await run({ argv: ['echo', 'healthy'] }))).toBe('healthy\n');
+  });
+
+  it('a batch runs many calls concurrently and reports each in order', async () => {
+    const calls = Array.from({ length: 50 }, (_, i) => ({ backend: 'fncall', argv: ['sh', '-c', `echo ${i}`] }));
+    calls.push({ backend: 'fncall', argv: [] as unknown as string[] });
+    const e = await rejection(post('/v1/run:batch', { calls }));
+    expect(e.code).toBe('InvalidArgument');
+    calls.pop();
+    const { results } = await post<{ results: Array<{ ok: boolean; result?: Result }> }>('/v1/run:batch', { calls: [...calls, { backend: 'fncall', image: 'nope', argv: ['true'] }] });
+    expect(results.slice(0, 50).map((r) => out(r.result!))).toEqual(calls.map((_, i) => `${i}\n`));
+    expect(results[50]).toMatchObject({ ok: false, error: { code: 'NotFound' } });
+  });
+
+  it('10,000 calls in a row leave no fd, pid, mount or cgroup behind', async () => {
+    await run({ argv: ['true'] }); // warm
+    const pid = d.pid;
+    const count = async () => {
+      const [w] = await workers();
+      return {
+        fds: readdirSync(`/proc/${pid}/fd`).length,
+        mounts: readFileSync('/proc/self/mountinfo', 'utf8').split('\n').length,
+        cgroups: (await (await d.cgroups()).list()).length,
+        workerPids: (await cgroupPids(w.id)).length,
+        hostPids: readdirSync('/proc').filter((f) => /^\d+$/.test(f)).length,
+      };
+    };
+    const before = await count();
+    for (let i = 0; i < 100; i++) {
+      const { results } = await post<{ results: Array<{ ok: boolean; result?: Result }> }>('/v1/run:batch', { calls: Array.from({ length: 100 }, () => ({ backend: 'fncall', argv: ['true'] })) });
+      expect(results.every((r) => r.ok && r.result!.exit_code === 0)).toBe(true);
+    }
+    const after = await count();
+    expect(after.fds).toBe(before.fds);
+    expect(after.mounts).toBe(before.mounts);
+    expect(after.cgroups).toBe(before.cgroups);
+    expect(after.workerPids).toBe(1);
+    // Other processes on the host come and go; a leak of one per call would be thousands.
+    expect(Math.abs(after.hostPids - before.hostPids)).toBeLessThan(20);
+  }, 300_000);
+
+  it('dsec run --backend and dsec call use the same path', async () => {
+    const a = await runCli(d, ['run', '--backend', 'fncall', '--', 'sh', '-c', 'echo via-run; exit 5']);
+    expect([a.stdout, a.code]).toEqual(['via-run\n', 5]);
+    const b = await runCli(d, ['call', '--timeout', '2s', '--', 'echo', 'via-call']);
+    expect([b.stdout, b.code]).toEqual(['via-call\n', 0]);
+    const t = await runCli(d, ['call', '--timeout', '200ms', '--', 'sleep', '5']);
+    expect(t.code).toBe(124); // timed out, as for exec
+  });
+});

@@ -62,6 +62,13 @@ const FileConfig = z
       .strict()
       .optional(),
     leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
+    sandboxfusion: z
+      .object({
+        address: z.string().regex(/^[^:]+:\d+$/, 'address is host:port').optional(),
+        images: z.record(z.enum(['python', 'bash', 'c', 'cpp']), z.string().min(1)).optional(),
+      })
+      .strict()
+      .optional(),
     fncall: z
       .object({
         max_workers: z.number().int().min(1).max(4096).optional(),
@@ -147,6 +154,12 @@ export interface DaemonConfig {
   admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number };
   /** Sizing of the fncall pools (daemon/fncall/pool.ts FncallPoolConfig, which documents each default). */
   fncall: FncallPoolConfig;
+  /**
+   * The SandboxFusion-compatible POST /run_code: `address` (host:port) also serves it
+   * over TCP (only that route; no authentication, so bind it to a trusted network);
+   * `images` overrides the image per language (default judge:bookworm).
+   */
+  sandboxfusion: { address: string | null; images: Partial<Record<'python' | 'bash' | 'c' | 'cpp', string>> };
   /** After a job's lease lapses its sandboxes are paused; `destroyGraceMs` later they are destroyed (default 10 min). */
   leases: { destroyGraceMs: number };
   /**
@@ -234,6 +247,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
+    sandboxfusion: { address: fc.sandboxfusion?.address ?? null, images: fc.sandboxfusion?.images ?? {} },
     fncall: {
       maxWorkers: fc.fncall?.max_workers ?? 4 * os.cpus().length,
       minIdle: fc.fncall?.min_idle ?? 1,

@@ -36,7 +36,7 @@ import type { SandboxDriver } from './drivers/types.js';
 import { ImageStore } from './image/store.js';
 import { LayerMounts } from './image/mounts.js';
 import { BlobCache } from './image/cache.js';
-import { buildApi } from './api/server.js';
+import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend } from './api/schema.js';
@@ -280,7 +280,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     await reaper.sweep();
     reaper.start();
     const cg = cgroups;
-    const app = buildApi({
+    const apiDeps: ApiDeps = {
       manager,
       repo,
       images,
@@ -289,6 +289,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       metrics,
       trajectories,
       fncall,
+      sandboxfusionImages: config.sandboxfusion.images,
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -332,9 +333,17 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           },
         }),
       },
-    });
+    };
+    const app = buildApi(apiDeps);
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
+    // SandboxFusion clients reach /run_code over TCP; nothing else of the API is served there.
+    const sfApp = config.sandboxfusion.address ? buildRunCodeApi(apiDeps) : null;
+    if (sfApp) {
+      const [host, port] = [config.sandboxfusion.address!.slice(0, config.sandboxfusion.address!.lastIndexOf(':')), Number(config.sandboxfusion.address!.split(':').pop())];
+      await sfApp.listen({ host, port });
+      log.info({ address: config.sandboxfusion.address }, 'serving SandboxFusion run_code over TCP');
+    }
     log.info({ socket: config.socket, root: config.root, runtime: runtimeInfo.name, cgroup: cgroups.version, failpoint: fp.armed }, 'dsecd ready');
     return {
       config,
@@ -343,6 +352,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         reaper.stop();
         metricsServer?.close();
         // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
+        await sfApp?.close();
         const drained = app.close();
         const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
         await drained;

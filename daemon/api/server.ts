@@ -3,8 +3,9 @@
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
+import type { LanguageImages } from '../fncall/runcode.js';
 import type { FncallPools } from '../fncall/pool.js';
-import { registerRunRoutes } from './routes/run.js';
+import { registerRunCodeRoute, registerRunRoutes } from './routes/run.js';
 import type { TrajectoryLog } from '../sandbox/trajectory.js';
 import { registerSnapshotRoutes } from './routes/snapshots.js';
 import { registerTrajectoryRoutes } from './routes/trajectories.js';
@@ -20,7 +21,7 @@ import type { Metrics } from '../metrics.js';
 import { registerSandboxRoutes } from './routes/sandboxes.js';
 import { registerEventRoutes } from './routes/events.js';
 import { registerImageRoutes } from './routes/images.js';
-import { ROUTE_DOCS } from './routes/table.js';
+import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
 import { registerExecRoutes } from './routes/execs.js';
 import { registerStatsRoutes } from './routes/stats.js';
 import { registerFileRoutes } from './routes/files.js';
@@ -41,6 +42,8 @@ export interface ApiDeps {
   trajectories: TrajectoryLog;
   /** The fncall pools (routes/run.ts). */
   fncall: FncallPools;
+  /** Image per language of POST /run_code (config `[sandboxfusion] images`). */
+  sandboxfusionImages: LanguageImages;
 }
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
@@ -86,6 +89,37 @@ function routeRegex(url: string): RegExp {
 
 /** Builds the fastify app with every route; the caller listens. */
 export function buildApi(deps: ApiDeps): FastifyInstance {
+  const app = baseApp(deps);
+  registerHostRoutes(app, deps);
+  registerSandboxRoutes(app, deps);
+  registerEventRoutes(app, deps);
+  registerImageRoutes(app, deps);
+  registerStatsRoutes(app, deps);
+  registerJobRoutes(app, deps);
+  registerSnapshotRoutes(app, deps);
+  registerTrajectoryRoutes(app, deps);
+  registerRunRoutes(app, deps);
+  app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
+  app.register(async (scoped) => registerExecRoutes(scoped, deps));
+  app.register(async (scoped) => registerFileRoutes(scoped, deps));
+  return app;
+}
+
+/**
+ * The SandboxFusion endpoint alone (POST /run_code), for the TCP address of
+ * `[sandboxfusion] address`: nothing else of the API is reachable over TCP.
+ */
+export function buildRunCodeApi(deps: ApiDeps): FastifyInstance {
+  const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'));
+  registerRunCodeRoute(app, deps);
+  return app;
+}
+
+/**
+ * A fastify app with the API's body parsing, limits and error shapes, and no routes.
+ * @param served the routes it will serve: a known path with another method is 405, anything else 404.
+ */
+function baseApp(deps: ApiDeps, served: readonly RouteDoc[] = ROUTE_DOCS): FastifyInstance {
   const app = Fastify({
     // Errors the HTTP parser raises before fastify routes (headers too large, unknown
     // method, malformed request line) also answer in the API's error shape.
@@ -126,7 +160,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   app.setErrorHandler((e, req, reply) => sendError(reply, e, deps.log, req, deps.metrics));
   app.setNotFoundHandler((req, reply) => {
     const p = req.url.split('?')[0];
-    const allowed = ROUTE_DOCS.filter((r) => routeRegex(r.url).test(p)).map((r) => r.method);
+    const allowed = served.filter((r) => routeRegex(r.url).test(p)).map((r) => r.method);
     if (allowed.length) {
       // A known resource with a method it does not support: 405 with Allow, in the usual error shape.
       return reply.code(405).header('allow', [...new Set(allowed)].join(', ')).type('application/json')
@@ -134,17 +168,5 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
     }
     return sendError(reply, notFound(`no route ${req.method} ${p}`), deps.log, req, deps.metrics);
   });
-  registerHostRoutes(app, deps);
-  registerSandboxRoutes(app, deps);
-  registerEventRoutes(app, deps);
-  registerImageRoutes(app, deps);
-  registerStatsRoutes(app, deps);
-  registerJobRoutes(app, deps);
-  registerSnapshotRoutes(app, deps);
-  registerTrajectoryRoutes(app, deps);
-  registerRunRoutes(app, deps);
-  app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
-  app.register(async (scoped) => registerExecRoutes(scoped, deps));
-  app.register(async (scoped) => registerFileRoutes(scoped, deps));
   return app;
 }

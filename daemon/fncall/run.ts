@@ -3,8 +3,8 @@
  * `backend`. `fncall` is served by the worker pools; `container` (and, once built,
  * `microvm` and `vm`) creates a sandbox, runs the command and destroys the sandbox.
  */
-import type { ExecResult, RunRequest } from '../api/schema.js';
-import { DsecError, wrap } from '../errors.js';
+import { LIMITS, type ExecResult, type RunRequest } from '../api/schema.js';
+import { DsecError, invalidArgument, wrap } from '../errors.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import type { FncallPools } from './pool.js';
 
@@ -18,6 +18,7 @@ export const RUN_LABEL = 'dsec.run';
  */
 export async function runOnce(m: SandboxManager, pools: FncallPools, r: RunRequest): Promise<ExecResult> {
   const stdin = r.stdin_b64 !== undefined ? Buffer.from(r.stdin_b64, 'base64') : undefined;
+  if (stdin && stdin.length > LIMITS.maxStdinBytes) throw invalidArgument(`stdin_b64 decodes to ${stdin.length} bytes, more than the ${LIMITS.maxStdinBytes} a call takes`);
   if (r.backend === 'fncall') {
     return pools.run({
       image: r.image, argv: r.argv, env: r.env, cwd: r.cwd, user: r.user, stdin, timeoutMs: r.timeout_ms, memoryBytes: r.memory_bytes,

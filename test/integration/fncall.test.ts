@@ -110,6 +110,8 @@ describe.skipIf(!IS_ROOT)('fncall tier', () => {
       const e = await rejection(run(bad as RunBody));
       expect(['InvalidArgument', 'NotFound']).toContain(e.code);
     }
+    const big = await rejection(run({ argv: ['cat'], stdin_b64: Buffer.alloc(17 * 1024 * 1024).toString('base64') }));
+    expect([big.code, big.message]).toEqual(['InvalidArgument', expect.stringMatching(/stdin_b64 decodes to 17825792 bytes/)]);
     const flood = await run({ argv: ['sh', '-c', 'yes | head -c 10000000'] });
     expect(Buffer.from(flood.stdout_b64, 'base64').length).toBe(4 * 1024 * 1024);
     expect(out(await run({ argv: ['echo', 'healthy'] }))).toBe('healthy\n');

@@ -3,6 +3,7 @@ import type { FastifyInstance } from 'fastify';
 import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
 import { parseWith } from '../server.js';
 import { runBatch, runOnce } from '../../fncall/run.js';
+import { RunCodeRequest, RunCodeResponse, runCode } from '../../fncall/runcode.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 
@@ -15,6 +16,16 @@ const batchRoute = route({
   body: RunBatchRequest, status: 200, response: RunBatchResult, errors: ['InvalidArgument'],
 });
 
+const runCodeRoute = route({
+  method: 'POST', url: '/run_code', summary: 'SandboxFusion-compatible: compile and run code (python, bash, c, cpp) on the fncall tier; timeouts in seconds.',
+  body: RunCodeRequest, status: 200, response: RunCodeResponse, errors: ['InvalidArgument', 'FailedPrecondition', 'ResourceExhausted'],
+});
+
+/** Registers POST /run_code (on the API socket, and alone on the SandboxFusion TCP address). */
+export function registerRunCodeRoute(app: FastifyInstance, deps: Pick<ApiDeps, 'fncall' | 'sandboxfusionImages'>): void {
+  app.post(runCodeRoute.url, async (req) => runCode(deps.fncall, parseWith(RunCodeRequest, req.body, 'run_code request'), deps.sandboxfusionImages));
+}
+
 /** Registers the run routes. */
 export function registerRunRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.post(runRoute.url, async (req) => runOnce(deps.manager, deps.fncall, parseWith(RunRequest, req.body, 'run request')));
@@ -23,4 +34,5 @@ export function registerRunRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const b = parseWith(RunBatchRequest, req.body, 'batch request');
     return { results: await runBatch(deps.manager, deps.fncall, b.calls) };
   });
+  registerRunCodeRoute(app, deps);
 }

@@ -57,7 +57,7 @@ async function measure(n: number, c: number, one: () => Promise<boolean>): Promi
   }));
   const wall = (performance.now() - t0) / 1000;
   return {
-    calls: n, errors, calls_per_s: round(n / wall, 0), latency_ms: { p50: round(percentile(lat, 50), 3), p99: round(percentile(lat, 99), 3) },
+    calls: n, errors, calls_per_s: round(n / wall, 1), latency_ms: { p50: round(percentile(lat, 50), 3), p99: round(percentile(lat, 99), 3) },
     host_cpu_ms_per_call: round((hostCpuMs() - cpu0) / n, 3),
   };
 }
@@ -66,6 +66,12 @@ async function measure(n: number, c: number, one: () => Promise<boolean>): Promi
 async function measureBatch(n: number, c: number, size: number, batch: (k: number) => Promise<number>): Promise<Measure & { batch_size: number }> {
   const m = await measure(Math.ceil(n / size), c, async () => (await batch(size)) === size);
   return { ...m, calls: n, calls_per_s: round(m.calls_per_s * size, 0), host_cpu_ms_per_call: round(m.host_cpu_ms_per_call / size, 3), batch_size: size };
+}
+
+/** Rounds every calls_per_s of a measurement table to whole calls for the report. */
+function wholeRates<T extends Record<string, Measure>>(t: T): T {
+  for (const m of Object.values(t)) m.calls_per_s = Math.round(m.calls_per_s);
+  return t;
 }
 
 async function main(): Promise<void> {
@@ -119,10 +125,10 @@ async function main(): Promise<void> {
         process.stderr.write(`fncall ${w.name} c=${c}: dsec ${dsec[`c${c}`].calls_per_s}/s, batch ${batch[`c${c}`].calls_per_s}/s, bwrap ${bwrap[`c${c}`].calls_per_s}/s`
           + `${opts.podman ? `, podman ${podman[`c${c}`].calls_per_s}/s` : ''}\n`);
       }
-      out.dsec_run = dsec;
-      out.dsec_batch = batch;
-      out.bwrap = bwrap;
-      if (opts.podman) out.podman = podman;
+      out.dsec_run = wholeRates(dsec);
+      out.dsec_batch = wholeRates(batch);
+      out.bwrap = wholeRates(bwrap);
+      if (opts.podman) out.podman = wholeRates(podman);
       out.ratio = Object.fromEntries(levels.map((c) => [`c${c}`, {
         dsec_run_over_bwrap: round(dsec[`c${c}`].calls_per_s / bwrap[`c${c}`].calls_per_s),
         dsec_batch_over_bwrap: round(batch[`c${c}`].calls_per_s / bwrap[`c${c}`].calls_per_s),

@@ -65,7 +65,7 @@ const FileConfig = z
     sandboxfusion: z
       .object({
         address: z.string().regex(/^[^:]+:\d+$/, 'address is host:port').optional(),
-        images: z.record(z.enum(['python', 'bash', 'c', 'cpp']), z.string().min(1)).optional(),
+        images: z.object({ python: z.string().min(1), bash: z.string().min(1), c: z.string().min(1), cpp: z.string().min(1) }).partial().strict().optional(),
       })
       .strict()
       .optional(),

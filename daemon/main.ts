@@ -8,6 +8,7 @@
  * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
+import { procStartTime } from './host/proc.js';
 import { FNCALL_WORKER_LABEL, FncallPools } from './fncall/pool.js';
 import { Command } from 'commander';
 import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
@@ -251,16 +252,21 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     for (const sb of repo.all()) {
       if (sb.backend === 'fncall') await manager.destroy(sb.id, true, 'fncall worker of a previous dsecd').catch((e) => log.error({ err: e, id: sb.id }, 'destroying a stale fncall worker failed'));
     }
-    const resolved = new Map<string, { name: string; at: number }>();
+    const resolved = new Map<string, { v: { ref: string; key: string }; at: number }>();
     const fncall = new FncallPools({
       // Resolved refs are cached for a second: a call must not read a manifest from the
       // (possibly shared) store each time, and a retag is seen within that second.
       resolveImage: async (ref) => {
         const hit = resolved.get(ref);
-        if (hit && Date.now() - hit.at < 1000) return hit.name;
+        if (hit && Date.now() - hit.at < 1000) return hit.v;
         const m = await images.get(ref);
-        resolved.set(ref, { name: `${m.name}:${m.tag}`, at: Date.now() });
-        return `${m.name}:${m.tag}`;
+        const v = { ref: `${m.name}:${m.tag}`, key: `${m.name}:${m.tag}@${m.layers.join(',')}` };
+        resolved.set(ref, { v, at: Date.now() });
+        return v;
+      },
+      alive: (sb) => {
+        const row = repo.find(sb.id);
+        return !!row && row.state === 'running' && row.desired === null && row.initPid !== null && procStartTime(row.initPid) === row.initStart;
       },
       createWorker: (image, l) => manager.create({
         backend: 'fncall', image, cpus: l.cpus, memory_bytes: l.memoryBytes, pids: l.pids, labels: { [FNCALL_WORKER_LABEL]: 'worker' },
@@ -325,7 +331,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: false, detail: 'default profile not built yet' },
+            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls; denials are not counted' },
             apparmor: { enforced: false, detail: existsSync('/sys/kernel/security/apparmor') ? 'profiles not built yet' : 'kernel has no AppArmor' },
             landlock: { enforced: false, detail: 'not built yet' },
             network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },

@@ -137,6 +137,8 @@ function baseApp(deps: ApiDeps, served: readonly RouteDoc[] = ROUTE_DOCS): Fasti
     bodyLimit: BODY_LIMIT_BYTES,
     // Image refs (up to 255 characters, URL-encoded) and digests are path parameters.
     routerOptions: { maxParamLength: 1024 },
+    // A malformed URL or an overlong path parameter answers in the API's error shape too.
+    frameworkErrors: (e, req, reply) => sendError(reply, invalidArgument(`${e.message}`), deps.log, req, deps.metrics),
     return503OnClosing: true,
     // On shutdown, idle keep-alive connections close at once and requests in flight
     // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).

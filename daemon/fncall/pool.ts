@@ -17,7 +17,7 @@
  */
 import type { Logger } from 'pino';
 import type { ExecResult } from '../api/schema.js';
-import { DsecError, resourceExhausted, unavailable } from '../errors.js';
+import { deadlineExceeded, DsecError, resourceExhausted, unavailable } from '../errors.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 
 /** Label every worker sandbox carries (`dsec ls --selector dsec.fncall` lists them). */
@@ -58,12 +58,20 @@ export interface FncallCall {
   memoryBytes?: number;
   /** Size of the call's fresh /tmp, bytes; default 64 MiB. */
   tmpBytes?: number;
+  /** More fresh tmpfs mounts for the call (see IsolateOptions.scratch). */
+  scratch?: { path: string; bytes: number }[];
 }
 
 /** What the pool needs from the rest of dsecd (the lifecycle manager and cgroups); a seam for tests. */
 export interface WorkerHost {
-  /** Resolves an image reference to its canonical `name:tag`. @throws DsecError NotFound. */
-  resolveImage(ref: string): Promise<string>;
+  /**
+   * Resolves an image reference: `ref` is its canonical `name:tag`, `key` also names its
+   * content (the layer digests), so a retagged image gets a new pool and the old one's
+   * workers idle out. @throws DsecError NotFound.
+   */
+  resolveImage(ref: string): Promise<{ ref: string; key: string }>;
+  /** True when the worker's sandbox is still running (its row exists and its init is alive). */
+  alive(sb: SandboxRecord): boolean;
   /** Creates and starts a worker sandbox for `image`. */
   createWorker(image: string, limits: { memoryBytes: number; cpus: number; pids: number }): Promise<SandboxRecord>;
   /** Destroys a worker (force). Safe to call for one already gone. */
@@ -103,6 +111,7 @@ class Pool {
   replaced = 0;
   readonly queue: Array<{ resolve: (w: Worker) => void; reject: (e: Error) => void }> = [];
 
+  /** @param image the image reference workers are created from; the pool's map key also names its content. */
   constructor(readonly image: string) {}
 
   get size(): number {
@@ -131,11 +140,19 @@ export class FncallPools {
    * @throws DsecError NotFound (image), ResourceExhausted (queue full), Unavailable (the
    *   worker was lost mid-call; it is replaced), Internal (a worker could not start).
    */
-  async run(call: FncallCall): Promise<ExecResult> {
+  async run(call: FncallCall, signal?: AbortSignal): Promise<ExecResult> {
     if (this.closed) throw unavailable('dsecd is shutting down');
-    const image = await this.host.resolveImage(call.image);
-    const pool = this.pool(image);
-    const w = await this.acquire(pool);
+    const { ref, key } = await this.host.resolveImage(call.image);
+    const pool = this.pool(key, ref);
+    // The call's timeout bounds its wait for a worker too; the command gets what is left.
+    const started = Date.now();
+    let w = await this.acquire(pool, call.timeoutMs, signal);
+    while (!this.host.alive(w.sb)) {
+      // Destroyed or killed from outside while idle: replace it rather than fail the call.
+      this.release(pool, w, false);
+      w = await this.acquire(pool, call.timeoutMs === undefined ? undefined : Math.max(1, call.timeoutMs - (Date.now() - started)), signal);
+    }
+    const left = call.timeoutMs === undefined ? undefined : Math.max(1, call.timeoutMs - (Date.now() - started));
     let healthy = false;
     try {
       const mem = call.memoryBytes ?? this.config.memoryBytes;
@@ -143,10 +160,14 @@ export class FncallPools {
         await this.host.setMemoryLimit(w.sb.id, mem);
         w.memoryBytes = mem;
       }
-      const r = await this.host.execIsolated(w.sb, call);
+      const r = await this.host.execIsolated(w.sb, { ...call, ...(left !== undefined ? { timeoutMs: left } : {}) });
       // An OOM kill may have hit the namespace init rather than the command; a fresh worker is cheap.
       healthy = !r.oom;
       return r;
+    } catch (e) {
+      // A refused request (bad cwd or user, argument list too long) never touched the worker.
+      if (e instanceof DsecError && e.kind === 'InvalidArgument') healthy = true;
+      throw e;
     } finally {
       pool.calls += 1;
       w.calls += 1;
@@ -155,16 +176,21 @@ export class FncallPools {
     }
   }
 
-  private pool(image: string): Pool {
-    let p = this.pools.get(image);
+  private pool(key: string, ref: string): Pool {
+    let p = this.pools.get(key);
     if (!p) {
-      p = new Pool(image);
-      this.pools.set(image, p);
+      p = new Pool(ref);
+      this.pools.set(key, p);
     }
     return p;
   }
 
-  private acquire(pool: Pool): Promise<Worker> {
+  /**
+   * An idle worker, a new one, or a place in the queue.
+   * @param waitMs give up after this long (DeadlineExceeded); undefined waits as long as it takes.
+   * @param signal give up when aborted (the caller went away): the queued call never runs.
+   */
+  private acquire(pool: Pool, waitMs?: number, signal?: AbortSignal): Promise<Worker> {
     const w = pool.idle.pop();
     if (w) {
       pool.busy.add(w);
@@ -173,7 +199,28 @@ export class FncallPools {
     if (pool.queue.length >= this.config.maxQueue) {
       return Promise.reject(resourceExhausted(`fncall pool of ${pool.image} has ${pool.queue.length} calls waiting (fncall.max_queue); retry later`));
     }
-    const p = new Promise<Worker>((resolve, reject) => pool.queue.push({ resolve, reject }));
+    const p = new Promise<Worker>((resolve, reject) => {
+      let timer: NodeJS.Timeout | undefined;
+      const entry = {
+        resolve: (w: Worker) => { clear(); resolve(w); },
+        reject: (e: Error) => { clear(); reject(e); },
+      };
+      const giveUp = (e: Error) => {
+        const i = pool.queue.indexOf(entry);
+        if (i >= 0) pool.queue.splice(i, 1);
+        entry.reject(e);
+      };
+      const onAbort = () => giveUp(unavailable('the caller went away before a worker was free'));
+      const clear = () => {
+        if (timer) clearTimeout(timer);
+        signal?.removeEventListener('abort', onAbort);
+      };
+      if (waitMs !== undefined) {
+        timer = setTimeout(() => giveUp(deadlineExceeded(`no fncall worker of ${pool.image} became free within the call's timeout (${waitMs} ms)`)), waitMs);
+      }
+      signal?.addEventListener('abort', onAbort, { once: true });
+      pool.queue.push(entry);
+    });
     if (pool.size < this.config.maxWorkers) void this.grow(pool);
     return p;
   }

@@ -12,17 +12,18 @@ import type { FncallPools } from './pool.js';
 export const RUN_LABEL = 'dsec.run';
 
 /**
- * Runs one call on its tier and returns the exec result.
+ * Runs one call on its tier and returns the exec result. `signal` (the client went away)
+ * drops an fncall still waiting for a worker; a running call ends by its timeout.
  * @throws DsecError InvalidArgument, NotFound (image), ResourceExhausted (admission,
  *   fncall queue), Unimplemented (tier not built), Unavailable.
  */
-export async function runOnce(m: SandboxManager, pools: FncallPools, r: RunRequest): Promise<ExecResult> {
+export async function runOnce(m: SandboxManager, pools: FncallPools, r: RunRequest, signal?: AbortSignal): Promise<ExecResult> {
   const stdin = r.stdin_b64 !== undefined ? Buffer.from(r.stdin_b64, 'base64') : undefined;
   if (stdin && stdin.length > LIMITS.maxStdinBytes) throw invalidArgument(`stdin_b64 decodes to ${stdin.length} bytes, more than the ${LIMITS.maxStdinBytes} a call takes`);
   if (r.backend === 'fncall') {
     return pools.run({
       image: r.image, argv: r.argv, env: r.env, cwd: r.cwd, user: r.user, stdin, timeoutMs: r.timeout_ms, memoryBytes: r.memory_bytes,
-    });
+    }, signal);
   }
   const sb = await m.create({
     backend: r.backend, image: r.image, labels: { [RUN_LABEL]: 'once' },

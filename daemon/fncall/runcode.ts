@@ -10,6 +10,7 @@
  * (daemon/fncall/pool.ts). Wire shapes: {@link RunCodeRequest}, {@link RunCodeResponse}.
  */
 import { z } from 'zod';
+import { LIMITS } from '../api/schema.js';
 import { DsecError, invalidArgument } from '../errors.js';
 import type { FncallPools } from './pool.js';
 
@@ -24,12 +25,23 @@ export type Language = keyof typeof LANGUAGES;
 
 /** Longest compile or run timeout: 15 min, far above any judge task; a day is a typo. */
 const MAX_TIMEOUT_S = 900;
-/** Output kept per stream and phase: 1 MiB (SandboxFusion returns text; more is a flood). */
-const MAX_PHASE_OUTPUT_BYTES = 1024 * 1024;
+/**
+ * Output kept per stream and phase: 512 KiB. Four streams base64-encoded, plus fetched
+ * files, must fit in the exec output cap (4 MiB) with the driver's JSON around them.
+ */
+const MAX_PHASE_OUTPUT_BYTES = 512 * 1024;
+/** Total bytes of fetch_files returned: 1 MiB (files beyond it are skipped and noted). */
+const MAX_FETCH_BYTES = 1024 * 1024;
 /** Size of the call's /tmp, which holds the working directory: 512 MiB (charged to the memory limit only as used). */
 const WORKDIR_TMPFS_BYTES = 512 * 1024 * 1024;
-/** Memory the driver itself needs on top of the program's limit: 64 MiB (python3 and the pipes). */
+/** tmpfs holding a phase's stdin and output files: stdin (≤ 16 MiB) plus 8 MiB of output; a flood gets ENOSPC there. */
+const IO_TMPFS_BYTES = 24 * 1024 * 1024;
+/** Memory the driver itself needs on top of the program's limit: 64 MiB (python3 and the output files). */
 const DRIVER_MEMORY_BYTES = 64 * 1024 * 1024;
+/** The uid (and gid) programs run as: 65534, "nobody" in Debian images; never the driver's. */
+const PROGRAM_UID = 65534;
+/** Memory limit when a request sends SandboxFusion's -1 ("no limit"): 4 GiB, bounded so one call cannot take the host. */
+const UNLIMITED_MEMORY_MB = 4096;
 
 const relPath = z.string().min(1).max(4096).refine((p) => !p.startsWith('/') && !p.split('/').includes('..') && !p.includes('\0'),
   'file paths are relative to the working directory, without ".." or NUL');
@@ -40,14 +52,18 @@ export const RunCodeRequest = z.object({
   language: z.string().describe(`One of ${Object.keys(LANGUAGES).join(', ')}.`),
   compile_timeout: z.number().gt(0).max(MAX_TIMEOUT_S).default(10).describe('Seconds; default 10.'),
   run_timeout: z.number().gt(0).max(MAX_TIMEOUT_S).default(10).describe('Seconds; default 10.'),
-  memory_limit_MB: z.number().int().min(16).max(64 * 1024).default(1024).describe('Memory limit of the program, MiB; default 1024.'),
-  stdin: z.string().nullable().optional().describe('Text fed to the program.'),
-  files: z.record(z.string(), z.string().base64()).default({}).superRefine((files, ctx) => {
-    for (const p of Object.keys(files)) {
+  memory_limit_MB: z.number().int().refine((n) => n === -1 || (n >= 16 && n <= 64 * 1024), 'memory_limit_MB is -1 (no limit) or 16-65536')
+    .default(1024).describe(`Memory limit of the program, MiB; default 1024; -1 (SandboxFusion's "no limit") means ${UNLIMITED_MEMORY_MB}.`),
+  stdin: z.string().max(LIMITS.maxStdinBytes).nullable().optional().describe('Text fed to the program; at most 16 MiB.'),
+  files: z.record(z.string(), z.string().base64().nullable()).default({}).superRefine((files, ctx) => {
+    const paths = Object.keys(files).filter((p) => files[p] !== null);
+    for (const p of paths) {
       const r = relPath.safeParse(p);
       if (!r.success) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(p)}: ${r.error.issues[0].message}` });
+      const dir = paths.find((q) => p.startsWith(`${q}/`));
+      if (dir) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(dir)} is a file, so ${JSON.stringify(p)} cannot be below it` });
     }
-  }).describe('Extra files, path -> base64 content, written before compiling.'),
+  }).describe('Extra files, path -> base64 content (null: skipped), written before compiling.'),
   fetch_files: z.array(relPath).default([]).describe('Files to return after the run, by path.'),
 }).passthrough();
 export type RunCodeRequest = z.infer<typeof RunCodeRequest>;
@@ -74,51 +90,80 @@ export const RunCodeResponse = z.object({
 export type RunCodeResponse = z.infer<typeof RunCodeResponse>;
 
 /**
- * The in-call driver: reads {lang, code, file, compile, run, compile_timeout,
- * run_timeout, stdin, files, fetch, cap} as JSON on stdin; prints {compile, run, files}.
- * Each phase runs in its own session, killed as a group at its timeout.
+ * The in-call driver. Reads {file, code, compile, run, compile_timeout, run_timeout,
+ * stdin, files, fetch, cap, fetch_cap, uid} as JSON on stdin; prints one JSON line
+ * {compile, run, files, notes} with outputs base64-encoded (so the line's size is
+ * bounded: 4/3 of the caps, well inside the exec output cap).
+ *
+ * Each phase runs as an unprivileged uid (`uid`, 65534) in its own session, with stdin,
+ * stdout and stderr on files in a bounded tmpfs (never pipes, so a daemonized child
+ * cannot hold the driver open). The driver itself stays root: the program can neither
+ * open the driver's /proc entries (its stdout, where the result goes) nor signal or
+ * trace it. After each phase, every process but the driver and the namespace init is
+ * SIGKILLed (kill(-1)), so nothing of the phase outlives it.
  */
 export const DRIVER = String.raw`
 import base64, json, os, signal, subprocess, sys, time
 r = json.load(sys.stdin)
-w = '/tmp/work'
+uid = r['uid']
+w, io = '/tmp/work', '/tmp/io'
 os.makedirs(w)
-os.chdir(w)
+os.chmod(io, 0o700)
 def put(p, data):
     d = os.path.dirname(p)
     if d: os.makedirs(d, exist_ok=True)
     with open(p, 'wb') as f: f.write(data)
+os.chdir(w)
 for p, b in r['files'].items(): put(p, base64.b64decode(b))
 put(r['file'], r['code'].encode())
-cap = r['cap']
-def phase(argv, timeout, stdin):
+for root, dirs, files in os.walk(w):
+    for n in dirs + files: os.lchown(os.path.join(root, n), uid, uid)
+os.chown(w, uid, uid)
+notes = []
+def grab(path, cap, name):
+    with open(path, 'rb') as f: data = f.read(cap + 1)
+    if len(data) > cap:
+        notes.append(name + ' truncated to ' + str(cap) + ' bytes')
+        data = data[:cap]
+    return base64.b64encode(data).decode()
+def phase(name, argv, timeout, stdin):
+    with open(io + '/in', 'wb') as f: f.write(stdin)
+    fi, fo, fe = open(io + '/in', 'rb'), open(io + '/out', 'wb'), open(io + '/err', 'wb')
     t = time.monotonic()
     try:
-        p = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        p = subprocess.Popen(argv, stdin=fi, stdout=fo, stderr=fe, start_new_session=True, user=uid, group=uid, extra_groups=[], umask=0o022)
     except OSError as e:
-        return {'status': 'Error', 'execution_time': 0, 'return_code': None, 'stdout': '', 'stderr': str(e)}
+        return {'status': 'Error', 'execution_time': 0, 'return_code': None, 'stdout_b64': '', 'stderr_b64': base64.b64encode(str(e).encode()).decode()}
+    finally:
+        fi.close(); fo.close(); fe.close()
     try:
-        out, err = p.communicate(stdin, timeout=timeout)
+        rc = p.wait(timeout=timeout)
         status = 'Finished'
     except subprocess.TimeoutExpired:
-        os.killpg(p.pid, signal.SIGKILL)
-        out, err = p.communicate()
         status = 'TimeLimitExceeded'
-    try: os.killpg(p.pid, signal.SIGKILL)
+    took = round(time.monotonic() - t, 6)
+    try: os.kill(-1, signal.SIGKILL)
     except ProcessLookupError: pass
-    return {'status': status, 'execution_time': round(time.monotonic() - t, 6), 'return_code': p.returncode,
-            'stdout': out[:cap].decode('utf-8', 'replace'), 'stderr': err[:cap].decode('utf-8', 'replace')}
-res = {'compile': None, 'run': None, 'files': {}}
+    rc = p.wait()
+    return {'status': status, 'execution_time': took, 'return_code': rc,
+            'stdout_b64': grab(io + '/out', r['cap'], name + ' stdout'), 'stderr_b64': grab(io + '/err', r['cap'], name + ' stderr')}
+res = {'compile': None, 'run': None, 'files': {}, 'notes': notes}
 ok = True
 if r['compile']:
-    res['compile'] = phase(r['compile'], r['compile_timeout'], b'')
+    res['compile'] = phase('compile', r['compile'], r['compile_timeout'], b'')
     ok = res['compile']['status'] == 'Finished' and res['compile']['return_code'] == 0
 if ok:
-    res['run'] = phase(r['run'], r['run_timeout'], (r['stdin'] or '').encode())
+    res['run'] = phase('run', r['run'], r['run_timeout'], (r['stdin'] or '').encode())
+left = r['fetch_cap']
 for p in r['fetch']:
     try:
-        with open(p, 'rb') as f: res['files'][p] = base64.b64encode(f.read()).decode()
-    except OSError: pass
+        with open(os.path.join(w, p), 'rb') as f: data = f.read(left + 1)
+    except OSError: continue
+    if len(data) > left:
+        notes.append('fetch_files ' + p + ' skipped: over the ' + str(r['fetch_cap']) + ' byte total')
+        continue
+    left -= len(data)
+    res['files'][p] = base64.b64encode(data).decode()
 sys.stdout.write(json.dumps(res))
 `;
 
@@ -140,10 +185,12 @@ export async function runCode(pools: FncallPools, req: RunCodeRequest, images: L
   }
   const lang = LANGUAGES[req.language as Language];
   const image = images[req.language as Language] ?? DEFAULT_JUDGE_IMAGE;
+  const files = Object.fromEntries(Object.entries(req.files).filter(([, v]) => v !== null));
   const input = {
     file: lang.file, code: req.code, compile: lang.compile, run: lang.run, compile_timeout: req.compile_timeout, run_timeout: req.run_timeout,
-    stdin: req.stdin ?? '', files: req.files, fetch: req.fetch_files, cap: MAX_PHASE_OUTPUT_BYTES,
+    stdin: req.stdin ?? '', files, fetch: req.fetch_files, cap: MAX_PHASE_OUTPUT_BYTES, fetch_cap: MAX_FETCH_BYTES, uid: PROGRAM_UID,
   };
+  const memoryMb = req.memory_limit_MB === -1 ? UNLIMITED_MEMORY_MB : req.memory_limit_MB;
   const sandboxError = (message: string): RunCodeResponse => ({ status: 'SandboxError', message, compile_result: null, run_result: null, executor_pod_name: null, files: {} });
   let r;
   try {
@@ -151,8 +198,9 @@ export async function runCode(pools: FncallPools, req: RunCodeRequest, images: L
       image, argv: ['python3', '-c', DRIVER], stdin: Buffer.from(JSON.stringify(input)),
       // The phases have their own timeouts; this one only bounds the driver (writing files, packing results).
       timeoutMs: Math.ceil((lang.compile ? req.compile_timeout : 0) * 1000 + req.run_timeout * 1000) + 30_000,
-      memoryBytes: req.memory_limit_MB * 1024 * 1024 + DRIVER_MEMORY_BYTES,
+      memoryBytes: memoryMb * 1024 * 1024 + DRIVER_MEMORY_BYTES,
       tmpBytes: WORKDIR_TMPFS_BYTES,
+      scratch: [{ path: '/tmp/io', bytes: IO_TMPFS_BYTES }],
     });
   } catch (e) {
     if (e instanceof DsecError && e.kind === 'NotFound' && /image/.test(e.message)) {
@@ -165,21 +213,29 @@ export async function runCode(pools: FncallPools, req: RunCodeRequest, images: L
     const why = r.oom ? 'ran out of memory' : r.timed_out ? 'timed out' : r.signal ? `was killed by ${r.signal}` : `exited with ${r.exit_code}`;
     return sandboxError(`the run_code driver ${why}: ${Buffer.from(r.stderr_b64, 'base64').toString().slice(-500)}`);
   }
-  let res: { compile: PhaseResult | null; run: PhaseResult | null; files: Record<string, string> };
+  // The driver's output is bounded by construction; a truncated one is not a result.
+  if (r.stdout_truncated) return sandboxError('the run_code driver printed more than the exec output cap');
+  type Raw = { status: PhaseResult['status']; execution_time: number | null; return_code: number | null; stdout_b64: string; stderr_b64: string };
+  let raw: { compile: Raw | null; run: Raw | null; files: Record<string, string>; notes: string[] };
   try {
-    res = JSON.parse(out);
+    raw = JSON.parse(out);
   } catch {
     return sandboxError(`the run_code driver printed no result (${out.length} bytes of output)`);
   }
+  const text = (b64: string) => Buffer.from(b64, 'base64').toString('utf8');
+  const decode = (p: Raw | null): PhaseResult | null => p && ({
+    status: p.status, execution_time: p.execution_time, return_code: p.return_code, stdout: text(p.stdout_b64), stderr: text(p.stderr_b64),
+  });
+  const res = { compile: decode(raw.compile), run: decode(raw.run), files: raw.files };
   const compileFailed = res.compile !== null && !(res.compile.status === 'Finished' && res.compile.return_code === 0);
   const runOk = res.run !== null && res.run.status === 'Finished' && res.run.return_code === 0;
   const message = compileFailed ? (res.compile!.status === 'TimeLimitExceeded' ? 'compilation timed out' : 'compilation failed')
     : !res.run ? 'not run'
       : res.run.status === 'TimeLimitExceeded' ? 'time limit exceeded'
-        : res.run.return_code === -9 ? `killed by SIGKILL (the memory limit is ${req.memory_limit_MB} MiB)`
+        : res.run.return_code === -9 ? `killed by SIGKILL (by itself, or at the memory limit of ${memoryMb} MiB)`
           : res.run.return_code !== 0 ? `exited with ${res.run.return_code}` : '';
   return {
-    status: runOk && !compileFailed ? 'Success' : 'Failed', message,
+    status: runOk && !compileFailed ? 'Success' : 'Failed', message: [message, ...raw.notes].filter(Boolean).join('; '),
     compile_result: res.compile, run_result: res.run, executor_pod_name: null, files: res.files,
   };
 }

@@ -514,7 +514,7 @@ export class SandboxManager {
       argv: call.argv, ...(call.env ? { env: call.env } : {}), ...(call.cwd ? { cwd: call.cwd } : {}), ...(call.user ? { user: call.user } : {}),
       timeout_ms: call.timeoutMs ?? FNCALL_DEFAULT_TIMEOUT_MS,
     };
-    return this.runExec(sb, req, call.stdin, { ...(call.tmpBytes ? { tmpBytes: call.tmpBytes } : {}) });
+    return this.runExec(sb, req, call.stdin, { ...(call.tmpBytes ? { tmpBytes: call.tmpBytes } : {}), ...(call.scratch ? { scratch: call.scratch } : {}) });
   }
 
   /** Runs a command in a running sandbox through its driver (the exec path without the trajectory log). */

@@ -18,7 +18,9 @@
  *   --worker      an fncall worker: the spec granted CAP_SYS_ADMIN for isolated execs; the
  *                 agent drops it from its bounding set at start (no exec'd program can
  *                 ever hold it) and logs per-exec lines only for failures. Fatal (exit 1)
- *                 if it cannot isolate.
+ *                 if it cannot isolate. Every process it starts installs a second seccomp
+ *                 filter (worker_filter_install) that denies mount and mount_setattr,
+ *                 the two syscalls runc's filter leaves to a worker's agent.
  *
  * Lifecycle contracts:
  *   - As PID 1 it never exits: SIGTERM/SIGINT/SIGHUP are blocked (consumed through a
@@ -77,6 +79,10 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <stddef.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 
 /* Core scheduling (Linux 5.14, <linux/prctl.h>); values are the kernel ABI. */
 #ifndef PR_SCHED_CORE
@@ -392,6 +398,9 @@ static char g_isolate_why[160];
 /* --worker: no log line for an exec that starts and exits normally (a worker runs
  * ~1,000 calls/s; errors, timeouts and deaths by signal are still logged). */
 static int g_quiet_execs;
+/* --worker: every process the agent starts installs worker_filter before its command
+ * runs (see worker_filter_install). */
+static int g_worker_filter;
 /* Signals whose disposition was not SIG_DFL once the agent had set itself up; every exec
  * child resets exactly these (child_reset_signals). */
 static int g_sig_nondefault[64];
@@ -1507,6 +1516,39 @@ static void child_reset_signals(void)
 	sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
+/* A worker's second seccomp filter. runc's filter of a worker (daemon/security/seccomp.ts,
+ * WORKER_AGENT_SYSCALLS) leaves mount and mount_setattr allowed, because this agent and
+ * each isolated call's namespace init mount; every other denial of the default profile
+ * stays in force. This filter, installed in every process the agent starts before its
+ * command's execve, denies those two again with EPERM. seccomp filters stack and the
+ * strictest verdict wins, so a worker's commands run under the full default profile.
+ * Installing needs no privilege: runc set no_new_privs on the sandbox's init.
+ * Numbers: arch/x86/entry/syscalls/syscall_64.tbl (mount 165, mount_setattr 442; x32
+ * uses the same numbers with bit 30 set) and syscall_32.tbl (mount 21, mount_setattr 442).
+ * Any other architecture is refused by runc's filter already and passes here. */
+static int worker_filter_install(void)
+{
+	/* Jump offsets are relative to the next instruction. */
+	enum { I386 = 7, ALLOW32 = 11, DENY = 12 };
+	struct sock_filter f[] = {
+		/* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
+		/* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, I386 - 2),
+		/* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		/* 3 */ BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
+		/* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 165, DENY - 5, 0),
+		/* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 6, 0),
+		/* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_I386, 0, ALLOW32 - 8),
+		/* 8 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		/* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 21, DENY - 10, 0),
+		/* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 11, 0),
+		/* 11 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* 12 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+	};
+	struct sock_fprog prog = { .len = (unsigned short)(sizeof f / sizeof f[0]), .filter = f };
+	return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);
+}
+
 /* The second half: working directory, user, limits, fds, execve. */
 static void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
 {
@@ -1520,6 +1562,8 @@ static void __attribute__((noreturn)) child_run(const struct exec_req *r, int er
 	/* Everything the agent owns is already CLOEXEC; make sure nothing else leaks.
 	 * errfd must survive until execve, and CLOEXEC closes it exactly then. */
 	cloexec_from(3);
+	if (g_worker_filter && worker_filter_install() < 0)
+		child_fail(errfd, ST_SETUP, errno);
 	child_exec(r->argv, child_env_with_home(r->envp), errfd);
 	_exit(127);
 }
@@ -4075,6 +4119,7 @@ int main(int argc, char **argv)
 	if (worker && worker_setup() < 0)
 		return 1;
 	g_quiet_execs = worker;
+	g_worker_filter = worker;
 
 	int lfd = (int)listen_fd;
 	if (sock_opt(lfd, SO_ACCEPTCONN) <= 0) {

@@ -74,6 +74,11 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     const r = await raw(d, 'GET', '/v1/version', undefined, { 'x-big': 'x'.repeat(100_000) });
     expect(r.status).toBe(431);
     expect(r.json.error.code).toBe('InvalidArgument');
+    for (const url of [`/v1/trajectories/${'t'.repeat(2000)}`, `/v1/sandboxes/${'a'.repeat(2000)}`]) {
+      const long = await raw(d, 'GET', url);
+      expect(long.status).toBe(400);
+      expect(long.json.error).toMatchObject({ code: 'InvalidArgument', message: expect.any(String) });
+    }
   });
 
   it('DELETE on the collection is 405', async () => {

@@ -83,9 +83,47 @@ describe.skipIf(!IS_ROOT)('run_code (SandboxFusion)', () => {
     const r = await runCode({ code: 'x = bytearray(512 * 1024 * 1024)\nprint(len(x))', language: 'python', memory_limit_MB: 64 });
     expect(r.status).toBe('Failed');
     expect(r.run_result!.return_code).toBe(-9);
-    expect(r.message).toMatch(/memory limit is 64 MiB/);
+    expect(r.message).toMatch(/at the memory limit of 64 MiB/);
     // The pool stays healthy.
     expect((await runCode({ code: 'print(1)', language: 'python' })).status).toBe('Success');
+  });
+
+  it('a program cannot forge the result through the driver, and what it leaves behind dies with its phase', async () => {
+    const forge = [
+      'import os',
+      'try:',
+      '    open("/proc/%d/fd/1" % os.getppid(), "w").write("{}" + " " * 100)',
+      '    print("forged")',
+      'except OSError as e:',
+      '    print("denied", e.errno)',
+      'import sys; sys.exit(1)',
+    ].join('\n');
+    const r = await runCode({ code: forge, language: 'python' });
+    expect(r).toMatchObject({ status: 'Failed', run_result: { return_code: 1, stdout: 'denied 13\n' } });
+    const t0 = Date.now();
+    const daemon = await runCode({ code: '(setsid sleep 100 &) ; echo hi', language: 'bash', run_timeout: 1 });
+    expect(daemon).toMatchObject({ status: 'Success', run_result: { status: 'Finished', return_code: 0, stdout: 'hi\n' } });
+    expect(Date.now() - t0).toBeLessThan(10_000);
+    const flood = await runCode({ code: 'import sys\nwhile True: sys.stdout.write("x" * 65536)', language: 'python', run_timeout: 2 });
+    expect(flood.status).toBe('Failed');
+    expect(flood.message).toMatch(/run stdout truncated to 524288 bytes/);
+    expect(flood.run_result!.stdout!.length).toBe(524288);
+  });
+
+  it('kernel keyrings are out of reach, so no key can carry data to the next call', async () => {
+    const code = [
+      'import ctypes, os',
+      'libc = ctypes.CDLL(None, use_errno=True)',
+      'r = libc.syscall(248, b"user", b"carry", b"secret", 6, -3)  # add_key into the session keyring',
+      'print(r, ctypes.get_errno())',
+    ].join('\n');
+    const r = await runCode({ code, language: 'python' });
+    expect(r.run_result!.stdout).toBe('-1 1\n'); // EPERM from the seccomp profile
+  });
+
+  it('accepts SandboxFusion defaults: memory_limit_MB -1 and null files', async () => {
+    const r = await runCode({ code: 'print(open("a").read())', language: 'python', memory_limit_MB: -1, files: { a: Buffer.from('A').toString('base64'), b: null } });
+    expect(r).toMatchObject({ status: 'Success', run_result: { stdout: 'A\n' } });
   });
 
   it('refuses bad requests clearly', async () => {
@@ -95,6 +133,8 @@ describe.skipIf(!IS_ROOT)('run_code (SandboxFusion)', () => {
       [{ code: 'x', language: 'python', run_timeout: 86400 }, /run_timeout/],
       [{ code: 'x', language: 'python', files: { '../etc/passwd': 'eA==' } }, /relative/],
       [{ language: 'python' }, /code/],
+      [{ code: 'x', language: 'python', files: { d: 'eA==', 'd/x': 'eA==' } }, /"d" is a file/],
+      [{ code: 'x', language: 'python', stdin: 'x'.repeat(17 * 1024 * 1024) }, /stdin/],
     ] as const) {
       await expect(runCode(body)).rejects.toMatchObject({ code: 'InvalidArgument', message: expect.stringMatching(re) });
     }

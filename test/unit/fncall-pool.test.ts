@@ -21,9 +21,14 @@ class FakeHost implements WorkerHost {
   pending: Array<{ id: string; call: FncallCall; resolve: (r: ExecResult) => void; reject: (e: Error) => void }> = [];
   failCreate = false;
   private n = 0;
+  dead = new Set<string>();
   async resolveImage(ref: string) {
     if (ref === 'missing') throw notFound('image missing not found');
-    return ref.includes(':') ? ref : `${ref}:latest`;
+    const r = ref.includes(':') ? ref : `${ref}:latest`;
+    return { ref: r, key: `${r}@layers` };
+  }
+  alive(sb: SandboxRecord) {
+    return !this.dead.has(sb.id);
   }
   async createWorker(image: string) {
     if (this.failCreate) throw new DsecError('Internal', 'runc failed');
@@ -87,6 +92,42 @@ describe('FncallPools', () => {
     }
     expect(h.destroyed).toEqual(['w0', 'w1', 'w2']);
     expect(p.stats()[0].replaced).toBe(3);
+  });
+
+  it('skips a worker that died while idle, keeps one whose call was refused as a bad request', async () => {
+    const h = new FakeHost();
+    const p = new FncallPools(h, cfg({ maxWorkers: 1 }), pino({ level: 'silent' }));
+    const a = p.run(call());
+    await tick();
+    h.pending.shift()!.resolve(ok());
+    await a;
+    h.dead.add('w0');
+    const b = p.run(call());
+    await tick();
+    await tick();
+    expect(h.pending.map((x) => x.id)).toEqual(['w1']);
+    h.pending.shift()!.reject(new DsecError('InvalidArgument', 'chdir /nope: no such directory'));
+    await expect(b).rejects.toMatchObject({ kind: 'InvalidArgument' });
+    expect(h.destroyed).toEqual(['w0']);
+    expect(p.stats()[0]).toMatchObject({ idle: 1, replaced: 1 });
+  });
+
+  it('bounds the wait for a worker by the call timeout, and drops a queued call whose caller went away', async () => {
+    const h = new FakeHost();
+    const p = new FncallPools(h, cfg({ maxWorkers: 1 }), pino({ level: 'silent' }));
+    const busy = p.run(call());
+    await tick();
+    await expect(p.run(call('busybox', { timeoutMs: 20 }))).rejects.toMatchObject({ kind: 'DeadlineExceeded' });
+    const gone = new AbortController();
+    const q = p.run(call('busybox', { argv: ['abandoned'] }), gone.signal);
+    await tick();
+    gone.abort();
+    await expect(q).rejects.toMatchObject({ kind: 'Unavailable' });
+    expect(p.stats()[0].queued).toBe(0);
+    h.pending.shift()!.resolve(ok());
+    await busy;
+    await tick();
+    expect(h.pending).toEqual([]); // the abandoned call never ran
   });
 
   it('sets the memory limit only when a call asks for a different one', async () => {

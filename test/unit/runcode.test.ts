@@ -12,8 +12,9 @@ function pools(answer: (c: FncallCall) => Partial<ExecResult>, images = new Set(
   const host: WorkerHost = {
     resolveImage: async (ref) => {
       if (!images.has(ref)) throw notFound(`image ${ref} not found`);
-      return ref;
+      return { ref, key: ref };
     },
+    alive: () => true,
     createWorker: async () => ({ id: 'w' }) as SandboxRecord,
     destroyWorker: async () => {},
     setMemoryLimit: async () => {},
@@ -29,7 +30,7 @@ function pools(answer: (c: FncallCall) => Partial<ExecResult>, images = new Set(
   return { p, calls };
 }
 const b64 = (o: unknown) => Buffer.from(JSON.stringify(o)).toString('base64');
-const phase = (rc: number, status = 'Finished') => ({ status, execution_time: 0.01, return_code: rc, stdout: '', stderr: '' });
+const phase = (rc: number, status = 'Finished') => ({ status, execution_time: 0.01, return_code: rc, stdout_b64: Buffer.from('out').toString('base64'), stderr_b64: '' });
 
 describe('run_code', () => {
   it('parses SandboxFusion requests with their defaults and ignores unknown fields', () => {
@@ -40,19 +41,20 @@ describe('run_code', () => {
   });
 
   it('sends the driver the language recipe, limits and timeouts; maps results to SandboxFusion statuses', async () => {
-    const { p, calls } = pools(() => ({ stdout_b64: b64({ compile: phase(0), run: phase(0), files: {} }) }));
+    const { p, calls } = pools(() => ({ stdout_b64: b64({ compile: phase(0), run: phase(0), files: {}, notes: [] }) }));
     const r = await runCode(p, RunCodeRequest.parse({ code: 'int main(){}', language: 'c', run_timeout: 2, compile_timeout: 3, memory_limit_MB: 128 }));
-    expect(r).toMatchObject({ status: 'Success', message: '', executor_pod_name: null });
+    expect(r).toMatchObject({ status: 'Success', message: '', executor_pod_name: null, run_result: { stdout: 'out', stderr: '' } });
     const input = JSON.parse(calls[0].stdin!.toString());
     expect(input).toMatchObject({ file: 'main.c', run: ['./main'], compile_timeout: 3, run_timeout: 2 });
-    expect(calls[0]).toMatchObject({ image: 'judge:bookworm', memoryBytes: (128 + 64) * 1024 * 1024, timeoutMs: 35_000, argv: ['python3', '-c', expect.any(String)] });
+    expect(calls[0]).toMatchObject({ image: 'judge:bookworm', memoryBytes: (128 + 64) * 1024 * 1024, argv: ['python3', '-c', expect.any(String)], scratch: [{ path: '/tmp/io' }] });
+    expect(input.uid).toBe(65534);
   });
 
   it('compile failure, time limit and non-zero exit are Failed; a broken driver is SandboxError', async () => {
     const cases: Array<[unknown, string, string]> = [
-      [{ compile: phase(1), run: null, files: {} }, 'Failed', 'compilation failed'],
-      [{ compile: null, run: phase(-9, 'TimeLimitExceeded'), files: {} }, 'Failed', 'time limit exceeded'],
-      [{ compile: null, run: phase(2), files: {} }, 'Failed', 'exited with 2'],
+      [{ compile: phase(1), run: null, files: {}, notes: [] }, 'Failed', 'compilation failed'],
+      [{ compile: null, run: phase(-9, 'TimeLimitExceeded'), files: {}, notes: [] }, 'Failed', 'time limit exceeded'],
+      [{ compile: null, run: phase(2), files: {}, notes: [] }, 'Failed', 'exited with 2'],
     ];
     for (const [res, status, message] of cases) {
       const { p } = pools(() => ({ stdout_b64: b64(res) }));
@@ -66,7 +68,7 @@ describe('run_code', () => {
     const { p } = pools(() => ({}), new Set());
     await expect(runCode(p, RunCodeRequest.parse({ code: 'x', language: 'cobol' }))).rejects.toMatchObject({ kind: 'InvalidArgument' });
     await expect(runCode(p, RunCodeRequest.parse({ code: 'x', language: 'bash' }))).rejects.toMatchObject({ kind: 'FailedPrecondition', message: expect.stringMatching(/dsec image bootstrap judge/) });
-    const custom = pools(() => ({ stdout_b64: b64({ compile: null, run: phase(0), files: {} }) }), new Set(['py:3']));
+    const custom = pools(() => ({ stdout_b64: b64({ compile: null, run: phase(0), files: {}, notes: [] }) }), new Set(['py:3']));
     expect((await runCode(custom.p, RunCodeRequest.parse({ code: 'x', language: 'python' }), { python: 'py:3' })).status).toBe('Success');
   });
 });

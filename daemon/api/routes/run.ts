@@ -28,7 +28,14 @@ export function registerRunCodeRoute(app: FastifyInstance, deps: Pick<ApiDeps, '
 
 /** Registers the run routes. */
 export function registerRunRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  app.post(runRoute.url, async (req) => runOnce(deps.manager, deps.fncall, parseWith(RunRequest, req.body, 'run request')));
+  app.post(runRoute.url, async (req, reply) => {
+    const body = parseWith(RunRequest, req.body, 'run request');
+    const gone = new AbortController();
+    reply.raw.on('close', () => {
+      if (!reply.raw.writableFinished) gone.abort();
+    });
+    return runOnce(deps.manager, deps.fncall, body, gone.signal);
+  });
   // `::` is fastify's escape for a literal colon in a path.
   app.post(batchRoute.url.replace(':', '::'), async (req) => {
     const b = parseWith(RunBatchRequest, req.body, 'batch request');

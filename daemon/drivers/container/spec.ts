@@ -27,7 +27,13 @@
  * (`root.readonly`): nothing a call writes outside its fresh tmpfs mounts can reach the
  * next call (the agent also makes every mount read-only inside each call). Everything
  * else is the spec of an ordinary sandbox; without `worker` the spec is unchanged.
+ *
+ * seccomp: every sandbox gets `linux.seccomp` from daemon/security/seccomp.ts (the default
+ * profile with the image's and the sandbox's overrides). A worker's filter leaves mount
+ * and mount_setattr to its agent, which re-denies them with a second filter in every
+ * process it starts (see that module).
  */
+import { buildSeccomp, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
 export const AGENT_PATH = '/dev/.dsec-agent';
@@ -102,6 +108,13 @@ export interface SpecInput {
    * and `--worker`, the root filesystem is read-only. Default false: an ordinary sandbox.
    */
   worker?: boolean;
+  /** seccomp overrides of the sandbox's image and of the sandbox (daemon/security/seccomp.ts). */
+  seccomp?: { image?: SeccompOverride; sandbox?: SeccompOverride };
+  /**
+   * The `linux.seccomp` object to use as is (tests); default: built from the default
+   * profile, {@link SpecInput.seccomp} and {@link SpecInput.worker}.
+   */
+  seccompFilter?: OciSeccomp;
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -165,6 +178,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
+      seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker }),
     },
   };
 }

@@ -1,0 +1,125 @@
+/*
+ * Seccomp probe for test/attacks/seccomp.test.ts: performs the named system call (or
+ * ioctl) once, with arguments that would otherwise fail harmlessly, and prints
+ * "<name> <errno name>" (or "<name> ok"). Built static on the host (gcc -static) and
+ * copied into the sandbox. Every call is harmless when it succeeds: the test only cares
+ * whether the filter answered EPERM before the kernel looked at the arguments.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <sys/syscall.h>
+
+static const char *ename(int e)
+{
+	switch (e) {
+	case 0: return "ok";
+	case EPERM: return "EPERM";
+	case ENOSYS: return "ENOSYS";
+	case EINVAL: return "EINVAL";
+	case ENOTTY: return "ENOTTY";
+	case EBADF: return "EBADF";
+	case EFAULT: return "EFAULT";
+	case ENOENT: return "ENOENT";
+	case EACCES: return "EACCES";
+	case EOPNOTSUPP: return "EOPNOTSUPP";
+	default: return strerror(e);
+	}
+}
+
+static long ioctl_probe(unsigned long cmd)
+{
+	static char buf[4096];
+	int fd = open("/tmp/.seccomp-probe", O_RDWR | O_CREAT, 0600);
+	if (fd < 0)
+		fd = 0;
+	return syscall(SYS_ioctl, fd, cmd, buf);
+}
+
+int main(int argc, char **argv)
+{
+	if (argc < 2) {
+		fprintf(stderr, "usage: probe NAME\n");
+		return 2;
+	}
+	const char *n = argv[1];
+	static char buf[4096];
+	long rc;
+	errno = 0;
+	if (!strcmp(n, "mount"))
+		rc = syscall(SYS_mount, "none", "/tmp", "tmpfs", 0UL, NULL);
+	else if (!strcmp(n, "umount2"))
+		rc = syscall(SYS_umount2, "/proc", 0);
+	else if (!strcmp(n, "mount_setattr"))
+		rc = syscall(SYS_mount_setattr, -1, "", 0, NULL, 0UL);
+	else if (!strcmp(n, "open_tree"))
+		rc = syscall(SYS_open_tree, -1, "/", 0);
+	else if (!strcmp(n, "fsopen"))
+		rc = syscall(SYS_fsopen, "tmpfs", 0);
+	else if (!strcmp(n, "pivot_root"))
+		rc = syscall(SYS_pivot_root, "/", "/");
+	else if (!strcmp(n, "bpf"))
+		rc = syscall(SYS_bpf, 0 /* BPF_MAP_CREATE */, buf, 16);
+	else if (!strcmp(n, "keyctl"))
+		rc = syscall(SYS_keyctl, 0 /* KEYCTL_GET_KEYRING_ID */, -3, 0);
+	else if (!strcmp(n, "add_key"))
+		rc = syscall(SYS_add_key, "user", "x", "y", 1, -3);
+	else if (!strcmp(n, "userfaultfd"))
+		rc = syscall(SYS_userfaultfd, 0);
+	else if (!strcmp(n, "perf_event_open"))
+		rc = syscall(SYS_perf_event_open, buf, 0, -1, -1, 0);
+	else if (!strcmp(n, "io_uring_setup"))
+		rc = syscall(SYS_io_uring_setup, 1, buf);
+	else if (!strcmp(n, "open_by_handle_at"))
+		rc = syscall(SYS_open_by_handle_at, -1, buf, 0);
+	else if (!strcmp(n, "kexec_load"))
+		rc = syscall(SYS_kexec_load, 0UL, 0UL, NULL, 0UL);
+	else if (!strcmp(n, "init_module"))
+		rc = syscall(SYS_init_module, buf, 0UL, "");
+	else if (!strcmp(n, "ptrace"))
+		rc = syscall(SYS_ptrace, 0 /* PTRACE_TRACEME */, 0, 0, 0);
+	else if (!strcmp(n, "pidfd_getfd"))
+		rc = syscall(SYS_pidfd_getfd, -1, 0, 0);
+	else if (!strcmp(n, "process_vm_readv"))
+		rc = syscall(SYS_process_vm_readv, 1, NULL, 0, NULL, 0, 0);
+	else if (!strcmp(n, "setns"))
+		rc = syscall(SYS_setns, -1, 0);
+	else if (!strcmp(n, "unshare_user"))
+		rc = syscall(SYS_unshare, CLONE_NEWUSER);
+	else if (!strcmp(n, "clone_user"))
+		rc = syscall(SYS_clone, (unsigned long)(CLONE_NEWUSER | 17 /* SIGCHLD */), NULL, NULL, NULL, NULL);
+	else if (!strcmp(n, "clone3"))
+		rc = syscall(SYS_clone3, NULL, 0UL);
+	else if (!strcmp(n, "swapon"))
+		rc = syscall(SYS_swapon, "/nonexistent", 0);
+	else if (!strcmp(n, "syslog"))
+		rc = syscall(SYS_syslog, 10 /* SYSLOG_ACTION_SIZE_BUFFER */, NULL, 0);
+	else if (!strcmp(n, "settimeofday"))
+		rc = syscall(SYS_settimeofday, NULL, NULL);
+	else if (!strcmp(n, "XFS_IOC_SWAPEXT"))
+		rc = ioctl_probe(0xc0c0586dUL);
+	else if (!strcmp(n, "XFS_IOC_SWAPEXT_HIBITS")) /* the kernel truncates cmd to 32 bits */
+		rc = ioctl_probe(0xffffffff00000000UL | 0xc0c0586dUL);
+	else if (!strcmp(n, "XFS_IOC_EXCHANGE_RANGE"))
+		rc = ioctl_probe(0x40285881UL);
+	else if (!strcmp(n, "FIFREEZE"))
+		rc = ioctl_probe(0xc0045877UL);
+	else if (!strcmp(n, "XFS_IOC_GOINGDOWN"))
+		rc = ioctl_probe(0x8004587dUL);
+	else if (!strcmp(n, "TIOCSTI"))
+		rc = ioctl_probe(0x5412UL);
+	else if (!strcmp(n, "FIONREAD")) /* control: an ordinary ioctl still reaches the filesystem */
+		rc = ioctl_probe(0x541bUL);
+	else if (!strcmp(n, "getpid")) /* control */
+		rc = syscall(SYS_getpid);
+	else {
+		fprintf(stderr, "unknown probe %s\n", n);
+		return 2;
+	}
+	printf("%s %s\n", n, rc < 0 ? ename(errno) : "ok");
+	return 0;
+}

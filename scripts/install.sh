@@ -24,9 +24,10 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # toolchain with a static libc for the agent, util-linux(-extra: fincore)/iproute2 for
 # tests, podman and bubblewrap as benchmark peers, systemd for `systemd-analyze verify`,
 # debootstrap for the Debian base image, zstd and attr for layer import, criu so that
-# process checkpoints are offered where `criu check` passes.
+# process checkpoints are offered where `criu check` passes, apparmor for apparmor_parser
+# (per-sandbox profiles are compiled everywhere and loaded only where the kernel has AppArmor).
 PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
-      debootstrap zstd attr criu)
+      debootstrap zstd attr criu apparmor)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -42,6 +42,11 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
   const backends = makeTable(['BACKEND', 'AVAILABLE', 'REASON'], { color });
   for (const [name, b] of Object.entries(h.backends)) backends.push([name, b.available ? 'yes' : 'no', b.reason ?? '-']);
   out += '\n' + tableText(backends);
+  if (h.fncall_pools?.length) {
+    const pools = makeTable(['FNCALL POOL', 'WORKERS', 'IDLE', 'BUSY', 'QUEUED', 'CALLS', 'REPLACED'], { color });
+    for (const p of h.fncall_pools) pools.push([p.image, String(p.workers), String(p.idle), String(p.busy), String(p.queued), String(p.calls), String(p.replaced)]);
+    out += '\n' + tableText(pools);
+  }
   if (h.features && Object.keys(h.features).length) {
     const features = makeTable(['FEATURE', 'AVAILABLE', 'REASON'], { color });
     for (const [name, f] of Object.entries(h.features)) features.push([name, f.available ? 'yes' : 'no', f.reason ?? '-']);

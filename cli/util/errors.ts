@@ -130,6 +130,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (job) return 'list leases with `dsec job ls`';
       if (snapshot && verb !== 'snapshot create') return 'list snapshots with `dsec snapshot ls`';
       if (traj) return 'list trajectories with `dsec traj ls`';
+      if (verb === 'call') return 'list images with `dsec images`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;

@@ -271,6 +271,10 @@ export const HostInfo = z.object({
   backends: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() })),
   uid_pool: z.object({ base: z.number().int(), size: z.number().int(), range_size: z.number().int(), in_use: z.number().int(), free: z.number().int() }),
   sandboxes: z.record(z.string(), z.number().int()).describe('Count by state.'),
+  fncall_pools: z.array(z.object({
+    image: z.string(), workers: z.number().int(), idle: z.number().int(), busy: z.number().int(), starting: z.number().int(),
+    queued: z.number().int(), calls: z.number().int().describe('Calls served since dsecd started.'), replaced: z.number().int().describe('Workers replaced (OOM, lost agent, call budget, idle).'),
+  })).describe('The fncall worker pools, one per image content.'),
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
     .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),

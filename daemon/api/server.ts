@@ -72,7 +72,8 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
   else if (e && typeof e === 'object' && 'statusCode' in e && typeof (e as { statusCode: unknown }).statusCode === 'number' && (e as { statusCode: number }).statusCode < 500) {
     // fastify's own client errors (body too large, bad content type, malformed JSON)
     const fe = e as { statusCode: number; message: string };
-    err = new DsecError(fe.statusCode === 413 ? 'ResourceExhausted' : 'InvalidArgument', fe.message);
+    // A body over the limit never succeeds on retry: InvalidArgument, not the retryable ResourceExhausted.
+    err = new DsecError('InvalidArgument', fe.statusCode === 413 ? `request body larger than ${BODY_LIMIT_BYTES} bytes` : fe.message);
   } else {
     log.error({ err: e, url: req?.url }, 'internal error');
     err = new DsecError('Internal', `internal error: ${(e as Error)?.message ?? String(e)}`);

@@ -124,6 +124,8 @@ export class FncallPools {
   private readonly pools = new Map<string, Pool>();
   private timer: NodeJS.Timeout | null = null;
   private closed = false;
+  /** Destroys in flight (see {@link retire}). */
+  private readonly retiring = new Set<Promise<unknown>>();
 
   constructor(private readonly host: WorkerHost, readonly config: FncallPoolConfig, private readonly log: Logger) {}
 
@@ -267,7 +269,7 @@ export class FncallPools {
       return;
     }
     pool.replaced += 1;
-    void this.host.destroyWorker(w.sb.id).catch((e) => this.log.error({ err: e, id: w.sb.id }, 'destroying an fncall worker failed'));
+    this.retire(w);
     // Keep serving the queue: a replacement starts at once when calls are waiting.
     if (pool.queue.length > 0 && pool.size < this.config.maxWorkers) void this.grow(pool);
   }
@@ -283,7 +285,7 @@ export class FncallPools {
       while (pool.idle.length > this.config.minIdle && now - pool.idle[0].lastUsed >= this.config.idleMs) {
         const w = pool.idle.shift()!;
         gone.push(w.sb.id);
-        await this.host.destroyWorker(w.sb.id).catch((e) => this.log.error({ err: e, id: w.sb.id }, 'destroying an idle fncall worker failed'));
+        this.retire(w);
       }
     }
     return gone;
@@ -304,14 +306,27 @@ export class FncallPools {
     return ids;
   }
 
-  /** Stops the sweep, fails queued calls, destroys idle workers. Busy ones are destroyed as their calls end. */
+  /** Destroys a worker in the background; {@link close} waits for every such destroy. */
+  private retire(w: Worker): void {
+    const p = this.host.destroyWorker(w.sb.id).catch((e) => this.log.error({ err: e, id: w.sb.id }, 'destroying an fncall worker failed'));
+    this.retiring.add(p);
+    void p.finally(() => this.retiring.delete(p));
+  }
+
+  /**
+   * Stops the sweep, fails queued calls and destroys every worker: idle ones, and busy
+   * ones too (their calls end with Unavailable; the API has drained requests before
+   * this runs). Resolves when every destroy has finished, so nothing outlives dsecd.
+   */
   async close(): Promise<void> {
     this.closed = true;
     if (this.timer) clearInterval(this.timer);
     this.timer = null;
     for (const p of this.pools.values()) {
       for (const q of p.queue.splice(0)) q.reject(unavailable('dsecd is shutting down'));
-      for (const w of p.idle.splice(0)) await this.host.destroyWorker(w.sb.id).catch(() => {});
+      for (const w of [...p.idle.splice(0), ...p.busy]) this.retire(w);
+      p.busy.clear();
     }
+    while (this.retiring.size) await Promise.all([...this.retiring]);
   }
 }

@@ -126,6 +126,9 @@ describe.skipIf(!IS_ROOT)('fncall tier', () => {
     const { results } = await post<{ results: Array<{ ok: boolean; result?: Result }> }>('/v1/run:batch', { calls: [...calls, { backend: 'fncall', image: 'nope', argv: ['true'] }] });
     expect(results.slice(0, 50).map((r) => out(r.result!))).toEqual(calls.map((_, i) => `${i}\n`));
     expect(results[50]).toMatchObject({ ok: false, error: { code: 'NotFound' } });
+    const info = await d.client.hostInfo();
+    expect(info.fncall_pools).toEqual([expect.objectContaining({ image: 'busybox:latest', workers: 1, queued: 0 })]);
+    expect(info.fncall_pools[0].calls).toBeGreaterThanOrEqual(60);
   });
 
   it('10,000 calls in a row leave no fd, pid, mount or cgroup behind', async () => {

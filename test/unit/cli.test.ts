@@ -192,6 +192,7 @@ describe('version and host info', () => {
       backends: { container: { available: true, reason: null }, microvm: { available: false, reason: 'no /dev/vhost-vsock' } },
       uid_pool: { base: 100000, size: 6553600, range_size: 65536, in_use: 3, free: 97 },
       sandboxes: { running: 3 },
+      fncall_pools: [{ image: 'busybox:latest', workers: 2, idle: 1, busy: 1, starting: 0, queued: 3, calls: 1234, replaced: 1 }],
       features: { filesystem_snapshots: { available: true, reason: null }, process_checkpoints: { available: false, reason: 'criu check failed on this kernel: vdso' } },
       defences: { seccomp: { enforced: true, detail: 'default profile' }, apparmor: { enforced: false, detail: 'kernel lacks AppArmor' } },
     };
@@ -204,6 +205,7 @@ describe('version and host info', () => {
     expect(r.out).toMatch(/^microvm\s+no\s+no \/dev\/vhost-vsock$/m);
     expect(r.out).toMatch(/^apparmor\s+no\s+kernel lacks AppArmor$/m);
     expect(r.out).toMatch(/^process_checkpoints\s+no\s+criu check failed on this kernel: vdso$/m);
+    expect(r.out).toMatch(/^busybox:latest\s+2\s+1\s+1\s+3\s+1234\s+1$/m);
     expect(r.out).not.toMatch(/\x1b\[/);
     expect(JSON.parse((await dsec(['--json', 'host', 'info'])).out)).toEqual(host);
   });

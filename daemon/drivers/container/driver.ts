@@ -9,6 +9,7 @@
  *   upper/ work/  the writable layer; survives stop/start, removed by destroy
  *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
  *   agent.log     the agent's stderr; runtime.log the runtime's log
+ *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
  */
 import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
@@ -24,6 +25,7 @@ import type { SandboxRecord } from '../../sandbox/repo.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
 import type { DriverCapabilities, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
 import { buildSpec } from './spec.js';
+import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 
@@ -41,6 +43,13 @@ export interface ContainerDriverDeps {
   agentBinary: string;
   /** Give each sandbox its own core-scheduling cookie (only where the kernel has core scheduling). */
   coreScheduling: boolean;
+  /**
+   * Per-sandbox AppArmor profiles (daemon/security/apparmor.ts): the instance name (part
+   * of each profile's name) and the API socket's directory (denied in the profile).
+   * Applied only when given *and* the kernel has AppArmor; otherwise no profile is
+   * generated at create and the spec names none.
+   */
+  apparmor?: { instance: string; socketDir: string };
   log: Logger;
 }
 
@@ -75,7 +84,22 @@ export class ContainerDriver implements SandboxDriver {
   /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
   private readonly held = new Map<string, string[]>();
 
-  constructor(private readonly d: ContainerDriverDeps) {}
+  /** AppArmor is detected once, at construction (see {@link ContainerDriverDeps.apparmor}). */
+  private readonly apparmorKernel: boolean;
+
+  constructor(private readonly d: ContainerDriverDeps) {
+    this.apparmorKernel = kernelHasAppArmor();
+  }
+
+  /**
+   * Whether sandboxes get a loaded AppArmor profile, and why (for `dsec host info`):
+   * only with an AppArmor kernel and the instance's settings given.
+   */
+  apparmorStatus(): { enforced: boolean; detail: string } {
+    if (!this.apparmorKernel) return { enforced: false, detail: 'kernel has no AppArmor; per-sandbox profiles are generated and compiled (apparmor_parser -Q), not loaded' };
+    if (!this.d.apparmor) return { enforced: false, detail: 'kernel has AppArmor, but the container driver was not given the instance settings to generate profiles' };
+    return { enforced: true, detail: 'per-sandbox profile dsec-<instance>-<id> loaded (apparmor_parser -r) and set as process.apparmorProfile: denies /proc/sys and /sys writes, kcore/sysrq, raw and packet sockets, mount/umount/pivot_root, ptrace and signals outside the profile' };
+  }
 
   /** `<root>/sandboxes`. */
   get sandboxesDir(): string {
@@ -146,6 +170,15 @@ export class ContainerDriver implements SandboxDriver {
    */
   private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<InitInfo> {
     const dir = this.dir(sb.id);
+    // AppArmor: only where the kernel has it (never here): render, compile, load, attach.
+    let apparmorProfile: string | undefined;
+    if (this.apparmorKernel && this.d.apparmor) {
+      const p = await prepareSandboxProfile({
+        root: this.d.root, instance: this.d.apparmor.instance, socketDir: this.d.apparmor.socketDir,
+        sandboxId: sb.id, worker: sb.backend === 'fncall',
+      });
+      apparmorProfile = p.name;
+    }
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),
@@ -161,6 +194,7 @@ export class ContainerDriver implements SandboxDriver {
       coreScheduling: this.d.coreScheduling,
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
+      apparmorProfile,
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');
@@ -259,6 +293,8 @@ export class ContainerDriver implements SandboxDriver {
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
     fp.hit('destroy.after-cgroup');
+    if (this.apparmorKernel && this.d.apparmor)
+      await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
     await removeSandboxDir(this.dir(sb.id));
     fp.hit('destroy.after-dir');
   }

@@ -32,6 +32,10 @@
  * profile with the image's and the sandbox's overrides). A worker's filter leaves mount
  * and mount_setattr to its agent, which re-denies them with a second filter in every
  * process it starts (see that module).
+ *
+ * AppArmor: `process.apparmorProfile` only when the caller passes a loaded profile's name
+ * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
+ * AppArmor (daemon/security/apparmor.ts). Elsewhere the spec never names one.
  */
 import { buildSeccomp, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
 
@@ -115,6 +119,13 @@ export interface SpecInput {
    * profile, {@link SpecInput.seccomp} and {@link SpecInput.worker}.
    */
   seccompFilter?: OciSeccomp;
+  /**
+   * Name of the sandbox's loaded AppArmor profile (daemon/security/apparmor.ts), set as
+   * `process.apparmorProfile`. Only given where the kernel has AppArmor and the profile
+   * is loaded: runc fails to start a container whose profile it cannot apply. Default:
+   * none, and the spec has no `apparmorProfile` key.
+   */
+  apparmorProfile?: string;
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -148,6 +159,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
   // Leaving SCHED_IDLE without CAP_SYS_NICE needs RLIMIT_NICE ≥ 20 − nice; 0 closes that
   // door whatever limit dsecd itself inherited (e.g. systemd's LimitNICE=).
   if (batch) proc.rlimits = [{ type: 'RLIMIT_NICE', hard: 0, soft: 0 }];
+  if (i.apparmorProfile) proc.apparmorProfile = i.apparmorProfile;
   const resources: Record<string, unknown> = {
     memory: { limit: i.memoryBytes },
     cpu,

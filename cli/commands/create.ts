@@ -31,6 +31,10 @@ export interface CreateFlags {
   label?: Record<string, string>;
   /** `--env`, accumulated. */
   env?: Record<string, string>;
+  /** `--seccomp-allow`, accumulated syscall names. */
+  seccompAllow?: string[];
+  /** `--seccomp-deny`, accumulated syscall names. */
+  seccompDeny?: string[];
   /** `--ttl`, ms (whole seconds). */
   ttl?: number;
   /** `--priority`. */
@@ -75,6 +79,8 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl))
     .option('--priority <class>', `scheduling class: ${PRIORITIES.join(' or ')}; batch runs at SCHED_IDLE with minimal CPU shares, so it never delays latency sandboxes (default latency)`, flag('--priority', parsePriority))
+    .option('--seccomp-allow <syscall>', 'lift the default seccomp profile\'s denial of this syscall (e.g. ptrace for a debugger task), repeatable', flag('--seccomp-allow', collectSyscall))
+    .option('--seccomp-deny <syscall>', 'also deny this syscall (EPERM), repeatable', flag('--seccomp-deny', collectSyscall))
     .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds); `dsec resume` thaws it', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));
 }
 
@@ -91,7 +97,16 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);
   if (f.priority !== undefined) req.priority = f.priority;
   if (f.idleTimeout !== undefined) req.idle_timeout_s = f.idleTimeout;
+  if (f.seccompAllow !== undefined || f.seccompDeny !== undefined) {
+    req.seccomp = { ...(f.seccompAllow ? { allow: f.seccompAllow } : {}), ...(f.seccompDeny ? { deny: f.seccompDeny } : {}) };
+  }
   return req;
+}
+
+/** Commander collector for repeatable syscall names (`--seccomp-allow ptrace`). */
+function collectSyscall(text: string, prev: string[] | undefined): string[] {
+  if (!/^[a-z_][a-z0-9_]*$/.test(text)) throw new UserError(`${JSON.stringify(text)} is not a syscall name`, 'names are lowercase, e.g. ptrace or io_uring_setup');
+  return [...(prev ?? []), text];
 }
 
 /** Adds `create` to `parent`. */

@@ -9,6 +9,7 @@
  */
 import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
+import { SeccompOverrideSchema } from '../security/seccomp.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -92,6 +93,8 @@ export const CreateSandboxRequest = z
     ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after creation when the sandbox is destroyed.'),
     priority: z.enum(['latency', 'batch']).optional().describe('latency (default) or batch: SCHED_IDLE and minimal CPU shares, so batch work never delays latency sandboxes.'),
     idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Pause the sandbox after this many seconds without an exec.'),
+    seccomp: SeccompOverrideSchema.optional().describe(
+      'Changes to the default seccomp profile (docs/SECURITY.md): `allow` lifts every denial of the named syscalls (e.g. ["ptrace"] for a debugger task), `deny` adds EPERM denials.'),
   })
   .strict();
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
@@ -119,6 +122,7 @@ export const Sandbox = z.object({
   idle_timeout_s: z.number().int().nullable(),
   last_active_at: z.number().int().nullable().describe('Start of the last exec, ms since the epoch.'),
   snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
+  seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 
@@ -502,6 +506,7 @@ const restoreFields = {
   ttl_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Seconds after the new sandbox is created when it is destroyed; default none.'),
   priority: z.enum(['latency', 'batch']).optional(),
   idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional(),
+  seccomp: SeccompOverrideSchema.optional().describe('Seccomp override of the new sandbox(es); default none (the default profile).'),
 };
 
 /** POST /v1/snapshots/{ref}/restore request (the body is optional). */

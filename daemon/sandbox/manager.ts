@@ -177,6 +177,7 @@ export class SandboxManager {
       idleTimeoutS: req.idle_timeout_s ?? null,
       createdAt: Date.now(),
       snapshotId: src.snapshotId,
+      seccomp: req.seccomp ?? null,
     });
     this.d.failpoints.hit('create.after-intent');
     await this.d.images.syncLeases(this.layersInUse());
@@ -728,6 +729,7 @@ export class SandboxManager {
       backend: snap.backend, image: snap.image, cpus: req.cpus ?? snap.cpus, memory_bytes: req.memory_bytes ?? snap.memoryBytes, pids: req.pids ?? snap.pids,
       labels: req.labels ?? snap.labels, env: { ...snap.env, ...(req.env ?? {}) }, priority: req.priority ?? snap.priority,
       ...(req.ttl_s !== undefined ? { ttl_s: req.ttl_s } : {}), ...(req.idle_timeout_s !== undefined ? { idle_timeout_s: req.idle_timeout_s } : {}),
+      ...(req.seccomp !== undefined ? { seccomp: req.seccomp } : {}),
     };
   }
 

@@ -2,6 +2,7 @@
  * Typed access to the sandbox rows, uid ranges and events in the store. Every write
  * that changes a sandbox's state checks the state machine (daemon/sandbox/state.ts).
  */
+import type { SeccompOverride } from '../security/seccomp.js';
 import type { Db } from '../store/db.js';
 import type { Backend, Event, Sandbox, SandboxState } from '../api/schema.js';
 import { assertTransition } from './state.js';
@@ -49,6 +50,8 @@ export interface SandboxRecord {
   lastActiveAt: number | null;
   /** Snapshot this sandbox was restored or forked from, or null. */
   snapshotId: string | null;
+  /** Changes to the default seccomp profile for this sandbox (daemon/security/seccomp.ts), or null. */
+  seccomp: SeccompOverride | null;
 }
 
 /** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
@@ -67,7 +70,7 @@ interface Row {
   desired: string | null; acknowledged: number; cpus: number; memory_bytes: number; pids: number;
   labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
   init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
-  priority: string; idle_timeout_s: number | null; last_active_at: number | null; snapshot_id: string | null;
+  priority: string; idle_timeout_s: number | null; last_active_at: number | null; snapshot_id: string | null; seccomp: string | null;
 }
 
 function decode(r: Row): SandboxRecord {
@@ -97,6 +100,7 @@ function decode(r: Row): SandboxRecord {
     idleTimeoutS: r.idle_timeout_s,
     lastActiveAt: r.last_active_at,
     snapshotId: r.snapshot_id,
+    seccomp: r.seccomp ? JSON.parse(r.seccomp) : null,
   };
 }
 
@@ -124,6 +128,7 @@ export function toApi(s: SandboxRecord): Sandbox {
     idle_timeout_s: s.idleTimeoutS,
     last_active_at: s.lastActiveAt,
     snapshot: s.snapshotId,
+    seccomp: s.seccomp,
   };
 }
 
@@ -298,19 +303,19 @@ export class SandboxRepo {
    * uid range, in one transaction, before anything is done on the host.
    * @throws DsecError ResourceExhausted when the uid pool has no free range.
    */
-  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId'> & { snapshotId?: string | null }): SandboxRecord {
+  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp'> & { snapshotId?: string | null; seccomp?: SeccompOverride | null }): SandboxRecord {
     const base = this.pickBase();
     const now = rec.createdAt;
     this.db.transaction(() => {
       this.db
         .prepare(
           `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id)
-           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp)
+           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
           rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
-          rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null);
+          rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null);
       this.db.prepare('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);

@@ -139,4 +139,11 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    version: 5,
+    description: 'per-sandbox seccomp override',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN seccomp TEXT;                         -- JSON {allow?, deny?} over the default profile, else NULL
+    `,
+  },
 ];

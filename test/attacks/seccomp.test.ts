@@ -92,6 +92,23 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     await d.client.deleteSandbox(id, { force: true });
   }, 120_000);
 
+  it('a per-sandbox override lifts and adds denials, kept across stop/start; bad names are refused', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', seccomp: { allow: ['ptrace'], deny: ['getpid'] } });
+    expect(sb.seccomp).toEqual({ allow: ['ptrace'], deny: ['getpid'] });
+    const run = async () => parse((await d.client.exec(sb.id, { argv: ['sh', '-c', 'cat > /tmp/probe && chmod +x /tmp/probe && for n in ptrace getpid keyctl; do /tmp/probe $n; done'], stdin: probe })).stdout.toString());
+    const check = (got: Map<string, string>) => {
+      expect(got.get('ptrace')).not.toBe('EPERM'); // PTRACE_TRACEME is allowed now
+      expect(got.get('getpid')).toBe('EPERM');
+      expect(got.get('keyctl')).toBe('EPERM'); // the rest of the profile stays
+    };
+    check(await run());
+    await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
+    await d.client.startSandbox(sb.id);
+    check(await run()); // the spec is rebuilt from the stored override
+    await d.client.deleteSandbox(sb.id, { force: true });
+    await expect(d.client.createSandbox({ image: 'busybox', seccomp: { allow: ['Not A Syscall'] } })).rejects.toMatchObject({ code: 'InvalidArgument' });
+  }, 120_000);
+
   it('an fncall call: the same denials (runc filter plus the agent\'s own), ordinary programs run', async () => {
     interface Result { exit_code: number | null; stdout_b64: string; stderr_b64: string }
     const r = await post<Result>('/v1/run', { backend: 'fncall', argv: ['sh', '-c', SCRIPT], stdin_b64: probe.toString('base64') });

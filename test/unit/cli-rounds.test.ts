@@ -453,6 +453,17 @@ describe('create and run: --priority, --idle-timeout', () => {
     expect(seen[1].body).toEqual({ priority: 'latency' });
   });
 
+  it('create sends a seccomp override from --seccomp-allow/--seccomp-deny and refuses bad names', async () => {
+    routes['POST /v1/sandboxes'] = ok(fakeSandbox(), 201);
+    const r = await dsec(['create', '--seccomp-allow', 'ptrace', '--seccomp-allow', 'io_uring_setup', '--seccomp-deny', 'getpid']);
+    expect(r.code).toBe(0);
+    expect(seen[0].body).toEqual({ seccomp: { allow: ['ptrace', 'io_uring_setup'], deny: ['getpid'] } });
+  });
+
+  it('a bad syscall name is refused before any request', async () => {
+    expectUserError(await dsec(['create', '--seccomp-allow', 'Ptrace!']), /"Ptrace!" is not a syscall name/, /lowercase/);
+  });
+
   it('run sends them too', async () => {
     routes['POST /v1/sandboxes'] = ok(fakeSandbox(), 201);
     routes['POST /v1/sandboxes/:id/exec'] = ok({ exit_code: 0, signal: null, stdout_b64: '', stderr_b64: '', stdout_truncated: false, stderr_truncated: false, duration_ms: 1, oom: false, timed_out: false });

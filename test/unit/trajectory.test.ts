@@ -172,3 +172,14 @@ describe('migration 3', () => {
     expect(tables).toEqual(expect.arrayContaining(['snapshots', 'trajectories', 'trajectory_steps']));
   });
 });
+
+describe('migration 5', () => {
+  it('adds sandboxes.seccomp to a version-4 store, keeping its rows', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 4));
+    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+    expect(migrate(db, MIGRATIONS.slice(0, 5))).toEqual([5]);
+    expect(db.prepare("SELECT seccomp FROM sandboxes WHERE id = 'old'").get()).toEqual({ seccomp: null });
+  });
+});

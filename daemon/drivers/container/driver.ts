@@ -194,6 +194,7 @@ export class ContainerDriver implements SandboxDriver {
       coreScheduling: this.d.coreScheduling,
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
+      ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
       apparmorProfile,
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));

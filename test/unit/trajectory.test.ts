@@ -160,25 +160,33 @@ describe('TrajectoryLog', () => {
   });
 });
 
-describe('migration 3', () => {
-  it('adds snapshots, the trajectory log and sandboxes.snapshot_id to a version-2 store, keeping its rows', () => {
-    const db = new Database(':memory:');
-    migrate(db, MIGRATIONS.slice(0, 2));
-    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
-      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+/** A store at schema `version` holding one sandbox row ('old') written by that version. */
+function storeAt(version: number): Database.Database {
+  const db = new Database(':memory:');
+  migrate(db, MIGRATIONS.slice(0, version));
+  db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+    VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+  return db;
+}
+
+describe('migrations 3-5', () => {
+  it('3 adds snapshots, the trajectory log and sandboxes.snapshot_id to a version-2 store, keeping its rows', () => {
+    const db = storeAt(2);
     expect(migrate(db, MIGRATIONS.slice(0, 3))).toEqual([3]);
     expect(db.prepare("SELECT snapshot_id FROM sandboxes WHERE id = 'old'").get()).toEqual({ snapshot_id: null });
     const tables = db.prepare("SELECT name FROM sqlite_master WHERE type='table'").all().map((r: any) => r.name);
     expect(tables).toEqual(expect.arrayContaining(['snapshots', 'trajectories', 'trajectory_steps']));
   });
-});
 
-describe('migration 5', () => {
-  it('adds sandboxes.seccomp to a version-4 store, keeping its rows', () => {
-    const db = new Database(':memory:');
-    migrate(db, MIGRATIONS.slice(0, 4));
-    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
-      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+  it('4 adds fork intents to a version-3 store', () => {
+    const db = storeAt(3);
+    expect(migrate(db, MIGRATIONS.slice(0, 4))).toEqual([4]);
+    db.prepare("INSERT INTO fork_intents (id, snapshot_id, count, created_at) VALUES ('fork-1', 'snap-1', 3, 1)").run();
+    expect(db.prepare('SELECT id, count FROM fork_intents').all()).toEqual([{ id: 'fork-1', count: 3 }]);
+  });
+
+  it('5 adds sandboxes.seccomp to a version-4 store, keeping its rows', () => {
+    const db = storeAt(4);
     expect(migrate(db, MIGRATIONS.slice(0, 5))).toEqual([5]);
     expect(db.prepare("SELECT seccomp FROM sandboxes WHERE id = 'old'").get()).toEqual({ seccomp: null });
   });

@@ -6,11 +6,11 @@
  */
 import type { Command } from 'commander';
 import type { Ctx } from '../util/context.js';
-import { EXIT } from '../util/errors.js';
-import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
+import { readStdin, reportExecResult } from '../util/exec.js';
 import { collectEnv, flag, parseSize } from '../util/parse.js';
 import { addCommandOptions, type ExecFlags } from './exec.js';
 import { fncallRequest } from './run.js';
+import { watchInterrupt } from '../util/interrupt.js';
 
 /** Flags of `call`. */
 interface CallFlags extends Omit<ExecFlags, 'env'> {
@@ -33,21 +33,16 @@ export function register(parent: Command, ctx: Ctx): Command {
   addCommandOptions(cmd);
   return cmd.action(async (argv: string[], flags: CallFlags) => {
     const stdin = flags.stdin ? await readStdin(ctx) : undefined;
-    const abort = new AbortController();
-    let interrupted: NodeJS.Signals | undefined;
-    const unregister = ctx.io.onInterrupt((sig) => {
-      interrupted ??= sig;
-      abort.abort();
-    });
+    const intr = watchInterrupt(ctx);
     try {
-      const r = await ctx.client().run(fncallRequest(argv, flags, stdin), { signal: abort.signal });
+      const r = await ctx.client().run(fncallRequest(argv, flags, stdin), { signal: intr.signal });
       ctx.exitCode = reportExecResult(ctx, r, { timeoutMs: flags.timeout });
     } catch (e) {
-      if (!interrupted) throw e;
-      ctx.err(`dsec: interrupted by ${interrupted}\n`);
-      ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+      if (!intr.by) throw e;
+      ctx.err(`dsec: interrupted by ${intr.by}\n`);
+      ctx.exitCode = intr.exitCode()!;
     } finally {
-      unregister();
+      intr.stop();
     }
   });
 }

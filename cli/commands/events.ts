@@ -6,10 +6,9 @@
 import type { Command } from 'commander';
 import { renderEventLine } from '../ui/events.js';
 import type { Ctx } from '../util/context.js';
-import { EXIT } from '../util/errors.js';
-import { signalNumber } from '../util/exec.js';
 import { writeJsonLine } from '../util/output.js';
 import { collectLabel, flag, parseDuration, parseSelector } from '../util/parse.js';
+import { watchInterrupt } from '../util/interrupt.js';
 
 /** Adds `events` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
@@ -23,21 +22,16 @@ export function register(parent: Command, ctx: Ctx): Command {
     .action(async (opts: { follow?: boolean; selector?: string; label?: Record<string, string>; since?: number }) => {
       const terms = [opts.selector, ...Object.entries(opts.label ?? {}).map(([k, v]) => `${k}=${v}`)].filter(Boolean);
       const selector = terms.length ? terms.join(',') : undefined;
-      const abort = new AbortController();
-      let interrupted: NodeJS.Signals | undefined;
-      const unregister = ctx.io.onInterrupt((sig) => {
-        interrupted ??= sig;
-        abort.abort();
-      });
+      const intr = watchInterrupt(ctx);
       try {
         const since = opts.since === undefined ? undefined : Date.now() - opts.since;
-        for await (const e of ctx.client().events({ selector, follow: opts.follow, since, signal: abort.signal })) {
+        for await (const e of ctx.client().events({ selector, follow: opts.follow, since, signal: intr.signal })) {
           if (ctx.json) writeJsonLine(ctx.io.stdout, e);
           else ctx.out(renderEventLine(e) + '\n');
         }
       } finally {
-        unregister();
+        intr.stop();
       }
-      if (interrupted) ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+      if (intr.by) ctx.exitCode = intr.exitCode()!;
     });
 }

@@ -6,9 +6,8 @@
  */
 import type { Command } from 'commander';
 import type { Ctx } from '../util/context.js';
-import { EXIT } from '../util/errors.js';
-import { signalNumber } from '../util/exec.js';
 import { writeJsonLine } from '../util/output.js';
+import { watchInterrupt } from '../util/interrupt.js';
 
 /** C0 control characters other than tab, and DEL: never passed from a sandbox's log to a terminal. */
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
@@ -21,22 +20,17 @@ export function register(parent: Command, ctx: Ctx): Command {
     .argument('<id>', 'sandbox id')
     .option('-f, --follow', 'keep printing new lines until interrupted or the sandbox is destroyed')
     .action(async (id: string, opts: { follow?: boolean }) => {
-      const abort = new AbortController();
-      let interrupted: NodeJS.Signals | undefined;
-      const unregister = ctx.io.onInterrupt((sig) => {
-        interrupted ??= sig;
-        abort.abort();
-      });
+      const intr = watchInterrupt(ctx);
       // Escape sequences from inside the sandbox must not drive our terminal.
       const clean = ctx.io.stdout.isTTY ? (l: string) => l.replace(CONTROL, (c) => `^${String.fromCharCode(c.charCodeAt(0) ^ 0x40)}`) : (l: string) => l;
       try {
-        for await (const line of ctx.client().logs(id, { follow: opts.follow, signal: abort.signal })) {
+        for await (const line of ctx.client().logs(id, { follow: opts.follow, signal: intr.signal })) {
           if (ctx.json) writeJsonLine(ctx.io.stdout, { line });
           else ctx.out(clean(line) + '\n');
         }
       } finally {
-        unregister();
+        intr.stop();
       }
-      if (interrupted) ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+      if (intr.by) ctx.exitCode = intr.exitCode()!;
     });
 }

@@ -6,9 +6,8 @@
 import type { Image, LongOperationOptions } from '../../sdk/index.js';
 import { createProgressView } from '../ui/progress.js';
 import type { Ctx } from './context.js';
-import { EXIT } from './errors.js';
-import { signalNumber } from './exec.js';
 import { writeJson } from './output.js';
+import { watchInterrupt } from './interrupt.js';
 
 /**
  * Runs `op` with a progress view on stderr and prints its image. On SIGINT/SIGTERM it
@@ -19,24 +18,19 @@ import { writeJson } from './output.js';
 export async function runImageOperation(ctx: Ctx, what: string, op: (opts: LongOperationOptions) => Promise<Image>): Promise<void> {
   const stderr = ctx.io.stderr;
   const view = createProgressView(stderr, { tty: stderr.isTTY === true && ctx.io.env.TERM !== 'dumb', columns: stderr.columns });
-  const abort = new AbortController();
-  let interrupted: NodeJS.Signals | undefined;
-  const unregister = ctx.io.onInterrupt((sig) => {
-    interrupted ??= sig;
-    abort.abort();
-  });
+  const intr = watchInterrupt(ctx);
   let image: Image | undefined;
   try {
-    image = await op({ onProgress: (p) => view.update(p), signal: abort.signal });
+    image = await op({ onProgress: (p) => view.update(p), signal: intr.signal });
   } catch (e) {
-    if (!interrupted) throw e;
+    if (!intr.by) throw e;
   } finally {
     view.done();
-    unregister();
+    intr.stop();
   }
   if (image === undefined) {
-    ctx.err(`dsec: interrupted by ${interrupted}; dsecd may still finish the ${what} (see \`dsec image ls\`)\n`);
-    ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted!) ?? 2);
+    ctx.err(`dsec: interrupted by ${intr.by}; dsecd may still finish the ${what} (see \`dsec image ls\`)\n`);
+    ctx.exitCode = intr.exitCode()!;
     return;
   }
   if (ctx.json) writeJson(ctx.io.stdout, image);

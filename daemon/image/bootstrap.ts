@@ -350,6 +350,42 @@ async function runDebootstrap(a: {
     detached: true,
     env: { PATH: `${TOOL_PATH}:${process.env.PATH ?? ''}`, LC_ALL: 'C', DEBIAN_FRONTEND: 'noninteractive' },
   });
+  const { result: r, tail } = await followGroup(sub, a.signal, a.progress);
+  if (r.exitCode === 0) return;
+  const log = await readFile(join(a.tree, 'debootstrap', 'debootstrap.log'), 'utf8').catch(() => '');
+  const logTail = log.split('\n').filter(Boolean).slice(-ERROR_TAIL_LINES).join('\n');
+  const text = `${tail.join('\n')}\n${logTail}`;
+  const missing = missingPackages(text);
+  if (missing.length > 0) {
+    throw unknownPackages(missing, a.suite, a.mirror, r);
+  }
+  const unreachable = /Failed getting release file|Couldn't download|Could not resolve|Temporary failure|Connection refused|No route to host|Network is unreachable|Couldn't retrieve/i.test(text);
+  throw new DsecError(
+    unreachable ? 'Unavailable' : 'Internal',
+    `debootstrap ${a.suite} from ${a.mirror} failed (exit ${r.exitCode ?? r.signal ?? 'none'}):\n${tail.join('\n')}${logTail ? `\n--- debootstrap.log (tail) ---\n${logTail}` : ''}`,
+    { cause: r },
+  );
+}
+
+/** The InvalidArgument for packages the suite does not have (debootstrap's or apt's), naming them. */
+export function unknownPackages(missing: string[], suite: string, mirror: string, cause: unknown): DsecError {
+  const many = missing.length !== 1;
+  return new DsecError('InvalidArgument',
+    `${many ? 'packages' : 'package'} ${missing.map((p) => JSON.stringify(p)).join(', ')} not found in ${suite} on ${mirror}: check the name${many ? 's' : ''} in include`, { cause });
+}
+
+/**
+ * Follows a process started in its own process group (execa `detached: true`, `all:
+ * true`): passes each output line to `onLine`, SIGKILLs the whole group when `signal`
+ * aborts (so dpkg and maintainer scripts in a chroot die too), and resolves once it has
+ * exited, with its result and its last {@link ERROR_TAIL_LINES} lines for error messages.
+ * @throws the signal's reason when it aborted.
+ */
+export async function followGroup<R>(
+  sub: PromiseLike<R> & { pid?: number; iterable(o: { from: 'all' }): AsyncIterable<unknown> },
+  signal: AbortSignal | undefined,
+  onLine: (line: string) => void,
+): Promise<{ result: R; tail: string[] }> {
   const onAbort = () => {
     if (sub.pid) {
       try {
@@ -359,38 +395,21 @@ async function runDebootstrap(a: {
       }
     }
   };
-  a.signal?.addEventListener('abort', onAbort, { once: true });
-  if (a.signal?.aborted) onAbort();
+  signal?.addEventListener('abort', onAbort, { once: true });
+  if (signal?.aborted) onAbort();
   const tail: string[] = [];
   try {
     for await (const line of sub.iterable({ from: 'all' })) {
       const l = String(line);
       tail.push(l);
       if (tail.length > ERROR_TAIL_LINES) tail.shift();
-      a.progress(l);
+      onLine(l);
     }
-    const r = await sub;
-    a.signal?.throwIfAborted();
-    if (r.exitCode === 0) return;
-    const log = await readFile(join(a.tree, 'debootstrap', 'debootstrap.log'), 'utf8').catch(() => '');
-    const logTail = log.split('\n').filter(Boolean).slice(-ERROR_TAIL_LINES).join('\n');
-    const text = `${tail.join('\n')}\n${logTail}`;
-    const missing = missingPackages(text);
-    if (missing.length > 0) {
-      throw new DsecError(
-        'InvalidArgument',
-        `${missing.length === 1 ? 'package' : 'packages'} ${missing.map((p) => JSON.stringify(p)).join(', ')} not found in ${a.suite} on ${a.mirror}: check the name${missing.length === 1 ? '' : 's'} in include`,
-        { cause: r },
-      );
-    }
-    const unreachable = /Failed getting release file|Couldn't download|Could not resolve|Temporary failure|Connection refused|No route to host|Network is unreachable|Couldn't retrieve/i.test(text);
-    throw new DsecError(
-      unreachable ? 'Unavailable' : 'Internal',
-      `debootstrap ${a.suite} from ${a.mirror} failed (exit ${r.exitCode ?? r.signal ?? 'none'}):\n${tail.join('\n')}${logTail ? `\n--- debootstrap.log (tail) ---\n${logTail}` : ''}`,
-      { cause: r },
-    );
+    const result = await sub;
+    signal?.throwIfAborted();
+    return { result, tail };
   } finally {
-    a.signal?.removeEventListener('abort', onAbort);
+    signal?.removeEventListener('abort', onAbort);
   }
 }
 

@@ -59,6 +59,8 @@ import {
   TAR_META_FLAGS,
   TOOL_PATH,
   bootstrapDebian,
+  followGroup,
+  unknownPackages,
   detectMirror,
   hasTool,
   reclaimStaleWork,
@@ -79,8 +81,6 @@ export type ToolkitName = keyof typeof TOOLKITS;
  * the xattrs dropped). Part of the cache key: bump it when any of those change.
  */
 const TOOLKIT_FORMAT = 'dsec-toolkit-tree-v1';
-/** Lines of apt output quoted in an error. */
-const ERROR_TAIL_LINES = 25;
 
 /**
  * overlayfs's private xattrs that copy-up and directory operations leave in an upper dir.
@@ -624,42 +624,18 @@ async function runApt(merged: string, args: string[], a: InstallArgs): Promise<v
     extendEnv: false,
     env: { PATH: TOOL_PATH, HOME: '/root', LC_ALL: 'C', DEBIAN_FRONTEND: 'noninteractive', DEBCONF_NONINTERACTIVE_SEEN: 'true' },
   });
-  const onAbort = () => {
-    if (sub.pid) {
-      try {
-        process.kill(-sub.pid, 'SIGKILL');
-      } catch {
-        /* already gone */
-      }
-    }
-  };
-  a.signal?.addEventListener('abort', onAbort, { once: true });
-  if (a.signal?.aborted) onAbort();
-  const tail: string[] = [];
+  // apt's own error and warning lines, wherever they fall: the tail alone may miss them.
   const all: string[] = [];
-  try {
-    for await (const line of sub.iterable({ from: 'all' })) {
-      const l = String(line);
-      if (l.startsWith('E: ') || l.startsWith('W: ') || l.startsWith('Err:')) all.push(l);
-      tail.push(l);
-      if (tail.length > ERROR_TAIL_LINES) tail.shift();
-      a.progress(l);
-    }
-    const r = await sub;
-    a.signal?.throwIfAborted();
-    if (r.exitCode === 0) return;
-    const text = `${all.join('\n')}\n${tail.join('\n')}`;
-    const f = classifyAptFailure(text);
-    if (f.kind === 'InvalidArgument') {
-      throw new DsecError(
-        'InvalidArgument',
-        `${f.missing.length === 1 ? 'package' : 'packages'} ${f.missing.map((p) => JSON.stringify(p)).join(', ')} not found in ${a.suite} on ${a.mirror}: check the name${f.missing.length === 1 ? '' : 's'} in include`,
-        { cause: r },
-      );
-    }
-    throw new DsecError(f.kind, `apt-get ${args.at(-1) === 'update' ? 'update' : 'install'} from ${a.mirror} failed (exit ${r.exitCode ?? r.signal ?? 'none'}):\n${tail.join('\n')}`, { cause: r });
-  } finally {
-    a.signal?.removeEventListener('abort', onAbort);
+  const { result: r, tail } = await followGroup(sub, a.signal, (l) => {
+    if (l.startsWith('E: ') || l.startsWith('W: ') || l.startsWith('Err:')) all.push(l);
+    a.progress(l);
+  });
+  if (r.exitCode === 0) return;
+  const text = `${all.join('\n')}\n${tail.join('\n')}`;
+  const f = classifyAptFailure(text);
+  if (f.kind === 'InvalidArgument') {
+    throw unknownPackages(f.missing, a.suite, a.mirror, r);
   }
+  throw new DsecError(f.kind, `apt-get ${args.at(-1) === 'update' ? 'update' : 'install'} from ${a.mirror} failed (exit ${r.exitCode ?? r.signal ?? 'none'}):\n${tail.join('\n')}`, { cause: r });
 }
 

@@ -12,7 +12,7 @@ import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon } from '../integration/harness.js';
+import { IS_ROOT, REPO, TestDaemon, postJson } from '../integration/harness.js';
 
 /** Probes that must answer EPERM (names as seccomp-probe.c knows them). */
 const DENIED = [
@@ -57,7 +57,7 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
   let d: TestDaemon;
   let tmp: string;
   let probe: Buffer;
-  const post = <T>(p: string, body: unknown) => (d.client as unknown as { request<R>(m: string, p: string, b?: unknown, o?: unknown): Promise<R> }).request<T>('POST', p, body, { timeoutMs: 0 });
+  const post = <T>(p: string, body: unknown) => postJson<T>(d, p, body);
 
   beforeAll(async () => {
     tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-seccomp-'));

@@ -6,8 +6,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readdirSync, readFileSync } from 'node:fs';
-import { isDsecApiError, type DsecApiError } from '../../sdk/client.js';
-import { IS_ROOT, TestDaemon, runCli } from './harness.js';
+import { IS_ROOT, TestDaemon, runCli, postJson, rejection } from './harness.js';
 
 interface RunBody { backend?: string; image?: string; argv: string[]; env?: Record<string, string>; timeout_ms?: number; memory_bytes?: number; stdin_b64?: string }
 interface Result { exit_code: number | null; signal: string | null; stdout_b64: string; stderr_b64: string; oom: boolean; timed_out: boolean; duration_ms: number }
@@ -15,17 +14,12 @@ interface Result { exit_code: number | null; signal: string | null; stdout_b64: 
 describe.skipIf(!IS_ROOT)('fncall tier', () => {
   let d: TestDaemon;
   /** POST through the SDK's raw request path, so the test exercises the wire format. */
-  const post = <T>(path: string, body: unknown) => (d.client as unknown as { request<R>(m: string, p: string, b?: unknown, o?: unknown): Promise<R> }).request<T>('POST', path, body, { timeoutMs: 0 });
+  const post = <T>(path: string, body: unknown) => postJson<T>(d, path, body);
   const run = (b: RunBody) => post<Result>('/v1/run', { backend: 'fncall', ...b });
   const out = (r: Result) => Buffer.from(r.stdout_b64, 'base64').toString();
   const workers = async () => (await d.client.listSandboxes({ selector: 'dsec.fncall' })).filter((s) => s.state === 'running');
   /** Host pids in a worker's cgroup (its agent, and whatever a call left behind). */
   const cgroupPids = async (id: string) => (await d.cgroups()).pids(id);
-  const rejection = async (p: Promise<unknown>): Promise<DsecApiError> => {
-    const e = await p.then(() => null, (x: unknown) => x);
-    expect(isDsecApiError(e)).toBe(true);
-    return e as DsecApiError;
-  };
 
   beforeAll(async () => {
     // One worker, so consecutive calls are known to share it.

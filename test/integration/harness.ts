@@ -12,7 +12,8 @@ import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSy
 import path from 'node:path';
 import { execa } from 'execa';
 import Database from 'better-sqlite3';
-import { DsecClient } from '../../sdk/client.js';
+import { expect } from 'vitest';
+import { DsecClient, isDsecApiError, type DsecApiError } from '../../sdk/client.js';
 import { detectCgroups, type CgroupManager } from '../../daemon/host/cgroups/index.js';
 import { instanceNameFor } from '../../daemon/config.js';
 
@@ -215,4 +216,19 @@ export function out(r: { stdout_b64: string }): string {
 /** Decodes an exec result's stderr. */
 export function err(r: { stderr_b64: string }): string {
   return Buffer.from(r.stderr_b64, 'base64').toString();
+}
+
+/**
+ * POSTs `body` to `path` through the SDK's raw request path (no HTTP deadline), so a test
+ * sees the wire format itself (e.g. `stdout_b64`). Rejects with a DsecApiError.
+ */
+export function postJson<T>(d: TestDaemon, path: string, body: unknown): Promise<T> {
+  return (d.client as unknown as { request<R>(m: string, p: string, b?: unknown, o?: unknown): Promise<R> }).request<T>('POST', path, body, { timeoutMs: 0 });
+}
+
+/** Awaits a promise that must reject with a DsecApiError, and returns that error. */
+export async function rejection(p: Promise<unknown>): Promise<DsecApiError> {
+  const e = await p.then(() => null, (x: unknown) => x);
+  expect(isDsecApiError(e)).toBe(true);
+  return e as DsecApiError;
 }

@@ -5,7 +5,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import net from 'node:net';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import { IS_ROOT, TestDaemon, postJson } from './harness.js';
 
 interface Phase { status: string; execution_time: number | null; return_code: number | null; stdout: string | null; stderr: string | null }
 interface RunCodeResponse { status: string; message: string; compile_result: Phase | null; run_result: Phase | null; files: Record<string, string> }
@@ -22,8 +22,7 @@ async function freePort(): Promise<number> {
 describe.skipIf(!IS_ROOT)('run_code (SandboxFusion)', () => {
   let d: TestDaemon;
   let port: number;
-  const runCode = (body: unknown) => (d.client as unknown as { request<R>(m: string, p: string, b?: unknown, o?: unknown): Promise<R> })
-    .request<RunCodeResponse>('POST', '/run_code', body, { timeoutMs: 0 });
+  const runCode = (body: unknown) => postJson<RunCodeResponse>(d, '/run_code', body);
 
   beforeAll(async () => {
     port = await freePort();

@@ -8,8 +8,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { appendFileSync, existsSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
-import { isDsecApiError, type DsecApiError } from '../../sdk/client.js';
-import { IS_ROOT, TestDaemon, runCli } from './harness.js';
+import { IS_ROOT, TestDaemon, runCli, rejection } from './harness.js';
 
 /** vfs_cap_data v2: magic|effective, permitted = 1<<13 (CAP_NET_RAW), inheritable 0. */
 const CAP_NET_RAW = '0x0100000200200000000000000000000000000000';
@@ -22,11 +21,6 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
     expect(r.stderr.toString()).toBe('');
     expect(r.exit_code).toBe(0);
     return r.stdout.toString();
-  };
-  const rejection = async (p: Promise<unknown>): Promise<DsecApiError> => {
-    const e = await p.then(() => null, (x: unknown) => x);
-    expect(isDsecApiError(e)).toBe(true);
-    return e as DsecApiError;
   };
   /** Checks the store's rows and the host's mounts, cgroups, runtime state and dirs agree. */
   const assertConsistent = async () => {

@@ -7,8 +7,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import path from 'node:path';
 import { execa } from 'execa';
-import { isDsecApiError, type DsecApiError } from '../../sdk/client.js';
-import { IS_ROOT, REPO, TestDaemon, runCli } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, runCli, rejection } from './harness.js';
 
 /** The command of step k: increments /counter and prints the step and the new count. */
 const stepArgv = (k: number) => ['sh', '-c', `n=$(cat /counter 2>/dev/null || echo 0); n=$((n+1)); echo $n > /counter; echo step${k} n=$n`];
@@ -18,11 +17,6 @@ describe.skipIf(!IS_ROOT)('trajectory log', () => {
   let sb: string;
   const T = 'rollout-7.a:b@c';
   const counter = async (id = sb) => (await d.client.exec(id, { argv: ['cat', '/counter'] })).stdout.toString().trim();
-  const rejection = async (p: Promise<unknown>): Promise<DsecApiError> => {
-    const e = await p.then(() => null, (x: unknown) => x);
-    expect(isDsecApiError(e)).toBe(true);
-    return e as DsecApiError;
-  };
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 25 });

@@ -3,52 +3,16 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { afterEach, describe, expect, it } from 'vitest';
 import { DsecApiError, DsecClient, type Event, type Sandbox } from '../../sdk/index.js';
-import { json, startFakeDsecd, type FakeDsecd as Fake, type Route as Handler } from '../fixtures/fake-dsecd.js';
+import { sdkFixtures, fakeSandbox, json, startFakeDsecd, type FakeDsecd as Fake, type Route as Handler } from '../fixtures/fake-dsecd.js';
 
 // A tiny stand-in for dsecd (test/fixtures/fake-dsecd.ts): node:http on a temp Unix
 // socket, answering from a handler.
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const { fake: fakeDsecd, client } = sdkFixtures();
 
-async function fakeDsecd(handler: Handler): Promise<Fake> {
-  const f = await startFakeDsecd(handler);
-  cleanups.push(f.close);
-  return f;
-}
-
-function client(f: Fake, timeoutMs?: number): DsecClient {
-  const c = new DsecClient({ socketPath: f.socketPath, timeoutMs });
-  cleanups.push(() => c.close());
-  return c;
-}
-
-const sandbox = (over: Partial<Sandbox> = {}): Sandbox => ({
-  id: '0123456789abcdef',
-  backend: 'container',
-  image: 'busybox:latest',
-  image_layers: ['sha256:aa'],
-  state: 'running',
-  cpus: 1,
-  memory_bytes: 512 * 1024 * 1024,
-  pids: 256,
-  labels: { job: 'a' },
-  env: {},
-  ttl_s: null,
-  created_at: 1_700_000_000_000,
-  updated_at: 1_700_000_000_000,
-  init_pid: 4242,
-  uid_base: 100000,
-  uid_count: 65536,
-  error: null,
-  priority: 'latency',
-  idle_timeout_s: null,
-  last_active_at: null,
-  snapshot: null,
-  ...over,
-});
+/** The fixture sandbox with fixed times, one core and one label (the values these tests assert). */
+const sandbox = (over: Partial<Sandbox> = {}): Sandbox =>
+  fakeSandbox({ cpus: 1, labels: { job: 'a' }, created_at: 1_700_000_000_000, updated_at: 1_700_000_000_000, ...over });
 
 const tick = (ms = 5) => new Promise((r) => setTimeout(r, ms));
 
@@ -209,24 +173,30 @@ describe('DsecClient errors', () => {
 
   it('a missing socket is Unavailable naming the path and asking whether dsecd runs', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'dsec-sdk-'));
-    cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-    const socketPath = join(dir, 'nope.sock');
-    const e = await new DsecClient({ socketPath }).version().catch((x) => x);
-    expect(e).toBeInstanceOf(DsecApiError);
-    expect(e.code).toBe('Unavailable');
-    expect(e.status).toBe(0);
-    expect(e.message).toContain(socketPath);
-    expect(e.message).toContain('is dsecd running?');
+    try {
+      const socketPath = join(dir, 'nope.sock');
+      const e = await new DsecClient({ socketPath }).version().catch((x) => x);
+      expect(e).toBeInstanceOf(DsecApiError);
+      expect(e.code).toBe('Unavailable');
+      expect(e.status).toBe(0);
+      expect(e.message).toContain(socketPath);
+      expect(e.message).toContain('is dsecd running?');
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('a socket path nobody listens on is Unavailable too', async () => {
     const dir = mkdtempSync(join(tmpdir(), 'dsec-sdk-'));
-    cleanups.push(() => rmSync(dir, { recursive: true, force: true }));
-    const socketPath = join(dir, 'stale.sock');
-    writeFileSync(socketPath, '');
-    const e = await new DsecClient({ socketPath }).version().catch((x) => x);
-    expect(e).toMatchObject({ code: 'Unavailable', status: 0 });
-    expect(e.message).toContain(socketPath);
+    try {
+      const socketPath = join(dir, 'stale.sock');
+      writeFileSync(socketPath, '');
+      const e = await new DsecClient({ socketPath }).version().catch((x) => x);
+      expect(e).toMatchObject({ code: 'Unavailable', status: 0 });
+      expect(e.message).toContain(socketPath);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 
   it('the socket defaults to $DSEC_SOCKET', () => {

@@ -1,26 +1,11 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { DsecApiError, DsecClient, type CommitResult, type Image, type ImageProgress, type Layer, type PruneResult } from '../../sdk/index.js';
-import { json, ndjson, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
+import { sdkFixtures, json, ndjson, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
 // The image, layer and commit calls of the SDK against the fake dsecd
 // (test/fixtures/fake-dsecd.ts), including the NDJSON mode of the long operations.
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
-
-async function fake(): Promise<FakeDsecd> {
-  const f = await startFakeDsecd();
-  cleanups.push(f.close);
-  return f;
-}
-
-function client(f: FakeDsecd, timeoutMs?: number): DsecClient {
-  const c = new DsecClient({ socketPath: f.socketPath, timeoutMs });
-  cleanups.push(() => c.close());
-  return c;
-}
+const { fake, client } = sdkFixtures();
 
 const HEX_A = 'a'.repeat(64);
 const HEX_B = 'b'.repeat(64);

@@ -1,21 +1,15 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { DsecApiError, DsecClient, isDsecApiError, type BulkResult } from '../../sdk/index.js';
-import { fail, fakeLease, fakeReclaim, fakeSandbox, json, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
+import { sdkFixtures, fail, fakeLease, fakeReclaim, fakeSandbox, json, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
 // The RL-round calls of the SDK (pause/resume, bulk, leases) against the fake dsecd
 // (test/fixtures/fake-dsecd.ts): method, path, body and the shape handed back.
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
+const fixtures = sdkFixtures();
 
 async function setup(timeoutMs?: number): Promise<{ fake: FakeDsecd; client: DsecClient }> {
-  const fake = await startFakeDsecd();
-  cleanups.push(fake.close);
-  const client = new DsecClient({ socketPath: fake.socketPath, timeoutMs });
-  cleanups.push(() => client.close());
-  return { fake, client };
+  const fake = await fixtures.fake();
+  return { fake, client: fixtures.client(fake, timeoutMs) };
 }
 
 const ID = '0123456789abcdef';

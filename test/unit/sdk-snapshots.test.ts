@@ -1,26 +1,11 @@
 import { afterEach, describe, expect, it } from 'vitest';
 import { DsecApiError, DsecClient, type TrajectoryDetail, type TrajectoryRecord } from '../../sdk/index.js';
-import { fail, fakeRecord, fakeSandbox, fakeSnapshot, fakeStep, fakeTrajectory, installSnapshotRoutes, json, ndjson, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
+import { sdkFixtures, fail, fakeRecord, fakeSandbox, fakeSnapshot, fakeStep, fakeTrajectory, installSnapshotRoutes, json, ndjson, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
 // The snapshot, fork and trajectory calls of the SDK, and exec's trajectory fields,
 // against the fake dsecd (test/fixtures/fake-dsecd.ts).
 
-const cleanups: (() => Promise<void> | void)[] = [];
-afterEach(async () => {
-  while (cleanups.length) await cleanups.pop()!();
-});
-
-async function fake(): Promise<FakeDsecd> {
-  const f = await startFakeDsecd();
-  cleanups.push(f.close);
-  return f;
-}
-
-function client(f: FakeDsecd, timeoutMs?: number): DsecClient {
-  const c = new DsecClient({ socketPath: f.socketPath, timeoutMs });
-  cleanups.push(() => c.close());
-  return c;
-}
+const { fake, client } = sdkFixtures();
 
 const tick = (ms = 5) => new Promise((r) => setTimeout(r, ms));
 const ID = '0123456789abcdef';

@@ -15,10 +15,10 @@ import { rename, rm } from 'node:fs/promises';
 import { basename, dirname, join } from 'node:path';
 import type { Command } from 'commander';
 import type { Ctx } from '../../util/context.js';
-import { EXIT, UserError } from '../../util/errors.js';
-import { signalNumber } from '../../util/exec.js';
+import { UserError } from '../../util/errors.js';
 import type { OutStream } from '../../util/io.js';
 import { writeJson } from '../../util/output.js';
+import { watchInterrupt } from '../../util/interrupt.js';
 
 /** Adds `export` to the `traj` command `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
@@ -30,23 +30,18 @@ export function register(parent: Command, ctx: Ctx): Command {
     .action(async (id: string, opts: { output?: string }) => {
       const file = opts.output === undefined || opts.output === '-' ? undefined : opts.output;
       if (file === '') throw new UserError('empty --output', 'name a file, e.g. -o traj.jsonl, or leave -o out for stdout');
-      const abort = new AbortController();
-      let interrupted: NodeJS.Signals | undefined;
-      const unregister = ctx.io.onInterrupt((sig) => {
-        interrupted ??= sig;
-        abort.abort();
-      });
+      const intr = watchInterrupt(ctx);
       try {
         if (file === undefined) {
-          const n = await exportTo(ctx, id, abort.signal, (line) => writeOut(ctx.io.stdout, line));
-          if (interrupted) ctx.err(`dsec: interrupted by ${interrupted} after ${count(n)}; the export is incomplete\n`);
+          const n = await exportTo(ctx, id, intr.signal, (line) => writeOut(ctx.io.stdout, line));
+          if (intr.by) ctx.err(`dsec: interrupted by ${intr.by} after ${count(n)}; the export is incomplete\n`);
         } else {
-          await exportToFile(ctx, id, file, abort.signal, () => interrupted);
+          await exportToFile(ctx, id, file, intr.signal, () => intr.by);
         }
       } finally {
-        unregister();
+        intr.stop();
       }
-      if (interrupted) ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
+      if (intr.by) ctx.exitCode = intr.exitCode()!;
     });
 }
 

@@ -25,9 +25,12 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # tests, podman and bubblewrap as benchmark peers, systemd for `systemd-analyze verify`,
 # debootstrap for the Debian base image, zstd and attr for layer import, criu so that
 # process checkpoints are offered where `criu check` passes, apparmor for apparmor_parser
-# (per-sandbox profiles are compiled everywhere and loaded only where the kernel has AppArmor).
+# (per-sandbox profiles are compiled everywhere and loaded only where the kernel has AppArmor),
+# clang, libbpf-dev and bpftool for the eBPF programs (egress policy, denial counters),
+# slirp4netns and nftables for sandbox networking (in a network namespace of dsec's own),
+# btrfs-progs and xfsprogs for the writable-layer filesystem with per-sandbox quotas.
 PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
-      debootstrap zstd attr criu apparmor)
+      debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -78,6 +78,71 @@ export const ErrorBody = z.object({
   }),
 });
 
+/**
+ * Sandbox names and policy names: lowercase `[a-z0-9][a-z0-9._-]{0,62}`, so a name is a
+ * file name as is (policies are data files, docs/SECURITY.md).
+ */
+export const PolicyName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, 'policy names are 1-63 characters of [a-z0-9._-], starting with a letter or digit');
+
+/**
+ * One egress rule: a destination (exactly one of `cidr` and `host`), optional ports and
+ * a protocol. `host` names are resolved by dsecd and refreshed on their DNS TTL
+ * (docs/SECURITY.md "Networking"); `*.example.org` matches every name below example.org.
+ */
+export const EgressRule = z
+  .object({
+    cidr: z.string().min(2).max(43).optional().describe('IPv4 or IPv6 prefix, e.g. `10.0.0.0/8`, `2001:db8::/32`; a bare address means /32 or /128.'),
+    host: z.string().min(1).max(253).optional().describe('DNS name, or `*.` and a name for every name below it; resolved by dsecd.'),
+    ports: z.array(z.union([z.number().int().min(1).max(65535), z.string().regex(/^\d{1,5}-\d{1,5}$/, 'port ranges are "low-high"')])).min(1).max(16).optional()
+      .describe('Destination ports or "low-high" ranges; default every port.'),
+    protocol: z.enum(['tcp', 'udp', 'any']).optional().describe('Default any.'),
+  })
+  .strict()
+  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host');
+export type EgressRule = z.infer<typeof EgressRule>;
+
+/**
+ * The network of a sandbox. `none` (default): a network namespace with loopback only.
+ * `allow`: a veth on the instance bridge, egress only to `allow` (and the sandbox's
+ * resolver), minus `deny`. `open`: egress anywhere except `deny`. `policy` names a
+ * network policy data file whose rules are merged under the inline ones.
+ */
+export const NetworkSpec = z
+  .object({
+    mode: z.enum(['none', 'allow', 'open']).default('none').describe('none (loopback only, default), allow (allow-list) or open (anything but deny).'),
+    policy: PolicyName.optional().describe('Name of a network policy data file (docs/SECURITY.md), merged under the inline rules.'),
+    allow: z.array(EgressRule).max(256).optional().describe('Destinations reachable in mode allow.'),
+    deny: z.array(EgressRule).max(256).optional().describe('Destinations never reachable; wins over allow.'),
+  })
+  .strict();
+export type NetworkSpec = z.infer<typeof NetworkSpec>;
+
+/** Absolute paths inside a sandbox, for filesystem options; `*` is allowed in the last component (`/lib*`). */
+const sandboxPath = z.string().regex(/^\/[^\0]*$/, 'paths are absolute').max(4096).refine((p) => !p.split('/').includes('..'), 'paths must not contain ..');
+
+/**
+ * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem"). Every field
+ * defaults to the image's setting, then to the daemon config.
+ */
+export const FilesystemSpec = z
+  .object({
+    readonly_paths: z.array(sandboxPath).max(64).optional().describe('System paths read-only even to root inside; default ["/bin","/sbin","/usr","/lib*","/etc"]; [] turns it off.'),
+    writable_paths: z.array(sandboxPath).max(64).optional().describe('Paths kept writable: exceptions below read-only paths, or top-level directories created at create.'),
+    landlock: z.boolean().optional().describe('Restrict file access with Landlock where the kernel has it; default true.'),
+  })
+  .strict();
+export type FilesystemSpec = z.infer<typeof FilesystemSpec>;
+
+/** Smallest per-sandbox disk quota: 16 MiB (an image's first writes and a shell history fit). */
+export const MIN_DISK_BYTES = 16 * 1024 * 1024;
+
+/** Whether one defence is in force for a sandbox or host, and what it does or why not. */
+export const DefenceStatus = z.object({
+  enforced: z.boolean(),
+  detail: z.string(),
+});
+export type DefenceStatus = z.infer<typeof DefenceStatus>;
+
 /** POST /v1/sandboxes request. */
 export const CreateSandboxRequest = z
   .object({
@@ -95,6 +160,9 @@ export const CreateSandboxRequest = z
     idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional().describe('Pause the sandbox after this many seconds without an exec.'),
     seccomp: SeccompOverrideSchema.optional().describe(
       'Changes to the default seccomp profile (docs/SECURITY.md): `allow` lifts every denial of the named syscalls (e.g. ["ptrace"] for a debugger task), `deny` adds EPERM denials.'),
+    network: NetworkSpec.optional().describe('Network mode and egress policy; default mode none (loopback only).'),
+    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe('Quota on the writable layer, bytes; default from config.'),
+    filesystem: FilesystemSpec.optional().describe('Read-only system paths, writable exceptions, Landlock; defaults from the image, then config.'),
   })
   .strict();
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
@@ -123,6 +191,10 @@ export const Sandbox = z.object({
   last_active_at: z.number().int().nullable().describe('Start of the last exec, ms since the epoch.'),
   snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
+  network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
+  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes; null: none.'),
+  filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
+  defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
 
@@ -507,6 +579,9 @@ const restoreFields = {
   priority: z.enum(['latency', 'batch']).optional(),
   idle_timeout_s: z.number().int().min(1).max(LIMITS.maxTtlS).optional(),
   seccomp: SeccompOverrideSchema.optional().describe('Seccomp override of the new sandbox(es); default none (the default profile).'),
+  network: NetworkSpec.optional().describe("Network of the new sandbox(es); default the source's."),
+  disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe("Writable-layer quota, bytes; default the source's."),
+  filesystem: FilesystemSpec.optional().describe("Filesystem options of the new sandbox(es); default the source's."),
 };
 
 /** POST /v1/snapshots/{ref}/restore request (the body is optional). */

@@ -178,6 +178,9 @@ export class SandboxManager {
       createdAt: Date.now(),
       snapshotId: src.snapshotId,
       seccomp: req.seccomp ?? null,
+      network: req.network ?? null,
+      diskBytes: req.disk_bytes ?? null,
+      filesystem: req.filesystem ?? null,
     });
     this.d.failpoints.hit('create.after-intent');
     await this.d.images.syncLeases(this.layersInUse());
@@ -671,6 +674,7 @@ export class SandboxManager {
           id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
           imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
           cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
+          network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem,
         });
         await this.d.images.syncLeases(this.layersInUse());
         this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} ${layer.digest}`);
@@ -730,6 +734,9 @@ export class SandboxManager {
       labels: req.labels ?? snap.labels, env: { ...snap.env, ...(req.env ?? {}) }, priority: req.priority ?? snap.priority,
       ...(req.ttl_s !== undefined ? { ttl_s: req.ttl_s } : {}), ...(req.idle_timeout_s !== undefined ? { idle_timeout_s: req.idle_timeout_s } : {}),
       ...(req.seccomp !== undefined ? { seccomp: req.seccomp } : {}),
+      ...((req.network ?? snap.network) ? { network: req.network ?? snap.network! } : {}),
+      ...((req.disk_bytes ?? snap.diskBytes) !== null && (req.disk_bytes ?? snap.diskBytes) !== undefined ? { disk_bytes: (req.disk_bytes ?? snap.diskBytes)! } : {}),
+      ...((req.filesystem ?? snap.filesystem) ? { filesystem: req.filesystem ?? snap.filesystem! } : {}),
     };
   }
 

@@ -4,7 +4,7 @@
  */
 import type { SeccompOverride } from '../security/seccomp.js';
 import type { Db } from '../store/db.js';
-import type { Backend, Event, Sandbox, SandboxState } from '../api/schema.js';
+import type { Backend, Event, FilesystemSpec, NetworkSpec, Sandbox, SandboxState } from '../api/schema.js';
 import { assertTransition } from './state.js';
 import { failedPrecondition, notFound, resourceExhausted } from '../errors.js';
 
@@ -52,6 +52,12 @@ export interface SandboxRecord {
   snapshotId: string | null;
   /** Changes to the default seccomp profile for this sandbox (daemon/security/seccomp.ts), or null. */
   seccomp: SeccompOverride | null;
+  /** Network mode and egress policy (docs/SECURITY.md "Networking"), or null: mode none. */
+  network: NetworkSpec | null;
+  /** Quota on the writable layer, bytes, or null: none. */
+  diskBytes: number | null;
+  /** Filesystem options as requested (read-only paths, writable paths, Landlock), or null: the image's and config defaults. */
+  filesystem: FilesystemSpec | null;
 }
 
 /** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
@@ -71,6 +77,7 @@ interface Row {
   labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
   init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
   priority: string; idle_timeout_s: number | null; last_active_at: number | null; snapshot_id: string | null; seccomp: string | null;
+  network: string | null; disk_bytes: number | null; filesystem: string | null;
 }
 
 function decode(r: Row): SandboxRecord {
@@ -101,6 +108,9 @@ function decode(r: Row): SandboxRecord {
     lastActiveAt: r.last_active_at,
     snapshotId: r.snapshot_id,
     seccomp: r.seccomp ? JSON.parse(r.seccomp) : null,
+    network: r.network ? JSON.parse(r.network) : null,
+    diskBytes: r.disk_bytes,
+    filesystem: r.filesystem ? JSON.parse(r.filesystem) : null,
   };
 }
 
@@ -129,6 +139,9 @@ export function toApi(s: SandboxRecord): Sandbox {
     last_active_at: s.lastActiveAt,
     snapshot: s.snapshotId,
     seccomp: s.seccomp,
+    network: s.network,
+    disk_bytes: s.diskBytes,
+    filesystem: s.filesystem,
   };
 }
 
@@ -303,19 +316,21 @@ export class SandboxRepo {
    * uid range, in one transaction, before anything is done on the host.
    * @throws DsecError ResourceExhausted when the uid pool has no free range.
    */
-  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp'> & { snapshotId?: string | null; seccomp?: SeccompOverride | null }): SandboxRecord {
+  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp' | 'network' | 'diskBytes' | 'filesystem'>
+    & { snapshotId?: string | null; seccomp?: SeccompOverride | null; network?: NetworkSpec | null; diskBytes?: number | null; filesystem?: FilesystemSpec | null }): SandboxRecord {
     const base = this.pickBase();
     const now = rec.createdAt;
     this.db.transaction(() => {
       this.db
         .prepare(
           `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp)
-           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem)
+           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
           rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
-          rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null);
+          rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null,
+          rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null);
       this.db.prepare('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);

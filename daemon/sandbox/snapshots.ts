@@ -4,7 +4,7 @@
  * recreate the sandbox: its image layers and config, limits, labels and env.
  */
 import type { Db } from '../store/db.js';
-import type { Backend, Snapshot } from '../api/schema.js';
+import type { Backend, FilesystemSpec, NetworkSpec, Snapshot } from '../api/schema.js';
 import { alreadyExists, notFound } from '../errors.js';
 import type { ImageConfig } from './repo.js';
 
@@ -30,11 +30,16 @@ export interface SnapshotRecord {
   labels: Record<string, string>;
   env: Record<string, string>;
   createdAt: number;
+  /** The source's network, disk quota and filesystem options: a restore's defaults. */
+  network: NetworkSpec | null;
+  diskBytes: number | null;
+  filesystem: FilesystemSpec | null;
 }
 
 interface Row {
   id: string; name: string | null; kind: string; sandbox_id: string; backend: string; image: string; image_layers: string; image_config: string;
   layer: string; size_bytes: number; cpus: number; memory_bytes: number; pids: number; priority: string; labels: string; env: string; created_at: number;
+  network: string | null; disk_bytes: number | null; filesystem: string | null;
 }
 
 const decode = (r: Row): SnapshotRecord => ({
@@ -42,6 +47,7 @@ const decode = (r: Row): SnapshotRecord => ({
   imageLayers: JSON.parse(r.image_layers), imageConfig: JSON.parse(r.image_config), layer: r.layer, sizeBytes: r.size_bytes,
   cpus: r.cpus, memoryBytes: r.memory_bytes, pids: r.pids, priority: r.priority === 'batch' ? 'batch' : 'latency',
   labels: JSON.parse(r.labels), env: JSON.parse(r.env), createdAt: r.created_at,
+  network: r.network ? JSON.parse(r.network) : null, diskBytes: r.disk_bytes, filesystem: r.filesystem ? JSON.parse(r.filesystem) : null,
 });
 
 /** The API view of a snapshot. */
@@ -67,9 +73,10 @@ export class SnapshotRepo {
   insert(s: SnapshotRecord): SnapshotRecord {
     this.assertNameFree(s.name);
     this.db.prepare(`INSERT INTO snapshots (id, name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus,
-        memory_bytes, pids, priority, labels, env, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+        memory_bytes, pids, priority, labels, env, created_at, network, disk_bytes, filesystem) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
       .run(s.id, s.name, s.kind, s.sandboxId, s.backend, s.image, JSON.stringify(s.imageLayers), JSON.stringify(s.imageConfig), s.layer,
-        s.sizeBytes, s.cpus, s.memoryBytes, s.pids, s.priority, JSON.stringify(s.labels), JSON.stringify(s.env), s.createdAt);
+        s.sizeBytes, s.cpus, s.memoryBytes, s.pids, s.priority, JSON.stringify(s.labels), JSON.stringify(s.env), s.createdAt,
+        s.network ? JSON.stringify(s.network) : null, s.diskBytes, s.filesystem ? JSON.stringify(s.filesystem) : null);
     return s;
   }
 

@@ -146,4 +146,16 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE sandboxes ADD COLUMN seccomp TEXT;                         -- JSON {allow?, deny?} over the default profile, else NULL
     `,
   },
+  {
+    version: 6,
+    description: 'hardening: network, writable-layer quota and filesystem options on sandboxes and snapshots',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN network TEXT;                         -- JSON NetworkSpec, else NULL (mode none)
+      ALTER TABLE sandboxes ADD COLUMN disk_bytes INTEGER;                   -- quota on the writable layer, else NULL (none)
+      ALTER TABLE sandboxes ADD COLUMN filesystem TEXT;                      -- JSON FilesystemSpec, else NULL (defaults)
+      ALTER TABLE snapshots ADD COLUMN network TEXT;                         -- the source's, restored by default
+      ALTER TABLE snapshots ADD COLUMN disk_bytes INTEGER;
+      ALTER TABLE snapshots ADD COLUMN filesystem TEXT;
+    `,
+  },
 ];

@@ -58,6 +58,8 @@
 
 #include <node_api.h>
 
+#include "dsec_native.h"
+
 /* Fallbacks for older kernel headers (values are the kernel ABI). */
 #ifndef SYS_open_tree
 #define SYS_open_tree 428
@@ -112,7 +114,7 @@ static const char *errno_name(int e) {
 }
 
 /* Throws Error(`${syscall}(${path}): ${strerror}`) with code/errno/syscall/path set. */
-static void throw_errno(napi_env env, int e, const char *syscall_name, const char *path) {
+void throw_errno(napi_env env, int e, const char *syscall_name, const char *path) {
   char msg[PATH_BUF + 256];
   if (path && *path)
     snprintf(msg, sizeof msg, "%s(%s): %s", syscall_name, path, strerror(e));
@@ -133,13 +135,13 @@ static void throw_errno(napi_env env, int e, const char *syscall_name, const cha
   napi_throw(env, err);
 }
 
-static void throw_type(napi_env env, const char *msg) {
+void throw_type(napi_env env, const char *msg) {
   napi_throw_type_error(env, "ERR_INVALID_ARG_TYPE", msg);
 }
 
 /* ---------- argument helpers: return 0 on success, -1 with a pending exception ---------- */
 
-static int get_args(napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
+int get_args(napi_env env, napi_callback_info info, size_t want, napi_value *argv) {
   size_t argc = want;
   if (napi_get_cb_info(env, info, &argc, argv, NULL, NULL) != napi_ok) {
     napi_throw_error(env, NULL, "napi_get_cb_info failed");
@@ -152,7 +154,7 @@ static int get_args(napi_env env, napi_callback_info info, size_t want, napi_val
   return 0;
 }
 
-static int get_string(napi_env env, napi_value v, char *buf, size_t cap, const char *what) {
+int get_string(napi_env env, napi_value v, char *buf, size_t cap, const char *what) {
   size_t len = 0;
   if (napi_get_value_string_utf8(env, v, NULL, 0, &len) != napi_ok) {
     char m[128];
@@ -532,7 +534,7 @@ static napi_value js_peer_cred(napi_env env, napi_callback_info info) {
 
 /* ---------- scheduling probes (dsec host info; daemon/host/sched.ts) ---------- */
 
-static napi_value make_int(napi_env env, int v) {
+napi_value make_int(napi_env env, int v) {
   napi_value n;
   return napi_create_int32(env, v, &n) == napi_ok ? n : NULL;
 }
@@ -590,6 +592,8 @@ static napi_value init(napi_env env, napi_value exports) {
       {"schedIdleProbe", NULL, js_sched_idle_probe, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
+  /* Functions of the other source files (each documents its own). */
+  if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0) return NULL;
 
   napi_value c;
   if (napi_create_object(env, &c) != napi_ok) return NULL;

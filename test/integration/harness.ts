@@ -22,10 +22,21 @@ export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
 /** True when running as root (integration tests need it). */
 export const IS_ROOT = process.getuid?.() === 0;
 
-/** Uid pool of a test slot: 32 Mi ids (512 ranges of 65,536) above 3 GiB, away from the default pool. */
+/**
+ * `DSEC_TEST_SLOT_OFFSET` (0, 30, 60 or 90; default 0) shifts every slot, so up to four
+ * checkouts of this repository can run their integration tests on one host at once.
+ */
+const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
+
+/**
+ * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
+ * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
+ */
 export function uidPoolForSlot(slot: number): { base: number; size: number } {
   if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
-  return { base: 3 * 2 ** 30 + slot * 2 ** 25, size: 2 ** 25 };
+  const s = slot + SLOT_OFFSET;
+  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+  return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
 }
 
 /** Options of {@link TestDaemon.start}. */

@@ -169,7 +169,7 @@ function storeAt(version: number): Database.Database {
   return db;
 }
 
-describe('migrations 3-5', () => {
+describe('migrations 3-6', () => {
   it('3 adds snapshots, the trajectory log and sandboxes.snapshot_id to a version-2 store, keeping its rows', () => {
     const db = storeAt(2);
     expect(migrate(db, MIGRATIONS.slice(0, 3))).toEqual([3]);
@@ -189,5 +189,13 @@ describe('migrations 3-5', () => {
     const db = storeAt(4);
     expect(migrate(db, MIGRATIONS.slice(0, 5))).toEqual([5]);
     expect(db.prepare("SELECT seccomp FROM sandboxes WHERE id = 'old'").get()).toEqual({ seccomp: null });
+  });
+
+  it('6 adds network, disk_bytes and filesystem to sandboxes and snapshots of a version-5 store, keeping its rows', () => {
+    const db = storeAt(5);
+    expect(migrate(db, MIGRATIONS.slice(0, 6))).toEqual([6]);
+    expect(db.prepare("SELECT network, disk_bytes, filesystem FROM sandboxes WHERE id = 'old'").get()).toEqual({ network: null, disk_bytes: null, filesystem: null });
+    const cols = db.prepare('PRAGMA table_info(snapshots)').all().map((r: any) => r.name);
+    expect(cols).toEqual(expect.arrayContaining(['network', 'disk_bytes', 'filesystem']));
   });
 });

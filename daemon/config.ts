@@ -89,6 +89,19 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    network: z
+      .object({
+        subnet: z.string().optional(),
+        user_mode: z.enum(['slirp4netns', 'none']).optional(),
+        host_loopback: z.boolean().optional(),
+        upstream_dns: z.array(z.string().regex(/^[0-9.]+(:\d{1,5})?$/, 'upstream_dns entries are IPv4 addresses with an optional :port')).min(1).optional(),
+        host_resolvers: z.array(z.string().min(1)).min(1).optional(),
+        policy_dir: z.string().optional(),
+        ttl_min_s: z.number().int().min(1).optional(),
+        ttl_max_s: z.number().int().min(1).optional(),
+      })
+      .strict()
+      .optional(),
     images: z
       .object({
         store: z.string().optional(),
@@ -172,6 +185,39 @@ export interface DaemonConfig {
    * such period.
    */
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
+  /** Sandbox networking (daemon/net/, docs/OPERATIONS.md "Networking"); see {@link NetworkConfig}. */
+  network: NetworkConfig;
+}
+
+/**
+ * `[network]`: the instance network namespace that `allow` and `open` sandboxes attach to.
+ * - `subnet`: the bridge's IPv4 prefix inside the instance netns (default 10.201.0.0/16:
+ *   65,533 sandbox addresses, more than the default uid pool's 16,384 ranges; private and
+ *   rarely used, and only destinations inside it become unreachable). Gateway = first host.
+ * - `userMode`: how the instance netns reaches the host's network: `slirp4netns` (default;
+ *   user-mode networking, no host setting changes) or `none` (the operator routes the
+ *   namespace, see docs/OPERATIONS.md).
+ * - `hostLoopback`: let sandboxes reach the host's 127.0.0.1 through the user-mode
+ *   gateway (10.0.2.2), still subject to their egress rules; default false.
+ * - `upstreamDns`: where the sandbox resolver forwards allowed names, as seen from the
+ *   instance netns; default slirp4netns's DNS forwarder 10.0.2.3 (which uses the host's
+ *   resolv.conf).
+ * - `hostResolvers`: servers dsecd (host netns) uses to resolve host rules; default the
+ *   host's resolv.conf.
+ * - `policyDir`: the operator's network policy files (default /etc/dsec/network-policies).
+ * - `ttlMinS`/`ttlMaxS`: clamp on the DNS TTL of resolved host rules (default 30 s and
+ *   3,600 s: no re-query storm from TTL-0 records, and moved services are picked up
+ *   within an hour even when a record says a day).
+ */
+export interface NetworkConfig {
+  subnet: string;
+  userMode: 'slirp4netns' | 'none';
+  hostLoopback: boolean;
+  upstreamDns: string[];
+  hostResolvers: string[] | null;
+  policyDir: string;
+  ttlMinS: number;
+  ttlMaxS: number;
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -260,6 +306,16 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     },
     retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
       trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },
+    network: {
+      subnet: fc.network?.subnet ?? '10.201.0.0/16',
+      userMode: fc.network?.user_mode ?? 'slirp4netns',
+      hostLoopback: fc.network?.host_loopback ?? false,
+      upstreamDns: fc.network?.upstream_dns ?? ['10.0.2.3'],
+      hostResolvers: fc.network?.host_resolvers ?? null,
+      policyDir: path.resolve(fc.network?.policy_dir ?? '/etc/dsec/network-policies'),
+      ttlMinS: fc.network?.ttl_min_s ?? 30,
+      ttlMaxS: Math.max(fc.network?.ttl_max_s ?? 3600, fc.network?.ttl_min_s ?? 30),
+    },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

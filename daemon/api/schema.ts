@@ -10,6 +10,7 @@
 import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
 import { SeccompOverrideSchema } from '../security/seccomp.js';
+import { ruleProblem } from '../security/egress.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -98,18 +99,25 @@ export const EgressRule = z
     protocol: z.enum(['tcp', 'udp', 'any']).optional().describe('Default any.'),
   })
   .strict()
-  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host');
+  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host')
+  .superRefine((r, ctx) => {
+    // Prefix syntax and host bits, host-name syntax, port-range order (daemon/security/egress.ts).
+    const problem = ruleProblem(r);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  });
 export type EgressRule = z.infer<typeof EgressRule>;
 
 /**
  * The network of a sandbox. `none` (default): a network namespace with loopback only.
  * `allow`: a veth on the instance bridge, egress only to `allow` (and the sandbox's
  * resolver), minus `deny`. `open`: egress anywhere except `deny`. `policy` names a
- * network policy data file whose rules are merged under the inline ones.
+ * network policy data file whose rules are merged under the inline ones. `mode` may be
+ * left out when `policy` is given: the policy's mode applies (docs/SECURITY.md
+ * "Networking and egress"); the stored spec always has the settled mode.
  */
 export const NetworkSpec = z
   .object({
-    mode: z.enum(['none', 'allow', 'open']).default('none').describe('none (loopback only, default), allow (allow-list) or open (anything but deny).'),
+    mode: z.enum(['none', 'allow', 'open']).optional().describe("none (loopback only), allow (allow-list) or open (anything but deny); default the policy's mode, else none."),
     policy: PolicyName.optional().describe('Name of a network policy data file (docs/SECURITY.md), merged under the inline rules.'),
     allow: z.array(EgressRule).max(256).optional().describe('Destinations reachable in mode allow.'),
     deny: z.array(EgressRule).max(256).optional().describe('Destinations never reachable; wins over allow.'),

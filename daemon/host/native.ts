@@ -103,6 +103,15 @@ function addon(): NativeAddon {
   return cached;
 }
 
+/**
+ * The loaded addon itself, for the wrappers of its other source files (daemon/host/bpf.ts
+ * and the like), which type their own functions.
+ * @throws DsecError FailedPrecondition when the addon is not built or fails to load.
+ */
+export function loadAddon(): NativeAddon {
+  return addon();
+}
+
 /** True when the addon file exists and loads (never throws). Tests and `dsec host info` use it. */
 export function nativeAvailable(): boolean {
   try {

@@ -41,6 +41,10 @@ import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend } from './api/schema.js';
+import { SandboxNetworking } from './net/network.js';
+import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
+import { BPF_BUILD_RELATIVE } from './host/bpf.js';
+import { execa } from 'execa';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -86,6 +90,8 @@ export interface Daemon {
   config: DaemonConfig;
   log: Logger;
   close(): Promise<void>;
+  /** Reloads the network policy files (SIGHUP); logs and keeps the previous set on a malformed file. */
+  reloadNetworkPolicies?(): Promise<void>;
 }
 
 /**
@@ -218,15 +224,40 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     const coreSched = detectCoreScheduling();
     const schedIdle = detectSchedIdle();
-    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }),
+    // Sandbox networking: instance netns, egress programs, resolver (daemon/net/network.ts).
+    const policies = new PolicySet([shippedPolicyDir(), config.network.policyDir]);
+    for (const p of policies.loadInitial()) log.error({ file: p.file }, `network policy skipped: ${p.message}`);
+    const cg2 = cgroups.parents.unified;
+    const network = new SandboxNetworking({
+      config: config.network, root: config.root, instance: config.instance, uidPool: config.uidPool, policies,
+      cgroup2Dir: (id) => path.join(cg2 ?? '/nonexistent-cgroup2', id), bpfBuildDir: path.join(repoRoot(), BPF_BUILD_RELATIVE),
+      event: (id, type, message) => { repo.event(type, repo.find(id) ?? null, message); },
+      log: log.child({ component: 'network' }),
+    });
+    await network.init();
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }), network,
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
-      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories,
+      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network,
     });
+    /** Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes naming them. */
+    const reloadPolicies = async () => {
+      const inUse = new Set(repo.all().map((s) => s.network?.policy).filter((p): p is string => !!p));
+      const r = policies.reload(inUse);
+      const reapplied: string[] = [];
+      for (const sb of repo.all()) {
+        if (sb.network?.policy && r.changed.includes(sb.network.policy)) {
+          await manager.setNetwork(sb.id, sb.network);
+          reapplied.push(sb.id);
+        }
+      }
+      repo.event('network.policies_reloaded', null, `loaded=${r.loaded.join(',') || 'none'} changed=${r.changed.join(',') || 'none'} reapplied=${reapplied.length}`);
+      return { ...r, reapplied };
+    };
     // `criu check` runs once, in the background; host info and process snapshots read the result.
     const criu = probeCriu();
 
@@ -244,6 +275,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await layers.reconcile(new Map());
       await cgroups.removeInstance();
       await images.syncLeases([]);
+      await network.purge();
+      await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
       await container.close();
       db.close();
       reg.release();
@@ -298,6 +331,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       trajectories,
       fncall,
       sandboxfusionImages: config.sandboxfusion.images,
+      network: { networking: network, policies, reload: reloadPolicies },
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -337,8 +371,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls; denials are not counted' },
             apparmor: container.apparmorStatus(),
             landlock: { enforced: false, detail: 'not built yet' },
-            network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },
-            egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
+            ...network.hostDefences(),
           },
         }),
       },
@@ -357,6 +390,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     return {
       config,
       log,
+      async reloadNetworkPolicies() {
+        try {
+          const r = await reloadPolicies();
+          log.info(r, 'network policies reloaded');
+        } catch (e) {
+          log.error({ err: e }, (e as Error).message);
+        }
+      },
       async close() {
         reaper.stop();
         metricsServer?.close();
@@ -368,6 +409,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         clearTimeout(t);
         await fncall.close();
         await container.close();
+        await network.close();
         db.close();
         reg.release();
       },
@@ -429,6 +471,7 @@ export async function main(argv: string[]): Promise<number> {
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
+    process.on('SIGHUP', () => void daemon.reloadNetworkPolicies?.());
   });
   await daemon.close();
   log.flush();

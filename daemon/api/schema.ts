@@ -125,6 +125,51 @@ export const NetworkSpec = z
   .strict();
 export type NetworkSpec = z.infer<typeof NetworkSpec>;
 
+/** Denials of one sandbox's egress programs and resolver since it was attached (cumulative for its current container). */
+export const NetworkDenials = z.object({
+  connect: z.number().int().describe('connect() calls refused (EPERM).'),
+  sendmsg: z.number().int().describe('UDP sendto/sendmsg calls to an address refused (EPERM).'),
+  sock_create: z.number().int().describe('Raw or non-TCP/UDP inet sockets refused (EPERM).'),
+  dns_refused: z.number().int().describe('DNS questions the resolver refused (REFUSED, never forwarded); counted since this dsecd attached it.'),
+  last: z.string().nullable().describe('The last denied attempt, e.g. `10.0.0.9:80/tcp (connect)`.'),
+});
+
+/** GET/PUT /v1/sandboxes/{id}/network response: the settled network and its state on the host. */
+export const SandboxNetwork = z.object({
+  id: z.string(),
+  mode: z.enum(['none', 'allow', 'open']),
+  policy: z.string().nullable().describe('The named policy merged in, if any.'),
+  allow: z.array(EgressRule).describe("Effective allow rules: the policy's, then the sandbox's own."),
+  deny: z.array(EgressRule).describe("Effective deny rules: the policy's, then the sandbox's own."),
+  address: z.string().nullable().describe('The sandbox\'s IPv4 address on the instance bridge (derived from its uid-range slot), null in mode none.'),
+  gateway: z.string().nullable(),
+  resolver: z.string().nullable().describe('The resolver its /etc/resolv.conf names, `gateway:53`.'),
+  attached: z.boolean().describe('Whether its veth and egress programs are in place now (running or paused).'),
+  hosts: z.record(z.string(), z.array(z.string())).describe('Addresses dsecd resolved for each exact host rule (refreshed on the DNS TTL, clamped).'),
+  learned: z.number().int().describe('Addresses allowed because the resolver answered them for an allow host rule (wildcards included).'),
+  denied: NetworkDenials,
+});
+
+/** One loaded network policy (GET /v1/network/policies). */
+export const NetworkPolicyView = z.object({
+  name: z.string(),
+  file: z.string().describe('The data file it was loaded from.'),
+  description: z.string().nullable(),
+  mode: z.enum(['allow', 'open']),
+  allow: z.array(EgressRule),
+  deny: z.array(EgressRule),
+});
+
+/** GET /v1/network/policies response. */
+export const NetworkPolicyList = z.object({ policies: z.array(NetworkPolicyView) });
+
+/** POST /v1/network/policies/reload response. */
+export const PolicyReloadResult = z.object({
+  loaded: z.array(z.string()).describe('Every policy loaded now.'),
+  changed: z.array(z.string()).describe('Policies whose content changed, appeared or disappeared.'),
+  reapplied: z.array(z.string()).describe('Sandboxes whose network was re-applied because their policy changed.'),
+});
+
 /** Absolute paths inside a sandbox, for filesystem options; `*` is allowed in the last component (`/lib*`). */
 const sandboxPath = z.string().regex(/^\/[^\0]*$/, 'paths are absolute').max(4096).refine((p) => !p.split('/').includes('..'), 'paths must not contain ..');
 
@@ -524,6 +569,7 @@ export const SandboxStatsView = z.object({
   memory_limit_bytes: z.number().int().nullable(),
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
+  network_denied: NetworkDenials.nullable().optional().describe('Egress denials of an allow/open sandbox with its network attached, else null.'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

@@ -15,7 +15,7 @@ import type { FncallCall } from '../fncall/pool.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
@@ -35,6 +35,7 @@ import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from
 import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
+import type { SandboxNetworking } from '../net/network.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -87,6 +88,8 @@ export interface ManagerDeps {
   log: Logger;
   snapshots: SnapshotRepo;
   trajectories: TrajectoryLog;
+  /** Sandbox networking (daemon/net/network.ts); absent: only mode none is accepted. */
+  network?: SandboxNetworking;
 }
 
 /** What a new sandbox is made of: an image's layers and config, or a snapshot's. */
@@ -141,7 +144,53 @@ export class SandboxManager {
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
     const image = await this.d.images.get(req.image);
-    return this.createFrom(req, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+    const network = this.settleNetwork(req.network);
+    return this.createFrom({ ...req, network }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+  }
+
+  /**
+   * Validates a requested network and settles its mode (daemon/net/network.ts); null for
+   * mode none, which is what a sandbox without a network has.
+   * @throws DsecError InvalidArgument (bad rules, unknown policy), FailedPrecondition
+   *   (allow/open where networking is unavailable).
+   */
+  private settleNetwork(spec: NetworkSpec | null | undefined): NetworkSpec | undefined {
+    if (!spec) return undefined;
+    const settled = this.d.network
+      ? this.d.network.settle(spec)
+      : (spec.mode ?? 'none') === 'none' && !spec.policy && !spec.allow?.length && !spec.deny?.length
+        ? { ...spec, mode: 'none' as const }
+        : (() => { throw failedPrecondition('this dsecd has no sandbox networking; use network mode none (the default)'); })();
+    return settled.mode === 'none' ? undefined : settled;
+  }
+
+  /**
+   * Changes the network of a sandbox: stored at once, applied at once to a running or
+   * paused one (allow <-> open, rules, policy), or at its next start. Between none and
+   * allow/open the sandbox would need a different network namespace, so that is refused.
+   * @throws DsecError NotFound, InvalidArgument (bad rules), FailedPrecondition (none <-> other).
+   */
+  async setNetwork(id: string, spec: NetworkSpec): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      const next = this.settleNetwork(spec) ?? null;
+      const from = sb.network?.mode ?? 'none', to = next?.mode ?? 'none';
+      if ((from === 'none') !== (to === 'none')) {
+        throw failedPrecondition(`sandbox ${id} has network mode ${from}; it cannot become ${to} while it exists (${from === 'none' ? 'it has no veth or egress programs' : 'its network namespace keeps its veth'}). `
+          + `Create a new sandbox with --network ${to}, or snapshot this one and restore it with network mode ${to}`);
+      }
+      const done = this.d.repo.setNetwork(id, next);
+      if ((sb.state === 'running' || sb.state === 'paused') && next && this.d.network) {
+        try {
+          await this.d.network.update(done, next);
+        } catch (e) {
+          this.d.repo.setNetwork(id, sb.network);
+          throw e instanceof DsecError ? e : wrap(e, `apply network of sandbox ${id}`);
+        }
+      }
+      this.d.repo.event('network.updated', done, `mode=${to}${next?.policy ? ` policy=${next.policy}` : ''} allow=${next?.allow?.length ?? 0} deny=${next?.deny?.length ?? 0}`);
+      return done;
+    });
   }
 
   /**
@@ -761,6 +810,7 @@ export class SandboxManager {
   async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
     const snap = await this.checkSnapshot(ref);
     const creq = this.restoreRequest(snap, req);
+    creq.network = this.settleNetwork(creq.network);
     this.checkLimits(creq);
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
     const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };

@@ -213,6 +213,8 @@ export interface CompileContext {
   addressesOf(host: string): readonly string[];
   /** Prefixes denied to every sandbox whatever its rules (the bridge subnet, the user-mode network's own services). */
   infraDeny: readonly Prefix[];
+  /** More denials with their own ports (open mode: DNS to anything but the resolver). */
+  extraDeny?: readonly { prefix: Prefix; ports: PortRange[] }[];
 }
 
 /**
@@ -232,7 +234,7 @@ export function compileEgress(net: EffectiveNetwork, ctx: CompileContext): Compi
     return d;
   };
   const allow = dests(net.allow);
-  const deny = [...dests(net.deny), ...ctx.infraDeny.map((prefix) => ({ prefix, ports: [{ lo: 0, hi: 65535, protos: PROTO_ANY }] }))];
+  const deny = [...dests(net.deny), ...ctx.infraDeny.map((prefix) => ({ prefix, ports: [{ lo: 0, hi: 65535, protos: PROTO_ANY }] })), ...(ctx.extraDeny ?? [])];
   const fam = (ds: Dest[], f: Family) => ds.filter((d) => d.prefix.family === f);
   return {
     allow4: net.mode === 'allow' ? compileList(fam(allow, 4)) : new Map(),

@@ -28,6 +28,7 @@ import { buildSpec } from './spec.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
+import type { SandboxNetworking } from '../../net/network.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -50,6 +51,12 @@ export interface ContainerDriverDeps {
    * generated at create and the spec names none.
    */
   apparmor?: { instance: string; socketDir: string };
+  /**
+   * Networking of `allow`/`open` sandboxes (daemon/net/network.ts): resolv.conf in the
+   * spec, veth and egress programs after the runtime started the init, removed when the
+   * container is gone. Absent: every sandbox has loopback only.
+   */
+  network?: SandboxNetworking;
   log: Logger;
 }
 
@@ -179,6 +186,7 @@ export class ContainerDriver implements SandboxDriver {
       });
       apparmorProfile = p.name;
     }
+    const network = this.d.network?.prepareSpec(sb, dir) ?? null;
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),
@@ -196,6 +204,7 @@ export class ContainerDriver implements SandboxDriver {
       worker: sb.backend === 'fncall',
       ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
       apparmorProfile,
+      ...(network ? { network } : {}),
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');
@@ -223,7 +232,8 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
     const start = procStartTime(pid);
     if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
-    await this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS);
+    // The veth and egress programs go in while the agent says hello: both before create returns.
+    await Promise.all([this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
     if (op === 'create') fp.hit('create.after-agent');
     return { pid, start };
   }
@@ -259,6 +269,7 @@ export class ContainerDriver implements SandboxDriver {
     await this.dropAgent(sb.id);
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('stop.after-kill');
+    await this.d.network?.detach(sb);
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
     await teardownRootfs(this.dir(sb.id));
@@ -288,6 +299,7 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit('destroy.after-kill');
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('destroy.after-runtime');
+    await this.d.network?.detach(sb, { forget: true });
     await teardownRootfs(this.dir(sb.id));
     await this.releaseLayers(sb.id);
     fp.hit('destroy.after-rootfs');
@@ -393,6 +405,7 @@ export class ContainerDriver implements SandboxDriver {
 
   async adopt(sb: SandboxRecord): Promise<void> {
     await this.acquireLayers(sb);
+    await this.d.network?.adopt(sb);
     // A running sandbox is never left frozen: dsecd may have died in the middle of a
     // commit or snapshot, which freeze the sandbox while they copy its layer.
     if (sb.state === 'running') await this.d.cgroups.thaw(sb.id).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'thaw at adopt failed'));
@@ -432,6 +445,7 @@ export class ContainerDriver implements SandboxDriver {
         removed.push(`mount ${m}`);
       }
     }
+    if (this.d.network) removed.push(...await this.d.network.cleanOrphans(known));
     return { removed };
   }
 

@@ -234,7 +234,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       event: (id, type, message) => { repo.event(type, repo.find(id) ?? null, message); },
       log: log.child({ component: 'network' }),
     });
-    await network.init();
+    await network.init({ eager: repo.all().some((s) => SandboxNetworking.hasNetwork(s)) });
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }), network,
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });

@@ -58,9 +58,11 @@ export function parseAddr(s: string): { family: Family; bytes: Buffer } | null {
   return null;
 }
 
-/** Dotted quad or RFC 5952 text (lowercase, longest zero run as `::`) of address bytes. */
+/** Dotted quad or RFC 5952 text (lowercase, longest zero run as `::`, IPv4-mapped as `::ffff:a.b.c.d`) of address bytes. */
 export function formatAddr(b: Buffer): string {
   if (b.length === 4) return [...b].join('.');
+  const v4 = unmap4(b);
+  if (v4) return `::ffff:${[...v4].join('.')}`;
   const w = Array.from({ length: 8 }, (_, i) => b.readUInt16BE(i * 2));
   let best = -1, bestLen = 0;
   for (let i = 0; i < 8;) {

@@ -141,6 +141,8 @@ export class SandboxNetworking {
   private pinWriter: NodeJS.Timeout | null = null;
   private ready = false;
   private problem: string | null = null;
+  private upOnce: Promise<void> | null = null;
+  private isUp = false;
 
   constructor(private readonly d: NetworkingDeps) {
     this.subnet = parseSubnet(d.config.subnet);
@@ -159,11 +161,14 @@ export class SandboxNetworking {
   }
 
   /**
-   * Brings up the instance netns, uplink, egress programs and resolver. A failure does
-   * not stop dsecd: allow/open sandboxes are then refused with the reason
-   * ({@link available}), and mode none works as before.
+   * Loads the egress programs (cheap, so `dsec host info` is truthful from the start) and,
+   * when `eager` (some sandbox of the store has a network) or the instance netns exists
+   * already, brings up the namespace, uplink and resolver ({@link up}). Otherwise those
+   * wait for the first allow/open sandbox: a dsecd whose sandboxes all have mode none
+   * never runs slirp4netns or a resolver. A failure does not stop dsecd: allow/open
+   * sandboxes are then refused with the reason ({@link available}); mode none works.
    */
-  async init(): Promise<void> {
+  async init(opts: { eager: boolean }): Promise<void> {
     mkdirSync(path.join(this.stateDir, 'pins'), { recursive: true, mode: 0o700 });
     try {
       const pins = path.join(this.d.root, 'bpf');
@@ -174,24 +179,38 @@ export class SandboxNetworking {
       this.bpfProblem = `egress programs could not be loaded: ${(e as Error).message}`;
       this.d.log.error({ err: e }, 'egress programs unavailable; allow/open sandboxes will be refused');
     }
-    try {
-      const r = await this.instanceNet.ensure();
-      this.d.log.info({ netns: this.instanceNet.name, ...r }, 'instance network namespace ready');
-      this.resolver = new SandboxResolver(
-        { netnsPath: this.instanceNet.path, gateway: this.gateway, upstreams: this.d.config.upstreamDns, stateDir: this.stateDir, log: this.d.log.child({ component: 'resolver' }) },
-        { decide: (src, name, type) => this.decide(src, name, type), pin: async (src, name, addrs) => this.pinAnswer(src, name, addrs) },
-      );
-      await this.resolver.start();
-    } catch (e) {
-      this.problem = `instance network namespace unavailable: ${(e as Error).message}`;
-      this.d.log.error({ err: e }, 'sandbox networking unavailable; allow/open sandboxes will be refused');
-    }
     this.names.start();
     this.poll = setInterval(() => this.pollCounters(), POLL_MS);
     this.poll.unref();
     this.pinWriter = setInterval(() => this.writePins(), PIN_WRITE_MS);
     this.pinWriter.unref();
     this.ready = true;
+    if (opts.eager || this.instanceNet.exists()) await this.up();
+  }
+
+  /**
+   * Brings up the instance netns, its uplink and the resolver, once; later calls wait for
+   * the same attempt. A failure is kept (and reported by {@link available}) until dsecd
+   * restarts, so a broken host does not make every create wait for the uplink timeout.
+   */
+  up(): Promise<void> {
+    this.upOnce ??= (async () => {
+      if (this.bpfProblem) return;
+      try {
+        const r = await this.instanceNet.ensure();
+        this.d.log.info({ netns: this.instanceNet.name, ...r }, 'instance network namespace ready');
+        this.resolver = new SandboxResolver(
+          { netnsPath: this.instanceNet.path, gateway: this.gateway, upstreams: this.d.config.upstreamDns, stateDir: this.stateDir, log: this.d.log.child({ component: 'resolver' }) },
+          { decide: (src, name, type) => this.decide(src, name, type), pin: async (src, name, addrs) => this.pinAnswer(src, name, addrs) },
+        );
+        await this.resolver.start();
+        this.isUp = true;
+      } catch (e) {
+        this.problem = `instance network namespace unavailable: ${(e as Error).message}`;
+        this.d.log.error({ err: e }, 'sandbox networking unavailable; allow/open sandboxes will be refused until dsecd restarts');
+      }
+    })();
+    return this.upOnce;
   }
 
   /** Null when allow/open sandboxes can be created here, else why not. */
@@ -202,14 +221,16 @@ export class SandboxNetworking {
 
   /**
    * Validates a requested network and settles it for the store: mode resolved (the
-   * request's, else its policy's), the policy name checked.
+   * request's, else its policy's), the policy name checked; brings networking up on the
+   * first allow/open sandbox.
    * @throws DsecError InvalidArgument (rules with mode none, unknown policy, bad rule),
    *   FailedPrecondition (allow/open while networking is unavailable on this host).
    */
-  settle(spec: NetworkSpec): NetworkSpec {
+  async settle(spec: NetworkSpec): Promise<NetworkSpec> {
     const policy = spec.policy ? this.d.policies.require(spec.policy) : undefined;
     const eff = effectiveNetwork(spec, policy);
     if (eff.mode !== 'none') {
+      await this.up();
       const why = this.available();
       if (why) throw failedPrecondition(`network mode ${eff.mode} is not available on this host: ${why}; use mode none (the default) or see dsecd's log`);
       // Compile once now, so an impossible rule set (too many port ranges) is refused before the sandbox exists.
@@ -241,8 +262,9 @@ export class SandboxNetworking {
    * For the OCI spec of an allow/open sandbox: writes its resolv.conf (the resolver on
    * the gateway) into the sandbox dir; null for mode none (the spec is unchanged).
    */
-  prepareSpec(sb: SandboxRecord, sandboxDir: string): SpecNetwork | null {
+  async prepareSpec(sb: SandboxRecord, sandboxDir: string): Promise<SpecNetwork | null> {
     if (!SandboxNetworking.hasNetwork(sb)) return null;
+    await this.up();
     const why = this.available();
     if (why) throw failedPrecondition(`sandbox ${sb.id} has network mode ${sb.network!.mode}, which is not available on this host: ${why}`);
     const file = path.join(sandboxDir, 'resolv.conf');
@@ -451,7 +473,7 @@ export class SandboxNetworking {
       this.removeEntries(l.cgid, l.applied);
       this.unregister(l);
     }
-    if (SandboxNetworking.hasNetwork(sb) && sb.uidBase !== null && this.instanceNet.exists()) await detachVeth(this.instanceNet.name, this.slotOf(sb));
+    if (SandboxNetworking.hasNetwork(sb) && sb.uidBase !== null && this.isUp) await detachVeth(this.instanceNet.name, this.slotOf(sb));
     if (opts.forget) rmSync(this.pinsFile(sb.id), { force: true });
   }
 
@@ -500,7 +522,7 @@ export class SandboxNetworking {
    */
   async cleanOrphans(known: Set<string>): Promise<string[]> {
     const removed: string[] = [];
-    if (this.instanceNet.exists()) {
+    if (this.isUp) {
       const slots = new Set([...this.live.values()].map((l) => l.slot));
       for (const v of await listVeths(this.instanceNet.name).catch(() => [])) {
         if (!slots.has(v.slot)) {

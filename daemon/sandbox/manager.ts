@@ -144,7 +144,7 @@ export class SandboxManager {
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
     const image = await this.d.images.get(req.image);
-    const network = this.settleNetwork(req.network);
+    const network = await this.settleNetwork(req.network);
     return this.createFrom({ ...req, network }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
   }
 
@@ -154,10 +154,10 @@ export class SandboxManager {
    * @throws DsecError InvalidArgument (bad rules, unknown policy), FailedPrecondition
    *   (allow/open where networking is unavailable).
    */
-  private settleNetwork(spec: NetworkSpec | null | undefined): NetworkSpec | undefined {
+  private async settleNetwork(spec: NetworkSpec | null | undefined): Promise<NetworkSpec | undefined> {
     if (!spec) return undefined;
     const settled = this.d.network
-      ? this.d.network.settle(spec)
+      ? await this.d.network.settle(spec)
       : (spec.mode ?? 'none') === 'none' && !spec.policy && !spec.allow?.length && !spec.deny?.length
         ? { ...spec, mode: 'none' as const }
         : (() => { throw failedPrecondition('this dsecd has no sandbox networking; use network mode none (the default)'); })();
@@ -173,7 +173,7 @@ export class SandboxManager {
   async setNetwork(id: string, spec: NetworkSpec): Promise<SandboxRecord> {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
-      const next = this.settleNetwork(spec) ?? null;
+      const next = (await this.settleNetwork(spec)) ?? null;
       const from = sb.network?.mode ?? 'none', to = next?.mode ?? 'none';
       if ((from === 'none') !== (to === 'none')) {
         throw failedPrecondition(`sandbox ${id} has network mode ${from}; it cannot become ${to} while it exists (${from === 'none' ? 'it has no veth or egress programs' : 'its network namespace keeps its veth'}). `
@@ -810,7 +810,7 @@ export class SandboxManager {
   async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
     const snap = await this.checkSnapshot(ref);
     const creq = this.restoreRequest(snap, req);
-    creq.network = this.settleNetwork(creq.network);
+    creq.network = await this.settleNetwork(creq.network);
     this.checkLimits(creq);
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
     const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };

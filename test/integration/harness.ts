@@ -31,8 +31,15 @@ const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
 /**
  * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
  * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
+ * Slots 30-33 are four more per checkout, at 512 MiB + (offset / 30 x 4 + slot - 30) x 16 Mi,
+ * below every other slot and above the uids of ordinary users and their subuid ranges.
  */
 export function uidPoolForSlot(slot: number): { base: number; size: number } {
+  if (slot >= 30 && slot <= 33) {
+    const k = (SLOT_OFFSET / 30) * 4 + slot - 30;
+    if (!Number.isInteger(k) || k < 0 || k > 15) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+    return { base: 2 ** 29 + k * 2 ** 24, size: 2 ** 24 };
+  }
   if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
   const s = slot + SLOT_OFFSET;
   if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
@@ -187,8 +194,20 @@ export class TestDaemon {
   }
 
   /**
+   * Removes the instance network namespace and stops its slirp4netns (by the recorded
+   * pid, checked against its starttime), as `dsecd --purge` would. Safe to call twice.
+   */
+  async removeNetwork(): Promise<void> {
+    try {
+      const rec = JSON.parse(readFileSync(path.join(this.root, 'net', 'slirp4netns.pid'), 'utf8')) as { pid: number; start: number };
+      if (aliveAt(rec.pid, rec.start)) process.kill(rec.pid, 'SIGKILL');
+    } catch { /* none recorded */ }
+    await execa('ip', ['netns', 'del', netnsOf(this)], { reject: false });
+  }
+
+  /**
    * Stops the daemon and removes everything it or its sandboxes left: runtime
-   * containers, mounts, cgroups, the root. Safe to call twice.
+   * containers, mounts, cgroups, the instance netns, the root. Safe to call twice.
    */
   async cleanup(): Promise<void> {
     await this.stop().catch(() => {});
@@ -207,10 +226,42 @@ export class TestDaemon {
       }
       await cg.removeInstance().catch(() => {});
     }
+    await this.removeNetwork();
     const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(this.root + '/'));
     for (const m of mi.sort((a, b) => b.length - a.length)) await execa('umount', ['-l', m], { reject: false });
     rmSync(this.root, { recursive: true, force: true });
   }
+}
+
+/** Name of the instance network namespace (daemon/net/instance.ts). */
+export function netnsOf(d: TestDaemon): string {
+  return `dsec-${d.instance}`;
+}
+
+/** Whether a pid is alive with the given /proc starttime. */
+function aliveAt(pid: number, start: number): boolean {
+  try {
+    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return f[0] !== 'Z' && Number(f[19]) === start;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * What sandbox networking of an instance leaves while dsecd is stopped, for leak checks:
+ * the instance netns, its recorded slirp4netns when alive, the bridge ports in it.
+ */
+export async function networkTraces(d: TestDaemon): Promise<{ netns: boolean; slirp: number | null; veths: string[] }> {
+  const netns = (await execa('ip', ['netns', 'list'], { reject: false })).stdout.split('\n').some((l) => l.split(' ')[0] === netnsOf(d));
+  let slirp: number | null = null;
+  try {
+    const rec = JSON.parse(readFileSync(path.join(d.root, 'net', 'slirp4netns.pid'), 'utf8')) as { pid: number; start: number };
+    if (aliveAt(rec.pid, rec.start)) slirp = rec.pid;
+  } catch { /* none */ }
+  const veths = netns ? (JSON.parse(String((await execa('ip', ['-n', netnsOf(d), '-j', 'link', 'show', 'master', 'dsec0'], { reject: false })).stdout) || '[]') as { ifname: string }[]).map((l) => l.ifname) : [];
+  return { netns, slirp, veths };
 }
 
 /** Runs `bin/dsec` with args against a daemon; resolves with exit code and output (never throws). */

@@ -10,6 +10,7 @@ describe('addresses and prefixes', () => {
     expect(formatAddr(parse6('::1')!)).toBe('::1');
     expect(formatAddr(parse6('1:0:0:2:0:0:0:3')!)).toBe('1:0:0:2::3');
     expect([...parse6('::ffff:1.2.3.4')!.subarray(10)]).toEqual([0xff, 0xff, 1, 2, 3, 4]);
+    expect(formatAddr(parse6('::ffff:1.2.3.4')!)).toBe('::ffff:1.2.3.4');
     expect(parse6('fe80::1%eth0')).toBeNull();
     expect(parse6('1.2.3.4')).toBeNull();
   });

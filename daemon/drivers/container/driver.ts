@@ -186,7 +186,7 @@ export class ContainerDriver implements SandboxDriver {
       });
       apparmorProfile = p.name;
     }
-    const network = this.d.network?.prepareSpec(sb, dir) ?? null;
+    const network = (await this.d.network?.prepareSpec(sb, dir)) ?? null;
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),

@@ -72,8 +72,10 @@ export function nftRuleset(subnet: Subnet): string {
     'table ip dsec {',
     '  chain input {',
     '    type filter hook input priority filter; policy accept;',
-    // From sandboxes, the namespace itself answers DNS on the gateway only (the resolver).
+    // From sandboxes, the namespace itself answers DNS on the gateway only (the resolver),
+    // plus replies to connections it opened.
     `    iifname "${BRIDGE}" ip daddr ${gw} meta l4proto { tcp, udp } th dport 53 accept`,
+    `    iifname "${BRIDGE}" ct state established,related accept`,
     `    iifname "${BRIDGE}" ip daddr { ${gw}, ${SLIRP.self} } drop`,
     '  }',
     '  chain forward {',

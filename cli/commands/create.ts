@@ -8,6 +8,7 @@ import type { Ctx } from '../util/context.js';
 import { UserError } from '../util/errors.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
+import { addNetworkOptions, networkRequest, type NetworkFlags } from '../util/network.js';
 
 /** The backends the API names (whether this host has each: `dsec host info`). */
 export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisfies readonly Backend[];
@@ -15,8 +16,8 @@ export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisf
 /** Scheduling classes the API names (`--priority`). */
 export const PRIORITIES = ['latency', 'batch'] as const satisfies readonly SandboxPriority[];
 
-/** Parsed create flags, as commander hands them to the action. */
-export interface CreateFlags {
+/** Parsed create flags, as commander hands them to the action (network flags: cli/util/network.ts). */
+export interface CreateFlags extends NetworkFlags {
   /** `--backend`. */
   backend?: string;
   /** `--image`. */
@@ -66,10 +67,11 @@ export function parsePriority(text: string): SandboxPriority {
 
 /**
  * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`,
- * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`.
+ * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, and the network flags of
+ * cli/util/network.ts) to `cmd`.
  */
 export function addCreateOptions(cmd: Command): Command {
-  return cmd
+  return addNetworkOptions(cmd)
     .option('--backend <backend>', `isolation tier: ${BACKENDS.join(', ')} (default container)`, flag('--backend', parseBackend))
     .option('--image <name>', 'image, name or name:tag (default busybox)')
     .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
@@ -97,6 +99,8 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);
   if (f.priority !== undefined) req.priority = f.priority;
   if (f.idleTimeout !== undefined) req.idle_timeout_s = f.idleTimeout;
+  const network = networkRequest(f);
+  if (network) req.network = network;
   if (f.seccompAllow !== undefined || f.seccompDeny !== undefined) {
     req.seccomp = { ...(f.seccompAllow ? { allow: f.seccompAllow } : {}), ...(f.seccompDeny ? { deny: f.seccompDeny } : {}) };
   }

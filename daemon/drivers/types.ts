@@ -8,6 +8,7 @@
  * leaves on the host.
  */
 import type { IsolateOptions } from '../agent/protocol.js';
+import type { SeccompCounts } from '../security/seccomp-monitor.js';
 import type { Backend } from '../api/schema.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
@@ -32,6 +33,8 @@ export interface SandboxStats {
   memoryLimitBytes: number | null;
   pids: number;
   oomKills: number;
+  /** Denied system calls as the seccomp monitor counted them, or null: not counted. */
+  seccompDenials?: SeccompCounts | null;
 }
 
 /** What a pause reclaimed, measured from the sandbox's memory.stat before and after. Bytes. */

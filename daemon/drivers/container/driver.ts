@@ -28,6 +28,7 @@ import { buildSpec } from './spec.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
+import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -50,6 +51,11 @@ export interface ContainerDriverDeps {
    * generated at create and the spec names none.
    */
   apparmor?: { instance: string; socketDir: string };
+  /**
+   * The instance's seccomp monitor: sandboxes created or started while it is reachable
+   * have their denials counted (daemon/security/seccomp-monitor.ts). Default: none.
+   */
+  seccompMonitor?: SeccompMonitor;
   log: Logger;
 }
 
@@ -179,6 +185,7 @@ export class ContainerDriver implements SandboxDriver {
       });
       apparmorProfile = p.name;
     }
+    const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),
@@ -195,6 +202,7 @@ export class ContainerDriver implements SandboxDriver {
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
       ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
+      seccompNotify,
       apparmorProfile,
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
@@ -297,6 +305,7 @@ export class ContainerDriver implements SandboxDriver {
     if (this.apparmorKernel && this.d.apparmor)
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
     await removeSandboxDir(this.dir(sb.id));
+    this.d.seccompMonitor?.forget(sb.id);
     fp.hit('destroy.after-dir');
   }
 
@@ -377,7 +386,8 @@ export class ContainerDriver implements SandboxDriver {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     const st = await this.d.cgroups.stats(sb.id).catch(() => null);
     if (!st) return null;
-    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills };
+    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills,
+      seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
   }
 
   logPath(sb: SandboxRecord): string {

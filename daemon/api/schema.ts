@@ -516,6 +516,7 @@ export const SandboxStatsView = z.object({
   memory_limit_bytes: z.number().int().nullable(),
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
+  pids_limit_hits: z.number().int().nullable().optional().describe('Forks refused because the sandbox was at its pids limit (pids.events max).'),
   seccomp_denials: z.object({
     total: z.number().int().describe('Denied system calls since the sandbox started (counted by the seccomp monitor, across dsecd restarts).'),
     by_syscall: z.record(z.string(), z.number().int()).describe('Denials per syscall name.'),

@@ -33,6 +33,8 @@ export interface SandboxStats {
   memoryLimitBytes: number | null;
   pids: number;
   oomKills: number;
+  /** Forks refused at the pids limit (pids.events max). */
+  pidsLimitHits: number;
   /** Denied system calls as the seccomp monitor counted them, or null: not counted. */
   seccompDenials?: SeccompCounts | null;
 }
@@ -130,6 +132,11 @@ export interface SandboxDriver {
   agentClient(sb: SandboxRecord): Promise<AgentClient>;
   /** Resource usage of a running sandbox, or null when it has none (stopped). */
   stats(sb: SandboxRecord): Promise<SandboxStats | null>;
+  /**
+   * The kernel's limit counters of a running sandbox (OOM kills, forks refused at the
+   * pids limit), cheap enough for a periodic sweep; null when it has none.
+   */
+  limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
   /** Host path of the sandbox's agent log, or null for backends without one. */
   logPath(sb: SandboxRecord): string | null;
   /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */

@@ -387,7 +387,12 @@ export class ContainerDriver implements SandboxDriver {
     const st = await this.d.cgroups.stats(sb.id).catch(() => null);
     if (!st) return null;
     return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills,
-      seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
+      pidsLimitHits: st.pidsLimitHits, seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
+  }
+
+  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }
 
   logPath(sb: SandboxRecord): string {

@@ -799,6 +799,8 @@ export class SandboxManager {
    * sandbox; the runtime is asked only about sandboxes whose init looks gone.
    * @returns ids marked failed.
    */
+  /** When this manager (this dsecd) started, ms since the epoch. */
+  private readonly startedAt = Date.now();
   /** Limit counters last seen per running sandbox (see {@link watchLimits}). */
   private readonly limitsSeen = new Map<string, { oomKills: number; pidsLimitHits: number }>();
 
@@ -818,7 +820,9 @@ export class SandboxManager {
       const c = await drv?.limitCounters(sb).catch(() => null);
       if (!c) continue;
       live.add(sb.id);
-      const prev = this.limitsSeen.get(sb.id);
+      // A sandbox created by this dsecd started from zero (its cgroup is new); one adopted
+      // at start may have counts from before, which a previous dsecd reported.
+      const prev = this.limitsSeen.get(sb.id) ?? (sb.createdAt >= this.startedAt ? { oomKills: 0, pidsLimitHits: 0 } : undefined);
       this.limitsSeen.set(sb.id, c);
       if (!prev) continue;
       if (c.oomKills > prev.oomKills) {

@@ -45,6 +45,7 @@ import { SandboxNetworking } from './net/network.js';
 import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
+import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -235,7 +236,19 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log: log.child({ component: 'network' }),
     });
     await network.init({ eager: repo.all().some((s) => SandboxNetworking.hasNetwork(s)) });
+        // seccomp denials are answered (EPERM) and counted by the instance's monitor process;
+    // events are coalesced per sandbox (at most one per DENIAL_EVENT_MS).
+    const denialEvents = new DenialEvents((id, msg) => {
+      const sb = repo.find(id);
+      if (sb) repo.event('seccomp.denied', sb, msg);
+    });
+    const seccompMonitor = opts.purge ? null : await SeccompMonitor.start({
+      dir: path.join(config.root, 'seccomp'), log: log.child({ component: 'seccomp-monitor' }),
+      onDenied: (d) => denialEvents.add(d),
+      onFlood: (id, total) => denialEvents.flood(id, total),
+    });
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }), network,
+      ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
@@ -280,6 +293,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await container.close();
       db.close();
       reg.release();
+      SeccompMonitor.stop(path.join(config.root, 'seccomp'));
       log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
       return { config, log, async close() {} };
     }
@@ -368,7 +382,10 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls; denials are not counted' },
+            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls' },
+            seccomp_denial_counting: seccompMonitor?.available
+              ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
+              : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
             apparmor: container.apparmorStatus(),
             landlock: { enforced: false, detail: 'not built yet' },
             ...network.hostDefences(),
@@ -410,6 +427,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         await fncall.close();
         await container.close();
         await network.close();
+        denialEvents.close();
+        seccompMonitor?.close();
         db.close();
         reg.release();
       },

@@ -570,6 +570,12 @@ export const SandboxStatsView = z.object({
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
   network_denied: NetworkDenials.nullable().optional().describe('Egress denials of an allow/open sandbox with its network attached, else null.'),
+  pids_limit_hits: z.number().int().nullable().optional().describe('Forks refused because the sandbox was at its pids limit (pids.events max).'),
+  seccomp_denials: z.object({
+    total: z.number().int().describe('Denied system calls since the sandbox started (counted by the seccomp monitor, across dsecd restarts).'),
+    by_syscall: z.record(z.string(), z.number().int()).describe('Denials per syscall name.'),
+    flooded: z.boolean().describe('Past the flood limit: later denials still fail (ENOSYS) but are no longer counted.'),
+  }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

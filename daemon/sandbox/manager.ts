@@ -15,7 +15,7 @@ import type { FncallCall } from '../fncall/pool.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest, Event as ApiEvent } from '../api/schema.js';
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
@@ -849,6 +849,45 @@ export class SandboxManager {
    * sandbox; the runtime is asked only about sandboxes whose init looks gone.
    * @returns ids marked failed.
    */
+  /** When this manager (this dsecd) started, ms since the epoch. */
+  private readonly startedAt = Date.now();
+  /** Limit counters last seen per running sandbox (see {@link watchLimits}). */
+  private readonly limitsSeen = new Map<string, { oomKills: number; pidsLimitHits: number }>();
+
+  /**
+   * Turns the kernel's limit counters into events: `sandbox.oom` when the OOM killer
+   * killed processes of a sandbox, `sandbox.pids_limit` when forks were refused at its
+   * pids limit (a fork bomb), each with the increase since the last sweep and the total.
+   * The first sweep after a start (or after a sandbox appears) records a baseline.
+   * @returns the events emitted.
+   */
+  async watchLimits(): Promise<ApiEvent[]> {
+    const out: ApiEvent[] = [];
+    const live = new Set<string>();
+    for (const sb of this.d.repo.all()) {
+      if (sb.state !== 'running') continue;
+      const drv = this.d.drivers.get(sb.backend);
+      const c = await drv?.limitCounters(sb).catch(() => null);
+      if (!c) continue;
+      live.add(sb.id);
+      // A sandbox created by this dsecd started from zero (its cgroup is new); one adopted
+      // at start may have counts from before, which a previous dsecd reported.
+      const prev = this.limitsSeen.get(sb.id) ?? (sb.createdAt >= this.startedAt ? { oomKills: 0, pidsLimitHits: 0 } : undefined);
+      this.limitsSeen.set(sb.id, c);
+      if (!prev) continue;
+      if (c.oomKills > prev.oomKills) {
+        const n = c.oomKills - prev.oomKills;
+        out.push(this.d.repo.event('sandbox.oom', sb, `the OOM killer killed ${n} process${n > 1 ? 'es' : ''} at the memory limit of ${sb.memoryBytes} bytes; ${c.oomKills} in all`));
+      }
+      if (c.pidsLimitHits > prev.pidsLimitHits) {
+        const n = c.pidsLimitHits - prev.pidsLimitHits;
+        out.push(this.d.repo.event('sandbox.pids_limit', sb, `${n} fork${n > 1 ? 's' : ''} refused at the pids limit of ${sb.pids}; ${c.pidsLimitHits} in all`));
+      }
+    }
+    for (const id of this.limitsSeen.keys()) if (!live.has(id)) this.limitsSeen.delete(id);
+    return out;
+  }
+
   async checkLiveness(): Promise<string[]> {
     const dead: string[] = [];
     for (const sb of this.d.repo.all()) {

@@ -17,6 +17,13 @@ import { isDsecError } from '../errors.js';
 /** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
 export const REAP_INTERVAL_MS = 1000;
 
+/**
+ * Limit counters (OOM kills, forks refused at the pids limit) are read every 5th sweep:
+ * two small cgroup reads per running sandbox, ~2,000 reads/s at 5,000 sandboxes, so an
+ * OOM or a fork bomb shows as an event within ~5 s.
+ */
+export const LIMIT_WATCH_SWEEPS = 5;
+
 /** Periodic TTL enforcement and event pruning; `start()` after reconcile, `stop()` at shutdown. */
 export class Reaper {
   private timer: NodeJS.Timeout | null = null;
@@ -61,6 +68,8 @@ export class Reaper {
         if (this.trajectories && age !== undefined) this.trajectories.prune(now - age, now - 2 * age, now);
       }
       await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
+      if (this.sweeps % LIMIT_WATCH_SWEEPS === 1)
+        await this.manager.watchLimits().catch((e) => this.log.error({ err: e }, 'reaper: limit counters sweep failed'));
       await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {
         if (this.inFlight.has(id)) continue;

@@ -4,11 +4,12 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
- * pools (dsecd refuses overlapping pools of live instances).
+ * Each test daemon leases a uid-pool slot of its own at start ({@link leaseSlot}), so
+ * parallel files get disjoint uid pools (dsecd refuses overlapping pools of live
+ * instances). The `slot` a test passes is only a label in its temp root's name.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import Database from 'better-sqlite3';
@@ -22,33 +23,69 @@ export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
 /** True when running as root (integration tests need it). */
 export const IS_ROOT = process.getuid?.() === 0;
 
-/**
- * `DSEC_TEST_SLOT_OFFSET` (0, 30, 60 or 90; default 0) shifts every slot, so up to four
- * checkouts of this repository can run their integration tests on one host at once.
- */
-const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
+/** Number of uid-pool slots test daemons lease from (see {@link leaseSlot}). */
+export const SLOTS = 120;
 
 /**
- * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
- * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
- * Slots 30-33 are four more per checkout, at 512 MiB + (offset / 30 x 4 + slot - 30) x 16 Mi,
- * below every other slot and above the uids of ordinary users and their subuid ranges.
+ * Uid pool of slot `s` (0..119): 16 Mi ids (256 ranges of 65,536), away from the default
+ * pool (2^31 .. 2^31+2^30). Slots 0-63 lie above 3 GiB, 64-119 above 1 GiB.
  */
-export function uidPoolForSlot(slot: number): { base: number; size: number } {
-  if (slot >= 30 && slot <= 33) {
-    const k = (SLOT_OFFSET / 30) * 4 + slot - 30;
-    if (!Number.isInteger(k) || k < 0 || k > 15) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
-    return { base: 2 ** 29 + k * 2 ** 24, size: 2 ** 24 };
-  }
-  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
-  const s = slot + SLOT_OFFSET;
-  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+export function uidPoolForSlot(s: number): { base: number; size: number } {
+  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
+}
+
+/** Where slot leases live: one file per leased slot, holding the leasing process's pid. */
+const SLOT_DIR = '/tmp/dsec-test-slots';
+
+/**
+ * Leases a free uid-pool slot for one test daemon, so test files running in parallel
+ * (and several checkouts of this repository on one host) never give two live dsecd
+ * instances overlapping pools, which dsecd refuses. A lease is a file created with
+ * O_EXCL; one whose process is gone is taken over. Released by {@link releaseSlot}.
+ * @throws Error when all {@link SLOTS} slots are leased by live processes.
+ */
+export function leaseSlot(): number {
+  mkdirSync(SLOT_DIR, { recursive: true });
+  for (let s = 0; s < SLOTS; s++) {
+    const f = path.join(SLOT_DIR, String(s));
+    try {
+      writeFileSync(f, `${process.pid}\n`, { flag: 'wx' });
+      return s;
+    } catch {
+      let pid = 0;
+      try {
+        pid = Number(readFileSync(f, 'utf8').trim());
+      } catch { /* raced with a release */ }
+      let alive = pid > 0;
+      try {
+        if (alive) process.kill(pid, 0);
+      } catch {
+        alive = false;
+      }
+      if (!alive) {
+        rmSync(f, { force: true });
+        s--; // try the same slot again
+      }
+    }
+  }
+  throw new Error(`all ${SLOTS} test uid-pool slots are leased by live processes (${SLOT_DIR})`);
+}
+
+/** Releases a slot leased by this process. Safe to call twice. */
+export function releaseSlot(s: number): void {
+  const f = path.join(SLOT_DIR, String(s));
+  try {
+    if (Number(readFileSync(f, 'utf8').trim()) === process.pid) rmSync(f, { force: true });
+  } catch { /* not leased */ }
 }
 
 /** Options of {@link TestDaemon.start}. */
 export interface StartOptions {
+  /** A label for the temp root's name; the uid pool comes from a leased slot. */
   slot: number;
+  /** Use this daemon's uid pool instead of leasing one (to test that dsecd refuses overlapping pools). */
+  samePoolAs?: TestDaemon;
   /** Extra environment (e.g. DSEC_FAILPOINT). */
   env?: Record<string, string>;
   /** Extra TOML appended to the config. */
@@ -72,6 +109,8 @@ export class TestDaemon {
   readonly client: DsecClient;
   readonly instance: string;
   private exitPromise: Promise<{ code: number | null; signal: string | null }> | null = null;
+  /** Whether cleanup() releases the slot (false when the pool is borrowed, see StartOptions.samePoolAs). */
+  private ownsSlot = true;
   private cg: CgroupManager | null = null;
 
   private constructor(readonly root: string, readonly slot: number, private baseConfig: string) {
@@ -87,9 +126,11 @@ export class TestDaemon {
   /** Starts a fresh daemon on a new temp root. */
   static async start(opts: StartOptions): Promise<TestDaemon> {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
-    const pool = uidPoolForSlot(opts.slot);
+    const slot = opts.samePoolAs ? opts.samePoolAs.slot : leaseSlot();
+    const pool = uidPoolForSlot(slot);
     const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
-    const d = new TestDaemon(root, opts.slot, cfg);
+    const d = new TestDaemon(root, slot, cfg);
+    d.ownsSlot = !opts.samePoolAs;
     try {
       await d.launch(opts.env);
     } catch (e) {
@@ -230,6 +271,7 @@ export class TestDaemon {
     const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(this.root + '/'));
     for (const m of mi.sort((a, b) => b.length - a.length)) await execa('umount', ['-l', m], { reject: false });
     rmSync(this.root, { recursive: true, force: true });
+    if (this.ownsSlot) releaseSlot(this.slot);
   }
 }
 

@@ -29,6 +29,7 @@ import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } 
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
+import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -57,6 +58,11 @@ export interface ContainerDriverDeps {
    * container is gone. Absent: every sandbox has loopback only.
    */
   network?: SandboxNetworking;
+  /**
+   * The instance's seccomp monitor: sandboxes created or started while it is reachable
+   * have their denials counted (daemon/security/seccomp-monitor.ts). Default: none.
+   */
+  seccompMonitor?: SeccompMonitor;
   log: Logger;
 }
 
@@ -187,6 +193,7 @@ export class ContainerDriver implements SandboxDriver {
       apparmorProfile = p.name;
     }
     const network = (await this.d.network?.prepareSpec(sb, dir)) ?? null;
+    const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),
@@ -203,6 +210,7 @@ export class ContainerDriver implements SandboxDriver {
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
       ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
+      seccompNotify,
       apparmorProfile,
       ...(network ? { network } : {}),
     });
@@ -309,6 +317,7 @@ export class ContainerDriver implements SandboxDriver {
     if (this.apparmorKernel && this.d.apparmor)
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
     await removeSandboxDir(this.dir(sb.id));
+    this.d.seccompMonitor?.forget(sb.id);
     fp.hit('destroy.after-dir');
   }
 
@@ -389,7 +398,13 @@ export class ContainerDriver implements SandboxDriver {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     const st = await this.d.cgroups.stats(sb.id).catch(() => null);
     if (!st) return null;
-    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills };
+    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills,
+      pidsLimitHits: st.pidsLimitHits, seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
+  }
+
+  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }
 
   logPath(sb: SandboxRecord): string {

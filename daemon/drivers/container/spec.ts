@@ -115,6 +115,13 @@ export interface SpecInput {
   /** seccomp overrides of the sandbox's image and of the sandbox (daemon/security/seccomp.ts). */
   seccomp?: { image?: SeccompOverride; sandbox?: SeccompOverride };
   /**
+   * Count this sandbox's seccomp denials through the instance's seccomp monitor
+   * (daemon/security/seccomp-monitor.ts): the EPERM rules become SCMP_ACT_NOTIFY rules
+   * whose listener is `listenerPath`, with the sandbox id as metadata. Default: none
+   * (plain EPERM rules, nothing counted).
+   */
+  seccompNotify?: { listenerPath: string; metadata: string };
+  /**
    * The `linux.seccomp` object to use as is (tests); default: built from the default
    * profile, {@link SpecInput.seccomp} and {@link SpecInput.worker}.
    */
@@ -199,7 +206,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
-      seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker }),
+      seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker, notify: i.seccompNotify }),
     },
   };
 }

@@ -474,7 +474,7 @@ export class SandboxNetworking {
       this.unregister(l);
     }
     if (SandboxNetworking.hasNetwork(sb) && sb.uidBase !== null && this.isUp) await detachVeth(this.instanceNet.name, this.slotOf(sb));
-    if (opts.forget) rmSync(this.pinsFile(sb.id), { force: true });
+    if (opts.forget && SandboxNetworking.hasNetwork(sb)) rmSync(this.pinsFile(sb.id), { force: true });
   }
 
   /**

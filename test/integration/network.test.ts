@@ -15,7 +15,7 @@ import type dgram from 'node:dgram';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon, netnsOf, networkTraces, rejection } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, netnsOf, networkTraces, rejection, runCli } from './harness.js';
 import { NET, NetnsServer, addTestAddresses, eventsOf, hostNetworkState, probeIn } from './net-helpers.js';
 // @ts-expect-error plain JavaScript fixture without types
 import { startDns } from '../fixtures/netns-servers.mjs';
@@ -219,6 +219,64 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
       await d.client.deleteSandbox(sb.id, { force: true });
       await d.client.deleteSandbox(other.id, { force: true });
     }
+  });
+
+  it('the CLI: create with network flags, show, set, policies, and errors with hints', async () => {
+    const c = await runCli(d, ['--json', 'create', '--allow', `${NET.pypi}:443/tcp`]);
+    expect(c.code, c.stderr).toBe(0);
+    const id = JSON.parse(c.stdout).id as string;
+    try {
+      expect(JSON.parse(c.stdout).network).toEqual({ mode: 'allow', allow: [{ cidr: NET.pypi, ports: [443], protocol: 'tcp' }] });
+      const show = await runCli(d, ['network', 'show', id]);
+      expect(show.stdout).toMatch(/mode\s+allow/);
+      expect(show.stdout).toMatch(new RegExp(`allow\\s+${NET.pypi.replace(/\./g, '\\.')}:443/tcp`));
+      const set = await runCli(d, ['--json', 'network', 'set', id, '--allow', `${NET.other}:443`]);
+      expect(set.code, set.stderr).toBe(0);
+      expect(JSON.parse(set.stdout)).toMatchObject({ mode: 'allow', allow: [{ cidr: NET.other, ports: [443] }] });
+      expect(await probeIn(d, id, `/tmp/p tcp ${NET.other} 443`)).toEqual(['ok other-https']);
+      const bad = await runCli(d, ['network', 'set', id, '--network', 'none']);
+      expect(bad.code).toBe(125);
+      expect(bad.stderr).toMatch(/cannot become none while it exists/);
+      const deny = await runCli(d, ['create', '--deny', 'pypi.org']);
+      expect(deny.code).toBe(125);
+      expect(deny.stderr).toMatch(/--deny needs a network mode[\s\S]*hint: add --network open/);
+      const pols = await runCli(d, ['network', 'policies']);
+      expect(pols.stdout).toMatch(/block-package-proxies\s+open\s+0\s+43/);
+    } finally {
+      await d.client.deleteSandbox(id, { force: true });
+    }
+  });
+
+  it('snapshots keep the network: a restore gets the same rules (or the ones it asks for)', async () => {
+    const sb = await d.client.createSandbox({ network: { mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443] }] } });
+    const snap = await d.client.snapshot(sb.id);
+    await d.client.deleteSandbox(sb.id, { force: true });
+    const r1 = await d.client.restore(snap.id);
+    const r2 = await d.client.restore(snap.id, { network: { mode: 'open' } });
+    try {
+      expect(r1.network).toEqual({ mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443] }] });
+      expect(await probeIn(d, r1.id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['ok pypi-https', 'EPERM']);
+      expect(await probeIn(d, r2.id, `/tmp/p tcp ${NET.other} 443`)).toEqual(['ok other-https']);
+    } finally {
+      await d.client.deleteSandbox(r1.id, { force: true });
+      await d.client.deleteSandbox(r2.id, { force: true });
+      await d.client.deleteSnapshot(snap.id);
+    }
+  });
+
+  it('a create killed after its network was attached is rolled back at restart without leaving a veth or map entries', async () => {
+    await d.stop();
+    await d.launch({ DSEC_FAILPOINT: 'create.after-agent' });
+    await d.client.createSandbox({ network: { mode: 'allow', allow: [{ cidr: `${NET.pypi}/32` }] } }).catch(() => {});
+    await d.waitExit();
+    expect((await networkTraces(d)).veths.length).toBe(1);
+    await d.launch();
+    expect((await networkTraces(d)).veths).toEqual([]);
+    for (const m of ['egress_conf', 'egress_allow4', 'egress_deny4']) {
+      const r = await execa('bpftool', ['-j', 'map', 'dump', 'pinned', path.join(d.root, 'bpf', 'egress', m)]);
+      expect(JSON.parse(String(r.stdout)), m).toEqual([]);
+    }
+    expect((await d.traces()).rows).toEqual([]);
   });
 
   it('destroy leaves no veth, no map entries, no learned-address file; purge removes the netns and slirp4netns', async () => {

@@ -38,6 +38,8 @@ export interface HostNamesOptions {
   log: Logger;
   /** Called after a name's address set changed (not on every refresh). */
   onChange(name: string): void;
+  /** How often due names are looked at, ms; default {@link SWEEP_MS} (tests use less). */
+  sweepMs?: number;
 }
 
 /** The shared name cache; see the module comment. */
@@ -52,7 +54,7 @@ export class HostNames {
 
   /** Starts the refresh sweep. */
   start(): void {
-    this.timer ??= setInterval(() => this.sweep(), SWEEP_MS);
+    this.timer ??= setInterval(() => this.sweep(), this.o.sweepMs ?? SWEEP_MS);
     this.timer.unref();
   }
 
@@ -82,6 +84,12 @@ export class HostNames {
       if (!e.tried) waits.push(this.lookup(n, e));
     }
     await Promise.all(waits);
+  }
+
+  /** Looks `name` up again now (whatever its TTL says); resolves when done. A name not tracked is ignored. */
+  refresh(name: string): Promise<void> {
+    const e = this.entries.get(name);
+    return e ? this.lookup(name, e) : Promise.resolve();
   }
 
   /** Forgets names no sandbox uses any more. */

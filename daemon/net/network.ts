@@ -173,7 +173,12 @@ export class SandboxNetworking {
     try {
       const pins = path.join(this.d.root, 'bpf');
       ensureBpffs(pins);
-      this.bpf = BpfObject.load({ objectPath: path.join(this.d.bpfBuildDir, 'egress.bpf.o'), pinDir: path.join(pins, 'egress'), replaceIncompatiblePins: true });
+      // One conf and one counters entry per sandbox: size those maps for every slot of the uid pool (16,384 by default, the object's own size).
+      const slots = Math.max(16384, Math.floor(this.d.uidPool.size / this.d.uidPool.rangeSize));
+      this.bpf = BpfObject.load({
+        objectPath: path.join(this.d.bpfBuildDir, 'egress.bpf.o'), pinDir: path.join(pins, 'egress'), replaceIncompatiblePins: true,
+        maxEntries: { egress_conf: slots, egress_counters: slots },
+      });
       this.scanMaps();
     } catch (e) {
       this.bpfProblem = `egress programs could not be loaded: ${(e as Error).message}`;

@@ -4,7 +4,8 @@
  *   dsecd [--root DIR] [--socket PATH] [--config FILE]
  *
  * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
- * store -> images -> drivers -> reconcile (adopt live sandboxes, undo half-done work,
+ * store -> images -> writable-layer store (mounted before any sandbox is touched) ->
+ * drivers -> reconcile (adopt live sandboxes, undo half-done work,
  * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
@@ -41,6 +42,7 @@ import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend } from './api/schema.js';
+import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -160,7 +162,8 @@ function secureSocket(socket: string, log: Logger): void {
 
 /**
  * Starts a daemon with the given config. Resolves once the API is listening.
- * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers,
+ * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers and
+ * its writable-layer store (whose loop device detaches and whose image is deleted),
  * removes its cgroup parents and resolves without serving (`dsecd --purge`).
  * @throws DsecError when the host lacks what dsecd needs (runtime, agent binary, cgroups).
  */
@@ -206,6 +209,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     await images.init();
     await images.ensureBuiltinImages();
+    // Writable layers: mounted (or created on first start) before reconcile touches a sandbox.
+    const storage = await UpperStore.open({ root: config.root, config: config.storage, log: log.child({ component: 'storage' }) });
+    const storeCap = storage.capacityBytes();
+    if (storage.enforcesQuota && storeCap !== null && config.defaults.diskBytes > storeCap) {
+      log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: creates without disk_bytes will be refused');
+    }
     let layers: LayerMounts;
     const cache = config.images.cacheDir
       ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
@@ -218,14 +227,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     const coreSched = detectCoreScheduling();
     const schedIdle = detectSchedIdle();
-    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }),
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, storage, log: log.child({ component: 'container' }),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
-      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories,
+      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, storage,
     });
     // `criu check` runs once, in the background; host info and process snapshots read the result.
     const criu = probeCriu();
@@ -242,12 +251,13 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     if (opts.purge) {
       for (const sb of repo.all()) await manager.destroy(sb.id, true, 'purge');
       await layers.reconcile(new Map());
+      await storage.purge();
       await cgroups.removeInstance();
       await images.syncLeases([]);
       await container.close();
       db.close();
       reg.release();
-      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
+      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers and the writable-layer store unmounted (its image removed), cgroup parents removed');
       return { config, log, async close() {} };
     }
     // fncall workers are stateless and never adopted: the ones a previous dsecd left are destroyed.
@@ -339,6 +349,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             landlock: { enforced: false, detail: 'not built yet' },
             network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },
             egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
+            disk_quota: storage.status(),
           },
         }),
       },
@@ -385,7 +396,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
-    .option('--purge', 'destroy every sandbox of this instance, unmount its layers, remove its cgroups, and exit')
+    .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
   try {

@@ -161,7 +161,8 @@ export const CreateSandboxRequest = z
     seccomp: SeccompOverrideSchema.optional().describe(
       'Changes to the default seccomp profile (docs/SECURITY.md): `allow` lifts every denial of the named syscalls (e.g. ["ptrace"] for a debugger task), `deny` adds EPERM denials.'),
     network: NetworkSpec.optional().describe('Network mode and egress policy; default mode none (loopback only).'),
-    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe('Quota on the writable layer, bytes; default from config.'),
+    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional()
+      .describe('Quota on the writable layer, bytes (at least 16 MiB); default [defaults] disk_bytes (10 GiB). Refused above the store\'s size, and where the store enforces no quota.'),
     filesystem: FilesystemSpec.optional().describe('Read-only system paths, writable exceptions, Landlock; defaults from the image, then config.'),
   })
   .strict();
@@ -192,7 +193,8 @@ export const Sandbox = z.object({
   snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
-  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes; null: none.'),
+  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes, fixed at create; null: none (the store enforces no quota; see defences.disk_quota).'),
+  disk_used_bytes: z.number().int().nullable().optional().describe('Bytes the writable layer uses now, as the store accounts them; null where it cannot tell (layer on the host filesystem). GET of one sandbox only.'),
   filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
@@ -516,6 +518,8 @@ export const SandboxStatsView = z.object({
   memory_limit_bytes: z.number().int().nullable(),
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
+  disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem).'),
+  disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

@@ -4,7 +4,7 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
+ * Each test file takes a distinct `slot` (0..31) so parallel files get disjoint uid
  * pools (dsecd refuses overlapping pools of live instances).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -30,12 +30,14 @@ const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
 
 /**
  * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
- * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
+ * (2^31 .. 2^31+2^30). Slots 0-29 of each checkout map to 0-119 after the offset: 0-63
+ * lie above 3 GiB, 64-119 above 1 GiB. Slots 30 and 31 of each checkout map to 120-127
+ * (two per offset), the last 128 Mi ids below the default pool.
  */
 export function uidPoolForSlot(slot: number): { base: number; size: number } {
-  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
-  const s = slot + SLOT_OFFSET;
-  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+  if (slot < 0 || slot > 31) throw new Error(`slot ${slot} out of range`);
+  const s = slot < 30 ? slot + SLOT_OFFSET : 120 + (SLOT_OFFSET / 30) * 2 + (slot - 30);
+  if (!Number.isInteger(s) || s < 0 || s > 127) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
 }
 
@@ -56,6 +58,8 @@ export interface HostTraces {
   dirs: string[];
   rows: string[];
   uidRanges: number;
+  /** Entries of the writable-layer store (`<root>/storage/mnt/sb/<id>`: btrfs subvolumes, XFS project dirs). */
+  store: string[];
 }
 
 /** A dsecd process under test. */
@@ -67,7 +71,7 @@ export class TestDaemon {
   private exitPromise: Promise<{ code: number | null; signal: string | null }> | null = null;
   private cg: CgroupManager | null = null;
 
-  private constructor(readonly root: string, readonly slot: number, private baseConfig: string) {
+  private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number }) {
     this.instance = instanceNameFor(root);
     this.client = new DsecClient({ socketPath: this.socket, timeoutMs: 120_000 });
   }
@@ -82,7 +86,7 @@ export class TestDaemon {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
     const pool = uidPoolForSlot(opts.slot);
     const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
-    const d = new TestDaemon(root, opts.slot, cfg);
+    const d = new TestDaemon(root, opts.slot, cfg, pool);
     try {
       await d.launch(opts.env);
     } catch (e) {
@@ -90,6 +94,25 @@ export class TestDaemon {
       throw e;
     }
     return d;
+  }
+
+  /** Replaces the extra TOML (StartOptions.config) for the next {@link launch} or {@link restart}; the uid pool stays. */
+  setConfig(extra: string): void {
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${extra}\n`;
+  }
+
+  /** The writable-layer store's mount point and image (daemon/storage/store.ts). */
+  get storeMount(): string {
+    return path.join(this.root, 'storage', 'mnt');
+  }
+
+  /**
+   * Host path of a sandbox's writable layer (its overlay upper dir): its store entry, else
+   * the host-filesystem layout `<root>/sandboxes/<id>/upper`.
+   */
+  upperDir(id: string): string {
+    const inStore = path.join(this.storeMount, 'sb', id, 'upper');
+    return existsSync(inStore) ? inStore : path.join(this.root, 'sandboxes', id, 'upper');
   }
 
   /** Starts dsecd on this root and waits until the API answers. */
@@ -170,11 +193,13 @@ export class TestDaemon {
     const runtime = ((JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]).map((c) => c.id);
     const sbDir = path.join(this.root, 'sandboxes');
     const dirs = existsSync(sbDir) ? readdirSync(sbDir) : [];
+    const entries = path.join(this.storeMount, 'sb');
+    const store = existsSync(entries) ? readdirSync(entries).sort() : [];
     const db = new Database(path.join(this.root, 'dsec.db'), { readonly: true, fileMustExist: true });
     try {
       const rows = (db.prepare('SELECT id FROM sandboxes').all() as { id: string }[]).map((x) => x.id);
       const uidRanges = (db.prepare('SELECT COUNT(*) n FROM uid_ranges').get() as { n: number }).n;
-      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges };
+      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges, store };
     } finally {
       db.close();
     }
@@ -188,7 +213,9 @@ export class TestDaemon {
 
   /**
    * Stops the daemon and removes everything it or its sandboxes left: runtime
-   * containers, mounts, cgroups, the root. Safe to call twice.
+   * containers, mounts (the writable-layer store's too: its loop device has autoclear,
+   * so it detaches once the lazily unmounted filesystem is released), cgroups, the root.
+   * Safe to call twice.
    */
   async cleanup(): Promise<void> {
     await this.stop().catch(() => {});
@@ -242,4 +269,22 @@ export async function rejection(p: Promise<unknown>): Promise<DsecApiError> {
   const e = await p.then(() => null, (x: unknown) => x);
   expect(isDsecApiError(e)).toBe(true);
   return e as DsecApiError;
+}
+
+/**
+ * Loop devices attached to a file under `prefix` (/sys/block/loop*\/loop/backing_file),
+ * as `/dev/loopN backing-file` lines: what a test run must not leave behind.
+ */
+export function loopDevicesUnder(prefix: string): string[] {
+  const out: string[] = [];
+  for (const dev of readdirSync('/sys/block').filter((n) => /^loop\d+$/.test(n))) {
+    let f: string;
+    try {
+      f = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
+    } catch {
+      continue;
+    }
+    if (f.startsWith(prefix)) out.push(`/dev/${dev} ${f}`);
+  }
+  return out.sort();
 }

@@ -215,13 +215,13 @@ describe('create, ls, inspect, stop, start', () => {
   it('create translates every flag and prints the id alone', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
     const r = await dsec([
-      'create', '--backend', 'container', '--image', 'python:3.12', '--cpus', '0.5', '--memory', '512M', '--pids', '128',
+      'create', '--backend', 'container', '--image', 'python:3.12', '--cpus', '0.5', '--memory', '512M', '--pids', '128', '--disk', '2G',
       '--label', 'job=a', '--label', 'round=3', '--env', 'A=1', '--env', 'B=x=y', '--ttl', '90s',
     ]);
     expect(r.code).toBe(0);
     expect(r.out).toBe(`${ID}\n`);
     expect(seen[0].body).toEqual({
-      backend: 'container', image: 'python:3.12', cpus: 0.5, memory_bytes: 512 * 1024 ** 2, pids: 128,
+      backend: 'container', image: 'python:3.12', cpus: 0.5, memory_bytes: 512 * 1024 ** 2, pids: 128, disk_bytes: 2 * 1024 ** 3,
       labels: { job: 'a', round: '3' }, env: { A: '1', B: 'x=y' }, ttl_s: 90,
     });
   });

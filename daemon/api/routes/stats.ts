@@ -23,10 +23,12 @@ const LOG_POLL_MS = 250;
 export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
   const view = async (sb: SandboxRecord): Promise<z.infer<typeof SandboxStatsView>> => {
     const st = await deps.manager.stats(sb.id).catch(() => null);
+    const disk = deps.manager.diskUsage(sb.id);
     return {
       id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt,
       cpu_usage_ns: st?.cpuUsageNs ?? null, memory_bytes: st?.memoryBytes ?? null, memory_limit_bytes: st?.memoryLimitBytes ?? null,
       pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null,
+      disk_used_bytes: disk?.usedBytes ?? null, disk_limit_bytes: disk?.limitBytes ?? null,
     };
   };
   app.get(statsRoute.url, async () => ({

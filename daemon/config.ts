@@ -61,6 +61,7 @@ const FileConfig = z
         upper_fs: z.enum(['auto', 'btrfs', 'xfs', 'host']).optional(),
         size_bytes: z.number().int().min(MIN_STORE_BYTES).optional(),
         preallocate: z.boolean().optional(),
+        path: z.string().regex(/^\//, 'path is absolute').optional(),
       })
       .strict()
       .optional(),
@@ -267,6 +268,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       upperFs: fc.storage?.upper_fs ?? 'auto',
       sizeBytes: fc.storage?.size_bytes ?? null,
       preallocate: fc.storage?.preallocate ?? false,
+      path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,

@@ -33,7 +33,7 @@ export interface XfsQuotaState {
 interface FsAddon {
   btrfsQuotaEnable(mnt: string, simple: boolean): void;
   btrfsSubvolCreate(parentDir: string, name: string): void;
-  btrfsSubvolDestroy(parentDir: string, name: string): void;
+  btrfsSubvolDestroy(parentDir: string, name: string): Promise<void>;
   btrfsSubvolId(path: string): number;
   btrfsQgroupLimit(path: string, bytes: number): void;
   btrfsQgroupRemove(mnt: string, qgroupid: number): void;
@@ -68,13 +68,16 @@ export function btrfsSubvolCreate(parentDir: string, name: string): void {
 }
 
 /**
- * Deletes the subvolume `<parentDir>/<name>` with everything in it: the name is gone
- * when this returns (constant time, whatever the tree's size); the kernel's cleaner
- * thread frees the extents afterwards, and removes its level-0 qgroup once they are
- * freed. Throws ENOENT when missing, ENOTEMPTY when it holds another subvolume.
+ * Deletes the subvolume `<parentDir>/<name>` with everything in it, on a libuv worker
+ * thread. The name is gone when the promise resolves; the kernel's cleaner thread frees
+ * the extents afterwards (on-disk size costs the caller nothing) and drops its level-0
+ * qgroup once they are freed. The ioctl does prune the subvolume's inodes and page cache
+ * still in memory, which takes time proportional to them (measured: 8 ms for 100k files
+ * and 256 MiB cold, 470 ms hot), hence off the JS thread. Rejects ENOENT when missing,
+ * ENOTEMPTY when it holds another subvolume, EINVAL when it is not a subvolume.
  */
-export function btrfsSubvolDestroy(parentDir: string, name: string): void {
-  fs().btrfsSubvolDestroy(parentDir, name);
+export function btrfsSubvolDestroy(parentDir: string, name: string): Promise<void> {
+  return fs().btrfsSubvolDestroy(parentDir, name);
 }
 
 /** The id of the subvolume that holds `path` (5 for the top level). */

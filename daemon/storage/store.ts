@@ -7,7 +7,9 @@
  *     subvolume with a qgroup whose max-referenced limit is the sandbox's `disk_bytes`
  *     (simple quotas where the kernel has them, Linux 6.7+, else full qgroups). Writes
  *     beyond the limit fail with EDQUOT inside the sandbox; the host disk never sees more
- *     than the image's size. Destroy deletes the subvolume: constant time, whatever it holds.
+ *     than the image's size. Destroy deletes the subvolume: its size on disk does not
+ *     matter (the kernel frees extents in the background); what it has cached in memory
+ *     is pruned on a worker thread.
  *   - `xfs`: one loop-mounted XFS image; each sandbox gets a directory with its own
  *     project id and FS_XFLAG_PROJINHERIT, and a project quota of `disk_bytes` — where the
  *     kernel has XFS quota support. Where it has none, the store is still XFS (so
@@ -32,6 +34,10 @@
  * dsecd start, before sandboxes are adopted; a mount left by a previous dsecd (which may
  * have been SIGKILLed while its sandboxes kept running on it) is checked to be this
  * instance's image and reused. Only `dsecd --purge` unmounts it and removes the image.
+ *
+ * `[storage] path` names a directory on a filesystem the operator mounted instead (a real
+ * XFS with `prjquota`, or a btrfs): no image and no loop device, the same entries under
+ * `<path>/sb/`; dsecd never mounts or unmounts it.
  *
  * Sandboxes created before the store, or while `upper_fs = "host"`, keep their layer at
  * `<root>/sandboxes/<id>/upper`: {@link UpperStore.locate} finds each sandbox's layer
@@ -84,6 +90,12 @@ export interface StorageConfig {
    * so deleted data does not punch holes back into the image.
    */
   preallocate: boolean;
+  /**
+   * A directory on a filesystem the operator mounted (XFS with `prjquota`, or btrfs),
+   * used instead of a loop-mounted image; null (default): the image. Production hosts
+   * with a real XFS partition set this (docs/OPERATIONS.md). Fixed once the store exists.
+   */
+  path: string | null;
 }
 
 /** Where new writable layers go. */
@@ -102,6 +114,8 @@ export interface StoreRecord {
   /** Image size, bytes. */
   sizeBytes: number;
   preallocated: boolean;
+  /** The operator's directory (`[storage] path`), or null: the instance's loop-mounted image. */
+  external: string | null;
   /** ms since the epoch. */
   createdAt: number;
 }
@@ -224,9 +238,9 @@ export class UpperStore {
     return path.join(root, 'storage');
   }
 
-  /** The store's mount point, `<root>/storage/mnt`. */
+  /** The store's directory: its image's mount point `<root>/storage/mnt`, or the operator's `[storage] path`. */
   get mountDir(): string {
-    return path.join(UpperStore.dirOf(this.root), 'mnt');
+    return this.record?.external ?? path.join(UpperStore.dirOf(this.root), 'mnt');
   }
 
   /** The store's image, `<root>/storage/upper.img`. */
@@ -273,11 +287,15 @@ export class UpperStore {
       }
     } else {
       // An interrupted creation: nothing was ever stored on it.
-      native.unmountAll(mnt);
+      if (mountSourceOf(readFileSync('/proc/self/mountinfo', 'utf8'), mnt) !== null) native.unmountAll(mnt);
       rmSync(image, { force: true });
       rmSync(`${image}.tmp`, { force: true });
     }
     const want = opts.config.upperFs;
+    const extPath = opts.config.path ? path.resolve(opts.config.path) : null;
+    if (rec && (rec.external ?? null) !== extPath) {
+      throw failedPrecondition(`[storage] path is ${extPath ? `"${extPath}"` : 'unset'}, but this instance's writable-layer store is ${rec.external ? `on "${rec.external}"` : `the image ${image}`}; one instance has one store. Restore the setting, or purge the instance (dsecd --purge) to make a new one`);
+    }
     if (rec) {
       if ((want === 'btrfs' || want === 'xfs') && want !== rec.kind) {
         throw failedPrecondition(`[storage] upper_fs = "${want}", but this instance's writable-layer store (${image}) is ${rec.kind}; one instance has one store. Set upper_fs = "${rec.kind}" or "auto", or purge the instance (dsecd --purge destroys every sandbox) to make a new one`);
@@ -288,6 +306,14 @@ export class UpperStore {
       return s;
     }
     if (want === 'host') return new UpperStore(opts.root, 'host', null, 'upper_fs = "host"', opts.log);
+    if (extPath) {
+      const made = UpperStore.adopt(extPath, want, opts.log);
+      writeRecord(dir, made);
+      const s = new UpperStore(opts.root, made.kind, made, null, opts.log);
+      await s.load();
+      opts.log.info({ kind: made.kind, quota: made.quota, path: extPath }, 'using the operator\'s filesystem as the writable-layer store');
+      return s;
+    }
     const order: ('xfs' | 'btrfs')[] = want === 'auto' ? ['xfs', 'btrfs'] : [want];
     const refused: string[] = [];
     for (const kind of order) {
@@ -345,7 +371,7 @@ export class UpperStore {
       rmSync(tmp, { force: true });
       throw e;
     }
-    const rec: StoreRecord = { version: 1, kind, quota: 'none', quotaReason: null, sizeBytes: size, preallocated: cfg.preallocate, createdAt: Date.now() };
+    const rec: StoreRecord = { version: 1, kind, quota: 'none', quotaReason: null, sizeBytes: size, preallocated: cfg.preallocate, external: null, createdAt: Date.now() };
     mkdirSync(mnt, { recursive: true, mode: 0o700 });
     try {
       if (kind === 'xfs') {
@@ -383,9 +409,47 @@ export class UpperStore {
       rmSync(image, { force: true });
       throw e;
     }
-    const recFile = path.join(dir, 'store.json');
-    writeFileSync(`${recFile}.tmp`, JSON.stringify(rec, null, 1), { mode: 0o600 });
-    renameSync(`${recFile}.tmp`, recFile);
+    writeRecord(dir, rec);
+    return rec;
+  }
+
+  /**
+   * Takes the operator's directory `dir` (`[storage] path`) as the store: its
+   * filesystem must be btrfs or XFS (and match an explicit `upper_fs`). btrfs quotas are
+   * turned on when they are off; XFS project quota must have been mounted on.
+   * @throws DsecError FailedPrecondition naming what is wrong with the directory.
+   */
+  private static adopt(dir: string, want: StorageConfig['upperFs'], log: Logger): StoreRecord {
+    let st;
+    try {
+      st = statfsSync(dir);
+      if (!statSync(dir).isDirectory()) throw new Error('not a directory');
+    } catch (e) {
+      throw failedPrecondition(`[storage] path "${dir}" is unusable (${(e as Error).message}); mount the filesystem and create the directory first`);
+    }
+    const kind = st.type === BTRFS_SUPER_MAGIC ? 'btrfs' : st.type === XFS_SUPER_MAGIC ? 'xfs' : null;
+    if (!kind) throw failedPrecondition(`[storage] path "${dir}" is on a filesystem with magic 0x${st.type.toString(16)}, neither XFS nor btrfs; writable layers with quotas need one of them`);
+    if ((want === 'btrfs' || want === 'xfs') && want !== kind) throw failedPrecondition(`[storage] path "${dir}" is on ${kind}, but upper_fs = "${want}"`);
+    const rec: StoreRecord = { version: 1, kind, quota: 'none', quotaReason: null, sizeBytes: st.blocks * st.bsize, preallocated: false, external: dir, createdAt: Date.now() };
+    if (kind === 'btrfs') {
+      const mode = (() => {
+        try {
+          return readFileSync(`/sys/fs/btrfs/${fsops.btrfsFsid(dir)}/qgroups/mode`, 'utf8').trim();
+        } catch {
+          return null; // quotas are off (no qgroups directory)
+        }
+      })();
+      rec.quota = mode === 'squota' ? 'squota' : mode === 'qgroup' ? 'qgroup' : enableBtrfsQuota(dir, rec);
+    } else {
+      try {
+        if (fsops.xfsQuotaState(dir).enforcing) rec.quota = 'prjquota';
+        else rec.quotaReason = `${dir} is on an XFS mounted without project quota enforcement; remount it with -o prjquota`;
+      } catch (e) {
+        rec.quotaReason = `the kernel has no XFS quota (${errnoCode(e) ?? (e as Error).message})`;
+      }
+    }
+    if (rec.quota === 'none') log.warn({ path: dir, reason: rec.quotaReason }, 'the operator\'s writable-layer filesystem enforces no per-sandbox quota');
+    for (const d of ['sb', 'trash']) mkdirSync(path.join(dir, d), { recursive: true, mode: 0o700 });
     return rec;
   }
 
@@ -393,6 +457,19 @@ export class UpperStore {
   private async mount(): Promise<void> {
     const rec = this.record!;
     const mnt = this.mountDir;
+    if (rec.external) {
+      const magic = (() => {
+        try {
+          return statfsSync(mnt).type;
+        } catch {
+          return null;
+        }
+      })();
+      if (magic !== (rec.kind === 'btrfs' ? BTRFS_SUPER_MAGIC : XFS_SUPER_MAGIC)) {
+        throw failedPrecondition(`the writable-layer store ${mnt} is not on its ${rec.kind} filesystem; mount it ([storage] path) before starting dsecd`);
+      }
+      return;
+    }
     mkdirSync(mnt, { recursive: true, mode: 0o700 });
     if (native.isMountpointOrMissing(mnt)) {
       const src = mountSourceOf(readFileSync('/proc/self/mountinfo', 'utf8'), mnt);
@@ -453,7 +530,9 @@ export class UpperStore {
     if (this.kind === 'host') {
       return { enforced: false, detail: `writable layers on the host filesystem (${this.root}/sandboxes/<id>/upper): no per-sandbox quota, a sandbox can fill the host disk${this.note ? `; ${this.note}` : ''}` };
     }
-    const where = `a loop-mounted ${rec!.kind} image (${this.imagePath}, ${gib(rec!.sizeBytes)}, ${rec!.preallocated ? 'preallocated' : 'sparse'})`;
+    const where = rec!.external
+      ? `the operator's ${rec!.kind} filesystem at ${rec!.external}`
+      : `a loop-mounted ${rec!.kind} image (${this.imagePath}, ${gib(rec!.sizeBytes)}, ${rec!.preallocated ? 'preallocated' : 'sparse'})`;
     if (rec!.quota === 'none') return { enforced: false, detail: `writable layers on ${where} without per-sandbox quotas: ${rec!.quotaReason ?? 'quotas are off'}` };
     const how = rec!.quota === 'prjquota' ? 'an XFS project with a project quota' : `a btrfs subvolume with a qgroup limit (${rec!.quota === 'squota' ? 'simple quotas' : 'full qgroups'})`;
     return { enforced: true, detail: `each sandbox's writable layer is ${how} of its disk_bytes on ${where}; writes beyond it fail with EDQUOT inside, and the host disk never gives the store more than its size${this.note ? `; ${this.note}` : ''}` };
@@ -551,10 +630,11 @@ export class UpperStore {
 
   /**
    * Removes a sandbox's store entry with everything in it (a host-filesystem layer goes
-   * with the sandbox dir, see removeSandboxDir). btrfs: the subvolume is deleted, in
-   * constant time; XFS: the directory is renamed into trash/ and deleted in the
-   * background, and its project limit cleared. The caller must have unmounted the
-   * sandbox's overlay first. Safe to call twice and for a sandbox without an entry.
+   * with the sandbox dir, see removeSandboxDir). btrfs: the subvolume is deleted (cost
+   * independent of its size on disk; see fsops.btrfsSubvolDestroy); XFS: the directory
+   * is renamed into trash/ and deleted in the background, and its project limit
+   * cleared. Neither blocks the event loop. The caller must have unmounted the sandbox's
+   * overlay first. Safe to call twice and for a sandbox without an entry.
    * @returns whether there was an entry.
    */
   async remove(id: string): Promise<boolean> {
@@ -566,7 +646,7 @@ export class UpperStore {
     }
     if (this.record.kind === 'btrfs') {
       try {
-        fsops.btrfsSubvolDestroy(this.entriesDir, id);
+        await fsops.btrfsSubvolDestroy(this.entriesDir, id);
       } catch (e) {
         // Not a subvolume (EINVAL): a plain directory someone made there.
         if (errnoCode(e) === 'ENOENT') return false;
@@ -697,13 +777,18 @@ export class UpperStore {
 
   /**
    * `dsecd --purge`: removes every entry, unmounts the store (its loop device detaches
-   * itself), and deletes the image and its record. Call after every sandbox is destroyed.
-   * @throws DsecError FailedPrecondition when the loop device stays attached.
+   * itself), and deletes the image and its record. The operator's filesystem
+   * (`[storage] path`) only loses dsec's entries. Call after every sandbox is destroyed.
    */
   async purge(): Promise<void> {
     if (!this.record) return;
     for (const id of this.entries()) await this.remove(id);
     await Promise.all([...this.deleting]);
+    if (this.record.external) {
+      for (const d of [this.entriesDir, this.trashDir]) rmSync(d, { recursive: true, force: true });
+      rmSync(path.join(UpperStore.dirOf(this.root), 'store.json'), { force: true });
+      return;
+    }
     const src = mountSourceOf(readFileSync('/proc/self/mountinfo', 'utf8'), this.mountDir);
     native.unmountAll(this.mountDir);
     // Autoclear detaches the device once the filesystem lets go of it; a device that was
@@ -722,6 +807,13 @@ export class UpperStore {
       rmdirSync(this.mountDir);
     } catch { /* still a mount point (lazily detached) or not empty: left for the next purge */ }
   }
+}
+
+/** Writes the store's record into `dir` (temp file + rename: a reader sees the old or the new one). */
+function writeRecord(dir: string, rec: StoreRecord): void {
+  const f = path.join(dir, 'store.json');
+  writeFileSync(`${f}.tmp`, JSON.stringify(rec, null, 1), { mode: 0o600 });
+  renameSync(`${f}.tmp`, f);
 }
 
 /**

@@ -351,6 +351,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
             disk_quota: storage.status(),
           },
+          storage: storage.info(),
         }),
       },
     };

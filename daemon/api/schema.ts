@@ -356,6 +356,14 @@ export const HostInfo = z.object({
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
     .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
+  storage: z.object({
+    kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),
+    quota: z.enum(['squota', 'qgroup', 'prjquota', 'none']).describe('How the store limits a layer: btrfs simple quotas, full qgroups, XFS project quota, or not at all.'),
+    location: z.string().describe("The store's image, or the operator's directory ([storage] path); <root>/sandboxes for host."),
+    size_bytes: z.number().int().nullable().describe('Size of the store filesystem, bytes; null for host.'),
+    used_bytes: z.number().int().nullable().describe('Bytes used on it (statfs): what quotas, which may add up to more than the size, have actually taken.'),
+    layers: z.number().int().describe('Writable layers in the store.'),
+  }).optional().describe('The writable-layer store.'),
 });
 
 /** One line of GET /v1/events (NDJSON). */
@@ -518,7 +526,7 @@ export const SandboxStatsView = z.object({
   memory_limit_bytes: z.number().int().nullable(),
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
-  disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem).'),
+  disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
   disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
 });
 

@@ -210,6 +210,20 @@ export class SandboxManager {
   }
 
   /**
+   * Disk use of every writable layer in the store, by sandbox id, read at once (btrfs:
+   * one tree search; counters as of the last transaction commit, at most its 30 s
+   * interval old). For listings; {@link diskUsage} is live for one sandbox.
+   */
+  diskUsageAll(): Map<string, DiskUsage> {
+    try {
+      return this.d.storage.usageAll();
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'reading writable-layer usage failed');
+      return new Map();
+    }
+  }
+
+  /**
    * One quota check (called by the reaper every sweep): records a `sandbox.disk_quota`
    * event when a sandbox's writable layer has become full (within
    * {@link diskFullSlack} of its quota). The kernel's own signal is EDQUOT, returned to

@@ -552,6 +552,18 @@ export class UpperStore {
     return { enforced: true, detail: `${diskBytes} bytes (${gib(diskBytes)}) on its ${rec.kind === 'btrfs' ? 'btrfs subvolume (qgroup limit)' : 'XFS project (project quota)'}; writes beyond fail with EDQUOT` };
   }
 
+  /** The store as host info shows it: kind, quota mode, where, size and use (statfs), and how many layers it holds. */
+  info(): { kind: StoreKind; quota: QuotaMode; location: string; size_bytes: number | null; used_bytes: number | null; layers: number } {
+    if (!this.record || this.kind === 'host') {
+      return { kind: 'host', quota: 'none', location: path.join(this.root, 'sandboxes'), size_bytes: null, used_bytes: null, layers: this.entries().length };
+    }
+    const st = statfsSync(this.mountDir);
+    return {
+      kind: this.kind, quota: this.record.quota, location: this.record.external ?? this.imagePath,
+      size_bytes: st.blocks * st.bsize, used_bytes: (st.blocks - st.bfree) * st.bsize, layers: this.entries().length,
+    };
+  }
+
   /** Total size of the store filesystem, bytes (statfs), or null without a store: the largest quota it can hold. */
   capacityBytes(): number | null {
     if (!this.record) return null;

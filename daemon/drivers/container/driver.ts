@@ -16,7 +16,7 @@
  */
 import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';

@@ -530,9 +530,16 @@ export class UpperStore {
     if (this.kind === 'host') {
       return { enforced: false, detail: `writable layers on the host filesystem (${this.root}/sandboxes/<id>/upper): no per-sandbox quota, a sandbox can fill the host disk${this.note ? `; ${this.note}` : ''}` };
     }
+    const size = (() => {
+      try {
+        return statSync(this.imagePath).size; // grown by hand since it was made, perhaps
+      } catch {
+        return rec!.sizeBytes;
+      }
+    })();
     const where = rec!.external
       ? `the operator's ${rec!.kind} filesystem at ${rec!.external}`
-      : `a loop-mounted ${rec!.kind} image (${this.imagePath}, ${gib(rec!.sizeBytes)}, ${rec!.preallocated ? 'preallocated' : 'sparse'})`;
+      : `a loop-mounted ${rec!.kind} image (${this.imagePath}, ${gib(size)}, ${rec!.preallocated ? 'preallocated' : 'sparse'})`;
     if (rec!.quota === 'none') return { enforced: false, detail: `writable layers on ${where} without per-sandbox quotas: ${rec!.quotaReason ?? 'quotas are off'}` };
     const how = rec!.quota === 'prjquota' ? 'an XFS project with a project quota' : `a btrfs subvolume with a qgroup limit (${rec!.quota === 'squota' ? 'simple quotas' : 'full qgroups'})`;
     return { enforced: true, detail: `each sandbox's writable layer is ${how} of its disk_bytes on ${where}; writes beyond it fail with EDQUOT inside, and the host disk never gives the store more than its size${this.note ? `; ${this.note}` : ''}` };

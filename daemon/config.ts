@@ -147,8 +147,9 @@ export interface DaemonConfig {
    * quotas). 10 GiB is Docker's old devicemapper base size, and holds a repository, its
    * build and its dependencies; it is a ceiling, not a reservation: quotas of all
    * sandboxes may add up to more than the store (like memory limits), and an idle
-   * sandbox's layer costs only what it wrote. The value is written into each sandbox's
-   * row at create, so changing it never alters an existing sandbox.
+   * sandbox's layer costs only what it wrote. On a store smaller than it, the default is
+   * the store's size. The value is written into each sandbox's row at create, so
+   * changing it never alters an existing sandbox.
    */
   defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number };
   /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */

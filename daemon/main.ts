@@ -213,7 +213,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const storage = await UpperStore.open({ root: config.root, config: config.storage, log: log.child({ component: 'storage' }) });
     const storeCap = storage.capacityBytes();
     if (storage.enforcesQuota && storeCap !== null && config.defaults.diskBytes > storeCap) {
-      log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: creates without disk_bytes will be refused');
+      log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: sandboxes created without disk_bytes get the whole store as their quota');
     }
     let layers: LayerMounts;
     const cache = config.images.cacheDir

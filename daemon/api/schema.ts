@@ -369,7 +369,7 @@ export const HostInfo = z.object({
 /** One line of GET /v1/events (NDJSON). */
 export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
-  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, exec.finished.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), exec.finished.'),
   sandbox_id: z.string().nullable(),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),

@@ -176,8 +176,8 @@ export class SandboxManager {
 
   /**
    * The writable-layer quota of a new sandbox, in bytes: the request's, else the
-   * source's (restore, fork), else `[defaults] disk_bytes`; null where the store
-   * enforces no quota (then only an explicit request is an error).
+   * source's (restore, fork), else `[defaults] disk_bytes` (at most the store's size);
+   * null where the store enforces no quota (then only an explicit request is an error).
    * @throws DsecError FailedPrecondition (explicit quota, store without quotas),
    *   InvalidArgument (more than the store holds).
    */
@@ -187,10 +187,11 @@ export class SandboxManager {
       if (explicit !== undefined) throw failedPrecondition(`disk_bytes cannot be enforced on this host: ${store.status().detail}; leave disk_bytes out`);
       return null;
     }
-    const v = explicit ?? inherited ?? this.d.config.defaults.diskBytes;
     const cap = store.capacityBytes();
+    // The default never makes a create fail: on a store smaller than it, it is the store's size.
+    const v = explicit ?? inherited ?? (cap !== null ? Math.min(this.d.config.defaults.diskBytes, cap) : this.d.config.defaults.diskBytes);
     if (cap !== null && v > cap) {
-      const what = explicit !== undefined ? `disk_bytes ${v}` : inherited != null ? `the snapshot's disk_bytes ${v}` : `the default disk_bytes ${v} ([defaults] disk_bytes)`;
+      const what = explicit !== undefined ? `disk_bytes ${v}` : `the snapshot's disk_bytes ${v}`;
       throw invalidArgument(`${what} is more than the writable-layer store can hold (${cap} bytes on ${store.imagePath}); ask for at most ${cap} bytes, or make the store larger ([storage] size_bytes, docs/OPERATIONS.md)`);
     }
     return v;

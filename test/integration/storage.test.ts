@@ -176,4 +176,13 @@ describe.skipIf(!IS_ROOT)('writable-layer store on the operator\'s own btrfs ([s
     await d.client.deleteSandbox(sb.id, { force: true });
     expect(existsSync(path.join(fsDir, 'dsec', 'sb', sb.id))).toBe(false);
   });
+
+  it('on a store smaller than [defaults] disk_bytes (2 GiB < 10 GiB), the default quota is the whole store; more is refused', async () => {
+    const st = statfsSync(path.join(fsDir, 'dsec'));
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    expect(sb.disk_bytes).toBe(st.blocks * st.bsize);
+    const e = await d.client.createSandbox({ image: 'busybox', disk_bytes: 10 * 1024 ** 3 }).catch((x: { code: string }) => x);
+    expect(e).toMatchObject({ code: 'InvalidArgument' });
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
 });

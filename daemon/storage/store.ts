@@ -381,7 +381,7 @@ export class UpperStore {
         } catch (e) {
           rec.quotaReason = `the kernel refused mount -o prjquota (${errnoCode(e) ?? (e as Error).message}; the kernel log names the cause, e.g. "quota support not available in this kernel")`;
           if (needQuota) throw new StoreUnavailable(rec.quotaReason);
-          attachAndMount(image, mnt, mountOptions(rec));
+          mountNew(image, mnt, rec, unavailable);
         }
         if (rec.quota === 'prjquota') {
           const q = (() => {
@@ -398,7 +398,7 @@ export class UpperStore {
           }
         }
       } else {
-        attachAndMount(image, mnt, mountOptions(rec));
+        mountNew(image, mnt, rec, unavailable);
         rec.quota = enableBtrfsQuota(mnt, rec);
         if (rec.quota === 'none' && needQuota) throw new StoreUnavailable(rec.quotaReason ?? 'btrfs quotas could not be enabled');
       }
@@ -825,6 +825,15 @@ export class UpperStore {
     try {
       rmdirSync(this.mountDir);
     } catch { /* still a mount point (lazily detached) or not empty: left for the next purge */ }
+  }
+}
+
+/** Mounts a just-made store; a failure (no such filesystem in this kernel, no loop device) is `unavailable`'s error. */
+function mountNew(image: string, mnt: string, rec: StoreRecord, unavailable: (msg: string) => Error): void {
+  try {
+    attachAndMount(image, mnt, mountOptions(rec));
+  } catch (e) {
+    throw unavailable(`mounting it failed (${(e as Error).message})`);
   }
 }
 

@@ -44,7 +44,7 @@
  * wherever it is, so an upgrade needs no migration.
  */
 import { chmodSync, closeSync, existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmdirSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
-import { chmod, chown, mkdir, rm } from 'node:fs/promises';
+import { rm } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
 import { execa } from 'execa';
@@ -580,16 +580,16 @@ export class UpperStore {
 
   /**
    * Creates (or finds) the writable layer of a new sandbox where new layers go, and sets
-   * its quota. Safe to call twice: an existing entry is kept and its limit set again.
-   * For the host kind the dirs are made in `<root>/sandboxes/<id>/`, which must exist.
+   * its quota: the btrfs subvolume or XFS project directory `sb/<id>`. Returns where its
+   * upper/ and work/ go; prepareRootfs makes them (owned by the sandbox's root), inside
+   * the entry so they are charged to it. For the host kind they go in
+   * `<root>/sandboxes/<id>/`. Safe to call twice: an existing entry is kept and its
+   * limit set again.
    * @param o.diskBytes the quota in bytes, or null for none (ignored without quota support).
    * @throws errno-coded Errors from the ioctls (EEXIST never: an existing entry is reused).
    */
-  async create(id: string, o: { uidBase: number; gidBase: number; diskBytes: number | null }): Promise<WritableLayer> {
-    if (this.kind === 'host') {
-      const dir = path.join(this.root, 'sandboxes', id);
-      return this.makeDirs(dir, 'host', o);
-    }
+  async create(id: string, o: { diskBytes: number | null }): Promise<WritableLayer> {
+    if (this.kind === 'host') return layerIn(path.join(this.root, 'sandboxes', id), 'host');
     const rec = this.record!;
     const dir = path.join(this.entriesDir, id);
     if (rec.kind === 'btrfs') {
@@ -603,26 +603,15 @@ export class UpperStore {
       if (rec.quota !== 'none') fsops.btrfsQgroupLimit(dir, o.diskBytes ?? 0);
       this.ids.set(id, fsops.btrfsSubvolId(dir));
     } else {
-      await mkdir(dir, { recursive: true, mode: 0o700 });
+      mkdirSync(dir, { recursive: true, mode: 0o700 });
       let projid = fsops.fsGetProject(dir).projid;
       if (projid === 0) projid = this.nextProjid++;
       fsops.fsSetProject(dir, projid, true);
       if (rec.quota === 'prjquota') fsops.xfsSetProjectLimit(this.mountDir, projid, o.diskBytes ?? 0);
       this.ids.set(id, projid);
     }
-    await chmod(dir, 0o700);
-    return this.makeDirs(dir, 'store', o);
-  }
-
-  /** upper/ and work/ in `dir`, owned by the sandbox's root (mode 0755). */
-  private async makeDirs(dir: string, location: 'store' | 'host', o: { uidBase: number; gidBase: number }): Promise<WritableLayer> {
-    const layer = { upper: path.join(dir, 'upper'), work: path.join(dir, 'work'), location };
-    for (const d of [layer.upper, layer.work]) {
-      await mkdir(d, { recursive: true });
-      await chown(d, o.uidBase, o.gidBase);
-      await chmod(d, 0o755);
-    }
-    return layer;
+    if (rec.kind === 'btrfs') chmodSync(dir, 0o700); // a new subvolume's root is 0755
+    return layerIn(dir, 'store');
   }
 
   /**
@@ -835,6 +824,11 @@ function mountNew(image: string, mnt: string, rec: StoreRecord, unavailable: (ms
   } catch (e) {
     throw unavailable(`mounting it failed (${(e as Error).message})`);
   }
+}
+
+/** The upper/ and work/ paths of a writable layer kept in `dir`. */
+function layerIn(dir: string, location: 'store' | 'host'): WritableLayer {
+  return { upper: path.join(dir, 'upper'), work: path.join(dir, 'work'), location };
 }
 
 /** Writes the store's record into `dir` (temp file + rename: a reader sees the old or the new one). */

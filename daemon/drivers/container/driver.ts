@@ -144,7 +144,7 @@ export class ContainerDriver implements SandboxDriver {
     // A new sandbox's layer goes where the store puts new layers (with its quota); a
     // start finds the layer wherever it was made, and never makes an empty one in its place.
     const layer = op === 'create'
-      ? await this.d.storage.create(sb.id, { uidBase: sb.uidBase, gidBase: sb.uidBase, diskBytes: sb.diskBytes })
+      ? await this.d.storage.create(sb.id, { diskBytes: sb.diskBytes })
       : this.d.storage.locate(sb.id);
     if (!layer) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host (its store entry is gone); destroy it`);
     const { rootfs } = await prepareRootfs({

@@ -10,6 +10,8 @@ import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument } from './errors.js';
+import { MIN_DISK_BYTES } from './api/schema.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -17,6 +19,8 @@ export const DEFAULT_ROOT = '/var/lib/dsec';
 export const DEFAULT_SOCKET = '/run/dsec/dsecd.sock';
 /** Default config file (`--config`); optional: a missing default file is not an error. */
 export const DEFAULT_CONFIG = '/etc/dsec/dsecd.toml';
+/** Default per-sandbox quota on the writable layer (`[defaults] disk_bytes`): 10 GiB; see {@link DaemonConfig.defaults}. */
+export const DEFAULT_DISK_BYTES = 10 * 1024 ** 3;
 
 /**
  * The config file schema (TOML). Every key is optional; see {@link DaemonConfig} for
@@ -48,6 +52,16 @@ const FileConfig = z
         cpus: z.number().positive().optional(),
         memory_bytes: z.number().int().positive().optional(),
         pids: z.number().int().positive().optional(),
+        disk_bytes: z.number().int().min(MIN_DISK_BYTES).optional(),
+      })
+      .strict()
+      .optional(),
+    storage: z
+      .object({
+        upper_fs: z.enum(['auto', 'btrfs', 'xfs', 'host']).optional(),
+        size_bytes: z.number().int().min(MIN_STORE_BYTES).optional(),
+        preallocate: z.boolean().optional(),
+        path: z.string().regex(/^\//, 'path is absolute').optional(),
       })
       .strict()
       .optional(),
@@ -140,8 +154,19 @@ export interface DaemonConfig {
    * refuses to start when another running instance registered an overlapping pool.
    */
   uidPool: { base: number; size: number; rangeSize: number };
-  /** Limits applied when a create request leaves them out: 1 core, 512 MiB, 1,024 pids. */
-  defaults: { cpus: number; memoryBytes: number; pids: number };
+  /**
+   * Limits applied when a create request leaves them out: 1 core, 512 MiB, 1,024 pids,
+   * and a 10 GiB quota on the writable layer (`disk_bytes`; where the store enforces
+   * quotas). 10 GiB is Docker's old devicemapper base size, and holds a repository, its
+   * build and its dependencies; it is a ceiling, not a reservation: quotas of all
+   * sandboxes may add up to more than the store (like memory limits), and an idle
+   * sandbox's layer costs only what it wrote. On a store smaller than it, the default is
+   * the store's size. The value is written into each sandbox's row at create, so
+   * changing it never alters an existing sandbox.
+   */
+  defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number };
+  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
+  storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;
   /**
@@ -284,6 +309,13 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpus: fc.defaults?.cpus ?? 1,
       memoryBytes: fc.defaults?.memory_bytes ?? 512 * 1024 * 1024,
       pids: fc.defaults?.pids ?? 1024,
+      diskBytes: fc.defaults?.disk_bytes ?? DEFAULT_DISK_BYTES,
+    },
+    storage: {
+      upperFs: fc.storage?.upper_fs ?? 'auto',
+      sizeBytes: fc.storage?.size_bytes ?? null,
+      preallocate: fc.storage?.preallocate ?? false,
+      path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,

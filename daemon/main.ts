@@ -4,7 +4,8 @@
  *   dsecd [--root DIR] [--socket PATH] [--config FILE]
  *
  * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
- * store -> images -> drivers -> reconcile (adopt live sandboxes, undo half-done work,
+ * store -> images -> writable-layer store (mounted before any sandbox is touched) ->
+ * drivers -> reconcile (adopt live sandboxes, undo half-done work,
  * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
@@ -46,6 +47,7 @@ import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
+import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -167,7 +169,8 @@ function secureSocket(socket: string, log: Logger): void {
 
 /**
  * Starts a daemon with the given config. Resolves once the API is listening.
- * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers,
+ * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers and
+ * its writable-layer store (whose loop device detaches and whose image is deleted),
  * removes its cgroup parents and resolves without serving (`dsecd --purge`).
  * @throws DsecError when the host lacks what dsecd needs (runtime, agent binary, cgroups).
  */
@@ -213,6 +216,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     await images.init();
     await images.ensureBuiltinImages();
+    // Writable layers: mounted (or created on first start) before reconcile touches a sandbox.
+    const storage = await UpperStore.open({ root: config.root, config: config.storage, log: log.child({ component: 'storage' }) });
+    const storeCap = storage.capacityBytes();
+    if (storage.enforcesQuota && storeCap !== null && config.defaults.diskBytes > storeCap) {
+      log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: sandboxes created without disk_bytes get the whole store as their quota');
+    }
     let layers: LayerMounts;
     const cache = config.images.cacheDir
       ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
@@ -236,7 +245,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log: log.child({ component: 'network' }),
     });
     await network.init({ eager: repo.all().some((s) => SandboxNetworking.hasNetwork(s)) });
-        // seccomp denials are answered (EPERM) and counted by the instance's monitor process;
+    // seccomp denials are answered (EPERM) and counted by the instance's monitor process;
     // events are coalesced per sandbox (at most one per DENIAL_EVENT_MS).
     const denialEvents = new DenialEvents((id, msg) => {
       const sb = repo.find(id);
@@ -247,7 +256,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       onDenied: (d) => denialEvents.add(d),
       onFlood: (id, total) => denialEvents.flood(id, total),
     });
-    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }), network,
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, storage, log: log.child({ component: 'container' }), network,
       ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
@@ -255,7 +264,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
-      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network,
+      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
     });
     /** Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes naming them. */
     const reloadPolicies = async () => {
@@ -286,6 +295,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     if (opts.purge) {
       for (const sb of repo.all()) await manager.destroy(sb.id, true, 'purge');
       await layers.reconcile(new Map());
+      await storage.purge();
       await cgroups.removeInstance();
       await images.syncLeases([]);
       await network.purge();
@@ -294,7 +304,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       db.close();
       reg.release();
       SeccompMonitor.stop(path.join(config.root, 'seccomp'));
-      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
+      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers and the writable-layer store unmounted (its image removed), cgroup parents removed');
       return { config, log, async close() {} };
     }
     // fncall workers are stateless and never adopted: the ones a previous dsecd left are destroyed.
@@ -389,7 +399,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             apparmor: container.apparmorStatus(),
             landlock: { enforced: false, detail: 'not built yet' },
             ...network.hostDefences(),
+            disk_quota: storage.status(),
           },
+          storage: storage.info(),
         }),
       },
     };
@@ -446,7 +458,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
-    .option('--purge', 'destroy every sandbox of this instance, unmount its layers, remove its cgroups, and exit')
+    .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
   try {

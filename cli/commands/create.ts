@@ -42,6 +42,8 @@ export interface CreateFlags extends NetworkFlags {
   priority?: SandboxPriority;
   /** `--idle-timeout`, seconds. */
   idleTimeout?: number;
+  /** `--disk`, bytes: quota on the writable layer. */
+  disk?: number;
 }
 
 /** Parses `--backend`: one of {@link BACKENDS}. */
@@ -66,7 +68,7 @@ export function parsePriority(text: string): SandboxPriority {
 }
 
 /**
- * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`,
+ * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--disk`,
  * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, and the network flags of
  * cli/util/network.ts) to `cmd`.
  */
@@ -77,6 +79,7 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
     .option('--memory <size>', 'memory limit: bytes or K/M/G (binary), e.g. 512M', flag('--memory', parseSize))
     .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
+    .option('--disk <size>', 'quota on the writable layer: bytes or K/M/G (binary), at least 16M, e.g. 2G (default: the daemon\'s [defaults] disk_bytes)', flag('--disk', parseSize))
     .option('--label <k=v>', 'label, repeatable (each key once)', flag('--label', collectLabel))
     .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl))
@@ -94,6 +97,7 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.cpus !== undefined) req.cpus = f.cpus;
   if (f.memory !== undefined) req.memory_bytes = f.memory;
   if (f.pids !== undefined) req.pids = f.pids;
+  if (f.disk !== undefined) req.disk_bytes = f.disk;
   if (f.label !== undefined) req.labels = f.label;
   if (f.env !== undefined) req.env = f.env;
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);

@@ -214,7 +214,8 @@ export const CreateSandboxRequest = z
     seccomp: SeccompOverrideSchema.optional().describe(
       'Changes to the default seccomp profile (docs/SECURITY.md): `allow` lifts every denial of the named syscalls (e.g. ["ptrace"] for a debugger task), `deny` adds EPERM denials.'),
     network: NetworkSpec.optional().describe('Network mode and egress policy; default mode none (loopback only).'),
-    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe('Quota on the writable layer, bytes; default from config.'),
+    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional()
+      .describe('Quota on the writable layer, bytes (at least 16 MiB); default [defaults] disk_bytes (10 GiB). Refused above the store\'s size, and where the store enforces no quota.'),
     filesystem: FilesystemSpec.optional().describe('Read-only system paths, writable exceptions, Landlock; defaults from the image, then config.'),
   })
   .strict();
@@ -245,7 +246,8 @@ export const Sandbox = z.object({
   snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
-  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes; null: none.'),
+  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes, fixed at create; null: none (the store enforces no quota; see defences.disk_quota).'),
+  disk_used_bytes: z.number().int().nullable().optional().describe('Bytes the writable layer uses now, as the store accounts them; null where it cannot tell (layer on the host filesystem). GET of one sandbox only.'),
   filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
@@ -407,12 +409,20 @@ export const HostInfo = z.object({
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
     .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
+  storage: z.object({
+    kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),
+    quota: z.enum(['squota', 'qgroup', 'prjquota', 'none']).describe('How the store limits a layer: btrfs simple quotas, full qgroups, XFS project quota, or not at all.'),
+    location: z.string().describe("The store's image, or the operator's directory ([storage] path); <root>/sandboxes for host."),
+    size_bytes: z.number().int().nullable().describe('Size of the store filesystem, bytes; null for host.'),
+    used_bytes: z.number().int().nullable().describe('Bytes used on it (statfs): what quotas, which may add up to more than the size, have actually taken.'),
+    layers: z.number().int().describe('Writable layers in the store.'),
+  }).optional().describe('The writable-layer store.'),
 });
 
 /** One line of GET /v1/events (NDJSON). */
 export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
-  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, exec.finished.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), exec.finished.'),
   sandbox_id: z.string().nullable(),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),
@@ -576,6 +586,8 @@ export const SandboxStatsView = z.object({
     by_syscall: z.record(z.string(), z.number().int()).describe('Denials per syscall name.'),
     flooded: z.boolean().describe('Past the flood limit: later denials still fail (ENOSYS) but are no longer counted.'),
   }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
+  disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
+  disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

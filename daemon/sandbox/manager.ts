@@ -36,6 +36,7 @@ import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
+import type { DefenceStatus, DiskUsage, UpperStore } from '../storage/store.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -90,6 +91,8 @@ export interface ManagerDeps {
   trajectories: TrajectoryLog;
   /** Sandbox networking (daemon/net/network.ts); absent: only mode none is accepted. */
   network?: SandboxNetworking;
+  /** The writable-layer store: quota support and capacity for `disk_bytes`, usage for stats and the quota check. */
+  storage: UpperStore;
 }
 
 /** What a new sandbox is made of: an image's layers and config, or a snapshot's. */
@@ -111,12 +114,25 @@ const SNAPSHOT_CHUNK_BYTES = 4096;
 /** Wall-clock limit of an fncall that names none: 60 s, so a runaway call cannot hold a worker forever. */
 export const FNCALL_DEFAULT_TIMEOUT_MS = 60_000;
 
+/**
+ * How close to its quota a writable layer counts as full for the `sandbox.disk_quota`
+ * event: 4 MiB, or 1/16 of a smaller quota. A write that hits the limit fails with
+ * EDQUOT once usage plus the write's reservation would pass it, so a layer that was
+ * filled stops below the limit by up to one write batch (btrfs reserves a few MiB per
+ * batch of pages); usage must fall below twice the slack before another event.
+ */
+export function diskFullSlack(limitBytes: number): number {
+  return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
+}
+
 /** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
 const FORK_CONCURRENCY = 4;
 
 /** The lifecycle of every sandbox on this host. */
 export class SandboxManager {
   private readonly mutex = new KeyedMutex();
+  /** Sandboxes whose writable layer the last quota check found full (see {@link checkDiskQuotas}). */
+  private readonly diskFull = new Set<string>();
   /** Exec sessions (streamed, background, PTY) of every sandbox. */
   readonly execs: ExecRegistry;
 
@@ -143,9 +159,10 @@ export class SandboxManager {
     this.driver(req.backend);
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
+    const disk = this.diskQuota(req.disk_bytes, undefined);
     const image = await this.d.images.get(req.image);
     const network = await this.settleNetwork(req.network);
-    return this.createFrom({ ...req, network }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+    return this.createFrom({ ...req, network, disk_bytes: disk ?? undefined }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
   }
 
   /**
@@ -204,6 +221,89 @@ export class SandboxManager {
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
     }
+  }
+
+  /**
+   * The writable-layer quota of a new sandbox, in bytes: the request's, else the
+   * source's (restore, fork), else `[defaults] disk_bytes` (at most the store's size);
+   * null where the store enforces no quota (then only an explicit request is an error).
+   * @throws DsecError FailedPrecondition (explicit quota, store without quotas),
+   *   InvalidArgument (more than the store holds).
+   */
+  private diskQuota(explicit: number | undefined, inherited: number | null | undefined): number | null {
+    const store = this.d.storage;
+    if (!store.enforcesQuota) {
+      if (explicit !== undefined) throw failedPrecondition(`disk_bytes cannot be enforced on this host: ${store.status().detail}; leave disk_bytes out`);
+      return null;
+    }
+    const cap = store.capacityBytes();
+    // The default never makes a create fail: on a store smaller than it, it is the store's size.
+    const v = explicit ?? inherited ?? (cap !== null ? Math.min(this.d.config.defaults.diskBytes, cap) : this.d.config.defaults.diskBytes);
+    if (cap !== null && v > cap) {
+      const what = explicit !== undefined ? `disk_bytes ${v}` : `the snapshot's disk_bytes ${v}`;
+      throw invalidArgument(`${what} is more than the writable-layer store can hold (${cap} bytes on ${store.imagePath}); ask for at most ${cap} bytes, or make the store larger ([storage] size_bytes, docs/OPERATIONS.md)`);
+    }
+    return v;
+  }
+
+  /**
+   * Which defences are in force for one sandbox (GET /v1/sandboxes/{id} `defences`).
+   * `disk_quota`: whether its writable layer has a quota the kernel enforces.
+   */
+  defences(sb: SandboxRecord): Record<string, DefenceStatus> {
+    return { disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
+  }
+
+  /** Live disk use of a sandbox's writable layer and its quota, bytes; null where the store cannot tell (host filesystem). Any state. */
+  diskUsage(id: string): DiskUsage | null {
+    return this.d.storage.usage(id);
+  }
+
+  /**
+   * Disk use of every writable layer in the store, by sandbox id, read at once (btrfs:
+   * one tree search; counters as of the last transaction commit, at most its 30 s
+   * interval old). For listings; {@link diskUsage} is live for one sandbox.
+   */
+  diskUsageAll(): Map<string, DiskUsage> {
+    try {
+      return this.d.storage.usageAll();
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'reading writable-layer usage failed');
+      return new Map();
+    }
+  }
+
+  /**
+   * One quota check (called by the reaper every sweep): records a `sandbox.disk_quota`
+   * event when a sandbox's writable layer has become full (within
+   * {@link diskFullSlack} of its quota). The kernel's own signal is EDQUOT, returned to
+   * the writing process inside the sandbox and counted nowhere, so the store's usage
+   * counters are polled instead: one tree search for every btrfs qgroup. Edge-triggered:
+   * one event per time a layer fills up (a restarted dsecd reports a still-full layer once).
+   * @returns ids that became full in this check.
+   */
+  checkDiskQuotas(): string[] {
+    let usage: Map<string, DiskUsage>;
+    try {
+      usage = this.d.storage.usageAll();
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'reading writable-layer usage failed');
+      return [];
+    }
+    const hit: string[] = [];
+    for (const [id, u] of usage) {
+      if (u.limitBytes === null) continue;
+      const slack = diskFullSlack(u.limitBytes);
+      if (u.usedBytes >= u.limitBytes - slack) {
+        const sb = this.d.repo.find(id);
+        if (this.diskFull.has(id) || !sb) continue;
+        this.diskFull.add(id);
+        this.d.repo.event('sandbox.disk_quota', sb, `writable layer full: ${u.usedBytes} of ${u.limitBytes} bytes (disk_bytes); writes fail with EDQUOT inside`);
+        hit.push(id);
+      } else if (u.usedBytes < u.limitBytes - 2 * slack) this.diskFull.delete(id);
+    }
+    for (const id of this.diskFull) if (!usage.has(id)) this.diskFull.delete(id);
+    return hit;
   }
 
   /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
@@ -812,6 +912,9 @@ export class SandboxManager {
     const creq = this.restoreRequest(snap, req);
     creq.network = await this.settleNetwork(creq.network);
     this.checkLimits(creq);
+    const disk = this.diskQuota(req.disk_bytes, snap.diskBytes);
+    if (disk === null) delete creq.disk_bytes;
+    else creq.disk_bytes = disk;
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
     const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };
     // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.

@@ -2,8 +2,8 @@
  * The reaper: a periodic sweep over the durable store that destroys sandboxes whose
  * TTL has passed (`created_at + ttl_s * 1000 <= now`), marks running sandboxes whose
  * init died `failed`, pauses the sandboxes of lapsed job leases and idle sandboxes,
- * destroys those whose lease lapsed longer ago than the grace period, and prunes old
- * events. Expiry is computed from the
+ * destroys those whose lease lapsed longer ago than the grace period, records sandboxes
+ * whose writable layer filled its quota, and prunes old events. Expiry is computed from the
  * store on every sweep, never held in in-memory timers, so a restart neither loses
  * nor double-fires an expiry: a sandbox that expired while dsecd was down is destroyed
  * by the first sweep after start.
@@ -70,6 +70,7 @@ export class Reaper {
       await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
       if (this.sweeps % LIMIT_WATCH_SWEEPS === 1)
         await this.manager.watchLimits().catch((e) => this.log.error({ err: e }, 'reaper: limit counters sweep failed'));
+      this.manager.checkDiskQuotas();
       await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {
         if (this.inFlight.has(id)) continue;

@@ -100,6 +100,8 @@ export interface HostTraces {
   dirs: string[];
   rows: string[];
   uidRanges: number;
+  /** Entries of the writable-layer store (`<root>/storage/mnt/sb/<id>`: btrfs subvolumes, XFS project dirs). */
+  store: string[];
 }
 
 /** A dsecd process under test. */
@@ -113,7 +115,7 @@ export class TestDaemon {
   private ownsSlot = true;
   private cg: CgroupManager | null = null;
 
-  private constructor(readonly root: string, readonly slot: number, private baseConfig: string) {
+  private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number }) {
     this.instance = instanceNameFor(root);
     this.client = new DsecClient({ socketPath: this.socket, timeoutMs: 120_000 });
   }
@@ -129,7 +131,7 @@ export class TestDaemon {
     const slot = opts.samePoolAs ? opts.samePoolAs.slot : leaseSlot();
     const pool = uidPoolForSlot(slot);
     const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
-    const d = new TestDaemon(root, slot, cfg);
+    const d = new TestDaemon(root, slot, cfg, pool);
     d.ownsSlot = !opts.samePoolAs;
     try {
       await d.launch(opts.env);
@@ -138,6 +140,25 @@ export class TestDaemon {
       throw e;
     }
     return d;
+  }
+
+  /** Replaces the extra TOML (StartOptions.config) for the next {@link launch} or {@link restart}; the uid pool stays. */
+  setConfig(extra: string): void {
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${extra}\n`;
+  }
+
+  /** The writable-layer store's mount point and image (daemon/storage/store.ts). */
+  get storeMount(): string {
+    return path.join(this.root, 'storage', 'mnt');
+  }
+
+  /**
+   * Host path of a sandbox's writable layer (its overlay upper dir): its store entry, else
+   * the host-filesystem layout `<root>/sandboxes/<id>/upper`.
+   */
+  upperDir(id: string): string {
+    const inStore = path.join(this.storeMount, 'sb', id, 'upper');
+    return existsSync(inStore) ? inStore : path.join(this.root, 'sandboxes', id, 'upper');
   }
 
   /** Starts dsecd on this root and waits until the API answers. */
@@ -218,11 +239,13 @@ export class TestDaemon {
     const runtime = ((JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]).map((c) => c.id);
     const sbDir = path.join(this.root, 'sandboxes');
     const dirs = existsSync(sbDir) ? readdirSync(sbDir) : [];
+    const entries = path.join(this.storeMount, 'sb');
+    const store = existsSync(entries) ? readdirSync(entries).sort() : [];
     const db = new Database(path.join(this.root, 'dsec.db'), { readonly: true, fileMustExist: true });
     try {
       const rows = (db.prepare('SELECT id FROM sandboxes').all() as { id: string }[]).map((x) => x.id);
       const uidRanges = (db.prepare('SELECT COUNT(*) n FROM uid_ranges').get() as { n: number }).n;
-      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges };
+      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges, store };
     } finally {
       db.close();
     }
@@ -248,7 +271,9 @@ export class TestDaemon {
 
   /**
    * Stops the daemon and removes everything it or its sandboxes left: runtime
-   * containers, mounts, cgroups, the instance netns, the root. Safe to call twice.
+   * containers, mounts (the writable-layer store's too: its loop device has autoclear,
+   * so it detaches once the lazily unmounted filesystem is released), cgroups, the
+   * instance netns, the root. Safe to call twice.
    */
   async cleanup(): Promise<void> {
     await this.stop().catch(() => {});
@@ -335,4 +360,22 @@ export async function rejection(p: Promise<unknown>): Promise<DsecApiError> {
   const e = await p.then(() => null, (x: unknown) => x);
   expect(isDsecApiError(e)).toBe(true);
   return e as DsecApiError;
+}
+
+/**
+ * Loop devices attached to a file under `prefix` (/sys/block/loop*\/loop/backing_file),
+ * as `/dev/loopN backing-file` lines: what a test run must not leave behind.
+ */
+export function loopDevicesUnder(prefix: string): string[] {
+  const out: string[] = [];
+  for (const dev of readdirSync('/sys/block').filter((n) => /^loop\d+$/.test(n))) {
+    let f: string;
+    try {
+      f = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
+    } catch {
+      continue;
+    }
+    if (f.startsWith(prefix)) out.push(`/dev/${dev} ${f}`);
+  }
+  return out.sort();
 }

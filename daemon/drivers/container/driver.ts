@@ -6,14 +6,17 @@
  * Host layout of one sandbox (all under `<root>/sandboxes/<id>/`):
  *   config.json   OCI spec (the bundle)
  *   rootfs/       overlay mount (lower: lower/<i> idmapped EROFS mounts; upper/, work/)
- *   upper/ work/  the writable layer; survives stop/start, removed by destroy
+ *   upper/ work/  the writable layer when it is on the host filesystem (upper_fs = "host",
+ *                 or created before the store); otherwise it is the sandbox's entry in the
+ *                 writable-layer store (daemon/storage/store.ts). Survives stop/start,
+ *                 removed by destroy
  *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
  */
 import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
@@ -30,6 +33,7 @@ import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
+import type { UpperStore } from '../../storage/store.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -63,6 +67,8 @@ export interface ContainerDriverDeps {
    * have their denials counted (daemon/security/seccomp-monitor.ts). Default: none.
    */
   seccompMonitor?: SeccompMonitor;
+  /** Where writable layers live and how they are limited (opened and mounted before the driver is used). */
+  storage: UpperStore;
   log: Logger;
 }
 
@@ -148,7 +154,15 @@ export class ContainerDriver implements SandboxDriver {
     await this.acquireLayers(sb);
     if (op === 'create') fp.hit('create.after-layers');
     const lowers = effectiveLayers(sb.imageLayers).map((dg) => this.d.layers.dirFor(dg));
-    const { rootfs } = await prepareRootfs({ dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount });
+    // A new sandbox's layer goes where the store puts new layers (with its quota); a
+    // start finds the layer wherever it was made, and never makes an empty one in its place.
+    const layer = op === 'create'
+      ? await this.d.storage.create(sb.id, { diskBytes: sb.diskBytes })
+      : this.d.storage.locate(sb.id);
+    if (!layer) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host (its store entry is gone); destroy it`);
+    const { rootfs } = await prepareRootfs({
+      dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount, upper: layer.upper, work: layer.work,
+    });
     if (op === 'create') fp.hit('create.after-rootfs');
     return rootfs;
   }
@@ -316,6 +330,7 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit('destroy.after-cgroup');
     if (this.apparmorKernel && this.d.apparmor)
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
+    await this.d.storage.remove(sb.id);
     await removeSandboxDir(this.dir(sb.id));
     this.d.seccompMonitor?.forget(sb.id);
     fp.hit('destroy.after-dir');
@@ -452,6 +467,8 @@ export class ContainerDriver implements SandboxDriver {
         removed.push(`sandbox dir ${id}`);
       }
     }
+    // Store entries (subvolumes, XFS project dirs) of sandboxes without a row.
+    removed.push(...await this.d.storage.cleanOrphans(known));
     // Mounts whose dir vanished (e.g. removed by hand) but are still in the mount table.
     for (const m of await listMountsUnder(this.sandboxesDir + '/')) {
       const id = path.relative(this.sandboxesDir, m).split(path.sep)[0];
@@ -490,8 +507,8 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T> {
-    const upper = path.join(this.dir(sb.id), 'upper');
-    if (!(await stat(upper).catch(() => undefined))?.isDirectory()) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
+    const upper = this.d.storage.locate(sb.id)?.upper;
+    if (!upper) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
     const frozen = sb.state === 'running';
     if (frozen) await this.d.cgroups.freeze(sb.id);
     try {

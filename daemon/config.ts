@@ -10,6 +10,7 @@ import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument } from './errors.js';
+import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -99,6 +100,7 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    filesystem: FilesystemOptionsSchema.optional(),
   })
   .strict();
 
@@ -172,6 +174,13 @@ export interface DaemonConfig {
    * such period.
    */
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
+  /**
+   * `[filesystem]`: the filesystem options of sandboxes whose request and image say
+   * nothing (daemon/security/filesystem.ts): `readonly_paths` (default
+   * /bin, /sbin, /usr, /lib*, /etc), `writable_paths` (default none), `landlock`
+   * (default true).
+   */
+  filesystem: ResolvedFilesystem;
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -267,5 +276,6 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       commitExclude: fc.images?.commit_exclude ?? [],
       pruneGraceMs: (fc.images?.prune_grace_s ?? 600) * 1000,
     },
+    filesystem: resolveFilesystem(fc.filesystem, null, DEFAULT_FILESYSTEM),
   });
 }

@@ -220,7 +220,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const schedIdle = detectSchedIdle();
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
-      apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
+      apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
@@ -336,7 +336,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
             seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls; denials are not counted' },
             apparmor: container.apparmorStatus(),
-            landlock: { enforced: false, detail: 'not built yet' },
+            landlock: container.landlockStatus(),
+            readonly_paths: container.readonlyPathsStatus(),
             network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },
             egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
           },

@@ -10,6 +10,8 @@
 import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
 import { SeccompOverrideSchema } from '../security/seccomp.js';
+import { FilesystemOptionsSchema } from '../security/filesystem.js';
+import { ImageSecuritySchema } from '../image/security.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -117,20 +119,13 @@ export const NetworkSpec = z
   .strict();
 export type NetworkSpec = z.infer<typeof NetworkSpec>;
 
-/** Absolute paths inside a sandbox, for filesystem options; `*` is allowed in the last component (`/lib*`). */
-const sandboxPath = z.string().regex(/^\/[^\0]*$/, 'paths are absolute').max(4096).refine((p) => !p.split('/').includes('..'), 'paths must not contain ..');
-
 /**
- * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem"). Every field
- * defaults to the image's setting, then to the daemon config.
+ * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem" and "Landlock";
+ * daemon/security/filesystem.ts): read-only system paths, writable exceptions, Landlock.
+ * In a request every field defaults to the image's security defaults, then to
+ * `[filesystem]` in dsecd's config; a sandbox returns the values resolved at create.
  */
-export const FilesystemSpec = z
-  .object({
-    readonly_paths: z.array(sandboxPath).max(64).optional().describe('System paths read-only even to root inside; default ["/bin","/sbin","/usr","/lib*","/etc"]; [] turns it off.'),
-    writable_paths: z.array(sandboxPath).max(64).optional().describe('Paths kept writable: exceptions below read-only paths, or top-level directories created at create.'),
-    landlock: z.boolean().optional().describe('Restrict file access with Landlock where the kernel has it; default true.'),
-  })
-  .strict();
+export const FilesystemSpec = FilesystemOptionsSchema;
 export type FilesystemSpec = z.infer<typeof FilesystemSpec>;
 
 /** Smallest per-sandbox disk quota: 16 MiB (an image's first writes and a shell history fit). */
@@ -193,7 +188,7 @@ export const Sandbox = z.object({
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
   disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes; null: none.'),
-  filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
+  filesystem: FilesystemSpec.nullable().describe('The filesystem options resolved at create (request > image > config), else null (a sandbox older than them: resolved at each start).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
@@ -387,6 +382,7 @@ export const ImageConfig = z.object({
   cwd: z.string().describe('Working directory of execs.'),
   user: z.string().describe('Default user, name or uid[:gid].'),
   cmd: z.array(z.string()).describe('Default command.'),
+  security: ImageSecuritySchema.optional().describe('Security defaults for sandboxes of this image: a seccomp override and filesystem options (docs/IMAGES.md "Security defaults"); a create request overrides each field.'),
 });
 
 /** An image as the API returns it. */
@@ -483,6 +479,7 @@ export const CommitRequest = z
   .object({
     image: ImageRef.describe('Name of the new image, name[:tag].'),
     exclude: z.array(z.string().min(1)).optional().describe('Extra globs (relative to the sandbox root) to strip.'),
+    security: ImageSecuritySchema.optional().describe("Security defaults of the new image; default the sandbox's image's."),
   })
   .strict();
 

@@ -4474,8 +4474,8 @@ int main(int argc, char **argv)
 	}
 	/* Landlock last, once everything the agent opens for itself is open: from here on
 	 * the agent (ordinary sandbox) or each isolated call (worker) is restricted. */
+	landlock_probe(); /* also without --landlock: HELLO reports the kernel's ABI either way */
 	if (g_landlock) {
-		landlock_probe();
 		if (worker) {
 			if (g_landlock_abi) {
 				g_landlock_scope = "isolated_execs";

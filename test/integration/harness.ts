@@ -4,7 +4,7 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
+ * Each test file takes a distinct `slot` (0..31) so parallel files get disjoint uid
  * pools (dsecd refuses overlapping pools of live instances).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -31,8 +31,15 @@ const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
 /**
  * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
  * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
+ * Slots 30 and 31 (every 0-29 is taken) come from the 8 pools left below 2 GiB, two per
+ * offset, so they never meet another checkout's slots either.
  */
 export function uidPoolForSlot(slot: number): { base: number; size: number } {
+  if (slot === 30 || slot === 31) {
+    const k = (SLOT_OFFSET / 30) * 2 + (slot - 30);
+    if (!Number.isInteger(k) || k < 0 || k > 7) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} has no slot ${slot}`);
+    return { base: 2 ** 30 + (56 + k) * 2 ** 24, size: 2 ** 24 };
+  }
   if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
   const s = slot + SLOT_OFFSET;
   if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);

@@ -106,7 +106,11 @@ describe('dsec-agent (not PID 1)', () => {
     // test runner (test/unit/agent-isolated.test.ts and docs/AGENT_PROTOCOL.md).
     const capEff = BigInt('0x' + (/^CapEff:\s+([0-9a-f]+)/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))?.[1] ?? '0'));
     const isolate = (capEff >> 21n) & 1n ? ['isolate'] : [];
-    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate] });
+    expect(c.info).toEqual({
+      agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate],
+      // Without --landlock (test/unit/agent-landlock.test.ts covers it with).
+      landlock: { enforced: false, abi: expect.any(Number), scope: 'off', writable: 0, reason: expect.stringMatching(/not requested/) },
+    });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);
     c.close();

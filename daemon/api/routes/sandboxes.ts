@@ -44,7 +44,10 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
     reply.code(405).header('allow', 'GET, POST').send({
       error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
     }));
-  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => toApi(m.get(req.params.id)));
+  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
+    const sb = m.get(req.params.id);
+    return { ...toApi(sb), defences: await m.defences(sb) };
+  });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {
     const q = parseWith(DeleteQuery, req.query, 'query');
     return toApi(await m.destroy(req.params.id, q.force === 'true' || q.force === '1'));

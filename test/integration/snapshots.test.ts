@@ -37,7 +37,10 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
   beforeAll(async () => {
     // A small admission limit, so a too-large fork is refused without creating hundreds of sandboxes.
     d = await TestDaemon.start({ slot: 26, config: '[admission]\nmax_sandboxes = 40\n' });
-    src = (await d.client.createSandbox({ image: 'busybox', labels: { job: 'prep' }, env: { MODE: 'src' } })).id;
+    // System paths writable (readonly_paths []): the source deletes /etc/group and
+    // replaces /usr/local; /work is a new top-level directory, so dsecd makes it
+    // (writable_paths). Snapshots must carry all of it; forks inherit the options.
+    src = (await d.client.createSandbox({ image: 'busybox', labels: { job: 'prep' }, env: { MODE: 'src' }, filesystem: { readonly_paths: [], writable_paths: ['/work'] } })).id;
     await sh(src, [
       'mkdir -p /work/repo && echo answer-42 > /work/repo/file',
       'chown -R 1000:1000 /work/repo',
@@ -95,6 +98,7 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
       expect(s.snapshot).toBe(snapId);
       expect(s.labels).toEqual({ job: 'rollout', 'dsec.fork': made[0].labels['dsec.fork'] });
       expect(s.env).toEqual({ MODE: 'src' });
+      expect(s.filesystem).toEqual({ readonly_paths: [], writable_paths: ['/work'], landlock: true });
     }
     expect(made[0].labels['dsec.fork']).toMatch(/^fork-[0-9a-f]{16}$/);
     for (const id of forks) {

@@ -20,10 +20,11 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { randomBytes } from 'node:crypto';
-import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
+import { copyFileSync, existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, symlinkSync, writeFileSync, chmodSync } from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
 import tarStream from 'tar-stream';
+import { execa } from 'execa';
 import { IS_ROOT, TestDaemon, err, out, postJson, runCli } from '../integration/harness.js';
 import type { ExecResult } from '../../sdk/index.js';
 
@@ -175,6 +176,29 @@ describe.skipIf(!IS_ROOT)('filesystem attacks', () => {
       } finally {
         await d.client.deleteSandbox(off.id, { force: true });
       }
+    });
+
+    it('a file the runtime binds over the read-only /etc (as /etc/resolv.conf will be) is visible, and /etc stays read-only', async () => {
+      // The sandbox's own spec, run once more by runc with one more bind appended (where
+      // spec.ts puts every mount after the filesystem binds), and a shell instead of the agent.
+      const spec = JSON.parse(readFileSync(path.join(d.root, 'sandboxes', sb, 'config.json'), 'utf8'));
+      const id = `fsbind-${process.pid}`;
+      const bundle = path.join(d.root, 'workers', id);
+      mkdirSync(bundle, { recursive: true });
+      const generated = path.join(tmp, 'generated.conf');
+      writeFileSync(generated, 'nameserver 192.0.2.53\n');
+      chmodSync(tmp, 0o755);
+      spec.hostname = id;
+      spec.linux.cgroupsPath = `${(await d.cgroups()).runtimePath(id)}`;
+      spec.mounts.push({ destination: '/etc/dsec-generated.conf', type: 'bind', source: generated, options: ['rbind', 'ro'] });
+      spec.process.args = ['/bin/sh', '-c', 'cat /etc/dsec-generated.conf; (echo x > /etc/passwd) 2>&1; (echo x > /etc/dsec-generated.conf) 2>&1; echo ok > /tmp/ok && cat /tmp/ok'];
+      writeFileSync(path.join(bundle, 'config.json'), JSON.stringify(spec));
+      const r = await execa('runc', ['--root', path.join(d.root, 'runtime', 'runc'), 'run', '--bundle', bundle, id], { reject: false, stdin: 'ignore' });
+      rmSync(bundle, { recursive: true, force: true });
+      expect({ code: r.exitCode, out: String(r.stdout) }).toEqual({
+        code: 0,
+        out: 'nameserver 192.0.2.53\n/bin/sh: can\'t create /etc/passwd: Read-only file system\n/bin/sh: can\'t create /etc/dsec-generated.conf: Read-only file system\nok',
+      });
     });
 
     it('the read-only mounts hold without Landlock too (landlock: false)', async () => {

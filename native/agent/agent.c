@@ -4,7 +4,8 @@
  * It serves the dsec agent protocol (version 1, see docs/AGENT_PROTOCOL.md) on an
  * inherited, already-listening AF_UNIX SOCK_STREAM socket:
  *
- *     dsec-agent --listen-fd N [--sched-idle] [--core-sched] [--worker]
+ *     dsec-agent --listen-fd N [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...]
+ *     dsec-agent --landlock-abi
  *
  * Priority flags (applied once at start, before the first connection is accepted, and
  * inherited by every process the agent forks; see docs/AGENT_PROTOCOL.md, "Agent flags"):
@@ -21,6 +22,12 @@
  *                 if it cannot isolate. Every process it starts installs a second seccomp
  *                 filter (worker_filter_install) that denies mount and mount_setattr,
  *                 the two syscalls runc's filter leaves to a worker's agent.
+ *   --landlock    restrict file access with Landlock (see "Landlock" below): the agent
+ *                 itself at start, or, with --worker, each isolated call after its
+ *                 mounts; --writable PATH (repeatable) names the places left writable.
+ *                 A kernel without Landlock is logged and reported in HELLO; any other
+ *                 failure to apply it is fatal (exit 1).
+ *   --landlock-abi  print the kernel's Landlock ABI as JSON and exit (for dsecd).
  *
  * Lifecycle contracts:
  *   - As PID 1 it never exits: SIGTERM/SIGINT/SIGHUP are blocked (consumed through a
@@ -1823,7 +1830,7 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
  * The init makes every mount private and read-only (one recursive mount_setattr), mounts
  * fresh tmpfs on /tmp, /dev/shm and the SCRATCH paths, a fresh mqueue on /dev/mqueue (the
  * new IPC namespace's), a fresh /proc for the new pid namespace with the sandbox's /proc
- * masks re-created on it, drops CAP_SYS_ADMIN, forks the command, reaps whatever gets
+ * masks re-created on it, applies Landlock (--landlock), drops CAP_SYS_ADMIN, forks the command, reaps whatever gets
  * reparented to it, and when the command has exited writes its wait status to the status
  * pipe and exits. The kernel then SIGKILLs everything left in the pid namespace and waits
  * for it before the agent sees the init exit; the mount namespace (with its tmpfs pages)

@@ -4,12 +4,14 @@
  * set by `dsec image build|compose` and `dsec commit` flags, validated, shown by `dsec
  * image inspect`; precedence request > image > config, field by field; the image's
  * seccomp override reaches the sandbox's filter and the sandbox's own override wins over
- * it; a sandbox keeps the options it was created with when the image changes later.
+ * it (also in the image's fncall workers); a sandbox keeps the options it was created
+ * with when the image changes later.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chmodSync, copyFileSync, mkdirSync, mkdtempSync, rmSync, symlinkSync } from 'node:fs';
 import path from 'node:path';
-import { IS_ROOT, TestDaemon, err, out, rejection, runCli } from './harness.js';
+import { IS_ROOT, TestDaemon, err, out, postJson, rejection, runCli } from './harness.js';
+import type { ExecResult } from '../../sdk/index.js';
 
 describe.skipIf(!IS_ROOT)('image security defaults', () => {
   let d: TestDaemon;
@@ -52,6 +54,11 @@ describe.skipIf(!IS_ROOT)('image security defaults', () => {
     const r = await sh(s.id, 'echo ok > /work/f && cat /work/f; mkdir /tmp/d; ls -d /srv 2>&1');
     expect(out(r)).toBe('ok\nls: /srv: No such file or directory\n');
     expect(err(r)).toBe("mkdir: can't create directory '/tmp/d': Operation not permitted\n");
+  });
+
+  it('fncall workers of the image get its seccomp override too', async () => {
+    const r = await postJson<ExecResult>(d, '/v1/run', { backend: 'fncall', image: 'sec:1', argv: ['mkdir', '/tmp/d'] });
+    expect({ code: r.exit_code, err: err(r) }).toEqual({ code: 1, err: "mkdir: can't create directory '/tmp/d': Operation not permitted\n" });
   });
 
   it('the request wins, field by field: its own writable_paths and a seccomp allow that undoes the image\'s deny', async () => {

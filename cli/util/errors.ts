@@ -82,7 +82,7 @@ export const LEASE_EXPIRED_HINT =
  * the sandbox (reason `readonly_path`; docs/SECURITY.md "Filesystem").
  */
 export const READONLY_PATH_HINT =
-  'system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH` (dsecd creates the directory), or with `--no-readonly-paths`; `dsec inspect ID` shows its filesystem options';
+  'system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH` (dsecd creates the directory), or with `--no-readonly`; `dsec inspect ID` shows its filesystem options';
 
 /**
  * Hints of `exec --trajectory` by the `reason` of its refusal (docs/TRAJECTORIES.md),

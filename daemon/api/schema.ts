@@ -578,7 +578,7 @@ const restoreFields = {
   seccomp: SeccompOverrideSchema.optional().describe('Seccomp override of the new sandbox(es); default none (the default profile).'),
   network: NetworkSpec.optional().describe("Network of the new sandbox(es); default the source's."),
   disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe("Writable-layer quota, bytes; default the source's."),
-  filesystem: FilesystemSpec.optional().describe("Filesystem options of the new sandbox(es); default the source's."),
+  filesystem: FilesystemSpec.optional().describe("Filesystem options of the new sandbox(es), field by field over the source's."),
 };
 
 /** POST /v1/snapshots/{ref}/restore request (the body is optional). */

@@ -10,7 +10,7 @@
  *     config, e.g. `{"writable_paths": ["/work"]}` for an image whose tasks live in /work.
  * A sandbox records the image config it was created from, so a later change of the
  * image never alters it. Set by `dsec image build|import|compose` and `dsec commit`
- * (flags --writable, --readonly, --no-readonly-paths, --no-landlock, --seccomp-allow,
+ * (flags --writable, --readonly, --no-readonly, --no-landlock, --seccomp-allow,
  * --seccomp-deny), shown by `dsec image inspect`.
  */
 import { z } from 'zod';

@@ -137,9 +137,11 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
   });
 
   it('restore takes overrides; the CLI snapshots, restores and forks', async () => {
-    const r = await d.client.restore(snapId, { labels: { a: 'b' }, env: { EXTRA: '1' }, memory_bytes: 64 * 1024 * 1024 });
+    const r = await d.client.restore(snapId, { labels: { a: 'b' }, env: { EXTRA: '1' }, memory_bytes: 64 * 1024 * 1024, filesystem: { landlock: false } });
     expect(r.memory_bytes).toBe(64 * 1024 * 1024);
     expect(r.env).toEqual({ MODE: 'src', EXTRA: '1' });
+    // Filesystem options field by field over the source's.
+    expect(r.filesystem).toEqual({ readonly_paths: [], writable_paths: ['/work'], landlock: false });
     expect(await sh(r.id, 'cat /work/repo/file')).toBe('answer-42\n');
     await d.client.deleteSandbox(r.id, { force: true });
     const s = await runCli(d, ['snapshot', src, 'cli-snap']);

@@ -7,6 +7,8 @@
  * what is not is refused (writes elsewhere, /proc/self/..., device ioctls), and each
  * refusal is shown to be Landlock's by the same command succeeding without `--landlock`.
  * The ruleset inside real sandboxes and fncall workers: test/attacks/filesystem.test.ts.
+ * The other agent suites run under Landlock too with
+ * `DSEC_TEST_AGENT_ARGS="--landlock --writable /tmp" npx vitest run test/unit/agent*.test.ts`.
  */
 import { afterAll, afterEach, describe, expect, it } from 'vitest';
 import { execFileSync } from 'node:child_process';
@@ -16,7 +18,7 @@ import type { AgentClient, AgentExecResult } from '../../daemon/agent/client.js'
 import { AGENT, AgentHarness, BB, buildAgent, waitFor } from '../fixtures/agent.js';
 
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
-const harness = new AgentHarness({ prefix: 'dsec-agent-ll-' });
+const harness = new AgentHarness({ prefix: 'dsec-agent-ll-', extraArgs: false });
 buildAgent();
 /** The kernel's Landlock ABI (0: none), from the agent itself; read at collection time, so tests can be skipped on a kernel without it. */
 const abi = (JSON.parse(execFileSync(AGENT, ['--landlock-abi'], { encoding: 'utf8' })) as { abi: number }).abi;

@@ -14,7 +14,7 @@ import {
   decodeExecRequest, decodeExit, decodeTlv, encodeExecRequest, encodeExit, encodeFrame,
   encodeTlv, encodeU32, type Frame,
 } from '../../daemon/agent/protocol.js';
-import { AGENT, AgentHarness, BB, buildAgent, procState, waitFor } from '../fixtures/agent.js';
+import { AGENT, AgentHarness, BB, EXTRA_AGENT_ARGS, buildAgent, procState, waitFor } from '../fixtures/agent.js';
 
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const MiB = 1 << 20;
@@ -108,8 +108,10 @@ describe('dsec-agent (not PID 1)', () => {
     const isolate = (capEff >> 21n) & 1n ? ['isolate'] : [];
     expect(c.info).toEqual({
       agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate],
-      // Without --landlock (test/unit/agent-landlock.test.ts covers it with).
-      landlock: { enforced: false, abi: expect.any(Number), scope: 'off', writable: 0, reason: expect.stringMatching(/not requested/) },
+      // Without --landlock unless DSEC_TEST_AGENT_ARGS adds it (test/unit/agent-landlock.test.ts covers it).
+      landlock: EXTRA_AGENT_ARGS.includes('--landlock')
+        ? { enforced: true, abi: expect.any(Number), scope: 'agent', writable: EXTRA_AGENT_ARGS.filter((x) => x === '--writable').length, reason: '' }
+        : { enforced: false, abi: expect.any(Number), scope: 'off', writable: 0, reason: expect.stringMatching(/not requested/) },
     });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);

@@ -91,7 +91,7 @@ export function readonlyPathError(e: unknown, sandboxId: string): unknown {
   return new DsecError('FailedPrecondition',
     `${e.message}: the path is read-only in sandbox ${sandboxId} (its root and readonly_paths are read-only, and no new top-level entry can be made); ` +
     'to write there, create the sandbox with the path in filesystem.writable_paths (`dsec create --writable PATH`; dsecd creates a missing directory), ' +
-    'or with readonly_paths [] (`dsec create --no-readonly-paths`)',
+    'or with readonly_paths [] (`dsec create --no-readonly`)',
     { cause: e, reason: READONLY_PATH_REASON });
 }
 

@@ -64,6 +64,13 @@ export const RUNTIME_MOUNT_DIRS: readonly string[] = ['/proc', '/sys', '/dev'];
 /** Most entries in `readonly_paths` or `writable_paths`: 64 each. */
 export const MAX_FILESYSTEM_PATHS = 64;
 
+/**
+ * Most writable places one sandbox may have: 128, the agent's limit of `--writable`
+ * flags (LL_MAX_WRITABLE in native/agent/agent.c), twice the 64 writable_paths a request
+ * may name plus room for an image's top-level directories.
+ */
+export const MAX_WRITABLE_PLACES = 128;
+
 /** Symlinks followed while resolving one path inside the rootfs: 40, the kernel's own limit (MAXSYMLINKS). */
 const MAX_SYMLINKS = 40;
 
@@ -256,7 +263,8 @@ const parentOf = (p: string) => path.posix.dirname(p);
  *   error; a glob skips whatever it matches that is not a directory.
  *
  * @throws DsecError FailedPrecondition when a path names a non-directory (a file in the
- *   way, a symlink loop), or a writable path resolves into /proc, /sys or /dev.
+ *   way, a symlink loop), a writable path resolves into /proc, /sys or /dev, or there are
+ *   more than {@link MAX_WRITABLE_PLACES} writable places.
  */
 export function planFilesystem(fs: ResolvedFilesystem, tree: TreeView): FilesystemPlan {
   const isRuntime = (p: string) => RUNTIME_MOUNT_DIRS.some((d) => p === d || p.startsWith(`${d}/`));
@@ -303,7 +311,7 @@ export function planFilesystem(fs: ResolvedFilesystem, tree: TreeView): Filesyst
   if (fs.readonly_paths.length === 0) {
     // Read-only paths off: root read-write, no binds. Landlock's writable places are the
     // top-level directories (see the module comment).
-    return { readonlyRoot: false, binds: [], create: sortedCreate, writable: topLevel };
+    return { readonlyRoot: false, binds: [], create: sortedCreate, writable: checkPlaces(topLevel) };
   }
   const roAll = fs.readonly_paths.includes('/');
   const matchesAny = (list: readonly string[], p: string) => list.some((x) => pathMatches(x, p));
@@ -325,7 +333,15 @@ export function planFilesystem(fs: ResolvedFilesystem, tree: TreeView): Filesyst
     const mode = explicit.get(p)!;
     if (mode !== modeOf(parentOf(p))) binds.push({ path: p, readonly: mode === 'ro' });
   }
-  return { readonlyRoot: true, binds, create: sortedCreate, writable: binds.filter((b) => !b.readonly).map((b) => b.path).sort() };
+  return { readonlyRoot: true, binds, create: sortedCreate, writable: checkPlaces(binds.filter((b) => !b.readonly).map((b) => b.path).sort()) };
+}
+
+/** `writable`, or FailedPrecondition when it has more than {@link MAX_WRITABLE_PLACES} entries. */
+function checkPlaces(writable: string[]): string[] {
+  if (writable.length > MAX_WRITABLE_PLACES) {
+    throw failedPrecondition(`${writable.length} writable places (top-level directories of the image and writable_paths); at most ${MAX_WRITABLE_PLACES}: make some read-only with readonly_paths (e.g. ["/"] and the few writable_paths the task needs)`);
+  }
+  return writable;
 }
 
 /**

@@ -182,6 +182,11 @@ describe('the bind plan', () => {
     expect(q.binds).toEqual([{ path: '/home', readonly: false }, { path: '/opt', readonly: false }, { path: '/opt/tools', readonly: true }]);
     expect(q.writable).toEqual(['/home', '/opt']);
   });
+  it('refuses more writable places than the agent takes (128)', () => {
+    const wide = tree(Array.from({ length: 130 }, (_, i) => `d${i}/`));
+    expect(() => planFilesystem(fsOf(), wide)).toThrow(/130 writable places .*at most 128/);
+    expect(planFilesystem(fsOf({ readonly_paths: ['/'], writable_paths: ['/d1'] }), wide).writable).toEqual(['/d1']);
+  });
   it('"/" read-only: only writable paths are writable', () => {
     const p = planFilesystem(fsOf({ readonly_paths: ['/'], writable_paths: ['/tmp', '/work'] }), BUSYBOX);
     expect(p.binds).toEqual([{ path: '/tmp', readonly: false }, { path: '/work', readonly: false }]);

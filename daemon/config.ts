@@ -12,6 +12,7 @@ import { z } from 'zod';
 import { invalidArgument } from './errors.js';
 import { MIN_DISK_BYTES } from './api/schema.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
+import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -126,6 +127,7 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    filesystem: FilesystemOptionsSchema.optional(),
   })
   .strict();
 
@@ -212,6 +214,13 @@ export interface DaemonConfig {
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
   /** Sandbox networking (daemon/net/, docs/OPERATIONS.md "Networking"); see {@link NetworkConfig}. */
   network: NetworkConfig;
+  /**
+   * `[filesystem]`: the filesystem options of sandboxes whose request and image say
+   * nothing (daemon/security/filesystem.ts): `readonly_paths` (default
+   * /bin, /sbin, /usr, /lib*, /etc), `writable_paths` (default none), `landlock`
+   * (default true).
+   */
+  filesystem: ResolvedFilesystem;
 }
 
 /**
@@ -355,5 +364,6 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       commitExclude: fc.images?.commit_exclude ?? [],
       pruneGraceMs: (fc.images?.prune_grace_s ?? 600) * 1000,
     },
+    filesystem: resolveFilesystem(fc.filesystem, null, DEFAULT_FILESYSTEM),
   });
 }

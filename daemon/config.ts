@@ -10,6 +10,7 @@ import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument } from './errors.js';
+import { defaultProfilePath } from './security/seccomp.js';
 import { MIN_DISK_BYTES } from './api/schema.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
@@ -128,6 +129,7 @@ const FileConfig = z
       .strict()
       .optional(),
     filesystem: FilesystemOptionsSchema.optional(),
+    security: z.object({ seccomp_profile: z.string().min(1).optional() }).strict().optional(),
   })
   .strict();
 
@@ -221,6 +223,14 @@ export interface DaemonConfig {
    * (default true).
    */
   filesystem: ResolvedFilesystem;
+  /**
+   * `[security]`: `seccompProfile` is the seccomp profile data file every sandbox gets
+   * (default the shipped daemon/security/profiles/seccomp-default.json). It is validated
+   * at start (a malformed file stops dsecd) and reloaded on SIGHUP and
+   * `POST /v1/security/seccomp/reload`, where a malformed file is refused and the profile
+   * in force stays.
+   */
+  security: { seccompProfile: string };
 }
 
 /**
@@ -326,6 +336,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       preallocate: fc.storage?.preallocate ?? false,
       path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
     },
+    security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
     admission: {

@@ -20,7 +20,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pino, { type Logger } from 'pino';
 import { loadConfig, type DaemonConfig } from './config.js';
-import { DsecError, failedPrecondition, isDsecError, unavailable } from './errors.js';
+import { DsecError, failedPrecondition, invalidArgument, isDsecError, unavailable } from './errors.js';
 import { openDb } from './store/db.js';
 import { SandboxRepo } from './sandbox/repo.js';
 import { SnapshotRepo } from './sandbox/snapshots.js';
@@ -41,12 +41,13 @@ import { BlobCache } from './image/cache.js';
 import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
-import type { Backend } from './api/schema.js';
+import type { Backend, SeccompProfileInfo } from './api/schema.js';
 import { SandboxNetworking } from './net/network.js';
 import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
+import { profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
 import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
@@ -95,6 +96,8 @@ export interface Daemon {
   close(): Promise<void>;
   /** Reloads the network policy files (SIGHUP); logs and keeps the previous set on a malformed file. */
   reloadNetworkPolicies?(): Promise<void>;
+  /** Reloads the seccomp profile file (SIGHUP); logs and keeps the profile in force on a malformed file. */
+  reloadSeccompProfile?(): void;
 }
 
 /**
@@ -179,6 +182,17 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
   if (path.join(config.root, 'sandboxes', 'x'.repeat(16), 'agent.sock.tmp').length > MAX_SOCKET_PATH) {
     throw failedPrecondition(`root ${config.root} is too long: agent socket paths under it would exceed ${MAX_SOCKET_PATH} bytes`);
   }
+  // The seccomp profile is a data file: refuse to start on a malformed one (there is no
+  // previous profile to keep yet); later reloads keep the one in force instead.
+  const loadSeccomp = (): SeccompProfileInfo => {
+    try {
+      reloadSeccompFile(config.security.seccompProfile);
+    } catch (e) {
+      throw invalidArgument((e as Error).message);
+    }
+    return profileInfo();
+  };
+  loadSeccomp();
   const agentSource = agentBinaryPath();
   if (!existsSync(agentSource)) throw unavailable(`agent binary ${agentSource} is missing; run the install step (make -C native)`);
   // Modes: a sandbox's init (an unprivileged host uid) must traverse the root and
@@ -356,6 +370,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       fncall,
       sandboxfusionImages: config.sandboxfusion.images,
       network: { networking: network, policies, reload: reloadPolicies },
+      security: {
+        seccompInfo: () => profileInfo(),
+        reloadSeccomp: () => {
+          const info = loadSeccomp();
+          repo.event('security.seccomp_reloaded', null, `${info.file} sha256=${info.sha256.slice(0, 12)} denied=${info.denied}`);
+          return info;
+        },
+      },
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -392,7 +414,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls' },
+            seccomp: { enforced: true, detail: `profile ${profileInfo().file} (sha256 ${profileInfo().sha256.slice(0, 12)}, ${profileInfo().denied} syscalls denied) on every container sandbox and fncall worker; the shipped default denies bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls` },
             seccomp_denial_counting: seccompMonitor?.available
               ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
               : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
@@ -420,6 +442,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     return {
       config,
       log,
+      reloadSeccompProfile() {
+        try {
+          const info = apiDeps.security.reloadSeccomp();
+          log.info(info, 'seccomp profile reloaded');
+        } catch (e) {
+          log.error({ err: e }, `seccomp profile not reloaded, the one in force stays: ${(e as Error).message}`);
+        }
+      },
       async reloadNetworkPolicies() {
         try {
           const r = await reloadPolicies();
@@ -503,7 +533,10 @@ export async function main(argv: string[]): Promise<number> {
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
-    process.on('SIGHUP', () => void daemon.reloadNetworkPolicies?.());
+    process.on('SIGHUP', () => {
+      daemon.reloadSeccompProfile?.();
+      void daemon.reloadNetworkPolicies?.();
+    });
   });
   await daemon.close();
   log.flush();

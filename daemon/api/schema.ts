@@ -191,6 +191,14 @@ export const DefenceStatus = z.object({
 });
 export type DefenceStatus = z.infer<typeof DefenceStatus>;
 
+/** GET /v1/security/seccomp and POST /v1/security/seccomp/reload response: the seccomp profile in force. */
+export const SeccompProfileInfo = z.object({
+  file: z.string().describe('The profile data file ([security] seccomp_profile).'),
+  sha256: z.string().describe('sha256 of the file as loaded, hex.'),
+  denied: z.number().int().describe('Distinct syscall names the profile denies (unconditionally or by argument).'),
+});
+export type SeccompProfileInfo = z.infer<typeof SeccompProfileInfo>;
+
 /** POST /v1/sandboxes request. */
 export const CreateSandboxRequest = z
   .object({

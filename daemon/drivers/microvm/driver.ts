@@ -92,6 +92,13 @@ export class MicrovmDriver implements SandboxDriver {
   /** Layer digests each live microVM has attached (the blob cache must not evict them). */
   private readonly blobs = new Map<string, string[]>();
   private platformP: Promise<Platform> | null = null;
+  /**
+   * Per VM: whether its vCPUs should run, as the last `stop`/`cont` dsecd sent says.
+   * After QMP stopped answering, a command may still be executed later (QEMU reads it
+   * once it answers again); {@link resync} then makes the VM's run state match this.
+   */
+  private readonly wantRunning = new Map<string, boolean>();
+  private readonly resyncing = new Set<string>();
   private qemuPath: string | null = null;
 
   constructor(private readonly d: MicrovmDriverDeps) {}
@@ -276,7 +283,7 @@ export class MicrovmDriver implements SandboxDriver {
     try {
       child = spawnVmm({
         launcher: this.d.launcher, qemu: this.qemuPath!, args, cgroupProcs: this.d.cgroups.procsFiles(sb.id),
-        schedIdle: sb.priority === 'batch', logFile: paths.qemuLog,
+        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog,
       });
     } catch (e) {
       throw internal(`sandbox ${sb.id}: cannot start ${this.d.launcher}: ${(e as Error).message}`, e);
@@ -389,15 +396,52 @@ export class MicrovmDriver implements SandboxDriver {
     return p;
   }
 
-  /** Runs one QMP command with the configured timeout, naming the sandbox in errors. */
+  /**
+   * Runs one QMP command with the configured timeout, naming the sandbox in errors. When
+   * QMP does not answer, a background {@link resync} is started.
+   * @throws DsecError DeadlineExceeded (QMP stopped answering), Unavailable (QEMU gone),
+   *   Internal (QEMU refused the command).
+   */
   private async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
+    if (command === 'stop' || command === 'cont') this.wantRunning.set(sb.id, command === 'cont');
     try {
       const c = await this.qmp(sb.id);
       return await c.execute<T>(command, args, { timeoutMs: this.d.vm.qmpTimeoutMs });
     } catch (e) {
-      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e });
+      if (isDsecError(e, 'DeadlineExceeded')) this.resync(sb);
+      if (e instanceof DsecError) {
+        throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}${isDsecError(e, 'DeadlineExceeded') ? '; dsecd keeps reconnecting and restores the VM\'s run state once QEMU answers again' : ''}`, { cause: e });
+      }
       throw e;
     }
+  }
+
+  /**
+   * After QMP stopped answering: reconnects every second (while the VM's QEMU lives) and,
+   * once QEMU answers, sets the VM's run state to what dsecd last asked for. QEMU runs the
+   * commands of one monitor connection in order and the next connection only after it, so
+   * a late `stop` is always seen here before the check. One loop per VM.
+   */
+  private resync(sb: SandboxRecord): void {
+    if (this.resyncing.has(sb.id)) return;
+    this.resyncing.add(sb.id);
+    void (async () => {
+      try {
+        while (sb.initPid !== null && isVmmOf(sb.initPid, this.dir(sb.id))) {
+          await sleep(1000);
+          try {
+            const c = await this.qmp(sb.id);
+            const st = await c.execute<{ running: boolean }>('query-status', undefined, { timeoutMs: this.d.vm.qmpTimeoutMs });
+            const want = this.wantRunning.get(sb.id);
+            if (want !== undefined && want !== st.running) await c.execute(want ? 'cont' : 'stop', undefined, { timeoutMs: this.d.vm.qmpTimeoutMs });
+            this.d.log.info({ id: sb.id, running: want ?? st.running }, 'QMP answers again; run state restored');
+            return;
+          } catch { /* not yet */ }
+        }
+      } finally {
+        this.resyncing.delete(sb.id);
+      }
+    })();
   }
 
   /** The sandbox's cached agent connection (over the mux), connecting on first use. */

@@ -152,6 +152,8 @@ export interface SpawnVmmOptions {
   cgroupProcs: string[];
   /** SCHED_IDLE for the VMM (a batch sandbox). */
   schedIdle: boolean;
+  /** Allow transparent huge pages for the VMM (guest RAM); false: PR_SET_THP_DISABLE (see native/vmm/launch.c). */
+  thp: boolean;
   /** File for QEMU's stderr (and the launcher's). */
   logFile: string;
 }
@@ -163,7 +165,7 @@ export interface SpawnVmmOptions {
  * @returns the child (its pid is QEMU's: the launcher execs it).
  */
 export function spawnVmm(o: SpawnVmmOptions): ChildProcess {
-  const argv = [...o.cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), ...(o.schedIdle ? ['--sched-idle'] : []), '--', o.qemu, ...o.args];
+  const argv = [...o.cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), ...(o.schedIdle ? ['--sched-idle'] : []), ...(o.thp ? [] : ['--no-thp']), '--', o.qemu, ...o.args];
   const log = openSync(o.logFile, 'a', 0o600);
   try {
     const child = spawn(o.launcher, argv, { detached: true, stdio: ['ignore', log, log] });

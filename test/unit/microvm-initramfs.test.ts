@@ -263,3 +263,45 @@ describe('QEMU command line', () => {
     expect(guestCmdline({ ...spec, accel: 'kvm' })).not.toContain('tsc');
   });
 });
+
+describe('PVH kernel extraction', () => {
+  it('finds the payload of a bzImage, decompresses gzip, and keeps only kernels with a PVH note', async () => {
+    const { bzImagePayload, extractPvhKernel, hasPvhNote } = await import('../../daemon/drivers/microvm/kmod.js');
+    // An ELF64 with one PT_NOTE segment holding a Xen note of type 18 (PHYS32_ENTRY).
+    const elf = (type: number) => {
+      const note = Buffer.alloc(12 + 4 + 4);
+      note.writeUInt32LE(4, 0);
+      note.writeUInt32LE(4, 4);
+      note.writeUInt32LE(type, 8);
+      note.write('Xen\0', 12, 'latin1');
+      const b = Buffer.alloc(64 + 56 + note.length);
+      b.writeUInt32BE(0x7f454c46, 0);
+      b[4] = 2;
+      b[5] = 1;
+      b.writeBigUInt64LE(64n, 0x20);
+      b.writeUInt16LE(56, 0x36);
+      b.writeUInt16LE(1, 0x38);
+      b.writeUInt32LE(4, 64);
+      b.writeBigUInt64LE(BigInt(120), 64 + 8);
+      b.writeBigUInt64LE(BigInt(note.length), 64 + 32);
+      note.copy(b, 120);
+      return b;
+    };
+    expect(hasPvhNote(elf(18))).toBe(true);
+    expect(hasPvhNote(elf(5))).toBe(false);
+    const bz = (payload: Buffer) => {
+      const b = Buffer.alloc(0x1000 + payload.length);
+      b.write('HdrS', 0x202, 'latin1');
+      b[0x1f1] = 3; // protected-mode code at (3 + 1) * 512
+      b.writeUInt32LE(0x1000 - 4 * 512, 0x248);
+      b.writeUInt32LE(payload.length, 0x24c);
+      payload.copy(b, 0x1000);
+      return b;
+    };
+    const gz = gzipSync(elf(18));
+    expect(bzImagePayload(bz(gz))).toMatchObject({ compression: 'gzip' });
+    expect((await extractPvhKernel(bz(gz)))?.equals(elf(18))).toBe(true);
+    expect(await extractPvhKernel(bz(gzipSync(elf(5))))).toBeNull();
+    expect(await extractPvhKernel(Buffer.alloc(0x400))).toBeNull();
+  });
+});

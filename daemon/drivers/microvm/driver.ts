@@ -21,7 +21,8 @@
  * answers FailedPrecondition: the writable layer is an ext4 image, not a host directory.
  */
 import { accessSync, constants as fsConstants, statSync } from 'node:fs';
-import { chmod, mkdir, open, readFile, readdir, rename, rm, stat } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { execa } from 'execa';
@@ -43,7 +44,7 @@ import { effectiveLayers, hostHasSwap } from '../container/driver.js';
 import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
 import { removeSandboxDir } from '../../image/rootfs.js';
 import { buildInitramfs, type Initramfs } from './initramfs.js';
-import { kernelRelease } from './kmod.js';
+import { extractPvhKernel, kernelRelease } from './kmod.js';
 import { QmpClient } from './qmp.js';
 import {
   MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvm, qemuArgs, spawnVmm, tailFile, vmPaths,
@@ -77,6 +78,8 @@ export interface MicrovmDriverDeps {
 /** What every microVM of this dsecd boots with: computed once (initramfs build, accelerator verdict, TSC rate). */
 interface Platform {
   initramfs: Initramfs;
+  /** What QEMU boots: the uncompressed vmlinux (PVH entry) extracted from [vm] kernel, or that bzImage itself. */
+  kernel: string;
   release: string | null;
   accel: Accel;
   kvm: KvmVerdict;
@@ -160,7 +163,9 @@ export class MicrovmDriver implements SandboxDriver {
       const p = (async (): Promise<Platform> => {
         const missing = this.missing();
         if (missing) throw failedPrecondition(missing);
-        const release = kernelRelease(await readFile(this.d.vm.kernel));
+        const bz = await readFile(this.d.vm.kernel);
+        const release = kernelRelease(bz);
+        const kernel = await this.bootKernel(bz);
         const initramfs = await buildInitramfs({
           busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'),
         }, release);
@@ -168,11 +173,11 @@ export class MicrovmDriver implements SandboxDriver {
         let kvm: KvmVerdict;
         if (this.d.vm.accel === 'tcg') kvm = { usable: false, reason: 'TCG forced by [vm] accel = "tcg"' };
         else if (this.d.vm.accel === 'kvm') kvm = { usable: true, reason: 'KVM forced by [vm] accel = "kvm" (no probe)' };
-        else kvm = await probeKvm({ qemu: this.qemuPath!, kernel: this.d.vm.kernel, initrd: initramfs.path, timeoutMs: this.d.vm.kvmProbeTimeoutMs });
+        else kvm = await probeKvm({ qemu: this.qemuPath!, kernel, initrd: initramfs.path, timeoutMs: this.d.vm.kvmProbeTimeoutMs });
         const accel: Accel = kvm.usable ? 'kvm' : 'tcg';
         const tscKhz = accel === 'tcg' ? await hostTscKhz(this.d.launcher) : null;
-        this.d.log.info({ accel, reason: kvm.reason, tscKhz, release }, 'microvm accelerator');
-        return { initramfs, release, accel, kvm, tscKhz };
+        this.d.log.info({ accel, reason: kvm.reason, tscKhz, release, kernel }, 'microvm accelerator');
+        return { initramfs, kernel, release, accel, kvm, tscKhz };
       })();
       this.platformP = p;
       p.catch(() => {
@@ -180,6 +185,27 @@ export class MicrovmDriver implements SandboxDriver {
       });
     }
     return this.platformP;
+  }
+
+  /**
+   * The kernel file QEMU boots: `<root>/vm/vmlinux-<hash of the bzImage>`, the bzImage's
+   * uncompressed kernel when it has a PVH entry (kmod.ts extractPvhKernel: no
+   * decompression in the guest at every boot), else the bzImage itself. Extracted once
+   * per kernel and kept.
+   */
+  private async bootKernel(bz: Buffer): Promise<string> {
+    const file = path.join(this.d.root, 'vm', `vmlinux-${createHash('sha256').update(bz).digest('hex').slice(0, 32)}`);
+    if (await stat(file).catch(() => null)) return file;
+    const elf = await extractPvhKernel(bz);
+    if (!elf) {
+      this.d.log.info({ kernel: this.d.vm.kernel }, 'guest kernel has no PVH entry (or an unknown compression): booting the bzImage, which decompresses itself at every boot');
+      return this.d.vm.kernel;
+    }
+    await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
+    const tmp = `${file}.tmp${process.pid}`;
+    await writeFile(tmp, elf, { mode: 0o600 });
+    await rename(tmp, file);
+    return file;
   }
 
   private endpoint(id: string): VmEndpoint {
@@ -276,7 +302,7 @@ export class MicrovmDriver implements SandboxDriver {
     const ep = this.endpoint(sb.id);
     await ep.listen();
     const args = qemuArgs({
-      id: sb.id, dir, kernel: this.d.vm.kernel, initrd: plat.initramfs.path, accel: plat.accel,
+      id: sb.id, dir, kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
       vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
     });
     let child: ChildProcess;

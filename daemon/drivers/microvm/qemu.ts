@@ -41,8 +41,9 @@ export const MICROVM_MIN_MEMORY_BYTES = 128 * 1024 * 1024;
 
 /**
  * What QEMU itself needs beside the guest's RAM, charged to the sandbox's cgroup with it:
- * its own code, heap and I/O buffers (~40 MiB resident when measured here), the kernel and
- * initramfs it keeps for reset (~15 MiB), page cache of the layer and disk files it reads,
+ * its own code, heap and I/O buffers (~40 MiB resident when measured here), the kernel
+ * segments and initramfs it keeps for reset (~60 MiB for Debian's uncompressed kernel),
+ * page cache of the layer and disk files it reads,
  * plus, under TCG, the translation cache ({@link VmConfig.tcgTbMiB}). 96 MiB plus the
  * translation cache leaves room for all of it; page cache beyond it is reclaimed, never
  * an OOM kill.

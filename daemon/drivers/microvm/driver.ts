@@ -295,8 +295,9 @@ export class MicrovmDriver implements SandboxDriver {
       cpuQuotaUs: Math.max(1000, Math.round(sb.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US,
       cpuShares: sb.priority === 'batch' ? BATCH_CPU_SHARES : null,
       memoryBytes: guestMiB * 1024 * 1024 + vmmOverheadBytes(plat.accel, this.d.vm.tcgTbMiB),
-      // QEMU's threads (vCPUs, I/O workers) are its only tasks; the guest's processes are not host tasks.
-      pids: Math.max(64, sb.pids),
+      // QEMU's threads are its only tasks (the guest's processes are not host tasks): vCPUs,
+      // the main loop, and up to 64 block I/O workers per AioContext; 256 leaves room.
+      pids: Math.max(256, sb.pids),
       idle: sb.priority === 'batch',
     });
     const ep = this.endpoint(sb.id);

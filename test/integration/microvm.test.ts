@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, readFileSync, readdirSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import Database from 'better-sqlite3';
 import { IS_ROOT, TestDaemon, rejection } from './harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
@@ -178,6 +179,20 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm sandboxes', () =>
     // dsecd's streams and killed their (non-detached) execs, as for a dropped socket.
     expect((await d.client.exec(id, { argv: ['cat', '/tmp/marker'] })).stdout.toString()).toBe('marker\n');
     expect((await d.client.exec(id, { argv: alive })).exit_code).toBe(1);
+  });
+
+  it('a microVM that no store row accounts for is killed and removed at start', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', backend: 'microvm', memory_bytes: 256 * 2 ** 20 });
+    await d.kill9();
+    const db = new Database(path.join(d.root, 'dsec.db'));
+    db.prepare('DELETE FROM sandboxes WHERE id = ?').run(sb.id);
+    db.close();
+    expect(alive(sb.init_pid!)).toBe(true);
+    await d.launch();
+    expect(alive(sb.init_pid!)).toBe(false);
+    await expectNoTraces(d, sb.id);
+    // The other microVM was adopted untouched.
+    expect((await d.client.exec(id, { argv: ['echo', 'still here'] })).stdout.toString()).toBe('still here\n');
   });
 
   it('QMP that stops answering: pause fails with DeadlineExceeded, the VM recovers when QEMU answers again', async () => {

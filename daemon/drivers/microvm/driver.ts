@@ -382,10 +382,9 @@ export class MicrovmDriver implements SandboxDriver {
     else if (!kind && /dsec-init: FATAL/.test(con)) k = 'FailedPrecondition';
     const ex = exit ? ` (QEMU ${exit.signal ? `killed by ${exit.signal}` : `exit status ${exit.code}`})` : '';
     const msg = `sandbox ${sb.id}: ${what}${ex}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
-    const kk = k;
-    if (kk === 'ResourceExhausted') return resourceExhausted(`${msg}\nhint: the host could not give the guest ${sb.memoryBytes} bytes; ask for less memory_bytes`);
-    if (kk === 'FailedPrecondition') return failedPrecondition(msg);
-    if (kk === 'DeadlineExceeded') return deadlineExceeded(`${msg}\nhint: a TCG boot takes ~5 s on an idle host; raise [vm] boot_timeout_s on a busy one`);
+    if (k === 'ResourceExhausted') return resourceExhausted(`${msg}\nhint: the host could not give the guest ${sb.memoryBytes} bytes; ask for less memory_bytes`);
+    if (k === 'FailedPrecondition') return failedPrecondition(msg);
+    if (k === 'DeadlineExceeded') return deadlineExceeded(`${msg}\nhint: a TCG boot takes ~3 s on an idle host and several times that on a busy one; raise [vm] boot_timeout_s if it needs longer`);
     return internal(msg);
   }
 

@@ -34,6 +34,7 @@ import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
+import { MicrovmDriver } from './drivers/microvm/driver.js';
 import type { SandboxDriver } from './drivers/types.js';
 import { ImageStore } from './image/store.js';
 import { LayerMounts } from './image/mounts.js';
@@ -66,6 +67,11 @@ export function repoRoot(): string {
 /** The static agent binary built by the install step (`make -C native`). */
 export function agentBinaryPath(): string {
   return process.env.DSEC_AGENT_BINARY ?? path.join(repoRoot(), 'native', 'agent', 'dsec-agent');
+}
+
+/** The VMM launcher of the microvm tier (`make -C native`): joins the sandbox's cgroup, execs QEMU. */
+export function vmmLauncherPath(): string {
+  return process.env.DSEC_VMM_LAUNCHER ?? path.join(repoRoot(), 'native', 'vmm', 'dsec-vmm-launch');
 }
 
 /**
@@ -237,8 +243,10 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: sandboxes created without disk_bytes get the whole store as their quota');
     }
     let layers: LayerMounts;
+    let microvm: MicrovmDriver;
     const cache = config.images.cacheDir
-      ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
+      ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg),
+        pinned: () => new Set([...layers.mounted(), ...microvm.pinnedLayers()]) })
       : null;
     layers = new LayerMounts({
       mountDir: path.join(config.root, 'layers'),
@@ -274,8 +282,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem });
+    // microVMs attach layer blob files as disks: verified (or cached) like a blob before its first mount.
+    microvm = new MicrovmDriver({
+      root: config.root, cgroups, agentBinary, launcher: vmmLauncherPath(), vm: config.vm, log: log.child({ component: 'microvm' }),
+      blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
+    });
+    if (!opts.purge) await microvm.init();
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
-    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
+    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
@@ -315,6 +329,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await network.purge();
       await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
       await container.close();
+      await microvm.close();
       db.close();
       reg.release();
       SeccompMonitor.stop(path.join(config.root, 'seccomp'));
@@ -393,7 +408,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           backends: {
             container: { available: true, reason: null },
             fncall: { available: true, reason: null },
-            microvm: { available: false, reason: 'not implemented yet' },
+            microvm: { available: microvm.capabilities().available, reason: microvm.capabilities().reason },
             vm: { available: false, reason: 'not implemented yet' },
           },
           uid_pool: {
@@ -406,6 +421,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             filesystem_snapshots: { available: true, reason: null },
             process_checkpoints: await criu.then((c) => ({ available: false, reason: c.available ? 'criu check passes, but container process checkpoints are not built yet' : c.reason })),
             trajectory_log: { available: true, reason: null },
+            kvm: await microvm.accelInfo(),
           },
           defences: {
             user_namespace: { enforced: true, detail: 'each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
@@ -470,6 +486,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         await fncall.close();
         await container.close();
         await network.close();
+        await microvm.close();
         denialEvents.close();
         seccompMonitor?.close();
         db.close();

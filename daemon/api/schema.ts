@@ -410,7 +410,7 @@ export const HostInfo = z.object({
     queued: z.number().int(), calls: z.number().int().describe('Calls served since dsecd started.'), replaced: z.number().int().describe('Workers replaced (OOM, lost agent, call budget, idle).'),
   })).describe('The fncall worker pools, one per image content.'),
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
-    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
+    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log, kvm (available: microVMs run under KVM; otherwise TCG; reason: the verdict of the KVM probe boot).'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
   storage: z.object({
     kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),

@@ -47,7 +47,7 @@ import { buildInitramfs, type Initramfs } from './initramfs.js';
 import { extractPvhKernel, kernelRelease } from './kmod.js';
 import { QmpClient } from './qmp.js';
 import {
-  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvm, qemuArgs, spawnVmm, tailFile, vmPaths,
+  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, spawnVmm, tailFile, vmPaths,
   vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict,
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
@@ -112,14 +112,14 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /**
-   * Finds QEMU and the kernel, and starts the platform work in the background (the
-   * initramfs build and, with `accel = "auto"`, the one KVM probe boot of this dsecd), so
-   * the first create does not pay for it. Never throws: what is missing is reported by
+   * Finds QEMU and the kernel. The platform work (the initramfs build and, with
+   * `accel = "auto"`, the KVM probe boot, whose verdict is kept for the host boot) waits
+   * for the first microvm create: a dsecd that never runs a microVM never spends a
+   * probe boot's CPU on it. Never throws: what is missing is reported by
    * {@link capabilities} and by create.
    */
   async init(): Promise<void> {
     this.qemuPath = findExecutable(this.d.vm.qemu);
-    if (this.capabilities().available) this.platform().catch((e) => this.d.log.warn({ err: e }, 'microvm platform setup failed'));
   }
 
   capabilities(): DriverCapabilities {
@@ -144,6 +144,13 @@ export class MicrovmDriver implements SandboxDriver {
    */
   async accelInfo(): Promise<{ available: boolean; reason: string }> {
     if (!this.capabilities().available) return { available: false, reason: `microvm backend unavailable: ${this.missing()}` };
+    if (!this.platformP) {
+      // Not set up yet: report a verdict of this host boot if there is one, never start a probe from host info.
+      if (this.d.vm.accel !== 'auto') return { available: this.d.vm.accel === 'kvm', reason: `[vm] accel = "${this.d.vm.accel}"` };
+      const cached = await cachedKvmVerdict({ qemu: this.qemuPath!, kernel: this.d.vm.kernel });
+      return cached ? { available: cached.usable, reason: `${cached.reason} (probed earlier this boot)` }
+        : { available: false, reason: 'not probed yet: the first microvm create probes KVM (a boot of up to [vm] kvm_probe_timeout_s), TCG until then' };
+    }
     try {
       const p = await this.platform();
       return { available: p.accel === 'kvm', reason: p.kvm.reason };
@@ -173,7 +180,7 @@ export class MicrovmDriver implements SandboxDriver {
         let kvm: KvmVerdict;
         if (this.d.vm.accel === 'tcg') kvm = { usable: false, reason: 'TCG forced by [vm] accel = "tcg"' };
         else if (this.d.vm.accel === 'kvm') kvm = { usable: true, reason: 'KVM forced by [vm] accel = "kvm" (no probe)' };
-        else kvm = await probeKvm({ qemu: this.qemuPath!, kernel, initrd: initramfs.path, timeoutMs: this.d.vm.kvmProbeTimeoutMs });
+        else kvm = await probeKvmCached({ qemu: this.qemuPath!, kernel, initrd: initramfs.path, timeoutMs: this.d.vm.kvmProbeTimeoutMs, guestKernel: this.d.vm.kernel });
         const accel: Accel = kvm.usable ? 'kvm' : 'tcg';
         const tscKhz = accel === 'tcg' ? await hostTscKhz(this.d.launcher) : null;
         this.d.log.info({ accel, reason: kvm.reason, tscKhz, release, kernel }, 'microvm accelerator');

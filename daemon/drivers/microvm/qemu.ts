@@ -15,7 +15,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, openSync, closeSync, readFileSync } from 'node:fs';
-import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, rename, rm, stat, writeFile } from 'node:fs/promises';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
@@ -242,6 +242,56 @@ export interface KvmVerdict {
  * as nested setups without the needed features) the probe times out and its QEMU is
  * killed by pid. Leaves nothing behind (its temp dir is removed).
  */
+/**
+ * Where a KVM probe's verdict is kept for the rest of this host boot: /run is a tmpfs, so
+ * the file goes with a reboot (KVM usability can change with the host's kernel or
+ * firmware), and every dsecd instance on the host shares it. The record names the boot
+ * (`/proc/sys/kernel/random/boot_id`) and the QEMU binary and guest kernel it was made
+ * with (path, size, mtime); a different one probes again.
+ */
+export const KVM_VERDICT_FILE = '/run/dsec/kvm-probe.json';
+
+/** The identity a cached KVM verdict is valid for (see {@link KVM_VERDICT_FILE}). */
+async function probeKey(o: { qemu: string; kernel: string }): Promise<string> {
+  const id = async (f: string) => {
+    const st = await stat(f).catch(() => null);
+    return st ? `${f}:${st.size}:${st.mtimeMs}` : `${f}:missing`;
+  };
+  const boot = (await readFile('/proc/sys/kernel/random/boot_id', 'utf8').catch(() => '')).trim();
+  return `${boot}|${await id(o.qemu)}|${await id(o.kernel)}`;
+}
+
+/** The verdict cached for this boot, QEMU and kernel, or null (see {@link KVM_VERDICT_FILE}). */
+export async function cachedKvmVerdict(o: { qemu: string; kernel: string }, file = KVM_VERDICT_FILE): Promise<KvmVerdict | null> {
+  try {
+    const j = JSON.parse(await readFile(file, 'utf8')) as { key: string; verdict: KvmVerdict };
+    return j.key === (await probeKey(o)) && typeof j.verdict?.usable === 'boolean' ? j.verdict : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * {@link probeKvm}, once per host boot: a verdict cached in {@link KVM_VERDICT_FILE} for
+ * the same QEMU and guest kernel (`guestKernel`: the configured `[vm] kernel`, which
+ * `kernel`, the image actually booted, is derived from) is returned as is (the probe boot costs up to `timeoutMs` of a
+ * core under TCG), otherwise the probe runs and its verdict is cached (written
+ * atomically; a failure to write only costs a later probe).
+ */
+export async function probeKvmCached(o: { qemu: string; kernel: string; initrd: string; timeoutMs: number; guestKernel: string }, file = KVM_VERDICT_FILE): Promise<KvmVerdict> {
+  const ident = { qemu: o.qemu, kernel: o.guestKernel };
+  const cached = await cachedKvmVerdict(ident, file);
+  if (cached) return { ...cached, reason: `${cached.reason} (probed earlier this boot)` };
+  const verdict = await probeKvm(o);
+  try {
+    await mkdir(path.dirname(file), { recursive: true });
+    const tmp = `${file}.${process.pid}.tmp`;
+    await writeFile(tmp, JSON.stringify({ key: await probeKey(ident), verdict }));
+    await rename(tmp, file);
+  } catch { /* uncached: the next dsecd probes again */ }
+  return verdict;
+}
+
 export async function probeKvm(o: { qemu: string; kernel: string; initrd: string; timeoutMs: number }): Promise<KvmVerdict> {
   if (!existsSync('/dev/kvm')) return { usable: false, reason: 'no /dev/kvm on this host: microVMs run under TCG (software emulation)' };
   const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-kvm-probe-'));

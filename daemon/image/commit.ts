@@ -1,21 +1,43 @@
 /**
- * `commit`: a sandbox's writable layer (its overlay upper dir) packed as a new EROFS
- * layer on top of its image, for an image meant to be shared.
+ * `commit` and `snapshot`: a sandbox's writable layer (its overlay upper dir) packed as
+ * a new EROFS layer on top of its image ({@link packWritableLayer}).
  *
- * The upper dir is copied (GNU `cp -a`, which keeps overlay whiteouts — char devices
- * 0:0 — and the `trusted.overlay.opaque` xattr of opaque directories), then:
- * - paths that must never be packed are removed: {@link COMMIT_STRIP} plus configured
- *   globs (temporary files, shell and REPL histories; the agent's socket and logs live
- *   outside the sandbox and never reach the upper dir);
- * - ownership is shifted back from the sandbox's host uid range to image uids
- *   (host `base + k` -> `k`), so the layer is usable by any sandbox's range.
+ * What never reaches a layer built from a sandbox (docs/SECURITY.md "Builder and runtime
+ * identities"):
+ * - dsec's own runtime state lives outside the upper dir, on the host: the agent's socket
+ *   (`<root>/sandboxes/<id>/agent.sock`), its log, exec session spools
+ *   (`<root>/sandboxes/<id>/execs/`), the agent binary (bind-mounted on runc's /dev
+ *   tmpfs), trajectories and the sandbox's create env (SQLite). None is copied.
+ * - files dsec itself leaves IN the upper dir are removed: the agent's temp files of
+ *   unfinished uploads ({@link DSEC_ARTEFACTS}, from commits and snapshots alike), and
+ *   (commits only) the paths the driver recorded as created by dsec (mount points such as
+ *   an /etc/resolv.conf placeholder, `writable_paths` directories; see
+ *   SandboxDriver.withWritableLayer).
+ * - commits also strip {@link COMMIT_STRIP} (temp dirs, shell and REPL histories) and the
+ *   configured and requested excludes. Snapshots keep everything else: a restore must see
+ *   exactly what the source saw.
+ * - the committed image's config is the image's own: the sandbox's create env is a
+ *   runtime secret and is not written into the manifest.
+ *
+ * How, with a builder identity (daemon/host/builder.ts): while the sandbox is frozen,
+ * root lists the upper's opaque directories and its entries owned by host root
+ * (whiteouts), and the builder copies the upper (GNU `cp -a`) from a read-only idmapped
+ * view in which the sandbox's host range appears as in-image ids: the ownership shift is
+ * done by the kernel, and setuid bits and file capabilities are copied as they are.
+ * After the thaw, the builder strips the copy and gives root-owned entries back owner 0;
+ * mkfs.erofs runs as the builder with the opaque list. Without a builder, root copies,
+ * strips and shifts owners itself ({@link prepareCopy}).
  * Only the copy happens while the sandbox is frozen (when it runs), so it is consistent
  * and the freeze lasts no longer than `cp -a`.
  */
+import { closeSync, readFileSync } from 'node:fs';
 import { chmod, lchown, lstat, readdir, rm } from 'node:fs/promises';
 import { execa } from 'execa';
 import { minimatch } from 'minimatch';
 import { internal, invalidArgument } from '../errors.js';
+import type { BuilderJob } from '../host/builder.js';
+import { listOpaqueDirs, type BuildErofsOptions } from './erofs.js';
+import type { ImageStore, LayerMeta } from './store.js';
 
 /**
  * Paths (globs relative to the sandbox root, matched with dotfiles) stripped from every
@@ -36,7 +58,15 @@ export const COMMIT_STRIP: readonly string[] = [
   '**/.wget-hsts',
 ];
 
-/** Result of {@link packUpper}. */
+/**
+ * Files the agent itself may leave in a sandbox's filesystem, removed from commits AND
+ * snapshots: the temp file of an upload that had not finished when the layer was copied
+ * (`.<name>.dsec-<pid>-<n>.tmp`, or `.dsec-<pid>-<n>.tmp` for long names; renamed over
+ * the target when the upload completes, see native/agent/agent.c FILE_DONE).
+ */
+export const DSEC_ARTEFACTS: readonly string[] = ['**/.*.dsec-*-*.tmp', '**/.dsec-*-*.tmp'];
+
+/** Result of {@link prepareCopy} and {@link prepareBuilderCopy}. */
 export interface PackedUpper {
   /** The prepared tree, ready for ImageStore.addLayerFromDir. */
   dir: string;
@@ -78,48 +108,146 @@ export async function copyUpper(upper: string, dest: string): Promise<void> {
   }
 }
 
+/** What the strip walk removes and keeps (see {@link stripWalk}). */
+interface StripRules {
+  /** false: a snapshot ({@link DSEC_ARTEFACTS} only); true: a commit (plus {@link COMMIT_STRIP} and `created`). */
+  strip: boolean;
+  /** Caller globs (not yet normalised). */
+  exclude: readonly string[];
+  /** Relative paths dsec created in the upper dir (commits strip them). */
+  created: readonly string[];
+  /** Called for every entry kept (root included, as `rel` ''), before its children. */
+  keep?(p: Buffer, rel: string): Promise<void>;
+}
+
+const SLASH = Buffer.from('/');
+
 /**
- * Prepares a private copy of an upper dir (see {@link copyUpper}) for packing: strips,
- * and shifts ownership from the sandbox's host uid range back to image uids. Names are
- * handled as bytes, so file names that are not UTF-8 survive. Changing a file's owner
- * makes the kernel drop its setuid/setgid bits and its `security.capability` xattr; both
- * are put back, so the layer holds exactly what the sandbox had.
- * @param uidBase first host uid/gid of the sandbox's range; ids in [uidBase, uidBase+count) become id - uidBase.
- * @param exclude extra globs to strip, relative to the sandbox root (e.g. `srv/cache/**`).
- * @param opts.strip false keeps everything (snapshots: a restore must see exactly what
- *   the source saw, /tmp and histories included); default true ({@link COMMIT_STRIP}).
- * @throws DsecError Internal when the tree cannot be walked or fixed up.
+ * Walks `dest` (names handled as bytes, so names that are not UTF-8 survive; globs match
+ * the UTF-8 reading of a name) removing what {@link StripRules} say; symlinks are never
+ * followed (only real directories are entered).
  */
-export async function prepareCopy(dest: string, uidBase: number, count: number, exclude: readonly string[] = [], opts: { strip?: boolean } = {}): Promise<PackedUpper> {
-  const extra = exclude.map((g) => ({ given: g, globs: normaliseExclude(g), hit: false }));
-  const patterns = opts.strip === false ? [] : [...COMMIT_STRIP];
+async function stripWalk(dest: string, rules: StripRules): Promise<PackedUpper> {
+  const extra = rules.exclude.map((g) => ({ given: g, globs: normaliseExclude(g), hit: false }));
+  const patterns = rules.strip ? [...COMMIT_STRIP, ...DSEC_ARTEFACTS] : [...DSEC_ARTEFACTS];
+  const created = new Set(rules.strip ? rules.created.map((c) => c.replace(/^\/+/, '').replace(/\/+$/, '')) : []);
   const stripped: string[] = [];
-  const shift = (id: number) => (id >= uidBase && id < uidBase + count ? id - uidBase : id);
-  const caps = await dumpCapabilities(dest);
-  const root = Buffer.from(dest);
   const walk = async (dir: Buffer, rel: string): Promise<void> => {
     for (const e of await readdir(dir, { withFileTypes: true, encoding: 'buffer' })) {
       const p = Buffer.concat([dir, SLASH, e.name]);
-      // Globs match the name as UTF-8 (lossy for other bytes); the file is handled by its bytes.
       const r = rel ? `${rel}/${e.name.toString()}` : e.name.toString();
       const byExtra = extra.filter((x) => x.globs.some((g) => minimatch(r, g, { dot: true })));
       for (const x of byExtra) x.hit = true;
-      if (byExtra.length || patterns.some((g) => minimatch(r, g, { dot: true }))) {
+      if (byExtra.length || created.has(r) || patterns.some((g) => minimatch(r, g, { dot: true }))) {
         await rm(p, { recursive: true, force: true });
         stripped.push(r);
         continue;
       }
-      await fixOwner(p, shift);
+      await rules.keep?.(p, r);
       if (e.isDirectory()) await walk(p, r);
     }
   };
-  await fixOwner(root, shift);
-  await walk(root, '');
-  if (caps) await restoreCapabilities(dest, caps);
+  await rules.keep?.(Buffer.from(dest), '');
+  await walk(Buffer.from(dest), '');
   return { dir: dest, stripped: stripped.sort(), unmatched: extra.filter((x) => !x.hit).map((x) => x.given) };
 }
 
-const SLASH = Buffer.from('/');
+/**
+ * Prepares a private copy of an upper dir (see {@link copyUpper}) for packing as root:
+ * strips, and shifts ownership from the sandbox's host uid range back to image uids.
+ * Changing a file's owner makes the kernel drop its setuid/setgid bits and its
+ * `security.capability` xattr; both are put back, so the layer holds exactly what the
+ * sandbox had.
+ * @param uidBase first host uid/gid of the sandbox's range; ids in [uidBase, uidBase+count) become id - uidBase.
+ * @param exclude extra globs to strip, relative to the sandbox root (e.g. `srv/cache/**`).
+ * @param opts.strip false keeps everything but {@link DSEC_ARTEFACTS} (snapshots: a
+ *   restore must see exactly what the source saw, /tmp and histories included); default
+ *   true ({@link COMMIT_STRIP}, and `opts.created`: paths dsec created in the upper dir).
+ * @throws DsecError Internal when the tree cannot be walked or fixed up.
+ */
+export async function prepareCopy(
+  dest: string, uidBase: number, count: number, exclude: readonly string[] = [], opts: { strip?: boolean; created?: readonly string[] } = {},
+): Promise<PackedUpper> {
+  const shift = (id: number) => (id >= uidBase && id < uidBase + count ? id - uidBase : id);
+  const caps = await dumpCapabilities(dest);
+  const packed = await stripWalk(dest, { strip: opts.strip !== false, exclude, created: opts.created ?? [], keep: (p) => fixOwner(p, shift) });
+  if (caps) await restoreCapabilities(dest, caps);
+  return packed;
+}
+
+/**
+ * The builder's half of {@link prepareCopy}, run as the builder over its own copy (made
+ * through an idmapped view, so owners are already image ids): strips, and gives owner 0
+ * back to the entries that host root owned in the upper dir (overlay whiteouts, which the
+ * view shows as 65534). `rootOwned` is root's list of those (see {@link listRootOwned}).
+ * @throws DsecError Internal when the tree cannot be walked or fixed up.
+ */
+export async function prepareBuilderCopy(
+  dest: string, rules: { strip: boolean; exclude: readonly string[]; created: readonly string[] }, rootOwned: ReadonlyArray<RootOwned>,
+): Promise<PackedUpper> {
+  const packed = await stripWalk(dest, rules);
+  for (const o of rootOwned) {
+    const p = o.rel.length ? Buffer.concat([Buffer.from(dest), SLASH, o.rel]) : Buffer.from(dest);
+    // A stripped entry (or one below a stripped directory) is gone: nothing to fix.
+    const st = await lstat(p).catch(() => undefined);
+    if (!st) continue;
+    await lchown(p, o.uid ? st.uid : 0, o.gid ? st.gid : 0);
+    if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) await chmod(p, st.mode & 0o7777);
+  }
+  return packed;
+}
+
+/** An entry of an upper dir that host root (uid or gid 0) owns: `uid`/`gid` true when that id is NOT 0. */
+export interface RootOwned {
+  rel: Buffer;
+  uid: boolean;
+  gid: boolean;
+}
+
+/**
+ * The entries below `upper` owned by host uid 0 or gid 0 (overlayfs creates whiteouts
+ * with the mounter's credentials), found by one `find -P` run as root (never follows
+ * symlinks, does not cross mounts). The builder's idmapped view shows them as 65534.
+ * @throws DsecError Internal when the walk fails.
+ */
+export async function listRootOwned(upper: string): Promise<RootOwned[]> {
+  const r = await execa('find', ['-P', '.', '-xdev', '(', '-uid', '0', '-o', '-gid', '0', ')', '-printf', '%U %G %P\\0'], {
+    cwd: upper, reject: false, stdin: 'ignore', encoding: 'buffer', maxBuffer: 1 << 30,
+  });
+  if (r.exitCode !== 0) throw internal(`listing root-owned entries of the writable layer failed: ${Buffer.from(r.stderr as Uint8Array).toString().trim() || r.message}`);
+  const out: RootOwned[] = [];
+  const b = Buffer.from(r.stdout as Uint8Array);
+  let start = 0;
+  for (let i = 0; i < b.length; i++) {
+    if (b[i] !== 0) continue;
+    const rec = b.subarray(start, i);
+    start = i + 1;
+    const s1 = rec.indexOf(0x20);
+    const s2 = rec.indexOf(0x20, s1 + 1);
+    out.push({ uid: rec.subarray(0, s1).toString() !== '0', gid: rec.subarray(s1 + 1, s2).toString() !== '0', rel: rec.subarray(s2 + 1) });
+  }
+  return out;
+}
+
+/**
+ * Encodes {@link RootOwned} entries for the builder worker: per entry a flag byte (ASCII
+ * `0`-`3`: bit 0 set when the uid is not 0, bit 1 when the gid is not 0), the path, a NUL.
+ */
+export function encodeRootOwned(list: ReadonlyArray<RootOwned>): Buffer {
+  return Buffer.concat(list.flatMap((o) => [Buffer.from([0x30 | (o.uid ? 1 : 0) | (o.gid ? 2 : 0)]), o.rel, Buffer.alloc(1)]));
+}
+
+/** Decodes {@link encodeRootOwned}. */
+export function decodeRootOwned(b: Buffer): RootOwned[] {
+  const out: RootOwned[] = [];
+  let start = 0;
+  for (let i = 0; i < b.length; i++) {
+    if (b[i] !== 0) continue;
+    out.push({ uid: (b[start] & 1) !== 0, gid: (b[start] & 2) !== 0, rel: b.subarray(start + 1, i) });
+    start = i + 1;
+  }
+  return out;
+}
 
 /** Shifts one entry's owner; re-applies setuid/setgid bits the chown cleared. */
 async function fixOwner(p: Buffer, shift: (id: number) => number): Promise<void> {
@@ -146,4 +274,92 @@ async function dumpCapabilities(dir: string): Promise<string | null> {
 async function restoreCapabilities(dir: string, dump: string): Promise<void> {
   const r = await execa('setfattr', ['-h', '--restore=-'], { cwd: dir, input: Buffer.from(dump, 'latin1'), reject: false });
   if (r.failed) throw internal(`restoring file capabilities failed: ${String(r.stderr).trim() || r.message}`);
+}
+
+/** Options of {@link packWritableLayer}. */
+export interface PackWritableLayerOptions {
+  /** First host uid/gid of the sandbox's range and its size. */
+  uidBase: number;
+  uidCount: number;
+  /** true: a commit (strip {@link COMMIT_STRIP}, `exclude` and dsec-created paths); false: a snapshot. */
+  strip: boolean;
+  /** Globs to strip (commits), relative to the sandbox root; validated with {@link normaliseExclude}. */
+  exclude: readonly string[];
+  /** Layer metadata `source`, e.g. `commit:<sandbox id>`. */
+  source: string;
+  /** mkfs options (snapshots keep mtimes and use chunks). */
+  build?: BuildErofsOptions;
+}
+
+/**
+ * Gives the caller's callback the sandbox's upper dir while nothing writes to it (the
+ * driver freezes a running sandbox around it) and the relative paths dsec created in it.
+ */
+export type WithWritableLayer = <T>(fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>) => Promise<T>;
+
+/**
+ * Packs a sandbox's writable layer as a layer in `store` (see the module comment for
+ * what is removed, and how the builder identity does it). Only the copy runs inside
+ * `withLayer` (the freeze). Returns the layer with what was stripped and the exclude
+ * patterns that matched nothing.
+ * @throws DsecError InvalidArgument (bad exclude pattern), Internal (copy, strip or mkfs
+ *   failed: disk full, a tool missing), FailedPrecondition (no writable layer, from the driver).
+ */
+export async function packWritableLayer(
+  store: ImageStore, withLayer: WithWritableLayer, opts: PackWritableLayerOptions,
+): Promise<{ layer: LayerMeta & { sizeBytes: number }; stripped: string[]; unmatched: string[] }> {
+  for (const g of opts.exclude) normaliseExclude(g);
+  const builder = store.builder;
+  if (!builder) {
+    const tmp = store.tmpPath(opts.strip ? '-commit' : '-snapshot');
+    try {
+      const created = await withLayer(async (upper, dsecCreated) => {
+        await copyUpper(upper, tmp);
+        return dsecCreated;
+      });
+      const packed = await prepareCopy(tmp, opts.uidBase, opts.uidCount, opts.exclude, { strip: opts.strip, created });
+      const layer = await store.addLayerFromDir(packed.dir, { ...opts.build, source: opts.source });
+      return { layer, stripped: packed.stripped, unmatched: packed.unmatched };
+    } finally {
+      await rm(tmp, { recursive: true, force: true });
+    }
+  }
+  return builder.withJob(store.tmpDir, async (job) => {
+    const tree = 'tree';
+    const { created, opaque, rootOwned } = await withLayer(async (upper, dsecCreated) => {
+      const seen = { created: dsecCreated, opaque: await listOpaqueDirs(upper), rootOwned: await listRootOwned(upper) };
+      await copyAsBuilder(job, upper, opts.uidBase, tree);
+      return seen;
+    });
+    const listFd = job.dataFd(encodeRootOwned(rootOwned));
+    let packed: Omit<PackedUpper, 'dir'>;
+    try {
+      packed = await job.worker<Omit<PackedUpper, 'dir'>>('prepare-copy', { tree, strip: opts.strip, exclude: opts.exclude, created }, { fds: [listFd] });
+    } finally {
+      closeSync(listFd);
+    }
+    const layer = await store.addLayerFromJob(job, tree, { ...opts.build, opaque, source: opts.source });
+    return { layer, stripped: packed.stripped, unmatched: packed.unmatched };
+  });
+}
+
+/**
+ * `cp -a` of `upper` into `dest` (relative to the job's staging dir), run as the builder
+ * from a read-only view in which the sandbox's ids appear as image ids.
+ * @throws DsecError Internal when the copy fails (e.g. disk full).
+ */
+async function copyAsBuilder(job: BuilderJob, upper: string, uidBase: number, dest: string): Promise<void> {
+  const view = job.view(upper, uidBase);
+  try {
+    // `/.`: copy the directory the fd is open on (the fd's path is a magic link).
+    const r = await job.run(['cp', '-a', '--', '/proc/self/fd/3/.', dest], { fds: [view] });
+    if (r.exitCode !== 0) throw internal(`copying the writable layer (as the builder, host uid ${job.uid}) failed: ${r.stderr.trim() || `exit ${r.exitCode}`}`);
+  } finally {
+    closeSync(view);
+  }
+}
+
+/** Reads the {@link encodeRootOwned} list the worker gets as fd `fd`. */
+export function readRootOwnedFd(fd: number): RootOwned[] {
+  return decodeRootOwned(readFileSync(fd));
 }

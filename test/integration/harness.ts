@@ -5,7 +5,7 @@
  * dirs, store rows).
  *
  * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
- * pools (dsecd refuses overlapping pools of live instances).
+ * pools and builder ranges (dsecd refuses overlapping ranges of live instances).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -37,6 +37,19 @@ export function uidPoolForSlot(slot: number): { base: number; size: number } {
   const s = slot + SLOT_OFFSET;
   if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
+}
+
+/**
+ * Builder range (daemon/host/builder.ts) of a test slot: 1 Mi ids (16 builder slots),
+ * packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24) and
+ * the default builder range (which starts at 2^31 - 2^20), so it overlaps no test pool,
+ * no other slot's builder range, the default pool or the default builder range.
+ */
+export function builderRangeForSlot(slot: number): { base: number; size: number } {
+  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
+  const s = slot + SLOT_OFFSET;
+  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+  return { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 };
 }
 
 /** Options of {@link TestDaemon.start}. */
@@ -81,7 +94,10 @@ export class TestDaemon {
   static async start(opts: StartOptions): Promise<TestDaemon> {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
     const pool = uidPoolForSlot(opts.slot);
-    const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
+    const builder = builderRangeForSlot(opts.slot);
+    // A test's own `[builder]` table (opts.config) replaces this one.
+    const builderToml = /^\[builder\]/m.test(opts.config ?? '') ? '' : `[builder]\nbase = ${builder.base}\nsize = ${builder.size}\n`;
+    const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${builderToml}${opts.config ?? ''}\n`;
     const d = new TestDaemon(root, opts.slot, cfg);
     try {
       await d.launch(opts.env);

@@ -10,6 +10,7 @@
  *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
+ *   upper-created.json  paths dsec created in upper/ (see {@link ContainerDriver.recordUpperCreated})
  */
 import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
@@ -460,15 +461,41 @@ export class ContainerDriver implements SandboxDriver {
     await this.d.cgroups.thaw(sb.id);
   }
 
-  async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T> {
+  async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
     const upper = path.join(this.dir(sb.id), 'upper');
     if (!(await stat(upper).catch(() => undefined))?.isDirectory()) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
+    const created = this.upperCreated(sb.id);
     const frozen = sb.state === 'running';
     if (frozen) await this.d.cgroups.freeze(sb.id);
     try {
-      return await fn(upper);
+      return await fn(upper, created);
     } finally {
       if (frozen) await this.d.cgroups.thaw(sb.id);
+    }
+  }
+
+  /**
+   * Records that dsec itself created `relPaths` (relative to the sandbox root, e.g.
+   * `etc/resolv.conf` as a bind-mount point, a `writable_paths` directory) in the
+   * sandbox's upper dir, so that commit strips them (withWritableLayer passes the list).
+   * Call it when creating such a path, before the sandbox can see it. Idempotent;
+   * stored in `<sandbox dir>/upper-created.json` (root-only: the dir is the sandbox's,
+   * the file root's, mode 0600), written atomically.
+   */
+  async recordUpperCreated(id: string, relPaths: readonly string[]): Promise<void> {
+    const all = new Set([...this.upperCreated(id), ...relPaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean)]);
+    const file = path.join(this.dir(id), 'upper-created.json');
+    await writeFile(`${file}.tmp`, `${JSON.stringify([...all].sort())}\n`, { mode: 0o600 });
+    await rename(`${file}.tmp`, file);
+  }
+
+  /** The paths {@link recordUpperCreated} recorded for sandbox `id` (none when the file is missing or unreadable). */
+  private upperCreated(id: string): string[] {
+    try {
+      const v = JSON.parse(readFileSync(path.join(this.dir(id), 'upper-created.json'), 'utf8')) as unknown;
+      return Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : [];
+    } catch {
+      return [];
     }
   }
 

@@ -202,7 +202,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     // Untrusted trees (imported tars, writable layers) are extracted, copied and packed as
     // the builder identity, never as root (daemon/host/builder.ts); refuse to start rather
     // than fall back to root silently.
-    const builder = config.builder.enabled ? new Builder({ range: config.builder }) : undefined;
+    const builder = config.builder.enabled ? new Builder({ range: config.builder, workDir: path.join(config.root, 'builder') }) : undefined;
+    await builder?.init();
     await builder?.probe();
     const images = new ImageStore({
       root: config.images.store,

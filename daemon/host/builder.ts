@@ -30,15 +30,17 @@
  * The range is split into slots of {@link BUILDER_SLOT_IDS} ids; each job (one import,
  * one commit, ...) holds one slot for its whole duration, so concurrent jobs never share
  * a uid and cannot reach each other's staging trees (e.g. through /proc/<pid>/cwd). Jobs
- * beyond the number of slots wait, first come first served. The builder range must
+ * beyond the number of slots wait, first come first served. A job's staging dir is
+ * `<workDir>/<pid>-<hex>` (dsecd: `<root>/builder/`), mode 0700 and owned by the slot's
+ * uid, below a root-owned 0711 dir: the builder can reach its own dir by its absolute path
+ * (tools call getcwd and realpath) but cannot list or enter any other. The builder range must
  * overlap no sandbox uid pool and no other instance's builder range: the builder never
  * runs sandbox code, and no sandbox is ever the builder (daemon/host/instances.ts refuses
  * overlaps between live instances; {@link checkBuilderRange} within one instance).
  */
-import { closeSync, constants as fsc, fchmodSync, fchownSync, fstatSync, openSync, writeSync, unlinkSync } from 'node:fs';
-import { chown, chmod, mkdir, rm } from 'node:fs/promises';
-import { hostname } from 'node:os';
-import { join } from 'node:path';
+import { closeSync, constants as fsc, fchmodSync, fchownSync, fstatSync, openSync, statSync, writeSync, unlinkSync } from 'node:fs';
+import { chown, chmod, mkdir, readdir, rm } from 'node:fs/promises';
+import { dirname, join, resolve } from 'node:path';
 import { randomBytes } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { execa, type Options } from 'execa';
@@ -123,6 +125,11 @@ export function defaultBuilderTools(): BuilderTools {
 export interface BuilderOptions {
   /** The host id range; checked with {@link checkBuilderRange} by the config. */
   range: IdRange;
+  /**
+   * Parent of the jobs' staging dirs (dsecd: `<root>/builder`). Made root-owned 0711 by
+   * {@link Builder.init}; every directory above it must be searchable by others (o+x).
+   */
+  workDir: string;
   /** Tool paths; default {@link defaultBuilderTools}. */
   tools?: BuilderTools;
 }
@@ -162,6 +169,8 @@ export class Builder {
   readonly range: IdRange;
   /** Tool paths. */
   readonly tools: BuilderTools;
+  /** Parent of the staging dirs. */
+  readonly workDir: string;
   private readonly free: number[];
   private readonly waiting: Array<(slot: number) => void> = [];
 
@@ -169,6 +178,7 @@ export class Builder {
   constructor(opts: BuilderOptions) {
     this.range = { ...opts.range };
     this.tools = opts.tools ?? defaultBuilderTools();
+    this.workDir = resolve(opts.workDir);
     const slots = Math.floor(this.range.size / BUILDER_SLOT_IDS);
     if (slots < 1) throw invalidArgument(`builder range of ${this.range.size} ids holds no slot of ${BUILDER_SLOT_IDS}`);
     this.free = Array.from({ length: slots }, (_, i) => i);
@@ -182,6 +192,31 @@ export class Builder {
   /** First host uid (= gid) of slot `i`. */
   slotBase(i: number): number {
     return this.range.base + i * BUILDER_SLOT_IDS;
+  }
+
+  /**
+   * Prepares {@link workDir} (root-owned, mode 0711) and removes staging dirs left by
+   * processes that are gone (a crash or kill -9 mid-build). Call once before the first job.
+   * @throws DsecError FailedPrecondition when a directory above workDir is not searchable
+   *   by others (the builder could not reach its staging dir), naming it.
+   */
+  async init(): Promise<void> {
+    await mkdir(this.workDir, { recursive: true, mode: 0o711 });
+    await chown(this.workDir, 0, 0);
+    await chmod(this.workDir, 0o711);
+    for (let d = dirname(this.workDir); ; d = dirname(d)) {
+      if ((statSync(d).mode & 0o001) === 0) {
+        throw failedPrecondition(`${d} is not searchable by other users, so builder processes cannot reach their staging dirs under ${this.workDir}; chmod o+x ${d} or move the root`);
+      }
+      if (d === '/') break;
+    }
+    for (const n of await readdir(this.workDir)) {
+      const m = /^(\d+)-[0-9a-f]+$/.exec(n);
+      if (!m || Number(m[1]) === process.pid || pidAlive(Number(m[1]))) continue;
+      // Its builder processes died with that dsecd (PR_SET_PDEATHSIG), so nothing writes
+      // there any more; a failed removal only leaves garbage for the next start.
+      await rm(join(this.workDir, n), { recursive: true, force: true }).catch(() => undefined);
+    }
   }
 
   /**
@@ -203,18 +238,17 @@ export class Builder {
 
   /**
    * Runs `fn` with a job: a slot held exclusively and a fresh staging dir
-   * `<parentDir>/<host>-<pid>-build-<hex>` owned by the slot's uid (mode 0700), which is
-   * every builder command's working directory. The dir and everything in it is removed
-   * afterwards, also when `fn` fails; the slot is then released. Waits for a free slot
-   * (first come first served) unless `signal` aborts first.
+   * `<workDir>/<pid>-<hex>` owned by the slot's uid (mode 0700), which is every builder
+   * command's working directory. The dir and everything in it is removed afterwards, also
+   * when `fn` fails; the slot is then released. Waits for a free slot (first come first
+   * served) unless `signal` aborts first. Call {@link init} first.
    * @throws whatever `fn` throws; the signal's reason when aborted while waiting.
    */
-  async withJob<T>(parentDir: string, fn: (job: BuilderJob) => Promise<T>, signal?: AbortSignal): Promise<T> {
+  async withJob<T>(fn: (job: BuilderJob) => Promise<T>, signal?: AbortSignal): Promise<T> {
     const slot = await this.acquire(signal);
     const uid = this.slotBase(slot);
-    const dir = join(parentDir, `${hostname()}-${process.pid}-build-${randomBytes(6).toString('hex')}`);
+    const dir = join(this.workDir, `${process.pid}-${randomBytes(6).toString('hex')}`);
     try {
-      await mkdir(parentDir, { recursive: true });
       await mkdir(dir, { mode: 0o700 });
       await chown(dir, uid, uid);
       await chmod(dir, 0o700);
@@ -375,8 +409,9 @@ export class BuilderJob {
 
   /**
    * A root-owned file descriptor holding `data` (e.g. a NUL-separated path list), for a
-   * builder command to read by fd only: written to a temp file beside the staging dir,
-   * opened read-only and unlinked at once. Close with `fs.closeSync`.
+   * builder command to read by fd only: written to a temp file beside the staging dir (in
+   * the root-owned 0711 work dir, so no builder can open it by path), opened read-only
+   * and unlinked at once. Close with `fs.closeSync`.
    */
   dataFd(data: Buffer): number {
     const p = `${this.dir}.data-${randomBytes(4).toString('hex')}`;
@@ -421,5 +456,15 @@ export class BuilderJob {
       closeSync(fd);
       throw e;
     }
+  }
+}
+
+/** True when a process with this pid exists (EPERM counts: it exists, as another user). */
+function pidAlive(pid: number): boolean {
+  try {
+    process.kill(pid, 0);
+    return true;
+  } catch (e) {
+    return (e as NodeJS.ErrnoException).code === 'EPERM';
   }
 }

@@ -10,8 +10,9 @@
  *                 xattrs are out of the builder's reach), and owners above 65535 are
  *                 recorded as 65534. Result: the ExtractReport.
  *   prepare-copy  {tree, strip, exclude, created}: strips the builder's copy of a
- *                 writable layer and gives owner 0 back to the entries listed on fd 3
- *                 (daemon/image/commit.ts prepareBuilderCopy). Result: {stripped, unmatched}.
+ *                 writable layer, gives owner 0 back to the entries and sets the file
+ *                 capabilities listed on fd 3 (daemon/image/commit.ts prepareBuilderCopy).
+ *                 Result: {stripped, unmatched}.
  *
  * Protocol: one JSON object on stdin; on stdout, lines of JSON: `{"progress": <bytes>}`
  * any number of times, then exactly one `{"result": ...}` (exit 0) or
@@ -20,7 +21,7 @@
 import { createReadStream } from 'node:fs';
 import { chmod, mkdir } from 'node:fs/promises';
 import { DsecError } from '../errors.js';
-import { prepareBuilderCopy, readRootOwnedFd } from './commit.js';
+import { prepareBuilderCopy, readFixupsFd } from './commit.js';
 import { extractLayerTar } from './import/tar.js';
 
 /** Owners this far and above are not mapped in the builder's namespace (see ExtractOptions.idLimit). */
@@ -63,7 +64,7 @@ async function main(): Promise<unknown> {
     case 'prepare-copy': {
       const tree = rel(req.tree, 'tree');
       const strings = (v: unknown) => (Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : []);
-      const packed = await prepareBuilderCopy(tree, { strip: req.strip === true, exclude: strings(req.exclude), created: strings(req.created) }, readRootOwnedFd(INPUT_FD));
+      const packed = await prepareBuilderCopy(tree, { strip: req.strip === true, exclude: strings(req.exclude), created: strings(req.created) }, readFixupsFd(INPUT_FD));
       return { stripped: packed.stripped, unmatched: packed.unmatched };
     }
     default:

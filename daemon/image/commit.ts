@@ -20,12 +20,14 @@
  *   runtime secret and is not written into the manifest.
  *
  * How, with a builder identity (daemon/host/builder.ts): while the sandbox is frozen,
- * root lists the upper's opaque directories and its entries owned by host root
- * (whiteouts), and the builder copies the upper (GNU `cp -a`) from a read-only idmapped
- * view in which the sandbox's host range appears as in-image ids: the ownership shift is
- * done by the kernel, and setuid bits and file capabilities are copied as they are.
- * After the thaw, the builder strips the copy and gives root-owned entries back owner 0;
- * mkfs.erofs runs as the builder with the opaque list. Without a builder, root copies,
+ * root lists the upper's opaque directories, its entries owned by host root (whiteouts)
+ * and its file capabilities (read-only walks that never follow links), and the builder
+ * copies the upper (GNU `cp -a`) from a read-only idmapped view in which the sandbox's
+ * host range appears as in-image ids: the ownership shift is done by the kernel, and
+ * modes and setuid bits are copied as they are. After the thaw, the builder strips the
+ * copy, gives root-owned entries back owner 0 and sets the capabilities (the view hides
+ * those not owned by the sandbox's root, e.g. set by host root); mkfs.erofs runs as the
+ * builder with the opaque list. Without a builder, root copies,
  * strips and shifts owners itself ({@link prepareCopy}).
  * Only the copy happens while the sandbox is frozen (when it runs), so it is consistent
  * and the freeze lasts no longer than `cp -a`.
@@ -36,7 +38,7 @@ import { execa } from 'execa';
 import { minimatch } from 'minimatch';
 import { internal, invalidArgument } from '../errors.js';
 import type { BuilderJob } from '../host/builder.js';
-import { listOpaqueDirs, type BuildErofsOptions } from './erofs.js';
+import { listOpaqueDirs, splitLines, unescapeOctal, type BuildErofsOptions } from './erofs.js';
 import type { ImageStore, LayerMeta } from './store.js';
 
 /**
@@ -177,24 +179,99 @@ export async function prepareCopy(
 
 /**
  * The builder's half of {@link prepareCopy}, run as the builder over its own copy (made
- * through an idmapped view, so owners are already image ids): strips, and gives owner 0
- * back to the entries that host root owned in the upper dir (overlay whiteouts, which the
- * view shows as 65534). `rootOwned` is root's list of those (see {@link listRootOwned}).
+ * through an idmapped view, so owners are already image ids): strips, gives owner 0 back
+ * to the entries that host root owned in the upper dir (overlay whiteouts, which the view
+ * shows as 65534), and sets the file capabilities root read from the upper dir (the view
+ * hides those the sandbox's root does not own, such as ones host root set): `fixups` is
+ * root's list of both (see {@link listRootOwned}, {@link listCapabilities}).
  * @throws DsecError Internal when the tree cannot be walked or fixed up.
  */
 export async function prepareBuilderCopy(
-  dest: string, rules: { strip: boolean; exclude: readonly string[]; created: readonly string[] }, rootOwned: ReadonlyArray<RootOwned>,
+  dest: string, rules: { strip: boolean; exclude: readonly string[]; created: readonly string[] }, fixups: CopyFixups,
 ): Promise<PackedUpper> {
   const packed = await stripWalk(dest, rules);
-  for (const o of rootOwned) {
-    const p = o.rel.length ? Buffer.concat([Buffer.from(dest), SLASH, o.rel]) : Buffer.from(dest);
+  const at = (rel: Buffer) => (rel.length ? Buffer.concat([Buffer.from(dest), SLASH, rel]) : Buffer.from(dest));
+  for (const o of fixups.rootOwned) {
+    const p = at(o.rel);
     // A stripped entry (or one below a stripped directory) is gone: nothing to fix.
     const st = await lstat(p).catch(() => undefined);
     if (!st) continue;
     await lchown(p, o.uid ? st.uid : 0, o.gid ? st.gid : 0);
     if (!st.isSymbolicLink() && (st.mode & 0o6000) !== 0) await chmod(p, st.mode & 0o7777);
   }
+  // Last: a chown above would have dropped a capability set earlier.
+  const dump: Buffer[] = [];
+  for (const c of fixups.caps) {
+    if (!(await lstat(at(c.rel)).catch(() => undefined))?.isFile()) continue;
+    // Paths as the worker sees them (relative to its working directory): its absolute
+    // path goes through directories the builder may not search, so no `cwd` here.
+    dump.push(Buffer.from('# file: '), quotePath(at(c.rel)), Buffer.from(`\nsecurity.capability=0x${c.value.toString('hex')}\n\n`));
+  }
+  if (dump.length) await restoreCapabilities(null, Buffer.concat(dump).toString('latin1'));
   return packed;
+}
+
+/** Quotes a path for `setfattr --restore` (`\\ooo` for bytes that are not printable ASCII, `\\` and `=`). */
+function quotePath(b: Buffer): Buffer {
+  const out: Buffer[] = [];
+  for (const c of b) out.push(c <= 0x20 || c >= 0x7f || c === 0x5c || c === 0x3d ? Buffer.from(`\\${c.toString(8).padStart(3, '0')}`) : Buffer.from([c]));
+  return Buffer.concat(out);
+}
+
+/** What root hands the builder for its copy of a writable layer (see {@link prepareBuilderCopy}). */
+export interface CopyFixups {
+  rootOwned: RootOwned[];
+  caps: FileCapability[];
+}
+
+/** A file capability of the upper dir, in the form the layer must hold: a v2 `vfs_cap_data` (20 bytes). */
+export interface FileCapability {
+  rel: Buffer;
+  value: Buffer;
+}
+
+/** `vfs_cap_data` revision 2 and 3 magic (high byte of magic_etc), and the effective flag (linux/capability.h). */
+const VFS_CAP_REVISION_2 = 0x02000000;
+const VFS_CAP_REVISION_3 = 0x03000000;
+const VFS_CAP_REVISION_MASK = 0xff000000;
+const VFS_CAP_FLAGS_EFFECTIVE = 0x000001;
+
+/**
+ * The file capabilities below the upper dir `upper` of a sandbox whose range starts at
+ * host id `uidBase`, as the layer must hold them: v2 values (applying to the image's
+ * root). A v3 value whose root is the sandbox's root (set by `setcap` inside) and a v2
+ * value (set by host root) are both kept; a v3 value for any other root (a nested user
+ * namespace) applies to nobody in a new sandbox and is dropped. One `getfattr -R -P` as
+ * root (never follows symlinks).
+ * @throws DsecError Internal when the walk fails.
+ */
+export async function listCapabilities(upper: string, uidBase: number): Promise<FileCapability[]> {
+  const r = await execa('getfattr', ['-R', '-P', '-h', '--absolute-names', '-e', 'hex', '-m', '^security\\.capability$', '-d', '.'], {
+    cwd: upper, reject: false, stdin: 'ignore', encoding: 'buffer', maxBuffer: 1 << 30,
+  });
+  if (r.exitCode !== 0 && r.exitCode !== 1) throw internal(`reading file capabilities of the writable layer failed: ${Buffer.from(r.stderr as Uint8Array).toString().trim() || r.message}`);
+  const out: FileCapability[] = [];
+  let file: Buffer | null = null;
+  for (const line of splitLines(Buffer.from(r.stdout as Uint8Array))) {
+    const text = line.toString('latin1');
+    if (text.startsWith('# file: ')) {
+      const f = unescapeOctal(line.subarray(8));
+      file = f.toString('latin1') === '.' ? Buffer.alloc(0) : f.subarray(0, 2).toString('latin1') === './' ? f.subarray(2) : f;
+      continue;
+    }
+    const m = /^security\.capability=0x([0-9a-f]+)$/.exec(text);
+    if (!file || !m) continue;
+    const v = Buffer.from(m[1], 'hex');
+    if (v.length < 20) continue;
+    const magic = v.readUInt32LE(0);
+    const rev = (magic & VFS_CAP_REVISION_MASK) >>> 0;
+    if (rev === VFS_CAP_REVISION_3 && v.length >= 24 && v.readUInt32LE(20) !== uidBase) continue;
+    if (rev !== VFS_CAP_REVISION_2 && rev !== VFS_CAP_REVISION_3) continue;
+    const v2 = Buffer.from(v.subarray(0, 20));
+    v2.writeUInt32LE((VFS_CAP_REVISION_2 | (magic & VFS_CAP_FLAGS_EFFECTIVE)) >>> 0, 0);
+    out.push({ rel: file, value: v2 });
+  }
+  return out;
 }
 
 /** An entry of an upper dir that host root (uid or gid 0) owns: `uid`/`gid` true when that id is NOT 0. */
@@ -229,24 +306,21 @@ export async function listRootOwned(upper: string): Promise<RootOwned[]> {
   return out;
 }
 
-/**
- * Encodes {@link RootOwned} entries for the builder worker: per entry a flag byte (ASCII
- * `0`-`3`: bit 0 set when the uid is not 0, bit 1 when the gid is not 0), the path, a NUL.
- */
-export function encodeRootOwned(list: ReadonlyArray<RootOwned>): Buffer {
-  return Buffer.concat(list.flatMap((o) => [Buffer.from([0x30 | (o.uid ? 1 : 0) | (o.gid ? 2 : 0)]), o.rel, Buffer.alloc(1)]));
+/** Encodes {@link CopyFixups} for the builder worker (JSON; paths and values base64, since names are bytes). */
+export function encodeFixups(f: CopyFixups): Buffer {
+  return Buffer.from(JSON.stringify({
+    rootOwned: f.rootOwned.map((o) => ({ rel: o.rel.toString('base64'), uid: o.uid, gid: o.gid })),
+    caps: f.caps.map((c) => ({ rel: c.rel.toString('base64'), value: c.value.toString('base64') })),
+  }));
 }
 
-/** Decodes {@link encodeRootOwned}. */
-export function decodeRootOwned(b: Buffer): RootOwned[] {
-  const out: RootOwned[] = [];
-  let start = 0;
-  for (let i = 0; i < b.length; i++) {
-    if (b[i] !== 0) continue;
-    out.push({ uid: (b[start] & 1) !== 0, gid: (b[start] & 2) !== 0, rel: b.subarray(start + 1, i) });
-    start = i + 1;
-  }
-  return out;
+/** Decodes {@link encodeFixups}. @throws SyntaxError for anything else. */
+export function decodeFixups(b: Buffer): CopyFixups {
+  const j = JSON.parse(b.toString('utf8')) as { rootOwned: { rel: string; uid: boolean; gid: boolean }[]; caps: { rel: string; value: string }[] };
+  return {
+    rootOwned: j.rootOwned.map((o) => ({ rel: Buffer.from(o.rel, 'base64'), uid: o.uid, gid: o.gid })),
+    caps: j.caps.map((c) => ({ rel: Buffer.from(c.rel, 'base64'), value: Buffer.from(c.value, 'base64') })),
+  };
 }
 
 /** Shifts one entry's owner; re-applies setuid/setgid bits the chown cleared. */
@@ -270,9 +344,9 @@ async function dumpCapabilities(dir: string): Promise<string | null> {
   return text.includes('security.capability') ? text : null;
 }
 
-/** Puts back the capabilities {@link dumpCapabilities} read. */
-async function restoreCapabilities(dir: string, dump: string): Promise<void> {
-  const r = await execa('setfattr', ['-h', '--restore=-'], { cwd: dir, input: Buffer.from(dump, 'latin1'), reject: false });
+/** Puts back the capabilities {@link dumpCapabilities} read (or a dump in the same format), paths relative to `dir` (null: to the working directory). */
+async function restoreCapabilities(dir: string | null, dump: string): Promise<void> {
+  const r = await execa('setfattr', ['-h', '--restore=-'], { ...(dir === null ? {} : { cwd: dir }), input: Buffer.from(dump, 'latin1'), reject: false });
   if (r.failed) throw internal(`restoring file capabilities failed: ${String(r.stderr).trim() || r.message}`);
 }
 
@@ -324,14 +398,18 @@ export async function packWritableLayer(
       await rm(tmp, { recursive: true, force: true });
     }
   }
-  return builder.withJob(store.tmpDir, async (job) => {
+  return builder.withJob(async (job) => {
     const tree = 'tree';
-    const { created, opaque, rootOwned } = await withLayer(async (upper, dsecCreated) => {
-      const seen = { created: dsecCreated, opaque: await listOpaqueDirs(upper), rootOwned: await listRootOwned(upper) };
+    const { created, opaque, fixups } = await withLayer(async (upper, dsecCreated) => {
+      const seen = {
+        created: dsecCreated,
+        opaque: await listOpaqueDirs(upper),
+        fixups: { rootOwned: await listRootOwned(upper), caps: await listCapabilities(upper, opts.uidBase) },
+      };
       await copyAsBuilder(job, upper, opts.uidBase, tree);
       return seen;
     });
-    const listFd = job.dataFd(encodeRootOwned(rootOwned));
+    const listFd = job.dataFd(encodeFixups(fixups));
     let packed: Omit<PackedUpper, 'dir'>;
     try {
       packed = await job.worker<Omit<PackedUpper, 'dir'>>('prepare-copy', { tree, strip: opts.strip, exclude: opts.exclude, created }, { fds: [listFd] });
@@ -359,7 +437,7 @@ async function copyAsBuilder(job: BuilderJob, upper: string, uidBase: number, de
   }
 }
 
-/** Reads the {@link encodeRootOwned} list the worker gets as fd `fd`. */
-export function readRootOwnedFd(fd: number): RootOwned[] {
-  return decodeRootOwned(readFileSync(fd));
+/** Reads the {@link encodeFixups} data the worker gets as fd `fd`. */
+export function readFixupsFd(fd: number): CopyFixups {
+  return decodeFixups(readFileSync(fd));
 }

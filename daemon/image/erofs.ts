@@ -254,7 +254,8 @@ export async function listOpaqueDirs(root: string): Promise<Buffer[]> {
   return out;
 }
 
-function splitLines(b: Buffer): Buffer[] {
+/** Splits `b` at newlines (a final line without one included). */
+export function splitLines(b: Buffer): Buffer[] {
   const lines: Buffer[] = [];
   let start = 0;
   for (let i = 0; i < b.length; i++) {
@@ -267,7 +268,7 @@ function splitLines(b: Buffer): Buffer[] {
 }
 
 /** Undoes getfattr's quoting of file names (`\ooo` for newline, carriage return and backslash), byte for byte. */
-function unescapeOctal(b: Buffer): Buffer {
+export function unescapeOctal(b: Buffer): Buffer {
   const out: number[] = [];
   for (let i = 0; i < b.length; i++) {
     if (b[i] === 0x5c && i + 3 < b.length && /^[0-7]{3}$/.test(b.subarray(i + 1, i + 4).toString('latin1'))) {

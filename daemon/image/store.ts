@@ -33,7 +33,7 @@
  */
 import { randomBytes } from 'node:crypto';
 import { constants as fsc, existsSync } from 'node:fs';
-import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
+import { access, chmod, copyFile, mkdir, open, readdir, readFile, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
@@ -379,7 +379,7 @@ export class ImageStore {
       if (!st?.isDirectory()) throw new DsecError('InvalidArgument', `layer source ${srcDir} is not a directory`);
       if (!opts.skipDeviceCheck) await refuseDevices(srcDir);
       const opaque = await listOpaqueDirs(srcDir);
-      return this.builder.withJob(this.tmpDir, async (job) => {
+      return this.builder.withJob(async (job) => {
         const view = job.view(srcDir, 0);
         try {
           return await this.publishBuilt(job, view, { ...opts, opaque }, source);
@@ -441,7 +441,21 @@ export class ImageStore {
     }
     if (!(await this.hasBlob(digest))) {
       await mkdir(this.blobsDir, { recursive: true });
-      await rename(path, this.blobPath(digest));
+      try {
+        await rename(path, this.blobPath(digest));
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EXDEV') throw e;
+        // A store on another filesystem than the builder's work dir (e.g. a shared one):
+        // copy into the store's tmp/ first, so the blob still appears by one rename.
+        const tmp = this.tmpPath('.erofs');
+        try {
+          await copyFile(path, tmp);
+          await chmod(tmp, 0o444);
+          await rename(tmp, this.blobPath(digest));
+        } finally {
+          await rm(tmp, { force: true });
+        }
+      }
       await this.markVerified(digest);
     }
     return this.recordLayer(digest, size, source);

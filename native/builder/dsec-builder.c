@@ -22,8 +22,9 @@
  *     SysV IPC shared with the host;
  *   - a capability bounding set reduced to what building a tree needs: CHOWN,
  *     DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID, MKNOD, SETFCAP (file capabilities of
- *     the tree), all inside its own namespace only; no_new_privs; PR_SET_PDEATHSIG, so a
- *     killed dsec-builder takes the build with it;
+ *     the tree), all inside its own namespace only; no_new_privs; PR_SET_PDEATHSIG on
+ *     dsec-builder and on PROG, so a killed dsecd takes every process of its builds with
+ *     it (a new dsecd then never finds a build of the old one still writing);
  *   - the environment given with --env and nothing else (PATH defaults to the sbin and
  *     bin dirs); stdin/stdout/stderr and fds 3..3+K-1 (--fds K: inputs that root opened
  *     for it, e.g. a root-only tar or a detached idmapped mount of a writable layer,
@@ -201,6 +202,11 @@ int main(int argc, char **argv) {
   if (geteuid() != 0) die("must run as root (it maps a range of host ids)%s", "", 0);
   if (!have_path) envp[nenv++] = (char *)DEFAULT_PATH;
   envp[nenv] = NULL;
+  /* Die with dsecd (our parent): the build dies with us below. A parent that died before
+   * the prctl shows as a changed parent pid. */
+  pid_t parent = getppid();
+  if (prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) < 0) die("prctl(PR_SET_PDEATHSIG)%s", "", errno);
+  if (getppid() != parent) die("the parent exited before the build started%s", "", 0);
   for (int fd = 3; fd < 3 + nfds; fd++)
     if (fcntl(fd, F_GETFD) < 0) {
       char what[32];

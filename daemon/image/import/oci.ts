@@ -389,7 +389,7 @@ async function withWorkDir<T>(store: ImageStore, fn: (work: string, touch: () =>
       void utimes(work, now / 1000, now / 1000).catch(() => undefined);
     };
   };
-  if (store.builder) return store.builder.withJob(tmpRoot, (job) => fn(job.dir, toucher(job.dir), job));
+  if (store.builder) return store.builder.withJob((job) => fn(job.dir, toucher(job.dir), job));
   // Named like the store's own temp entries (`<host>-<pid>-…`), so prune can tell whose they are.
   const host = (store as { owner?: { host?: string } }).owner?.host ?? hostname();
   const work = await mkdtemp(join(tmpRoot, `${host}-${process.pid}-import-`));

@@ -47,7 +47,6 @@
 import { createHash } from 'node:crypto';
 import { constants as fsc, createReadStream, type ReadStream } from 'node:fs';
 import { chmod, lchown, link, lstat, lutimes, mkdir, open, rm, symlink, unlink, type FileHandle } from 'node:fs/promises';
-import { resolve } from 'node:path';
 import { pipeline, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { Stats } from 'node:fs';
@@ -777,7 +776,9 @@ function openInput(input: string | NodeJS.ReadableStream): { chunks: AsyncIterab
  * `destDir` is left partially filled: the caller removes it.
  */
 export async function extractLayerTar(input: string | NodeJS.ReadableStream, destDir: string, opts: ExtractOptions): Promise<ExtractReport> {
-  const root = resolve(destDir);
+  // Kept relative when given relative: the builder's worker extracts into its working
+  // directory, whose absolute path goes through directories it may not search.
+  const root = destDir.replace(/\/+$/, '') || '.';
   await mkdir(root, { recursive: true });
   const rst = await lstat(root);
   if (!rst.isDirectory()) throw new DsecError('InvalidArgument', `extraction target ${root} is not a directory`);

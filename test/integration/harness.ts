@@ -4,7 +4,7 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test file takes a distinct `slot` (0..29) so parallel files get disjoint uid
+ * Each test file takes a distinct `slot` (0..39) so parallel files get disjoint uid
  * pools and builder ranges (dsecd refuses overlapping ranges of live instances).
  */
 import { spawn, type ChildProcess } from 'node:child_process';
@@ -29,24 +29,40 @@ export const IS_ROOT = process.getuid?.() === 0;
 const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
 
 /**
+ * Index of an extension slot (30..39 of any checkout) in the extension grid (0..39):
+ * ten per checkout, keyed by `DSEC_TEST_SLOT_OFFSET / 30`.
+ */
+function extensionIndex(slot: number): number {
+  const checkout = SLOT_OFFSET / 30;
+  if (!Number.isInteger(checkout) || checkout < 0 || checkout > 3) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} is not 0, 30, 60 or 90: slots 30-39 need one of those`);
+  return checkout * 10 + (slot - 30);
+}
+
+/**
  * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
- * (2^31 .. 2^31+2^30). Slots 0-63 (after the offset) lie above 3 GiB, 64-119 above 1 GiB.
+ * (2^31 .. 2^31+2^30). Slots 0-29 (after the offset: 0-63) lie above 3 GiB, or (64-119)
+ * above 1 GiB. Slots 30-39 are an extension grid of ten more slots per checkout below
+ * 1 GiB: pools at 2^24 * (1 + i) for extension index i in 0..39, i.e. [16 Mi, 656 Mi).
  */
 export function uidPoolForSlot(slot: number): { base: number; size: number } {
-  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
+  if (slot < 0 || slot > 39) throw new Error(`slot ${slot} out of range`);
+  if (slot >= 30) return { base: 2 ** 24 * (1 + extensionIndex(slot)), size: 2 ** 24 };
   const s = slot + SLOT_OFFSET;
   if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
 }
 
 /**
- * Builder range (daemon/host/builder.ts) of a test slot: 1 Mi ids (16 builder slots),
- * packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24) and
- * the default builder range (which starts at 2^31 - 2^20), so it overlaps no test pool,
- * no other slot's builder range, the default pool or the default builder range.
+ * Builder range (daemon/host/builder.ts) of a test slot: 1 Mi ids (16 builder slots).
+ * Slots 0-29 pack theirs into the gap between the slots' uid pools (which end at
+ * 2^30 + 56 * 2^24) and the default builder range (which starts at 2^31 - 2^20);
+ * extension slots 30-39 right above the extension pools ([656 Mi, 696 Mi)). So no
+ * builder range overlaps a test pool, another slot's builder range, the default pool or
+ * the default builder range (test/unit/builder.test.ts checks every pair).
  */
 export function builderRangeForSlot(slot: number): { base: number; size: number } {
-  if (slot < 0 || slot > 29) throw new Error(`slot ${slot} out of range`);
+  if (slot < 0 || slot > 39) throw new Error(`slot ${slot} out of range`);
+  if (slot >= 30) return { base: 41 * 2 ** 24 + extensionIndex(slot) * 2 ** 20, size: 2 ** 20 };
   const s = slot + SLOT_OFFSET;
   if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
   return { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 };

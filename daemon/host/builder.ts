@@ -324,8 +324,18 @@ export class BuilderJob {
       buffer: { stdout: opts.onLine === undefined, stderr: true },
       stripFinalNewline: false,
     } as Options);
-    if (opts.onLine) for await (const line of sub.iterable({ from: 'stdout' })) opts.onLine(String(line));
+    let lineError: unknown;
+    if (opts.onLine) {
+      try {
+        for await (const line of sub.iterable({ from: 'stdout' })) opts.onLine(String(line));
+      } catch (e) {
+        // The caller's callback failed: end the build (the runner takes its pid namespace with it).
+        lineError = e;
+        sub.kill('SIGKILL');
+      }
+    }
     const r = await sub;
+    if (lineError !== undefined) throw lineError;
     opts.signal?.throwIfAborted();
     const stderr = String(r.stderr ?? '');
     if (r.exitCode === RUNNER_FAILED && stderr.includes('dsec-builder:')) {
@@ -349,10 +359,14 @@ export class BuilderJob {
       env: { HOME: '/nonexistent', LC_ALL: 'C' },
       signal: opts.signal,
       onLine: (line) => {
-        if (!line.startsWith('{')) return;
-        const msg = JSON.parse(line) as { progress?: number; result?: T; error?: { kind: string; message: string } };
-        if (typeof msg.progress === 'number') opts.onProgress?.(msg.progress);
-        else result = msg;
+        let msg: { progress?: number; result?: T; error?: { kind: string; message: string } };
+        try {
+          msg = JSON.parse(line);
+        } catch {
+          return; // not a protocol line
+        }
+        if (typeof msg?.progress === 'number') opts.onProgress?.(msg.progress);
+        else if (msg && ('result' in msg || 'error' in msg)) result = msg;
       },
     });
     if (result?.error) {

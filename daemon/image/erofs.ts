@@ -119,6 +119,21 @@ export async function findForbiddenDevice(root: string): Promise<ForbiddenDevice
   return undefined;
 }
 
+/**
+ * Refuses a tree holding a block or character device other than an overlay whiteout
+ * (see {@link findForbiddenDevice}). Reads directories only, never follows symlinks.
+ * @throws DsecError InvalidArgument naming the device's path and major:minor, with a hint.
+ */
+export async function refuseDevices(srcDir: string): Promise<void> {
+  const dev = await findForbiddenDevice(srcDir);
+  if (dev) {
+    throw new DsecError(
+      'InvalidArgument',
+      `layer source ${srcDir} contains the ${dev.kind} device ${join(srcDir, dev.path)} (${dev.major}:${dev.minor}): device nodes cannot go into a layer (the only one allowed is an overlay whiteout, a character device 0:0); remove it, e.g. empty dev/, which the runtime mounts anyway`,
+    );
+  }
+}
+
 /** The result of {@link buildErofs}. */
 export interface ErofsBlob {
   /** `"sha256:<64 lowercase hex>"` of the blob's bytes. */
@@ -153,15 +168,7 @@ export async function sha256File(file: string): Promise<string> {
 export async function buildErofs(srcDir: string, outFile: string, opts: BuildErofsOptions = {}): Promise<ErofsBlob> {
   const st = await stat(srcDir).catch(() => undefined);
   if (!st?.isDirectory()) throw new DsecError('InvalidArgument', `layer source ${srcDir} is not a directory`);
-  if (!opts.skipDeviceCheck) {
-    const dev = await findForbiddenDevice(srcDir);
-    if (dev) {
-      throw new DsecError(
-        'InvalidArgument',
-        `layer source ${srcDir} contains the ${dev.kind} device ${join(srcDir, dev.path)} (${dev.major}:${dev.minor}): device nodes cannot go into a layer (the only one allowed is an overlay whiteout, a character device 0:0); remove it, e.g. empty dev/, which the runtime mounts anyway`,
-      );
-    }
-  }
+  if (!opts.skipDeviceCheck) await refuseDevices(srcDir);
 
   await mkdir(dirname(outFile), { recursive: true });
   const tmp = join(dirname(outFile), `.tmp-${basename(outFile)}-${process.pid}-${Math.random().toString(36).slice(2)}`);

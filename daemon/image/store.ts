@@ -38,7 +38,7 @@ import { hostname } from 'node:os';
 import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
 import { BUSYBOX_PATH_ENV, prepareBusyboxTree } from './builtin.js';
-import { buildErofs, findForbiddenDevice, listOpaqueDirs, mkfsAsBuilder, sha256File, type BuildErofsOptions } from './erofs.js';
+import { buildErofs, listOpaqueDirs, mkfsAsBuilder, refuseDevices, sha256File, type BuildErofsOptions } from './erofs.js';
 import * as native from '../host/native.js';
 import type { Builder, BuilderJob } from '../host/builder.js';
 import { closeSync, createReadStream } from 'node:fs';
@@ -702,20 +702,5 @@ export class ImageStore {
     };
     await walk(this.manifestsDir);
     return out.sort((a, b) => (a.name === b.name ? (a.tag < b.tag ? -1 : 1) : a.name < b.name ? -1 : 1));
-  }
-}
-
-/**
- * Refuses a tree holding a block or character device other than an overlay whiteout
- * (see {@link findForbiddenDevice}), with the error {@link buildErofs} gives.
- * @throws DsecError InvalidArgument naming the device.
- */
-async function refuseDevices(srcDir: string): Promise<void> {
-  const dev = await findForbiddenDevice(srcDir);
-  if (dev) {
-    throw new DsecError(
-      'InvalidArgument',
-      `layer source ${srcDir} contains the ${dev.kind} device ${join(srcDir, dev.path)} (${dev.major}:${dev.minor}): device nodes cannot go into a layer (the only one allowed is an overlay whiteout, a character device 0:0); remove it, e.g. empty dev/, which the runtime mounts anyway`,
-    );
   }
 }

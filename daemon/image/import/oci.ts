@@ -373,9 +373,10 @@ async function resolveDocker(root: string, want: string | undefined, where: stri
 }
 
 /**
- * Runs `fn` with a fresh work dir under `<store root>/tmp/`, always removed afterwards:
- * the staging dir of a builder job when the store has a builder (`job` is then given),
- * else a dir of root's own.
+ * Runs `fn` with a fresh work dir, always removed afterwards: the staging dir of a
+ * builder job (`<root>/builder/…`) when the store has a builder (`job` is then given),
+ * else a dir of root's own under `<store root>/tmp/`, kept fresh with `touch` so a
+ * concurrent prune never takes it.
  */
 async function withWorkDir<T>(store: ImageStore, fn: (work: string, touch: () => void, job: BuilderJob | undefined) => Promise<T>): Promise<T> {
   const tmpRoot = join(store.root, 'tmp');
@@ -389,7 +390,8 @@ async function withWorkDir<T>(store: ImageStore, fn: (work: string, touch: () =>
       void utimes(work, now / 1000, now / 1000).catch(() => undefined);
     };
   };
-  if (store.builder) return store.builder.withJob((job) => fn(job.dir, toucher(job.dir), job));
+  // A builder's staging dir is outside the store's tmp/, where prune never looks: no touching needed.
+  if (store.builder) return store.builder.withJob((job) => fn(job.dir, () => undefined, job));
   // Named like the store's own temp entries (`<host>-<pid>-…`), so prune can tell whose they are.
   const host = (store as { owner?: { host?: string } }).owner?.host ?? hostname();
   const work = await mkdtemp(join(tmpRoot, `${host}-${process.pid}-import-`));

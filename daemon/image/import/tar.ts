@@ -40,7 +40,8 @@
  * Node has neither mknod(2) nor setxattr(2): fifos and whiteouts are created at the end,
  * in one `xargs … mknod` run per kind (an empty placeholder file holds their path
  * meanwhile, so every check sees the final tree shape), and opaque markers are set with
- * `setfattr` (Debian package `attr`) in batches. Compression is detected from the first
+ * `setfattr` (Debian package `attr`) in batches, or only reported (`opaqueXattrs: false`)
+ * when extracting as the builder identity, which may not set trusted.* xattrs. Compression is detected from the first
  * bytes, never from a file name: gzip through node:zlib, zstd through `zstd -dc` (Node
  * 20's zlib has no zstd; Debian package `zstd`).
  */

@@ -2,7 +2,8 @@
  * `dsec commit ID NAME[:TAG] [--exclude GLOB]...`: packs the sandbox's writable layer
  * (secrets, caches and the --exclude globs stripped) as a new layer on top of its image
  * and names the result. Prints the new ref on stdout and
- * `layer sha256:… (N bytes), stripped: …` on stderr; --json prints the CommitResult.
+ * `layer sha256:… (N bytes), stripped: …` plus `warning: …` lines on stderr; --json
+ * prints the CommitResult.
  */
 import type { Command } from 'commander';
 import { renderCommitNote } from '../ui/images.js';

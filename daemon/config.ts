@@ -10,6 +10,8 @@ import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
+import { MIN_DISK_BYTES } from './api/schema.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
@@ -18,6 +20,8 @@ export const DEFAULT_ROOT = '/var/lib/dsec';
 export const DEFAULT_SOCKET = '/run/dsec/dsecd.sock';
 /** Default config file (`--config`); optional: a missing default file is not an error. */
 export const DEFAULT_CONFIG = '/etc/dsec/dsecd.toml';
+/** Default per-sandbox quota on the writable layer (`[defaults] disk_bytes`): 10 GiB; see {@link DaemonConfig.defaults}. */
+export const DEFAULT_DISK_BYTES = 10 * 1024 ** 3;
 
 /**
  * The config file schema (TOML). Every key is optional; see {@link DaemonConfig} for
@@ -49,6 +53,16 @@ const FileConfig = z
         cpus: z.number().positive().optional(),
         memory_bytes: z.number().int().positive().optional(),
         pids: z.number().int().positive().optional(),
+        disk_bytes: z.number().int().min(MIN_DISK_BYTES).optional(),
+      })
+      .strict()
+      .optional(),
+    storage: z
+      .object({
+        upper_fs: z.enum(['auto', 'btrfs', 'xfs', 'host']).optional(),
+        size_bytes: z.number().int().min(MIN_STORE_BYTES).optional(),
+        preallocate: z.boolean().optional(),
+        path: z.string().regex(/^\//, 'path is absolute').optional(),
       })
       .strict()
       .optional(),
@@ -87,6 +101,19 @@ const FileConfig = z
         events_max: z.number().int().min(100).optional(),
         events_max_age_s: z.number().int().min(60).optional(),
         trajectory_max_age_s: z.number().int().min(60).optional(),
+      })
+      .strict()
+      .optional(),
+    network: z
+      .object({
+        subnet: z.string().optional(),
+        user_mode: z.enum(['slirp4netns', 'none']).optional(),
+        host_loopback: z.boolean().optional(),
+        upstream_dns: z.array(z.string().regex(/^[0-9.]+(:\d{1,5})?$/, 'upstream_dns entries are IPv4 addresses with an optional :port')).min(1).optional(),
+        host_resolvers: z.array(z.string().min(1)).min(1).optional(),
+        policy_dir: z.string().optional(),
+        ttl_min_s: z.number().int().min(1).optional(),
+        ttl_max_s: z.number().int().min(1).optional(),
       })
       .strict()
       .optional(),
@@ -137,8 +164,19 @@ export interface DaemonConfig {
    * refuses to start when another running instance registered an overlapping pool.
    */
   uidPool: { base: number; size: number; rangeSize: number };
-  /** Limits applied when a create request leaves them out: 1 core, 512 MiB, 1,024 pids. */
-  defaults: { cpus: number; memoryBytes: number; pids: number };
+  /**
+   * Limits applied when a create request leaves them out: 1 core, 512 MiB, 1,024 pids,
+   * and a 10 GiB quota on the writable layer (`disk_bytes`; where the store enforces
+   * quotas). 10 GiB is Docker's old devicemapper base size, and holds a repository, its
+   * build and its dependencies; it is a ceiling, not a reservation: quotas of all
+   * sandboxes may add up to more than the store (like memory limits), and an idle
+   * sandbox's layer costs only what it wrote. On a store smaller than it, the default is
+   * the store's size. The value is written into each sandbox's row at create, so
+   * changing it never alters an existing sandbox.
+   */
+  defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number };
+  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
+  storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;
   /**
@@ -192,6 +230,39 @@ export interface DaemonConfig {
    * such period.
    */
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
+  /** Sandbox networking (daemon/net/, docs/OPERATIONS.md "Networking"); see {@link NetworkConfig}. */
+  network: NetworkConfig;
+}
+
+/**
+ * `[network]`: the instance network namespace that `allow` and `open` sandboxes attach to.
+ * - `subnet`: the bridge's IPv4 prefix inside the instance netns (default 10.201.0.0/16:
+ *   65,533 sandbox addresses, more than the default uid pool's 16,384 ranges; private and
+ *   rarely used, and only destinations inside it become unreachable). Gateway = first host.
+ * - `userMode`: how the instance netns reaches the host's network: `slirp4netns` (default;
+ *   user-mode networking, no host setting changes) or `none` (the operator routes the
+ *   namespace, see docs/OPERATIONS.md).
+ * - `hostLoopback`: let sandboxes reach the host's 127.0.0.1 through the user-mode
+ *   gateway (10.0.2.2), still subject to their egress rules; default false.
+ * - `upstreamDns`: where the sandbox resolver forwards allowed names, as seen from the
+ *   instance netns; default slirp4netns's DNS forwarder 10.0.2.3 (which uses the host's
+ *   resolv.conf).
+ * - `hostResolvers`: servers dsecd (host netns) uses to resolve host rules; default the
+ *   host's resolv.conf.
+ * - `policyDir`: the operator's network policy files (default /etc/dsec/network-policies).
+ * - `ttlMinS`/`ttlMaxS`: clamp on the DNS TTL of resolved host rules (default 30 s and
+ *   3,600 s: no re-query storm from TTL-0 records, and moved services are picked up
+ *   within an hour even when a record says a day).
+ */
+export interface NetworkConfig {
+  subnet: string;
+  userMode: 'slirp4netns' | 'none';
+  hostLoopback: boolean;
+  upstreamDns: string[];
+  hostResolvers: string[] | null;
+  policyDir: string;
+  ttlMinS: number;
+  ttlMaxS: number;
 }
 
 /** Options from flags and environment; undefined means "not given". */
@@ -265,6 +336,13 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cpus: fc.defaults?.cpus ?? 1,
       memoryBytes: fc.defaults?.memory_bytes ?? 512 * 1024 * 1024,
       pids: fc.defaults?.pids ?? 1024,
+      diskBytes: fc.defaults?.disk_bytes ?? DEFAULT_DISK_BYTES,
+    },
+    storage: {
+      upperFs: fc.storage?.upper_fs ?? 'auto',
+      sizeBytes: fc.storage?.size_bytes ?? null,
+      preallocate: fc.storage?.preallocate ?? false,
+      path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
     },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
@@ -287,6 +365,16 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     },
     retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
       trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },
+    network: {
+      subnet: fc.network?.subnet ?? '10.201.0.0/16',
+      userMode: fc.network?.user_mode ?? 'slirp4netns',
+      hostLoopback: fc.network?.host_loopback ?? false,
+      upstreamDns: fc.network?.upstream_dns ?? ['10.0.2.3'],
+      hostResolvers: fc.network?.host_resolvers ?? null,
+      policyDir: path.resolve(fc.network?.policy_dir ?? '/etc/dsec/network-policies'),
+      ttlMinS: fc.network?.ttl_min_s ?? 30,
+      ttlMaxS: Math.max(fc.network?.ttl_max_s ?? 3600, fc.network?.ttl_min_s ?? 30),
+    },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),
       cacheDir: fc.images?.cache_dir ? path.resolve(fc.images.cache_dir) : null,

@@ -4,7 +4,8 @@
  *   dsecd [--root DIR] [--socket PATH] [--config FILE]
  *
  * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
- * store -> images -> drivers -> reconcile (adopt live sandboxes, undo half-done work,
+ * store -> images -> writable-layer store (mounted before any sandbox is touched) ->
+ * drivers -> reconcile (adopt live sandboxes, undo half-done work,
  * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
@@ -42,6 +43,12 @@ import { registerInstance, type InstanceRegistration } from './host/instances.js
 import { BUILDER_SLOT_IDS, Builder } from './host/builder.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend } from './api/schema.js';
+import { SandboxNetworking } from './net/network.js';
+import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
+import { BPF_BUILD_RELATIVE } from './host/bpf.js';
+import { execa } from 'execa';
+import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
+import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -87,6 +94,8 @@ export interface Daemon {
   config: DaemonConfig;
   log: Logger;
   close(): Promise<void>;
+  /** Reloads the network policy files (SIGHUP); logs and keeps the previous set on a malformed file. */
+  reloadNetworkPolicies?(): Promise<void>;
 }
 
 /**
@@ -161,7 +170,8 @@ function secureSocket(socket: string, log: Logger): void {
 
 /**
  * Starts a daemon with the given config. Resolves once the API is listening.
- * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers,
+ * With `purge`, it instead destroys every sandbox of the instance, unmounts its layers and
+ * its writable-layer store (whose loop device detaches and whose image is deleted),
  * removes its cgroup parents and resolves without serving (`dsecd --purge`).
  * @throws DsecError when the host lacks what dsecd needs (runtime, agent binary, cgroups).
  */
@@ -215,6 +225,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     await images.init();
     await images.ensureBuiltinImages();
+    // Writable layers: mounted (or created on first start) before reconcile touches a sandbox.
+    const storage = await UpperStore.open({ root: config.root, config: config.storage, log: log.child({ component: 'storage' }) });
+    const storeCap = storage.capacityBytes();
+    if (storage.enforcesQuota && storeCap !== null && config.defaults.diskBytes > storeCap) {
+      log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: sandboxes created without disk_bytes get the whole store as their quota');
+    }
     let layers: LayerMounts;
     const cache = config.images.cacheDir
       ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
@@ -227,15 +243,52 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     });
     const coreSched = detectCoreScheduling();
     const schedIdle = detectSchedIdle();
-    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, log: log.child({ component: 'container' }),
+    // Sandbox networking: instance netns, egress programs, resolver (daemon/net/network.ts).
+    const policies = new PolicySet([shippedPolicyDir(), config.network.policyDir]);
+    for (const p of policies.loadInitial()) log.error({ file: p.file }, `network policy skipped: ${p.message}`);
+    const cg2 = cgroups.parents.unified;
+    const network = new SandboxNetworking({
+      config: config.network, root: config.root, instance: config.instance, uidPool: config.uidPool, policies,
+      cgroup2Dir: (id) => path.join(cg2 ?? '/nonexistent-cgroup2', id), bpfBuildDir: path.join(repoRoot(), BPF_BUILD_RELATIVE),
+      event: (id, type, message) => { repo.event(type, repo.find(id) ?? null, message); },
+      log: log.child({ component: 'network' }),
+    });
+    await network.init({ eager: repo.all().some((s) => SandboxNetworking.hasNetwork(s)) });
+    // seccomp denials are answered (EPERM) and counted by the instance's monitor process;
+    // events are coalesced per sandbox (at most one per DENIAL_EVENT_MS).
+    const denialEvents = new DenialEvents((id, msg) => {
+      const sb = repo.find(id);
+      if (sb) repo.event('seccomp.denied', sb, msg);
+    });
+    const seccompMonitor = opts.purge ? null : await SeccompMonitor.start({
+      dir: path.join(config.root, 'seccomp'), log: log.child({ component: 'seccomp-monitor' }),
+      onDenied: (d) => denialEvents.add(d),
+      onFlood: (id, total) => denialEvents.flood(id, total),
+    });
+    const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, storage, log: log.child({ component: 'container' }), network,
+      ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
-      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories,
+      config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
     });
+    /** Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes naming them. */
+    const reloadPolicies = async () => {
+      const inUse = new Set(repo.all().map((s) => s.network?.policy).filter((p): p is string => !!p));
+      const r = policies.reload(inUse);
+      const reapplied: string[] = [];
+      for (const sb of repo.all()) {
+        if (sb.network?.policy && r.changed.includes(sb.network.policy)) {
+          await manager.setNetwork(sb.id, sb.network);
+          reapplied.push(sb.id);
+        }
+      }
+      repo.event('network.policies_reloaded', null, `loaded=${r.loaded.join(',') || 'none'} changed=${r.changed.join(',') || 'none'} reapplied=${reapplied.length}`);
+      return { ...r, reapplied };
+    };
     // `criu check` runs once, in the background; host info and process snapshots read the result.
     const criu = probeCriu();
 
@@ -251,12 +304,16 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     if (opts.purge) {
       for (const sb of repo.all()) await manager.destroy(sb.id, true, 'purge');
       await layers.reconcile(new Map());
+      await storage.purge();
       await cgroups.removeInstance();
       await images.syncLeases([]);
+      await network.purge();
+      await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
       await container.close();
       db.close();
       reg.release();
-      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers unmounted, cgroup parents removed');
+      SeccompMonitor.stop(path.join(config.root, 'seccomp'));
+      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers and the writable-layer store unmounted (its image removed), cgroup parents removed');
       return { config, log, async close() {} };
     }
     // fncall workers are stateless and never adopted: the ones a previous dsecd left are destroyed.
@@ -307,6 +364,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       trajectories,
       fncall,
       sandboxfusionImages: config.sandboxfusion.images,
+      network: { networking: network, policies, reload: reloadPolicies },
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -343,15 +401,19 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls; denials are not counted' },
+            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls' },
+            seccomp_denial_counting: seccompMonitor?.available
+              ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
+              : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
             apparmor: container.apparmorStatus(),
             landlock: { enforced: false, detail: 'not built yet' },
-            network_namespace: { enforced: true, detail: 'own network namespace with loopback only: no route out of the sandbox' },
-            egress_policy: { enforced: false, detail: 'no per-sandbox eBPF egress policy yet (sandboxes have no external network at all)' },
+            ...network.hostDefences(),
+            disk_quota: storage.status(),
             builder_identity: builder
               ? { enforced: true, detail: `image imports, builds, commits and snapshots extract, copy and run mkfs.erofs as uid 0 of a user namespace mapped to host ids ${builder.range.base}-${builder.range.base + builder.range.size - 1} (${builder.slots} slots of ${BUILDER_SLOT_IDS}), disjoint from every sandbox's range, with no network; root only opens inputs, decides overlay opaque markers, publishes blobs and mounts; debootstrap and apt of image bootstrap run as root` }
               : { enforced: false, detail: '[builder] enabled = false: imports, builds, commits and snapshots extract and pack trees as root' },
           },
+          storage: storage.info(),
         }),
       },
     };
@@ -369,6 +431,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     return {
       config,
       log,
+      async reloadNetworkPolicies() {
+        try {
+          const r = await reloadPolicies();
+          log.info(r, 'network policies reloaded');
+        } catch (e) {
+          log.error({ err: e }, (e as Error).message);
+        }
+      },
       async close() {
         reaper.stop();
         metricsServer?.close();
@@ -380,6 +450,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         clearTimeout(t);
         await fncall.close();
         await container.close();
+        await network.close();
+        denialEvents.close();
+        seccompMonitor?.close();
         db.close();
         reg.release();
       },
@@ -397,7 +470,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
-    .option('--purge', 'destroy every sandbox of this instance, unmount its layers, remove its cgroups, and exit')
+    .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
   try {
@@ -441,6 +514,7 @@ export async function main(argv: string[]): Promise<number> {
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
+    process.on('SIGHUP', () => void daemon.reloadNetworkPolicies?.());
   });
   await daemon.close();
   log.flush();

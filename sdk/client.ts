@@ -53,6 +53,10 @@ import type {
   TrajectoryStep as TrajectoryStepSchema,
   TrajectorySummary as TrajectorySummarySchema,
   VersionInfo as VersionInfoSchema,
+  NetworkSpec as NetworkSpecSchema,
+  SandboxNetwork as SandboxNetworkSchema,
+  NetworkPolicyView as NetworkPolicyViewSchema,
+  PolicyReloadResult as PolicyReloadResultSchema,
 } from '../daemon/api/schema.js';
 import type {
   BulkRequest as BulkRequestSchema,
@@ -91,6 +95,18 @@ export type HostInfo = z.infer<typeof HostInfoSchema>;
  * Units: `cpus` cores (fractional), `memory_bytes` bytes, `ttl_s` seconds.
  */
 export type CreateSandboxInput = z.input<typeof CreateSandboxRequest>;
+
+/** A sandbox's network as requested: mode (none, allow, open), a named policy, allow and deny rules (docs/SECURITY.md, Networking and egress). */
+export type NetworkInput = z.input<typeof NetworkSpecSchema>;
+
+/** GET/PUT /v1/sandboxes/{id}/network response: the settled network, address, resolved hosts and denial counters. */
+export type SandboxNetwork = z.infer<typeof SandboxNetworkSchema>;
+
+/** One loaded network policy (GET /v1/network/policies). */
+export type NetworkPolicy = z.infer<typeof NetworkPolicyViewSchema>;
+
+/** POST /v1/network/policies/reload response. */
+export type PolicyReloadResult = z.infer<typeof PolicyReloadResultSchema>;
 
 /**
  * An image as the API returns it (GET /v1/images, GET /v1/images/{ref}, and the result of
@@ -752,6 +768,33 @@ export class DsecClient {
     if (opts.timeoutMs === undefined) return this.request<Sandbox>('POST', sandboxPath(id) + '/stop', undefined, { signal: opts.signal });
     const deadline = this.timeoutMs > 0 ? opts.timeoutMs + this.timeoutMs : 0;
     return this.request<Sandbox>('POST', sandboxPath(id) + '/stop', { timeout_ms: opts.timeoutMs }, { signal: opts.signal, timeoutMs: deadline });
+  }
+
+  /** GET /v1/sandboxes/{id}/network: mode, effective rules, address, resolved hosts, egress denials. Errors: `NotFound`. */
+  getNetwork(id: string): Promise<SandboxNetwork> {
+    return this.request<SandboxNetwork>('GET', sandboxPath(id) + '/network');
+  }
+
+  /**
+   * PUT /v1/sandboxes/{id}/network: changes a sandbox's network; a running sandbox gets
+   * it at once. Errors: `InvalidArgument` (bad rules, unknown policy), `NotFound`,
+   * `FailedPrecondition` (between none and allow/open, or networking unavailable).
+   */
+  setNetwork(id: string, network: NetworkInput): Promise<SandboxNetwork> {
+    return this.request<SandboxNetwork>('PUT', sandboxPath(id) + '/network', network);
+  }
+
+  /** GET /v1/network/policies: the loaded network policies. */
+  async listNetworkPolicies(): Promise<NetworkPolicy[]> {
+    return (await this.request<{ policies: NetworkPolicy[] }>('GET', '/v1/network/policies')).policies;
+  }
+
+  /**
+   * POST /v1/network/policies/reload: reloads the policy files, all or nothing.
+   * Errors: `InvalidArgument` naming each malformed file and field (the loaded policies stay in force).
+   */
+  reloadNetworkPolicies(): Promise<PolicyReloadResult> {
+    return this.request<PolicyReloadResult>('POST', '/v1/network/policies/reload');
   }
 
   /** POST /v1/sandboxes/{id}/start: starts a stopped sandbox; resolves with it running. Errors: `NotFound`, `Conflict`. */

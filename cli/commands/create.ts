@@ -8,6 +8,7 @@ import type { Ctx } from '../util/context.js';
 import { UserError } from '../util/errors.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
+import { addNetworkOptions, networkRequest, type NetworkFlags } from '../util/network.js';
 
 /** The backends the API names (whether this host has each: `dsec host info`). */
 export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisfies readonly Backend[];
@@ -15,8 +16,8 @@ export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisf
 /** Scheduling classes the API names (`--priority`). */
 export const PRIORITIES = ['latency', 'batch'] as const satisfies readonly SandboxPriority[];
 
-/** Parsed create flags, as commander hands them to the action. */
-export interface CreateFlags {
+/** Parsed create flags, as commander hands them to the action (network flags: cli/util/network.ts). */
+export interface CreateFlags extends NetworkFlags {
   /** `--backend`. */
   backend?: string;
   /** `--image`. */
@@ -41,6 +42,8 @@ export interface CreateFlags {
   priority?: SandboxPriority;
   /** `--idle-timeout`, seconds. */
   idleTimeout?: number;
+  /** `--disk`, bytes: quota on the writable layer. */
+  disk?: number;
 }
 
 /** Parses `--backend`: one of {@link BACKENDS}. */
@@ -65,16 +68,18 @@ export function parsePriority(text: string): SandboxPriority {
 }
 
 /**
- * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`,
- * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`.
+ * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--disk`,
+ * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, and the network flags of
+ * cli/util/network.ts) to `cmd`.
  */
 export function addCreateOptions(cmd: Command): Command {
-  return cmd
+  return addNetworkOptions(cmd)
     .option('--backend <backend>', `isolation tier: ${BACKENDS.join(', ')} (default container)`, flag('--backend', parseBackend))
     .option('--image <name>', 'image, name or name:tag (default busybox)')
     .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
     .option('--memory <size>', 'memory limit: bytes or K/M/G (binary), e.g. 512M', flag('--memory', parseSize))
     .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
+    .option('--disk <size>', 'quota on the writable layer: bytes or K/M/G (binary), at least 16M, e.g. 2G (default: the daemon\'s [defaults] disk_bytes)', flag('--disk', parseSize))
     .option('--label <k=v>', 'label, repeatable (each key once)', flag('--label', collectLabel))
     .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl))
@@ -92,11 +97,14 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.cpus !== undefined) req.cpus = f.cpus;
   if (f.memory !== undefined) req.memory_bytes = f.memory;
   if (f.pids !== undefined) req.pids = f.pids;
+  if (f.disk !== undefined) req.disk_bytes = f.disk;
   if (f.label !== undefined) req.labels = f.label;
   if (f.env !== undefined) req.env = f.env;
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);
   if (f.priority !== undefined) req.priority = f.priority;
   if (f.idleTimeout !== undefined) req.idle_timeout_s = f.idleTimeout;
+  const network = networkRequest(f);
+  if (network) req.network = network;
   if (f.seccompAllow !== undefined || f.seccompDeny !== undefined) {
     req.seccomp = { ...(f.seccompAllow ? { allow: f.seccompAllow } : {}), ...(f.seccompDeny ? { deny: f.seccompDeny } : {}) };
   }

@@ -1,7 +1,7 @@
 /**
  * `dsec restore SNAPSHOT [overrides]`: creates a sandbox from a snapshot (by id or name)
  * and prints its id (or the Sandbox with --json). Every setting defaults to the snapshot's
- * source sandbox; the overrides (`--label`, `--env`, `--cpus`, `--memory`, `--pids`,
+ * source sandbox; the overrides (`--label`, `--env`, `--cpus`, `--memory`, `--pids`, `--disk`,
  * `--ttl`, `--priority`, `--idle-timeout`) take the values `dsec create` takes, parsed by
  * the same parsers. `--label` replaces the source's labels, `--env` is merged over its env.
  * Also exports the overrides and their translation, which `dsec fork` shares.
@@ -18,7 +18,7 @@ export type RestoreFlags = Omit<CreateFlags, 'backend' | 'image'>;
 
 /**
  * Adds the overrides of a restore or fork (`--label`, `--env`, `--cpus`, `--memory`,
- * `--pids`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`, with the parsers of
+ * `--pids`, `--disk`, `--ttl`, `--priority`, `--idle-timeout`) to `cmd`, with the parsers of
  * `dsec create`.
  */
 export function addRestoreOptions(cmd: Command): Command {
@@ -28,6 +28,7 @@ export function addRestoreOptions(cmd: Command): Command {
     .option('--cpus <n>', "CPU limit in cores, fractions allowed (default: the snapshot's source)", flag('--cpus', parseCpus))
     .option('--memory <size>', "memory limit: bytes or K/M/G (binary), e.g. 512M (default: the snapshot's source)", flag('--memory', parseSize))
     .option('--pids <n>', "maximum number of processes (default: the snapshot's source)", flag('--pids', parsePositiveInt))
+    .option('--disk <size>', "quota on the writable layer: bytes or K/M/G (binary), e.g. 2G (default: the snapshot's source)", flag('--disk', parseSize))
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m; rounded up to whole seconds)', flag('--ttl', parseTtl))
     .option('--priority <class>', `scheduling class: ${PRIORITIES.join(' or ')} (default: the snapshot's source)`, flag('--priority', parsePriority))
     .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds)', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));

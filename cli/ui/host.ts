@@ -36,6 +36,11 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
     ['uid pool', `base ${h.uid_pool.base}, size ${h.uid_pool.size}, ${h.uid_pool.range_size} per sandbox, ${h.uid_pool.in_use} in use, ${h.uid_pool.free} free`],
     ['sandboxes', counts || 'none'],
   ];
+  if (h.storage) {
+    const st = h.storage;
+    const size = st.size_bytes === null ? '' : `, ${formatBytes(st.used_bytes ?? 0)} used of ${formatBytes(st.size_bytes)}`;
+    facts.push(['storage', `${st.kind} (quota ${st.quota}) at ${st.location}${size}, ${st.layers} writable layers`]);
+  }
   const width = Math.max(...facts.map(([k]) => k.length));
   let out = facts.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n') + '\n';
 

@@ -20,7 +20,7 @@ export type TopSort = (typeof TOP_SORTS)[number];
 export const SHORT_ID = 12;
 
 /** Column headers of the `top` table, in order. */
-export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'AGE', 'LABELS'] as const;
+export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'AGE', 'LABELS'] as const;
 
 /** One sandbox as `top` shows it. */
 export interface TopRow {
@@ -36,6 +36,10 @@ export interface TopRow {
   /** Memory limit, bytes; null when none or not running. */
   memoryLimitBytes: number | null;
   pids: number | null;
+  /** Writable-layer use, bytes; null where the store cannot tell (host filesystem). */
+  diskUsedBytes: number | null;
+  /** Writable-layer quota, bytes; null when none. */
+  diskLimitBytes: number | null;
   /** ms since the sandbox was created, at the sample's time. */
   ageMs: number;
 }
@@ -100,10 +104,18 @@ export function renderTopRows(prev: StatsResponse | undefined, cur: StatsRespons
       memoryBytes: s.memory_bytes,
       memoryLimitBytes: s.memory_limit_bytes,
       pids: s.pids,
+      diskUsedBytes: s.disk_used_bytes ?? null,
+      diskLimitBytes: s.disk_limit_bytes ?? null,
       ageMs: Math.max(0, cur.time - s.created_at),
     });
   }
   return rows.sort((a, b) => compare(a, b, sort));
+}
+
+/** The DISK cell: `used/quota` (`12MiB/64MiB`), `used` without a quota, `-` when unknown. */
+export function diskCell(r: Pick<TopRow, 'diskUsedBytes' | 'diskLimitBytes'>): string {
+  if (r.diskUsedBytes === null) return '-';
+  return r.diskLimitBytes === null ? formatBytes(r.diskUsedBytes) : `${formatBytes(r.diskUsedBytes)}/${formatBytes(r.diskLimitBytes)}`;
 }
 
 /** A row's cells, in {@link TOP_COLUMNS} order. */
@@ -116,6 +128,7 @@ export function topCells(r: TopRow): string[] {
     opt(r.memoryBytes, formatBytes),
     opt(r.memoryLimitBytes, formatBytes),
     opt(r.pids, String),
+    diskCell(r),
     formatAge(r.ageMs),
     formatLabels(r.labels),
   ];
@@ -168,6 +181,8 @@ export function topRowJson(r: TopRow): Record<string, unknown> {
     memory_bytes: r.memoryBytes,
     memory_limit_bytes: r.memoryLimitBytes,
     pids: r.pids,
+    disk_used_bytes: r.diskUsedBytes,
+    disk_limit_bytes: r.diskLimitBytes,
     age_ms: r.ageMs,
   };
 }

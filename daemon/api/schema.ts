@@ -10,6 +10,7 @@
 import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
 import { SeccompOverrideSchema } from '../security/seccomp.js';
+import { ruleProblem } from '../security/egress.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -98,24 +99,76 @@ export const EgressRule = z
     protocol: z.enum(['tcp', 'udp', 'any']).optional().describe('Default any.'),
   })
   .strict()
-  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host');
+  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host')
+  .superRefine((r, ctx) => {
+    // Prefix syntax and host bits, host-name syntax, port-range order (daemon/security/egress.ts).
+    const problem = ruleProblem(r);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  });
 export type EgressRule = z.infer<typeof EgressRule>;
 
 /**
  * The network of a sandbox. `none` (default): a network namespace with loopback only.
  * `allow`: a veth on the instance bridge, egress only to `allow` (and the sandbox's
  * resolver), minus `deny`. `open`: egress anywhere except `deny`. `policy` names a
- * network policy data file whose rules are merged under the inline ones.
+ * network policy data file whose rules are merged under the inline ones. `mode` may be
+ * left out when `policy` is given: the policy's mode applies (docs/SECURITY.md
+ * "Networking and egress"); the stored spec always has the settled mode.
  */
 export const NetworkSpec = z
   .object({
-    mode: z.enum(['none', 'allow', 'open']).default('none').describe('none (loopback only, default), allow (allow-list) or open (anything but deny).'),
+    mode: z.enum(['none', 'allow', 'open']).optional().describe("none (loopback only), allow (allow-list) or open (anything but deny); default the policy's mode, else none."),
     policy: PolicyName.optional().describe('Name of a network policy data file (docs/SECURITY.md), merged under the inline rules.'),
     allow: z.array(EgressRule).max(256).optional().describe('Destinations reachable in mode allow.'),
     deny: z.array(EgressRule).max(256).optional().describe('Destinations never reachable; wins over allow.'),
   })
   .strict();
 export type NetworkSpec = z.infer<typeof NetworkSpec>;
+
+/** Denials of one sandbox's egress programs and resolver since it was attached (cumulative for its current container). */
+export const NetworkDenials = z.object({
+  connect: z.number().int().describe('connect() calls refused (EPERM).'),
+  sendmsg: z.number().int().describe('UDP sendto/sendmsg calls to an address refused (EPERM).'),
+  sock_create: z.number().int().describe('Raw or non-TCP/UDP inet sockets refused (EPERM).'),
+  dns_refused: z.number().int().describe('DNS questions the resolver refused (REFUSED, never forwarded); counted since this dsecd attached it.'),
+  last: z.string().nullable().describe('The last denied attempt, e.g. `10.0.0.9:80/tcp (connect)`.'),
+});
+
+/** GET/PUT /v1/sandboxes/{id}/network response: the settled network and its state on the host. */
+export const SandboxNetwork = z.object({
+  id: z.string(),
+  mode: z.enum(['none', 'allow', 'open']),
+  policy: z.string().nullable().describe('The named policy merged in, if any.'),
+  allow: z.array(EgressRule).describe("Effective allow rules: the policy's, then the sandbox's own."),
+  deny: z.array(EgressRule).describe("Effective deny rules: the policy's, then the sandbox's own."),
+  address: z.string().nullable().describe('The sandbox\'s IPv4 address on the instance bridge (derived from its uid-range slot), null in mode none.'),
+  gateway: z.string().nullable(),
+  resolver: z.string().nullable().describe('The resolver its /etc/resolv.conf names, `gateway:53`.'),
+  attached: z.boolean().describe('Whether its veth and egress programs are in place now (running or paused).'),
+  hosts: z.record(z.string(), z.array(z.string())).describe('Addresses dsecd resolved for each exact host rule (refreshed on the DNS TTL, clamped).'),
+  learned: z.number().int().describe('Addresses allowed because the resolver answered them for an allow host rule (wildcards included).'),
+  denied: NetworkDenials,
+});
+
+/** One loaded network policy (GET /v1/network/policies). */
+export const NetworkPolicyView = z.object({
+  name: z.string(),
+  file: z.string().describe('The data file it was loaded from.'),
+  description: z.string().nullable(),
+  mode: z.enum(['allow', 'open']),
+  allow: z.array(EgressRule),
+  deny: z.array(EgressRule),
+});
+
+/** GET /v1/network/policies response. */
+export const NetworkPolicyList = z.object({ policies: z.array(NetworkPolicyView) });
+
+/** POST /v1/network/policies/reload response. */
+export const PolicyReloadResult = z.object({
+  loaded: z.array(z.string()).describe('Every policy loaded now.'),
+  changed: z.array(z.string()).describe('Policies whose content changed, appeared or disappeared.'),
+  reapplied: z.array(z.string()).describe('Sandboxes whose network was re-applied because their policy changed.'),
+});
 
 /** Absolute paths inside a sandbox, for filesystem options; `*` is allowed in the last component (`/lib*`). */
 const sandboxPath = z.string().regex(/^\/[^\0]*$/, 'paths are absolute').max(4096).refine((p) => !p.split('/').includes('..'), 'paths must not contain ..');
@@ -161,7 +214,8 @@ export const CreateSandboxRequest = z
     seccomp: SeccompOverrideSchema.optional().describe(
       'Changes to the default seccomp profile (docs/SECURITY.md): `allow` lifts every denial of the named syscalls (e.g. ["ptrace"] for a debugger task), `deny` adds EPERM denials.'),
     network: NetworkSpec.optional().describe('Network mode and egress policy; default mode none (loopback only).'),
-    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe('Quota on the writable layer, bytes; default from config.'),
+    disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional()
+      .describe('Quota on the writable layer, bytes (at least 16 MiB); default [defaults] disk_bytes (10 GiB). Refused above the store\'s size, and where the store enforces no quota.'),
     filesystem: FilesystemSpec.optional().describe('Read-only system paths, writable exceptions, Landlock; defaults from the image, then config.'),
   })
   .strict();
@@ -192,7 +246,8 @@ export const Sandbox = z.object({
   snapshot: z.string().nullable().describe('Id of the snapshot this sandbox was restored or forked from, else null.'),
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
-  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes; null: none.'),
+  disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes, fixed at create; null: none (the store enforces no quota; see defences.disk_quota).'),
+  disk_used_bytes: z.number().int().nullable().optional().describe('Bytes the writable layer uses now, as the store accounts them; null where it cannot tell (layer on the host filesystem). GET of one sandbox only.'),
   filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
@@ -354,12 +409,20 @@ export const HostInfo = z.object({
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
     .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
+  storage: z.object({
+    kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),
+    quota: z.enum(['squota', 'qgroup', 'prjquota', 'none']).describe('How the store limits a layer: btrfs simple quotas, full qgroups, XFS project quota, or not at all.'),
+    location: z.string().describe("The store's image, or the operator's directory ([storage] path); <root>/sandboxes for host."),
+    size_bytes: z.number().int().nullable().describe('Size of the store filesystem, bytes; null for host.'),
+    used_bytes: z.number().int().nullable().describe('Bytes used on it (statfs): what quotas, which may add up to more than the size, have actually taken.'),
+    layers: z.number().int().describe('Writable layers in the store.'),
+  }).optional().describe('The writable-layer store.'),
 });
 
 /** One line of GET /v1/events (NDJSON). */
 export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
-  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, exec.finished.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), exec.finished.'),
   sandbox_id: z.string().nullable(),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),
@@ -516,6 +579,15 @@ export const SandboxStatsView = z.object({
   memory_limit_bytes: z.number().int().nullable(),
   pids: z.number().int().nullable(),
   oom_kills: z.number().int().nullable(),
+  network_denied: NetworkDenials.nullable().optional().describe('Egress denials of an allow/open sandbox with its network attached, else null.'),
+  pids_limit_hits: z.number().int().nullable().optional().describe('Forks refused because the sandbox was at its pids limit (pids.events max).'),
+  seccomp_denials: z.object({
+    total: z.number().int().describe('Denied system calls since the sandbox started (counted by the seccomp monitor, across dsecd restarts).'),
+    by_syscall: z.record(z.string(), z.number().int()).describe('Denials per syscall name.'),
+    flooded: z.boolean().describe('Past the flood limit: later denials still fail (ENOSYS) but are no longer counted.'),
+  }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
+  disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
+  disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

@@ -28,6 +28,9 @@ import { registerFileRoutes } from './routes/files.js';
 import { registerJobRoutes } from './routes/jobs.js';
 import websocket from '@fastify/websocket';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
+import { registerNetworkRoutes } from './routes/network.js';
+import type { SandboxNetworking } from '../net/network.js';
+import type { PolicySet } from '../security/egress-policy.js';
 
 /** What routes need. */
 export interface ApiDeps {
@@ -44,6 +47,13 @@ export interface ApiDeps {
   fncall: FncallPools;
   /** Image per language of POST /run_code (config `[sandboxfusion] images`). */
   sandboxfusionImages: LanguageImages;
+  /** Sandbox networking and network policies (routes/network.ts); absent: those routes answer Unimplemented. */
+  network?: {
+    networking: SandboxNetworking;
+    policies: PolicySet;
+    /** Reloads the policy files and re-applies changed ones. @throws DsecError InvalidArgument (the previous set stays). */
+    reload(): Promise<{ loaded: string[]; changed: string[]; reapplied: string[] }>;
+  };
 }
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
@@ -100,6 +110,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerSnapshotRoutes(app, deps);
   registerTrajectoryRoutes(app, deps);
   registerRunRoutes(app, deps);
+  registerNetworkRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));

@@ -8,6 +8,7 @@
  * leaves on the host.
  */
 import type { IsolateOptions } from '../agent/protocol.js';
+import type { SeccompCounts } from '../security/seccomp-monitor.js';
 import type { Backend } from '../api/schema.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
@@ -32,6 +33,10 @@ export interface SandboxStats {
   memoryLimitBytes: number | null;
   pids: number;
   oomKills: number;
+  /** Forks refused at the pids limit (pids.events max). */
+  pidsLimitHits: number;
+  /** Denied system calls as the seccomp monitor counted them, or null: not counted. */
+  seccompDenials?: SeccompCounts | null;
 }
 
 /** What a pause reclaimed, measured from the sandbox's memory.stat before and after. Bytes. */
@@ -127,6 +132,11 @@ export interface SandboxDriver {
   agentClient(sb: SandboxRecord): Promise<AgentClient>;
   /** Resource usage of a running sandbox, or null when it has none (stopped). */
   stats(sb: SandboxRecord): Promise<SandboxStats | null>;
+  /**
+   * The kernel's limit counters of a running sandbox (OOM kills, forks refused at the
+   * pids limit), cheap enough for a periodic sweep; null when it has none.
+   */
+  limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
   /** Host path of the sandbox's agent log, or null for backends without one. */
   logPath(sb: SandboxRecord): string | null;
   /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */

@@ -104,6 +104,24 @@ function addon(): NativeAddon {
   return cached;
 }
 
+/**
+ * The loaded addon itself, for the wrappers of its other source files (daemon/host/bpf.ts
+ * and the like), which type their own functions.
+ * @throws DsecError FailedPrecondition when the addon is not built or fails to load.
+ */
+export function loadAddon(): NativeAddon {
+  return addon();
+}
+
+/**
+ * The loaded addon's exports, untyped, for the typed wrappers of the addon's other source
+ * files (e.g. daemon/storage/fsops.ts over native/addon/fsops.c). Loads it on first use.
+ * Throws as {@link addon}: FailedPrecondition when it is not built or fails to load.
+ */
+export function addonModule(): Record<string, unknown> {
+  return addon() as unknown as Record<string, unknown>;
+}
+
 /** True when the addon file exists and loads (never throws). Tests and `dsec host info` use it. */
 export function nativeAvailable(): boolean {
   try {

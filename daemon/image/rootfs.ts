@@ -10,6 +10,8 @@
  *   upper/      the sandbox's writable layer (survives stop/start; removed only by
  *               removeSandboxDir). Owned uidBase:gidBase, i.e. root inside the sandbox.
  *   work/       overlayfs's work dir (same filesystem as upper/).
+ *               Both may live elsewhere instead: in the writable-layer store
+ *               (daemon/storage/store.ts), passed as PrepareRootfsOptions.upper/work.
  *   rootfs/     the overlay mount: what runc gets as the container's root.
  *
  * Why the lowers are detached after the overlay is mounted: overlayfs takes its own
@@ -52,6 +54,12 @@ export interface PrepareRootfsOptions {
   /** Size of the uid and gid ranges (e.g. 65536). */
   count: number;
   /**
+   * The writable layer's upper and work dirs (one filesystem, absolute, without the
+   * characters `dir` must not have). Default `<dir>/upper` and `<dir>/work`.
+   */
+  upper?: string;
+  work?: string;
+  /**
    * Keep the idmapped lower/<i> mounts attached after the overlay is mounted (debugging,
    * tests). Default false: they are detached (see the module comment).
    */
@@ -90,8 +98,9 @@ export async function prepareRootfs(opts: PrepareRootfsOptions): Promise<{ rootf
   if (count === 0) throw new DsecError('InvalidArgument', 'id range count must be > 0');
 
   const rootfs = join(dir, 'rootfs');
-  const upper = join(dir, 'upper');
-  const work = join(dir, 'work');
+  const upper = resolve(opts.upper ?? join(dir, 'upper'));
+  const work = resolve(opts.work ?? join(dir, 'work'));
+  for (const p of [upper, work]) if (BAD_PATH_CHARS.test(p)) throw new DsecError('InvalidArgument', `writable-layer dir ${p} contains one of , : \\ or newline`);
   const lowerDir = join(dir, 'lower');
 
   if (native.isMountpointOrMissing(rootfs)) {

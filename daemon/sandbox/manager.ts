@@ -15,7 +15,7 @@ import type { FncallCall } from '../fncall/pool.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, RestoreRequest, SnapshotRequest, StartExecRequest } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest, Event as ApiEvent } from '../api/schema.js';
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
@@ -34,6 +34,8 @@ import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from
 import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
+import type { SandboxNetworking } from '../net/network.js';
+import type { DefenceStatus, DiskUsage, UpperStore } from '../storage/store.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -86,6 +88,10 @@ export interface ManagerDeps {
   log: Logger;
   snapshots: SnapshotRepo;
   trajectories: TrajectoryLog;
+  /** Sandbox networking (daemon/net/network.ts); absent: only mode none is accepted. */
+  network?: SandboxNetworking;
+  /** The writable-layer store: quota support and capacity for `disk_bytes`, usage for stats and the quota check. */
+  storage: UpperStore;
 }
 
 /** What a new sandbox is made of: an image's layers and config, or a snapshot's. */
@@ -107,12 +113,25 @@ const SNAPSHOT_CHUNK_BYTES = 4096;
 /** Wall-clock limit of an fncall that names none: 60 s, so a runaway call cannot hold a worker forever. */
 export const FNCALL_DEFAULT_TIMEOUT_MS = 60_000;
 
+/**
+ * How close to its quota a writable layer counts as full for the `sandbox.disk_quota`
+ * event: 4 MiB, or 1/16 of a smaller quota. A write that hits the limit fails with
+ * EDQUOT once usage plus the write's reservation would pass it, so a layer that was
+ * filled stops below the limit by up to one write batch (btrfs reserves a few MiB per
+ * batch of pages); usage must fall below twice the slack before another event.
+ */
+export function diskFullSlack(limitBytes: number): number {
+  return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
+}
+
 /** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
 const FORK_CONCURRENCY = 4;
 
 /** The lifecycle of every sandbox on this host. */
 export class SandboxManager {
   private readonly mutex = new KeyedMutex();
+  /** Sandboxes whose writable layer the last quota check found full (see {@link checkDiskQuotas}). */
+  private readonly diskFull = new Set<string>();
   /** Exec sessions (streamed, background, PTY) of every sandbox. */
   readonly execs: ExecRegistry;
 
@@ -139,8 +158,55 @@ export class SandboxManager {
     this.driver(req.backend);
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
+    const disk = this.diskQuota(req.disk_bytes, undefined);
     const image = await this.d.images.get(req.image);
-    return this.createFrom(req, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+    const network = await this.settleNetwork(req.network);
+    return this.createFrom({ ...req, network, disk_bytes: disk ?? undefined }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+  }
+
+  /**
+   * Validates a requested network and settles its mode (daemon/net/network.ts); null for
+   * mode none, which is what a sandbox without a network has.
+   * @throws DsecError InvalidArgument (bad rules, unknown policy), FailedPrecondition
+   *   (allow/open where networking is unavailable).
+   */
+  private async settleNetwork(spec: NetworkSpec | null | undefined): Promise<NetworkSpec | undefined> {
+    if (!spec) return undefined;
+    const settled = this.d.network
+      ? await this.d.network.settle(spec)
+      : (spec.mode ?? 'none') === 'none' && !spec.policy && !spec.allow?.length && !spec.deny?.length
+        ? { ...spec, mode: 'none' as const }
+        : (() => { throw failedPrecondition('this dsecd has no sandbox networking; use network mode none (the default)'); })();
+    return settled.mode === 'none' ? undefined : settled;
+  }
+
+  /**
+   * Changes the network of a sandbox: stored at once, applied at once to a running or
+   * paused one (allow <-> open, rules, policy), or at its next start. Between none and
+   * allow/open the sandbox would need a different network namespace, so that is refused.
+   * @throws DsecError NotFound, InvalidArgument (bad rules), FailedPrecondition (none <-> other).
+   */
+  async setNetwork(id: string, spec: NetworkSpec): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      const next = (await this.settleNetwork(spec)) ?? null;
+      const from = sb.network?.mode ?? 'none', to = next?.mode ?? 'none';
+      if ((from === 'none') !== (to === 'none')) {
+        throw failedPrecondition(`sandbox ${id} has network mode ${from}; it cannot become ${to} while it exists (${from === 'none' ? 'it has no veth or egress programs' : 'its network namespace keeps its veth'}). `
+          + `Create a new sandbox with --network ${to}, or snapshot this one and restore it with network mode ${to}`);
+      }
+      const done = this.d.repo.setNetwork(id, next);
+      if ((sb.state === 'running' || sb.state === 'paused') && next && this.d.network) {
+        try {
+          await this.d.network.update(done, next);
+        } catch (e) {
+          this.d.repo.setNetwork(id, sb.network);
+          throw e instanceof DsecError ? e : wrap(e, `apply network of sandbox ${id}`);
+        }
+      }
+      this.d.repo.event('network.updated', done, `mode=${to}${next?.policy ? ` policy=${next.policy}` : ''} allow=${next?.allow?.length ?? 0} deny=${next?.deny?.length ?? 0}`);
+      return done;
+    });
   }
 
   /**
@@ -154,6 +220,89 @@ export class SandboxManager {
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
     }
+  }
+
+  /**
+   * The writable-layer quota of a new sandbox, in bytes: the request's, else the
+   * source's (restore, fork), else `[defaults] disk_bytes` (at most the store's size);
+   * null where the store enforces no quota (then only an explicit request is an error).
+   * @throws DsecError FailedPrecondition (explicit quota, store without quotas),
+   *   InvalidArgument (more than the store holds).
+   */
+  private diskQuota(explicit: number | undefined, inherited: number | null | undefined): number | null {
+    const store = this.d.storage;
+    if (!store.enforcesQuota) {
+      if (explicit !== undefined) throw failedPrecondition(`disk_bytes cannot be enforced on this host: ${store.status().detail}; leave disk_bytes out`);
+      return null;
+    }
+    const cap = store.capacityBytes();
+    // The default never makes a create fail: on a store smaller than it, it is the store's size.
+    const v = explicit ?? inherited ?? (cap !== null ? Math.min(this.d.config.defaults.diskBytes, cap) : this.d.config.defaults.diskBytes);
+    if (cap !== null && v > cap) {
+      const what = explicit !== undefined ? `disk_bytes ${v}` : `the snapshot's disk_bytes ${v}`;
+      throw invalidArgument(`${what} is more than the writable-layer store can hold (${cap} bytes on ${store.imagePath}); ask for at most ${cap} bytes, or make the store larger ([storage] size_bytes, docs/OPERATIONS.md)`);
+    }
+    return v;
+  }
+
+  /**
+   * Which defences are in force for one sandbox (GET /v1/sandboxes/{id} `defences`).
+   * `disk_quota`: whether its writable layer has a quota the kernel enforces.
+   */
+  defences(sb: SandboxRecord): Record<string, DefenceStatus> {
+    return { disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
+  }
+
+  /** Live disk use of a sandbox's writable layer and its quota, bytes; null where the store cannot tell (host filesystem). Any state. */
+  diskUsage(id: string): DiskUsage | null {
+    return this.d.storage.usage(id);
+  }
+
+  /**
+   * Disk use of every writable layer in the store, by sandbox id, read at once (btrfs:
+   * one tree search; counters as of the last transaction commit, at most its 30 s
+   * interval old). For listings; {@link diskUsage} is live for one sandbox.
+   */
+  diskUsageAll(): Map<string, DiskUsage> {
+    try {
+      return this.d.storage.usageAll();
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'reading writable-layer usage failed');
+      return new Map();
+    }
+  }
+
+  /**
+   * One quota check (called by the reaper every sweep): records a `sandbox.disk_quota`
+   * event when a sandbox's writable layer has become full (within
+   * {@link diskFullSlack} of its quota). The kernel's own signal is EDQUOT, returned to
+   * the writing process inside the sandbox and counted nowhere, so the store's usage
+   * counters are polled instead: one tree search for every btrfs qgroup. Edge-triggered:
+   * one event per time a layer fills up (a restarted dsecd reports a still-full layer once).
+   * @returns ids that became full in this check.
+   */
+  checkDiskQuotas(): string[] {
+    let usage: Map<string, DiskUsage>;
+    try {
+      usage = this.d.storage.usageAll();
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'reading writable-layer usage failed');
+      return [];
+    }
+    const hit: string[] = [];
+    for (const [id, u] of usage) {
+      if (u.limitBytes === null) continue;
+      const slack = diskFullSlack(u.limitBytes);
+      if (u.usedBytes >= u.limitBytes - slack) {
+        const sb = this.d.repo.find(id);
+        if (this.diskFull.has(id) || !sb) continue;
+        this.diskFull.add(id);
+        this.d.repo.event('sandbox.disk_quota', sb, `writable layer full: ${u.usedBytes} of ${u.limitBytes} bytes (disk_bytes); writes fail with EDQUOT inside`);
+        hit.push(id);
+      } else if (u.usedBytes < u.limitBytes - 2 * slack) this.diskFull.delete(id);
+    }
+    for (const id of this.diskFull) if (!usage.has(id)) this.diskFull.delete(id);
+    return hit;
   }
 
   /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
@@ -751,7 +900,11 @@ export class SandboxManager {
   async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
     const snap = await this.checkSnapshot(ref);
     const creq = this.restoreRequest(snap, req);
+    creq.network = await this.settleNetwork(creq.network);
     this.checkLimits(creq);
+    const disk = this.diskQuota(req.disk_bytes, snap.diskBytes);
+    if (disk === null) delete creq.disk_bytes;
+    else creq.disk_bytes = disk;
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
     const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };
     // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.
@@ -789,6 +942,45 @@ export class SandboxManager {
    * sandbox; the runtime is asked only about sandboxes whose init looks gone.
    * @returns ids marked failed.
    */
+  /** When this manager (this dsecd) started, ms since the epoch. */
+  private readonly startedAt = Date.now();
+  /** Limit counters last seen per running sandbox (see {@link watchLimits}). */
+  private readonly limitsSeen = new Map<string, { oomKills: number; pidsLimitHits: number }>();
+
+  /**
+   * Turns the kernel's limit counters into events: `sandbox.oom` when the OOM killer
+   * killed processes of a sandbox, `sandbox.pids_limit` when forks were refused at its
+   * pids limit (a fork bomb), each with the increase since the last sweep and the total.
+   * The first sweep after a start (or after a sandbox appears) records a baseline.
+   * @returns the events emitted.
+   */
+  async watchLimits(): Promise<ApiEvent[]> {
+    const out: ApiEvent[] = [];
+    const live = new Set<string>();
+    for (const sb of this.d.repo.all()) {
+      if (sb.state !== 'running') continue;
+      const drv = this.d.drivers.get(sb.backend);
+      const c = await drv?.limitCounters(sb).catch(() => null);
+      if (!c) continue;
+      live.add(sb.id);
+      // A sandbox created by this dsecd started from zero (its cgroup is new); one adopted
+      // at start may have counts from before, which a previous dsecd reported.
+      const prev = this.limitsSeen.get(sb.id) ?? (sb.createdAt >= this.startedAt ? { oomKills: 0, pidsLimitHits: 0 } : undefined);
+      this.limitsSeen.set(sb.id, c);
+      if (!prev) continue;
+      if (c.oomKills > prev.oomKills) {
+        const n = c.oomKills - prev.oomKills;
+        out.push(this.d.repo.event('sandbox.oom', sb, `the OOM killer killed ${n} process${n > 1 ? 'es' : ''} at the memory limit of ${sb.memoryBytes} bytes; ${c.oomKills} in all`));
+      }
+      if (c.pidsLimitHits > prev.pidsLimitHits) {
+        const n = c.pidsLimitHits - prev.pidsLimitHits;
+        out.push(this.d.repo.event('sandbox.pids_limit', sb, `${n} fork${n > 1 ? 's' : ''} refused at the pids limit of ${sb.pids}; ${c.pidsLimitHits} in all`));
+      }
+    }
+    for (const id of this.limitsSeen.keys()) if (!live.has(id)) this.limitsSeen.delete(id);
+    return out;
+  }
+
   async checkLiveness(): Promise<string[]> {
     const dead: string[] = [];
     for (const sb of this.d.repo.all()) {

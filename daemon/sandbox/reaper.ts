@@ -2,8 +2,8 @@
  * The reaper: a periodic sweep over the durable store that destroys sandboxes whose
  * TTL has passed (`created_at + ttl_s * 1000 <= now`), marks running sandboxes whose
  * init died `failed`, pauses the sandboxes of lapsed job leases and idle sandboxes,
- * destroys those whose lease lapsed longer ago than the grace period, and prunes old
- * events. Expiry is computed from the
+ * destroys those whose lease lapsed longer ago than the grace period, records sandboxes
+ * whose writable layer filled its quota, and prunes old events. Expiry is computed from the
  * store on every sweep, never held in in-memory timers, so a restart neither loses
  * nor double-fires an expiry: a sandbox that expired while dsecd was down is destroyed
  * by the first sweep after start.
@@ -16,6 +16,13 @@ import { isDsecError } from '../errors.js';
 
 /** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
 export const REAP_INTERVAL_MS = 1000;
+
+/**
+ * Limit counters (OOM kills, forks refused at the pids limit) are read every 5th sweep:
+ * two small cgroup reads per running sandbox, ~2,000 reads/s at 5,000 sandboxes, so an
+ * OOM or a fork bomb shows as an event within ~5 s.
+ */
+export const LIMIT_WATCH_SWEEPS = 5;
 
 /** Periodic TTL enforcement and event pruning; `start()` after reconcile, `stop()` at shutdown. */
 export class Reaper {
@@ -61,6 +68,9 @@ export class Reaper {
         if (this.trajectories && age !== undefined) this.trajectories.prune(now - age, now - 2 * age, now);
       }
       await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
+      if (this.sweeps % LIMIT_WATCH_SWEEPS === 1)
+        await this.manager.watchLimits().catch((e) => this.log.error({ err: e }, 'reaper: limit counters sweep failed'));
+      this.manager.checkDiskQuotas();
       await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {
         if (this.inFlight.has(id)) continue;

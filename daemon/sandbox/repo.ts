@@ -248,6 +248,13 @@ export class SandboxRepo {
     return this.get(id);
   }
 
+  /** Stores a sandbox's (settled) network, or null for mode none. @throws DsecError NotFound. */
+  setNetwork(id: string, network: NetworkSpec | null): SandboxRecord {
+    this.get(id);
+    this.db.prepare('UPDATE sandboxes SET network = ?, updated_at = ? WHERE id = ?').run(network ? JSON.stringify(network) : null, Date.now(), id);
+    return this.get(id);
+  }
+
   /**
    * Creates the lease of `job`, or renews it. The rule that makes a renewal racing the
    * expiry come out one way: a renewal is accepted only if it runs strictly before

@@ -48,7 +48,11 @@
  * strictest verdict wins, so every command of a worker runs under exactly the default
  * profile (`Seccomp_filters: 2` in its /proc/self/status).
  *
- * Denial counting: not built; see docs/SECURITY.md ("seccomp denials are not counted").
+ * Denial counting: with a monitor (native/seccomp-monitor, daemon/security/seccomp-monitor.ts)
+ * the EPERM rules become SCMP_ACT_NOTIFY rules whose listener is the monitor, which
+ * answers every notification with EPERM and counts it for the sandbox named in
+ * `listenerMetadata` ({@link SeccompInput.notify}). The verdict is unchanged; clone3's
+ * ENOSYS stays a plain ERRNO rule (it is a compatibility answer, not a denial).
  */
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
@@ -73,6 +77,8 @@ const SyscallName = z.string().regex(SYSCALL_NAME, 'a syscall name such as "io_u
 
 const Op = z.enum(['SCMP_CMP_NE', 'SCMP_CMP_LT', 'SCMP_CMP_LE', 'SCMP_CMP_EQ', 'SCMP_CMP_GE', 'SCMP_CMP_GT', 'SCMP_CMP_MASKED_EQ']);
 const Action = z.enum(['SCMP_ACT_KILL', 'SCMP_ACT_KILL_PROCESS', 'SCMP_ACT_KILL_THREAD', 'SCMP_ACT_TRAP', 'SCMP_ACT_ERRNO', 'SCMP_ACT_TRACE', 'SCMP_ACT_ALLOW', 'SCMP_ACT_LOG']);
+/** Actions of the filter handed to runc: the profile's, plus NOTIFY for counted denials. */
+export type OciAction = z.infer<typeof Action> | 'SCMP_ACT_NOTIFY';
 const Arg = z.object({
   index: z.number().int().min(0).max(5),
   value: z.number().int().min(0).max(Number.MAX_SAFE_INTEGER),
@@ -112,6 +118,10 @@ export type SeccompOverride = z.infer<typeof SeccompOverrideSchema>;
 export interface OciSeccomp {
   defaultAction: string;
   architectures: string[];
+  /** Unix socket runc hands the notify fd to (set when any rule is SCMP_ACT_NOTIFY). */
+  listenerPath?: string;
+  /** Opaque string passed to the listener with the fd: the sandbox id. */
+  listenerMetadata?: string;
   syscalls: Array<{ names: string[]; action: string; errnoRet?: number; args?: Array<{ index: number; value: number; valueTwo?: number; op: string }> }>;
 }
 
@@ -169,6 +179,16 @@ export function defaultProfile(): SeccompProfile {
   return cached;
 }
 
+/**
+ * Marks the rules an override's `deny` adds. They stay plain EPERM rules even when
+ * denials are counted: runc's init runs between installing the filter and exec'ing the
+ * agent, and a notified call there (an override may deny anything, e.g. getpid, which
+ * the Go runtime of runc init makes) would wait for a listener that only gets the fd
+ * after that init has gone on: a deadlock. The profile's own list was reviewed against
+ * what runc init calls after seccomp setup (none of it), so it is safe to notify.
+ */
+const OVERRIDE_DENY = 'override';
+
 function applyOverride(rules: SeccompRule[], o: SeccompOverride | undefined): SeccompRule[] {
   if (!o) return rules;
   const allow = new Set(o.allow ?? []);
@@ -176,7 +196,7 @@ function applyOverride(rules: SeccompRule[], o: SeccompOverride | undefined): Se
     .map((r) => (r.action === 'SCMP_ACT_ALLOW' ? r : { ...r, names: r.names.filter((n) => !allow.has(n)) }))
     .filter((r) => r.names.length > 0);
   const deny = [...new Set(o.deny ?? [])];
-  if (deny.length) out = [...out, { names: deny, action: 'SCMP_ACT_ERRNO', errnoRet: EPERM, comment: 'override' }];
+  if (deny.length) out = [...out, { names: deny, action: 'SCMP_ACT_ERRNO', errnoRet: EPERM, comment: OVERRIDE_DENY }];
   return out;
 }
 
@@ -190,6 +210,13 @@ export interface SeccompInput {
   sandbox?: SeccompOverride;
   /** An fncall worker: leave {@link WORKER_AGENT_SYSCALLS} to the agent's own filter. */
   worker?: boolean;
+  /**
+   * Count denials through the seccomp monitor: every SCMP_ACT_ERRNO rule of the profile
+   * with errnoRet EPERM (not those an override's `deny` adds) becomes SCMP_ACT_NOTIFY, answered EPERM by the monitor listening on
+   * `listenerPath`, which attributes it to `metadata` (the sandbox id, `[0-9a-z-]{1,64}`).
+   * Default: none (plain EPERM rules, nothing counted).
+   */
+  notify?: { listenerPath: string; metadata: string };
 }
 
 /**
@@ -201,11 +228,42 @@ export function buildSeccomp(i: SeccompInput = {}): OciSeccomp {
   let rules = applyOverride(p.syscalls, i.image);
   rules = applyOverride(rules, i.sandbox);
   if (i.worker) rules = applyOverride(rules, { allow: [...WORKER_AGENT_SYSCALLS] });
-  return {
+  const counted = (r: SeccompRule) => !!i.notify && r.action === 'SCMP_ACT_ERRNO' && r.errnoRet === EPERM && r.comment !== OVERRIDE_DENY;
+  const out: OciSeccomp = {
     defaultAction: p.defaultAction,
     architectures: [...p.architectures],
-    syscalls: rules.map(({ comment: _c, ...r }) => ({ ...r, names: [...r.names], ...(r.args ? { args: r.args.map((a) => ({ ...a })) } : {}) })),
+    syscalls: rules.map((rule) => {
+      const { comment: _c, ...r } = rule;
+      const o = { ...r, names: [...r.names], ...(r.args ? { args: r.args.map((a) => ({ ...a })) } : {}) };
+      if (!counted(rule)) return o;
+      const { errnoRet: _e, ...rest } = o;
+      return { ...rest, action: 'SCMP_ACT_NOTIFY' };
+    }),
   };
+  if (i.notify && out.syscalls.some((r) => r.action === 'SCMP_ACT_NOTIFY')) {
+    if (!/^[0-9a-z-]{1,64}$/.test(i.notify.metadata)) throw new Error(`seccomp notify metadata ${JSON.stringify(i.notify.metadata)} is not a sandbox id`);
+    out.listenerPath = i.notify.listenerPath;
+    out.listenerMetadata = i.notify.metadata;
+  }
+  return out;
+}
+
+/**
+ * Replaces the cached default profile with the one in `path` after validating it. On any
+ * error the profile in force stays as it was and the error is thrown, naming the file
+ * and the field ({@link SeccompProfileError}). Sandboxes get the profile at their next
+ * create or start; running ones keep the filter the kernel already has.
+ */
+export function reloadProfile(path: string = defaultProfilePath()): SeccompProfile {
+  let text: string;
+  try {
+    text = readFileSync(path, 'utf8');
+  } catch (e) {
+    throw new SeccompProfileError(`seccomp profile ${path}: ${(e as Error).message}`);
+  }
+  const next = parseProfile(text, path);
+  cached = next;
+  return next;
 }
 
 /** Every syscall name the profile denies unconditionally (for reports and tests). */

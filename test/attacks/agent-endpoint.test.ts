@@ -4,7 +4,11 @@
  * agent's fds cannot be opened through /proc or ptrace.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IS_ROOT, TestDaemon } from '../integration/harness.js';
+import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { execa } from 'execa';
+import { IS_ROOT, REPO, TestDaemon } from '../integration/harness.js';
 
 describe.skipIf(!IS_ROOT)('attack: reach the agent endpoint from inside', () => {
   let d: TestDaemon;
@@ -40,6 +44,37 @@ describe.skipIf(!IS_ROOT)('attack: reach the agent endpoint from inside', () => 
     expect(eff & (1n << 19n)).toBe(0n); // CAP_SYS_PTRACE is bit 19
     const st = await sh('cat /proc/1/environ >/dev/null 2>&1 && echo READ; cat /proc/1/mem >/dev/null 2>&1 && echo MEM; echo done');
     expect(st.out).not.toMatch(/READ|MEM/);
+  });
+
+  it('cannot take the listening socket with ptrace or pidfd_getfd, even with seccomp allowing both', async () => {
+    const tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-attach-'));
+    try {
+      const bin = path.join(tmp, 'attach-probe');
+      await execa('gcc', ['-static', '-O1', '-o', bin, path.join(REPO, 'test/attacks/attach-probe.c')]);
+      // The probe can succeed: on the host, against a child of the same uid, both work.
+      const child = execa('sleep', ['30']);
+      try {
+        expect((await execa(bin, [String(child.pid), '0'])).stdout).toBe('ptrace ok\npidfd_getfd ok');
+      } finally {
+        child.kill('SIGKILL');
+        await child.catch(() => {});
+      }
+      const probe = readFileSync(bin);
+      const run = async (sb: string) => (await d.client.exec(sb, { argv: ['sh', '-c', 'cat > /tmp/p && chmod +x /tmp/p && /tmp/p 1 3'], stdin: probe })).stdout.toString();
+      // Default profile: seccomp refuses both calls.
+      expect(await run(id)).toBe('ptrace EPERM\npidfd_getfd EPERM\n');
+      // With seccomp lifted for both, the agent is still out of reach: it is not dumpable
+      // and no sandbox process has CAP_SYS_PTRACE, so the kernel's ptrace access check fails.
+      const open = (await d.client.createSandbox({ image: 'busybox', seccomp: { allow: ['ptrace', 'pidfd_getfd'] } })).id;
+      try {
+        expect(await run(open)).toBe('ptrace EPERM\npidfd_getfd EPERM\n');
+        expect((await d.client.exec(open, { argv: ['echo', 'agent-alive'] })).stdout.toString()).toBe('agent-alive\n');
+      } finally {
+        await d.client.deleteSandbox(open, { force: true });
+      }
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
   });
 
   it('sees no agent socket in its network namespace and cannot find the host path', async () => {

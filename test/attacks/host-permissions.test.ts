@@ -35,8 +35,8 @@ describe.skipIf(!IS_ROOT)('attack: a local user reads sandbox data on the host',
     expect(r.out).not.toMatch(/^[1-9]/m);
   });
 
-  it('cannot list or enter sandbox dirs, even knowing the id', async () => {
-    const r = await asNobody(`ls ${d.root}/sandboxes; cat ${d.root}/sandboxes/${id}/rootfs/root/solution ${d.root}/sandboxes/${id}/upper/root/solution; ls ${d.root}/sandboxes/${id}`);
+  it('cannot list or enter sandbox dirs or writable layers, even knowing the id', async () => {
+    const r = await asNobody(`ls ${d.root}/sandboxes ${d.root}/storage/mnt/sb; cat ${d.root}/sandboxes/${id}/rootfs/root/solution ${d.upperDir(id)}/root/solution; ls ${d.root}/sandboxes/${id}`);
     expect(r.out).not.toContain('answer-42');
     expect(r.out).not.toContain(id + '\n');
     expect(r.out).toMatch(/Permission denied/);

@@ -4,6 +4,13 @@
  * "<name> <errno name>" (or "<name> ok"). Built static on the host (gcc -static) and
  * copied into the sandbox. Every call is harmless when it succeeds: the test only cares
  * whether the filter answered EPERM before the kernel looked at the arguments.
+ *
+ *   probe NAME [FILE [FILE2]]
+ *
+ * ioctl probes act on FILE (default /tmp/.seccomp-probe). XFS_IOC_SWAPEXT and its
+ * high-bits variant given two files ask for a real extent swap of FILE with FILE2
+ * (test/attacks/disk.test.ts, on an XFS upper); XFS refuses it harmlessly because the
+ * recorded stat of the target does not match.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,16 +34,36 @@ static const char *ename(int e)
 	case ENOENT: return "ENOENT";
 	case EACCES: return "EACCES";
 	case EOPNOTSUPP: return "EOPNOTSUPP";
+	case EBUSY: return "EBUSY";
 	default: return strerror(e);
 	}
 }
 
+static const char *probe_file = "/tmp/.seccomp-probe";
+static const char *probe_file2;
+
+/* struct xfs_swapext of <xfs/xfs_fs.h>: the header is not installed on every host. */
+struct swapext {
+	long long sx_version, sx_fdtarget, sx_fdtmp, sx_offset, sx_length;
+	char sx_pad[16];
+	char sx_stat[128]; /* struct xfs_bstat of the target before the copy */
+};
+
 static long ioctl_probe(unsigned long cmd)
 {
 	static char buf[4096];
-	int fd = open("/tmp/.seccomp-probe", O_RDWR | O_CREAT, 0600);
+	int fd = open(probe_file, O_RDWR | O_CREAT, 0600);
 	if (fd < 0)
 		fd = 0;
+	if (probe_file2 && (unsigned int)cmd == 0xc0c0586dU) {
+		struct swapext *sx = (struct swapext *)buf;
+		int fd2 = open(probe_file2, O_RDWR);
+		sx->sx_version = 0; /* XFS_SX_VERSION */
+		sx->sx_fdtarget = fd;
+		sx->sx_fdtmp = fd2;
+		sx->sx_offset = 0;
+		sx->sx_length = lseek(fd, 0, SEEK_END);
+	}
 	return syscall(SYS_ioctl, fd, cmd, buf);
 }
 
@@ -47,6 +74,10 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	const char *n = argv[1];
+	if (argc > 2)
+		probe_file = argv[2];
+	if (argc > 3)
+		probe_file2 = argv[3];
 	static char buf[4096];
 	long rc;
 	errno = 0;

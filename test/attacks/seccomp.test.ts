@@ -89,6 +89,49 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     expectDenials(out, 1);
     // The neighbour-visible effect of a denied attempt: none; the sandbox keeps working.
     expect((await d.client.exec(id, { argv: ['echo', 'alive'] })).stdout.toString()).toBe('alive\n');
+
+    // Every denial was seen and counted for this sandbox by the seccomp monitor: the
+    // stats name the calls, and seccomp.denied events (coalesced per second) say so too.
+    const st = await d.client.sandboxStats(id);
+    expect(st.seccomp_denials).toBeTruthy();
+    const by = st.seccomp_denials!.by_syscall;
+    for (const n of ['mount', 'bpf', 'keyctl', 'userfaultfd', 'perf_event_open', 'io_uring_setup', 'open_by_handle_at', 'ptrace', 'setns', 'swapon'])
+      expect(by[n], n).toBeGreaterThanOrEqual(1);
+    // The XFS/FS/TTY ioctl probes and unshare/clone with CLONE_NEWUSER are conditional rules on ioctl/unshare/clone.
+    expect(by.ioctl).toBeGreaterThanOrEqual(6);
+    expect(st.seccomp_denials!.total).toBeGreaterThanOrEqual(DENIED.length);
+    expect(st.seccomp_denials!.flooded).toBe(false);
+    const ev: string[] = [];
+    for (let i = 0; i < 50 && !ev.some((m) => /ioctl/.test(m)); i++) {
+      ev.length = 0;
+      for await (const e of d.client.events({ selector: '' })) if (e.type === 'seccomp.denied' && e.sandbox_id === id) ev.push(e.message ?? '');
+      if (!ev.some((m) => /ioctl/.test(m))) await new Promise((r) => setTimeout(r, 100));
+    }
+    expect(ev.join('\n')).toMatch(/system calls? denied \(.*ioctl/);
+    expect(ev.join('\n')).toMatch(/in all$/m);
+    // A neighbour that did nothing has nothing counted.
+    const quiet = await d.client.createSandbox({ image: 'busybox' });
+    await d.client.exec(quiet.id, { argv: ['true'] });
+    expect((await d.client.sandboxStats(quiet.id)).seccomp_denials?.total ?? 0).toBe(0);
+    await d.client.deleteSandbox(quiet.id, { force: true });
+    await d.client.deleteSandbox(id, { force: true });
+  }, 120_000);
+
+  it('counting survives a dsecd restart: the monitor keeps the totals and keeps answering EPERM', async () => {
+    const { id } = await d.client.createSandbox({ image: 'busybox' });
+    const probeOnce = async (n: string) => (await d.client.exec(id, { argv: ['sh', '-c', `cat > /tmp/probe && chmod +x /tmp/probe && /tmp/probe ${n}`], stdin: probe })).stdout.toString().trim();
+    expect(await probeOnce('bpf')).toBe('bpf EPERM');
+    const before = (await d.client.sandboxStats(id)).seccomp_denials!.total;
+    expect(before).toBeGreaterThanOrEqual(1);
+    await d.kill9();
+    await d.launch();
+    expect((await d.client.sandboxStats(id)).seccomp_denials!.total).toBe(before);
+    expect(await probeOnce('keyctl')).toBe('keyctl EPERM');
+    const after = (await d.client.sandboxStats(id)).seccomp_denials!;
+    expect(after.total).toBe(before + 1);
+    expect(after.by_syscall.keyctl).toBe(1);
+    const info = await d.client.hostInfo();
+    expect((info.defences as Record<string, { enforced: boolean }>).seccomp_denial_counting.enforced).toBe(true);
     await d.client.deleteSandbox(id, { force: true });
   }, 120_000);
 

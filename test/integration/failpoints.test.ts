@@ -2,11 +2,12 @@
  * Restart safety: for every failpoint, dsecd SIGKILLs itself at that step; after a
  * restart every acknowledged sandbox still runs with its init pid and answers exec,
  * and the interrupted operation is either complete or fully undone, with nothing
- * left in mountinfo, any cgroup hierarchy, runtime state, sandbox dirs or the store.
+ * left in mountinfo, any cgroup hierarchy, runtime state, sandbox dirs, the
+ * writable-layer store (btrfs subvolumes), loop devices or the SQLite store.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FAILPOINTS } from '../../daemon/sandbox/failpoints.js';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import { IS_ROOT, TestDaemon, loopDevicesUnder } from './harness.js';
 
 describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
   let d: TestDaemon;
@@ -18,6 +19,8 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
   });
   afterAll(async () => {
     await d?.cleanup();
+    // The store's loop device detaches with the (lazily) unmounted filesystem.
+    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
   });
 
   /** Checks the keeper survived and that host traces equal the store's rows. */
@@ -34,6 +37,8 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
     expect(t.runtime).toEqual(live);
     expect(t.cgroups).toEqual(live);
     expect(t.dirs).toEqual(all);
+    // Every sandbox's writable layer is one store entry (a btrfs subvolume here); none without a row.
+    expect(t.store).toEqual(all);
     expect(t.uidRanges).toBe(all.length);
     // One overlay mount per running sandbox, none for stopped ones.
     expect(t.mounts.map((m) => m.split('/').slice(-2, -1)[0]).sort()).toEqual(live);

@@ -4,11 +4,13 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test file takes a distinct `slot` (0..39) so parallel files get disjoint uid
- * pools and builder ranges (dsecd refuses overlapping ranges of live instances).
+ * Each test daemon leases a uid-pool slot of its own at start ({@link leaseSlot}), so
+ * parallel files get disjoint uid pools and builder ranges (dsecd refuses overlapping
+ * ranges of live instances). The `slot` a test passes is only a label in its temp
+ * root's name.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import Database from 'better-sqlite3';
@@ -22,55 +24,81 @@ export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
 /** True when running as root (integration tests need it). */
 export const IS_ROOT = process.getuid?.() === 0;
 
-/**
- * `DSEC_TEST_SLOT_OFFSET` (0, 30, 60 or 90; default 0) shifts every slot, so up to four
- * checkouts of this repository can run their integration tests on one host at once.
- */
-const SLOT_OFFSET = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
+/** Number of uid-pool slots test daemons lease from (see {@link leaseSlot}). */
+export const SLOTS = 120;
 
 /**
- * Index of an extension slot (30..39 of any checkout) in the extension grid (0..39):
- * ten per checkout, keyed by `DSEC_TEST_SLOT_OFFSET / 30`.
+ * Uid pool of slot `s` (0..119): 16 Mi ids (256 ranges of 65,536), away from the default
+ * pool (2^31 .. 2^31+2^30). Slots 0-63 lie above 3 GiB, 64-119 above 1 GiB.
  */
-function extensionIndex(slot: number): number {
-  const checkout = SLOT_OFFSET / 30;
-  if (!Number.isInteger(checkout) || checkout < 0 || checkout > 3) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} is not 0, 30, 60 or 90: slots 30-39 need one of those`);
-  return checkout * 10 + (slot - 30);
-}
-
-/**
- * Uid pool of a test slot: 16 Mi ids (256 ranges of 65,536), away from the default pool
- * (2^31 .. 2^31+2^30). Slots 0-29 (after the offset: 0-63) lie above 3 GiB, or (64-119)
- * above 1 GiB. Slots 30-39 are an extension grid of ten more slots per checkout below
- * 1 GiB: pools at 2^24 * (1 + i) for extension index i in 0..39, i.e. [16 Mi, 656 Mi).
- */
-export function uidPoolForSlot(slot: number): { base: number; size: number } {
-  if (slot < 0 || slot > 39) throw new Error(`slot ${slot} out of range`);
-  if (slot >= 30) return { base: 2 ** 24 * (1 + extensionIndex(slot)), size: 2 ** 24 };
-  const s = slot + SLOT_OFFSET;
-  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+export function uidPoolForSlot(s: number): { base: number; size: number } {
+  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
 }
 
 /**
- * Builder range (daemon/host/builder.ts) of a test slot: 1 Mi ids (16 builder slots).
- * Slots 0-29 pack theirs into the gap between the slots' uid pools (which end at
- * 2^30 + 56 * 2^24) and the default builder range (which starts at 2^31 - 2^20);
- * extension slots 30-39 right above the extension pools ([656 Mi, 696 Mi)). So no
- * builder range overlaps a test pool, another slot's builder range, the default pool or
- * the default builder range (test/unit/builder.test.ts checks every pair).
+ * Builder range (daemon/host/builder.ts) of slot `s` (0..119): 1 Mi ids (16 builder
+ * slots), packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24)
+ * and the default builder range (which starts at 2^31 - 2^20), so it overlaps no test
+ * pool, no other slot's builder range, the default pool or the default builder range
+ * (test/unit/builder.test.ts checks every pair).
  */
-export function builderRangeForSlot(slot: number): { base: number; size: number } {
-  if (slot < 0 || slot > 39) throw new Error(`slot ${slot} out of range`);
-  if (slot >= 30) return { base: 41 * 2 ** 24 + extensionIndex(slot) * 2 ** 20, size: 2 ** 20 };
-  const s = slot + SLOT_OFFSET;
-  if (!Number.isInteger(s) || s < 0 || s > 119) throw new Error(`DSEC_TEST_SLOT_OFFSET ${SLOT_OFFSET} puts slot ${slot} out of range`);
+export function builderRangeForSlot(s: number): { base: number; size: number } {
+  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
   return { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 };
+}
+
+/** Where slot leases live: one file per leased slot, holding the leasing process's pid. */
+const SLOT_DIR = '/tmp/dsec-test-slots';
+
+/**
+ * Leases a free uid-pool slot for one test daemon, so test files running in parallel
+ * (and several checkouts of this repository on one host) never give two live dsecd
+ * instances overlapping pools, which dsecd refuses. A lease is a file created with
+ * O_EXCL; one whose process is gone is taken over. Released by {@link releaseSlot}.
+ * @throws Error when all {@link SLOTS} slots are leased by live processes.
+ */
+export function leaseSlot(): number {
+  mkdirSync(SLOT_DIR, { recursive: true });
+  for (let s = 0; s < SLOTS; s++) {
+    const f = path.join(SLOT_DIR, String(s));
+    try {
+      writeFileSync(f, `${process.pid}\n`, { flag: 'wx' });
+      return s;
+    } catch {
+      let pid = 0;
+      try {
+        pid = Number(readFileSync(f, 'utf8').trim());
+      } catch { /* raced with a release */ }
+      let alive = pid > 0;
+      try {
+        if (alive) process.kill(pid, 0);
+      } catch {
+        alive = false;
+      }
+      if (!alive) {
+        rmSync(f, { force: true });
+        s--; // try the same slot again
+      }
+    }
+  }
+  throw new Error(`all ${SLOTS} test uid-pool slots are leased by live processes (${SLOT_DIR})`);
+}
+
+/** Releases a slot leased by this process. Safe to call twice. */
+export function releaseSlot(s: number): void {
+  const f = path.join(SLOT_DIR, String(s));
+  try {
+    if (Number(readFileSync(f, 'utf8').trim()) === process.pid) rmSync(f, { force: true });
+  } catch { /* not leased */ }
 }
 
 /** Options of {@link TestDaemon.start}. */
 export interface StartOptions {
+  /** A label for the temp root's name; the uid pool comes from a leased slot. */
   slot: number;
+  /** Use this daemon's uid pool instead of leasing one (to test that dsecd refuses overlapping pools). */
+  samePoolAs?: TestDaemon;
   /** Extra environment (e.g. DSEC_FAILPOINT). */
   env?: Record<string, string>;
   /** Extra TOML appended to the config. */
@@ -85,6 +113,8 @@ export interface HostTraces {
   dirs: string[];
   rows: string[];
   uidRanges: number;
+  /** Entries of the writable-layer store (`<root>/storage/mnt/sb/<id>`: btrfs subvolumes, XFS project dirs). */
+  store: string[];
 }
 
 /** A dsecd process under test. */
@@ -94,9 +124,11 @@ export class TestDaemon {
   readonly client: DsecClient;
   readonly instance: string;
   private exitPromise: Promise<{ code: number | null; signal: string | null }> | null = null;
+  /** Whether cleanup() releases the slot (false when the pool is borrowed, see StartOptions.samePoolAs). */
+  private ownsSlot = true;
   private cg: CgroupManager | null = null;
 
-  private constructor(readonly root: string, readonly slot: number, private baseConfig: string) {
+  private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number }) {
     this.instance = instanceNameFor(root);
     this.client = new DsecClient({ socketPath: this.socket, timeoutMs: 120_000 });
   }
@@ -109,12 +141,11 @@ export class TestDaemon {
   /** Starts a fresh daemon on a new temp root. */
   static async start(opts: StartOptions): Promise<TestDaemon> {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
-    const pool = uidPoolForSlot(opts.slot);
-    const builder = builderRangeForSlot(opts.slot);
-    // A test's own `[builder]` table (opts.config) replaces this one.
-    const builderToml = /^\[builder\]/m.test(opts.config ?? '') ? '' : `[builder]\nbase = ${builder.base}\nsize = ${builder.size}\n`;
-    const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${builderToml}${opts.config ?? ''}\n`;
-    const d = new TestDaemon(root, opts.slot, cfg);
+    const slot = opts.samePoolAs ? opts.samePoolAs.slot : leaseSlot();
+    const pool = uidPoolForSlot(slot);
+    const d = new TestDaemon(root, slot, '', pool);
+    d.setConfig(opts.config ?? '');
+    d.ownsSlot = !opts.samePoolAs;
     try {
       await d.launch(opts.env);
     } catch (e) {
@@ -122,6 +153,36 @@ export class TestDaemon {
       throw e;
     }
     return d;
+  }
+
+  /**
+   * Replaces the extra TOML (StartOptions.config) for the next {@link launch} or
+   * {@link restart}; the uid pool and the slot's builder range stay (an `[builder]` table
+   * in `extra` replaces the latter).
+   */
+  setConfig(extra: string): void {
+    const b = this.builderRange;
+    const builder = /^\[builder\]/m.test(extra) ? '' : `[builder]\nbase = ${b.base}\nsize = ${b.size}\n`;
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${builder}${extra}\n`;
+  }
+
+  /** The builder range of this daemon's slot ({@link builderRangeForSlot}); a `[builder]` table in its config overrides it. */
+  get builderRange(): { base: number; size: number } {
+    return builderRangeForSlot(this.slot);
+  }
+
+  /** The writable-layer store's mount point and image (daemon/storage/store.ts). */
+  get storeMount(): string {
+    return path.join(this.root, 'storage', 'mnt');
+  }
+
+  /**
+   * Host path of a sandbox's writable layer (its overlay upper dir): its store entry, else
+   * the host-filesystem layout `<root>/sandboxes/<id>/upper`.
+   */
+  upperDir(id: string): string {
+    const inStore = path.join(this.storeMount, 'sb', id, 'upper');
+    return existsSync(inStore) ? inStore : path.join(this.root, 'sandboxes', id, 'upper');
   }
 
   /** Starts dsecd on this root and waits until the API answers. */
@@ -202,11 +263,13 @@ export class TestDaemon {
     const runtime = ((JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]).map((c) => c.id);
     const sbDir = path.join(this.root, 'sandboxes');
     const dirs = existsSync(sbDir) ? readdirSync(sbDir) : [];
+    const entries = path.join(this.storeMount, 'sb');
+    const store = existsSync(entries) ? readdirSync(entries).sort() : [];
     const db = new Database(path.join(this.root, 'dsec.db'), { readonly: true, fileMustExist: true });
     try {
       const rows = (db.prepare('SELECT id FROM sandboxes').all() as { id: string }[]).map((x) => x.id);
       const uidRanges = (db.prepare('SELECT COUNT(*) n FROM uid_ranges').get() as { n: number }).n;
-      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges };
+      return { mounts, cgroups: cgroups.sort(), runtime: runtime.sort(), dirs: dirs.sort(), rows: rows.sort(), uidRanges, store };
     } finally {
       db.close();
     }
@@ -219,8 +282,22 @@ export class TestDaemon {
   }
 
   /**
+   * Removes the instance network namespace and stops its slirp4netns (by the recorded
+   * pid, checked against its starttime), as `dsecd --purge` would. Safe to call twice.
+   */
+  async removeNetwork(): Promise<void> {
+    try {
+      const rec = JSON.parse(readFileSync(path.join(this.root, 'net', 'slirp4netns.pid'), 'utf8')) as { pid: number; start: number };
+      if (aliveAt(rec.pid, rec.start)) process.kill(rec.pid, 'SIGKILL');
+    } catch { /* none recorded */ }
+    await execa('ip', ['netns', 'del', netnsOf(this)], { reject: false });
+  }
+
+  /**
    * Stops the daemon and removes everything it or its sandboxes left: runtime
-   * containers, mounts, cgroups, the root. Safe to call twice.
+   * containers, mounts (the writable-layer store's too: its loop device has autoclear,
+   * so it detaches once the lazily unmounted filesystem is released), cgroups, the
+   * instance netns, the root. Safe to call twice.
    */
   async cleanup(): Promise<void> {
     await this.stop().catch(() => {});
@@ -239,10 +316,43 @@ export class TestDaemon {
       }
       await cg.removeInstance().catch(() => {});
     }
+    await this.removeNetwork();
     const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(this.root + '/'));
     for (const m of mi.sort((a, b) => b.length - a.length)) await execa('umount', ['-l', m], { reject: false });
     rmSync(this.root, { recursive: true, force: true });
+    if (this.ownsSlot) releaseSlot(this.slot);
   }
+}
+
+/** Name of the instance network namespace (daemon/net/instance.ts). */
+export function netnsOf(d: TestDaemon): string {
+  return `dsec-${d.instance}`;
+}
+
+/** Whether a pid is alive with the given /proc starttime. */
+function aliveAt(pid: number, start: number): boolean {
+  try {
+    const s = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    const f = s.slice(s.lastIndexOf(')') + 2).split(' ');
+    return f[0] !== 'Z' && Number(f[19]) === start;
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * What sandbox networking of an instance leaves while dsecd is stopped, for leak checks:
+ * the instance netns, its recorded slirp4netns when alive, the bridge ports in it.
+ */
+export async function networkTraces(d: TestDaemon): Promise<{ netns: boolean; slirp: number | null; veths: string[] }> {
+  const netns = (await execa('ip', ['netns', 'list'], { reject: false })).stdout.split('\n').some((l) => l.split(' ')[0] === netnsOf(d));
+  let slirp: number | null = null;
+  try {
+    const rec = JSON.parse(readFileSync(path.join(d.root, 'net', 'slirp4netns.pid'), 'utf8')) as { pid: number; start: number };
+    if (aliveAt(rec.pid, rec.start)) slirp = rec.pid;
+  } catch { /* none */ }
+  const veths = netns ? (JSON.parse(String((await execa('ip', ['-n', netnsOf(d), '-j', 'link', 'show', 'master', 'dsec0'], { reject: false })).stdout) || '[]') as { ifname: string }[]).map((l) => l.ifname) : [];
+  return { netns, slirp, veths };
 }
 
 /** Runs `bin/dsec` with args against a daemon; resolves with exit code and output (never throws). */
@@ -274,4 +384,22 @@ export async function rejection(p: Promise<unknown>): Promise<DsecApiError> {
   const e = await p.then(() => null, (x: unknown) => x);
   expect(isDsecApiError(e)).toBe(true);
   return e as DsecApiError;
+}
+
+/**
+ * Loop devices attached to a file under `prefix` (/sys/block/loop*\/loop/backing_file),
+ * as `/dev/loopN backing-file` lines: what a test run must not leave behind.
+ */
+export function loopDevicesUnder(prefix: string): string[] {
+  const out: string[] = [];
+  for (const dev of readdirSync('/sys/block').filter((n) => /^loop\d+$/.test(n))) {
+    let f: string;
+    try {
+      f = readFileSync(`/sys/block/${dev}/loop/backing_file`, 'utf8').trim();
+    } catch {
+      continue;
+    }
+    if (f.startsWith(prefix)) out.push(`/dev/${dev} ${f}`);
+  }
+  return out.sort();
 }

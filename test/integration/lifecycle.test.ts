@@ -143,7 +143,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     const sb = await d.client.createSandbox({ image: 'busybox' });
     try {
       await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo mine > /owned'] });
-      const upper = path.join(d.root, 'sandboxes', sb.id, 'upper', 'owned');
+      const upper = path.join(d.upperDir(sb.id), 'owned');
       expect(statSync(upper).uid).toBe(sb.uid_base);
       const attempts = [
         'echo x > /dev/.dsec-agent',
@@ -172,7 +172,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
         const p = path.join(dir, e.name);
         return e.isDirectory() ? [p, ...walk(p)] : [p];
       });
-      for (const p of walk(path.join(d.root, 'sandboxes', sb.id, 'upper'))) {
+      for (const p of walk(d.upperDir(sb.id))) {
         const st = statSync(p, { throwIfNoEntry: false });
         // Overlay whiteouts (char device 0:0 marking a deleted lower file) are created with
         // the mounter's credentials; they hold no data and cannot be opened.

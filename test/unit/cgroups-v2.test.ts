@@ -49,6 +49,7 @@ async function fakeSandbox(m: CgroupManager, id: string, procs = `${NO_PID_A}\n$
     'memory.reclaim': '',
     'pids.current': '2\n',
     'pids.max': '512\n',
+    'pids.events': 'max 7\n',
     'cpu.stat': 'usage_usec 1500\nuser_usec 1000\nsystem_usec 500\n',
     'cgroup.freeze': '0\n',
     'cgroup.events': 'populated 1\nfrozen 0\n',
@@ -174,8 +175,9 @@ describe('cgroup v2 sandboxes', () => {
     await fakeSandbox(m, 'sb1');
     expect(await m.stats('sb1')).toEqual({
       memoryBytes: 1048576, memoryLimitBytes: null, memoryCacheBytes: 8192, memoryAnonBytes: 4096,
-      oomKills: 1, pidsCurrent: 2, pidsLimit: 512, cpuUsageNs: 1_500_000, frozen: false,
+      oomKills: 1, pidsCurrent: 2, pidsLimit: 512, pidsLimitHits: 7, cpuUsageNs: 1_500_000, frozen: false,
     });
+    expect(await m.limitCounters('sb1')).toEqual({ oomKills: 1, pidsLimitHits: 7 });
     await expect(m.stats('gone')).rejects.toMatchObject({ kind: 'NotFound' });
   });
 

@@ -192,7 +192,7 @@ describe('dsec restore', () => {
     const r = await dsec([
       'restore', 'base',
       '--label', 'job=b', '--label', 'round=4', '--env', 'K=V', '--env', 'E=',
-      '--cpus', '1.5', '--memory', '1G', '--pids', '64', '--ttl', '10m', '--priority', 'batch', '--idle-timeout', '90s',
+      '--cpus', '1.5', '--memory', '1G', '--pids', '64', '--disk', '512M', '--ttl', '10m', '--priority', 'batch', '--idle-timeout', '90s',
     ]);
     expect(r.code).toBe(0);
     expect(r.out).toBe('b'.repeat(16) + '\n');
@@ -204,6 +204,7 @@ describe('dsec restore', () => {
       cpus: 1.5,
       memory_bytes: 1024 ** 3,
       pids: 64,
+      disk_bytes: 512 * 1024 ** 2,
       ttl_s: 600,
       priority: 'batch',
       idle_timeout_s: 90,

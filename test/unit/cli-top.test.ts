@@ -5,7 +5,7 @@ import { render } from 'ink-testing-library';
 import { createElement } from 'react';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { TopView } from '../../cli/ui/top.js';
-import { cpuPercent, hostFromStats, matchesFilter, renderTopHeader, renderTopRows, renderTopTable, type TopHost } from '../../cli/ui/top-rows.js';
+import { cpuPercent, diskCell, hostFromStats, matchesFilter, renderTopHeader, renderTopRows, renderTopTable, type TopHost } from '../../cli/ui/top-rows.js';
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
 import { Interrupts, Sink, ok, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
@@ -24,6 +24,8 @@ const sb = (id: string, over: Partial<SandboxStats> = {}): SandboxStats => ({
   memory_limit_bytes: 512 * MiB,
   pids: 3,
   oom_kills: 0,
+  disk_used_bytes: 12 * MiB,
+  disk_limit_bytes: 64 * MiB,
   ...over,
 });
 const sample = (time: number, sandboxes: SandboxStats[]): StatsResponse => ({
@@ -83,10 +85,13 @@ describe('top rows (pure)', () => {
   it('renders the plain table and the host header', () => {
     const text = renderTopTable(renderTopRows(prev, cur, 'cpu'));
     const lines = text.trimEnd().split('\n');
-    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'AGE', 'LABELS']);
-    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '1m', 'job=train,round=1']);
-    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '2h', 'job=eval']);
-    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '1s', '-']);
+    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'AGE', 'LABELS']);
+    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '12MiB/64MiB', '1m', 'job=train,round=1']);
+    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '12MiB/64MiB', '2h', 'job=eval']);
+    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '12MiB/64MiB', '1s', '-']);
+    // A layer on the host filesystem has no usage; one without a quota shows its usage alone.
+    expect(diskCell({ diskUsedBytes: null, diskLimitBytes: null })).toBe('-');
+    expect(diskCell({ diskUsedBytes: 5 * MiB, diskLimitBytes: null })).toBe('5MiB');
     expect(renderTopHeader(hostFromStats(cur), 3, 3)).toBe('host: 2 cores, mem 4GiB / 24GiB, load 0.50 0.25 0.13; 3 sandboxes');
     expect(renderTopHeader({ ...hostFromStats(cur), cpuPercent: 12.4 }, 3, 1)).toBe('host: 2 cores, cpu 12%, mem 4GiB / 24GiB, load 0.50 0.25 0.13; 1 of 3 sandboxes');
   });
@@ -126,7 +131,7 @@ describe('top view (Ink)', () => {
     const app = await view();
     const frame = app.lastFrame()!;
     expect(frame).toContain('host: 2 cores, cpu 30%, mem 4GiB / 24GiB, load 1.00 1.00 1.00; 3 sandboxes');
-    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+AGE\s+LABELS/);
+    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+AGE\s+LABELS/);
     expect(frame).toMatch(/aaaaaaaaaaaa\s+running\s+150\.0\s+10MiB/);
     expect(rowsOf(frame)).toEqual(['a', 'b', 'c']);
     app.unmount();

@@ -195,6 +195,7 @@ describe('version and host info', () => {
       fncall_pools: [{ image: 'busybox:latest', workers: 2, idle: 1, busy: 1, starting: 0, queued: 3, calls: 1234, replaced: 1 }],
       features: { filesystem_snapshots: { available: true, reason: null }, process_checkpoints: { available: false, reason: 'criu check failed on this kernel: vdso' } },
       defences: { seccomp: { enforced: true, detail: 'default profile' }, apparmor: { enforced: false, detail: 'kernel lacks AppArmor' } },
+      storage: { kind: 'btrfs', quota: 'squota', location: '/var/lib/dsec/storage/upper.img', size_bytes: 40 * 1024 ** 3, used_bytes: 2 * 1024 ** 3, layers: 3 },
     };
     routes['GET /v1/host'] = ok(host);
     const r = await dsec(['host', 'info']);
@@ -206,6 +207,7 @@ describe('version and host info', () => {
     expect(r.out).toMatch(/^apparmor\s+no\s+kernel lacks AppArmor$/m);
     expect(r.out).toMatch(/^process_checkpoints\s+no\s+criu check failed on this kernel: vdso$/m);
     expect(r.out).toMatch(/^busybox:latest\s+2\s+1\s+1\s+3\s+1234\s+1$/m);
+    expect(r.out).toMatch(/^storage\s+btrfs \(quota squota\) at \/var\/lib\/dsec\/storage\/upper\.img, 2GiB used of 40GiB, 3 writable layers$/m);
     expect(r.out).not.toMatch(/\x1b\[/);
     expect(JSON.parse((await dsec(['--json', 'host', 'info'])).out)).toEqual(host);
   });
@@ -215,13 +217,13 @@ describe('create, ls, inspect, stop, start', () => {
   it('create translates every flag and prints the id alone', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
     const r = await dsec([
-      'create', '--backend', 'container', '--image', 'python:3.12', '--cpus', '0.5', '--memory', '512M', '--pids', '128',
+      'create', '--backend', 'container', '--image', 'python:3.12', '--cpus', '0.5', '--memory', '512M', '--pids', '128', '--disk', '2G',
       '--label', 'job=a', '--label', 'round=3', '--env', 'A=1', '--env', 'B=x=y', '--ttl', '90s',
     ]);
     expect(r.code).toBe(0);
     expect(r.out).toBe(`${ID}\n`);
     expect(seen[0].body).toEqual({
-      backend: 'container', image: 'python:3.12', cpus: 0.5, memory_bytes: 512 * 1024 ** 2, pids: 128,
+      backend: 'container', image: 'python:3.12', cpus: 0.5, memory_bytes: 512 * 1024 ** 2, pids: 128, disk_bytes: 2 * 1024 ** 3,
       labels: { job: 'a', round: '3' }, env: { A: '1', B: 'x=y' }, ttl_s: 90,
     });
   });

@@ -104,6 +104,26 @@ describe('seccomp default profile', () => {
     expect(all.filter((n) => !w.includes(n)).sort()).toEqual([...WORKER_AGENT_SYSCALLS].sort());
   });
 
+  it('counted denials become SCMP_ACT_NOTIFY rules naming the monitor; ENOSYS and override denials stay ERRNO', () => {
+    const plain = buildSeccomp({ sandbox: { deny: ['kcmp'] } });
+    const n = buildSeccomp({ sandbox: { deny: ['kcmp'] }, notify: { listenerPath: '/r/seccomp/notify.sock', metadata: '0123456789abcdef' } });
+    expect(n.listenerPath).toBe('/r/seccomp/notify.sock');
+    expect(n.listenerMetadata).toBe('0123456789abcdef');
+    expect(plain.listenerPath).toBeUndefined();
+    // Same rules, same order and conditions; only the action of the profile's EPERM rules changes.
+    expect(n.syscalls.map((r) => r.names)).toEqual(plain.syscalls.map((r) => r.names));
+    n.syscalls.forEach((r, i) => {
+      const p = plain.syscalls[i];
+      expect(r.args).toEqual(p.args);
+      if (p.action === 'SCMP_ACT_ERRNO' && p.errnoRet === 1 && !p.names.includes('kcmp')) expect(r).toEqual({ ...p, action: 'SCMP_ACT_NOTIFY', errnoRet: undefined });
+      else expect(r).toEqual(p);
+    });
+    expect(n.syscalls.find((r) => r.names.includes('clone3'))).toMatchObject({ action: 'SCMP_ACT_ERRNO', errnoRet: 38 });
+    expect(n.syscalls.find((r) => r.names.includes('kcmp'))).toMatchObject({ action: 'SCMP_ACT_ERRNO', errnoRet: 1 });
+    expect(n.syscalls.find((r) => r.names.includes('bpf'))).toEqual({ names: ['bpf'], action: 'SCMP_ACT_NOTIFY' });
+    expect(() => buildSeccomp({ notify: { listenerPath: '/x', metadata: 'Bad Id' } })).toThrow(/not a sandbox id/);
+  });
+
   it('is in every sandbox spec', () => {
     const input = { id: 'abcd', rootfs: '/r', agentBinary: '/a', uidBase: 2 ** 31, uidCount: 65536, cgroupsPath: 'x/abcd', cpus: 1, memoryBytes: 1 << 28, pids: 64 };
     expect((buildSpec(input) as any).linux.seccomp).toEqual(buildSeccomp());

@@ -100,3 +100,25 @@ describe('OCI spec: fncall workers', () => {
       .toEqual([AGENT_PATH, '--listen-fd', '3', '--sched-idle', '--core-sched', AGENT_FLAG_WORKER]);
   });
 });
+
+describe('OCI spec: allow/open network', () => {
+  const spec = buildSpec({ ...input, network: { resolvConf: '/r/resolv.conf' } }) as any;
+  it('drops CAP_NET_RAW (raw and packet sockets would bypass the egress hooks)', () => {
+    for (const set of ['bounding', 'effective', 'permitted']) {
+      expect(spec.process.capabilities[set]).not.toContain('CAP_NET_RAW');
+      expect(spec.process.capabilities[set]).toContain('CAP_NET_BIND_SERVICE');
+    }
+    expect(DEFAULT_CAPS).toContain('CAP_NET_RAW'); // mode none keeps Docker's set (no route out anyway)
+  });
+  it('bind-mounts the generated resolv.conf read-only', () => {
+    const m = spec.mounts.find((x: any) => x.destination === '/etc/resolv.conf');
+    expect(m).toMatchObject({ type: 'bind', source: '/r/resolv.conf' });
+    expect(m.options).toContain('ro');
+  });
+  it('keeps runc\'s own network namespace (dsecd plugs a veth into it after start)', () => {
+    expect(spec.linux.namespaces).toContainEqual({ type: 'network' });
+  });
+  it('mode none: no resolv.conf mount', () => {
+    expect((buildSpec(input) as any).mounts.some((x: any) => x.destination === '/etc/resolv.conf')).toBe(false);
+  });
+});

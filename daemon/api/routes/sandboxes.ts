@@ -11,7 +11,7 @@ const createRoute = route({
   errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
 });
 const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: 'List sandboxes, optionally by label selector and state.', query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
-const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox.', status: 200, response: Sandbox, errors: ['NotFound'] });
+const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox, with the defences in force for it and its writable layer\'s disk use.', status: 200, response: Sandbox, errors: ['NotFound'] });
 const deleteRoute = route({
   method: 'DELETE', url: '/v1/sandboxes/:id', summary: 'Destroy a sandbox (force=true to destroy a running one).', query: DeleteQuery, status: 200, response: Sandbox,
   errors: ['NotFound', 'FailedPrecondition'],
@@ -44,7 +44,10 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
     reply.code(405).header('allow', 'GET, POST').send({
       error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
     }));
-  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => toApi(m.get(req.params.id)));
+  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
+    const sb = m.get(req.params.id);
+    return { ...toApi(sb), defences: { ...m.defences(sb), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: m.diskUsage(sb.id)?.usedBytes ?? null };
+  });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {
     const q = parseWith(DeleteQuery, req.query, 'query');
     return toApi(await m.destroy(req.params.id, q.force === 'true' || q.force === '1'));

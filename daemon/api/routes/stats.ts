@@ -6,6 +6,7 @@ import type { z } from 'zod';
 import { LogsQuery, SandboxStatsView, StatsResponse } from '../schema.js';
 import { parseWith } from '../server.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
+import type { DiskUsage } from '../../storage/store.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 
@@ -21,18 +22,25 @@ const LOG_POLL_MS = 250;
 
 /** Registers the stats and logs routes. */
 export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  const view = async (sb: SandboxRecord): Promise<z.infer<typeof SandboxStatsView>> => {
+  /** One sandbox's stats; `disks` (the store's usage of all layers, read at once) serves the list, else one live read. */
+  const view = async (sb: SandboxRecord, disks?: Map<string, DiskUsage>): Promise<z.infer<typeof SandboxStatsView>> => {
     const st = await deps.manager.stats(sb.id).catch(() => null);
+    const disk = disks ? disks.get(sb.id) : deps.manager.diskUsage(sb.id);
     return {
       id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt,
       cpu_usage_ns: st?.cpuUsageNs ?? null, memory_bytes: st?.memoryBytes ?? null, memory_limit_bytes: st?.memoryLimitBytes ?? null,
-      pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null,
+      pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null, pids_limit_hits: st?.pidsLimitHits ?? null, seccomp_denials: st?.seccompDenials ?? null,
+      network_denied: deps.network?.networking.denials(sb) ?? null,
+      disk_used_bytes: disk?.usedBytes ?? null, disk_limit_bytes: disk?.limitBytes ?? null,
     };
   };
   app.get(statsRoute.url, async () => ({
     time: Date.now(),
     host: { cores: os.cpus().length, memory_bytes: os.totalmem(), memory_available_bytes: os.freemem(), load_avg: os.loadavg() },
-    sandboxes: await Promise.all(deps.repo.all().map(view)),
+    sandboxes: await (async () => {
+      const disks = deps.manager.diskUsageAll();
+      return Promise.all(deps.repo.all().map((sb) => view(sb, disks)));
+    })(),
   }));
   app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.manager.get(req.params.id)));
   app.get<{ Params: { id: string } }>(logsRoute.url, async (req, reply) => {

@@ -6,7 +6,10 @@
  * Host layout of one sandbox (all under `<root>/sandboxes/<id>/`):
  *   config.json   OCI spec (the bundle)
  *   rootfs/       overlay mount (lower: lower/<i> idmapped EROFS mounts; upper/, work/)
- *   upper/ work/  the writable layer; survives stop/start, removed by destroy
+ *   upper/ work/  the writable layer when it is on the host filesystem (upper_fs = "host",
+ *                 or created before the store); otherwise it is the sandbox's entry in the
+ *                 writable-layer store (daemon/storage/store.ts). Survives stop/start,
+ *                 removed by destroy
  *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
@@ -14,7 +17,7 @@
  */
 import net from 'node:net';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
@@ -29,6 +32,9 @@ import { buildSpec } from './spec.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
+import type { SandboxNetworking } from '../../net/network.js';
+import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
+import type { UpperStore } from '../../storage/store.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -51,6 +57,19 @@ export interface ContainerDriverDeps {
    * generated at create and the spec names none.
    */
   apparmor?: { instance: string; socketDir: string };
+  /**
+   * Networking of `allow`/`open` sandboxes (daemon/net/network.ts): resolv.conf in the
+   * spec, veth and egress programs after the runtime started the init, removed when the
+   * container is gone. Absent: every sandbox has loopback only.
+   */
+  network?: SandboxNetworking;
+  /**
+   * The instance's seccomp monitor: sandboxes created or started while it is reachable
+   * have their denials counted (daemon/security/seccomp-monitor.ts). Default: none.
+   */
+  seccompMonitor?: SeccompMonitor;
+  /** Where writable layers live and how they are limited (opened and mounted before the driver is used). */
+  storage: UpperStore;
   log: Logger;
 }
 
@@ -136,7 +155,15 @@ export class ContainerDriver implements SandboxDriver {
     await this.acquireLayers(sb);
     if (op === 'create') fp.hit('create.after-layers');
     const lowers = effectiveLayers(sb.imageLayers).map((dg) => this.d.layers.dirFor(dg));
-    const { rootfs } = await prepareRootfs({ dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount });
+    // A new sandbox's layer goes where the store puts new layers (with its quota); a
+    // start finds the layer wherever it was made, and never makes an empty one in its place.
+    const layer = op === 'create'
+      ? await this.d.storage.create(sb.id, { diskBytes: sb.diskBytes })
+      : this.d.storage.locate(sb.id);
+    if (!layer) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host (its store entry is gone); destroy it`);
+    const { rootfs } = await prepareRootfs({
+      dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount, upper: layer.upper, work: layer.work,
+    });
     if (op === 'create') fp.hit('create.after-rootfs');
     return rootfs;
   }
@@ -180,6 +207,8 @@ export class ContainerDriver implements SandboxDriver {
       });
       apparmorProfile = p.name;
     }
+    const network = (await this.d.network?.prepareSpec(sb, dir)) ?? null;
+    const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
     const spec = buildSpec({
       id: sb.id,
       rootfs: path.join(dir, 'rootfs'),
@@ -196,7 +225,9 @@ export class ContainerDriver implements SandboxDriver {
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
       ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
+      seccompNotify,
       apparmorProfile,
+      ...(network ? { network } : {}),
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');
@@ -224,7 +255,8 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
     const start = procStartTime(pid);
     if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
-    await this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS);
+    // The veth and egress programs go in while the agent says hello: both before create returns.
+    await Promise.all([this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
     if (op === 'create') fp.hit('create.after-agent');
     return { pid, start };
   }
@@ -260,6 +292,7 @@ export class ContainerDriver implements SandboxDriver {
     await this.dropAgent(sb.id);
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('stop.after-kill');
+    await this.d.network?.detach(sb);
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
     await teardownRootfs(this.dir(sb.id));
@@ -289,6 +322,7 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit('destroy.after-kill');
     await this.d.runtime.deleteForce(sb.id);
     fp.hit('destroy.after-runtime');
+    await this.d.network?.detach(sb, { forget: true });
     await teardownRootfs(this.dir(sb.id));
     await this.releaseLayers(sb.id);
     fp.hit('destroy.after-rootfs');
@@ -297,7 +331,9 @@ export class ContainerDriver implements SandboxDriver {
     fp.hit('destroy.after-cgroup');
     if (this.apparmorKernel && this.d.apparmor)
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
+    await this.d.storage.remove(sb.id);
     await removeSandboxDir(this.dir(sb.id));
+    this.d.seccompMonitor?.forget(sb.id);
     fp.hit('destroy.after-dir');
   }
 
@@ -378,7 +414,13 @@ export class ContainerDriver implements SandboxDriver {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     const st = await this.d.cgroups.stats(sb.id).catch(() => null);
     if (!st) return null;
-    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills };
+    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills,
+      pidsLimitHits: st.pidsLimitHits, seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
+  }
+
+  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }
 
   logPath(sb: SandboxRecord): string {
@@ -394,6 +436,7 @@ export class ContainerDriver implements SandboxDriver {
 
   async adopt(sb: SandboxRecord): Promise<void> {
     await this.acquireLayers(sb);
+    await this.d.network?.adopt(sb);
     // A running sandbox is never left frozen: dsecd may have died in the middle of a
     // commit or snapshot, which freeze the sandbox while they copy its layer.
     if (sb.state === 'running') await this.d.cgroups.thaw(sb.id).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'thaw at adopt failed'));
@@ -425,6 +468,8 @@ export class ContainerDriver implements SandboxDriver {
         removed.push(`sandbox dir ${id}`);
       }
     }
+    // Store entries (subvolumes, XFS project dirs) of sandboxes without a row.
+    removed.push(...await this.d.storage.cleanOrphans(known));
     // Mounts whose dir vanished (e.g. removed by hand) but are still in the mount table.
     for (const m of await listMountsUnder(this.sandboxesDir + '/')) {
       const id = path.relative(this.sandboxesDir, m).split(path.sep)[0];
@@ -433,6 +478,7 @@ export class ContainerDriver implements SandboxDriver {
         removed.push(`mount ${m}`);
       }
     }
+    if (this.d.network) removed.push(...await this.d.network.cleanOrphans(known));
     return { removed };
   }
 
@@ -462,8 +508,8 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
-    const upper = path.join(this.dir(sb.id), 'upper');
-    if (!(await stat(upper).catch(() => undefined))?.isDirectory()) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
+    const upper = this.d.storage.locate(sb.id)?.upper;
+    if (!upper) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
     const created = this.upperCreated(sb.id);
     const frozen = sb.state === 'running';
     if (frozen) await this.d.cgroups.freeze(sb.id);

@@ -115,6 +115,13 @@ export interface SpecInput {
   /** seccomp overrides of the sandbox's image and of the sandbox (daemon/security/seccomp.ts). */
   seccomp?: { image?: SeccompOverride; sandbox?: SeccompOverride };
   /**
+   * Count this sandbox's seccomp denials through the instance's seccomp monitor
+   * (daemon/security/seccomp-monitor.ts): the EPERM rules become SCMP_ACT_NOTIFY rules
+   * whose listener is `listenerPath`, with the sandbox id as metadata. Default: none
+   * (plain EPERM rules, nothing counted).
+   */
+  seccompNotify?: { listenerPath: string; metadata: string };
+  /**
    * The `linux.seccomp` object to use as is (tests); default: built from the default
    * profile, {@link SpecInput.seccomp} and {@link SpecInput.worker}.
    */
@@ -126,6 +133,14 @@ export interface SpecInput {
    * none, and the spec has no `apparmorProfile` key.
    */
   apparmorProfile?: string;
+  /**
+   * Network of an `allow`/`open` sandbox (daemon/net/network.ts): the generated
+   * resolv.conf (host path) is bind-mounted read-only at /etc/resolv.conf, and
+   * CAP_NET_RAW is dropped, because raw and packet sockets would bypass the socket-level
+   * egress hooks. The netns stays runc's own; dsecd plugs a veth into it after start.
+   * Default: mode none, the spec is unchanged (loopback only).
+   */
+  network?: { resolvConf: string };
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -137,7 +152,7 @@ const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/pro
 
 /** Builds the OCI spec (runtime-spec 1.0.2 as runc 1.1 reads it). */
 export function buildSpec(i: SpecInput): Record<string, unknown> {
-  const caps: string[] = [...DEFAULT_CAPS];
+  const caps: string[] = DEFAULT_CAPS.filter((c) => !(i.network && c === 'CAP_NET_RAW'));
   if (i.worker) caps.push(...WORKER_AGENT_CAPS);
   const batch = i.priority === 'batch';
   const args = [AGENT_PATH, '--listen-fd', '3'];
@@ -180,6 +195,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
       { destination: AGENT_PATH, type: 'bind', source: i.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
+      ...(i.network ? [{ destination: '/etc/resolv.conf', type: 'bind', source: i.network.resolvConf, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] }] : []),
     ],
     linux: {
       uidMappings: [{ containerID: 0, hostID: i.uidBase, size: i.uidCount }],
@@ -190,7 +206,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       maskedPaths: MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
-      seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker }),
+      seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker, notify: i.seccompNotify }),
     },
   };
 }

@@ -49,6 +49,8 @@ export interface CgroupStats {
   pidsCurrent: number;
   /** Task limit, null when unlimited (pids.max). */
   pidsLimit: number | null;
+  /** Forks refused because the cgroup was at its task limit (pids.events `max`, v1 and v2); 0 when absent. */
+  pidsLimitHits: number;
   /** CPU time used in nanoseconds (v1 cpuacct.usage / v2 cpu.stat usage_usec × 1000). */
   cpuUsageNs: number;
   /** True when fully frozen (v1 freezer.state FROZEN / v2 cgroup.events frozen 1). */
@@ -96,6 +98,12 @@ export interface CgroupManager {
   stats(id: string): Promise<CgroupStats>;
   /** Cumulative OOM kills in the sandbox's memory cgroup (v1 memory.oom_control `oom_kill`; v2 memory.events `oom_kill`); 0 when absent. */
   oomKills(id: string): Promise<number>;
+  /**
+   * The two counters through which the kernel reports a sandbox hitting its limits:
+   * OOM kills and forks refused at the pids limit; zeros when the files are absent.
+   * Two small reads, cheap enough for a periodic sweep.
+   */
+  limitCounters(id: string): Promise<{ oomKills: number; pidsLimitHits: number }>;
   /**
    * Freezes the sandbox and waits until the kernel reports it frozen (v1 freezer.state
    * FROZEN; v2 cgroup.freeze=1 then cgroup.events `frozen 1`). On timeout the freeze is

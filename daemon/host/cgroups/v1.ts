@@ -146,7 +146,7 @@ export class CgroupV1Manager implements CgroupManager {
     const pidsDir = this.dir('pids', id);
     const cpuacct = this.dir('cpuacct', id);
     const freezer = this.dir('freezer', id);
-    const [usage, limit, stat, oom, pidsCur, pidsMax, cpu, state] = await Promise.all([
+    const [usage, limit, stat, oom, pidsCur, pidsMax, cpu, state, pidsEv] = await Promise.all([
       mem ? readNumber(path.join(mem, 'memory.usage_in_bytes')) : null,
       mem ? readOptional(path.join(mem, 'memory.limit_in_bytes')) : null,
       mem ? readFlatKeyed(path.join(mem, 'memory.stat')) : NONE,
@@ -155,6 +155,7 @@ export class CgroupV1Manager implements CgroupManager {
       pidsDir ? readOptional(path.join(pidsDir, 'pids.max')) : null,
       cpuacct ? readNumber(path.join(cpuacct, 'cpuacct.usage')) : null,
       freezer ? readOptional(path.join(freezer, 'freezer.state')) : null,
+      pidsDir ? readFlatKeyed(path.join(pidsDir, 'pids.events')) : NONE,
     ]);
     return {
       memoryBytes: usage ?? 0,
@@ -165,6 +166,7 @@ export class CgroupV1Manager implements CgroupManager {
       oomKills: oom.oom_kill ?? 0,
       pidsCurrent: pidsCur ?? (await this.pids(id)).length,
       pidsLimit: pidsMax === null ? null : parseLimit(pidsMax),
+      pidsLimitHits: pidsEv.max ?? 0,
       cpuUsageNs: cpu ?? 0,
       frozen: state?.trim() === 'FROZEN',
     };
@@ -175,6 +177,13 @@ export class CgroupV1Manager implements CgroupManager {
     const mem = this.dir('memory', id);
     if (!mem) return 0;
     return (await readFlatKeyed(path.join(mem, 'memory.oom_control'))).oom_kill ?? 0;
+  }
+
+  async limitCounters(id: string): Promise<{ oomKills: number; pidsLimitHits: number }> {
+    assertSandboxId(id);
+    const pidsDir = this.dir('pids', id);
+    const [oomKills, ev] = await Promise.all([this.oomKills(id), pidsDir ? readFlatKeyed(path.join(pidsDir, 'pids.events')) : NONE]);
+    return { oomKills, pidsLimitHits: ev.max ?? 0 };
   }
 
   /** The freezer.state file of `id`; throws FailedPrecondition without a freezer hierarchy, NotFound when the dir is gone. */

@@ -145,7 +145,7 @@ export class CgroupV2Manager implements CgroupManager {
   async stats(id: string): Promise<CgroupStats> {
     const d = await this.existingDir(id);
     const f = (n: string) => path.join(d, n);
-    const [current, max, stat, events, pidsCur, pidsMax, cpu, cgEvents] = await Promise.all([
+    const [current, max, stat, events, pidsCur, pidsMax, cpu, cgEvents, pidsEv] = await Promise.all([
       readNumber(f('memory.current')),
       readOptional(f('memory.max')),
       readFlatKeyed(f('memory.stat')),
@@ -154,6 +154,7 @@ export class CgroupV2Manager implements CgroupManager {
       readOptional(f('pids.max')),
       readFlatKeyed(f('cpu.stat')),
       readFlatKeyed(f('cgroup.events')),
+      readFlatKeyed(f('pids.events')),
     ]);
     return {
       memoryBytes: current ?? 0,
@@ -163,6 +164,7 @@ export class CgroupV2Manager implements CgroupManager {
       oomKills: events.oom_kill ?? 0,
       pidsCurrent: pidsCur ?? (await this.pids(id)).length,
       pidsLimit: pidsMax === null ? null : parseLimit(pidsMax),
+      pidsLimitHits: pidsEv.max ?? 0,
       cpuUsageNs: (cpu.usage_usec ?? 0) * 1000,
       frozen: cgEvents.frozen === 1,
     };
@@ -170,6 +172,11 @@ export class CgroupV2Manager implements CgroupManager {
 
   async oomKills(id: string): Promise<number> {
     return (await readFlatKeyed(path.join(this.dir(id), 'memory.events'))).oom_kill ?? 0;
+  }
+
+  async limitCounters(id: string): Promise<{ oomKills: number; pidsLimitHits: number }> {
+    const [oomKills, ev] = await Promise.all([this.oomKills(id), readFlatKeyed(path.join(this.dir(id), 'pids.events'))]);
+    return { oomKills, pidsLimitHits: ev.max ?? 0 };
   }
 
   /** Writes cgroup.freeze and waits for cgroup.events `frozen` to match; reverts and throws on timeout when freezing. */

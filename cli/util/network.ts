@@ -1,0 +1,103 @@
+/**
+ * Network flags of `dsec create`, `dsec run`, `dsec restore` and `dsec network set`:
+ *
+ *   --network MODE            none (default), allow or open
+ *   --allow DEST[:PORTS][/PROTO]   repeatable; DEST is a CIDR, an address or a host name
+ *   --deny  DEST[:PORTS][/PROTO]   (`*.example.org` for every name below); PORTS is a comma
+ *                             list of ports and low-high ranges; PROTO is tcp or udp
+ *                             (default both). IPv6 with ports: [2001:db8::/32]:443.
+ *   --network-policy NAME     a named policy (`dsec network policies`)
+ *
+ * `--allow` without `--network` or a policy means `--network allow`; `--deny` alone needs
+ * a mode, since deny rules mean something different in each.
+ */
+import type { Command } from 'commander';
+import type { NetworkInput } from '../../sdk/index.js';
+import { UserError } from './errors.js';
+import { flag } from './parse.js';
+
+/** Network modes the API names. */
+export const NETWORK_MODES = ['none', 'allow', 'open'] as const;
+
+type Rule = NonNullable<NetworkInput['allow']>[number];
+
+const RULE_HINT = 'rules are DEST[:PORTS][/tcp|/udp]: 10.0.0.0/8:443, pypi.org:443/tcp, *.pythonhosted.org, [2001:db8::/32]:443,8000-8080';
+
+/** Parses one `--allow`/`--deny` value into an API egress rule (the daemon validates prefixes and names further). */
+export function parseRule(text: string): Rule {
+  let s = text.trim();
+  let protocol: 'tcp' | 'udp' | undefined;
+  const pm = /\/(tcp|udp)$/i.exec(s);
+  if (pm) {
+    protocol = pm[1].toLowerCase() as 'tcp' | 'udp';
+    s = s.slice(0, -pm[0].length);
+  }
+  let dest = s;
+  let portText: string | undefined;
+  if (s.startsWith('[')) {
+    const end = s.indexOf(']');
+    if (end < 0) throw new UserError(`unclosed [ in rule ${JSON.stringify(text)}`, RULE_HINT);
+    dest = s.slice(1, end);
+    const rest = s.slice(end + 1);
+    if (rest) {
+      if (!rest.startsWith(':')) throw new UserError(`expected :PORTS after ] in rule ${JSON.stringify(text)}`, RULE_HINT);
+      portText = rest.slice(1);
+    }
+  } else if ((s.match(/:/g) ?? []).length === 1) {
+    [dest, portText] = s.split(':');
+  }
+  if (!dest) throw new UserError(`rule ${JSON.stringify(text)} names no destination`, RULE_HINT);
+  const ports = portText === undefined ? undefined : portText.split(',').map((p) => {
+    if (/^\d{1,5}$/.test(p) && Number(p) >= 1 && Number(p) <= 65535) return Number(p);
+    if (/^\d{1,5}-\d{1,5}$/.test(p)) return p;
+    throw new UserError(`invalid port ${JSON.stringify(p)} in rule ${JSON.stringify(text)}`, 'ports are 1-65535 or low-high ranges, comma-separated, e.g. :443 or :80,8000-8080');
+  });
+  const isAddress = /^[0-9.]+(\/\d+)?$/.test(dest) || dest.includes(':');
+  return { ...(isAddress ? { cidr: dest } : { host: dest }), ...(ports ? { ports } : {}), ...(protocol ? { protocol } : {}) };
+}
+
+/** Parsed network flags. */
+export interface NetworkFlags {
+  network?: string;
+  allow?: Rule[];
+  deny?: Rule[];
+  networkPolicy?: string;
+}
+
+/** Commander collector for repeatable rules. */
+function collectRule(text: string, prev: Rule[] | undefined): Rule[] {
+  return [...(prev ?? []), parseRule(text)];
+}
+
+/** Parses `--network`. */
+function parseMode(text: string): string {
+  if (!(NETWORK_MODES as readonly string[]).includes(text)) {
+    throw new UserError(`unknown network mode ${JSON.stringify(text)}`, 'none (loopback only, the default), allow (only --allow destinations) or open (anything but --deny)');
+  }
+  return text;
+}
+
+/** Adds `--network`, `--allow`, `--deny`, `--network-policy` to `cmd`. */
+export function addNetworkOptions(cmd: Command): Command {
+  return cmd
+    .option('--network <mode>', `network: ${NETWORK_MODES.join(', ')} (default none: loopback only)`, flag('--network', parseMode))
+    .option('--allow <rule>', 'allow egress to DEST[:PORTS][/tcp|/udp] (CIDR, address or host name, *.name for every name below), repeatable; implies --network allow', flag('--allow', collectRule))
+    .option('--deny <rule>', 'deny egress to DEST[:PORTS][/tcp|/udp], repeatable; wins over --allow', flag('--deny', collectRule))
+    .option('--network-policy <name>', 'merge a named network policy (`dsec network policies` lists them); its mode applies unless --network is given');
+}
+
+/** The API network for parsed flags, or undefined when none was given. @throws UserError for --deny without a mode. */
+export function networkRequest(f: NetworkFlags): NetworkInput | undefined {
+  if (f.network === undefined && !f.allow && !f.deny && f.networkPolicy === undefined) return undefined;
+  let mode = f.network as NetworkInput['mode'];
+  if (mode === undefined && f.networkPolicy === undefined) {
+    if (f.allow) mode = 'allow';
+    else throw new UserError('--deny needs a network mode', 'add --network open (everything but the denied destinations) or --network allow with --allow rules');
+  }
+  return {
+    ...(mode !== undefined ? { mode } : {}),
+    ...(f.networkPolicy !== undefined ? { policy: f.networkPolicy } : {}),
+    ...(f.allow ? { allow: f.allow } : {}),
+    ...(f.deny ? { deny: f.deny } : {}),
+  };
+}

@@ -1,0 +1,164 @@
+/**
+ * Named network policies: JSON data files, one policy per file, named after the file
+ * (`block-package-proxies.json` is policy `block-package-proxies`). They come from two
+ * directories, later ones overriding earlier ones by name:
+ *   1. the examples shipped with dsec (daemon/security/profiles/network/), and
+ *   2. the operator's directory (`[network] policy_dir`, default /etc/dsec/network-policies).
+ *
+ * Every file is validated (zod) when it is loaded; an error names the file and the field.
+ * A reload is all or nothing: if any file is malformed (or a policy still in use by a
+ * sandbox disappeared), the reload is refused with every problem listed, and the set
+ * loaded before stays in force. At start, a malformed file is skipped and logged, since
+ * there is no previous version to keep.
+ *
+ * File shape:
+ *   { "description": "...", "mode": "allow" | "open",
+ *     "allow": [EgressRule...], "deny": [EgressRule...] }
+ */
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+import { z } from 'zod';
+import { EgressRule, PolicyName } from '../api/schema.js';
+import { invalidArgument } from '../errors.js';
+import type { NetworkPolicy } from './egress.js';
+
+/** Directory of the policies shipped with dsec (source tree or dist/; the JSON files are read from the source tree). */
+export function shippedPolicyDir(): string {
+  let d = path.dirname(fileURLToPath(import.meta.url));
+  while (d !== '/' && !existsSync(path.join(d, 'package.json'))) d = path.dirname(d);
+  return path.join(d, 'daemon', 'security', 'profiles', 'network');
+}
+
+/** Schema of one policy file. Unknown fields are refused, so a typo never silently allows or denies nothing. */
+export const PolicyFile = z
+  .object({
+    description: z.string().max(4096).optional(),
+    mode: z.enum(['allow', 'open']).describe('The mode of a sandbox that names this policy and no mode of its own.'),
+    allow: z.array(EgressRule).max(4096).optional(),
+    deny: z.array(EgressRule).max(4096).optional(),
+  })
+  .strict();
+
+/** One file that could not be loaded, and why (field path and message). */
+export interface PolicyProblem {
+  file: string;
+  message: string;
+}
+
+/**
+ * Parses one policy file's text.
+ * @returns the policy, or the problem naming the file and the first bad fields.
+ */
+export function parsePolicyFile(file: string, text: string): NetworkPolicy | PolicyProblem {
+  const name = path.basename(file, '.json');
+  const n = PolicyName.safeParse(name);
+  if (!n.success) return { file, message: `file name: ${n.error.issues[0].message}` };
+  let raw: unknown;
+  try {
+    raw = JSON.parse(text);
+  } catch (e) {
+    return { file, message: `not JSON: ${(e as Error).message}` };
+  }
+  const r = PolicyFile.safeParse(raw);
+  if (!r.success) {
+    return { file, message: r.error.issues.map((i) => `${i.path.length ? i.path.join('.') : '(top)'}: ${i.code === 'unrecognized_keys' ? `unknown field ${i.keys.join(', ')}` : i.message}`).join('; ') };
+  }
+  return { name, mode: r.data.mode, allow: r.data.allow ?? [], deny: r.data.deny ?? [], ...(r.data.description ? { description: r.data.description } : {}) };
+}
+
+/** Reads every `*.json` of the directories (missing directories are empty), later directories overriding by name. */
+export function readPolicyDirs(dirs: readonly string[]): { policies: Map<string, NetworkPolicy & { file: string }>; problems: PolicyProblem[] } {
+  const policies = new Map<string, NetworkPolicy & { file: string }>();
+  const problems: PolicyProblem[] = [];
+  for (const dir of dirs) {
+    let names: string[];
+    try {
+      names = readdirSync(dir).filter((f) => f.endsWith('.json')).sort();
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT') continue;
+      problems.push({ file: dir, message: `cannot read directory: ${(e as Error).message}` });
+      continue;
+    }
+    for (const f of names) {
+      const file = path.join(dir, f);
+      let text: string;
+      try {
+        text = readFileSync(file, 'utf8');
+      } catch (e) {
+        problems.push({ file, message: `cannot read: ${(e as Error).message}` });
+        continue;
+      }
+      const p = parsePolicyFile(file, text);
+      if ('message' in p) problems.push(p);
+      else policies.set(p.name, { ...p, file });
+    }
+  }
+  return { policies, problems };
+}
+
+/** The loaded policies of one dsecd; see the module comment for reload semantics. */
+export class PolicySet {
+  private current = new Map<string, NetworkPolicy & { file: string }>();
+
+  /** @param dirs directories read in order (shipped examples first, then the operator's). */
+  constructor(private readonly dirs: readonly string[]) {}
+
+  /**
+   * First load at start: malformed files are skipped.
+   * @returns the problems found (for the log).
+   */
+  loadInitial(): PolicyProblem[] {
+    const r = readPolicyDirs(this.dirs);
+    this.current = r.policies;
+    return r.problems;
+  }
+
+  /**
+   * Reloads every directory, all or nothing.
+   * @param inUse names of policies live sandboxes use: such a policy must not disappear.
+   * @returns the names whose content changed, appeared or disappeared.
+   * @throws DsecError InvalidArgument listing every problem; the previous set stays in force.
+   */
+  reload(inUse: ReadonlySet<string>): { changed: string[]; loaded: string[] } {
+    const r = readPolicyDirs(this.dirs);
+    const problems = [...r.problems];
+    for (const name of inUse) {
+      if (this.current.has(name) && !r.policies.has(name)) problems.push({ file: this.current.get(name)!.file, message: `policy ${name} is in use by a sandbox but its file is gone; restore it or change those sandboxes' network first` });
+    }
+    if (problems.length) {
+      throw invalidArgument(`network policy reload refused, the policies loaded before stay in force: ${problems.map((p) => `${p.file}: ${p.message}`).join('; ')}`);
+    }
+    const changed: string[] = [];
+    const names = new Set([...this.current.keys(), ...r.policies.keys()]);
+    for (const n of names) {
+      const a = this.current.get(n), b = r.policies.get(n);
+      if (JSON.stringify(a ?? null) !== JSON.stringify(b ?? null)) changed.push(n);
+    }
+    this.current = r.policies;
+    return { changed: changed.sort(), loaded: [...r.policies.keys()].sort() };
+  }
+
+  /** The loaded policy of that name, or undefined. */
+  get(name: string): (NetworkPolicy & { file: string }) | undefined {
+    return this.current.get(name);
+  }
+
+  /**
+   * The loaded policy of that name.
+   * @throws DsecError InvalidArgument naming the known policies and where they come from.
+   */
+  require(name: string): NetworkPolicy & { file: string } {
+    const p = this.current.get(name);
+    if (!p) {
+      const known = [...this.current.keys()].sort();
+      throw invalidArgument(`unknown network policy ${JSON.stringify(name)}; loaded: ${known.length ? known.join(', ') : 'none'} (JSON files in ${this.dirs.join(', ')}; reload with \`dsec network reload\` after adding one)`);
+    }
+    return p;
+  }
+
+  /** Every loaded policy, by name. */
+  all(): (NetworkPolicy & { file: string })[] {
+    return [...this.current.values()].sort((a, b) => a.name.localeCompare(b.name));
+  }
+}

@@ -1,0 +1,245 @@
+/**
+ * Attacks on the writable layer's filesystem (slot 30; two daemons, one after the other).
+ *
+ * (a) Disk fill, on the default store (`upper_fs = "auto"`: btrfs with qgroups on this
+ *     kernel, which has no XFS quota): a sandbox with a 64 MiB quota writes until the
+ *     kernel refuses. It must stop near 64 MiB with EDQUOT, the host disk must not give
+ *     the store more than about that, a neighbour must keep working during and after, and
+ *     the quota event must appear. The same write under a 256 MiB quota goes past 64 MiB,
+ *     so it is the quota that stopped the first one (the test can fail).
+ *
+ * (b) XFS_IOC_SWAPEXT on a real XFS (`upper_fs = "xfs"`; without XFS quota support here,
+ *     so quotas are reported as not enforced). The upper dir is on XFS (statfs magic from
+ *     the host; from inside, `stat -f` shows the overlay with the XFS's block counts).
+ *     Inside, the swap of two files of the upper is EPERM under the default seccomp
+ *     profile. With `ioctl` allowed the same call gets ENOTTY: it reaches the overlay,
+ *     and overlayfs passes no XFS ioctl down (it only forwards the fileattr ioctls), so
+ *     a sandbox process never holds a file of the XFS itself. On the host, the same
+ *     probe on the same two files (now on the XFS directly) gets XFS's own answer: the
+ *     XFS would take the call, so EPERM inside is seccomp's doing. The XFS stays mounted
+ *     and a neighbour still writes.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { mkdtempSync, readFileSync, rmSync, statSync, statfsSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { execa } from 'execa';
+import { IS_ROOT, REPO, TestDaemon, loopDevicesUnder, rejection, runCli } from '../integration/harness.js';
+
+const MiB = 1024 ** 2;
+const XFS_SUPER_MAGIC = 0x58465342;
+const OVERLAYFS_SUPER_MAGIC = 0x794c7630;
+
+/** Bytes of host disk the store image occupies (allocated blocks, not its apparent size), after a sync. */
+async function imageAllocated(d: TestDaemon): Promise<number> {
+  await execa('sync');
+  return statSync(path.join(d.root, 'storage', 'upper.img')).blocks * 512;
+}
+
+/** Free bytes of the host filesystem that holds the instance root. */
+function hostFree(d: TestDaemon): number {
+  const st = statfsSync(d.root);
+  return st.bavail * st.bsize;
+}
+
+/** Runs a shell script in a sandbox and returns exit code and output. */
+async function sh(d: TestDaemon, id: string, script: string): Promise<{ code: number | null; out: string; err: string }> {
+  const r = await d.client.exec(id, { argv: ['sh', '-c', script] });
+  return { code: r.exit_code, out: r.stdout.toString(), err: r.stderr.toString() };
+}
+
+/** Writes up to `mib` MiB of zeros to `file` inside, in 1 MiB blocks; returns dd's output, its status and the file's size. */
+async function fill(d: TestDaemon, id: string, file: string, mib: number): Promise<{ rc: number; size: number; out: string }> {
+  const r = await sh(d, id, `dd if=/dev/zero of=${file} bs=1M count=${mib} 2>&1; echo "rc=$?"; sync; stat -c 'size=%s' ${file}`);
+  return { rc: Number(/rc=(\d+)/.exec(r.out)?.[1]), size: Number(/size=(\d+)/.exec(r.out)?.[1]), out: r.out };
+}
+
+/** Collects the recorded events of a sandbox. */
+async function eventsOf(d: TestDaemon, id: string): Promise<{ type: string; message?: string }[]> {
+  const evs: { type: string; message?: string }[] = [];
+  for await (const e of d.client.events()) if (e.sandbox_id === id) evs.push(e);
+  return evs;
+}
+
+describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qgroup per sandbox)', () => {
+  let d: TestDaemon;
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 30 });
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+  });
+
+  it('host info reports per-sandbox quotas as enforced, on a loop-mounted btrfs', async () => {
+    const h = await d.client.hostInfo();
+    expect(h.defences.disk_quota.enforced).toBe(true);
+    expect(h.defences.disk_quota.detail).toMatch(/btrfs subvolume with a qgroup limit/);
+    expect(loopDevicesUnder(d.root)).toEqual([expect.stringContaining(path.join(d.root, 'storage', 'upper.img'))]);
+  });
+
+  it('a sandbox writing until it fails stops near its 64 MiB quota; the host disk and a neighbour are unaffected; the event appears', async () => {
+    const neighbour = await d.client.createSandbox({ image: 'busybox' });
+    const victim = await d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * MiB });
+    expect(victim.disk_bytes).toBe(64 * MiB);
+    expect(neighbour.disk_bytes).toBe(10 * 1024 ** 3); // [defaults] disk_bytes
+    const got = await d.client.getSandbox(victim.id);
+    expect(got.defences?.disk_quota).toMatchObject({ enforced: true });
+    const allocBefore = await imageAllocated(d);
+    const freeBefore = hostFree(d);
+
+    // The attack: write until the kernel refuses. Bounded at 2 GiB, so a broken quota
+    // fails the test instead of filling the host disk. The neighbour writes 16 MiB at the
+    // same time.
+    const [f, during] = await Promise.all([
+      fill(d, victim.id, '/fill', 2048),
+      sh(d, neighbour.id, 'dd if=/dev/zero of=/n1 bs=1M count=16 2>/dev/null && sync && stat -c %s /n1 && echo ok'),
+    ]);
+    expect(during.out).toBe(`${16 * MiB}\nok\n`);
+    expect(f.rc, f.out).not.toBe(0);
+    expect(f.out).toMatch(/Disk quota exceeded/);
+    expect(f.size).toBeLessThanOrEqual(64 * MiB);
+    expect(f.size).toBeGreaterThan(56 * MiB);
+    // Still full: a further write fails too.
+    expect((await fill(d, victim.id, '/more', 8)).rc).not.toBe(0);
+
+    // The host side: the image grew by the quota plus the neighbour's 16 MiB at most (and
+    // a few MiB of btrfs metadata), and the host filesystem lost far less than the 2 GiB
+    // the attacker asked for (other tests may write at the same time, hence the loose
+    // bound on that figure).
+    const grew = (await imageAllocated(d)) - allocBefore;
+    expect(grew).toBeLessThan(64 * MiB + 16 * MiB + 8 * MiB);
+    expect(freeBefore - hostFree(d)).toBeLessThan(1024 * MiB);
+
+    // The neighbour writes and reads back while the victim is full.
+    const full = await sh(d, neighbour.id, 'dd if=/dev/zero of=/n2 bs=1M count=16 2>/dev/null && sync && cat /n1 /n2 | wc -c');
+    expect(full.out.trim()).toBe(String(32 * MiB));
+
+    // Usage as the stats API and `dsec top` report it.
+    const st = await d.client.sandboxStats(victim.id);
+    expect(st.disk_limit_bytes).toBe(64 * MiB);
+    expect(st.disk_used_bytes).toBeGreaterThan(56 * MiB);
+    expect((await d.client.getSandbox(victim.id)).disk_used_bytes).toBeGreaterThan(56 * MiB);
+    const top = await runCli(d, ['--json', 'top', '--once', '--interval', '100ms']);
+    const row = (JSON.parse(top.stdout) as { sandboxes: { id: string; disk_used_bytes: number; disk_limit_bytes: number }[] }).sandboxes.find((s) => s.id === victim.id)!;
+    expect(row.disk_limit_bytes).toBe(64 * MiB);
+
+    // The quota event: the reaper's quota check sees the full layer (it runs every second).
+    let evs: { type: string; message?: string }[] = [];
+    while (!(evs = await eventsOf(d, victim.id)).some((e) => e.type === 'sandbox.disk_quota')) await new Promise((r) => setTimeout(r, 200));
+    expect(evs.filter((e) => e.type === 'sandbox.disk_quota')).toHaveLength(1);
+    expect(evs.find((e) => e.type === 'sandbox.disk_quota')!.message).toMatch(/of 67108864 bytes/);
+
+    // Freeing the layer lets the victim write again; the neighbour still works after.
+    expect((await sh(d, victim.id, 'rm /fill /more; sync; echo done')).out).toBe('done\n');
+    expect((await fill(d, victim.id, '/again', 16)).size).toBe(16 * MiB);
+    expect((await sh(d, neighbour.id, 'echo after > /n3 && cat /n3')).out).toBe('after\n');
+    await d.client.deleteSandbox(victim.id, { force: true });
+    await d.client.deleteSandbox(neighbour.id, { force: true });
+  });
+
+  it('the same write with a 256 MiB quota goes past 64 MiB: the quota is what stopped it', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 256 * MiB });
+    const f = await fill(d, sb.id, '/fill', 128);
+    expect(f.rc, f.out).toBe(0);
+    expect(f.size).toBe(128 * MiB);
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+
+  it('a quota larger than the store, or below 16 MiB, is refused with a clear error; dsec create --disk sets it', async () => {
+    const cap = statfsSync(path.join(d.root, 'storage', 'mnt')).blocks * statfsSync(path.join(d.root, 'storage', 'mnt')).bsize;
+    const big = await rejection(d.client.createSandbox({ image: 'busybox', disk_bytes: cap + MiB }));
+    expect(big.code).toBe('InvalidArgument');
+    expect(big.message).toMatch(/more than the writable-layer store can hold/);
+    expect((await rejection(d.client.createSandbox({ image: 'busybox', disk_bytes: MiB }))).code).toBe('InvalidArgument');
+    const r = await runCli(d, ['--json', 'create', '--disk', '32M']);
+    expect(r.code, r.stderr).toBe(0);
+    const sb = JSON.parse(r.stdout) as { id: string; disk_bytes: number };
+    expect(sb.disk_bytes).toBe(32 * MiB);
+    expect((await fill(d, sb.id, '/fill', 64)).size).toBeLessThanOrEqual(32 * MiB);
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+});
+
+describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs = "xfs")', () => {
+  let d: TestDaemon;
+  let tmp: string;
+  let probe: string;
+  beforeAll(async () => {
+    tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-disk-'));
+    probe = path.join(tmp, 'probe');
+    await execa('gcc', ['-static', '-O1', '-o', probe, path.join(REPO, 'test/attacks/seccomp-probe.c')]);
+    d = await TestDaemon.start({ slot: 30, config: '[storage]\nupper_fs = "xfs"\n' });
+  }, 120_000);
+  afterAll(async () => {
+    await d?.cleanup();
+    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (tmp) rmSync(tmp, { recursive: true, force: true });
+  });
+
+  /** Runs the probe inside a sandbox (copied in on stdin) on two files of its writable layer. */
+  async function swapInside(id: string): Promise<string> {
+    const r = await d.client.exec(id, {
+      argv: ['sh', '-c', 'cat > /root/probe && chmod +x /root/probe && head -c 65536 /dev/urandom > /root/f1 && head -c 65536 /dev/urandom > /root/f2 && sync && for n in XFS_IOC_SWAPEXT XFS_IOC_SWAPEXT_HIBITS; do /root/probe $n /root/f1 /root/f2; done'],
+      stdin: readFileSync(probe),
+    });
+    expect(r.stderr.toString()).toBe('');
+    return r.stdout.toString();
+  }
+
+  it('the store is a loop-mounted XFS, and host info says per-sandbox quotas are not enforced here', async () => {
+    const h = await d.client.hostInfo();
+    expect(h.defences.disk_quota.enforced).toBe(false);
+    expect(h.defences.disk_quota.detail).toMatch(/xfs image .* without per-sandbox quotas: the kernel refused mount -o prjquota/);
+    expect(statfsSync(d.storeMount).type).toBe(XFS_SUPER_MAGIC);
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    expect(sb.disk_bytes).toBeNull();
+    expect((await d.client.getSandbox(sb.id)).defences?.disk_quota).toMatchObject({ enforced: false });
+    // An explicit quota cannot be honoured here, and says so.
+    const e = await rejection(d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * MiB }));
+    expect(e.code).toBe('FailedPrecondition');
+    expect(e.message).toMatch(/disk_bytes cannot be enforced on this host/);
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+
+  it('the upper dir is on the XFS: statfs magic on the host, the same blocks behind the overlay inside', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    await sh(d, sb.id, 'echo x > /on-upper');
+    const upper = d.upperDir(sb.id);
+    expect(upper).toBe(path.join(d.storeMount, 'sb', sb.id, 'upper'));
+    expect(statfsSync(path.join(upper, 'on-upper')).type).toBe(XFS_SUPER_MAGIC);
+    const inside = (await sh(d, sb.id, "stat -f -c '%t %b %S' /")).out.trim().split(' ');
+    expect(parseInt(inside[0], 16)).toBe(OVERLAYFS_SUPER_MAGIC);
+    const host = statfsSync(d.storeMount);
+    expect(Number(inside[1]) * Number(inside[2])).toBe(host.blocks * host.bsize);
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+
+  it('SWAPEXT on two files of the upper: EPERM under the default profile, ENOTTY from overlayfs with ioctl allowed, XFS\'s own answer on the host', async () => {
+    const neighbour = await d.client.createSandbox({ image: 'busybox' });
+    const denied = await d.client.createSandbox({ image: 'busybox' });
+    expect(await swapInside(denied.id)).toBe('XFS_IOC_SWAPEXT EPERM\nXFS_IOC_SWAPEXT_HIBITS EPERM\n');
+
+    // The seccomp denial switched off for this sandbox: the call gets past seccomp and
+    // meets the overlay, which has no XFS ioctls.
+    const allowed = await d.client.createSandbox({ image: 'busybox', seccomp: { allow: ['ioctl'] } });
+    expect(await swapInside(allowed.id)).toBe('XFS_IOC_SWAPEXT ENOTTY\nXFS_IOC_SWAPEXT_HIBITS ENOTTY\n');
+
+    // The same two files, opened on the XFS itself (host side, no filter): XFS takes the
+    // ioctl and refuses the swap on its own terms (the target's recorded stat does not match).
+    const upper = d.upperDir(allowed.id);
+    for (const n of ['XFS_IOC_SWAPEXT', 'XFS_IOC_SWAPEXT_HIBITS']) {
+      const r = await execa(probe, [n, path.join(upper, 'root/f1'), path.join(upper, 'root/f2')]);
+      const answer = r.stdout.split(' ')[1];
+      expect(answer, r.stdout).not.toBe('EPERM');
+      expect(answer, r.stdout).not.toBe('ENOTTY');
+    }
+
+    // The XFS is still mounted read-write, and the neighbour writes and reads.
+    const line = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').find((l) => l.split(' ')[4] === d.storeMount)!;
+    expect(line).toMatch(/ - xfs \/dev\/loop\d+ rw,/);
+    const w = await sh(d, neighbour.id, 'dd if=/dev/zero of=/n bs=1M count=8 2>/dev/null && sync && cat /n | wc -c');
+    expect(w.out.trim()).toBe(String(8 * MiB));
+    for (const sb of [neighbour, denied, allowed]) await d.client.deleteSandbox(sb.id, { force: true });
+  });
+});

@@ -1,0 +1,199 @@
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, describe, expect, it } from 'vitest';
+import { EgressRule, NetworkSpec } from '../../daemon/api/schema.js';
+import { parsePrefix } from '../../daemon/net/addr.js';
+import { dnsDecision } from '../../daemon/net/network.js';
+import {
+  cgroupKey, compileEgress, confValue, effectiveNetwork, exactHosts, hostMatches, normaliseHost, normaliseRanges, parseCounters, parseTrieKey, portsetValue,
+  PROTO_ANY, PROTO_TCP, PROTO_UDP, rulePorts, trieKey, type EffectiveNetwork,
+} from '../../daemon/security/egress.js';
+import { parsePolicyFile, PolicySet, shippedPolicyDir } from '../../daemon/security/egress-policy.js';
+
+const noHosts = { addressesOf: () => [] as string[], infraDeny: [] };
+
+describe('egress rules: validation', () => {
+  const bad = (r: unknown) => {
+    const p = EgressRule.safeParse(r);
+    return p.success ? null : p.error.issues.map((i) => i.message).join('; ');
+  };
+  it('needs exactly one of cidr and host', () => {
+    expect(bad({ cidr: '10.0.0.0/8', host: 'a.org' })).toMatch(/exactly one of cidr and host/);
+    expect(bad({ ports: [80] })).toMatch(/exactly one of cidr and host/);
+  });
+  it('checks prefixes, host names and port ranges', () => {
+    expect(bad({ cidr: '10.0.0.1/8' })).toMatch(/did you mean 10.0.0.0\/8/);
+    expect(bad({ host: 'a..org' })).toMatch(/not a DNS name/);
+    expect(bad({ host: 'foo.*.org' })).toMatch(/\* only as the whole first label/);
+    expect(bad({ host: '*.org' })).toMatch(/top-level domain/);
+    expect(bad({ cidr: '10.0.0.0/8', ports: ['90-80'] })).toMatch(/low <= high/);
+    expect(bad({ cidr: '10.0.0.0/8', ports: [0] })).toBeTruthy();
+    expect(bad({ host: 'PyPI.org.', ports: [443, '8000-8080'], protocol: 'tcp' })).toBeNull();
+  });
+  it('rule ports: every port by default, per protocol', () => {
+    expect(rulePorts({ cidr: '10.0.0.0/8' })).toEqual([{ lo: 0, hi: 65535, protos: PROTO_ANY }]);
+    expect(rulePorts({ cidr: '10.0.0.0/8', ports: [53, '60-70'], protocol: 'udp' })).toEqual([{ lo: 53, hi: 53, protos: PROTO_UDP }, { lo: 60, hi: 70, protos: PROTO_UDP }]);
+  });
+});
+
+describe('host patterns', () => {
+  it('exact names match themselves, case and a trailing dot aside', () => {
+    expect(hostMatches('pypi.org', 'PyPI.org.')).toBe(true);
+    expect(hostMatches('pypi.org', 'www.pypi.org')).toBe(false);
+    expect(hostMatches('pypi.org', 'xpypi.org')).toBe(false);
+  });
+  it('a wildcard matches every name below, not the name itself', () => {
+    expect(hostMatches('*.pythonhosted.org', 'files.pythonhosted.org')).toBe(true);
+    expect(hostMatches('*.pythonhosted.org', 'a.b.pythonhosted.org')).toBe(true);
+    expect(hostMatches('*.pythonhosted.org', 'pythonhosted.org')).toBe(false);
+    expect(hostMatches('*.pythonhosted.org', 'evilpythonhosted.org')).toBe(false);
+  });
+  it('normalises and refuses what is not a name', () => {
+    expect(normaliseHost('Files.PythonHosted.org.')).toBe('files.pythonhosted.org');
+    expect(() => normaliseHost('-bad.org')).toThrow();
+    expect(normaliseHost('_http._tcp.example.org')).toBe('_http._tcp.example.org');
+  });
+});
+
+describe('settling a network', () => {
+  const pol = { name: 'p', mode: 'open' as const, allow: [], deny: [{ host: 'pypi.org' }] };
+  it('takes the mode from the request, else the policy; policy rules come first', () => {
+    const e = effectiveNetwork({ policy: 'p', deny: [{ cidr: '10.0.0.0/8' }] }, pol);
+    expect(e.mode).toBe('open');
+    expect(e.deny).toEqual([{ host: 'pypi.org' }, { cidr: '10.0.0.0/8' }]);
+    expect(effectiveNetwork({ mode: 'allow', policy: 'p' }, pol).mode).toBe('allow');
+  });
+  it('refuses rules or a policy with mode none, and rules without any mode', () => {
+    expect(() => effectiveNetwork({ mode: 'none', allow: [{ cidr: '10.0.0.0/8' }] })).toThrow(/mode none has no route out/);
+    expect(() => effectiveNetwork({ allow: [{ cidr: '10.0.0.0/8' }] })).toThrow(/need a mode/);
+    expect(effectiveNetwork(null).mode).toBe('none');
+  });
+  it('the API schema leaves mode out when a policy gives it', () => {
+    expect(NetworkSpec.parse({ policy: 'p' })).toEqual({ policy: 'p' });
+  });
+});
+
+describe('prefix compilation with port unions', () => {
+  const net = (allow: EgressRule[], deny: EgressRule[] = []): EffectiveNetwork => ({ mode: 'allow', allow, deny });
+  it('merges ranges per protocol into the fewest ranges', () => {
+    expect(normaliseRanges([{ lo: 80, hi: 80, protos: PROTO_TCP }, { lo: 81, hi: 90, protos: PROTO_TCP }, { lo: 85, hi: 100, protos: PROTO_UDP }])).toEqual([
+      { lo: 80, hi: 84, protos: PROTO_TCP }, { lo: 85, hi: 90, protos: PROTO_ANY }, { lo: 91, hi: 100, protos: PROTO_UDP },
+    ]);
+  });
+  it('the longest prefix carries the ports of every rule containing it, so one LPM lookup is exact', () => {
+    const c = compileEgress(net([
+      { cidr: '10.0.0.0/8', ports: [22], protocol: 'tcp' },
+      { cidr: '10.1.0.0/16', ports: [80], protocol: 'tcp' },
+      { cidr: '10.1.2.0/24', ports: [53], protocol: 'udp' },
+      { cidr: '192.0.2.0/24' },
+    ]), noHosts);
+    expect(c.allow4.get('10.0.0.0/8')!.ports).toEqual([{ lo: 22, hi: 22, protos: PROTO_TCP }]);
+    expect(c.allow4.get('10.1.0.0/16')!.ports).toEqual([{ lo: 22, hi: 22, protos: PROTO_TCP }, { lo: 80, hi: 80, protos: PROTO_TCP }]);
+    expect(c.allow4.get('10.1.2.0/24')!.ports).toEqual([{ lo: 22, hi: 22, protos: PROTO_TCP }, { lo: 53, hi: 53, protos: PROTO_UDP }, { lo: 80, hi: 80, protos: PROTO_TCP }]);
+    expect(c.allow4.get('192.0.2.0/24')!.ports).toEqual([{ lo: 0, hi: 65535, protos: PROTO_ANY }]);
+  });
+  it('deny entries are compiled alike, infrastructure denials included; open mode has no allow entries', () => {
+    const c = compileEgress({ mode: 'open', allow: [{ cidr: '10.0.0.0/8' }], deny: [{ cidr: '10.9.0.0/16', ports: [443] }] },
+      { addressesOf: () => [], infraDeny: [parsePrefix('10.201.0.0/16')], extraDeny: [{ prefix: parsePrefix('0.0.0.0/0'), ports: [{ lo: 53, hi: 53, protos: PROTO_ANY }] }] });
+    expect(c.allow4.size).toBe(0);
+    expect(c.deny4.get('10.201.0.0/16')!.ports).toEqual([{ lo: 0, hi: 65535, protos: PROTO_ANY }]);
+    expect(c.deny4.get('10.9.0.0/16')!.ports).toEqual([{ lo: 53, hi: 53, protos: PROTO_ANY }, { lo: 443, hi: 443, protos: PROTO_ANY }]);
+  });
+  it('host rules contribute one /32 or /128 per current address; v6 goes to the v6 tries', () => {
+    const c = compileEgress(net([{ host: 'pypi.org', ports: [443] }]), { addressesOf: (h) => (h === 'pypi.org' ? ['192.0.2.10', '2001:db8::10'] : []), infraDeny: [] });
+    expect([...c.allow4.keys()]).toEqual(['192.0.2.10/32']);
+    expect([...c.allow6.keys()]).toEqual(['2001:db8::10/128']);
+    expect(exactHosts(net([{ host: 'PyPI.org' }, { host: '*.pythonhosted.org' }]))).toEqual(['pypi.org']);
+  });
+  it('refuses a union larger than one entry can carry', () => {
+    const rules = Array.from({ length: 3 }, (_, i) => ({ cidr: `10.${i}.0.0/16`, ports: Array.from({ length: 16 }, (_, j) => 1000 + i * 100 + j * 2) }));
+    expect(() => compileEgress(net([...rules, { cidr: '10.0.0.0/8', ports: [1] }, { cidr: '10.0.1.0/24', ports: Array.from({ length: 16 }, (_, j) => 5000 + j * 2) }]), noHosts)).toThrow(/more than the 32 one prefix can carry/);
+  });
+});
+
+describe('map layouts shared with egress.bpf.c', () => {
+  it('trie keys: prefixlen 64 + len, cgroup id, address', () => {
+    const k = trieKey(0x1122334455667788n, parsePrefix('10.1.0.0/16'));
+    expect(k.length).toBe(16);
+    expect(k.readUInt32LE(0)).toBe(80);
+    expect(k.readBigUInt64LE(4)).toBe(0x1122334455667788n);
+    expect([...k.subarray(12)]).toEqual([10, 1, 0, 0]);
+    expect(parseTrieKey(k).prefix.len).toBe(16);
+    expect(trieKey(1n, parsePrefix('2001:db8::/32')).length).toBe(28);
+    expect(cgroupKey(7n).readBigUInt64LE(0)).toBe(7n);
+  });
+  it('port sets and conf values', () => {
+    const v = portsetValue([{ lo: 80, hi: 81, protos: PROTO_TCP }]);
+    expect(v.length).toBe(264);
+    expect([v.readUInt32LE(0), v.readUInt16LE(8), v.readUInt16LE(10), v.readUInt32LE(12)]).toEqual([1, 80, 81, PROTO_TCP]);
+    const c = confValue('open', Buffer.from([10, 201, 0, 1]));
+    expect(c.readUInt32LE(0)).toBe(2);
+    expect([...c.subarray(4, 8)]).toEqual([10, 201, 0, 1]);
+  });
+  it('decodes counters and the last denied destination', () => {
+    const b = Buffer.alloc(64);
+    b.writeBigUInt64LE(3n, 0);
+    b.writeBigUInt64LE(1n, 8);
+    Buffer.from([10, 9, 9, 9]).copy(b, 32);
+    b.writeUInt16LE(8080, 48);
+    b.writeUInt8(4, 50);
+    b.writeUInt8(6, 51);
+    b.writeUInt32LE(1, 52);
+    expect(parseCounters(b)).toEqual({ connect: 3, sendmsg: 1, sockCreate: 0, last: { kind: 'connect', address: '10.9.9.9', port: 8080, protocol: 'tcp', socketType: null } });
+  });
+});
+
+describe('DNS policy decisions', () => {
+  const allow: EffectiveNetwork = { mode: 'allow', allow: [{ host: 'pypi.org', ports: [443] }, { host: '*.pythonhosted.org' }, { cidr: '192.0.2.0/24' }], deny: [{ host: 'evil.pythonhosted.org' }] };
+  const open: EffectiveNetwork = { mode: 'open', allow: [], deny: [{ host: '*.npmjs.org' }] };
+  it('allow mode forwards only names of allow host rules, naming the rules to pin under', () => {
+    expect(dnsDecision(allow, 'pypi.org')).toEqual({ action: 'forward', patterns: ['pypi.org'] });
+    expect(dnsDecision(allow, 'files.pythonhosted.org')).toEqual({ action: 'forward', patterns: ['*.pythonhosted.org'] });
+    expect(dnsDecision(allow, 'secret-data.attacker.example').action).toBe('refuse');
+    expect(dnsDecision(allow, '2.0.192.in-addr.arpa').action).toBe('refuse');
+  });
+  it('deny host rules win in both modes', () => {
+    expect(dnsDecision(allow, 'evil.pythonhosted.org').action).toBe('refuse');
+    expect(dnsDecision(open, 'registry.npmjs.org')).toEqual({ action: 'refuse', reason: 'deny *.npmjs.org' });
+    expect(dnsDecision(open, 'example.org')).toEqual({ action: 'forward', patterns: [] });
+    expect(dnsDecision({ mode: 'none', allow: [], deny: [] }, 'example.org').action).toBe('refuse');
+  });
+});
+
+describe('network policy files', () => {
+  const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-pol-'));
+  afterAll(() => rmSync(dir, { recursive: true, force: true }));
+  it('the shipped examples load, block-package-proxies among them', () => {
+    const s = new PolicySet([shippedPolicyDir()]);
+    expect(s.loadInitial()).toEqual([]);
+    const p = s.require('block-package-proxies');
+    expect(p.mode).toBe('open');
+    for (const h of ['pypi.org', 'files.pythonhosted.org', 'registry.npmjs.org', 'proxy.golang.org', 'sum.golang.org', 'crates.io', 'static.crates.io', 'rubygems.org', 'repo.maven.apache.org', 'deb.debian.org', 'security.debian.org', 'codeload.github.com', 'objects.githubusercontent.com']) {
+      expect(p.deny.some((r) => r.host === h), h).toBe(true);
+    }
+  });
+  it('a malformed file is refused naming the file and field', () => {
+    const f = path.join(dir, 'bad.json');
+    const r = parsePolicyFile(f, JSON.stringify({ mode: 'open', deny: [{ cidr: '10.0.0.1/8' }] }));
+    expect(r).toMatchObject({ file: f });
+    expect((r as { message: string }).message).toMatch(/^deny\.0: .*did you mean 10\.0\.0\.0\/8/);
+    expect((parsePolicyFile(f, '{"mode":"open","denny":[]}') as { message: string }).message).toMatch(/unknown field denny/);
+    expect((parsePolicyFile(path.join(dir, 'Bad Name.json'), '{"mode":"open"}') as { message: string }).message).toMatch(/file name/);
+    expect((parsePolicyFile(f, '{') as { message: string }).message).toMatch(/not JSON/);
+  });
+  it('reload is all or nothing: a malformed file keeps the previous version in force', () => {
+    writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '192.0.2.0/24' }] }));
+    const s = new PolicySet([dir]);
+    expect(s.loadInitial()).toEqual([]);
+    writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '192.0.2.0/99' }] }));
+    expect(() => s.reload(new Set())).toThrow(/reload refused.*p\.json: allow\.0: .*prefix length/);
+    expect(s.require('p').allow).toEqual([{ cidr: '192.0.2.0/24' }]);
+    writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '198.51.100.0/24' }] }));
+    expect(s.reload(new Set())).toEqual({ changed: ['p'], loaded: ['p'] });
+    expect(s.require('p').allow).toEqual([{ cidr: '198.51.100.0/24' }]);
+    rmSync(path.join(dir, 'p.json'));
+    expect(() => s.reload(new Set(['p']))).toThrow(/in use by a sandbox/);
+    expect(() => s.require('nope')).toThrow(/unknown network policy "nope"; loaded: p/);
+  });
+});

@@ -1,0 +1,124 @@
+/**
+ * The writable-layer store's pure parts (daemon/storage/store.ts), its config, and the
+ * manager's quota check, without privileges: the store itself is exercised on real
+ * btrfs and XFS in test/integration/storage.test.ts and test/attacks/disk.test.ts.
+ */
+import { describe, expect, it } from 'vitest';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import path from 'node:path';
+import pino from 'pino';
+import { DEFAULT_DISK_BYTES, loadConfig } from '../../daemon/config.js';
+import { MAX_DEFAULT_STORE_BYTES, MIN_STORE_BYTES, defaultStoreBytes, mountSourceOf, type DiskUsage } from '../../daemon/storage/store.js';
+import { SandboxManager, diskFullSlack } from '../../daemon/sandbox/manager.js';
+
+const MiB = 1024 ** 2;
+const GiB = 1024 ** 3;
+
+function withConfig(toml: string) {
+  const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+  try {
+    const f = path.join(dir, 'c.toml');
+    writeFileSync(f, toml);
+    return loadConfig({ config: f, env: {} });
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
+  }
+}
+
+describe('[storage] and [defaults] disk_bytes', () => {
+  it('defaults: auto, sized at creation, sparse, 10 GiB per sandbox', () => {
+    const c = withConfig('');
+    expect(c.storage).toEqual({ upperFs: 'auto', sizeBytes: null, preallocate: false, path: null });
+    expect(c.defaults.diskBytes).toBe(DEFAULT_DISK_BYTES);
+    expect(DEFAULT_DISK_BYTES).toBe(10 * GiB);
+  });
+
+  it('takes every key, and refuses bad values with the key named', () => {
+    const c = withConfig(`[storage]\nupper_fs = "xfs"\nsize_bytes = ${8 * GiB}\npreallocate = true\npath = "/srv/x/../dsec"\n[defaults]\ndisk_bytes = ${64 * MiB}\n`);
+    expect(c.storage).toEqual({ upperFs: 'xfs', sizeBytes: 8 * GiB, preallocate: true, path: '/srv/dsec' });
+    expect(c.defaults.diskBytes).toBe(64 * MiB);
+    expect(() => withConfig('[storage]\nupper_fs = "ext4"\n')).toThrow(/storage\.upper_fs/);
+    expect(() => withConfig(`[storage]\nsize_bytes = ${MiB}\n`)).toThrow(/storage\.size_bytes/);
+    expect(() => withConfig('[storage]\npath = "relative/dir"\n')).toThrow(/path is absolute/);
+    expect(() => withConfig(`[defaults]\ndisk_bytes = ${MiB}\n`)).toThrow(/defaults\.disk_bytes/);
+  });
+});
+
+describe('store sizing and mount lookup', () => {
+  it('the default store is half the free space, whole MiB, between 1 GiB and 1 TiB', () => {
+    expect(defaultStoreBytes(80 * GiB + 3)).toBe(40 * GiB);
+    expect(defaultStoreBytes(10 * GiB + 3 * MiB)).toBe(5 * GiB + MiB);
+    expect(defaultStoreBytes(10 * 1024 ** 4)).toBe(MAX_DEFAULT_STORE_BYTES);
+    expect(defaultStoreBytes(2 * MIN_STORE_BYTES)).toBe(MIN_STORE_BYTES);
+    expect(defaultStoreBytes(2 * MIN_STORE_BYTES - 2 * MiB)).toBeNull();
+  });
+
+  it('finds the source of the topmost mount at a path in mountinfo (escapes decoded)', () => {
+    const mi = [
+      '22 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw',
+      '90 22 0:51 / /var/lib/dsec/storage/mnt rw,noatime shared:40 - btrfs /dev/loop3 rw,discard=async',
+      '91 22 0:52 / /tmp/with\\040space/mnt rw - xfs /dev/loop4 rw',
+      '92 90 0:53 / /var/lib/dsec/storage/mnt rw - xfs /dev/loop5 rw',
+    ].join('\n');
+    expect(mountSourceOf(mi, '/var/lib/dsec/storage/mnt')).toBe('/dev/loop5');
+    expect(mountSourceOf(mi, '/tmp/with space/mnt')).toBe('/dev/loop4');
+    expect(mountSourceOf(mi, '/nowhere')).toBeNull();
+  });
+});
+
+describe('quota check (SandboxManager.checkDiskQuotas)', () => {
+  /** A manager over a fake store whose usage the test sets, and a repo that records events. */
+  function setup() {
+    let usage = new Map<string, DiskUsage>();
+    const events: { type: string; id: string; message?: string }[] = [];
+    const rows = new Set(['a', 'b']);
+    const m = new SandboxManager({
+      config: { root: '/nonexistent' },
+      repo: {
+        find: (id: string) => (rows.has(id) ? { id } : null),
+        event: (type: string, sb: { id: string }, message?: string) => events.push({ type, id: sb.id, message }),
+      },
+      storage: { usageAll: () => usage },
+      log: pino({ level: 'silent' }),
+    } as never);
+    return { m, events, rows, set: (u: Record<string, DiskUsage>) => (usage = new Map(Object.entries(u))) };
+  }
+
+  it('records one event when a layer fills up, again only after it was emptied', () => {
+    const { m, events, set } = setup();
+    const limit = 64 * MiB;
+    set({ a: { usedBytes: 10 * MiB, limitBytes: limit }, b: { usedBytes: 5 * MiB, limitBytes: null } });
+    expect(m.checkDiskQuotas()).toEqual([]);
+    set({ a: { usedBytes: limit - diskFullSlack(limit) + 1, limitBytes: limit }, b: { usedBytes: 500 * GiB, limitBytes: null } });
+    expect(m.checkDiskQuotas()).toEqual(['a']);
+    expect(m.checkDiskQuotas()).toEqual([]); // still full: no second event
+    set({ a: { usedBytes: limit - diskFullSlack(limit) - MiB, limitBytes: limit } }); // a little below: still counted as full
+    expect(m.checkDiskQuotas()).toEqual([]);
+    set({ a: { usedBytes: MiB, limitBytes: limit } });
+    expect(m.checkDiskQuotas()).toEqual([]);
+    set({ a: { usedBytes: limit, limitBytes: limit } });
+    expect(m.checkDiskQuotas()).toEqual(['a']);
+    expect(events.map((e) => `${e.type} ${e.id}`)).toEqual(['sandbox.disk_quota a', 'sandbox.disk_quota a']);
+    expect(events[0].message).toMatch(/of 67108864 bytes/);
+  });
+
+  it('ignores layers without a row (being destroyed) and forgets layers that are gone', () => {
+    const { m, events, rows, set } = setup();
+    rows.delete('b');
+    set({ b: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
+    expect(m.checkDiskQuotas()).toEqual([]);
+    set({ a: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
+    expect(m.checkDiskQuotas()).toEqual(['a']);
+    set({});
+    m.checkDiskQuotas();
+    set({ a: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
+    expect(m.checkDiskQuotas()).toEqual(['a']); // a new layer of the same id fills up: a new event
+    expect(events).toHaveLength(2);
+  });
+
+  it('the slack is 4 MiB, or 1/16 of a small quota', () => {
+    expect(diskFullSlack(10 * GiB)).toBe(4 * MiB);
+    expect(diskFullSlack(32 * MiB)).toBe(2 * MiB);
+  });
+});

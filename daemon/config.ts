@@ -13,6 +13,7 @@ import { invalidArgument, isDsecError } from './errors.js';
 import { MIN_DISK_BYTES } from './api/schema.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
+import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -136,6 +137,7 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    filesystem: FilesystemOptionsSchema.optional(),
   })
   .strict();
 
@@ -232,6 +234,13 @@ export interface DaemonConfig {
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
   /** Sandbox networking (daemon/net/, docs/OPERATIONS.md "Networking"); see {@link NetworkConfig}. */
   network: NetworkConfig;
+  /**
+   * `[filesystem]`: the filesystem options of sandboxes whose request and image say
+   * nothing (daemon/security/filesystem.ts): `readonly_paths` (default
+   * /bin, /sbin, /usr, /lib*, /etc), `writable_paths` (default none), `landlock`
+   * (default true).
+   */
+  filesystem: ResolvedFilesystem;
 }
 
 /**
@@ -384,5 +393,6 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       mkfsPath: fc.images?.mkfs_path ?? 'mkfs.erofs',
     },
     builder,
+    filesystem: resolveFilesystem(fc.filesystem, null, DEFAULT_FILESYSTEM),
   });
 }

@@ -268,7 +268,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, storage, log: log.child({ component: 'container' }), network,
       ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
-      apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) } });
+      apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem });
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
@@ -406,7 +406,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
               ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
               : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
             apparmor: container.apparmorStatus(),
-            landlock: { enforced: false, detail: 'not built yet' },
+            landlock: container.landlockStatus(),
+            readonly_paths: container.readonlyPathsStatus(),
             ...network.hostDefences(),
             disk_quota: storage.status(),
             builder_identity: builder

@@ -121,7 +121,9 @@ export type ImageInfo = Image;
 
 /**
  * Process defaults of an image: `env` as `KEY=value` strings, `cwd` (absolute), `user`
- * (name or `uid[:gid]`), `cmd` (argv).
+ * (name or `uid[:gid]`), `cmd` (argv), and optionally `security`: the image's security
+ * defaults (a `seccomp` override; `readonly_paths`, `writable_paths`, `landlock`;
+ * docs/IMAGES.md "Security defaults").
  */
 export type ImageConfig = z.infer<typeof ImageConfigSchema>;
 
@@ -214,6 +216,11 @@ export interface CommitOptions {
   image: string;
   /** Extra globs, relative to the sandbox root (e.g. `srv/cache/**`), stripped before packing. */
   exclude?: string[];
+  /**
+   * Security defaults of the new image (seccomp override, filesystem options), merged
+   * field by field over those of the sandbox's image; default: the image's unchanged.
+   */
+  security?: ImageConfig['security'];
   /** Stop waiting (rejects with the signal's reason); dsecd may still finish the commit. */
   signal?: AbortSignal;
 }
@@ -1178,6 +1185,7 @@ export class DsecClient {
   commit(id: string, opts: CommitOptions): Promise<CommitResult> {
     const body: Record<string, unknown> = { image: opts.image };
     if (opts.exclude !== undefined) body.exclude = opts.exclude;
+    if (opts.security !== undefined) body.security = opts.security;
     return this.request<CommitResult>('POST', sandboxPath(id) + '/commit', body, { signal: opts.signal, timeoutMs: 0 });
   }
 

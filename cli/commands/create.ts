@@ -9,6 +9,7 @@ import { UserError } from '../util/errors.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
 import { addNetworkOptions, networkRequest, type NetworkFlags } from '../util/network.js';
+import { addFilesystemOptions, collectSyscall, filesystemOf, type FilesystemFlags } from '../util/security.js';
 
 /** The backends the API names (whether this host has each: `dsec host info`). */
 export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisfies readonly Backend[];
@@ -16,8 +17,8 @@ export const BACKENDS = ['container', 'fncall', 'microvm', 'vm'] as const satisf
 /** Scheduling classes the API names (`--priority`). */
 export const PRIORITIES = ['latency', 'batch'] as const satisfies readonly SandboxPriority[];
 
-/** Parsed create flags, as commander hands them to the action (network flags: cli/util/network.ts). */
-export interface CreateFlags extends NetworkFlags {
+/** Parsed create flags, as commander hands them to the action (network flags: cli/util/network.ts; filesystem flags: cli/util/security.ts). */
+export interface CreateFlags extends NetworkFlags, FilesystemFlags {
   /** `--backend`. */
   backend?: string;
   /** `--image`. */
@@ -69,11 +70,13 @@ export function parsePriority(text: string): SandboxPriority {
 
 /**
  * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--disk`,
- * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, and the network flags of
- * cli/util/network.ts) to `cmd`.
+ * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, `--seccomp-allow`,
+ * `--seccomp-deny`, the network flags of cli/util/network.ts, and the filesystem flags of
+ * cli/util/security.ts: `--writable`, `--readonly`, `--no-readonly`, `--landlock`,
+ * `--no-landlock`) to `cmd`.
  */
 export function addCreateOptions(cmd: Command): Command {
-  return addNetworkOptions(cmd)
+  const c = addNetworkOptions(cmd)
     .option('--backend <backend>', `isolation tier: ${BACKENDS.join(', ')} (default container)`, flag('--backend', parseBackend))
     .option('--image <name>', 'image, name or name:tag (default busybox)')
     .option('--cpus <n>', 'CPU limit in cores, fractions allowed (e.g. 0.5)', flag('--cpus', parseCpus))
@@ -87,6 +90,7 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--seccomp-allow <syscall>', 'lift the default seccomp profile\'s denial of this syscall (e.g. ptrace for a debugger task), repeatable', flag('--seccomp-allow', collectSyscall))
     .option('--seccomp-deny <syscall>', 'also deny this syscall (EPERM), repeatable', flag('--seccomp-deny', collectSyscall))
     .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds); `dsec resume` thaws it', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));
+  return addFilesystemOptions(c, 'the sandbox');
 }
 
 /** The API request for parsed create flags; unset flags are left to the daemon's defaults. A TTL is rounded up to whole seconds. */
@@ -108,13 +112,9 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.seccompAllow !== undefined || f.seccompDeny !== undefined) {
     req.seccomp = { ...(f.seccompAllow ? { allow: f.seccompAllow } : {}), ...(f.seccompDeny ? { deny: f.seccompDeny } : {}) };
   }
+  const fs = filesystemOf(f);
+  if (fs) req.filesystem = fs;
   return req;
-}
-
-/** Commander collector for repeatable syscall names (`--seccomp-allow ptrace`). */
-function collectSyscall(text: string, prev: string[] | undefined): string[] {
-  if (!/^[a-z_][a-z0-9_]*$/.test(text)) throw new UserError(`${JSON.stringify(text)} is not a syscall name`, 'names are lowercase, e.g. ptrace or io_uring_setup');
-  return [...(prev ?? []), text];
 }
 
 /** Adds `create` to `parent`. */

@@ -78,6 +78,13 @@ export const LEASE_EXPIRED_HINT =
   'the lease expired; its sandboxes are paused and will be destroyed; create a new lease: `dsec job rm JOB`, then `dsec job lease JOB --ttl DUR`';
 
 /**
+ * A file operation (`dsec cp`, the files API) refused because the path is read-only in
+ * the sandbox (reason `readonly_path`; docs/SECURITY.md "Filesystem").
+ */
+export const READONLY_PATH_HINT =
+  'system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH` (dsecd creates the directory), or with `--no-readonly`; `dsec inspect ID` shows its filesystem options';
+
+/**
  * Hints of `exec --trajectory` by the `reason` of its refusal (docs/TRAJECTORIES.md),
  * whatever the kind: what happened to the step, and the way on (often `--truncate`).
  */
@@ -115,6 +122,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
   const snapshot = verb.startsWith('snapshot ') || verb === 'restore' || verb === 'fork';
   const traj = verb.startsWith('traj ');
   if (verb === 'exec' && d.reason !== undefined && Object.prototype.hasOwnProperty.call(TRAJECTORY_HINTS, d.reason)) return TRAJECTORY_HINTS[d.reason];
+  if (d.reason === 'readonly_path') return READONLY_PATH_HINT;
   switch (code) {
     case 'Unavailable':
       return unavailableHint(verb, d, image || layer);

@@ -70,6 +70,25 @@ export interface AgentInfo {
    * Absent on agents that predate them.
    */
   features?: string[];
+  /**
+   * Whether the agent restricts file access with Landlock (native/agent/agent.c,
+   * "Landlock"). Absent on agents that predate it.
+   */
+  landlock?: AgentLandlockInfo;
+}
+
+/** The `landlock` object of the agent's HELLO. */
+export interface AgentLandlockInfo {
+  /** True when a Landlock ruleset is in force: on the agent itself (scope `agent`) or on every isolated call (`isolated_execs`). */
+  enforced: boolean;
+  /** The kernel's Landlock ABI version (7 on Linux 6.18); 0 when the kernel has no Landlock. */
+  abi: number;
+  /** `agent` (restricted at start, inherited by every exec and file operation), `isolated_execs` (a worker: each call's namespace init), or `off`. */
+  scope: 'agent' | 'isolated_execs' | 'off';
+  /** Number of `--writable` paths the ruleset grants every right on. */
+  writable: number;
+  /** Why not enforced (empty when enforced): not requested, or the kernel's reason. */
+  reason: string;
 }
 
 /**

@@ -11,6 +11,8 @@ import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
 import { SeccompOverrideSchema } from '../security/seccomp.js';
 import { ruleProblem } from '../security/egress.js';
+import { FilesystemOptionsSchema } from '../security/filesystem.js';
+import { ImageSecuritySchema } from '../image/security.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -170,20 +172,13 @@ export const PolicyReloadResult = z.object({
   reapplied: z.array(z.string()).describe('Sandboxes whose network was re-applied because their policy changed.'),
 });
 
-/** Absolute paths inside a sandbox, for filesystem options; `*` is allowed in the last component (`/lib*`). */
-const sandboxPath = z.string().regex(/^\/[^\0]*$/, 'paths are absolute').max(4096).refine((p) => !p.split('/').includes('..'), 'paths must not contain ..');
-
 /**
- * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem"). Every field
- * defaults to the image's setting, then to the daemon config.
+ * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem" and "Landlock";
+ * daemon/security/filesystem.ts): read-only system paths, writable exceptions, Landlock.
+ * In a request every field defaults to the image's security defaults, then to
+ * `[filesystem]` in dsecd's config; a sandbox returns the values resolved at create.
  */
-export const FilesystemSpec = z
-  .object({
-    readonly_paths: z.array(sandboxPath).max(64).optional().describe('System paths read-only even to root inside; default ["/bin","/sbin","/usr","/lib*","/etc"]; [] turns it off.'),
-    writable_paths: z.array(sandboxPath).max(64).optional().describe('Paths kept writable: exceptions below read-only paths, or top-level directories created at create.'),
-    landlock: z.boolean().optional().describe('Restrict file access with Landlock where the kernel has it; default true.'),
-  })
-  .strict();
+export const FilesystemSpec = FilesystemOptionsSchema;
 export type FilesystemSpec = z.infer<typeof FilesystemSpec>;
 
 /** Smallest per-sandbox disk quota: 16 MiB (an image's first writes and a shell history fit). */
@@ -248,7 +243,7 @@ export const Sandbox = z.object({
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
   disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes, fixed at create; null: none (the store enforces no quota; see defences.disk_quota).'),
   disk_used_bytes: z.number().int().nullable().optional().describe('Bytes the writable layer uses now, as the store accounts them; null where it cannot tell (layer on the host filesystem). GET of one sandbox only.'),
-  filesystem: FilesystemSpec.nullable().describe('The filesystem options it was created with, else null (defaults).'),
+  filesystem: FilesystemSpec.nullable().describe('The filesystem options resolved at create (request > image > config), else null (a sandbox older than them: resolved at each start).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
 });
 export type Sandbox = z.infer<typeof Sandbox>;
@@ -450,6 +445,7 @@ export const ImageConfig = z.object({
   cwd: z.string().describe('Working directory of execs.'),
   user: z.string().describe('Default user, name or uid[:gid].'),
   cmd: z.array(z.string()).describe('Default command.'),
+  security: ImageSecuritySchema.optional().describe('Security defaults for sandboxes of this image: a seccomp override and filesystem options (docs/IMAGES.md "Security defaults"); a create request overrides each field.'),
 });
 
 /** An image as the API returns it. */
@@ -546,6 +542,7 @@ export const CommitRequest = z
   .object({
     image: ImageRef.describe('Name of the new image, name[:tag].'),
     exclude: z.array(z.string().min(1)).optional().describe('Extra globs (relative to the sandbox root) to strip.'),
+    security: ImageSecuritySchema.optional().describe("Security defaults of the new image; default the sandbox's image's."),
   })
   .strict();
 
@@ -653,7 +650,7 @@ const restoreFields = {
   seccomp: SeccompOverrideSchema.optional().describe('Seccomp override of the new sandbox(es); default none (the default profile).'),
   network: NetworkSpec.optional().describe("Network of the new sandbox(es); default the source's."),
   disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional().describe("Writable-layer quota, bytes; default the source's."),
-  filesystem: FilesystemSpec.optional().describe("Filesystem options of the new sandbox(es); default the source's."),
+  filesystem: FilesystemSpec.optional().describe("Filesystem options of the new sandbox(es), field by field over the source's."),
 };
 
 /** POST /v1/snapshots/{ref}/restore request (the body is optional). */

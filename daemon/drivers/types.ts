@@ -9,7 +9,7 @@
  */
 import type { IsolateOptions } from '../agent/protocol.js';
 import type { SeccompCounts } from '../security/seccomp-monitor.js';
-import type { Backend } from '../api/schema.js';
+import type { Backend, DefenceStatus } from '../api/schema.js';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
 import type { AgentClient, AgentExecHandle, AgentExecResult } from '../agent/client.js';
@@ -137,6 +137,12 @@ export interface SandboxDriver {
    * pids limit), cheap enough for a periodic sweep; null when it has none.
    */
   limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
+  /**
+   * Which per-sandbox defences are in force for `sb`, by name (e.g. `readonly_paths`,
+   * `landlock`), each saying truthfully whether and why (for GET /v1/sandboxes/{id}).
+   * Optional: a backend without per-sandbox defences omits it.
+   */
+  defences?(sb: SandboxRecord): Promise<Record<string, DefenceStatus>>;
   /** Host path of the sandbox's agent log, or null for backends without one. */
   logPath(sb: SandboxRecord): string | null;
   /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */

@@ -10,9 +10,11 @@
  *   tmpfs), trajectories and the sandbox's create env (SQLite). None is copied.
  * - files dsec itself leaves IN the upper dir are removed: the agent's temp files of
  *   unfinished uploads ({@link DSEC_ARTEFACTS}, from commits and snapshots alike), and
- *   (commits only) the paths the driver recorded as created by dsec (mount points such as
- *   an /etc/resolv.conf placeholder, `writable_paths` directories; see
- *   SandboxDriver.withWritableLayer).
+ *   (commits only) the paths the driver recorded as created by dsec (the runtime's mount
+ *   point for /etc/resolv.conf, `writable_paths` directories; see
+ *   SandboxDriver.withWritableLayer) while they are still what dsec made: an empty
+ *   directory (after stripping) or an empty file. A `writable_paths` directory the agent
+ *   filled is its work and ships.
  * - commits also strip {@link COMMIT_STRIP} (temp dirs, shell and REPL histories) and the
  *   configured and requested excludes. Snapshots keep everything else: a restore must see
  *   exactly what the source saw.
@@ -116,13 +118,20 @@ interface StripRules {
   strip: boolean;
   /** Caller globs (not yet normalised). */
   exclude: readonly string[];
-  /** Relative paths dsec created in the upper dir (commits strip them). */
+  /** Relative paths dsec created in the upper dir (commits strip them while they are an empty directory or an empty file). */
   created: readonly string[];
   /** Called for every entry kept (root included, as `rel` ''), before its children. */
   keep?(p: Buffer, rel: string): Promise<void>;
 }
 
 const SLASH = Buffer.from('/');
+
+/** True when `p` is an empty directory or an empty regular file (a mount point or directory dsec made, unused). */
+async function stillAsCreated(p: Buffer): Promise<boolean> {
+  const st = await lstat(p).catch(() => undefined);
+  if (st?.isDirectory()) return (await readdir(p)).length === 0;
+  return st?.isFile() === true && st.size === 0;
+}
 
 /**
  * Walks `dest` (names handled as bytes, so names that are not UTF-8 survive; globs match
@@ -140,13 +149,18 @@ async function stripWalk(dest: string, rules: StripRules): Promise<PackedUpper> 
       const r = rel ? `${rel}/${e.name.toString()}` : e.name.toString();
       const byExtra = extra.filter((x) => x.globs.some((g) => minimatch(r, g, { dot: true })));
       for (const x of byExtra) x.hit = true;
-      if (byExtra.length || created.has(r) || patterns.some((g) => minimatch(r, g, { dot: true }))) {
+      if (byExtra.length || patterns.some((g) => minimatch(r, g, { dot: true }))) {
         await rm(p, { recursive: true, force: true });
         stripped.push(r);
         continue;
       }
       await rules.keep?.(p, r);
       if (e.isDirectory()) await walk(p, r);
+      // A path dsec created goes only while it is still what dsec made (children stripped first).
+      if (created.has(r) && (await stillAsCreated(p))) {
+        await rm(p, { recursive: true, force: true });
+        stripped.push(r);
+      }
     }
   };
   await rules.keep?.(Buffer.from(dest), '');

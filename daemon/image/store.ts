@@ -43,6 +43,7 @@ import * as native from '../host/native.js';
 import type { Builder, BuilderJob } from '../host/builder.js';
 import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
+import { checkImageSecurity, type ImageSecurity } from './security.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -62,6 +63,11 @@ export interface ImageManifest {
     user: string;
     /** Default command (argv). */
     cmd: string[];
+    /**
+     * Security defaults for sandboxes of this image (daemon/image/security.ts): a seccomp
+     * override and filesystem options. Absent: none (dsecd's config decides).
+     */
+    security?: ImageSecurity;
   };
   /** Creation time, milliseconds since the Unix epoch. */
   created_ms: number;
@@ -101,8 +107,12 @@ export function digestHex(digest: string): string {
   return m[1];
 }
 
-/** Checks the shape of a parsed manifest; throws an Internal DsecError naming `where` if wrong. */
-function checkManifest(m: unknown, where: string): ImageManifest {
+/**
+ * Checks the shape of a parsed manifest, including its `config.security`; throws a
+ * DsecError naming `where` if wrong: Internal for a stored manifest, `kind` (e.g.
+ * InvalidArgument for one about to be written).
+ */
+function checkManifest(m: unknown, where: string, kind: 'Internal' | 'InvalidArgument' = 'Internal'): ImageManifest {
   const o = m as ImageManifest;
   const ok =
     !!o &&
@@ -117,6 +127,10 @@ function checkManifest(m: unknown, where: string): ImageManifest {
     Array.isArray(o.config.cmd) &&
     typeof o.created_ms === 'number';
   if (!ok) throw new DsecError('Internal', `manifest ${where} is malformed`);
+  if (o.config.security !== undefined) {
+    const sec = checkImageSecurity(o.config.security);
+    if (!sec.ok) throw new DsecError(kind, `image ${where}: ${sec.message}`);
+  }
   return o;
 }
 
@@ -518,12 +532,12 @@ export class ImageStore {
 
   /**
    * Stores `m` as `manifests/<name>/<tag>.json` atomically, replacing any previous one.
-   * Throws InvalidArgument for a bad name/tag, NotFound when a layer blob is missing
+   * Throws InvalidArgument for a bad name/tag or a malformed `config.security`, NotFound when a layer blob is missing
    * (manifests never point at absent blobs).
    */
   async putManifest(m: ImageManifest): Promise<void> {
     parseRef(`${m.name}:${m.tag}`);
-    checkManifest(m, `${m.name}:${m.tag}`);
+    checkManifest(m, `${m.name}:${m.tag}`, 'InvalidArgument');
     if (m.layers.length === 0) throw new DsecError('InvalidArgument', `image ${m.name}:${m.tag}: an image needs at least one layer`);
     if (m.layers.length > MAX_LAYERS) {
       throw new DsecError('InvalidArgument', `image ${m.name}:${m.tag}: ${m.layers.length} layers; at most ${MAX_LAYERS} (overlayfs mount options must fit in one page)`);

@@ -15,7 +15,7 @@ import type { FncallCall } from '../fncall/pool.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { Backend, CreateSandboxRequest, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest, Event as ApiEvent } from '../api/schema.js';
+import type { Backend, CreateSandboxRequest, DefenceStatus, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest, Event as ApiEvent } from '../api/schema.js';
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
@@ -35,7 +35,9 @@ import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
-import type { DefenceStatus, DiskUsage, UpperStore } from '../storage/store.js';
+import type { DiskUsage, UpperStore } from '../storage/store.js';
+import { resolveFilesystem } from '../security/filesystem.js';
+import type { ImageSecurity } from '../image/security.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -245,14 +247,6 @@ export class SandboxManager {
     return v;
   }
 
-  /**
-   * Which defences are in force for one sandbox (GET /v1/sandboxes/{id} `defences`).
-   * `disk_quota`: whether its writable layer has a quota the kernel enforces.
-   */
-  defences(sb: SandboxRecord): Record<string, DefenceStatus> {
-    return { disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
-  }
-
   /** Live disk use of a sandbox's writable layer and its quota, bytes; null where the store cannot tell (host filesystem). Any state. */
   diskUsage(id: string): DiskUsage | null {
     return this.d.storage.usage(id);
@@ -328,7 +322,8 @@ export class SandboxManager {
       seccomp: req.seccomp ?? null,
       network: req.network ?? null,
       diskBytes: req.disk_bytes ?? null,
-      filesystem: req.filesystem ?? null,
+      // Resolved now and stored, so a later config or image change never alters it.
+      filesystem: resolveFilesystem(req.filesystem, src.config.security, this.d.config.filesystem),
     });
     this.d.failpoints.hit('create.after-intent');
     await this.d.images.syncLeases(this.layersInUse());
@@ -723,13 +718,14 @@ export class SandboxManager {
   /**
    * Packs the sandbox's writable layer as a new layer on top of its image and stores
    * the result as image `ref` (see daemon/image/commit.ts for what is stripped). The
-   * sandbox is frozen while its layer is copied and keeps running afterwards. The image's
-   * config is the source image's: the sandbox's create env is a runtime secret and is not
-   * written into the manifest (a warning names the variables left out).
+   * sandbox is frozen while its layer is copied and keeps running afterwards. The new
+   * image keeps the config the sandbox was created from; `security` (optional) changes
+   * its security defaults field by field. The sandbox's create env is a runtime secret
+   * and is not written into the manifest (a warning names the variables left out).
    * @returns the new manifest, the new layer and the stripped paths.
    * @throws DsecError NotFound, InvalidArgument (bad ref), FailedPrecondition (no writable layer).
    */
-  async commit(id: string, ref: string, exclude: string[] = []): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[]; warnings: string[] }> {
+  async commit(id: string, ref: string, exclude: string[] = [], security?: ImageSecurity): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[]; warnings: string[] }> {
     const { name, tag } = parseRef(ref);
     for (const g of exclude) normaliseExclude(g); // refuse bad patterns before freezing anything
     return this.mutex.run(id, async () => {
@@ -739,7 +735,11 @@ export class SandboxManager {
         uidBase: sb.uidBase, uidCount: sb.uidCount, strip: true, exclude: [...this.d.config.images.commitExclude, ...exclude], source: `commit:${id}`,
       });
       const layer = packed.layer;
-      const image: ImageManifest = { name, tag, layers: [...sb.imageLayers, layer.digest], config: { ...sb.imageConfig }, created_ms: Date.now() };
+      const image: ImageManifest = {
+        name, tag, layers: [...sb.imageLayers, layer.digest],
+        config: { ...sb.imageConfig, ...(security ? { security: { ...(sb.imageConfig.security ?? {}), ...security } } : {}) },
+        created_ms: Date.now(),
+      };
       await this.d.images.putManifest(image);
       this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);
       const { sizeBytes: _s, ...meta } = layer;
@@ -758,6 +758,15 @@ export class SandboxManager {
     const sb = this.d.repo.get(id);
     ContainerDriver.assertRunning(sb);
     return this.driver(sb.backend).agentClient(sb);
+  }
+
+  /**
+   * The per-sandbox defences in force for `sb` now (GET /v1/sandboxes/{id} `defences`): as
+   * its backend reports them (`readonly_paths`, `landlock`, ...), plus `disk_quota`
+   * (whether its writable layer has a quota the kernel enforces).
+   */
+  async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    return { ...((await this.driver(sb.backend).defences?.(sb)) ?? {}), disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
   }
 
   /** Resource usage of a sandbox (null when it is not running). @throws DsecError NotFound. */
@@ -875,7 +884,8 @@ export class SandboxManager {
       ...(req.seccomp !== undefined ? { seccomp: req.seccomp } : {}),
       ...((req.network ?? snap.network) ? { network: req.network ?? snap.network! } : {}),
       ...((req.disk_bytes ?? snap.diskBytes) !== null && (req.disk_bytes ?? snap.diskBytes) !== undefined ? { disk_bytes: (req.disk_bytes ?? snap.diskBytes)! } : {}),
-      ...((req.filesystem ?? snap.filesystem) ? { filesystem: req.filesystem ?? snap.filesystem! } : {}),
+      // Field by field: what the request names, else the source's resolved options.
+      ...((req.filesystem ?? snap.filesystem) ? { filesystem: { ...(snap.filesystem ?? {}), ...(req.filesystem ?? {}) } } : {}),
     };
   }
 

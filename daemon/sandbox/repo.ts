@@ -3,6 +3,7 @@
  * that changes a sandbox's state checks the state machine (daemon/sandbox/state.ts).
  */
 import type { SeccompOverride } from '../security/seccomp.js';
+import type { ImageSecurity } from '../image/security.js';
 import type { Db } from '../store/db.js';
 import type { Backend, Event, FilesystemSpec, NetworkSpec, Sandbox, SandboxState } from '../api/schema.js';
 import { assertTransition } from './state.js';
@@ -14,6 +15,8 @@ export interface ImageConfig {
   cwd: string;
   user: string;
   cmd: string[];
+  /** The image's security defaults (daemon/image/security.ts); its seccomp override applies to the sandbox. */
+  security?: ImageSecurity;
 }
 
 /** A sandbox row, decoded. Times in ms since the epoch; sizes in bytes; cpus in cores. */
@@ -56,7 +59,11 @@ export interface SandboxRecord {
   network: NetworkSpec | null;
   /** Quota on the writable layer, bytes, or null: none. */
   diskBytes: number | null;
-  /** Filesystem options as requested (read-only paths, writable paths, Landlock), or null: the image's and config defaults. */
+  /**
+   * Filesystem options as resolved at create (request > image > config; every field set:
+   * daemon/security/filesystem.ts), or null for a sandbox created before they existed
+   * (then resolved at each start from its recorded image config and dsecd's config).
+   */
   filesystem: FilesystemSpec | null;
 }
 

@@ -92,8 +92,8 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     // fails the test instead of filling the host disk. The neighbour writes 16 MiB at the
     // same time.
     const [f, during] = await Promise.all([
-      fill(d, victim.id, '/fill', 2048),
-      sh(d, neighbour.id, 'dd if=/dev/zero of=/n1 bs=1M count=16 2>/dev/null && sync && stat -c %s /n1 && echo ok'),
+      fill(d, victim.id, '/root/fill', 2048),
+      sh(d, neighbour.id, 'dd if=/dev/zero of=/root/n1 bs=1M count=16 2>/dev/null && sync && stat -c %s /root/n1 && echo ok'),
     ]);
     expect(during.out).toBe(`${16 * MiB}\nok\n`);
     expect(f.rc, f.out).not.toBe(0);
@@ -101,7 +101,7 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     expect(f.size).toBeLessThanOrEqual(64 * MiB);
     expect(f.size).toBeGreaterThan(56 * MiB);
     // Still full: a further write fails too.
-    expect((await fill(d, victim.id, '/more', 8)).rc).not.toBe(0);
+    expect((await fill(d, victim.id, '/root/more', 8)).rc).not.toBe(0);
 
     // The host side: the image grew by the quota plus the neighbour's 16 MiB at most (and
     // a few MiB of btrfs metadata), and the host filesystem lost far less than the 2 GiB
@@ -112,7 +112,7 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     expect(freeBefore - hostFree(d)).toBeLessThan(1024 * MiB);
 
     // The neighbour writes and reads back while the victim is full.
-    const full = await sh(d, neighbour.id, 'dd if=/dev/zero of=/n2 bs=1M count=16 2>/dev/null && sync && cat /n1 /n2 | wc -c');
+    const full = await sh(d, neighbour.id, 'dd if=/dev/zero of=/root/n2 bs=1M count=16 2>/dev/null && sync && cat /root/n1 /root/n2 | wc -c');
     expect(full.out.trim()).toBe(String(32 * MiB));
 
     // Usage as the stats API and `dsec top` report it.
@@ -131,16 +131,16 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     expect(evs.find((e) => e.type === 'sandbox.disk_quota')!.message).toMatch(/of 67108864 bytes/);
 
     // Freeing the layer lets the victim write again; the neighbour still works after.
-    expect((await sh(d, victim.id, 'rm /fill /more; sync; echo done')).out).toBe('done\n');
-    expect((await fill(d, victim.id, '/again', 16)).size).toBe(16 * MiB);
-    expect((await sh(d, neighbour.id, 'echo after > /n3 && cat /n3')).out).toBe('after\n');
+    expect((await sh(d, victim.id, 'rm /root/fill /root/more; sync; echo done')).out).toBe('done\n');
+    expect((await fill(d, victim.id, '/root/again', 16)).size).toBe(16 * MiB);
+    expect((await sh(d, neighbour.id, 'echo after > /root/n3 && cat /root/n3')).out).toBe('after\n');
     await d.client.deleteSandbox(victim.id, { force: true });
     await d.client.deleteSandbox(neighbour.id, { force: true });
   });
 
   it('the same write with a 256 MiB quota goes past 64 MiB: the quota is what stopped it', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 256 * MiB });
-    const f = await fill(d, sb.id, '/fill', 128);
+    const f = await fill(d, sb.id, '/root/fill', 128);
     expect(f.rc, f.out).toBe(0);
     expect(f.size).toBe(128 * MiB);
     await d.client.deleteSandbox(sb.id, { force: true });
@@ -156,7 +156,7 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     expect(r.code, r.stderr).toBe(0);
     const sb = JSON.parse(r.stdout) as { id: string; disk_bytes: number };
     expect(sb.disk_bytes).toBe(32 * MiB);
-    expect((await fill(d, sb.id, '/fill', 64)).size).toBeLessThanOrEqual(32 * MiB);
+    expect((await fill(d, sb.id, '/root/fill', 64)).size).toBeLessThanOrEqual(32 * MiB);
     await d.client.deleteSandbox(sb.id, { force: true });
   });
 });
@@ -204,10 +204,10 @@ describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs
 
   it('the upper dir is on the XFS: statfs magic on the host, the same blocks behind the overlay inside', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox' });
-    await sh(d, sb.id, 'echo x > /on-upper');
+    await sh(d, sb.id, 'echo x > /root/on-upper');
     const upper = d.upperDir(sb.id);
     expect(upper).toBe(path.join(d.storeMount, 'sb', sb.id, 'upper'));
-    expect(statfsSync(path.join(upper, 'on-upper')).type).toBe(XFS_SUPER_MAGIC);
+    expect(statfsSync(path.join(upper, 'root', 'on-upper')).type).toBe(XFS_SUPER_MAGIC);
     const inside = (await sh(d, sb.id, "stat -f -c '%t %b %S' /")).out.trim().split(' ');
     expect(parseInt(inside[0], 16)).toBe(OVERLAYFS_SUPER_MAGIC);
     const host = statfsSync(d.storeMount);
@@ -238,7 +238,7 @@ describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs
     // The XFS is still mounted read-write, and the neighbour writes and reads.
     const line = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').find((l) => l.split(' ')[4] === d.storeMount)!;
     expect(line).toMatch(/ - xfs \/dev\/loop\d+ rw,/);
-    const w = await sh(d, neighbour.id, 'dd if=/dev/zero of=/n bs=1M count=8 2>/dev/null && sync && cat /n | wc -c');
+    const w = await sh(d, neighbour.id, 'dd if=/dev/zero of=/root/n bs=1M count=8 2>/dev/null && sync && cat /root/n | wc -c');
     expect(w.out.trim()).toBe(String(8 * MiB));
     for (const sb of [neighbour, denied, allowed]) await d.client.deleteSandbox(sb.id, { force: true });
   });

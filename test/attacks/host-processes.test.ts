@@ -55,10 +55,12 @@ describe.skipIf(!IS_ROOT)('attack: reach host processes through /proc', () => {
   it('cannot signal or read host processes by pid, and sees a mount table of its own', async () => {
     const out = await sh(id, `kill -0 ${d.pid} 2>&1 && echo KILLED; ls /proc/${d.pid}/root 2>&1 | head -1; echo; awk '{print $5}' /proc/self/mountinfo`);
     expect(out).not.toContain('KILLED');
-    // Every mount point is one of the sandbox's own (root, /proc, /dev, /sys and the masks
-    // over them, the agent binary): none of the host's, none under dsecd's state dir.
+    // Every mount point is one of the sandbox's own (root, its writable top-level binds,
+    // /proc, /dev, /sys and the masks over them, the agent binary): none of the host's
+    // mount points, none under dsecd's state dir.
     const points = out.split('\n\n')[1].trim().split('\n');
-    for (const p of points) expect(p, p).toMatch(/^\/(proc|dev|sys)?(\/|$)|^\/$/);
+    const top = (await sh(id, 'ls -1 /')).trim().split('\n').map((e) => `/${e}`);
+    for (const p of points) expect(p === '/' || top.some((t) => p === t || p.startsWith(`${t}/`)), p).toBe(true);
     expect(points.some((p) => p.startsWith(d.root) || p.startsWith('/tmp/dsec-') || p === '/work')).toBe(false);
     const host = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter(Boolean);
     expect(host.some((p) => p.startsWith(d.root))).toBe(true);

@@ -140,7 +140,8 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
   beforeAll(async () => {
     buildAgent();
     d = await TestDaemon.start({ slot: 24 });
-    sb = (await d.client.createSandbox({ image: 'busybox' })).id;
+    // The probe's directory is a writable place of the ordinary sandbox (dsecd creates it; the top level is read-only).
+    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: [path.dirname(PROBE)] } })).id;
     ordinary = await AgentClient.connect(path.join(d.root, 'sandboxes', sb, 'agent.sock'));
     // The probe goes in through the ordinary sandbox (the worker's image is read-only).
     const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-ipc-probe-'));

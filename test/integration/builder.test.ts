@@ -1,6 +1,6 @@
 /**
  * The builder identity (daemon/host/builder.ts, docs/SECURITY.md "Builder and runtime
- * identities") on real user namespaces, idmapped mounts, EROFS and runc (slot 30):
+ * identities") on real user namespaces, idmapped mounts, EROFS and runc:
  *
  *   - extraction, copies and mkfs.erofs really run as uid 0 of a user namespace mapped
  *     onto a builder slot, never as host root and never as a sandbox's range (the worker
@@ -24,14 +24,10 @@ import { BUILDER_SLOT_IDS, Builder } from '../../daemon/host/builder.js';
 import { importArchive, importTarWithNotes } from '../../daemon/image/import/oci.js';
 import type { ExtractReport } from '../../daemon/image/import/tar.js';
 import { ImageStore } from '../../daemon/image/store.js';
-import { IS_ROOT, REPO, TestDaemon, builderRangeForSlot } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, builderRangeForSlot, leaseSlot, releaseSlot } from './harness.js';
 
+/** A label for the daemon's temp root (the harness leases its id ranges). */
 const SLOT = 30;
-/** The slot's builder range is split: the daemon below takes the first half, direct Builder objects the second. */
-const RANGE = builderRangeForSlot(SLOT);
-const HALF = RANGE.size / 2;
-const DAEMON_BUILDER = { base: RANGE.base, size: HALF };
-const DIRECT_BUILDER = { base: RANGE.base + HALF, size: HALF };
 /** CHOWN, DAC_OVERRIDE, DAC_READ_SEARCH, FOWNER, FSETID, MKNOD (27), SETFCAP (31): the builder's bounding set. */
 const BUILDER_CAPS = '000000008800001f';
 /** vfs_cap_data v2 with cap_net_raw (bit 13) effective and permitted. */
@@ -150,7 +146,12 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageS
   let base: string;
   let builder: Builder;
   let sentinelDir: string;
+  /** A test slot leased for its builder range alone (no daemon uses it meanwhile). */
+  let leased = -1;
+  let DIRECT_BUILDER: { base: number; size: number };
   beforeAll(async () => {
+    leased = leaseSlot();
+    DIRECT_BUILDER = builderRangeForSlot(leased);
     base = mkdtempSync('/tmp/dsec-builder-it-');
     chmodSync(base, 0o711); // the builder must reach <base>/builder/<job> by its absolute path
     builder = new Builder({ range: DIRECT_BUILDER, workDir: path.join(base, 'builder') });
@@ -164,6 +165,7 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageS
   });
   afterAll(async () => {
     if (base) await rm(base, { recursive: true, force: true });
+    if (leased >= 0) releaseSlot(leased);
   });
 
   it('the extraction worker runs as uid 0 of a user namespace mapped onto a builder slot, with no host privilege', async () => {
@@ -413,6 +415,7 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
   let d: TestDaemon;
   let base: string;
   let calls: string;
+  let DAEMON_BUILDER: { base: number; size: number };
   beforeAll(async () => {
     base = mkdtempSync('/tmp/dsec-builder-d-');
     chmodSync(base, 0o755);
@@ -435,7 +438,8 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
       'exec mkfs.erofs "$@"',
       '',
     ].join('\n'), { mode: 0o755 });
-    d = await TestDaemon.start({ slot: SLOT, config: `[builder]\nbase = ${DAEMON_BUILDER.base}\nsize = ${DAEMON_BUILDER.size}\n[images]\nmkfs_path = "${wrapper}"\n` });
+    d = await TestDaemon.start({ slot: SLOT, config: `[images]\nmkfs_path = "${wrapper}"\n` });
+    DAEMON_BUILDER = d.builderRange;
   });
   afterAll(async () => {
     await d?.cleanup();
@@ -499,7 +503,8 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
   });
 
   it('commits and snapshots keep owners, modes, setuid bits, file capabilities, whiteouts and opaque dirs exactly', async () => {
-    const sb = await d.client.createSandbox({ image: 'busybox' });
+    // System paths writable (readonly_paths []), so the sandbox can delete /etc/group and replace /usr/local.
+    const sb = await d.client.createSandbox({ image: 'busybox', filesystem: { readonly_paths: [], writable_paths: ['/work'] } });
     try {
       await sh(sb.id, [
         'mkdir -p /work/repo && echo answer > /work/repo/file && chown -R 1000:1001 /work/repo && chmod 2750 /work/repo',
@@ -536,7 +541,7 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
         });
       }
       // A sandbox of the committed image sees the same.
-      const again = await d.client.createSandbox({ image: 'exact:1' });
+      const again = await d.client.createSandbox({ image: 'exact:1', filesystem: { writable_paths: ['/work'] } });
       try {
         expect(await sh(again.id, 'stat -c "%u:%g %a" /work/repo /work/suid; cat /work/repo/file; test -e /etc/group || echo gone; ls /usr/local')).toBe('1000:1001 2750\n0:0 4755\nanswer\ngone\nfresh\n');
       } finally {
@@ -554,7 +559,8 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
       env: `envtoken-${hex}`, argv: `ARGV-${hex}`, exec: `EXECOUT-${hex}`, session: `SESSOUT-${hex}`, stdin: `STDIN-${hex}`,
       pty: `PTYOUT-${hex}`, traj: `TRAJOUT-${hex}`, upload: `UPLOAD-${hex}`, archive: `ARCHIVE-${hex}`,
     };
-    const sb = await d.client.createSandbox({ image: 'busybox', env: { API_TOKEN: M.env } });
+    // Two writable paths dsecd creates in the writable layer: /work stays empty, /data gets the agent's result.
+    const sb = await d.client.createSandbox({ image: 'busybox', env: { API_TOKEN: M.env }, filesystem: { writable_paths: ['/work', '/data'] } });
     try {
       // A plain exec, whose argv carries a marker of its own.
       const e = await d.client.exec(sb.id, { argv: ['sh', '-c', `true ${M.argv}; printf '%s-%s\\n' EXECOUT ${hex}`] });
@@ -573,9 +579,10 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
       // File uploads: these are the sandbox's own content and must ship.
       await d.client.writeFile(sb.id, '/root/uploaded.txt', Buffer.from(M.upload));
       await d.client.putArchive(sb.id, '/root', await makeTar([{ name: 'arch.txt', body: M.archive }]));
-      // What the agent leaves behind from an upload cut short, and a path dsec created (recorded by the driver).
-      await sh(sb.id, 'touch /root/.uploaded.txt.dsec-99-1.tmp /root/.dsec-99-2.tmp /etc/dsec-mount-point');
-      await writeFile(path.join(d.root, 'sandboxes', sb.id, 'upper-created.json'), '["etc/dsec-mount-point"]\n', { mode: 0o600 });
+      // What the agent leaves behind from an upload cut short; the agent's result in a dsec-made directory.
+      await sh(sb.id, 'touch /root/.uploaded.txt.dsec-99-1.tmp /root/.dsec-99-2.tmp && echo result > /data/result');
+      // The driver recorded the directories it made for writable_paths.
+      expect(JSON.parse(readFileSync(path.join(d.root, 'sandboxes', sb.id, 'upper-created.json'), 'utf8'))).toEqual(['data', 'work']);
 
       // Proof that the markers exist host-side: session spools, the trajectory in the store.
       const spools = readdirSync(path.join(d.root, 'sandboxes', sb.id, 'execs')).map((f) => readFileSync(path.join(d.root, 'sandboxes', sb.id, 'execs', f), 'utf8')).join('\n');
@@ -586,7 +593,8 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
       expect(existsSync(path.join(d.root, 'sandboxes', sb.id, 'agent.sock'))).toBe(true);
 
       const c = await d.client.commit(sb.id, { image: `clean:${hex}` });
-      expect(c.stripped).toEqual(expect.arrayContaining(['etc/dsec-mount-point', 'root/.uploaded.txt.dsec-99-1.tmp', 'root/.dsec-99-2.tmp']));
+      expect(c.stripped).toEqual(expect.arrayContaining(['work', 'root/.uploaded.txt.dsec-99-1.tmp', 'root/.dsec-99-2.tmp']));
+      expect(c.stripped).not.toContain('data');
       expect(c.image.config.env.join('\n')).not.toContain(M.env);
       expect(c.warnings.join('\n')).toContain('API_TOKEN');
       expect(c.warnings.join('\n')).not.toContain(M.env);
@@ -609,8 +617,10 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
           // Uploaded files are the sandbox's content: they ship.
           expect(await readFile(path.join(m, 'root/uploaded.txt'), 'utf8')).toBe(M.upload);
           expect(await readFile(path.join(m, 'root/arch.txt'), 'utf8')).toBe(M.archive);
-          // The dsec-created path: stripped from the commit, kept by the (unstripped) snapshot.
-          expect(existsSync(path.join(m, 'etc/dsec-mount-point')), what).toBe(what === 'snapshot');
+          // The empty dsec-made directory: stripped from the commit, kept by the (unstripped)
+          // snapshot; the one the agent filled is its work and ships either way.
+          expect(existsSync(path.join(m, 'work')), what).toBe(what === 'snapshot');
+          expect(await readFile(path.join(m, 'data/result'), 'utf8')).toBe('result\n');
         });
       }
     } finally {

@@ -58,7 +58,9 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 18, config: '[defaults]\nmemory_bytes = 1073741824\n' });
-    sb = (await d.client.createSandbox({ image: 'busybox' })).id;
+    // cp copies trees under /srv, a top-level directory busybox lacks: dsecd creates it
+    // as a writable place (the top level itself is read-only).
+    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: ['/srv'] } })).id;
     tmp = mkdtempSync('/tmp/dsec-cli-it-');
   });
   afterAll(async () => {

@@ -15,7 +15,8 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 7 });
     keeper = await d.client.createSandbox({ image: 'busybox', labels: { role: 'keeper' } });
-    await d.client.exec(keeper.id, { argv: ['sh', '-c', 'echo kept > /kept'] });
+    // /root: the top level is read-only (docs/SECURITY.md "Filesystem").
+    await d.client.exec(keeper.id, { argv: ['sh', '-c', 'echo kept > /root/kept'] });
   });
   afterAll(async () => {
     await d?.cleanup();
@@ -28,7 +29,7 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
     const k = await d.client.getSandbox(keeper.id);
     expect(k.state).toBe('running');
     expect(k.init_pid).toBe(keeper.init_pid);
-    const r = await d.client.exec(keeper.id, { argv: ['cat', '/kept'] });
+    const r = await d.client.exec(keeper.id, { argv: ['cat', '/root/kept'] });
     expect(r.stdout.toString()).toBe('kept\n');
     const t = await d.traces();
     const live = (await d.client.listSandboxes()).filter((s) => s.state === 'running').map((s) => s.id).sort();

@@ -41,7 +41,9 @@ describe.skipIf(!IS_ROOT)('files', () => {
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 19, config: '[defaults]\nmemory_bytes = 1073741824\n' });
-    sb = (await d.client.createSandbox({ image: 'busybox' })).id;
+    // The tests write below /srv, /data and /copy: top-level directories busybox lacks,
+    // which dsecd creates as writable places (the top level itself is read-only).
+    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: ['/srv', '/data', '/copy'] } })).id;
   });
   afterAll(async () => {
     await d?.cleanup();

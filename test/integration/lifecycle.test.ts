@@ -24,7 +24,8 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     const cg = await d.cgroups();
     expect(await cg.pids(sb.id)).toContain(sb.init_pid);
 
-    const r = await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo $GREETING > /state; cat /state; id -u; echo err >&2; exit 3'] });
+    // /root: the top level is read-only (docs/SECURITY.md "Filesystem"), /root is a writable place.
+    const r = await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo $GREETING > /root/state; cat /root/state; id -u; echo err >&2; exit 3'] });
     expect(r.exit_code).toBe(3);
     expect(r.stdout.toString()).toBe('hi\n0\n');
     expect(r.stderr.toString()).toBe('err\n');
@@ -39,7 +40,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     const started = await d.client.startSandbox(sb.id);
     expect(started.state).toBe('running');
     expect(started.init_pid).not.toBe(sb.init_pid);
-    const r2 = await d.client.exec(sb.id, { argv: ['cat', '/state'] });
+    const r2 = await d.client.exec(sb.id, { argv: ['cat', '/root/state'] });
     expect(r2.stdout.toString()).toBe('hi\n');
 
     const gone = await d.client.deleteSandbox(sb.id, { force: true });
@@ -140,10 +141,13 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
   });
 
   it('root in a sandbox is an unprivileged uid on the host and cannot write host files', async () => {
-    const sb = await d.client.createSandbox({ image: 'busybox' });
+    // System paths writable (readonly_paths []): this is about the upper dir and host
+    // uids, so root inside must be able to replace image files (read-only paths:
+    // test/attacks/filesystem.test.ts).
+    const sb = await d.client.createSandbox({ image: 'busybox', filesystem: { readonly_paths: [] } });
     try {
-      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo mine > /owned'] });
-      const upper = path.join(d.upperDir(sb.id), 'owned');
+      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo mine > /root/owned'] });
+      const upper = path.join(d.upperDir(sb.id), 'root', 'owned');
       expect(statSync(upper).uid).toBe(sb.uid_base);
       const attempts = [
         'echo x > /dev/.dsec-agent',
@@ -159,7 +163,8 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
         expect(r.exit_code, a).not.toBe(0);
       }
       // Replacing a file of the image only changes this sandbox's upper dir, never the shared layer.
-      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo gotcha > /bin/cat-copy; rm /bin/ls'] });
+      const replaced = await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo gotcha > /bin/cat-copy && rm /bin/ls'] });
+      expect(replaced.exit_code).toBe(0);
       const other = await d.client.createSandbox({ image: 'busybox' });
       try {
         const ls = await d.client.exec(other.id, { argv: ['ls', '/bin/ls'] });
@@ -260,7 +265,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
   it('a sandbox whose init is killed from outside becomes failed, and start brings it back', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox' });
     try {
-      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo persisted > /p'] });
+      await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo persisted > /root/p'] });
       process.kill(sb.init_pid!, 'SIGKILL');
       await expect(d.client.exec(sb.id, { argv: ['true'] })).rejects.toMatchObject({ code: 'FailedPrecondition' });
       const f = await d.client.getSandbox(sb.id);
@@ -270,7 +275,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
       expect(t.runtime).not.toContain(sb.id);
       expect(t.mounts.filter((m) => m.includes(sb.id))).toEqual([]);
       await d.client.startSandbox(sb.id);
-      expect((await d.client.exec(sb.id, { argv: ['cat', '/p'] })).stdout.toString()).toBe('persisted\n');
+      expect((await d.client.exec(sb.id, { argv: ['cat', '/root/p'] })).stdout.toString()).toBe('persisted\n');
     } finally {
       await d.client.deleteSandbox(sb.id, { force: true });
     }

@@ -37,7 +37,10 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
   beforeAll(async () => {
     // A small admission limit, so a too-large fork is refused without creating hundreds of sandboxes.
     d = await TestDaemon.start({ slot: 26, config: '[admission]\nmax_sandboxes = 40\n' });
-    src = (await d.client.createSandbox({ image: 'busybox', labels: { job: 'prep' }, env: { MODE: 'src' } })).id;
+    // System paths writable (readonly_paths []): the source deletes /etc/group and
+    // replaces /usr/local; /work is a new top-level directory, so dsecd makes it
+    // (writable_paths). Snapshots must carry all of it; forks inherit the options.
+    src = (await d.client.createSandbox({ image: 'busybox', labels: { job: 'prep' }, env: { MODE: 'src' }, filesystem: { readonly_paths: [], writable_paths: ['/work'] } })).id;
     await sh(src, [
       'mkdir -p /work/repo && echo answer-42 > /work/repo/file',
       'chown -R 1000:1000 /work/repo',
@@ -95,6 +98,7 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
       expect(s.snapshot).toBe(snapId);
       expect(s.labels).toEqual({ job: 'rollout', 'dsec.fork': made[0].labels['dsec.fork'] });
       expect(s.env).toEqual({ MODE: 'src' });
+      expect(s.filesystem).toEqual({ readonly_paths: [], writable_paths: ['/work'], landlock: true });
     }
     expect(made[0].labels['dsec.fork']).toMatch(/^fork-[0-9a-f]{16}$/);
     for (const id of forks) {
@@ -133,9 +137,11 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
   });
 
   it('restore takes overrides; the CLI snapshots, restores and forks', async () => {
-    const r = await d.client.restore(snapId, { labels: { a: 'b' }, env: { EXTRA: '1' }, memory_bytes: 64 * 1024 * 1024 });
+    const r = await d.client.restore(snapId, { labels: { a: 'b' }, env: { EXTRA: '1' }, memory_bytes: 64 * 1024 * 1024, filesystem: { landlock: false } });
     expect(r.memory_bytes).toBe(64 * 1024 * 1024);
     expect(r.env).toEqual({ MODE: 'src', EXTRA: '1' });
+    // Filesystem options field by field over the source's.
+    expect(r.filesystem).toEqual({ readonly_paths: [], writable_paths: ['/work'], landlock: false });
     expect(await sh(r.id, 'cat /work/repo/file')).toBe('answer-42\n');
     await d.client.deleteSandbox(r.id, { force: true });
     const s = await runCli(d, ['snapshot', src, 'cli-snap']);

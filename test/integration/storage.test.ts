@@ -39,8 +39,8 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
     const running = await d.client.createSandbox({ image: 'busybox' });
     const stopped = await d.client.createSandbox({ image: 'busybox' });
     expect(running.disk_bytes).toBeNull();
-    await sh(d, running.id, 'echo one > /data');
-    await sh(d, stopped.id, 'echo two > /data');
+    await sh(d, running.id, 'echo one > /root/data');
+    await sh(d, stopped.id, 'echo two > /root/data');
     await d.client.stopSandbox(stopped.id, { timeoutMs: 0 });
     expect(d.upperDir(running.id)).toBe(path.join(d.root, 'sandboxes', running.id, 'upper'));
 
@@ -58,9 +58,9 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
     expect(r.disk_bytes).toBeNull();
     expect(r.disk_used_bytes).toBeNull();
     expect(r.defences?.disk_quota).toMatchObject({ enforced: false, detail: expect.stringMatching(/host filesystem/) });
-    expect(await sh(d, running.id, 'cat /data')).toBe('one\n');
+    expect(await sh(d, running.id, 'cat /root/data')).toBe('one\n');
     await d.client.startSandbox(stopped.id);
-    expect(await sh(d, stopped.id, 'cat /data')).toBe('two\n');
+    expect(await sh(d, stopped.id, 'cat /root/data')).toBe('two\n');
     expect((await d.client.sandboxStats(stopped.id)).disk_used_bytes).toBeNull();
 
     // A snapshot of an old sandbox restores into the store, with the default quota.
@@ -68,12 +68,12 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
     const restored = await d.client.restore(snap.id);
     expect(restored.disk_bytes).toBe(10 * 1024 ** 3);
     expect(d.upperDir(restored.id)).toBe(path.join(d.storeMount, 'sb', restored.id, 'upper'));
-    expect(await sh(d, restored.id, 'cat /data')).toBe('one\n');
+    expect(await sh(d, restored.id, 'cat /root/data')).toBe('one\n');
     expect((await d.client.getSandbox(restored.id)).defences?.disk_quota.enforced).toBe(true);
     // A commit of the other one packs its host-filesystem layer.
     await d.client.commit(stopped.id, { image: 'upgraded:v1' });
     const fromCommit = await d.client.createSandbox({ image: 'upgraded:v1' });
-    expect(await sh(d, fromCommit.id, 'cat /data')).toBe('two\n');
+    expect(await sh(d, fromCommit.id, 'cat /root/data')).toBe('two\n');
 
     // New sandboxes live in the store; the old ones' dirs go with them on destroy.
     expect((await d.traces()).store).toEqual([restored.id, fromCommit.id].sort());
@@ -90,7 +90,7 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
 
   it('a SIGKILLed dsecd leaves the store mounted; its sandboxes keep running and are adopted; still one mount and one loop device', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * 1024 ** 2 });
-    await sh(d, sb.id, 'echo kept > /kept');
+    await sh(d, sb.id, 'echo kept > /root/kept');
     await d.kill9();
     expect(mountsAt(d.storeMount)).toBe(1);
     expect(() => process.kill(sb.init_pid!, 0)).not.toThrow();
@@ -98,14 +98,14 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
     const got = await d.client.getSandbox(sb.id);
     expect(got.state).toBe('running');
     expect(got.init_pid).toBe(sb.init_pid);
-    expect(await sh(d, sb.id, 'cat /kept && dd if=/dev/zero of=/f bs=1M count=128 2>&1 | grep -c "quota exceeded"')).toBe('kept\n1\n');
+    expect(await sh(d, sb.id, 'cat /root/kept && dd if=/dev/zero of=/root/f bs=1M count=128 2>&1 | grep -c "quota exceeded"')).toBe('kept\n1\n');
     await d.restart();
     expect(mountsAt(d.storeMount)).toBe(1);
     expect(loopDevicesUnder(d.root)).toHaveLength(1);
     // stop/start keeps the layer (and its quota) on the store.
     await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
     await d.client.startSandbox(sb.id);
-    expect(await sh(d, sb.id, 'cat /kept')).toBe('kept\n');
+    expect(await sh(d, sb.id, 'cat /root/kept')).toBe('kept\n');
     expect((await d.client.sandboxStats(sb.id)).disk_limit_bytes).toBe(64 * 1024 ** 2);
     await d.client.deleteSandbox(sb.id, { force: true });
   });
@@ -172,7 +172,7 @@ describe.skipIf(!IS_ROOT)('writable-layer store on the operator\'s own btrfs ([s
     expect(statfsSync(upper).type).toBe(BTRFS_SUPER_MAGIC);
     const show = await execa('btrfs', ['subvolume', 'show', path.join(fsDir, 'dsec', 'sb', sb.id)]);
     expect(show.stdout).toMatch(/Subvolume ID:/);
-    expect(await sh(d, sb.id, 'dd if=/dev/zero of=/f bs=1M count=64 2>&1 | grep -c "quota exceeded"')).toBe('1\n');
+    expect(await sh(d, sb.id, 'dd if=/dev/zero of=/root/f bs=1M count=64 2>&1 | grep -c "quota exceeded"')).toBe('1\n');
     await d.client.deleteSandbox(sb.id, { force: true });
     expect(existsSync(path.join(fsDir, 'dsec', 'sb', sb.id))).toBe(false);
   });

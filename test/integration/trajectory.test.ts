@@ -9,14 +9,14 @@ import path from 'node:path';
 import { execa } from 'execa';
 import { IS_ROOT, REPO, TestDaemon, runCli, rejection } from './harness.js';
 
-/** The command of step k: increments /counter and prints the step and the new count. */
-const stepArgv = (k: number) => ['sh', '-c', `n=$(cat /counter 2>/dev/null || echo 0); n=$((n+1)); echo $n > /counter; echo step${k} n=$n`];
+/** The command of step k: increments /root/counter (the top level is read-only) and prints the step and the new count. */
+const stepArgv = (k: number) => ['sh', '-c', `n=$(cat /root/counter 2>/dev/null || echo 0); n=$((n+1)); echo $n > /root/counter; echo step${k} n=$n`];
 
 describe.skipIf(!IS_ROOT)('trajectory log', () => {
   let d: TestDaemon;
   let sb: string;
   const T = 'rollout-7.a:b@c';
-  const counter = async (id = sb) => (await d.client.exec(id, { argv: ['cat', '/counter'] })).stdout.toString().trim();
+  const counter = async (id = sb) => (await d.client.exec(id, { argv: ['cat', '/root/counter'] })).stdout.toString().trim();
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 25 });

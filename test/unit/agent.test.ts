@@ -14,7 +14,7 @@ import {
   decodeExecRequest, decodeExit, decodeTlv, encodeExecRequest, encodeExit, encodeFrame,
   encodeTlv, encodeU32, type Frame,
 } from '../../daemon/agent/protocol.js';
-import { AGENT, AgentHarness, BB, buildAgent, procState, waitFor } from '../fixtures/agent.js';
+import { AGENT, AgentHarness, BB, EXTRA_AGENT_ARGS, buildAgent, procState, waitFor } from '../fixtures/agent.js';
 
 const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const MiB = 1 << 20;
@@ -106,7 +106,13 @@ describe('dsec-agent (not PID 1)', () => {
     // test runner (test/unit/agent-isolated.test.ts and docs/AGENT_PROTOCOL.md).
     const capEff = BigInt('0x' + (/^CapEff:\s+([0-9a-f]+)/m.exec(fs.readFileSync('/proc/self/status', 'utf8'))?.[1] ?? '0'));
     const isolate = (capEff >> 21n) & 1n ? ['isolate'] : [];
-    expect(c.info).toEqual({ agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate] });
+    expect(c.info).toEqual({
+      agent: 'dsec-agent', version: '0.1.0', protocol: 1, pid: a.pid, features: ['tty', 'detached', 'files', ...isolate],
+      // Without --landlock unless DSEC_TEST_AGENT_ARGS adds it (test/unit/agent-landlock.test.ts covers it).
+      landlock: EXTRA_AGENT_ARGS.includes('--landlock')
+        ? { enforced: true, abi: expect.any(Number), scope: 'agent', writable: EXTRA_AGENT_ARGS.filter((x) => x === '--writable').length, reason: '' }
+        : { enforced: false, abi: expect.any(Number), scope: 'off', writable: 0, reason: expect.stringMatching(/not requested/) },
+    });
     expect(typeof (await c.ping())).toBe('number');
     expect(c.closed).toBe(false);
     c.close();

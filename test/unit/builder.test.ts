@@ -13,7 +13,7 @@ import { BUILDER_SLOT_IDS, Builder, DEFAULT_BUILDER_RANGE, checkBuilderRange, ra
 import { loadConfig } from '../../daemon/config.js';
 import { rangeConflict } from '../../daemon/host/instances.js';
 import { decodeFixups, encodeFixups } from '../../daemon/image/commit.js';
-import { builderRangeForSlot, uidPoolForSlot } from '../integration/harness.js';
+import { SLOTS, builderRangeForSlot, uidPoolForSlot } from '../integration/harness.js';
 
 const DEFAULT_POOL: IdRange = { base: 2 ** 31, size: 2 ** 30 };
 
@@ -125,34 +125,22 @@ describe('overlaps between live instances are refused', () => {
 });
 
 describe('integration-test id grid (test/integration/harness.ts) against the production defaults', () => {
-  it('every slot of every checkout has a pool and a builder range that overlap nothing else', () => {
+  it('every leasable slot has a pool and a builder range that overlap nothing else', () => {
     const ranges: Array<{ what: string; r: IdRange }> = [
       { what: 'default pool', r: DEFAULT_POOL },
       { what: 'default builder', r: DEFAULT_BUILDER_RANGE },
       { what: 'bench/builder pool', r: { base: 3 * 2 ** 28, size: 2 ** 24 } },
     ];
-    // The offset is read when the harness is loaded; the grid is computed here for each offset.
-    for (const offset of [0, 30, 60, 90]) {
-      for (let slot = 0; slot < 40; slot++) {
-        const s = slot < 30 ? slot + offset : null;
-        const e = slot >= 30 ? (offset / 30) * 10 + (slot - 30) : null;
-        const pool = s !== null ? { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 } : { base: 2 ** 24 * (1 + e!), size: 2 ** 24 };
-        const builder = s !== null ? { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 } : { base: 41 * 2 ** 24 + e! * 2 ** 20, size: 2 ** 20 };
-        ranges.push({ what: `offset ${offset} slot ${slot} pool`, r: pool }, { what: `offset ${offset} slot ${slot} builder`, r: builder });
-      }
-    }
-    // The formulas above are the harness's: check them against the exported functions at this run's offset.
-    const offset = Number(process.env.DSEC_TEST_SLOT_OFFSET ?? 0);
-    for (let slot = 0; slot < 40; slot++) {
-      expect(uidPoolForSlot(slot)).toEqual(ranges.find((x) => x.what === `offset ${offset} slot ${slot} pool`)!.r);
-      expect(builderRangeForSlot(slot)).toEqual(ranges.find((x) => x.what === `offset ${offset} slot ${slot} builder`)!.r);
-    }
+    for (let s = 0; s < SLOTS; s++) ranges.push({ what: `slot ${s} pool`, r: uidPoolForSlot(s) }, { what: `slot ${s} builder`, r: builderRangeForSlot(s) });
     const clashes: string[] = [];
     for (let i = 0; i < ranges.length; i++) {
       for (let j = i + 1; j < ranges.length; j++) if (rangesOverlap(ranges[i].r, ranges[j].r)) clashes.push(`${ranges[i].what} / ${ranges[j].what}`);
     }
     expect(clashes).toEqual([]);
-    for (const x of ranges) if (x.what.includes('builder')) expect(x.r.base + x.r.size, x.what).toBeLessThanOrEqual(2 ** 32 - 1);
+    for (const x of ranges) if (x.what.endsWith('builder')) {
+      expect(checkBuilderRange(x.r, DEFAULT_POOL), x.what).toBe(16);
+      expect(x.r.base + x.r.size, x.what).toBeLessThanOrEqual(2 ** 32 - 1);
+    }
   });
 });
 

@@ -226,6 +226,13 @@ describe('image build', () => {
     expect(seen[0].body.config).toEqual({ env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'A=1'], cmd: ['python3', '-m', 'http.server'] });
   });
 
+  it('the security flags set config.security (field by field over --base, merged by dsecd)', async () => {
+    routes['POST /v1/images/import'] = stream(image());
+    const r = await dsec(['image', 'build', '/srv/tree', '-t', 'x', '--writable', '/work', '--no-landlock', '--seccomp-allow', 'ptrace', '--seccomp-deny', 'kcmp']);
+    expect(r.code).toBe(0);
+    expect(seen[0].body.config).toEqual({ security: { writable_paths: ['/work'], landlock: false, seccomp: { allow: ['ptrace'], deny: ['kcmp'] } } });
+  });
+
   it('refuses a file, a relative --cwd, bad --cmd JSON and a missing --tag before any request', async () => {
     writeFileSync(tmp('file.tar'), 'x');
     const f = await dsec(['image', 'build', tmp('file.tar'), '-t', 'x']);

@@ -460,6 +460,29 @@ describe('create and run: --priority, --idle-timeout', () => {
     expect(seen[0].body).toEqual({ seccomp: { allow: ['ptrace', 'io_uring_setup'], deny: ['getpid'] } });
   });
 
+  it('create sends the filesystem flags; unset flags leave the fields to the image and config', async () => {
+    routes['POST /v1/sandboxes'] = ok(fakeSandbox(), 201);
+    expect((await dsec(['create', '--writable', '/work', '--writable', '/usr/local', '--readonly', '/usr', '--readonly', '/lib*', '--no-landlock'])).code).toBe(0);
+    expect(seen[0].body).toEqual({ filesystem: { writable_paths: ['/work', '/usr/local'], readonly_paths: ['/usr', '/lib*'], landlock: false } });
+    expect((await dsec(['create', '--no-readonly', '--landlock'])).code).toBe(0);
+    expect(seen[1].body).toEqual({ filesystem: { readonly_paths: [], landlock: true } });
+    expect((await dsec(['create'])).code).toBe(0);
+    expect(seen[2].body).toEqual({});
+  });
+
+  it('a relative --writable path is refused before any request', async () => {
+    expectUserError(await dsec(['create', '--writable', 'work']), /--writable: "work" is not an absolute path/, /\/work/);
+  });
+
+  it('a file operation refused on a read-only path gets the --writable hint', async () => {
+    routes['GET /v1/sandboxes/:id/files/stat'] = fail(404, 'NotFound', 'stat /work/f: No such file or directory');
+    routes['PUT /v1/sandboxes/:id/files'] = fail(412, 'FailedPrecondition', `mkdir /work: Read-only file system: the path is read-only in sandbox ${ID}`, 'readonly_path');
+    const r = await dsec(['cp', '/etc/hostname', `${ID}:/work/f`]);
+    expect(r.code).not.toBe(0);
+    expect(r.err).toMatch(/Read-only file system/);
+    expect(r.err).toMatch(/^hint: system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH`/m);
+  });
+
   it('a bad syscall name is refused before any request', async () => {
     expectUserError(await dsec(['create', '--seccomp-allow', 'Ptrace!']), /"Ptrace!" is not a syscall name/, /lowercase/);
   });

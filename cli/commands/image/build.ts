@@ -1,9 +1,11 @@
 /**
  * `dsec image build DIR --tag NAME[:TAG] [--base IMAGE] [--env K=V]... [--cwd DIR]
- * [--user U] [--cmd ...]`: packs the directory tree DIR as one EROFS layer (on top of
+ * [--user U] [--cmd ...] [security flags]`: packs the directory tree DIR as one EROFS layer (on top of
  * --base's layers) and names the image. DIR is resolved to an absolute path here and read
- * by dsecd on its own host. Progress on stderr; the new ref (or Image with --json) on
- * stdout.
+ * by dsecd on its own host. The security flags (cli/util/security.ts: --writable,
+ * --readonly, --no-readonly, --landlock, --no-landlock, --seccomp-allow, --seccomp-deny)
+ * set the image's security defaults, merged field by field over --base's. Progress on
+ * stderr; the new ref (or Image with --json) on stdout.
  */
 import { stat } from 'node:fs/promises';
 import { resolve } from 'node:path';
@@ -13,6 +15,7 @@ import type { Ctx } from '../../util/context.js';
 import { UserError } from '../../util/errors.js';
 import { runImageOperation } from '../../util/long.js';
 import { collectEnv, flag } from '../../util/parse.js';
+import { addImageSecurityOptions, imageSecurityOf, type ImageSecurityFlags } from '../../util/security.js';
 
 /**
  * Environment of an image built without --base: the PATH of dsecd's scratch config
@@ -22,7 +25,7 @@ import { collectEnv, flag } from '../../util/parse.js';
 export const SCRATCH_ENV = ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'];
 
 /** Parsed build flags. */
-export interface BuildFlags {
+export interface BuildFlags extends ImageSecurityFlags {
   /** `--tag`, the new image's name[:tag]. */
   tag: string;
   /** `--base`. */
@@ -85,12 +88,14 @@ async function configOf(client: DsecClient, f: BuildFlags): Promise<Partial<Imag
   if (f.cwd !== undefined) config.cwd = f.cwd;
   if (f.user !== undefined) config.user = f.user;
   if (f.cmd !== undefined) config.cmd = parseCmd(f.cmd);
+  const security = imageSecurityOf(f);
+  if (security) config.security = security;
   return Object.keys(config).length > 0 ? config : undefined;
 }
 
 /** Adds `build` to the `image` command `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
-  return parent
+  return addImageSecurityOptions(parent
     .command('build')
     .description('build an image from a directory tree (read by dsecd on its host)')
     .argument('<dir>', 'directory tree to pack as one layer (its path is read by dsecd, on the daemon host)')
@@ -99,7 +104,7 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('--env <K=V>', "image environment, repeatable; merged over the base image's", flag('--env', collectEnv))
     .option('--cwd <dir>', 'working directory of execs (absolute)', flag('--cwd', parseAbsolute))
     .option('--user <user>', 'default user, name or uid[:gid]')
-    .option('--cmd <word...>', 'default command: the words up to the next option, or one JSON array')
+    .option('--cmd <word...>', 'default command: the words up to the next option, or one JSON array'))
     .addHelpText(
       'after',
       '\nDIR is resolved to an absolute path here and read by dsecd on its own host (the\n' +

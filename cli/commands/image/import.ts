@@ -2,7 +2,8 @@
  * `dsec image import PATH --tag NAME[:TAG] [--format auto|tar|oci]`: imports a root
  * filesystem tar (one layer; plain, gzip or zstd) or an OCI image layout / docker save
  * archive (one layer per image layer). PATH is resolved to an absolute path here and
- * read by dsecd on its own host. `auto` looks at PATH here (cli/util/archive.ts).
+ * read by dsecd on its own host. `auto` looks at PATH here (cli/util/archive.ts). The
+ * security flags (cli/util/security.ts) set the image's security defaults.
  * Progress on stderr; the new ref (or Image with --json) on stdout.
  */
 import { stat } from 'node:fs/promises';
@@ -13,6 +14,7 @@ import { UserError } from '../../util/errors.js';
 import { detectImportFormat, type ImportFormat } from '../../util/archive.js';
 import { runImageOperation } from '../../util/long.js';
 import { flag } from '../../util/parse.js';
+import { addImageSecurityOptions, imageSecurityOf, type ImageSecurityFlags } from '../../util/security.js';
 
 /** Values of `--format`. */
 export const IMPORT_FORMATS = ['auto', 'tar', 'oci'] as const;
@@ -27,13 +29,13 @@ function parseFormat(text: string): string {
 
 /** Adds `import` to the `image` command `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
-  return parent
+  return addImageSecurityOptions(parent
     .command('import')
     .description('import a root filesystem tar or an OCI/docker archive (read by dsecd on its host)')
     .argument('<path>', 'tar file, OCI layout (directory or tar) or docker save archive')
     .requiredOption('-t, --tag <name[:tag]>', 'name of the new image')
     .option('--format <format>', `${IMPORT_FORMATS.join(', ')}; auto looks at PATH`, flag('--format', parseFormat), 'auto')
-    .option('--ref <name>', 'which image of a multi-image archive (oci only), e.g. localhost/app:1')
+    .option('--ref <name>', 'which image of a multi-image archive (oci only), e.g. localhost/app:1'))
     .addHelpText(
       'after',
       '\nPATH is resolved to an absolute path here and read by dsecd on its own host, with\n' +
@@ -42,7 +44,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         'oci-layout/index.json/manifest.json, is oci; any other archive is a root\n' +
         'filesystem tar.\n',
     )
-    .action(async (p: string, flags: { tag: string; format: string; ref?: string }) => {
+    .action(async (p: string, flags: { tag: string; format: string; ref?: string } & ImageSecurityFlags) => {
       const path = resolve(p);
       let type: ImportFormat;
       if (flags.format === 'auto') {
@@ -56,6 +58,8 @@ export function register(parent: Command, ctx: Ctx): Command {
       }
       const client = ctx.client();
       if (flags.ref && type !== 'oci') throw new UserError('--ref selects an image of an OCI/docker archive', 'use --format oci, or drop --ref');
-      await runImageOperation(ctx, 'import', (opts) => client.importImage({ type, path, image: flags.tag, ...(flags.ref ? { source_ref: flags.ref } : {}) }, opts));
+      const security = imageSecurityOf(flags);
+      await runImageOperation(ctx, 'import', (opts) =>
+        client.importImage({ type, path, image: flags.tag, ...(flags.ref ? { source_ref: flags.ref } : {}), ...(security ? { config: { security } } : {}) }, opts));
     });
 }

@@ -20,7 +20,7 @@ import { z } from 'zod';
 import { parseWith } from '../server.js';
 import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
 import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
-import type { AgentClient } from '../../agent/client.js';
+import { AgentFileError, type AgentClient } from '../../agent/client.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 
@@ -74,6 +74,27 @@ export function safeEntryName(name: string): string | null {
   return parts.length ? parts.join('/') : null;
 }
 
+/** Reason (`error.reason`) of a file operation refused because its path is read-only in the sandbox: the CLI's hint names the way out. */
+export const READONLY_PATH_REASON = 'readonly_path';
+
+/** errno EROFS, as the agent reports it. */
+const EROFS = 30;
+
+/**
+ * A file operation that failed with EROFS hit the sandbox's read-only root or a
+ * read-only path (docs/SECURITY.md "Filesystem"): the same error, FailedPrecondition,
+ * with reason {@link READONLY_PATH_REASON} and a message that says how to get a writable
+ * path. Anything else is returned unchanged.
+ */
+export function readonlyPathError(e: unknown, sandboxId: string): unknown {
+  if (!(e instanceof AgentFileError) || e.errno !== EROFS) return e;
+  return new DsecError('FailedPrecondition',
+    `${e.message}: the path is read-only in sandbox ${sandboxId} (its root and readonly_paths are read-only, and no new top-level entry can be made); ` +
+    'to write there, create the sandbox with the path in filesystem.writable_paths (`dsec create --writable PATH`; dsecd creates a missing directory), ' +
+    'or with readonly_paths [] (`dsec create --no-readonly`)',
+    { cause: e, reason: READONLY_PATH_REASON });
+}
+
 /** Most request body read and discarded after a failed upload, so the error response reaches the client: 64 MiB. */
 const DRAIN_LIMIT = 64 * 1024 * 1024;
 
@@ -120,6 +141,10 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     }
   });
   app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
+  // Rethrown to the API's error handler, with the read-only path hint where it applies.
+  app.setErrorHandler((e, req) => {
+    throw readonlyPathError(e, (req.params as { id?: string }).id ?? '?');
+  });
 
   const agent = (req: R): Promise<AgentClient> => deps.manager.agent(req.params.id);
   const userOf = (req: R, u?: string) => u ?? deps.manager.get(req.params.id).imageConfig.user ?? '0';

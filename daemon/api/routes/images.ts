@@ -69,8 +69,15 @@ async function runLong<T>(req: FastifyRequest, reply: FastifyReply, log: ApiDeps
   return reply;
 }
 
-function mergeConfig(base: ImageManifest['config'], over?: Partial<ImageManifest['config']>): ImageManifest['config'] {
-  return { ...base, ...(over ?? {}) };
+/**
+ * `over` on top of `base`: each given field replaces the base's, except `security`,
+ * whose fields are merged one by one (a `--writable` on top of a base image keeps the
+ * base's seccomp override).
+ */
+export function mergeConfig(base: ImageManifest['config'], over?: Partial<ImageManifest['config']>): ImageManifest['config'] {
+  const out = { ...base, ...(over ?? {}) };
+  if (over?.security) out.security = { ...(base.security ?? {}), ...over.security };
+  return out;
 }
 
 /** Config of an image built from scratch (no base). */
@@ -160,7 +167,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.get<{ Params: { digest: string } }>(layerRoute.url, async (req) => layerView(await store.layer(req.params.digest)));
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
-    const r = await deps.manager.commit(req.params.id, body.image, body.exclude);
+    const r = await deps.manager.commit(req.params.id, body.image, body.exclude, body.security);
     return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped, warnings: r.warnings });
   });
 }

@@ -46,7 +46,7 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
     }));
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
     const sb = m.get(req.params.id);
-    return { ...toApi(sb), defences: { ...m.defences(sb), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: m.diskUsage(sb.id)?.usedBytes ?? null };
+    return { ...toApi(sb), defences: { ...(await m.defences(sb)), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: m.diskUsage(sb.id)?.usedBytes ?? null };
   });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {
     const q = parseWith(DeleteQuery, req.query, 'query');

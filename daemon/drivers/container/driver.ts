@@ -14,10 +14,16 @@
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
  *   upper-created.json  paths dsec created in upper/ (see {@link ContainerDriver.recordUpperCreated})
+ *
+ * Filesystem hardening (daemon/security/filesystem.ts): at every create and start, once
+ * the rootfs is mounted and before the runtime runs, the sandbox's resolved filesystem
+ * options are planned over the composed tree (read-only root, self-binds of writable
+ * places, directories to create) and go into the spec, with `--landlock` for the agent.
  */
 import net from 'node:net';
+import { execFileSync } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
@@ -35,6 +41,8 @@ import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 import type { UpperStore } from '../../storage/store.js';
+import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
+import type { DefenceStatus } from '../../api/schema.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -70,7 +78,22 @@ export interface ContainerDriverDeps {
   seccompMonitor?: SeccompMonitor;
   /** Where writable layers live and how they are limited (opened and mounted before the driver is used). */
   storage: UpperStore;
+  /**
+   * `[filesystem]` of the config: resolves the options of a sandbox row that predates
+   * them (filesystem null); newer rows carry their resolved options.
+   */
+  filesystemDefaults: ResolvedFilesystem;
   log: Logger;
+}
+
+/** The kernel's Landlock ABI as the agent sees it (`dsec-agent --landlock-abi`), or 0 and why not. */
+export function probeLandlock(agentBinary: string): { abi: number; reason: string | null } {
+  try {
+    const r = JSON.parse(execFileSync(agentBinary, ['--landlock-abi'], { encoding: 'utf8', timeout: 10_000 })) as { abi: number; reason?: string };
+    return r.abi > 0 ? { abi: r.abi, reason: null } : { abi: 0, reason: r.reason ?? 'the kernel has no Landlock' };
+  } catch (e) {
+    return { abi: 0, reason: `could not ask the agent (${agentBinary} --landlock-abi): ${(e as Error).message}` };
+  }
 }
 
 /**
@@ -106,9 +129,111 @@ export class ContainerDriver implements SandboxDriver {
 
   /** AppArmor is detected once, at construction (see {@link ContainerDriverDeps.apparmor}). */
   private readonly apparmorKernel: boolean;
+  /** The kernel's Landlock ABI, asked of the agent binary once, at construction. */
+  readonly landlock: { abi: number; reason: string | null };
 
   constructor(private readonly d: ContainerDriverDeps) {
     this.apparmorKernel = kernelHasAppArmor();
+    this.landlock = probeLandlock(d.agentBinary);
+  }
+
+  /** Whether this host can enforce Landlock, and what it does (for `dsec host info`). */
+  landlockStatus(): DefenceStatus {
+    if (!this.landlock.abi) return { enforced: false, detail: `not on this host: ${this.landlock.reason}; sandboxes run without it (each reports it in \`dsec inspect\`)` };
+    const on = this.d.filesystemDefaults.landlock;
+    return {
+      enforced: on,
+      detail: `Landlock ABI ${this.landlock.abi}: ${on ? '' : 'available, but off by default ([filesystem] landlock = false); '}the agent restricts every sandbox process (fncall: each isolated call) to read and execute, plus every right on its writable paths, file writes and terminal ioctls under /dev, nothing more on /proc and /sys; per sandbox: filesystem.landlock`,
+    };
+  }
+
+  /** Whether sandboxes get read-only system paths by default (for `dsec host info`). */
+  readonlyPathsStatus(): DefenceStatus {
+    const ro = this.d.filesystemDefaults.readonly_paths;
+    if (ro.length === 0) return { enforced: false, detail: 'off by default ([filesystem] readonly_paths = []); a sandbox or image may turn it on' };
+    return {
+      enforced: true,
+      detail: `root read-only even to root inside; read-only by default: ${ro.join(' ')}; every other top-level directory and writable_paths are read-write binds${this.d.filesystemDefaults.writable_paths.length ? ` (default writable_paths: ${this.d.filesystemDefaults.writable_paths.join(' ')})` : ''}; fncall workers: the whole image read-only`,
+    };
+  }
+
+  /** The filesystem options in force for `sb` (resolved at create; older rows: now). */
+  private filesystemOf(sb: SandboxRecord): ResolvedFilesystem {
+    return resolveFilesystem(sb.filesystem, sb.imageConfig.security, this.d.filesystemDefaults);
+  }
+
+  /**
+   * Plans the filesystem of `sb` over its mounted rootfs and creates the planned
+   * directories (see daemon/security/filesystem.ts). Workers: no binds, read-only root.
+   * @throws DsecError FailedPrecondition for options the image's tree cannot honour.
+   */
+  private async planFilesystem(sb: SandboxRecord, rootfs: string): Promise<FilesystemPlan & { landlock: boolean }> {
+    const fs = this.filesystemOf(sb);
+    if (sb.backend === 'fncall') return { readonlyRoot: true, binds: [], create: [], writable: [], landlock: fs.landlock };
+    let plan: FilesystemPlan;
+    try {
+      plan = planFilesystem(fs, hostTree(rootfs));
+    } catch (e) {
+      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e });
+      throw e;
+    }
+    await createPlannedDirs(rootfs, plan, sb.uidBase!);
+    if (plan.create.length) await this.recordUpperCreated(sb.id, plan.create);
+    return { ...plan, landlock: fs.landlock };
+  }
+
+  /**
+   * Which filesystem defences are in force for `sb` now (for GET /v1/sandboxes/{id}):
+   * `readonly_paths` from the spec runc was given (`<dir>/config.json`), `landlock` from
+   * what the agent reports in its HELLO. A sandbox that is not running has neither.
+   */
+  async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    const fs = this.filesystemOf(sb);
+    if (sb.state !== 'running' && sb.state !== 'paused') {
+      const why = `sandbox is ${sb.state}; applied at its next start`;
+      return {
+        readonly_paths: { enforced: false, detail: `${why} (readonly_paths ${JSON.stringify(fs.readonly_paths)}, writable_paths ${JSON.stringify(fs.writable_paths)})` },
+        landlock: { enforced: false, detail: `${why} (landlock ${fs.landlock})` },
+      };
+    }
+    return { readonly_paths: this.readonlyDefence(sb, fs), landlock: await this.landlockDefence(sb, fs) };
+  }
+
+  private readonlyDefence(sb: SandboxRecord, fs: ResolvedFilesystem): DefenceStatus {
+    let spec: { root?: { readonly?: boolean }; mounts?: Array<{ destination: string; type: string; source: string; options?: string[] }> };
+    try {
+      spec = JSON.parse(readFileSync(path.join(this.dir(sb.id), 'config.json'), 'utf8'));
+    } catch (e) {
+      return { enforced: false, detail: `cannot read the sandbox's spec: ${(e as Error).message}` };
+    }
+    if (!spec.root?.readonly) return { enforced: false, detail: 'off for this sandbox (readonly_paths []): the root is read-write' };
+    if (sb.backend === 'fncall') return { enforced: true, detail: 'fncall worker: the whole image is read-only; each call writes only its fresh tmpfs /tmp, /dev/shm and scratch paths' };
+    const rootfs = path.join(this.dir(sb.id), 'rootfs');
+    const binds = (spec.mounts ?? []).filter((m) => m.type === 'bind' && m.source === path.join(rootfs, m.destination));
+    const rw = binds.filter((m) => m.options?.includes('rw')).map((m) => m.destination);
+    const ro = binds.filter((m) => m.options?.includes('ro')).map((m) => m.destination);
+    return {
+      enforced: true,
+      detail: `root read-only (readonly_paths ${fs.readonly_paths.join(' ')}); read-write: ${rw.join(' ') || 'nothing'}${ro.length ? `; read-only below those: ${ro.join(' ')}` : ''}`,
+    };
+  }
+
+  private async landlockDefence(sb: SandboxRecord, fs: ResolvedFilesystem): Promise<DefenceStatus> {
+    if (!fs.landlock) return { enforced: false, detail: 'off for this sandbox (filesystem.landlock false)' };
+    let info;
+    try {
+      info = (await this.agent(sb.id)).info.landlock;
+    } catch (e) {
+      return { enforced: false, detail: `cannot ask the agent: ${(e as Error).message}` };
+    }
+    if (!info) return { enforced: false, detail: 'the agent does not report Landlock (an agent older than it)' };
+    if (!info.enforced) return { enforced: false, detail: `the agent runs without it: ${info.reason}` };
+    return {
+      enforced: true,
+      detail: info.scope === 'isolated_execs'
+        ? `Landlock ABI ${info.abi}, applied by each isolated call: read and execute, every right on its tmpfs mounts`
+        : `Landlock ABI ${info.abi} on the agent and every process it starts: read and execute everywhere, every right on ${info.writable} writable path(s), file writes and terminal ioctls only under /dev, /proc and /sys read-only`,
+    };
   }
 
   /**
@@ -209,9 +334,14 @@ export class ContainerDriver implements SandboxDriver {
     }
     const network = (await this.d.network?.prepareSpec(sb, dir)) ?? null;
     const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
+    const rootfs = path.join(dir, 'rootfs');
+    const filesystem = await this.planFilesystem(sb, rootfs);
+    // Mount points the runtime will create in the writable layer: commit strips them.
+    if (network && !(await lstat(path.join(rootfs, 'etc', 'resolv.conf')).catch(() => undefined))) await this.recordUpperCreated(sb.id, ['etc/resolv.conf']);
+    const imageSeccomp = sb.imageConfig.security?.seccomp;
     const spec = buildSpec({
       id: sb.id,
-      rootfs: path.join(dir, 'rootfs'),
+      rootfs,
       agentBinary: this.d.agentBinary,
       uidBase: sb.uidBase!,
       uidCount: sb.uidCount!,
@@ -224,10 +354,11 @@ export class ContainerDriver implements SandboxDriver {
       coreScheduling: this.d.coreScheduling,
       // fncall workers: read-only image, an agent that serves isolated execs.
       worker: sb.backend === 'fncall',
-      ...(sb.seccomp ? { seccomp: { sandbox: sb.seccomp } } : {}),
+      ...(sb.seccomp || imageSeccomp ? { seccomp: { image: imageSeccomp, sandbox: sb.seccomp ?? undefined } } : {}),
       seccompNotify,
       apparmorProfile,
       ...(network ? { network } : {}),
+      filesystem,
     });
     await writeFile(path.join(dir, 'config.json'), JSON.stringify(spec, null, 1));
     const sock = path.join(dir, 'agent.sock');
@@ -521,12 +652,13 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   /**
-   * Records that dsec itself created `relPaths` (relative to the sandbox root, e.g.
-   * `etc/resolv.conf` as a bind-mount point, a `writable_paths` directory) in the
-   * sandbox's upper dir, so that commit strips them (withWritableLayer passes the list).
-   * Call it when creating such a path, before the sandbox can see it. Idempotent;
-   * stored in `<sandbox dir>/upper-created.json` (root-only: the dir is the sandbox's,
-   * the file root's, mode 0600), written atomically.
+   * Records that dsec itself created `relPaths` (relative to the sandbox root, a leading
+   * `/` is dropped; e.g. `etc/resolv.conf` as the runtime's bind-mount point, a
+   * `writable_paths` directory) in the sandbox's upper dir, so that commit strips them
+   * while they are still what dsec made (withWritableLayer passes the list; see
+   * daemon/image/commit.ts). Call it when creating such a path, before the sandbox can
+   * see it. Idempotent; stored in `<sandbox dir>/upper-created.json` (mode 0600, root's),
+   * written atomically.
    */
   async recordUpperCreated(id: string, relPaths: readonly string[]): Promise<void> {
     const all = new Set([...this.upperCreated(id), ...relPaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean)]);

@@ -33,11 +33,23 @@
  * and mount_setattr to its agent, which re-denies them with a second filter in every
  * process it starts (see that module).
  *
+ * Filesystem (daemon/security/filesystem.ts, docs/SECURITY.md "Filesystem"): with a plan
+ * ({@link SpecInput.filesystem}) the root is read-only unless the plan says otherwise, and
+ * each planned bind (a writable top-level directory, a writable exception, a read-only
+ * path below a writable one) is a runc bind of `<rootfs><path>` onto `<path>`, FIRST in
+ * `mounts`, parents before children: every other mount (the agent under /dev, files the
+ * runtime generates under /etc) then lands on top of them. Writable binds are
+ * `nosuid,nodev`. With `landlock` the agent gets `--landlock` and one `--writable PATH`
+ * per writable place of the plan. A worker keeps its fully read-only root and no binds:
+ * only `--landlock` reaches it (each isolated call applies it; native/agent/agent.c).
+ *
  * AppArmor: `process.apparmorProfile` only when the caller passes a loaded profile's name
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
  * AppArmor (daemon/security/apparmor.ts). Elsewhere the spec never names one.
  */
+import path from 'node:path';
 import { buildSeccomp, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
+import type { FilesystemPlan } from '../../security/filesystem.js';
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
 export const AGENT_PATH = '/dev/.dsec-agent';
@@ -80,6 +92,12 @@ export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
 
 /** Agent flag that gives the sandbox its own core-scheduling cookie (hosts with core scheduling). */
 export const AGENT_FLAG_CORE_SCHED = '--core-sched';
+
+/** Agent flag: restrict file access with Landlock (native/agent/agent.c "Landlock"). */
+export const AGENT_FLAG_LANDLOCK = '--landlock';
+
+/** Agent flag naming one writable place for Landlock (repeated; follows {@link AGENT_FLAG_LANDLOCK}). */
+export const AGENT_FLAG_WRITABLE = '--writable';
 
 /** Inputs of {@link buildSpec}. */
 export interface SpecInput {
@@ -141,6 +159,12 @@ export interface SpecInput {
    * Default: mode none, the spec is unchanged (loopback only).
    */
   network?: { resolvConf: string };
+  /**
+   * Read-only root, binds and Landlock (see the module comment), from planFilesystem()
+   * over the mounted rootfs, plus whether Landlock is on. Default: none of it (a writable
+   * root, no binds, no Landlock), the spec of a sandbox without filesystem hardening.
+   */
+  filesystem?: FilesystemPlan & { landlock: boolean };
 }
 
 /** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
@@ -159,6 +183,16 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
   if (batch) args.push(AGENT_FLAG_SCHED_IDLE);
   if (i.coreScheduling) args.push(AGENT_FLAG_CORE_SCHED);
   if (i.worker) args.push(AGENT_FLAG_WORKER);
+  const fsPlan = i.filesystem;
+  if (fsPlan?.landlock) {
+    args.push(AGENT_FLAG_LANDLOCK);
+    if (!i.worker) for (const w of fsPlan.writable) args.push(AGENT_FLAG_WRITABLE, w);
+  }
+  // Workers keep a fully read-only root: no binds (isolated calls get fresh tmpfs mounts).
+  const binds = i.worker || !fsPlan ? [] : fsPlan.binds.map((b) => ({
+    destination: b.path, type: 'bind', source: path.join(i.rootfs, b.path),
+    options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
+  }));
   const cpu: Record<string, number> = { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US };
   if (batch) cpu.shares = BATCH_CPU_SHARES;
   const proc: Record<string, unknown> = {
@@ -185,9 +219,10 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
   return {
     ociVersion: '1.0.2',
     process: proc,
-    root: { path: i.rootfs, readonly: !!i.worker },
+    root: { path: i.rootfs, readonly: !!i.worker || !!fsPlan?.readonlyRoot },
     hostname: i.id,
     mounts: [
+      ...binds,
       { destination: '/proc', type: 'proc', source: 'proc', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/dev', type: 'tmpfs', source: 'tmpfs', options: ['nosuid', 'strictatime', 'mode=755', 'size=65536k'] },
       { destination: '/dev/pts', type: 'devpts', source: 'devpts', options: ['nosuid', 'noexec', 'newinstance', 'ptmxmode=0666', 'mode=0620'] },

@@ -1,0 +1,368 @@
+/**
+ * Read-only system paths and the sandbox's writable places (docs/SECURITY.md
+ * "Filesystem"): option schemas, their precedence, and the plan of mounts that enforces
+ * them, computed from the composed rootfs before the container starts.
+ *
+ * The model. The sandbox's root `/` is mounted read-only (OCI `root.readonly`), even to
+ * root inside. Every top-level directory of the composed rootfs that does not match
+ * `readonly_paths` (default {@link DEFAULT_READONLY_PATHS}) gets a read-write bind of
+ * itself, as does every `writable_paths` entry: an exception below a read-only path
+ * (`/usr/local`), or a directory the image does not have yet, which dsecd creates in the
+ * writable layer (as the sandbox's root) before the container starts. Consequences,
+ * which are the contract:
+ *   - nothing below a read-only path changes, whatever the uid or capabilities inside:
+ *     overwriting `/bin/sh` or `/etc/passwd` fails with EROFS;
+ *   - the top level itself is fixed: no new top-level entry can be made from inside, and
+ *     top-level symlinks (merged-/usr images: `/bin -> usr/bin`) cannot be replaced. A
+ *     sandbox that needs `/work` names it in `writable_paths` (`dsec create --writable
+ *     /work`), and dsecd creates it;
+ *   - the runtime's own mounts (/proc, /sys, /dev and what is mounted below them) are
+ *     never bound and never named here: their protection is the OCI masks, read-only
+ *     sysfs, and Landlock;
+ *   - a rename or hard link between two top-level directories now crosses mounts and
+ *     fails with EXDEV (mv falls back to copying), as between Docker volumes.
+ * `readonly_paths: []` turns the read-only root off for one sandbox (root read-write, no
+ * binds). Landlock, when on, still grants every right only on the top-level directories
+ * (it cannot grant all of `/` without also granting /proc and /dev, see the agent), so
+ * new top-level entries still need `writable_paths` or `landlock: false`.
+ *
+ * Mount count: the binds are runc mounts (OCI `mounts`), made inside the container's own
+ * mount namespace. The host's mount table still holds exactly one mount per running
+ * sandbox (its overlay), which every `runc run` copies; a bind costs only kernel memory
+ * in the sandbox's namespace (a few hundred bytes each).
+ *
+ * Order: the binds come first in the spec's mounts, parents before children, so any
+ * later mount below them (the agent under /dev, a runtime-generated /etc/resolv.conf)
+ * lands on top and stays visible; runc makes the root read-only after every mount is
+ * in place (finalizeRootfs), so mount points it must create still can be.
+ *
+ * Safety of the host paths: a bind's source is a host path (`<rootfs>/<path>`) that runc
+ * resolves in the host's mount namespace, following symlinks. So every path is resolved
+ * here inside the rootfs (symlinks followed as the sandbox would see them, never leaving
+ * its root), and the host path of each bind has no symlink in it. This runs while no
+ * process of the sandbox exists (create, or start of a stopped sandbox), so nothing can
+ * change the tree between this check and runc's mount.
+ *
+ * Precedence of the options, field by field: the create request's `filesystem` > the
+ * image's security defaults (`config.security`, daemon/image/security.ts) > `[filesystem]`
+ * in dsecd's config > the defaults here. The resolved values are stored with the sandbox
+ * at create ({@link resolveFilesystem}), so a later change of config or image never
+ * alters an existing sandbox.
+ */
+import { lstatSync, readdirSync, readlinkSync } from 'node:fs';
+import { chmod, chown, lstat, mkdir } from 'node:fs/promises';
+import path from 'node:path';
+import { z } from 'zod';
+import { failedPrecondition } from '../errors.js';
+
+/** Default `readonly_paths`: the system paths an agent under RL pressure tried to overwrite (/bin/bash), and the libraries and config they load. */
+export const DEFAULT_READONLY_PATHS: readonly string[] = ['/bin', '/sbin', '/usr', '/lib*', '/etc'];
+
+/** Top-level directories of the runtime's own mounts (spec.ts): never bound, never named in the options. */
+export const RUNTIME_MOUNT_DIRS: readonly string[] = ['/proc', '/sys', '/dev'];
+
+/** Most entries in `readonly_paths` or `writable_paths`: 64 each. */
+export const MAX_FILESYSTEM_PATHS = 64;
+
+/**
+ * Most writable places one sandbox may have: 128, the agent's limit of `--writable`
+ * flags (LL_MAX_WRITABLE in native/agent/agent.c), twice the 64 writable_paths a request
+ * may name plus room for an image's top-level directories.
+ */
+export const MAX_WRITABLE_PLACES = 128;
+
+/** Symlinks followed while resolving one path inside the rootfs: 40, the kernel's own limit (MAXSYMLINKS). */
+const MAX_SYMLINKS = 40;
+
+const GLOB_CHARS = /[*?]/;
+
+/** Why `p` is not a valid option path, or null. */
+function pathProblem(p: string): string | null {
+  if (!p.startsWith('/')) return 'paths are absolute';
+  if (p.includes('\0')) return 'paths must not contain NUL';
+  if (p === '/') return null;
+  const parts = p.slice(1).split('/');
+  if (parts.some((x) => x === '')) return 'paths have no empty components ("//") and no trailing "/"';
+  if (parts.some((x) => x === '.' || x === '..')) return 'paths must not contain "." or ".." components';
+  if (parts.slice(0, -1).some((x) => GLOB_CHARS.test(x))) return 'globs (* and ?) are allowed in the last component only, e.g. /lib*';
+  if (RUNTIME_MOUNT_DIRS.some((d) => p === d || p.startsWith(`${d}/`))) return `${parts[0] === 'dev' ? '/dev' : `/${parts[0]}`} and below belong to the runtime's own mounts (/proc, /sys, /dev): their protection is fixed`;
+  return null;
+}
+
+/**
+ * One path of `readonly_paths` or `writable_paths`: absolute, normalised (no `//`,
+ * trailing `/`, `.` or `..`), at most 4096 bytes, `*` and `?` only in the last component,
+ * not under /proc, /sys or /dev.
+ */
+export const FilesystemPathSchema = z.string().max(4096).superRefine((p, ctx) => {
+  const why = pathProblem(p);
+  if (why) ctx.addIssue({ code: 'custom', message: `${JSON.stringify(p)}: ${why}` });
+}).describe('Absolute, normalised path inside the sandbox (no "//", trailing "/", "." or ".."); * and ? only in the last component; not under /proc, /sys or /dev.');
+
+/**
+ * Filesystem options of a sandbox, of an image's security defaults, or of `[filesystem]`
+ * in the config. Every field is optional: an absent one falls through to the next
+ * source (see the module comment).
+ */
+export const FilesystemOptionsSchema = z
+  .object({
+    readonly_paths: z.array(FilesystemPathSchema).max(MAX_FILESYSTEM_PATHS).optional()
+      .describe('System paths read-only even to root inside (`*`/`?` in the last component); default ["/bin","/sbin","/usr","/lib*","/etc"]; ["/"] makes every path read-only but writable_paths; [] turns read-only paths off.'),
+    writable_paths: z.array(FilesystemPathSchema.refine((p) => p !== '/', '"/" cannot be a writable path: use readonly_paths: [] to turn read-only paths off'))
+      .max(MAX_FILESYSTEM_PATHS).optional()
+      .describe('Paths kept writable: exceptions below read-only paths (e.g. /usr/local), or directories the image lacks (e.g. /work), which dsecd creates before start. Wins over readonly_paths.'),
+    landlock: z.boolean().optional().describe('Restrict file access with Landlock where the kernel has it (docs/SECURITY.md "Landlock"); default true.'),
+  })
+  .strict();
+export type FilesystemOptions = z.infer<typeof FilesystemOptionsSchema>;
+
+/** Filesystem options with every field decided: what a sandbox row stores. */
+export interface ResolvedFilesystem {
+  readonly_paths: string[];
+  writable_paths: string[];
+  landlock: boolean;
+}
+
+/** The built-in defaults, below `[filesystem]` in the config. */
+export const DEFAULT_FILESYSTEM: Readonly<ResolvedFilesystem> = Object.freeze({
+  readonly_paths: [...DEFAULT_READONLY_PATHS],
+  writable_paths: [],
+  landlock: true,
+});
+
+/**
+ * The options in force for a new sandbox, field by field: `request` > `image` >
+ * `config` (itself already resolved over {@link DEFAULT_FILESYSTEM}). Pure.
+ * @returns fresh arrays (never aliases of the inputs).
+ */
+export function resolveFilesystem(request: FilesystemOptions | null | undefined, image: FilesystemOptions | null | undefined, config: ResolvedFilesystem): ResolvedFilesystem {
+  const pick = <K extends keyof ResolvedFilesystem>(k: K): ResolvedFilesystem[K] => (request?.[k] ?? image?.[k] ?? config[k]) as ResolvedFilesystem[K];
+  return { readonly_paths: [...pick('readonly_paths')], writable_paths: [...pick('writable_paths')], landlock: pick('landlock') };
+}
+
+/** True when `name` (one path component) matches the glob `pattern` (`*`: any run of characters, `?`: one). */
+export function globMatch(pattern: string, name: string): boolean {
+  if (!GLOB_CHARS.test(pattern)) return pattern === name;
+  const re = new RegExp(`^${pattern.split('').map((c) => (c === '*' ? '.*' : c === '?' ? '.' : c.replace(/[.+^${}()|[\]\\]/g, '\\$&'))).join('')}$`, 's');
+  return re.test(name);
+}
+
+/** True when the absolute, normalised `p` matches the option path `pattern` (same parent, last component by glob; `/` matches itself only). */
+export function pathMatches(pattern: string, p: string): boolean {
+  if (pattern === '/' || p === '/') return pattern === p;
+  return path.posix.dirname(pattern) === path.posix.dirname(p) && globMatch(path.posix.basename(pattern), path.posix.basename(p));
+}
+
+/** A read-only view of a directory tree by in-tree absolute paths (`/` is its root). */
+export interface TreeView {
+  /** What `p` is, without following a final symlink. */
+  kind(p: string): 'dir' | 'symlink' | 'other' | 'missing';
+  /** The target of the symlink `p`. */
+  readlink(p: string): string;
+  /** Names in the directory `p`. */
+  list(p: string): string[];
+}
+
+/** A {@link TreeView} of the host directory `root` (a sandbox's mounted rootfs). */
+export function hostTree(root: string): TreeView {
+  const at = (p: string) => path.join(root, p);
+  return {
+    kind(p) {
+      try {
+        const st = lstatSync(at(p));
+        return st.isSymbolicLink() ? 'symlink' : st.isDirectory() ? 'dir' : 'other';
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') return 'missing';
+        throw e;
+      }
+    },
+    readlink: (p) => readlinkSync(at(p)),
+    list: (p) => readdirSync(at(p)),
+  };
+}
+
+/** Where {@link resolveInTree} got: the resolved path, and how many of its last components do not exist. */
+export interface ResolvedPath {
+  /** Absolute in-tree path with no symlink in it. */
+  path: string;
+  /** Trailing components of `path` that are missing (0: it exists and is a directory). */
+  missing: number;
+}
+
+/**
+ * Resolves `p` inside `tree` the way the sandbox would see it: symlinks (absolute ones
+ * relative to the tree's root) and `..` in their targets are followed, never above `/`.
+ * @throws DsecError FailedPrecondition when a component is neither a directory nor a
+ *   symlink, or after {@link MAX_SYMLINKS} symlinks (a loop); `what` names the option.
+ */
+export function resolveInTree(tree: TreeView, p: string, what: string): ResolvedPath {
+  const todo = p.split('/').filter(Boolean);
+  const done: string[] = [];
+  let links = 0;
+  while (todo.length) {
+    const c = todo.shift()!;
+    if (c === '.' || c === '') continue;
+    if (c === '..') {
+      done.pop();
+      continue;
+    }
+    const cur = `/${[...done, c].join('/')}`;
+    const k = tree.kind(cur);
+    if (k === 'dir') {
+      done.push(c);
+    } else if (k === 'symlink') {
+      if (++links > MAX_SYMLINKS) throw failedPrecondition(`${what} ${p}: too many symlinks (a loop?) in the image at ${cur}`);
+      const target = tree.readlink(cur);
+      if (target.startsWith('/')) done.length = 0;
+      todo.unshift(...target.split('/').filter(Boolean));
+    } else if (k === 'missing') {
+      return { path: `/${[...done, c, ...todo.filter((x) => x !== '.')].join('/')}`, missing: 1 + todo.filter((x) => x !== '.').length };
+    } else {
+      throw failedPrecondition(`${what} ${p}: ${cur} in the image is not a directory`);
+    }
+  }
+  return { path: `/${done.join('/')}`, missing: 0 };
+}
+
+/** One bind of a path onto itself, made by runc inside the sandbox's mount namespace. */
+export interface FilesystemBind {
+  /** In-sandbox absolute path; its host source is `<rootfs><path>` (no symlink in it). */
+  path: string;
+  /** Read-only (a read-only path below a writable one) or read-write. */
+  readonly: boolean;
+}
+
+/** What {@link planFilesystem} decided for one start of a sandbox. */
+export interface FilesystemPlan {
+  /** OCI `root.readonly`: false only when `readonly_paths` is empty. */
+  readonlyRoot: boolean;
+  /** Binds in mount order (parents first). */
+  binds: FilesystemBind[];
+  /** Directories dsecd creates in the rootfs before start, parents first. */
+  create: string[];
+  /** The sandbox's writable places, for Landlock (agent `--writable`), sorted. */
+  writable: string[];
+}
+
+const depth = (p: string) => (p === '/' ? 0 : p.split('/').length - 1);
+const parentOf = (p: string) => path.posix.dirname(p);
+
+/**
+ * The mounts (and directories to create) that enforce `fs` on the tree `tree` (a
+ * sandbox's composed rootfs). Pure over `tree`; see the module comment for the model.
+ *
+ * - Top-level directories (real ones: top-level symlinks and files are left alone, they
+ *   live on the read-only root; /proc, /sys, /dev are the runtime's) are writable unless
+ *   they match a `readonly_paths` entry; a `writable_paths` match wins.
+ * - Deeper `readonly_paths` entries that exist become read-only binds below writable
+ *   parents (a read-only path below a read-only one needs nothing).
+ * - `writable_paths` entries are resolved inside the tree; a missing one (not a glob) is
+ *   created, an existing non-directory is an error; globs match existing entries only.
+ * - Only a change of mode from the parent's gets a bind.
+ * - Options name directories: a path without a glob that is a file in the image is an
+ *   error; a glob skips whatever it matches that is not a directory.
+ *
+ * @throws DsecError FailedPrecondition when a path names a non-directory (a file in the
+ *   way, a symlink loop), a writable path resolves into /proc, /sys or /dev, or there are
+ *   more than {@link MAX_WRITABLE_PLACES} writable places.
+ */
+export function planFilesystem(fs: ResolvedFilesystem, tree: TreeView): FilesystemPlan {
+  const isRuntime = (p: string) => RUNTIME_MOUNT_DIRS.some((d) => p === d || p.startsWith(`${d}/`));
+  const create = new Set<string>();
+  const explicit = new Map<string, 'ro' | 'rw'>();
+  // Writable paths first: resolved (and, when missing, planned for creation).
+  const writableDirs: string[] = [];
+  const expand = (pattern: string, what: string, mayCreate: boolean): string[] => {
+    const base = path.posix.basename(pattern);
+    if (!GLOB_CHARS.test(base)) {
+      const r = resolveInTree(tree, pattern, what);
+      if (r.missing > 0 && !mayCreate) return [];
+      return [r.path];
+    }
+    const parent = resolveInTree(tree, parentOf(pattern), what);
+    if (parent.missing > 0) return [];
+    const out: string[] = [];
+    for (const name of tree.list(parent.path).sort()) {
+      if (!globMatch(base, name)) continue;
+      // A glob names directories: a file, a dangling or looping symlink it matches is not one.
+      let r: ResolvedPath;
+      try {
+        r = resolveInTree(tree, path.posix.join(parent.path, name), what);
+      } catch {
+        continue;
+      }
+      if (r.missing === 0) out.push(r.path);
+    }
+    return out;
+  };
+  for (const w of fs.writable_paths) {
+    for (const p of expand(w, 'writable path', true)) {
+      if (isRuntime(p)) throw failedPrecondition(`writable path ${w} resolves to ${p} in the image, which is below the runtime's own mounts (/proc, /sys, /dev); name another path`);
+      const r = resolveInTree(tree, p, 'writable path');
+      for (let i = r.missing; i > 0; i--) create.add(r.path.split('/').slice(0, depth(r.path) - i + 2).join('/'));
+      writableDirs.push(p);
+    }
+  }
+  const sortedCreate = [...create].sort((a, b) => depth(a) - depth(b) || (a < b ? -1 : 1));
+  const existsAfter = (p: string) => tree.kind(p) === 'dir' || create.has(p);
+  const topLevel = [...new Set([...tree.list('/').map((n) => `/${n}`), ...sortedCreate.filter((p) => depth(p) === 1)])]
+    .filter((p) => !isRuntime(p) && existsAfter(p))
+    .sort();
+  if (fs.readonly_paths.length === 0) {
+    // Read-only paths off: root read-write, no binds. Landlock's writable places are the
+    // top-level directories (see the module comment).
+    return { readonlyRoot: false, binds: [], create: sortedCreate, writable: checkPlaces(topLevel) };
+  }
+  const roAll = fs.readonly_paths.includes('/');
+  const matchesAny = (list: readonly string[], p: string) => list.some((x) => pathMatches(x, p));
+  for (const t of topLevel) explicit.set(t, matchesAny(fs.writable_paths, t) ? 'rw' : roAll || matchesAny(fs.readonly_paths, t) ? 'ro' : 'rw');
+  for (const r of fs.readonly_paths) {
+    if (r === '/' || depth(r) < 2) continue;
+    for (const p of expand(r, 'read-only path', false)) if (!isRuntime(p) && existsAfter(p) && !explicit.has(p)) explicit.set(p, 'ro');
+  }
+  for (const p of writableDirs) explicit.set(p, 'rw');
+  const modeOf = (p: string): 'ro' | 'rw' => {
+    for (let q = p; ; q = parentOf(q)) {
+      const m = explicit.get(q);
+      if (m) return m;
+      if (q === '/') return 'ro';
+    }
+  };
+  const binds: FilesystemBind[] = [];
+  for (const p of [...explicit.keys()].sort((a, b) => depth(a) - depth(b) || (a < b ? -1 : 1))) {
+    const mode = explicit.get(p)!;
+    if (mode !== modeOf(parentOf(p))) binds.push({ path: p, readonly: mode === 'ro' });
+  }
+  return { readonlyRoot: true, binds, create: sortedCreate, writable: checkPlaces(binds.filter((b) => !b.readonly).map((b) => b.path).sort()) };
+}
+
+/** `writable`, or FailedPrecondition when it has more than {@link MAX_WRITABLE_PLACES} entries. */
+function checkPlaces(writable: string[]): string[] {
+  if (writable.length > MAX_WRITABLE_PLACES) {
+    throw failedPrecondition(`${writable.length} writable places (top-level directories of the image and writable_paths); at most ${MAX_WRITABLE_PLACES}: make some read-only with readonly_paths (e.g. ["/"] and the few writable_paths the task needs)`);
+  }
+  return writable;
+}
+
+/**
+ * Creates the directories of `plan.create` in the mounted rootfs `rootfs` (so in the
+ * sandbox's writable layer), mode 0755, owned by `uid`:`uid` (the sandbox's root: its
+ * base host uid). Parents come first in the plan, and planFilesystem resolved every
+ * existing component, so no symlink is followed; each created directory is checked with
+ * lstat afterwards all the same. An existing directory is fine (safe to call twice).
+ * Only while no process of the sandbox runs (see the module comment).
+ * @throws DsecError FailedPrecondition when something other than a directory is found
+ *   where one was created; errno errors from mkdir/chown otherwise.
+ */
+export async function createPlannedDirs(rootfs: string, plan: Pick<FilesystemPlan, 'create'>, uid: number): Promise<void> {
+  for (const p of plan.create) {
+    const at = path.join(rootfs, p);
+    await mkdir(at, { mode: 0o755 }).catch((e: NodeJS.ErrnoException) => {
+      if (e.code !== 'EEXIST') throw e;
+    });
+    const st = await lstat(at);
+    if (!st.isDirectory()) throw failedPrecondition(`writable path ${p}: the image has a ${st.isSymbolicLink() ? 'symlink' : 'file'} there, not a directory`);
+    await chown(at, uid, uid);
+    await chmod(at, 0o755);
+  }
+}

@@ -1,0 +1,251 @@
+/**
+ * Read-only system paths without a sandbox (daemon/security/filesystem.ts): the option
+ * schema, globs, precedence (request > image > config), resolution inside an image's
+ * tree (symlinks never leave it), the bind plan over real image layouts (busybox, a
+ * merged-/usr Debian), and the OCI spec built from a plan (daemon/drivers/container/spec.ts).
+ * The same in real sandboxes: test/attacks/filesystem.test.ts.
+ */
+import { describe, expect, it } from 'vitest';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import {
+  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, resolveFilesystem, resolveInTree,
+  type ResolvedFilesystem, type TreeView,
+} from '../../daemon/security/filesystem.js';
+import { checkImageSecurity } from '../../daemon/image/security.js';
+import { AGENT_FLAG_LANDLOCK, AGENT_FLAG_WRITABLE, AGENT_PATH, buildSpec } from '../../daemon/drivers/container/spec.js';
+import { loadConfig } from '../../daemon/config.js';
+import { mergeConfig } from '../../daemon/api/routes/images.js';
+import { CreateSandboxRequest } from '../../daemon/api/schema.js';
+
+/** A tree from a flat description: `dir/` a directory, `a -> b` a symlink, anything else a file. */
+function tree(entries: string[]): TreeView {
+  const kinds = new Map<string, { kind: 'dir' | 'symlink' | 'other'; target?: string }>([['/', { kind: 'dir' }]]);
+  for (const e of entries) {
+    const [p, target] = e.split(' -> ');
+    const clean = `/${p.replace(/\/$/, '')}`;
+    for (let q = path.posix.dirname(clean); q !== '/'; q = path.posix.dirname(q)) if (!kinds.has(q)) kinds.set(q, { kind: 'dir' });
+    kinds.set(clean, target !== undefined ? { kind: 'symlink', target } : p.endsWith('/') ? { kind: 'dir' } : { kind: 'other' });
+  }
+  return {
+    kind: (p) => kinds.get(p)?.kind ?? 'missing',
+    readlink: (p) => kinds.get(p)!.target!,
+    list: (p) => [...kinds.keys()].filter((k) => k !== '/' && path.posix.dirname(k) === p).map((k) => path.posix.basename(k)),
+  };
+}
+
+/** The busybox image's top level (daemon/image/builtin.ts). */
+const BUSYBOX = tree(['bin/', 'sbin/', 'usr/bin/', 'usr/local/bin/', 'etc/', 'proc/', 'sys/', 'dev/', 'tmp/', 'root/', 'home/', 'var/tmp/', 'run/', 'linuxrc -> /bin/busybox']);
+/** A merged-/usr image (Debian bookworm's layout). */
+const MERGED = tree(['bin -> usr/bin', 'sbin -> usr/sbin', 'lib -> usr/lib', 'lib64 -> usr/lib64', 'usr/bin/', 'usr/lib/', 'usr/lib64/', 'usr/local/', 'etc/', 'proc/', 'sys/', 'dev/', 'tmp/', 'var/tmp/', 'root/', 'home/', 'opt/', 'srv/', 'mnt/', 'media/', 'run/', 'boot/']);
+
+const fsOf = (o: Partial<ResolvedFilesystem> = {}): ResolvedFilesystem => ({ ...DEFAULT_FILESYSTEM, readonly_paths: [...DEFAULT_FILESYSTEM.readonly_paths], ...o });
+
+describe('option paths', () => {
+  const parse = (readonly_paths: string[], writable_paths: string[] = []) => FilesystemOptionsSchema.safeParse({ readonly_paths, writable_paths });
+  it('accepts absolute, normalised paths with globs in the last component, and "/" as a read-only path', () => {
+    expect(parse(['/bin', '/lib*', '/usr/lib/python3.1?', '/'], ['/work', '/usr/local', '/opt/a b']).success).toBe(true);
+  });
+  it.each([
+    [['bin'], /absolute/], [['/usr/'], /trailing/], [['/a//b'], /empty components/], [['/a/../etc'], /"\." or "\.\."/], [['/./etc'], /"\." or "\.\."/],
+    [['/l*b/x'], /last component only/], [['/proc/sys'], /runtime's own mounts/], [['/dev'], /runtime's own mounts/], [['/sys/fs/cgroup'], /runtime's own mounts/],
+    [['/a\0b'], /NUL/],
+  ])('refuses %j, naming the entry', (ro, why) => {
+    const r = parse(ro);
+    expect(r.success).toBe(false);
+    expect(r.error!.issues[0].message).toMatch(why);
+    expect(r.error!.issues[0].message).toContain(JSON.stringify(ro[0]));
+  });
+  it('refuses "/" as a writable path (that is readonly_paths: [])', () => {
+    expect(parse(['/bin'], ['/']).error!.issues[0].message).toMatch(/readonly_paths: \[\]/);
+  });
+  it('refuses more than 64 entries and unknown fields', () => {
+    expect(parse(Array.from({ length: 65 }, (_, i) => `/p${i}`)).success).toBe(false);
+    expect(FilesystemOptionsSchema.safeParse({ landlok: false }).success).toBe(false);
+  });
+  it('is the filesystem field of a create request', () => {
+    expect(CreateSandboxRequest.safeParse({ filesystem: { writable_paths: ['work'] } }).success).toBe(false);
+    expect(CreateSandboxRequest.parse({ filesystem: { writable_paths: ['/work'], landlock: false } }).filesystem).toEqual({ writable_paths: ['/work'], landlock: false });
+  });
+});
+
+describe('globs', () => {
+  it('* matches any run of characters, ? one; nothing else is special', () => {
+    expect(globMatch('lib*', 'lib')).toBe(true);
+    expect(globMatch('lib*', 'lib64')).toBe(true);
+    expect(globMatch('lib*', 'xlib')).toBe(false);
+    expect(globMatch('lib?2', 'libx2')).toBe(true);
+    expect(globMatch('a.b', 'aXb')).toBe(false);
+    expect(globMatch('(x)+', '(x)+')).toBe(true);
+  });
+  it('a path matches when the parents are equal and the last component matches', () => {
+    expect(pathMatches('/lib*', '/lib32')).toBe(true);
+    expect(pathMatches('/lib*', '/usr/lib')).toBe(false);
+    expect(pathMatches('/usr/lib*', '/usr/libexec')).toBe(true);
+    expect(pathMatches('/', '/')).toBe(true);
+    expect(pathMatches('/', '/bin')).toBe(false);
+  });
+});
+
+describe('precedence: request > image > config, field by field', () => {
+  const config: ResolvedFilesystem = { readonly_paths: ['/usr'], writable_paths: ['/data'], landlock: true };
+  it('takes each field from the first source that has it', () => {
+    expect(resolveFilesystem(undefined, undefined, config)).toEqual(config);
+    expect(resolveFilesystem({ landlock: false }, { writable_paths: ['/work'], landlock: true }, config))
+      .toEqual({ readonly_paths: ['/usr'], writable_paths: ['/work'], landlock: false });
+    expect(resolveFilesystem({ readonly_paths: [] }, { readonly_paths: ['/'] }, config)).toEqual({ readonly_paths: [], writable_paths: ['/data'], landlock: true });
+    expect(resolveFilesystem(null, { readonly_paths: ['/'] }, config).readonly_paths).toEqual(['/']);
+  });
+  it('returns fresh arrays', () => {
+    const r = resolveFilesystem(undefined, undefined, config);
+    r.writable_paths.push('/x');
+    expect(config.writable_paths).toEqual(['/data']);
+  });
+  it('config: [filesystem] over the defaults; a bad path is refused at load, naming the key', () => {
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-fs-cfg-'));
+    try {
+      const file = path.join(dir, 'dsecd.toml');
+      fs.writeFileSync(file, '[filesystem]\nwritable_paths = ["/work"]\n');
+      expect(loadConfig({ config: file, env: {} }).filesystem).toEqual({ readonly_paths: ['/bin', '/sbin', '/usr', '/lib*', '/etc'], writable_paths: ['/work'], landlock: true });
+      fs.writeFileSync(path.join(dir, 'empty.toml'), '');
+      expect(loadConfig({ config: path.join(dir, 'empty.toml'), env: {} }).filesystem).toEqual(DEFAULT_FILESYSTEM);
+      fs.writeFileSync(file, '[filesystem]\nreadonly_paths = ["usr"]\n');
+      expect(() => loadConfig({ config: file, env: {} })).toThrow(/filesystem\.readonly_paths\.0: "usr": paths are absolute/);
+    } finally {
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  it('image security: validated with the field named; a base image\'s fields are kept by a partial override', () => {
+    expect(checkImageSecurity({ writable_paths: ['/work'], seccomp: { allow: ['ptrace'] } })).toEqual({ ok: true, value: { writable_paths: ['/work'], seccomp: { allow: ['ptrace'] } } });
+    expect(checkImageSecurity({ writable_paths: ['work'] })).toEqual({ ok: false, message: expect.stringMatching(/^security\.writable_paths\.0: "work": paths are absolute/) });
+    expect(checkImageSecurity({ seccomp: { allow: ['Ptrace'] } }).ok).toBe(false);
+    const base = { env: [], cwd: '/', user: '0', cmd: ['sh'], security: { seccomp: { allow: ['ptrace'] }, landlock: false } };
+    expect(mergeConfig(base, { security: { writable_paths: ['/work'] } }).security).toEqual({ seccomp: { allow: ['ptrace'] }, landlock: false, writable_paths: ['/work'] });
+    expect(mergeConfig(base, { cwd: '/w' })).toEqual({ ...base, cwd: '/w' });
+  });
+});
+
+describe('resolving a path inside the image', () => {
+  it('follows relative and absolute symlinks, and .. never climbs above /', () => {
+    const t = tree(['usr/lib/', 'lib -> usr/lib', 'abs -> /usr', 'up -> ../../../usr/lib', 'w -> /nope/x']);
+    expect(resolveInTree(t, '/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
+    expect(resolveInTree(t, '/abs/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
+    expect(resolveInTree(t, '/usr/lib/up', 'x')).toEqual({ path: '/usr/lib/up', missing: 1 });
+    expect(resolveInTree(tree(['usr/lib/', 'a/up -> ../../../usr/lib']), '/a/up', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
+    expect(resolveInTree(t, '/w/y', 'x')).toEqual({ path: '/nope/x/y', missing: 3 });
+    expect(resolveInTree(t, '/new/a/b', 'x')).toEqual({ path: '/new/a/b', missing: 3 });
+  });
+  it('refuses a file in the way and symlink loops', () => {
+    expect(() => resolveInTree(tree(['etc/passwd']), '/etc/passwd/x', 'writable path')).toThrow(/writable path \/etc\/passwd\/x: \/etc\/passwd in the image is not a directory/);
+    expect(() => resolveInTree(tree(['a -> b', 'b -> a']), '/a', 'writable path')).toThrow(/too many symlinks/);
+  });
+});
+
+describe('the bind plan', () => {
+  it('busybox, defaults: read-only root, every other top-level directory a read-write bind; /proc, /sys, /dev and top-level symlinks left alone', () => {
+    expect(planFilesystem(fsOf(), BUSYBOX)).toEqual({
+      readonlyRoot: true,
+      binds: ['/home', '/root', '/run', '/tmp', '/var'].map((p) => ({ path: p, readonly: false })),
+      create: [],
+      writable: ['/home', '/root', '/run', '/tmp', '/var'],
+    });
+  });
+  it('merged /usr: /bin, /lib* are symlinks into the read-only /usr and stay as they are', () => {
+    const p = planFilesystem(fsOf(), MERGED);
+    expect(p.binds.map((b) => b.path)).toEqual(['/boot', '/home', '/media', '/mnt', '/opt', '/root', '/run', '/srv', '/tmp', '/var']);
+    expect(p.binds.every((b) => !b.readonly)).toBe(true);
+  });
+  it('writable exceptions below read-only paths are binds on top; missing ones are created, parents first', () => {
+    const p = planFilesystem(fsOf({ writable_paths: ['/usr/local', '/work/src', '/etc/app'] }), BUSYBOX);
+    expect(p.create).toEqual(['/work', '/etc/app', '/work/src']);
+    expect(p.binds).toEqual([
+      ...['/home', '/root', '/run', '/tmp', '/var', '/work'].map((x) => ({ path: x, readonly: false })),
+      { path: '/etc/app', readonly: false }, { path: '/usr/local', readonly: false },
+    ]);
+    expect(p.writable).toEqual(['/etc/app', '/home', '/root', '/run', '/tmp', '/usr/local', '/var', '/work']);
+  });
+  it('a writable path through a symlink binds its target (the host path has no symlink)', () => {
+    const p = planFilesystem(fsOf({ writable_paths: ['/lib/python3/site-packages'] }), MERGED);
+    expect(p.create).toEqual(['/usr/lib/python3', '/usr/lib/python3/site-packages']);
+    expect(p.binds.at(-1)).toEqual({ path: '/usr/lib/python3/site-packages', readonly: false });
+  });
+  it('refuses a writable path that leads into /proc, /sys or /dev, or onto a file', () => {
+    expect(() => planFilesystem(fsOf({ writable_paths: ['/shm'] }), tree([...['etc/', 'dev/'], 'shm -> /dev/shm']))).toThrow(/resolves to \/dev\/shm .*runtime's own mounts/);
+    expect(() => planFilesystem(fsOf({ writable_paths: ['/etc/passwd'] }), tree(['etc/passwd']))).toThrow(/not a directory/);
+  });
+  it('deeper read-only paths below writable ones are read-only binds; globs skip files; writable wins over read-only', () => {
+    const t = tree(['usr/', 'opt/tools/', 'opt/data/', 'opt/tool.sh', 'opt/toolbox -> tools', 'home/']);
+    const p = planFilesystem(fsOf({ readonly_paths: ['/usr', '/opt/tool*'], writable_paths: ['/opt/tools'] }), t);
+    expect(p.binds).toEqual([{ path: '/home', readonly: false }, { path: '/opt', readonly: false }]);
+    const q = planFilesystem(fsOf({ readonly_paths: ['/usr', '/opt/tool*'] }), t);
+    expect(q.binds).toEqual([{ path: '/home', readonly: false }, { path: '/opt', readonly: false }, { path: '/opt/tools', readonly: true }]);
+    expect(q.writable).toEqual(['/home', '/opt']);
+  });
+  it('refuses more writable places than the agent takes (128)', () => {
+    const wide = tree(Array.from({ length: 130 }, (_, i) => `d${i}/`));
+    expect(() => planFilesystem(fsOf(), wide)).toThrow(/130 writable places .*at most 128/);
+    expect(planFilesystem(fsOf({ readonly_paths: ['/'], writable_paths: ['/d1'] }), wide).writable).toEqual(['/d1']);
+  });
+  it('"/" read-only: only writable paths are writable', () => {
+    const p = planFilesystem(fsOf({ readonly_paths: ['/'], writable_paths: ['/tmp', '/work'] }), BUSYBOX);
+    expect(p.binds).toEqual([{ path: '/tmp', readonly: false }, { path: '/work', readonly: false }]);
+    expect(p.create).toEqual(['/work']);
+  });
+  it('readonly_paths []: a read-write root and no binds; Landlock still names the top-level directories (and created ones)', () => {
+    const p = planFilesystem(fsOf({ readonly_paths: [], writable_paths: ['/work'] }), BUSYBOX);
+    expect(p).toEqual({ readonlyRoot: false, binds: [], create: ['/work'], writable: ['/bin', '/etc', '/home', '/root', '/run', '/sbin', '/tmp', '/usr', '/var', '/work'] });
+  });
+  it('creates the planned directories on the host, owned by the sandbox root, and refuses a symlink in the way', async () => {
+    const root = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-fs-plan-'));
+    try {
+      fs.mkdirSync(path.join(root, 'etc'));
+      const plan = planFilesystem(fsOf({ writable_paths: ['/work/a/b'] }), hostTree(root));
+      expect(plan.create).toEqual(['/work', '/work/a', '/work/a/b']);
+      const uid = process.getuid!();
+      await createPlannedDirs(root, plan, uid);
+      await createPlannedDirs(root, plan, uid); // twice is fine
+      const st = fs.statSync(path.join(root, 'work/a/b'));
+      expect({ dir: st.isDirectory(), mode: st.mode & 0o777, uid: st.uid }).toEqual({ dir: true, mode: 0o755, uid });
+      fs.symlinkSync('/etc', path.join(root, 'evil'));
+      await expect(createPlannedDirs(root, { create: ['/evil'] }, uid)).rejects.toThrow(/symlink there, not a directory/);
+      expect(fs.readdirSync(path.join(root, 'etc'))).toEqual([]);
+    } finally {
+      fs.rmSync(root, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('the OCI spec of a plan', () => {
+  const input = { id: 'abcd', rootfs: '/r/rootfs', agentBinary: '/opt/dsec-agent', uidBase: 2 ** 31, uidCount: 65536, cgroupsPath: 'dsec-x/abcd', cpus: 1, memoryBytes: 256 << 20, pids: 64 };
+  const plan = planFilesystem(fsOf({ readonly_paths: ['/usr', '/opt/tools'], writable_paths: ['/etc/app'] }), tree(['usr/', 'etc/app/', 'opt/tools/', 'tmp/', 'proc/', 'dev/', 'sys/']));
+  it('root read-only, the binds first and parents before children, then the runtime mounts; writable binds nosuid,nodev', () => {
+    const spec = buildSpec({ ...input, filesystem: { ...plan, landlock: false } }) as any;
+    expect(spec.root).toEqual({ path: '/r/rootfs', readonly: true });
+    expect(plan.binds).toEqual([{ path: '/etc', readonly: false }, { path: '/opt', readonly: false }, { path: '/tmp', readonly: false }, { path: '/opt/tools', readonly: true }]);
+    const dests = spec.mounts.map((m: any) => m.destination);
+    expect(spec.mounts.slice(0, plan.binds.length)).toEqual(plan.binds.map((b) => ({
+      destination: b.path, type: 'bind', source: `/r/rootfs${b.path}`, options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
+    })));
+    // Every later mount (the agent, /proc, /dev, ...) comes after the binds, so a bind never hides one.
+    expect(dests.indexOf('/proc')).toBe(plan.binds.length);
+    expect(dests.indexOf(AGENT_PATH)).toBeGreaterThan(plan.binds.length);
+    expect(spec.process.args).toEqual([AGENT_PATH, '--listen-fd', '3']);
+  });
+  it('Landlock: --landlock and one --writable per writable place', () => {
+    const spec = buildSpec({ ...input, filesystem: { ...plan, landlock: true } }) as any;
+    expect(spec.process.args).toEqual([AGENT_PATH, '--listen-fd', '3', AGENT_FLAG_LANDLOCK, ...plan.writable.flatMap((w) => [AGENT_FLAG_WRITABLE, w])]);
+  });
+  it('readonly off: a read-write root and no binds', () => {
+    const off = planFilesystem(fsOf({ readonly_paths: [] }), BUSYBOX);
+    const spec = buildSpec({ ...input, filesystem: { ...off, landlock: false } }) as any;
+    expect(spec.root.readonly).toBe(false);
+    expect(JSON.stringify(spec.mounts)).toBe(JSON.stringify((buildSpec(input) as any).mounts));
+  });
+  it('a worker keeps its fully read-only root, no binds, and gets --landlock alone', () => {
+    const spec = buildSpec({ ...input, worker: true, filesystem: { ...plan, landlock: true } }) as any;
+    expect(spec.root.readonly).toBe(true);
+    expect(spec.mounts[0].destination).toBe('/proc');
+    expect(spec.process.args).toEqual([AGENT_PATH, '--listen-fd', '3', '--worker', AGENT_FLAG_LANDLOCK]);
+  });
+});

@@ -38,9 +38,9 @@ import { closeSync, readFileSync } from 'node:fs';
 import { chmod, lchown, lstat, readdir, rm } from 'node:fs/promises';
 import { execa } from 'execa';
 import { minimatch } from 'minimatch';
-import { internal, invalidArgument } from '../errors.js';
+import { failedPrecondition, internal, invalidArgument } from '../errors.js';
 import type { BuilderJob } from '../host/builder.js';
-import { listOpaqueDirs, splitLines, unescapeOctal, type BuildErofsOptions } from './erofs.js';
+import { splitLines, unescapeOctal, type BuildErofsOptions } from './erofs.js';
 import type { ImageStore, LayerMeta } from './store.js';
 
 /**
@@ -197,7 +197,7 @@ export async function prepareCopy(
  * to the entries that host root owned in the upper dir (overlay whiteouts, which the view
  * shows as 65534), and sets the file capabilities root read from the upper dir (the view
  * hides those the sandbox's root does not own, such as ones host root set): `fixups` is
- * root's list of both (see {@link listRootOwned}, {@link listCapabilities}).
+ * root's list of both (see {@link listRootOwned}, {@link scanUpperXattrs}).
  * @throws DsecError Internal when the tree cannot be walked or fixed up.
  */
 export async function prepareBuilderCopy(
@@ -251,26 +251,37 @@ const VFS_CAP_REVISION_MASK = 0xff000000;
 const VFS_CAP_FLAGS_EFFECTIVE = 0x000001;
 
 /**
- * The file capabilities below the upper dir `upper` of a sandbox whose range starts at
- * host id `uidBase`, as the layer must hold them: v2 values (applying to the image's
- * root). A v3 value whose root is the sandbox's root (set by `setcap` inside) and a v2
- * value (set by host root) are both kept; a v3 value for any other root (a nested user
- * namespace) applies to nobody in a new sandbox and is dropped. One `getfattr -R -P` as
- * root (never follows symlinks).
- * @throws DsecError Internal when the walk fails.
+ * What root reads from a sandbox's upper dir `upper` (range starting at host id
+ * `uidBase`) for the builder's copy, in ONE `getfattr -R -P` walk (never follows
+ * symlinks; the sandbox is frozen meanwhile):
+ *   - `opaque`: directories with `trusted.overlay.opaque="y"` (the builder cannot read
+ *     trusted.* xattrs; mkfs.erofs gets the list);
+ *   - `caps`: file capabilities as the layer must hold them, v2 values (applying to the
+ *     image's root). A v3 value whose root is the sandbox's root (set by `setcap` inside)
+ *     and a v2 value (set by host root, which the builder's view hides) are both kept; a
+ *     v3 value for any other root (a nested user namespace) applies to nobody in a new
+ *     sandbox and is dropped.
+ * Paths are relative to `upper`, in raw bytes (`''` is `upper` itself).
+ * @throws DsecError Internal when the walk fails, FailedPrecondition when getfattr (Debian `attr`) is missing.
  */
-export async function listCapabilities(upper: string, uidBase: number): Promise<FileCapability[]> {
-  const r = await execa('getfattr', ['-R', '-P', '-h', '--absolute-names', '-e', 'hex', '-m', '^security\\.capability$', '-d', '.'], {
+export async function scanUpperXattrs(upper: string, uidBase: number): Promise<{ opaque: Buffer[]; caps: FileCapability[] }> {
+  const r = await execa('getfattr', ['-R', '-P', '-h', '--absolute-names', '-e', 'hex', '-m', '^(security\\.capability|trusted\\.overlay\\.opaque)$', '-d', '.'], {
     cwd: upper, reject: false, stdin: 'ignore', encoding: 'buffer', maxBuffer: 1 << 30,
   });
-  if (r.exitCode !== 0 && r.exitCode !== 1) throw internal(`reading file capabilities of the writable layer failed: ${Buffer.from(r.stderr as Uint8Array).toString().trim() || r.message}`);
-  const out: FileCapability[] = [];
+  if ((r as { code?: string }).code === 'ENOENT') throw failedPrecondition('getfattr not found: install the Debian package "attr" (needed to commit and snapshot writable layers)');
+  if (r.exitCode !== 0 && r.exitCode !== 1) throw internal(`reading the xattrs of the writable layer failed: ${Buffer.from(r.stderr as Uint8Array).toString().trim() || r.message}`);
+  const caps: FileCapability[] = [];
+  const opaque: Buffer[] = [];
   let file: Buffer | null = null;
   for (const line of splitLines(Buffer.from(r.stdout as Uint8Array))) {
     const text = line.toString('latin1');
     if (text.startsWith('# file: ')) {
       const f = unescapeOctal(line.subarray(8));
       file = f.toString('latin1') === '.' ? Buffer.alloc(0) : f.subarray(0, 2).toString('latin1') === './' ? f.subarray(2) : f;
+      continue;
+    }
+    if (file && text === 'trusted.overlay.opaque=0x79') { // "y"; overlayfs's "x" does not make a directory opaque
+      opaque.push(file);
       continue;
     }
     const m = /^security\.capability=0x([0-9a-f]+)$/.exec(text);
@@ -283,9 +294,9 @@ export async function listCapabilities(upper: string, uidBase: number): Promise<
     if (rev !== VFS_CAP_REVISION_2 && rev !== VFS_CAP_REVISION_3) continue;
     const v2 = Buffer.from(v.subarray(0, 20));
     v2.writeUInt32LE((VFS_CAP_REVISION_2 | (magic & VFS_CAP_FLAGS_EFFECTIVE)) >>> 0, 0);
-    out.push({ rel: file, value: v2 });
+    caps.push({ rel: file, value: v2 });
   }
-  return out;
+  return { opaque, caps };
 }
 
 /** An entry of an upper dir that host root (uid or gid 0) owns: `uid`/`gid` true when that id is NOT 0. */
@@ -415,11 +426,8 @@ export async function packWritableLayer(
   return builder.withJob(async (job) => {
     const tree = 'tree';
     const { created, opaque, fixups } = await withLayer(async (upper, dsecCreated) => {
-      const seen = {
-        created: dsecCreated,
-        opaque: await listOpaqueDirs(upper),
-        fixups: { rootOwned: await listRootOwned(upper), caps: await listCapabilities(upper, opts.uidBase) },
-      };
+      const { opaque, caps } = await scanUpperXattrs(upper, opts.uidBase);
+      const seen = { created: dsecCreated, opaque, fixups: { rootOwned: await listRootOwned(upper), caps } };
       await copyAsBuilder(job, upper, opts.uidBase, tree);
       return seen;
     });

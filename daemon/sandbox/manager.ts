@@ -763,10 +763,16 @@ export class SandboxManager {
   /**
    * The per-sandbox defences in force for `sb` now (GET /v1/sandboxes/{id} `defences`): as
    * its backend reports them (`readonly_paths`, `landlock`, ...), plus `disk_quota`
-   * (whether its writable layer has a quota the kernel enforces).
+   * (whether its writable layer has a quota the kernel enforces) and `builder_identity`
+   * (whether its commits and snapshots are copied and packed as the builder, whose ids
+   * are disjoint from the sandbox's own range).
    */
   async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
-    return { ...((await this.driver(sb.backend).defences?.(sb)) ?? {}), disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
+    const b = this.d.images.builder;
+    const builder_identity: DefenceStatus = b
+      ? { enforced: true, detail: `commits and snapshots of this sandbox are copied, stripped and packed as the builder (host ids ${b.range.base}-${b.range.base + b.range.size - 1}), never as root and never as this sandbox's range (${sb.uidBase ?? '?'}-${sb.uidBase === null || sb.uidCount === null ? '?' : sb.uidBase + sb.uidCount - 1})` }
+      : { enforced: false, detail: '[builder] enabled = false: commits and snapshots are copied and packed as root' };
+    return { ...((await this.driver(sb.backend).defences?.(sb)) ?? {}), disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes), builder_identity };
   }
 
   /** Resource usage of a sandbox (null when it is not running). @throws DsecError NotFound. */

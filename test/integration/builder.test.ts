@@ -471,6 +471,9 @@ describe.skipIf(!IS_ROOT)('builder identity in dsecd: who runs mkfs.erofs, and w
     await d.client.importImage({ type: 'dir', path: dir, image: 'from-dir:1', base: 'busybox' });
     const sb = await d.client.createSandbox({ image: 'from-dir:1' });
     try {
+      const def = (await d.client.getSandbox(sb.id)).defences!.builder_identity;
+      expect(def.enforced).toBe(true);
+      expect(def.detail).toContain(`${sb.uid_base}-${sb.uid_base! + sb.uid_count! - 1}`);
       expect(await sh(sb.id, 'cat /srv/secret; echo new > /root/new')).toBe('only root can read this file\n');
       await d.client.commit(sb.id, { image: 'committed:1' });
       await d.client.snapshot(sb.id, { name: 'snap-1' });

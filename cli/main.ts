@@ -23,6 +23,7 @@ import * as execsLs from './commands/execs/ls.js';
 import * as execsRm from './commands/execs/rm.js';
 import * as fork from './commands/fork.js';
 import * as hostInfo from './commands/host/info.js';
+import * as hostReload from './commands/host/reload.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
 import * as imageBuild from './commands/image/build.js';
 import * as imageCompose from './commands/image/compose.js';
@@ -94,6 +95,7 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   version.register(program, ctx);
   const host = program.command('host').description('host commands');
   hostInfo.register(host, ctx);
+  hostReload.register(host, ctx);
   create.register(program, ctx);
   ls.register(program, ctx);
   inspect.register(program, ctx);

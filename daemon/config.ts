@@ -10,6 +10,7 @@ import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
+import { defaultProfilePath } from './security/seccomp.js';
 import { MIN_DISK_BYTES } from './api/schema.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
@@ -138,8 +139,61 @@ const FileConfig = z
       .strict()
       .optional(),
     filesystem: FilesystemOptionsSchema.optional(),
+    security: z.object({ seccomp_profile: z.string().min(1).optional() }).strict().optional(),
+    vm: z
+      .object({
+        kernel: z.string().min(1).optional(),
+        modules: z.string().min(1).optional(),
+        qemu: z.string().min(1).optional(),
+        busybox: z.string().min(1).optional(),
+        accel: z.enum(['auto', 'kvm', 'tcg']).optional(),
+        boot_timeout_s: z.number().positive().optional(),
+        qmp_timeout_ms: z.number().int().min(100).optional(),
+        disk_bytes: z.number().int().min(64 * 1024 * 1024).optional(),
+        kvm_probe_timeout_s: z.number().positive().optional(),
+        tcg_tb_mib: z.number().int().min(16).optional(),
+        thp: z.boolean().optional(),
+      })
+      .strict()
+      .optional(),
   })
   .strict();
+
+/** Default guest kernel of the microvm tier, as scripts/guest-kernel.sh unpacks it. */
+export const DEFAULT_GUEST_KERNEL = '/usr/local/lib/dsec/guest/vmlinuz';
+/** Default guest kernel modules directory (`lib/modules/<release>` of the same package). */
+export const DEFAULT_GUEST_MODULES = '/usr/local/lib/dsec/guest/modules';
+
+/** The microvm tier's settings (`[vm]`); see {@link DaemonConfig.vm}. */
+export interface VmConfig {
+  /** Guest kernel (bzImage), `kernel`; default {@link DEFAULT_GUEST_KERNEL}. */
+  kernel: string;
+  /** The guest kernel's `lib/modules/<release>` directory, `modules`; default {@link DEFAULT_GUEST_MODULES}. */
+  modules: string;
+  /** QEMU system emulator binary (PATH search), `qemu`; default `qemu-system-x86_64`. */
+  qemu: string;
+  /** Statically linked busybox for the initramfs, `busybox`; default `/bin/busybox` (busybox-static). */
+  busybox: string;
+  /** `auto`: KVM when a probe boot under KVM succeeds on this host (probed once per dsecd), else TCG; or force one. */
+  accel: 'auto' | 'kvm' | 'tcg';
+  /** From QEMU's start to the guest agent's answer, ms (`boot_timeout_s`; default 120 s: a TCG boot takes ~5 s idle, ~20 s on a loaded 2-core host). */
+  bootTimeoutMs: number;
+  /** One QMP command's reply limit, ms (`qmp_timeout_ms`; default 10,000). */
+  qmpTimeoutMs: number;
+  /** Size of a microVM's writable disk when the sandbox names none (`disk_bytes`; default 10 GiB, sparse: only written blocks use host disk). */
+  diskBytes: number;
+  /** How long the KVM probe boot may take before KVM is judged unusable, ms (`kvm_probe_timeout_s`; default 10 s: a KVM boot to init takes ~1 s). */
+  kvmProbeTimeoutMs: number;
+  /** TCG translation cache per VM, MiB (`tcg_tb_mib`; default 128: QEMU's own default is 1 GiB, charged to the VM's cgroup as it fills). */
+  tcgTbMiB: number;
+  /**
+   * Transparent huge pages for guest RAM (`thp`; default false). QEMU asks for them, and
+   * then one byte a guest touches makes the host back its whole 2 MiB region, so an idle
+   * guest costs several times the memory it uses; KVM guests with big working sets run
+   * faster with them.
+   */
+  thp: boolean;
+}
 
 /** The resolved daemon configuration. */
 export interface DaemonConfig {
@@ -241,6 +295,16 @@ export interface DaemonConfig {
    * (default true).
    */
   filesystem: ResolvedFilesystem;
+  /**
+   * `[security]`: `seccompProfile` is the seccomp profile data file every sandbox gets
+   * (default the shipped daemon/security/profiles/seccomp-default.json). It is validated
+   * at start (a malformed file stops dsecd) and reloaded on SIGHUP and
+   * `POST /v1/security/seccomp/reload`, where a malformed file is refused and the profile
+   * in force stays.
+   */
+  security: { seccompProfile: string };
+  /** The microvm tier (`[vm]`): guest kernel, QEMU, accelerator, timeouts, disk size ({@link VmConfig}). */
+  vm: VmConfig;
 }
 
 /**
@@ -353,6 +417,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       preallocate: fc.storage?.preallocate ?? false,
       path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
     },
+    security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
     admission: {
@@ -394,5 +459,18 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     },
     builder,
     filesystem: resolveFilesystem(fc.filesystem, null, DEFAULT_FILESYSTEM),
+    vm: {
+      kernel: path.resolve(fc.vm?.kernel ?? DEFAULT_GUEST_KERNEL),
+      modules: path.resolve(fc.vm?.modules ?? DEFAULT_GUEST_MODULES),
+      qemu: fc.vm?.qemu ?? 'qemu-system-x86_64',
+      busybox: fc.vm?.busybox ?? '/bin/busybox',
+      accel: fc.vm?.accel ?? 'auto',
+      bootTimeoutMs: Math.round((fc.vm?.boot_timeout_s ?? 120) * 1000),
+      qmpTimeoutMs: fc.vm?.qmp_timeout_ms ?? 10_000,
+      diskBytes: fc.vm?.disk_bytes ?? 10 * 1024 ** 3,
+      kvmProbeTimeoutMs: Math.round((fc.vm?.kvm_probe_timeout_s ?? 10) * 1000),
+      tcgTbMiB: fc.vm?.tcg_tb_mib ?? 128,
+      thp: fc.vm?.thp ?? false,
+    },
   });
 }

@@ -20,7 +20,7 @@ import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import pino, { type Logger } from 'pino';
 import { loadConfig, type DaemonConfig } from './config.js';
-import { DsecError, failedPrecondition, isDsecError, unavailable } from './errors.js';
+import { DsecError, failedPrecondition, invalidArgument, isDsecError, unavailable } from './errors.js';
 import { openDb } from './store/db.js';
 import { SandboxRepo } from './sandbox/repo.js';
 import { SnapshotRepo } from './sandbox/snapshots.js';
@@ -34,6 +34,7 @@ import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
+import { MicrovmDriver } from './drivers/microvm/driver.js';
 import type { SandboxDriver } from './drivers/types.js';
 import { ImageStore } from './image/store.js';
 import { LayerMounts } from './image/mounts.js';
@@ -42,12 +43,13 @@ import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
 import { BUILDER_SLOT_IDS, Builder } from './host/builder.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
-import type { Backend } from './api/schema.js';
+import type { Backend, SeccompProfileInfo } from './api/schema.js';
 import { SandboxNetworking } from './net/network.js';
 import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
+import { profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
 import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
@@ -66,6 +68,11 @@ export function repoRoot(): string {
 /** The static agent binary built by the install step (`make -C native`). */
 export function agentBinaryPath(): string {
   return process.env.DSEC_AGENT_BINARY ?? path.join(repoRoot(), 'native', 'agent', 'dsec-agent');
+}
+
+/** The VMM launcher of the microvm tier (`make -C native`): joins the sandbox's cgroup, execs QEMU. */
+export function vmmLauncherPath(): string {
+  return process.env.DSEC_VMM_LAUNCHER ?? path.join(repoRoot(), 'native', 'vmm', 'dsec-vmm-launch');
 }
 
 /**
@@ -96,6 +103,8 @@ export interface Daemon {
   close(): Promise<void>;
   /** Reloads the network policy files (SIGHUP); logs and keeps the previous set on a malformed file. */
   reloadNetworkPolicies?(): Promise<void>;
+  /** Reloads the seccomp profile file (SIGHUP); logs and keeps the profile in force on a malformed file. */
+  reloadSeccompProfile?(): void;
 }
 
 /**
@@ -180,6 +189,17 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
   if (path.join(config.root, 'sandboxes', 'x'.repeat(16), 'agent.sock.tmp').length > MAX_SOCKET_PATH) {
     throw failedPrecondition(`root ${config.root} is too long: agent socket paths under it would exceed ${MAX_SOCKET_PATH} bytes`);
   }
+  // The seccomp profile is a data file: refuse to start on a malformed one (there is no
+  // previous profile to keep yet); later reloads keep the one in force instead.
+  const loadSeccomp = (): SeccompProfileInfo => {
+    try {
+      reloadSeccompFile(config.security.seccompProfile);
+    } catch (e) {
+      throw invalidArgument((e as Error).message);
+    }
+    return profileInfo();
+  };
+  loadSeccomp();
   const agentSource = agentBinaryPath();
   if (!existsSync(agentSource)) throw unavailable(`agent binary ${agentSource} is missing; run the install step (make -C native)`);
   // Modes: a sandbox's init (an unprivileged host uid) must traverse the root and
@@ -232,8 +252,10 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       log.warn({ diskBytes: config.defaults.diskBytes, capacityBytes: storeCap }, '[defaults] disk_bytes is more than the writable-layer store holds: sandboxes created without disk_bytes get the whole store as their quota');
     }
     let layers: LayerMounts;
+    let microvm: MicrovmDriver;
     const cache = config.images.cacheDir
-      ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg), pinned: () => new Set(layers.mounted()) })
+      ? new BlobCache({ dir: config.images.cacheDir, maxBytes: config.images.cacheBytes, source: (dg) => images.blobPath(dg),
+        pinned: () => new Set([...layers.mounted(), ...microvm.pinnedLayers()]) })
       : null;
     layers = new LayerMounts({
       mountDir: path.join(config.root, 'layers'),
@@ -269,8 +291,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       ...(seccompMonitor ? { seccompMonitor } : {}),
       // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
       apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem });
+    // microVMs attach layer blob files as disks: verified (or cached) like a blob before its first mount.
+    microvm = new MicrovmDriver({
+      root: config.root, cgroups, agentBinary, launcher: vmmLauncherPath(), vm: config.vm, log: log.child({ component: 'microvm' }),
+      blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
+    });
+    if (!opts.purge) await microvm.init();
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
-    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container]]);
+    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
@@ -310,6 +338,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await network.purge();
       await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
       await container.close();
+      await microvm.close();
       db.close();
       reg.release();
       SeccompMonitor.stop(path.join(config.root, 'seccomp'));
@@ -365,6 +394,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       fncall,
       sandboxfusionImages: config.sandboxfusion.images,
       network: { networking: network, policies, reload: reloadPolicies },
+      security: {
+        seccompInfo: () => profileInfo(),
+        reloadSeccomp: () => {
+          const info = loadSeccomp();
+          repo.event('security.seccomp_reloaded', null, `${info.file} sha256=${info.sha256.slice(0, 12)} denied=${info.denied}`);
+          return info;
+        },
+      },
       host: {
         version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
         hostInfo: async () => ({
@@ -380,7 +417,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           backends: {
             container: { available: true, reason: null },
             fncall: { available: true, reason: null },
-            microvm: { available: false, reason: 'not implemented yet' },
+            microvm: { available: microvm.capabilities().available, reason: microvm.capabilities().reason },
             vm: { available: false, reason: 'not implemented yet' },
           },
           uid_pool: {
@@ -393,6 +430,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             filesystem_snapshots: { available: true, reason: null },
             process_checkpoints: await criu.then((c) => ({ available: false, reason: c.available ? 'criu check passes, but container process checkpoints are not built yet' : c.reason })),
             trajectory_log: { available: true, reason: null },
+            kvm: await microvm.accelInfo(),
           },
           defences: {
             user_namespace: { enforced: true, detail: 'each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
@@ -401,7 +439,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: true, detail: 'default profile (daemon/security/profiles/seccomp-default.json) on every container sandbox and fncall worker: EPERM for bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls' },
+            seccomp: { enforced: true, detail: `profile ${profileInfo().file} (sha256 ${profileInfo().sha256.slice(0, 12)}, ${profileInfo().denied} syscalls denied) on every container sandbox and fncall worker; the shipped default denies bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls` },
             seccomp_denial_counting: seccompMonitor?.available
               ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
               : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
@@ -432,6 +470,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     return {
       config,
       log,
+      reloadSeccompProfile() {
+        try {
+          const info = apiDeps.security.reloadSeccomp();
+          log.info(info, 'seccomp profile reloaded');
+        } catch (e) {
+          log.error({ err: e }, `seccomp profile not reloaded, the one in force stays: ${(e as Error).message}`);
+        }
+      },
       async reloadNetworkPolicies() {
         try {
           const r = await reloadPolicies();
@@ -452,6 +498,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         await fncall.close();
         await container.close();
         await network.close();
+        await microvm.close();
         denialEvents.close();
         seccompMonitor?.close();
         db.close();
@@ -515,7 +562,10 @@ export async function main(argv: string[]): Promise<number> {
     };
     process.once('SIGTERM', () => stop('SIGTERM'));
     process.once('SIGINT', () => stop('SIGINT'));
-    process.on('SIGHUP', () => void daemon.reloadNetworkPolicies?.());
+    process.on('SIGHUP', () => {
+      daemon.reloadSeccompProfile?.();
+      void daemon.reloadNetworkPolicies?.();
+    });
   });
   await daemon.close();
   log.flush();

@@ -28,9 +28,11 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # (per-sandbox profiles are compiled everywhere and loaded only where the kernel has AppArmor),
 # clang, libbpf-dev and bpftool for the eBPF programs (egress policy, denial counters),
 # slirp4netns and nftables for sandbox networking (in a network namespace of dsec's own),
-# btrfs-progs and xfsprogs for the writable-layer filesystem with per-sandbox quotas.
+# btrfs-progs and xfsprogs for the writable-layer filesystem with per-sandbox quotas,
+# qemu-system-x86 and qemu-utils for the microvm tier (e2fsprogs formats its writable disks).
 PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
-      debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs)
+      debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs
+      qemu-system-x86 qemu-utils e2fsprogs)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then
@@ -44,6 +46,10 @@ if [[ ! -d node_modules || package-lock.json -nt node_modules/.package-lock.json
   say "npm ci"
   npm ci --no-audit --no-fund --loglevel=error
 fi
+
+# The microvm tier's guest kernel: Debian's linux-image-amd64, unpacked into a dsec-owned
+# directory (never installed into the host's /boot); [vm] kernel and [vm] modules default to it.
+bash scripts/guest-kernel.sh
 
 say "building native agent and addon"
 make -s -C native

@@ -57,6 +57,7 @@ import type {
   SandboxNetwork as SandboxNetworkSchema,
   NetworkPolicyView as NetworkPolicyViewSchema,
   PolicyReloadResult as PolicyReloadResultSchema,
+  SeccompProfileInfo as SeccompProfileInfoSchema,
 } from '../daemon/api/schema.js';
 import type {
   BulkRequest as BulkRequestSchema,
@@ -107,6 +108,9 @@ export type NetworkPolicy = z.infer<typeof NetworkPolicyViewSchema>;
 
 /** POST /v1/network/policies/reload response. */
 export type PolicyReloadResult = z.infer<typeof PolicyReloadResultSchema>;
+
+/** The seccomp profile in force: its data `file`, the `sha256` of its text, and how many syscall names it `denied`. */
+export type SeccompProfileInfo = z.infer<typeof SeccompProfileInfoSchema>;
 
 /**
  * An image as the API returns it (GET /v1/images, GET /v1/images/{ref}, and the result of
@@ -802,6 +806,20 @@ export class DsecClient {
    */
   reloadNetworkPolicies(): Promise<PolicyReloadResult> {
     return this.request<PolicyReloadResult>('POST', '/v1/network/policies/reload');
+  }
+
+  /** GET /v1/security/seccomp: the seccomp profile in force. */
+  seccompProfile(): Promise<SeccompProfileInfo> {
+    return this.request<SeccompProfileInfo>('GET', '/v1/security/seccomp');
+  }
+
+  /**
+   * POST /v1/security/seccomp/reload: loads the seccomp profile file again (new creates
+   * and starts get it). Errors: `InvalidArgument` naming the file and field (the profile
+   * in force stays).
+   */
+  reloadSeccompProfile(): Promise<SeccompProfileInfo> {
+    return this.request<SeccompProfileInfo>('POST', '/v1/security/seccomp/reload');
   }
 
   /** POST /v1/sandboxes/{id}/start: starts a stopped sandbox; resolves with it running. Errors: `NotFound`, `Conflict`. */

@@ -16,6 +16,7 @@ import './routes/stats.js';
 import './routes/files.js';
 import './routes/jobs.js';
 import './routes/snapshots.js';
+import './routes/security.js';
 import './routes/trajectories.js';
 import './routes/run.js';
 import { DSEC_VERSION } from '../version.js';

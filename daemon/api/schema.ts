@@ -191,6 +191,14 @@ export const DefenceStatus = z.object({
 });
 export type DefenceStatus = z.infer<typeof DefenceStatus>;
 
+/** GET /v1/security/seccomp and POST /v1/security/seccomp/reload response: the seccomp profile in force. */
+export const SeccompProfileInfo = z.object({
+  file: z.string().describe('The profile data file ([security] seccomp_profile).'),
+  sha256: z.string().describe('sha256 of the file as loaded, hex.'),
+  denied: z.number().int().describe('Distinct syscall names the profile denies (unconditionally or by argument).'),
+});
+export type SeccompProfileInfo = z.infer<typeof SeccompProfileInfo>;
+
 /** POST /v1/sandboxes request. */
 export const CreateSandboxRequest = z
   .object({
@@ -402,7 +410,7 @@ export const HostInfo = z.object({
     queued: z.number().int(), calls: z.number().int().describe('Calls served since dsecd started.'), replaced: z.number().int().describe('Workers replaced (OOM, lost agent, call budget, idle).'),
   })).describe('The fncall worker pools, one per image content.'),
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
-    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log.'),
+    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log, kvm (available: microVMs run under KVM; otherwise TCG; reason: the verdict of the KVM probe boot).'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
   storage: z.object({
     kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),

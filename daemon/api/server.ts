@@ -12,6 +12,7 @@ import { registerTrajectoryRoutes } from './routes/trajectories.js';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { z } from 'zod';
+import type { SeccompProfileInfo } from './schema.js';
 import { DsecError, invalidArgument, notFound } from '../errors.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import type { SandboxRepo } from '../sandbox/repo.js';
@@ -29,6 +30,7 @@ import { registerJobRoutes } from './routes/jobs.js';
 import websocket from '@fastify/websocket';
 import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
 import { registerNetworkRoutes } from './routes/network.js';
+import { registerSecurityRoutes } from './routes/security.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { PolicySet } from '../security/egress-policy.js';
 
@@ -47,6 +49,13 @@ export interface ApiDeps {
   fncall: FncallPools;
   /** Image per language of POST /run_code (config `[sandboxfusion] images`). */
   sandboxfusionImages: LanguageImages;
+  /** The seccomp profile in force and its reload (routes/security.ts). */
+  security: {
+    /** @returns the file, sha256 and denied-syscall count of the profile in force. */
+    seccompInfo(): SeccompProfileInfo;
+    /** Loads the configured profile file again. @throws DsecError InvalidArgument naming the file and field (the profile in force stays). */
+    reloadSeccomp(): SeccompProfileInfo;
+  };
   /** Sandbox networking and network policies (routes/network.ts); absent: those routes answer Unimplemented. */
   network?: {
     networking: SandboxNetworking;
@@ -111,6 +120,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerTrajectoryRoutes(app, deps);
   registerRunRoutes(app, deps);
   registerNetworkRoutes(app, deps);
+  registerSecurityRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));

@@ -54,6 +54,7 @@
  * `listenerMetadata` ({@link SeccompInput.notify}). The verdict is unchanged; clone3's
  * ENOSYS stays a plain ERRNO rule (it is a compatibility answer, not a denial).
  */
+import { createHash } from 'node:crypto';
 import { readFileSync } from 'node:fs';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
@@ -263,7 +264,24 @@ export function reloadProfile(path: string = defaultProfilePath()): SeccompProfi
   }
   const next = parseProfile(text, path);
   cached = next;
+  loadedFrom = { file: path, sha256: createHash('sha256').update(text).digest('hex') };
   return next;
+}
+
+let loadedFrom: { file: string; sha256: string } | null = null;
+
+/**
+ * The profile in force: its file, the sha256 of its text and how many syscall names it
+ * denies (loads the default one if none was loaded yet).
+ */
+export function profileInfo(): { file: string; sha256: string; denied: number } {
+  const p = defaultProfile();
+  if (!loadedFrom) {
+    const f = defaultProfilePath();
+    loadedFrom = { file: f, sha256: createHash('sha256').update(readFileSync(f)).digest('hex') };
+  }
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW').flatMap((r) => r.names)).size;
+  return { ...loadedFrom, denied };
 }
 
 /** Every syscall name the profile denies unconditionally (for reports and tests). */

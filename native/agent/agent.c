@@ -91,6 +91,8 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
+#include "vmux.h"
+
 /* Core scheduling (Linux 5.14, <linux/prctl.h>); values are the kernel ABI. */
 #ifndef PR_SCHED_CORE
 #define PR_SCHED_CORE 62
@@ -251,7 +253,7 @@ enum child_stage {
 	ST_ISOLATE = 9, /* the namespace init of an isolated exec failed; a text follows */
 };
 
-enum watch_kind { W_LISTEN = 1, W_SIGNAL, W_CONN, W_STDOUT, W_STDERR, W_STDIN, W_STARTPIPE };
+enum watch_kind { W_LISTEN = 1, W_SIGNAL, W_CONN, W_STDOUT, W_STDERR, W_STDIN, W_STARTPIPE, W_VMUX };
 
 /* One registered fd. data.ptr of its epoll event points here; fd == -1 once closed, so a
  * stale event later in the same epoll batch is skipped. Objects are freed only at the end
@@ -386,7 +388,7 @@ static int g_devnull = -1;
 static int g_is_pid1;
 static int g_quit;
 static unsigned g_next_conn_id = 1;
-static struct watch g_listen_w, g_sig_w;
+static struct watch g_listen_w, g_sig_w, g_vmux_w;
 static uint64_t g_listen_retry_ns; /* nonzero: listener paused until then */
 static struct rlimit g_orig_nofile;
 static struct conn *g_conns;
@@ -3984,6 +3986,24 @@ static void conn_flush(struct conn *c)
 		exec_pipes_set_paused(c, 0);
 }
 
+/* Serves fd (a connected, non-blocking, close-on-exec stream socket) as a connection: an
+ * accepted one, or a stream of the VM mux (vmux.c). Returns -1 (fd closed) on failure. */
+static int conn_adopt(int fd)
+{
+	struct conn *c = xmalloc(sizeof *c);
+	memset(c, 0, sizeof *c);
+	c->id = g_next_conn_id++;
+	if (watch_add(&c->w, W_CONN, fd, c, EPOLLIN) < 0) {
+		logf_("epoll_ctl ADD conn: %s", strerror(errno));
+		close(fd);
+		free(c);
+		return -1;
+	}
+	DL_PUSH(g_conns, c, next, prev);
+	logf_("conn=%u accepted", c->id);
+	return 0;
+}
+
 static void on_accept(void)
 {
 	for (int i = 0; i < 64; i++) {
@@ -4000,17 +4020,7 @@ static void on_accept(void)
 			}
 			return;
 		}
-		struct conn *c = xmalloc(sizeof *c);
-		memset(c, 0, sizeof *c);
-		c->id = g_next_conn_id++;
-		if (watch_add(&c->w, W_CONN, fd, c, EPOLLIN) < 0) {
-			logf_("epoll_ctl ADD conn: %s", strerror(errno));
-			close(fd);
-			free(c);
-			continue;
-		}
-		DL_PUSH(g_conns, c, next, prev);
-		logf_("conn=%u accepted", c->id);
+		conn_adopt(fd);
 	}
 }
 
@@ -4128,6 +4138,9 @@ static void dispatch(struct watch *w, uint32_t ev)
 	case W_STARTPIPE:
 		exec_start_pipe_read(w->obj);
 		break;
+	case W_VMUX:
+		vmux_run();
+		break;
 	}
 }
 
@@ -4169,8 +4182,10 @@ static int sock_opt(int fd, int opt)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: " AGENT_NAME " --listen-fd N [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...]\n"
-			"  N: an inherited, listening AF_UNIX SOCK_STREAM socket\n"
+	fprintf(stderr, "usage: " AGENT_NAME " (--listen-fd N | --vmux PORT | --vmux-fd N) [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...]\n"
+			"  --listen-fd N: an inherited, listening AF_UNIX SOCK_STREAM socket\n"
+			"  --vmux PORT: a VM guest: serve the stream mux on this virtio-serial port (e.g. /dev/virtio-ports/dsec.agent)\n"
+			"  --vmux-fd N: the stream mux on an inherited fd (tests: a socketpair end)\n"
 			"  --sched-idle: run as SCHED_IDLE with RLIMIT_NICE 0 (a batch sandbox; inherited by every exec)\n"
 			"  --core-sched: own core-scheduling cookie for the agent and its execs (skipped if the kernel lacks it)\n"
 			"  --worker: an fncall worker: keep CAP_SYS_ADMIN for isolated execs only (dropped from the bounding set)\n"
@@ -4322,7 +4337,8 @@ static void shutdown_execs(void)
 
 int main(int argc, char **argv)
 {
-	long listen_fd = -1;
+	long listen_fd = -1, vmux_fd = -1;
+	const char *vmux_path = NULL;
 	int sched_idle = 0, core_sched = 0, worker = 0;
 	for (int i = 1; i < argc; i++) {
 		const char *a = argv[i];
@@ -4360,7 +4376,15 @@ int main(int argc, char **argv)
 			g_writable[g_nwritable++] = w;
 			continue;
 		}
-		if (strcmp(a, "--listen-fd") == 0 && i + 1 < argc)
+		if (strcmp(a, "--vmux") == 0 && i + 1 < argc && argv[i + 1][0] == '/') {
+			vmux_path = argv[++i];
+			continue;
+		}
+		long *dst = &listen_fd;
+		if (strcmp(a, "--vmux-fd") == 0 && i + 1 < argc) {
+			val = argv[++i];
+			dst = &vmux_fd;
+		} else if (strcmp(a, "--listen-fd") == 0 && i + 1 < argc)
 			val = argv[++i];
 		else if (strncmp(a, "--listen-fd=", 12) == 0)
 			val = a + 12;
@@ -4373,13 +4397,14 @@ int main(int argc, char **argv)
 		}
 		char *end;
 		errno = 0;
-		listen_fd = strtol(val, &end, 10);
-		if (errno || *end || end == val || listen_fd < 0 || listen_fd > INT_MAX) {
+		*dst = strtol(val, &end, 10);
+		if (errno || *end || end == val || *dst < 0 || *dst > INT_MAX) {
 			usage();
 			return 2;
 		}
 	}
-	if (listen_fd < 0) {
+	/* Exactly one transport. */
+	if ((listen_fd >= 0) + (vmux_fd >= 0) + (vmux_path != NULL) != 1) {
 		usage();
 		return 2;
 	}
@@ -4411,21 +4436,23 @@ int main(int argc, char **argv)
 	g_worker_filter = worker;
 
 	int lfd = (int)listen_fd;
-	if (sock_opt(lfd, SO_ACCEPTCONN) <= 0) {
+	if (lfd >= 0 && sock_opt(lfd, SO_ACCEPTCONN) <= 0) {
 		logf_("fatal: fd %d is not a listening socket", lfd);
 		return 1;
 	}
-	if (sock_opt(lfd, SO_DOMAIN) != AF_UNIX) {
+	if (lfd >= 0 && sock_opt(lfd, SO_DOMAIN) != AF_UNIX) {
 		logf_("fatal: fd %d is not an AF_UNIX socket", lfd);
 		return 1;
 	}
-	if (sock_opt(lfd, SO_TYPE) != SOCK_STREAM) {
+	if (lfd >= 0 && sock_opt(lfd, SO_TYPE) != SOCK_STREAM) {
 		logf_("fatal: fd %d is not a SOCK_STREAM socket", lfd);
 		return 1;
 	}
 	cloexec_from(3);
-	set_cloexec(lfd);
-	set_nonblock(lfd);
+	if (lfd >= 0) {
+		set_cloexec(lfd);
+		set_nonblock(lfd);
+	}
 
 	/* The identity file operations return to after each step. */
 	g_fsuid0 = (uid_t)setfsuid((uid_t)-1);
@@ -4470,9 +4497,19 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	if (watch_add(&g_sig_w, W_SIGNAL, g_sigfd, NULL, EPOLLIN) < 0 ||
-	    watch_add(&g_listen_w, W_LISTEN, lfd, NULL, EPOLLIN) < 0) {
+	    (lfd >= 0 && watch_add(&g_listen_w, W_LISTEN, lfd, NULL, EPOLLIN) < 0)) {
 		logf_("fatal: epoll_ctl: %s", strerror(errno));
 		return 1;
+	}
+	if (lfd < 0) {
+		/* A VM guest: connections are the streams of the mux on the port (vmux.c). */
+		int vfd = vmux_open(vmux_path, (int)vmux_fd, conn_adopt, logf_);
+		if (vfd < 0)
+			return 1;
+		if (watch_add(&g_vmux_w, W_VMUX, vfd, NULL, EPOLLIN) < 0) {
+			logf_("fatal: epoll_ctl: %s", strerror(errno));
+			return 1;
+		}
 	}
 	isolate_probe();
 	if (worker && !g_isolate) {
@@ -4494,8 +4531,15 @@ int main(int argc, char **argv)
 			return 1;
 		}
 	}
-	logf_("started version=" AGENT_VERSION " protocol=%u listen-fd=%d pid1=%s sched=%s isolate=%s landlock=%s", PROTOCOL_VERSION,
-	      lfd, g_is_pid1 ? "yes" : "no", sched_idle ? "idle" : "other", g_isolate ? "yes" : "no", g_landlock_scope);
+	char transport[PATH_MAX + 16];
+	if (lfd >= 0)
+		snprintf(transport, sizeof transport, "listen-fd=%d", lfd);
+	else if (vmux_path)
+		snprintf(transport, sizeof transport, "vmux=%s", vmux_path);
+	else
+		snprintf(transport, sizeof transport, "vmux-fd=%ld", vmux_fd);
+	logf_("started version=" AGENT_VERSION " protocol=%u %s pid1=%s sched=%s isolate=%s landlock=%s", PROTOCOL_VERSION, transport,
+	      g_is_pid1 ? "yes" : "no", sched_idle ? "idle" : "other", g_isolate ? "yes" : "no", g_landlock_scope);
 	if (!g_isolate)
 		logf_("isolated execs unavailable: %s", g_isolate_why);
 	reap_all(); /* children that existed before we exec'd, if any */

@@ -147,6 +147,8 @@ int main(int argc, char **argv)
 		rc = ioctl_probe(0x541bUL);
 	else if (!strcmp(n, "getpid")) /* control */
 		rc = syscall(SYS_getpid);
+	else if (!strcmp(n, "kcmp")) /* allowed by the default profile; denied by test profiles */
+		rc = syscall(SYS_kcmp, getpid(), getpid(), 0 /* KCMP_FILE */, 0, 0);
 	else {
 		fprintf(stderr, "unknown probe %s\n", n);
 		return 2;

@@ -93,7 +93,7 @@ describe.skipIf(!IS_ROOT)('fncall tier', () => {
       expect([out(r), r.exit_code]).toEqual(['42\n', 4]);
     }
     expect((await d.client.listSandboxes()).length).toBe(before); // the container run left nothing
-    const e = await rejection(post('/v1/run', { ...body, backend: 'microvm' }));
+    const e = await rejection(post('/v1/run', { ...body, backend: 'vm' }));
     expect(e.code).toBe('Unimplemented');
     // fncall is not a sandbox tier.
     expect((await rejection(d.client.createSandbox({ backend: 'fncall', image: 'busybox' }))).code).toBe('InvalidArgument');

@@ -58,6 +58,22 @@ export interface CgroupStats {
 }
 
 /**
+ * Limits of a sandbox cgroup that dsecd creates itself ({@link CgroupManager.create}), in
+ * the units of the OCI spec runc applies for containers: CPU as a CFS quota over a period
+ * (µs), CPU shares (v1 `cpu.shares`; v2 maps them to `cpu.weight` as runc does), bytes,
+ * a task count. null leaves a limit unset (unlimited).
+ */
+export interface CgroupLimits {
+  cpuQuotaUs: number | null;
+  cpuPeriodUs: number;
+  cpuShares: number | null;
+  memoryBytes: number | null;
+  pids: number | null;
+  /** v2 only: `cpu.idle` 1 (a batch sandbox), where the kernel has it. */
+  idle?: boolean;
+}
+
+/**
  * Everything the daemon does with cgroups, for one dsecd instance. Sandbox ids must
  * match `^[a-z0-9][a-z0-9_-]{0,63}$`; every method taking an id throws
  * DsecError(InvalidArgument) otherwise, before touching the filesystem. Methods that
@@ -86,6 +102,20 @@ export interface CgroupManager {
   init(): Promise<void>;
   /** The cgroupsPath to put in the OCI spec for sandbox `id`: relative, `dsec-<instance>/<id>`. */
   runtimePath(id: string): string;
+  /**
+   * Creates the cgroup of sandbox `id` in every hierarchy (v1: seeding cpuset.cpus/mems
+   * from the parent, as runc does) and writes `limits`, for backends whose processes dsecd
+   * starts itself rather than an OCI runtime (the microvm tier's VMM). Idempotent: an
+   * existing cgroup just gets the limits again.
+   * @throws DsecError InvalidArgument (bad id), FailedPrecondition/Internal (cgroupfs errors, naming the file).
+   */
+  create(id: string, limits: CgroupLimits): Promise<void>;
+  /**
+   * The `cgroup.procs` file of sandbox `id` in every hierarchy, in a fixed order: a
+   * process that writes `0` to each has joined the sandbox everywhere (how the VMM
+   * launcher enters it before exec). Nothing is created.
+   */
+  procsFiles(id: string): string[];
   /** Absolute dir of sandbox `id` per hierarchy name (same keys as {@link parents}); nothing is created. */
   sandboxPaths(id: string): Record<string, string>;
   /** Sandbox ids (child dir names) that exist under the instance parent in ANY hierarchy, deduplicated and sorted. */

@@ -15,7 +15,7 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupManager, CgroupStats } from './index.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, errnoOf,
   isDir, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
@@ -108,6 +108,41 @@ export class CgroupV1Manager implements CgroupManager {
   runtimePath(id: string): string {
     assertSandboxId(id);
     return `${INSTANCE_DIR_PREFIX}${this.instance}/${id}`;
+  }
+
+  async create(id: string, limits: CgroupLimits): Promise<void> {
+    assertSandboxId(id);
+    for (const h of this.hierarchies) {
+      const d = path.join(h.parent, id);
+      try {
+        await mkdir(d);
+      } catch (e) {
+        if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${d}`);
+      }
+      // A new v1 cpuset cgroup refuses tasks until cpus and mems are set (see init()).
+      if (h.controllers.includes('cpuset')) {
+        for (const f of ['cpuset.cpus', 'cpuset.mems']) {
+          if ((await readOptional(path.join(d, f)))?.trim()) continue;
+          const parent = (await readOptional(path.join(h.parent, f)))?.trim();
+          if (parent) await writeCgroupFile(path.join(d, f), parent).catch((e) => { throw cgroupFsError(e, `write ${f} of sandbox ${id}`); });
+        }
+      }
+    }
+    const write = async (key: string, file: string, value: number | null) => {
+      const d = this.dir(key, id);
+      if (d === undefined || value === null) return;
+      await writeCgroupFile(path.join(d, file), String(value)).catch((e) => { throw cgroupFsError(e, `write ${file} of sandbox ${id}`); });
+    };
+    if (limits.memoryBytes !== null) await this.setMemoryLimit(id, limits.memoryBytes);
+    await write('cpu', 'cpu.cfs_period_us', limits.cpuPeriodUs);
+    await write('cpu', 'cpu.cfs_quota_us', limits.cpuQuotaUs ?? -1);
+    await write('cpu', 'cpu.shares', limits.cpuShares);
+    await write('pids', 'pids.max', limits.pids);
+  }
+
+  procsFiles(id: string): string[] {
+    assertSandboxId(id);
+    return this.hierarchies.map((h) => path.join(h.parent, id, 'cgroup.procs'));
   }
 
   sandboxPaths(id: string): Record<string, string> {

@@ -21,7 +21,7 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupManager, CgroupStats } from './index.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, errnoOf,
   isDir, isFile, parseLimit, parsePids, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
@@ -124,6 +124,28 @@ export class CgroupV2Manager implements CgroupManager {
   runtimePath(id: string): string {
     assertSandboxId(id);
     return `${INSTANCE_DIR_PREFIX}${this.instance}/${id}`;
+  }
+
+  async create(id: string, limits: CgroupLimits): Promise<void> {
+    const d = this.dir(id);
+    try {
+      await mkdir(d);
+    } catch (e) {
+      if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${d}`);
+    }
+    const write = async (file: string, value: string) => {
+      await writeCgroupFile(path.join(d, file), value).catch((e) => { throw cgroupFsError(e, `write ${file} of sandbox ${id}`); });
+    };
+    if (limits.memoryBytes !== null) await write('memory.max', String(limits.memoryBytes));
+    await write('cpu.max', `${limits.cpuQuotaUs ?? 'max'} ${limits.cpuPeriodUs}`);
+    // runc's conversion of OCI shares to cpu.weight: [2, 262144] -> [1, 10000].
+    if (limits.cpuShares !== null) await write('cpu.weight', String(Math.round(1 + ((limits.cpuShares - 2) * 9999) / 262142)));
+    if (limits.pids !== null) await write('pids.max', String(limits.pids));
+    if (limits.idle && (await isFile(path.join(d, 'cpu.idle')))) await write('cpu.idle', '1');
+  }
+
+  procsFiles(id: string): string[] {
+    return [path.join(this.dir(id), 'cgroup.procs')];
   }
 
   sandboxPaths(id: string): Record<string, string> {

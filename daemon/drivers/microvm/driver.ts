@@ -1,0 +1,729 @@
+/**
+ * The `microvm` backend: one QEMU `-M microvm` VM per sandbox, booting the guest kernel
+ * with dsec's initramfs (initramfs.ts), the image's EROFS layers as read-only virtio-blk
+ * disks under an overlay inside the guest, the writable layer on a per-VM ext4 disk
+ * (`disk.raw`, sparse), and the same agent as PID 1 of the guest's root, reached through a
+ * stream multiplexer over one virtio-serial port (vmux.ts, native/agent/vmux.c).
+ *
+ * Boot path (create/start): cgroup with the sandbox's limits → `dsec-vmm-launch` joins it
+ * and execs QEMU (detached: QEMU outlives dsecd) → QMP answers → the mux handshake with
+ * the guest agent (retried while the guest boots) → AgentClient HELLO. Any failure within
+ * the boot timeout kills QEMU by pid and reports the console log's tail.
+ *
+ * State that survives a dsecd restart: QEMU itself (pid + /proc starttime in the store,
+ * its command line naming this sandbox dir), its sockets and the disk. `adopt` reconnects
+ * QMP and rebinds agent.sock; the next agent connection opens a new mux session, and the
+ * guest drops the previous dsecd's streams (their execs end as after a lost connection).
+ *
+ * Not built yet (issue 9, later steps): snapshots and forks (QMP migration to a file),
+ * pmem/DAX sharing of layers, the balloon, and the VMM's confinement beyond its cgroup
+ * and QEMU's own seccomp filter. `withWritableLayer` (commit, filesystem snapshots)
+ * answers FailedPrecondition: the writable layer is an ext4 image, not a host directory.
+ */
+import { accessSync, constants as fsConstants, statSync } from 'node:fs';
+import { createHash } from 'node:crypto';
+import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import path from 'node:path';
+import type { ChildProcess } from 'node:child_process';
+import { execa } from 'execa';
+import type { Logger } from 'pino';
+import type { VmConfig } from '../../config.js';
+import type { CgroupManager } from '../../host/cgroups/index.js';
+import { procStartTime } from '../../host/proc.js';
+import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
+import {
+  DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, isDsecError, resourceExhausted, unavailable,
+} from '../../errors.js';
+import type { SandboxRecord } from '../../sandbox/repo.js';
+import type { Failpoints } from '../../sandbox/failpoints.js';
+import type {
+  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport,
+  ReclaimReport, SandboxDriver, SandboxStats,
+} from '../types.js';
+import { effectiveLayers, hostHasSwap } from '../container/driver.js';
+import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
+import { removeSandboxDir } from '../../image/rootfs.js';
+import { buildInitramfs, type Initramfs } from './initramfs.js';
+import { extractPvhKernel, kernelRelease } from './kmod.js';
+import { QmpClient } from './qmp.js';
+import {
+  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvm, qemuArgs, spawnVmm, tailFile, vmPaths,
+  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict,
+} from './qemu.js';
+import { VmEndpoint } from './endpoint.js';
+import { GuestOp } from './vmux.js';
+
+/** How long stop waits for QEMU to exit after `quit` before SIGKILL: 5 s. */
+const QUIT_WAIT_MS = 5_000;
+/** How often stop polls the guest's process count during a grace period: 100 ms (one mux round trip is ~2 ms). */
+const GRACE_POLL_MS = 100;
+/** How long a guest `sync` may take at stop: 30 s (it flushes the guest page cache to the disk file). */
+const SYNC_TIMEOUT_MS = 30_000;
+
+/** Dependencies of the microvm driver, built once by the daemon. */
+export interface MicrovmDriverDeps {
+  /** Instance root: sandbox dirs live in `<root>/sandboxes/<id>`, built initramfs archives in `<root>/vm`. */
+  root: string;
+  cgroups: CgroupManager;
+  /** The verified host path of a layer blob to attach (ImageStore.prepareForMount, or the blob cache). @throws DsecError NotFound / FailedPrecondition. */
+  blobPath: (digest: string) => Promise<string>;
+  /** The installed static agent (goes into the initramfs). */
+  agentBinary: string;
+  /** The static `dsec-vmm-launch` binary. */
+  launcher: string;
+  vm: VmConfig;
+  log: Logger;
+}
+
+/** What every microVM of this dsecd boots with: computed once (initramfs build, accelerator verdict, TSC rate). */
+interface Platform {
+  initramfs: Initramfs;
+  /** What QEMU boots: the uncompressed vmlinux (PVH entry) extracted from [vm] kernel, or that bzImage itself. */
+  kernel: string;
+  release: string | null;
+  accel: Accel;
+  kvm: KvmVerdict;
+  tscKhz: number | null;
+}
+
+/** The microvm backend; see the module comment. */
+export class MicrovmDriver implements SandboxDriver {
+  readonly backend = 'microvm' as const;
+  private readonly endpoints = new Map<string, VmEndpoint>();
+  private readonly agents = new Map<string, Promise<AgentClient>>();
+  private readonly qmps = new Map<string, Promise<QmpClient>>();
+  /** Layer digests each live microVM has attached (the blob cache must not evict them). */
+  private readonly blobs = new Map<string, string[]>();
+  private platformP: Promise<Platform> | null = null;
+  /**
+   * Per VM: whether its vCPUs should run, as the last `stop`/`cont` dsecd sent says.
+   * After QMP stopped answering, a command may still be executed later (QEMU reads it
+   * once it answers again); {@link resync} then makes the VM's run state match this.
+   */
+  private readonly wantRunning = new Map<string, boolean>();
+  private readonly resyncing = new Set<string>();
+  private qemuPath: string | null = null;
+
+  constructor(private readonly d: MicrovmDriverDeps) {}
+
+  /** `<root>/sandboxes/<id>`. */
+  dir(id: string): string {
+    return path.join(this.d.root, 'sandboxes', id);
+  }
+
+  /**
+   * Finds QEMU and the kernel, and starts the platform work in the background (the
+   * initramfs build and, with `accel = "auto"`, the one KVM probe boot of this dsecd), so
+   * the first create does not pay for it. Never throws: what is missing is reported by
+   * {@link capabilities} and by create.
+   */
+  async init(): Promise<void> {
+    this.qemuPath = findExecutable(this.d.vm.qemu);
+    if (this.capabilities().available) this.platform().catch((e) => this.d.log.warn({ err: e }, 'microvm platform setup failed'));
+  }
+
+  capabilities(): DriverCapabilities {
+    const base = { id: 'dsec.driver.microvm.v1', backend: 'microvm' as const, pause: true, snapshot: false };
+    const missing = this.missing();
+    return { ...base, available: missing === null, reason: missing };
+  }
+
+  /** What the host lacks for microVMs, with the fix; null when nothing. */
+  private missing(): string | null {
+    if (!this.qemuPath) return `QEMU (${this.d.vm.qemu}) is not installed: apt-get install qemu-system-x86 qemu-utils, or set [vm] qemu`;
+    // Synchronous on purpose: capabilities() is synchronous, and this is one stat.
+    if (!isFile(this.d.vm.kernel)) {
+      return `the guest kernel ${this.d.vm.kernel} is missing: run \`bash scripts/guest-kernel.sh\` (fetches Debian's linux-image-amd64), or set [vm] kernel and [vm] modules`;
+    }
+    return null;
+  }
+
+  /**
+   * The accelerator verdict for `dsec host info`: which one microVMs use and why. Waits
+   * for the probe when it is still running.
+   */
+  async accelInfo(): Promise<{ available: boolean; reason: string }> {
+    if (!this.capabilities().available) return { available: false, reason: `microvm backend unavailable: ${this.missing()}` };
+    try {
+      const p = await this.platform();
+      return { available: p.accel === 'kvm', reason: p.kvm.reason };
+    } catch (e) {
+      return { available: false, reason: `microvm platform setup failed: ${(e as Error).message}` };
+    }
+  }
+
+  /** Layer digests attached by live microVMs (the blob cache must not evict their files). */
+  pinnedLayers(): Set<string> {
+    return new Set([...this.blobs.values()].flat());
+  }
+
+  /** Builds (once) what every boot needs; a failure is not cached, so fixing the host and retrying works. */
+  private platform(): Promise<Platform> {
+    if (!this.platformP) {
+      const p = (async (): Promise<Platform> => {
+        const missing = this.missing();
+        if (missing) throw failedPrecondition(missing);
+        const bz = await readFile(this.d.vm.kernel);
+        const release = kernelRelease(bz);
+        const kernel = await this.bootKernel(bz);
+        const initramfs = await buildInitramfs({
+          busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'),
+        }, release);
+        if (initramfs.built) this.d.log.info({ path: initramfs.path, bytes: initramfs.sizeBytes, modules: initramfs.modules }, 'built the microvm initramfs');
+        let kvm: KvmVerdict;
+        if (this.d.vm.accel === 'tcg') kvm = { usable: false, reason: 'TCG forced by [vm] accel = "tcg"' };
+        else if (this.d.vm.accel === 'kvm') kvm = { usable: true, reason: 'KVM forced by [vm] accel = "kvm" (no probe)' };
+        else kvm = await probeKvm({ qemu: this.qemuPath!, kernel, initrd: initramfs.path, timeoutMs: this.d.vm.kvmProbeTimeoutMs });
+        const accel: Accel = kvm.usable ? 'kvm' : 'tcg';
+        const tscKhz = accel === 'tcg' ? await hostTscKhz(this.d.launcher) : null;
+        this.d.log.info({ accel, reason: kvm.reason, tscKhz, release, kernel }, 'microvm accelerator');
+        return { initramfs, kernel, release, accel, kvm, tscKhz };
+      })();
+      this.platformP = p;
+      p.catch(() => {
+        if (this.platformP === p) this.platformP = null;
+      });
+    }
+    return this.platformP;
+  }
+
+  /**
+   * The kernel file QEMU boots: `<root>/vm/vmlinux-<hash of the bzImage>`, the bzImage's
+   * uncompressed kernel when it has a PVH entry (kmod.ts extractPvhKernel: no
+   * decompression in the guest at every boot), else the bzImage itself. Extracted once
+   * per kernel and kept.
+   */
+  private async bootKernel(bz: Buffer): Promise<string> {
+    const file = path.join(this.d.root, 'vm', `vmlinux-${createHash('sha256').update(bz).digest('hex').slice(0, 32)}`);
+    if (await stat(file).catch(() => null)) return file;
+    const elf = await extractPvhKernel(bz);
+    if (!elf) {
+      this.d.log.info({ kernel: this.d.vm.kernel }, 'guest kernel has no PVH entry (or an unknown compression): booting the bzImage, which decompresses itself at every boot');
+      return this.d.vm.kernel;
+    }
+    await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
+    const tmp = `${file}.tmp${process.pid}`;
+    await writeFile(tmp, elf, { mode: 0o600 });
+    await rename(tmp, file);
+    return file;
+  }
+
+  private endpoint(id: string): VmEndpoint {
+    let ep = this.endpoints.get(id);
+    if (!ep) {
+      ep = new VmEndpoint({ dir: this.dir(id), what: `sandbox ${id}`, log: this.d.log });
+      this.endpoints.set(id, ep);
+    }
+    return ep;
+  }
+
+  /**
+   * Checks a create request against what a microVM can be, before anything is made.
+   * @throws DsecError FailedPrecondition (no QEMU or kernel: names the fix), InvalidArgument
+   *   (memory below {@link MICROVM_MIN_MEMORY_BYTES}, more layers than virtio-mmio slots).
+   */
+  private check(sb: SandboxRecord): void {
+    const missing = this.missing();
+    if (missing) throw failedPrecondition(`cannot create microvm sandbox ${sb.id}: ${missing}`);
+    if (sb.memoryBytes < MICROVM_MIN_MEMORY_BYTES) {
+      throw invalidArgument(`a microvm needs at least ${MICROVM_MIN_MEMORY_BYTES} bytes of memory (the guest kernel and initramfs); memory_bytes is ${sb.memoryBytes}`);
+    }
+    const n = effectiveLayers(sb.imageLayers).length;
+    if (n > MICROVM_MAX_LAYERS) throw invalidArgument(`image ${sb.image} has ${n} layers; a microvm attaches at most ${MICROVM_MAX_LAYERS} (one virtio-mmio slot each)`);
+  }
+
+  async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+    this.check(sb);
+    const dir = this.dir(sb.id);
+    await mkdir(dir, { recursive: true, mode: 0o700 });
+    await chmod(dir, 0o700);
+    await this.makeDisk(sb);
+    fp.hit('create.after-rootfs');
+    return this.launch(sb, fp, 'create');
+  }
+
+  async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+    this.check(sb);
+    if (!(await stat(vmPaths(this.dir(sb.id)).disk).catch(() => null))) {
+      throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${vmPaths(this.dir(sb.id)).disk}); destroy it and create a new one`);
+    }
+    return this.launch(sb, fp, 'start');
+  }
+
+  /**
+   * The writable disk: a sparse raw file formatted ext4 by dsecd (mkfs.ext4 takes ~15 ms
+   * natively, where the guest would run it under TCG, and the image needs no mkfs of its
+   * own). Lazy inode tables and journal, no reserved blocks; only blocks the guest writes
+   * take host disk. Made once at create; start reuses it (the writable layer).
+   */
+  private async makeDisk(sb: SandboxRecord): Promise<void> {
+    const disk = vmPaths(this.dir(sb.id)).disk;
+    const bytes = sb.diskBytes ?? this.d.vm.diskBytes;
+    const tmp = `${disk}.tmp`;
+    const fh = await open(tmp, 'w', 0o600);
+    try {
+      await fh.truncate(bytes);
+    } finally {
+      await fh.close();
+    }
+    const r = await execa('mkfs.ext4', ['-q', '-F', '-m', '0', '-L', 'dsec-rw', '-E', 'lazy_itable_init=1,lazy_journal_init=1,nodiscard', tmp], { reject: false });
+    if (r.exitCode !== 0) {
+      await rm(tmp, { force: true });
+      throw internal(`sandbox ${sb.id}: mkfs.ext4 of its writable disk failed: ${String(r.stderr).trim() || `exit ${r.exitCode}`} (is e2fsprogs installed?)`);
+    }
+    await rename(tmp, disk);
+  }
+
+  /**
+   * Starts QEMU in the sandbox's cgroup and waits until the guest agent answers (within
+   * the boot timeout). On failure QEMU is killed and its cgroup removed; the error names
+   * what failed with the console's tail.
+   */
+  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<InitInfo> {
+    const t0 = Date.now();
+    const deadline = t0 + this.d.vm.bootTimeoutMs;
+    const dir = this.dir(sb.id);
+    const paths = vmPaths(dir);
+    const plat = await this.platform();
+    const layers: string[] = [];
+    this.blobs.set(sb.id, effectiveLayers(sb.imageLayers));
+    for (const dg of effectiveLayers(sb.imageLayers)) layers.push(await this.d.blobPath(dg));
+    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid]) await rm(f, { force: true });
+
+    const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
+    await this.d.cgroups.create(sb.id, {
+      cpuQuotaUs: Math.max(1000, Math.round(sb.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US,
+      cpuShares: sb.priority === 'batch' ? BATCH_CPU_SHARES : null,
+      memoryBytes: guestMiB * 1024 * 1024 + vmmOverheadBytes(plat.accel, this.d.vm.tcgTbMiB),
+      // QEMU's threads are its only tasks (the guest's processes are not host tasks): vCPUs,
+      // the main loop, and up to 64 block I/O workers per AioContext; 256 leaves room.
+      pids: Math.max(256, sb.pids),
+      idle: sb.priority === 'batch',
+    });
+    const ep = this.endpoint(sb.id);
+    await ep.listen();
+    const args = qemuArgs({
+      id: sb.id, dir, kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
+      vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
+    });
+    let child: ChildProcess;
+    try {
+      child = spawnVmm({
+        launcher: this.d.launcher, qemu: this.qemuPath!, args, cgroupProcs: this.d.cgroups.procsFiles(sb.id),
+        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog,
+      });
+    } catch (e) {
+      throw internal(`sandbox ${sb.id}: cannot start ${this.d.launcher}: ${(e as Error).message}`, e);
+    }
+    type Exit = { code: number | null; signal: string | null };
+    const state: { exit: Exit | null } = { exit: null };
+    const exited = new Promise<'exited'>((resolve) => {
+      child.once('exit', (code, signal) => { state.exit = { code, signal }; resolve('exited'); });
+      child.once('error', (e) => { state.exit = { code: -1, signal: e.message }; resolve('exited'); });
+    });
+    let timer: NodeJS.Timeout | undefined;
+    const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now())); });
+    const timeoutError = (why?: string) => this.bootError(sb, `the microVM did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
+    // One boot step, raced against QEMU's exit and the boot deadline.
+    const step = async <T>(p: Promise<T>): Promise<T> => {
+      const r = await Promise.race([p.then((v) => ({ v }), (e: Error) => ({ e })), exited, late]);
+      if (r === 'exited') throw this.bootError(sb, 'QEMU exited during boot', null, state.exit);
+      if (r === 'late') throw timeoutError();
+      if ('e' in r) {
+        if (state.exit) throw this.bootError(sb, 'QEMU exited during boot', null, state.exit);
+        if (Date.now() >= deadline) throw timeoutError(r.e.message);
+        throw r.e;
+      }
+      return r.v;
+    };
+    const pid = child.pid!;
+    try {
+      if (op === 'create') fp.hit('create.after-bundle');
+      // QMP first (QEMU is up), then the mux session (the guest booted), then the agent.
+      const qmp = await step((async () => {
+        for (;;) {
+          try {
+            return await QmpClient.connect(paths.qmp, { timeoutMs: Math.max(1, Math.min(this.d.vm.qmpTimeoutMs, deadline - Date.now())) });
+          } catch (e) {
+            if (!isDsecError(e, 'Unavailable') || Date.now() >= deadline || state.exit) throw e;
+            await sleep(20);
+          }
+        }
+      })());
+      this.setQmp(sb.id, qmp);
+      fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
+      await step(ep.session(Math.max(1, deadline - Date.now())));
+      await step(this.agent(sb.id, Math.max(1000, deadline - Date.now())));
+      if (op === 'create') fp.hit('create.after-agent');
+      const st = procStartTime(pid);
+      if (st === null) throw this.bootError(sb, 'QEMU exited right after the guest agent answered', 'Internal', state.exit);
+      this.d.log.info({ id: sb.id, ms: Date.now() - t0, accel: plat.accel }, `microvm ${op === 'create' ? 'booted' : 'restarted'}`);
+      return { pid, start: st };
+    } catch (e) {
+      await this.killVmm(sb.id, pid);
+      await this.dropConnections(sb.id);
+      throw e;
+    } finally {
+      clearTimeout(timer);
+    }
+  }
+
+  /**
+   * A boot failure with the evidence: QEMU's exit and stderr, and the console's tail. A
+   * guest memory QEMU could not allocate is ResourceExhausted; the guest's /init refusing
+   * (dsec-init: FATAL) is FailedPrecondition; a timeout DeadlineExceeded; else Internal.
+   */
+  private bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
+    const p = vmPaths(this.dir(sb.id));
+    const qlog = tailFile(p.qemuLog, 5);
+    const con = tailFile(p.console, 15);
+    let k: 'DeadlineExceeded' | 'Internal' | 'ResourceExhausted' | 'FailedPrecondition' = kind ?? 'Internal';
+    if (!kind && /cannot set up guest memory|Cannot allocate memory/i.test(qlog)) k = 'ResourceExhausted';
+    else if (!kind && /dsec-init: FATAL/.test(con)) k = 'FailedPrecondition';
+    const ex = exit ? ` (QEMU ${exit.signal ? `killed by ${exit.signal}` : `exit status ${exit.code}`})` : '';
+    const msg = `sandbox ${sb.id}: ${what}${ex}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
+    if (k === 'ResourceExhausted') return resourceExhausted(`${msg}\nhint: the host could not give the guest ${sb.memoryBytes} bytes; ask for less memory_bytes`);
+    if (k === 'FailedPrecondition') return failedPrecondition(msg);
+    if (k === 'DeadlineExceeded') return deadlineExceeded(`${msg}\nhint: a TCG boot takes ~3 s on an idle host and several times that on a busy one; raise [vm] boot_timeout_s if it needs longer`);
+    return internal(msg);
+  }
+
+  /** SIGKILLs the VMM (by `pid` when given and it is this sandbox's, and every process of its cgroup), then waits for it to be gone. */
+  private async killVmm(id: string, pid: number | null): Promise<void> {
+    const dir = this.dir(id);
+    const target = pid !== null && isVmmOf(pid, dir) ? pid : vmmOfDir(dir)?.pid ?? null;
+    if (target !== null) {
+      try { process.kill(target, 'SIGKILL'); } catch { /* gone */ }
+    }
+    await this.d.cgroups.killAll(id).catch((e) => this.d.log.warn({ err: e, id }, 'killing the microvm cgroup failed'));
+    if (target !== null) await waitGone(target, QUIT_WAIT_MS);
+  }
+
+  private setQmp(id: string, c: QmpClient): void {
+    const p = Promise.resolve(c);
+    this.qmps.set(id, p);
+    c.onClose(() => {
+      if (this.qmps.get(id) === p) this.qmps.delete(id);
+    });
+  }
+
+  /**
+   * The VM's QMP connection, (re)connecting on first use.
+   * @throws DsecError Unavailable (QEMU not running), DeadlineExceeded (QMP stopped answering).
+   */
+  private qmp(id: string): Promise<QmpClient> {
+    let p = this.qmps.get(id);
+    if (!p) {
+      p = QmpClient.connect(vmPaths(this.dir(id)).qmp, { timeoutMs: this.d.vm.qmpTimeoutMs });
+      const mine = p;
+      this.qmps.set(id, p);
+      p.then((c) => c.onClose(() => { if (this.qmps.get(id) === mine) this.qmps.delete(id); }), () => { if (this.qmps.get(id) === mine) this.qmps.delete(id); });
+    }
+    return p;
+  }
+
+  /**
+   * Runs one QMP command with the configured timeout, naming the sandbox in errors. When
+   * QMP does not answer, a background {@link resync} is started.
+   * @throws DsecError DeadlineExceeded (QMP stopped answering), Unavailable (QEMU gone),
+   *   Internal (QEMU refused the command).
+   */
+  private async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
+    if (command === 'stop' || command === 'cont') this.wantRunning.set(sb.id, command === 'cont');
+    try {
+      const c = await this.qmp(sb.id);
+      return await c.execute<T>(command, args, { timeoutMs: this.d.vm.qmpTimeoutMs });
+    } catch (e) {
+      if (isDsecError(e, 'DeadlineExceeded')) this.resync(sb);
+      if (e instanceof DsecError) {
+        throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}${isDsecError(e, 'DeadlineExceeded') ? '; dsecd keeps reconnecting and restores the VM\'s run state once QEMU answers again' : ''}`, { cause: e });
+      }
+      throw e;
+    }
+  }
+
+  /**
+   * After QMP stopped answering: reconnects every second (while the VM's QEMU lives) and,
+   * once QEMU answers, sets the VM's run state to what dsecd last asked for. QEMU runs the
+   * commands of one monitor connection in order and the next connection only after it, so
+   * a late `stop` is always seen here before the check. One loop per VM.
+   */
+  private resync(sb: SandboxRecord): void {
+    if (this.resyncing.has(sb.id)) return;
+    this.resyncing.add(sb.id);
+    void (async () => {
+      try {
+        while (sb.initPid !== null && isVmmOf(sb.initPid, this.dir(sb.id))) {
+          await sleep(1000);
+          try {
+            const c = await this.qmp(sb.id);
+            const st = await c.execute<{ running: boolean }>('query-status', undefined, { timeoutMs: this.d.vm.qmpTimeoutMs });
+            const want = this.wantRunning.get(sb.id);
+            if (want !== undefined && want !== st.running) await c.execute(want ? 'cont' : 'stop', undefined, { timeoutMs: this.d.vm.qmpTimeoutMs });
+            this.d.log.info({ id: sb.id, running: want ?? st.running }, 'QMP answers again; run state restored');
+            return;
+          } catch { /* not yet */ }
+        }
+      } finally {
+        this.resyncing.delete(sb.id);
+      }
+    })();
+  }
+
+  /** The sandbox's cached agent connection (over the mux), connecting on first use. */
+  private agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
+    let p = this.agents.get(id);
+    if (!p) {
+      p = AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs }).then((c) => {
+        c.onLost(() => {
+          if (this.agents.get(id) === p) this.agents.delete(id);
+        });
+        return c;
+      });
+      p.catch(() => {
+        if (this.agents.get(id) === p) this.agents.delete(id);
+      });
+      this.agents.set(id, p);
+    }
+    return p;
+  }
+
+  /** Closes dsecd's connections to a VM (agent, mux, QMP, listener); the VM is not touched. */
+  private async dropConnections(id: string): Promise<void> {
+    const a = this.agents.get(id);
+    this.agents.delete(id);
+    if (a) await a.then((c) => c.close(), () => {});
+    const ep = this.endpoints.get(id);
+    this.endpoints.delete(id);
+    if (ep) await ep.close();
+    const q = this.qmps.get(id);
+    this.qmps.delete(id);
+    if (q) await q.then((c) => c.close(), () => {});
+  }
+
+  async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+    const dir = this.dir(sb.id);
+    const pid = sb.initPid !== null && isVmmOf(sb.initPid, dir) ? sb.initPid : vmmOfDir(dir)?.pid ?? null;
+    if (pid !== null) {
+      // A paused VM cannot act on anything: continue it first.
+      if (sb.state === 'paused') await this.qmpRun(sb, 'cont').catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'cont before stop failed'));
+      const s = await this.endpoint(sb.id).session().catch(() => null);
+      if (s && opts.graceMs && opts.graceMs > 0 && sb.state === 'running') {
+        // SIGTERM to every guest process but the agent; wait for them (at most graceMs).
+        await s.op(GuestOp.KILL_ALL, u32(15)).catch(() => {});
+        const until = Date.now() + opts.graceMs;
+        while (Date.now() < until && ((await s.op(GuestOp.PROCS).catch(() => 0)) > 0)) await sleep(GRACE_POLL_MS);
+      }
+      // The writable layer must be on the disk file before QEMU goes.
+      if (s) await s.op(GuestOp.SYNC, undefined, SYNC_TIMEOUT_MS).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'guest sync at stop failed; the writable layer keeps what ext4 had committed'));
+      await this.qmpRun(sb, 'quit').catch(() => {});
+      await waitGone(pid, QUIT_WAIT_MS);
+    }
+    fp.hit('stop.after-kill');
+    await this.killVmm(sb.id, pid);
+    await this.dropConnections(sb.id);
+    this.blobs.delete(sb.id);
+    await this.d.cgroups.remove(sb.id);
+    const p = vmPaths(dir);
+    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid]) await rm(f, { force: true });
+  }
+
+  async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+    await this.killVmm(sb.id, sb.initPid);
+    fp.hit('destroy.after-kill');
+    await this.dropConnections(sb.id);
+    this.blobs.delete(sb.id);
+    fp.hit('destroy.after-runtime');
+    fp.hit('destroy.after-rootfs');
+    await this.d.cgroups.killAll(sb.id).catch(() => {});
+    await this.d.cgroups.remove(sb.id);
+    fp.hit('destroy.after-cgroup');
+    await removeSandboxDir(this.dir(sb.id));
+    fp.hit('destroy.after-dir');
+  }
+
+  async exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult> {
+    const client = await this.agentClient(sb);
+    let res;
+    try {
+      res = await client.exec({
+        argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs,
+        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes, ...(req.isolate ? { isolate: req.isolate } : {}),
+      });
+    } catch (e) {
+      if (e instanceof DsecError) throw e;
+      throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
+    }
+    if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
+    // The guest's OOM killer is not visible in the VMM's cgroup (an OOM kill there would end QEMU itself).
+    return { ...res, oom: false };
+  }
+
+  async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+    try {
+      return await this.agent(sb.id);
+    } catch (e) {
+      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
+    }
+  }
+
+  async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
+    const fields = { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) };
+    // As for containers: an exec with stdin gets a connection (here: a mux stream) of its
+    // own, so a stdin backlog the agent stops reading never stalls the other execs.
+    if (req.stdin || req.tty) {
+      let own: AgentClient;
+      try {
+        own = await AgentClient.connect(vmPaths(this.dir(sb.id)).agentSock, { timeoutMs: 10_000 });
+      } catch (e) {
+        throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
+      }
+      const h = own.startExec(fields, handlers);
+      void h.done.then(() => own.close(), () => own.close());
+      return {
+        ...h,
+        signal: (signo: number) => {
+          h.signal(signo);
+          if (signo === 9) setTimeout(() => own.close(), 1000).unref();
+        },
+      };
+    }
+    return (await this.agentClient(sb)).startExec(fields, handlers);
+  }
+
+  async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    const st = await this.d.cgroups.stats(sb.id).catch(() => null);
+    if (!st) return null;
+    // The VMM's cgroup: its memory is the guest RAM QEMU has touched plus QEMU's own; pids are QEMU's threads.
+    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills, pidsLimitHits: st.pidsLimitHits, seccompDenials: null };
+  }
+
+  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+    if (sb.state !== 'running' && sb.state !== 'paused') return null;
+    return this.d.cgroups.limitCounters(sb.id).catch(() => null);
+  }
+
+  logPath(sb: SandboxRecord): string {
+    return vmPaths(this.dir(sb.id)).agentLog;
+  }
+
+  async isAlive(sb: SandboxRecord): Promise<boolean> {
+    if (!sb.initPid || sb.initStart === null) return false;
+    return procStartTime(sb.initPid) === sb.initStart && isVmmOf(sb.initPid, this.dir(sb.id));
+  }
+
+  async adopt(sb: SandboxRecord): Promise<void> {
+    // QEMU holds its layer files open; pin them so the blob cache keeps them.
+    this.blobs.set(sb.id, effectiveLayers(sb.imageLayers));
+    await this.endpoint(sb.id).listen();
+    const status = await this.qmpRun<{ status: string; running: boolean }>(sb, 'query-status');
+    // A running sandbox is never left stopped (dsecd may have died in the middle of a pause
+    // that it never committed; reconcile rolls an uncommitted pause back by resume()).
+    if (sb.state === 'running' && sb.desired === null && !status.running) await this.qmpRun(sb, 'cont');
+  }
+
+  async cleanOrphans(known: Set<string>): Promise<OrphanReport> {
+    const removed: string[] = [];
+    const base = path.join(this.d.root, 'sandboxes');
+    let ids: string[] = [];
+    try {
+      ids = await readdir(base);
+    } catch { /* none yet */ }
+    for (const id of ids) {
+      if (known.has(id)) continue;
+      const vmm = vmmOfDir(this.dir(id));
+      if (!vmm) continue;
+      try { process.kill(vmm.pid, 'SIGKILL'); } catch { /* gone */ }
+      await waitGone(vmm.pid, QUIT_WAIT_MS);
+      removed.push(`microvm QEMU pid ${vmm.pid} of ${id}`);
+      await this.d.cgroups.killAll(id).catch(() => {});
+      await this.d.cgroups.remove(id).catch(() => {});
+      await removeSandboxDir(this.dir(id));
+      removed.push(`sandbox dir ${id}`);
+    }
+    return { removed };
+  }
+
+  async pause(sb: SandboxRecord): Promise<ReclaimReport> {
+    await this.qmpRun(sb, 'stop');
+    const before = await this.d.cgroups.stats(sb.id);
+    // Only page cache can go (the guest's RAM is QEMU's anonymous memory); swap would take the rest.
+    await this.d.cgroups.reclaim(sb.id).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'reclaim at pause failed'));
+    const after = await this.d.cgroups.stats(sb.id);
+    const swap = hostHasSwap();
+    return {
+      memory_before_bytes: before.memoryBytes, memory_after_bytes: after.memoryBytes,
+      file_before_bytes: before.memoryCacheBytes, file_after_bytes: after.memoryCacheBytes,
+      anon_bytes: after.memoryAnonBytes, reclaimed_bytes: Math.max(0, before.memoryBytes - after.memoryBytes), swap,
+      note: `the VM's vCPUs are stopped (QMP stop); the VMM's page cache was reclaimed; guest RAM is QEMU's anonymous memory${swap ? ', swapped out under pressure' : ' and stays resident (no swap on this host; the balloon is not built yet)'}`,
+    };
+  }
+
+  async resume(sb: SandboxRecord): Promise<void> {
+    await this.qmpRun(sb, 'cont');
+    // The guest's clock stood still while it was stopped: set it again (best effort).
+    void this.endpoint(sb.id).session()
+      .then((s) => s.op(GuestOp.SET_TIME, u64(BigInt(Date.now()) * 1_000_000n)))
+      .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after resume failed'));
+  }
+
+  async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
+    throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);
+  }
+
+  async close(): Promise<void> {
+    for (const id of new Set([...this.agents.keys(), ...this.endpoints.keys(), ...this.qmps.keys()])) await this.dropConnections(id);
+  }
+}
+
+function sleep(ms: number): Promise<void> {
+  return new Promise((r) => setTimeout(r, ms));
+}
+
+function u32(v: number): Buffer {
+  const b = Buffer.alloc(4);
+  b.writeUInt32BE(v >>> 0, 0);
+  return b;
+}
+
+function u64(v: bigint): Buffer {
+  const b = Buffer.alloc(8);
+  b.writeBigUInt64BE(v, 0);
+  return b;
+}
+
+/** Waits until `pid` no longer exists (or is a zombie), polling every 20 ms, at most `ms`. */
+async function waitGone(pid: number, ms: number): Promise<boolean> {
+  const until = Date.now() + ms;
+  while (procStartTime(pid) !== null) {
+    if (Date.now() >= until) return false;
+    await sleep(20);
+  }
+  return true;
+}
+
+/** `name` itself when it contains a '/', else the first executable `PATH` entry of that name; null when there is none. */
+function findExecutable(name: string): string | null {
+  const ok = (p: string) => {
+    try {
+      accessSync(p, fsConstants.X_OK);
+      return isFile(p);
+    } catch {
+      return false;
+    }
+  };
+  if (name.includes('/')) return ok(name) ? path.resolve(name) : null;
+  for (const d of (process.env.PATH ?? '/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin').split(':')) {
+    if (d && ok(path.join(d, name))) return path.join(d, name);
+  }
+  return null;
+}
+
+function isFile(p: string): boolean {
+  try {
+    return statSync(p).isFile();
+  } catch {
+    return false;
+  }
+}

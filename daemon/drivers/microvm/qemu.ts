@@ -1,0 +1,277 @@
+/**
+ * QEMU for the microvm tier: the command line of one microVM (pure, unit-tested), the
+ * launch through `dsec-vmm-launch` (into the sandbox's cgroup, detached from dsecd), the
+ * host TSC frequency for TCG guests, and the one KVM probe boot per dsecd.
+ *
+ * Host layout of one microVM (`<root>/sandboxes/<id>/`, root-only):
+ *   disk.raw      the writable disk: sparse raw file, ext4 formatted by dsecd at create
+ *   qmp.sock      QEMU's QMP monitor (server)
+ *   vmux.sock     QEMU's chardev of the agent's virtio-serial port `dsec.agent` (server)
+ *   agent.sock    dsecd's listener: every connection becomes one mux stream (vmux.ts)
+ *   console.log   the serial console (kernel and /init), appended across boots
+ *   agent.log     the agent's stderr, through the virtio-serial port `dsec.log`
+ *   qemu.log      QEMU's own stderr
+ *   qemu.pid      written by QEMU (-pidfile)
+ */
+import { spawn, type ChildProcess } from 'node:child_process';
+import { existsSync, openSync, closeSync, readFileSync } from 'node:fs';
+import { mkdtemp, readFile, rm } from 'node:fs/promises';
+import os from 'node:os';
+import path from 'node:path';
+import { execa } from 'execa';
+import { procStartTime } from '../../host/proc.js';
+import { AGENT_PORT, LOG_PORT } from './initramfs.js';
+
+/**
+ * The machine: QEMU's microvm (virtio-mmio, no PCI, no firmware) with the legacy PIT, PIC
+ * and RTC on. Without the PIT the Debian kernel cannot calibrate its TSC under TCG and
+ * hangs in early boot; the RTC gives the guest the host's time at boot.
+ */
+export const MICROVM_MACHINE = 'microvm,pit=on,pic=on,rtc=on,isa-serial=on';
+
+/**
+ * virtio-mmio transports of QEMU's microvm: 24. One holds the virtio-serial device and
+ * one the writable disk, so an image may have at most 22 layers in a microVM (each layer
+ * is a read-only virtio-blk disk). Larger stacks need layer flattening or pmem (issue 9).
+ */
+export const MICROVM_MAX_LAYERS = 22;
+
+/** Smallest guest memory dsec accepts: 128 MiB (the Debian kernel plus the initramfs unpacked need ~90 MiB to reach the agent). */
+export const MICROVM_MIN_MEMORY_BYTES = 128 * 1024 * 1024;
+
+/**
+ * What QEMU itself needs beside the guest's RAM, charged to the sandbox's cgroup with it:
+ * its own code, heap and I/O buffers (~40 MiB resident when measured here), the kernel
+ * segments and initramfs it keeps for reset (~60 MiB for Debian's uncompressed kernel),
+ * page cache of the layer and disk files it reads,
+ * plus, under TCG, the translation cache ({@link VmConfig.tcgTbMiB}). 96 MiB plus the
+ * translation cache leaves room for all of it; page cache beyond it is reclaimed, never
+ * an OOM kill.
+ */
+export function vmmOverheadBytes(accel: Accel, tcgTbMiB: number): number {
+  return (96 + (accel === 'tcg' ? tcgTbMiB : 0)) * 1024 * 1024;
+}
+
+/** Accelerator QEMU runs a guest with. */
+export type Accel = 'kvm' | 'tcg';
+
+/** Paths of one microVM's host files (see the module comment). */
+export function vmPaths(dir: string) {
+  return {
+    disk: path.join(dir, 'disk.raw'),
+    qmp: path.join(dir, 'qmp.sock'),
+    vmux: path.join(dir, 'vmux.sock'),
+    agentSock: path.join(dir, 'agent.sock'),
+    console: path.join(dir, 'console.log'),
+    agentLog: path.join(dir, 'agent.log'),
+    qemuLog: path.join(dir, 'qemu.log'),
+    pid: path.join(dir, 'qemu.pid'),
+  };
+}
+
+/** Everything that decides one microVM's QEMU command line. */
+export interface MicrovmSpec {
+  /** Sandbox id (QEMU's -name, the guest hostname). */
+  id: string;
+  /** The sandbox dir (see {@link vmPaths}). */
+  dir: string;
+  kernel: string;
+  initrd: string;
+  accel: Accel;
+  /** vCPUs (-smp): the sandbox's cpus rounded up, at least 1. */
+  vcpus: number;
+  /** Guest RAM in MiB (-m). */
+  memoryMiB: number;
+  /** Layer blob files, lowest layer first: virtio-blk disks with serial l0, l1, … */
+  layers: string[];
+  /** The host TSC in kHz for a TCG guest (tsc_early_khz=), or null to let it calibrate. */
+  tscKhz: number | null;
+  /** TCG translation cache, MiB. */
+  tcgTbMiB: number;
+}
+
+/**
+ * The guest kernel command line. `console=ttyS0` is the console log; `reboot=t` and
+ * `panic=-1` with QEMU's `-no-reboot` make any reboot or panic end QEMU at once;
+ * `loglevel=4` keeps warnings and errors on the (slow, emulated) serial console;
+ * `edd=off` skips BIOS disk probing microvm has no BIOS for; under TCG, `tsc_early_khz`
+ * and `tsc=reliable` spare the kernel a TSC calibration and watchdog that fail when the
+ * host is busy (the guest then hangs in early boot); `dsec.*` are read by /init.
+ */
+export function guestCmdline(spec: Pick<MicrovmSpec, 'id' | 'accel' | 'layers' | 'tscKhz'>, extra: string[] = []): string {
+  const args = ['console=ttyS0', 'reboot=t', 'panic=-1', 'loglevel=4', 'edd=off'];
+  if (spec.accel === 'tcg' && spec.tscKhz) args.push(`tsc_early_khz=${spec.tscKhz}`, 'tsc=reliable');
+  args.push(`dsec.layers=${spec.layers.length}`, `dsec.hostname=${spec.id}`, ...extra);
+  return args.join(' ');
+}
+
+/** The QEMU argument vector of one microVM (no shell anywhere: every value is one argument). */
+export function qemuArgs(spec: MicrovmSpec): string[] {
+  const p = vmPaths(spec.dir);
+  const a: string[] = [
+    '-name', `dsec-${spec.id}`,
+    '-M', MICROVM_MACHINE,
+    ...(spec.accel === 'kvm' ? ['-accel', 'kvm', '-cpu', 'host'] : ['-accel', `tcg,tb-size=${spec.tcgTbMiB}`, '-cpu', 'max']),
+    '-m', String(spec.memoryMiB),
+    '-smp', String(Math.max(1, spec.vcpus)),
+    '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+    // QEMU's own seccomp filter: no spawning, no privilege changes, no obsolete syscalls.
+    '-sandbox', 'on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny',
+    '-kernel', spec.kernel,
+    '-initrd', spec.initrd,
+    '-append', guestCmdline(spec),
+    '-chardev', `file,id=con,path=${p.console},append=on`,
+    '-serial', 'chardev:con',
+  ];
+  spec.layers.forEach((blob, i) => {
+    // Layers are immutable and content-addressed: no image locking (it fails on some shared filesystems).
+    a.push('-drive', `id=l${i},file=${blob},format=raw,if=none,readonly=on,file.locking=off`,
+      '-device', `virtio-blk-device,drive=l${i},serial=l${i}`);
+  });
+  a.push(
+    '-drive', `id=rw,file=${p.disk},format=raw,if=none,discard=unmap,detect-zeroes=unmap`,
+    '-device', 'virtio-blk-device,drive=rw,serial=rw',
+    '-device', 'virtio-serial-device,max_ports=4',
+    '-chardev', `socket,id=vmux,path=${p.vmux},server=on,wait=off`,
+    '-device', `virtserialport,chardev=vmux,name=${AGENT_PORT}`,
+    '-chardev', `file,id=alog,path=${p.agentLog},append=on`,
+    '-device', `virtserialport,chardev=alog,name=${LOG_PORT}`,
+    '-qmp', `unix:${p.qmp},server=on,wait=off`,
+    '-pidfile', p.pid,
+  );
+  return a;
+}
+
+/** Options of {@link spawnVmm}. */
+export interface SpawnVmmOptions {
+  /** dsec-vmm-launch binary. */
+  launcher: string;
+  /** QEMU binary (PATH search by the launcher). */
+  qemu: string;
+  args: string[];
+  /** cgroup.procs files to join before exec (CgroupManager.procsFiles). */
+  cgroupProcs: string[];
+  /** SCHED_IDLE for the VMM (a batch sandbox). */
+  schedIdle: boolean;
+  /** Allow transparent huge pages for the VMM (guest RAM); false: PR_SET_THP_DISABLE (see native/vmm/launch.c). */
+  thp: boolean;
+  /** File for QEMU's stderr (and the launcher's). */
+  logFile: string;
+}
+
+/**
+ * Starts QEMU through the launcher, in its own session, with no tie to dsecd (unref'd; a
+ * restart of dsecd leaves it running). Resolves once it is spawned; the caller watches
+ * `child` for an early exit.
+ * @returns the child (its pid is QEMU's: the launcher execs it).
+ */
+export function spawnVmm(o: SpawnVmmOptions): ChildProcess {
+  const argv = [...o.cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), ...(o.schedIdle ? ['--sched-idle'] : []), ...(o.thp ? [] : ['--no-thp']), '--', o.qemu, ...o.args];
+  const log = openSync(o.logFile, 'a', 0o600);
+  try {
+    const child = spawn(o.launcher, argv, { detached: true, stdio: ['ignore', log, log] });
+    child.unref();
+    return child;
+  } finally {
+    closeSync(log);
+  }
+}
+
+/** The last `maxLines` lines (at most `maxBytes` bytes) of a log file, or '' when unreadable. */
+export function tailFile(file: string, maxLines = 20, maxBytes = 4096): string {
+  try {
+    const b = readFileSync(file);
+    const text = b.subarray(Math.max(0, b.length - maxBytes)).toString('utf8');
+    return text.split('\n').filter((l) => l.trim()).slice(-maxLines).join('\n');
+  } catch {
+    return '';
+  }
+}
+
+/**
+ * The QEMU process recorded in a microVM's dir: the pid QEMU wrote to qemu.pid, if that
+ * process is alive and is the QEMU of this dir (its command line names this dir's QMP
+ * socket), so a reused pid is never taken for it. null otherwise.
+ */
+export function vmmOfDir(dir: string): { pid: number; start: number } | null {
+  let pid: number;
+  try {
+    pid = Number(readFileSync(vmPaths(dir).pid, 'utf8').trim());
+  } catch {
+    return null;
+  }
+  if (!Number.isInteger(pid) || pid <= 1) return null;
+  return isVmmOf(pid, dir) ? { pid, start: procStartTime(pid)! } : null;
+}
+
+/** True when `pid` is alive (not a zombie) and its command line names `dir`'s QMP socket. */
+export function isVmmOf(pid: number, dir: string): boolean {
+  if (procStartTime(pid) === null) return false;
+  try {
+    return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').some((a) => a.includes(vmPaths(dir).qmp));
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * The host TSC frequency in kHz (`dsec-vmm-launch --tsc-khz`), or null when it cannot be
+ * used: not an x86 host, or the TSC is not constant (`constant_tsc` and `nonstop_tsc` in
+ * /proc/cpuinfo), so a TCG guest's TSC would not tick at a fixed rate anyway.
+ */
+export async function hostTscKhz(launcher: string): Promise<number | null> {
+  if (os.arch() !== 'x64') return null;
+  const flags = /^flags\s*:(.*)$/m.exec(readFileSync('/proc/cpuinfo', 'utf8'))?.[1].split(/\s+/) ?? [];
+  if (!flags.includes('constant_tsc') || !flags.includes('nonstop_tsc')) return null;
+  const r = await execa(launcher, ['--tsc-khz'], { reject: false });
+  const khz = Number(String(r.stdout).trim());
+  return r.exitCode === 0 && Number.isInteger(khz) && khz > 100_000 ? khz : null;
+}
+
+/** The verdict of {@link probeKvm}. */
+export interface KvmVerdict {
+  usable: boolean;
+  /** Why (shown in `dsec host info`): what was tried and what happened. */
+  reason: string;
+}
+
+/**
+ * Boots the guest kernel and initramfs once under KVM (`dsec.probe=1`: /init loads its
+ * modules, prints `dsec-init: probe ok` and reboots, which ends QEMU) and reports whether
+ * that worked within `timeoutMs`. On hosts where stock guest kernels hang under KVM (such
+ * as nested setups without the needed features) the probe times out and its QEMU is
+ * killed by pid. Leaves nothing behind (its temp dir is removed).
+ */
+export async function probeKvm(o: { qemu: string; kernel: string; initrd: string; timeoutMs: number }): Promise<KvmVerdict> {
+  if (!existsSync('/dev/kvm')) return { usable: false, reason: 'no /dev/kvm on this host: microVMs run under TCG (software emulation)' };
+  const dir = await mkdtemp(path.join(os.tmpdir(), 'dsec-kvm-probe-'));
+  const con = path.join(dir, 'console.log');
+  const args = [
+    '-M', MICROVM_MACHINE, '-accel', 'kvm', '-cpu', 'host', '-m', '256', '-smp', '1',
+    '-nodefaults', '-no-user-config', '-display', 'none', '-no-reboot',
+    '-kernel', o.kernel, '-initrd', o.initrd, '-append', `console=ttyS0 reboot=t panic=-1 loglevel=4 edd=off dsec.probe=1`,
+    '-chardev', `file,id=con,path=${con}`, '-serial', 'chardev:con',
+  ];
+  const t0 = Date.now();
+  const child = spawn(o.qemu, args, { stdio: ['ignore', 'ignore', 'pipe'] });
+  let stderr = '';
+  child.stderr!.on('data', (b: Buffer) => { if (stderr.length < 4096) stderr += b.toString(); });
+  const exited = new Promise<number | null>((resolve) => {
+    child.once('exit', (code) => resolve(code));
+    child.once('error', () => resolve(-1));
+  });
+  let timer: NodeJS.Timeout | undefined;
+  const timedOut = new Promise<'timeout'>((resolve) => { timer = setTimeout(() => resolve('timeout'), o.timeoutMs); });
+  const r = await Promise.race([exited, timedOut]);
+  clearTimeout(timer);
+  if (r === 'timeout' && child.pid) {
+    try { process.kill(child.pid, 'SIGKILL'); } catch { /* already gone */ }
+    await exited;
+  }
+  const out = await readFile(con, 'utf8').catch(() => '');
+  await rm(dir, { recursive: true, force: true });
+  const ms = Date.now() - t0;
+  if (out.includes('dsec-init: probe ok')) return { usable: true, reason: `a probe boot under KVM reached the guest's init in ${ms} ms: microVMs run under KVM` };
+  if (r === 'timeout') return { usable: false, reason: `a probe boot under KVM did not reach the guest's init within ${o.timeoutMs} ms (the guest kernel hangs under KVM on this host): microVMs run under TCG` };
+  return { usable: false, reason: `a probe boot under KVM failed (QEMU exit ${r}${stderr.trim() ? `: ${stderr.trim().split('\n').pop()}` : ''}): microVMs run under TCG` };
+}

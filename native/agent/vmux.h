@@ -1,0 +1,30 @@
+/*
+ * vmux: the guest side of the agent stream multiplexer (docs/AGENT_PROTOCOL.md, "The VM
+ * transport: stream multiplexer"). Compiled into the static agent (vmux.c).
+ *
+ * In a microVM the agent has no listening socket: dsecd reaches it through one
+ * virtio-serial port, a single byte stream. vmux carries many independent logical
+ * streams over it and hands each new stream to the agent as one end of a fresh
+ * socketpair, which the agent serves exactly like a connection accepted on its
+ * listening socket. The agent's main loop watches the one fd vmux_open() returns (an
+ * epoll fd of vmux's own) and calls vmux_run() when it is readable.
+ */
+#ifndef DSEC_VMUX_H
+#define DSEC_VMUX_H
+
+/* Serve fd (AF_UNIX SOCK_STREAM, non-blocking, close-on-exec) as an accepted connection.
+ * Returns 0, or -1 when it cannot (the callee then has closed fd). */
+typedef int (*vmux_adopt_fn)(int fd);
+/* printf-like logging to the agent's log. */
+typedef void (*vmux_log_fn)(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+
+/* Opens the mux on the port at `path` (opened O_RDWR|O_NONBLOCK|O_CLOEXEC) or, when path
+ * is NULL, on the inherited fd `fd` (tests: a socketpair end). Returns an fd to watch for
+ * EPOLLIN (never blocks), or -1 with the reason logged. */
+int vmux_open(const char *path, int fd, vmux_adopt_fn adopt, vmux_log_fn log);
+
+/* Handles every event that is ready on the mux (port, streams, reconnect timer); never
+ * blocks. Call when the fd from vmux_open() is readable. */
+void vmux_run(void);
+
+#endif

@@ -9,10 +9,11 @@ import { readFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
 import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
-import { invalidArgument } from './errors.js';
+import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
 import { MIN_DISK_BYTES } from './api/schema.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
+import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
@@ -125,6 +126,15 @@ const FileConfig = z
         cache_bytes: z.number().int().min(0).optional(),
         commit_exclude: z.array(z.string()).optional(),
         prune_grace_s: z.number().int().min(0).optional(),
+        mkfs_path: z.string().min(1).optional(),
+      })
+      .strict()
+      .optional(),
+    builder: z
+      .object({
+        enabled: z.boolean().optional(),
+        base: z.number().int().min(65536).optional(),
+        size: z.number().int().min(65536).multipleOf(65536).optional(),
       })
       .strict()
       .optional(),
@@ -232,9 +242,19 @@ export interface DaemonConfig {
    * than `cacheBytes` (default 50 GiB). `commitExclude` adds glob patterns (relative to
    * the sandbox root, e.g. `srv/cache/**`) that `commit` strips besides its fixed list.
    * Unreferenced layers younger than `pruneGraceMs` (default 10 min, `prune_grace_s`) are
-   * kept by prune.
+   * kept by prune. `mkfsPath` is the mkfs.erofs binary (default `mkfs.erofs` on PATH).
    */
-  images: { store: string; cacheDir: string | null; cacheBytes: number; commitExclude: string[]; pruneGraceMs: number };
+  images: { store: string; cacheDir: string | null; cacheBytes: number; commitExclude: string[]; pruneGraceMs: number; mkfsPath: string };
+  /**
+   * The builder identity (daemon/host/builder.ts): the host uid/gid range under which
+   * imports, image builds, commits and snapshots extract, copy and pack trees, as uid 0 of
+   * a user namespace per job. Default base 2^31 - 2^20, size 2^20: 16 slots of 65,536
+   * ids (16 concurrent builds), right below the default sandbox pool. It must not overlap
+   * this instance's uid pool (checked here) nor any live instance's pool or builder range
+   * (checked at registration). `enabled = false` builds as root instead (hosts without
+   * user namespaces); `dsec host info` then reports builder_identity as not enforced.
+   */
+  builder: { enabled: boolean; base: number; size: number };
   /** TCP `host:port` serving GET /metrics only (e.g. `127.0.0.1:9464`), or null: metrics on the socket only. */
   metricsAddress: string | null;
   /**
@@ -365,6 +385,13 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
   if ((pool.base ?? 2 ** 31) + (pool.size ?? 2 ** 30) > 2 ** 32 - 1) {
     throw invalidArgument(`config ${file}: uid_pool base + size must stay below 2^32-1 (4294967295), the largest valid uid`);
   }
+  const builder = { enabled: fc.builder?.enabled ?? true, base: fc.builder?.base ?? DEFAULT_BUILDER_RANGE.base, size: fc.builder?.size ?? DEFAULT_BUILDER_RANGE.size };
+  try {
+    if (builder.enabled) checkBuilderRange(builder, { base: pool.base ?? 2 ** 31, size: pool.size ?? 2 ** 30 });
+  } catch (e) {
+    if (isDsecError(e)) throw invalidArgument(`config ${file}: ${e.message}`);
+    throw e;
+  }
   const root = path.resolve(src.root ?? env.DSEC_ROOT ?? fc.root ?? DEFAULT_ROOT);
   const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
   return Object.freeze({
@@ -428,7 +455,9 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       cacheBytes: fc.images?.cache_bytes ?? 50 * 1024 ** 3,
       commitExclude: fc.images?.commit_exclude ?? [],
       pruneGraceMs: (fc.images?.prune_grace_s ?? 600) * 1000,
+      mkfsPath: fc.images?.mkfs_path ?? 'mkfs.erofs',
     },
+    builder,
     filesystem: resolveFilesystem(fc.filesystem, null, DEFAULT_FILESYSTEM),
     vm: {
       kernel: path.resolve(fc.vm?.kernel ?? DEFAULT_GUEST_KERNEL),

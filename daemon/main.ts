@@ -41,6 +41,7 @@ import { LayerMounts } from './image/mounts.js';
 import { BlobCache } from './image/cache.js';
 import { buildApi, buildRunCodeApi, type ApiDeps } from './api/server.js';
 import { registerInstance, type InstanceRegistration } from './host/instances.js';
+import { BUILDER_SLOT_IDS, Builder } from './host/builder.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend, SeccompProfileInfo } from './api/schema.js';
 import { SandboxNetworking } from './net/network.js';
@@ -228,11 +229,19 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const runtime = new OciRuntime(runtimeInfo, path.join(config.root, 'runtime', runtimeInfo.name));
     const db = openDb(path.join(config.root, 'dsec.db'));
     const repo = new SandboxRepo(db, config.uidPool);
+    // Untrusted trees (imported tars, writable layers) are extracted, copied and packed as
+    // the builder identity, never as root (daemon/host/builder.ts); refuse to start rather
+    // than fall back to root silently.
+    const builder = config.builder.enabled ? new Builder({ range: config.builder, workDir: path.join(config.root, 'builder') }) : undefined;
+    await builder?.init();
+    await builder?.probe();
     const images = new ImageStore({
       root: config.images.store,
       localDir: path.join(config.root, 'images-local'),
       owner: { host: os.hostname(), instance: config.instance },
       pruneGraceMs: config.images.pruneGraceMs,
+      builder,
+      mkfsPath: config.images.mkfsPath,
     });
     await images.init();
     await images.ensureBuiltinImages();
@@ -439,6 +448,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             readonly_paths: container.readonlyPathsStatus(),
             ...network.hostDefences(),
             disk_quota: storage.status(),
+            builder_identity: builder
+              ? { enforced: true, detail: `image imports, builds, commits and snapshots extract, copy and run mkfs.erofs as uid 0 of a user namespace mapped to host ids ${builder.range.base}-${builder.range.base + builder.range.size - 1} (${builder.slots} slots of ${BUILDER_SLOT_IDS}), disjoint from every sandbox's range, with no network; root only opens inputs, decides overlay opaque markers, publishes blobs and mounts; debootstrap and apt of image bootstrap run as root` }
+              : { enforced: false, detail: '[builder] enabled = false: imports, builds, commits and snapshots extract and pack trees as root' },
           },
           storage: storage.info(),
         }),

@@ -3,7 +3,8 @@
  * writable layer (secrets, caches and the --exclude globs stripped) as a new layer on top
  * of its image and names the result. The security flags (cli/util/security.ts) change
  * the new image's security defaults, field by field over the sandbox's image's. Prints the new ref on stdout and
- * `layer sha256:… (N bytes), stripped: …` on stderr; --json prints the CommitResult.
+ * `layer sha256:… (N bytes), stripped: …` plus `warning: …` lines on stderr; --json
+ * prints the CommitResult.
  */
 import type { Command } from 'commander';
 import { renderCommitNote } from '../ui/images.js';

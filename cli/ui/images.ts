@@ -85,10 +85,15 @@ export function renderPruneResult(r: PruneResult): string {
 /** Most stripped paths `dsec commit` names before summarising the rest. */
 const MAX_STRIPPED_SHOWN = 10;
 
-/** The `dsec commit` note for stderr: `layer sha256:… (N bytes), stripped: a, b, … and N more`. */
+/**
+ * The `dsec commit` note for stderr: `layer sha256:… (N bytes), stripped: a, b, … and N more`,
+ * then one `warning: …` line per warning of the result (an exclude that matched nothing,
+ * the create env left out of the image).
+ */
 export function renderCommitNote(r: CommitResult): string {
   const shown = r.stripped.slice(0, MAX_STRIPPED_SHOWN);
   const more = r.stripped.length - shown.length;
   const stripped = shown.length === 0 ? 'none' : shown.join(', ') + (more > 0 ? ` and ${more} more` : '');
-  return `layer ${r.layer.digest} (${r.layer.size_bytes} bytes), stripped: ${stripped}\n`;
+  const warnings = (r.warnings ?? []).map((w) => `warning: ${w}\n`).join('');
+  return `layer ${r.layer.digest} (${r.layer.size_bytes} bytes), stripped: ${stripped}\n${warnings}`;
 }

@@ -154,10 +154,13 @@ export interface SandboxDriver {
   /**
    * Runs `fn` on the sandbox's writable layer (its overlay upper dir) while no process
    * of the sandbox can change it (frozen when running; stopped sandboxes need nothing).
-   * Used by commit and snapshots.
+   * `dsecCreated` lists the paths (relative to the sandbox root, no leading `/`) that dsec
+   * itself created in the upper dir (mount points for bind mounts such as
+   * /etc/resolv.conf, `writable_paths` directories): commit strips them, because they are
+   * runtime state rather than the sandbox's work. Used by commit and snapshots.
    * @throws DsecError FailedPrecondition when the sandbox has no writable layer on this host.
    */
-  withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T>;
+  withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T>;
   /** Freezes every process of a running sandbox and reclaims what memory the host can. */
   pause(sb: SandboxRecord): Promise<ReclaimReport>;
   /** Thaws a paused sandbox: every process continues where it stopped. */

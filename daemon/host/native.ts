@@ -53,6 +53,7 @@ interface NativeAddon {
   peerCred(fd: number): PeerCred;
   schedCoreProbe(): number;
   schedIdleProbe(): number;
+  openTreeIdmapped(src: string, inner: number, outer: number, count: number, readonly: boolean): number;
   constants: NativeConstants;
 }
 
@@ -140,6 +141,19 @@ export function constants(): NativeConstants {
 export function errnoCode(e: unknown): string | undefined {
   const c = (e as { code?: unknown } | null)?.code;
   return typeof c === 'string' ? c : undefined;
+}
+
+/**
+ * A detached idmapped view of the directory `src` as an fd (O_CLOEXEC), attached nowhere
+ * (no mount table entry; it vanishes with the last fd): through it, a file owned by host
+ * id `inner + k` (k < count) appears owned by host id `outer + k`, any other owner as the
+ * overflow id 65534. Mounts below `src` are not part of the view. `readonly` makes the
+ * view read-only. The builder identity reads trees through such fds
+ * (daemon/host/builder.ts); close with `fs.closeSync`.
+ * Throws (code EINVAL when the filesystem of `src` cannot be idmapped, ENOENT, ENOTDIR, EPERM, ...).
+ */
+export function openTreeIdmapped(src: string, inner: number, outer: number, count: number, readonly: boolean): number {
+  return addon().openTreeIdmapped(src, inner, outer, count, readonly);
 }
 
 /**

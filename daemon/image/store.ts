@@ -24,16 +24,25 @@
  * - prune removes only blobs that no manifest, no lease and no live sandbox of the
  *   calling instance references, and only when older than a grace period, so a blob
  *   published by a build whose manifest is not written yet is never taken.
+ *
+ * With a {@link Builder} (dsecd always has one unless `[builder] enabled = false`),
+ * mkfs.erofs runs as the builder identity: over a read-only idmapped view of a source dir
+ * ({@link ImageStore.addLayerFromDir}) or over a staging tree the builder made itself
+ * ({@link ImageStore.addLayerFromJob}); root then checks the blob the builder wrote, makes
+ * it root's (0444) and renames it into blobs/. Without one, root runs mkfs.erofs itself.
  */
 import { randomBytes } from 'node:crypto';
 import { constants as fsc, existsSync } from 'node:fs';
-import { access, chmod, mkdir, open, readdir, readFile, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
+import { access, chmod, copyFile, mkdir, open, readdir, readFile, rename, rm, stat, unlink, utimes, writeFile } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { dirname, join, relative, sep } from 'node:path';
 import { DsecError } from '../errors.js';
 import { BUSYBOX_PATH_ENV, prepareBusyboxTree } from './builtin.js';
-import { buildErofs, sha256File, type BuildErofsOptions } from './erofs.js';
+import { buildErofs, listOpaqueDirs, mkfsAsBuilder, refuseDevices, sha256File, type BuildErofsOptions } from './erofs.js';
 import * as native from '../host/native.js';
+import type { Builder, BuilderJob } from '../host/builder.js';
+import { closeSync, createReadStream } from 'node:fs';
+import { createHash } from 'node:crypto';
 import { checkImageSecurity, type ImageSecurity } from './security.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
@@ -182,6 +191,14 @@ export interface ImageStoreOptions {
    * longer than publishing a blob and then its manifest takes, so prune never races a build.
    */
   pruneGraceMs?: number;
+  /**
+   * The builder identity that runs mkfs.erofs (and, through the importers and commit,
+   * extraction and copies). Default none: root (this process) does everything, as in
+   * unit tests and with `[builder] enabled = false`.
+   */
+  builder?: Builder;
+  /** The mkfs.erofs binary for every layer this store builds (`[images] mkfs_path`); default `mkfs.erofs` on PATH. */
+  mkfsPath?: string;
 }
 
 /** What {@link ImageStore.prune} removed. */
@@ -217,6 +234,9 @@ export class ImageStore {
   readonly localDir: string;
   /** Identity for leases and temp names. */
   readonly owner: StoreOwner;
+  /** The builder identity, if this store builds as one (see {@link ImageStoreOptions.builder}). */
+  readonly builder: Builder | undefined;
+  private readonly mkfsPath: string | undefined;
   private readonly graceMs: number;
   private readonly onWarning?: (msg: string) => void;
   private builtinOnce: Promise<void> | undefined;
@@ -229,6 +249,8 @@ export class ImageStore {
     this.owner = opts.owner ?? { host: hostname(), instance: 'default' };
     this.graceMs = opts.pruneGraceMs ?? PRUNE_GRACE_MS;
     this.onWarning = opts.onWarning;
+    this.builder = opts.builder;
+    this.mkfsPath = opts.mkfsPath;
   }
 
   private get blobsDir(): string {
@@ -356,30 +378,117 @@ export class ImageStore {
    * Packs `srcDir` into an EROFS blob and stores it by digest (the bytes are not
    * rewritten when a blob with that digest is present), with metadata. Returns the
    * layer's metadata (plus `sizeBytes`, as buildErofs reports it).
-   * Errors as {@link buildErofs}.
+   *
+   * With a builder, mkfs.erofs runs as a builder slot over a read-only idmapped view of
+   * `srcDir` (host ids 0..65535 keep their values in the layer; larger ids become 65534;
+   * mounts below `srcDir` are not crossed), and `srcDir`'s opaque directories are found
+   * by root ({@link listOpaqueDirs}); the builder needs no permission on `srcDir`.
+   * Errors as {@link buildErofs}; with a builder also FailedPrecondition when the
+   * filesystem of `srcDir` cannot be idmapped.
    */
   async addLayerFromDir(srcDir: string, opts: BuildErofsOptions & { source?: string } = {}): Promise<LayerMeta & { sizeBytes: number }> {
+    const source = opts.source ?? `dir:${srcDir}`;
+    if (this.builder) {
+      const st = await stat(srcDir).catch(() => undefined);
+      if (!st?.isDirectory()) throw new DsecError('InvalidArgument', `layer source ${srcDir} is not a directory`);
+      if (!opts.skipDeviceCheck) await refuseDevices(srcDir);
+      const opaque = await listOpaqueDirs(srcDir);
+      return this.builder.withJob(async (job) => {
+        const view = job.view(srcDir, 0);
+        try {
+          return await this.publishBuilt(job, view, { ...opts, opaque }, source);
+        } finally {
+          closeSync(view);
+        }
+      });
+    }
     const tmp = this.tmpPath('.erofs');
     try {
-      const blob = await buildErofs(srcDir, tmp, opts);
+      const blob = await buildErofs(srcDir, tmp, { mkfsPath: this.mkfsPath, ...opts });
       if (!(await this.hasBlob(blob.digest))) {
         await chmod(tmp, 0o444);
         await mkdir(this.blobsDir, { recursive: true });
         await rename(tmp, this.blobPath(blob.digest));
-        // This host just hashed these bytes while building them: record the blob as
-        // verified here, so its first mount does not read it all again.
-        const st = await stat(this.blobPath(blob.digest));
-        await writeFileAtomic(join(this.localDir, 'verified', digestHex(blob.digest)), `${st.size}:${st.mtimeMs}:${st.ctimeMs}:${st.ino}`);
+        await this.markVerified(blob.digest);
       }
-      const meta = await this.ensureLayerMeta(blob.digest, blob.sizeBytes, opts.source ?? `dir:${srcDir}`);
-      // Mark the layer as just used, so prune's grace period protects a reused blob
-      // until the manifest that will reference it is written.
-      const now = new Date();
-      await utimes(join(this.layersDir, `${digestHex(blob.digest)}.json`), now, now).catch(() => undefined);
-      return { ...meta, sizeBytes: blob.sizeBytes };
+      return await this.recordLayer(blob.digest, blob.sizeBytes, source);
     } finally {
       await rm(tmp, { force: true });
     }
+  }
+
+  /**
+   * Packs the tree `treeRel` that the builder made in `job`'s staging dir (an extracted
+   * layer, a copied writable layer) as a layer, like {@link addLayerFromDir}; `opts.opaque`
+   * lists its opaque directories (the builder could not mark them). The device check runs
+   * as root over the tree (nothing of the builder runs any more).
+   * @throws DsecError InvalidArgument (a device node other than a whiteout), Internal
+   *   (mkfs.erofs failed, or the tree or blob is not what the builder should have left).
+   */
+  async addLayerFromJob(job: BuilderJob, treeRel: string, opts: BuildErofsOptions & { source: string }): Promise<LayerMeta & { sizeBytes: number }> {
+    if (!opts.skipDeviceCheck) await refuseDevices(job.path(treeRel));
+    const fd = job.openDir(treeRel);
+    try {
+      return await this.publishBuilt(job, fd, opts, opts.source);
+    } finally {
+      closeSync(fd);
+    }
+  }
+
+  /** mkfs.erofs as the builder over `srcFd`, then root takes the blob over: hash, root:root 0444, rename into blobs/, metadata. */
+  private async publishBuilt(job: BuilderJob, srcFd: number, opts: BuildErofsOptions, source: string): Promise<LayerMeta & { sizeBytes: number }> {
+    const out = 'layer.erofs';
+    await mkfsAsBuilder(job, srcFd, out, { mkfsPath: this.mkfsPath, ...opts });
+    const { fd, path } = job.adopt(out, 0o444);
+    let digest: string;
+    let size: number;
+    try {
+      const hash = createHash('sha256');
+      size = 0;
+      for await (const c of createReadStream('', { fd, autoClose: false, start: 0, highWaterMark: 1 << 20 })) {
+        hash.update(c as Buffer);
+        size += (c as Buffer).length;
+      }
+      digest = `sha256:${hash.digest('hex')}`;
+    } finally {
+      closeSync(fd);
+    }
+    if (!(await this.hasBlob(digest))) {
+      await mkdir(this.blobsDir, { recursive: true });
+      try {
+        await rename(path, this.blobPath(digest));
+      } catch (e) {
+        if ((e as NodeJS.ErrnoException).code !== 'EXDEV') throw e;
+        // A store on another filesystem than the builder's work dir (e.g. a shared one):
+        // copy into the store's tmp/ first, so the blob still appears by one rename.
+        const tmp = this.tmpPath('.erofs');
+        try {
+          await copyFile(path, tmp);
+          await chmod(tmp, 0o444);
+          await rename(tmp, this.blobPath(digest));
+        } finally {
+          await rm(tmp, { force: true });
+        }
+      }
+      await this.markVerified(digest);
+    }
+    return this.recordLayer(digest, size, source);
+  }
+
+  /** Records that this host hashed the blob `digest` while building it, so its first mount does not read it all again. */
+  private async markVerified(digest: string): Promise<void> {
+    const st = await stat(this.blobPath(digest));
+    await writeFileAtomic(join(this.localDir, 'verified', digestHex(digest)), `${st.size}:${st.mtimeMs}:${st.ctimeMs}:${st.ino}`);
+  }
+
+  /** Writes (or reuses) the layer's metadata and marks it as just used; returns it with the blob size. */
+  private async recordLayer(digest: string, sizeBytes: number, source: string): Promise<LayerMeta & { sizeBytes: number }> {
+    const meta = await this.ensureLayerMeta(digest, sizeBytes, source);
+    // Mark the layer as just used, so prune's grace period protects a reused blob
+    // until the manifest that will reference it is written.
+    const now = new Date();
+    await utimes(join(this.layersDir, `${digestHex(digest)}.json`), now, now).catch(() => undefined);
+    return { ...meta, sizeBytes };
   }
 
   /** Writes layer metadata unless present; returns what is stored. */

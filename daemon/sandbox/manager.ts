@@ -26,9 +26,8 @@ const { ENOENT, E2BIG } = osConstants.errno;
 import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import type { AgentClient } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
-import { copyUpper, normaliseExclude, prepareCopy } from '../image/commit.js';
+import { normaliseExclude, packWritableLayer } from '../image/commit.js';
 import { procStartTime, signalName } from '../host/proc.js';
-import { rm } from 'node:fs/promises';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
 import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from './repo.js';
@@ -721,7 +720,8 @@ export class SandboxManager {
    * the result as image `ref` (see daemon/image/commit.ts for what is stripped). The
    * sandbox is frozen while its layer is copied and keeps running afterwards. The new
    * image keeps the config the sandbox was created from; `security` (optional) changes
-   * its security defaults field by field.
+   * its security defaults field by field. The sandbox's create env is a runtime secret
+   * and is not written into the manifest (a warning names the variables left out).
    * @returns the new manifest, the new layer and the stripped paths.
    * @throws DsecError NotFound, InvalidArgument (bad ref), FailedPrecondition (no writable layer).
    */
@@ -731,26 +731,22 @@ export class SandboxManager {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (sb.uidBase === null || sb.uidCount === null) throw failedPrecondition(`sandbox ${id} has no uid range`);
-      const tmp = this.d.images.tmpPath('-commit');
-      try {
-        await this.driver(sb.backend).withWritableLayer(sb, (upper) => copyUpper(upper, tmp));
-        const packed = await prepareCopy(tmp, sb.uidBase!, sb.uidCount!, [...this.d.config.images.commitExclude, ...exclude]);
-        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `commit:${id}` });
-        const env = new Map(sb.imageConfig.env.map((kv) => [kv.slice(0, kv.indexOf('=')), kv] as const));
-        for (const [k, v] of Object.entries(sb.env)) env.set(k, `${k}=${v}`);
-        const image: ImageManifest = {
-          name, tag, layers: [...sb.imageLayers, layer.digest],
-          config: { ...sb.imageConfig, env: [...env.values()], ...(security ? { security: { ...(sb.imageConfig.security ?? {}), ...security } } : {}) },
-          created_ms: Date.now(),
-        };
-        await this.d.images.putManifest(image);
-        this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);
-        const { sizeBytes: _s, ...meta } = layer;
-        const warnings = packed.unmatched.map((g) => `exclude pattern ${JSON.stringify(g)} matched nothing`);
-        return { image, layer: meta, stripped: packed.stripped, warnings };
-      } finally {
-        await rm(tmp, { recursive: true, force: true });
-      }
+      const packed = await packWritableLayer(this.d.images, (fn) => this.driver(sb.backend).withWritableLayer(sb, fn), {
+        uidBase: sb.uidBase, uidCount: sb.uidCount, strip: true, exclude: [...this.d.config.images.commitExclude, ...exclude], source: `commit:${id}`,
+      });
+      const layer = packed.layer;
+      const image: ImageManifest = {
+        name, tag, layers: [...sb.imageLayers, layer.digest],
+        config: { ...sb.imageConfig, ...(security ? { security: { ...(sb.imageConfig.security ?? {}), ...security } } : {}) },
+        created_ms: Date.now(),
+      };
+      await this.d.images.putManifest(image);
+      this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);
+      const { sizeBytes: _s, ...meta } = layer;
+      const warnings = packed.unmatched.map((g) => `exclude pattern ${JSON.stringify(g)} matched nothing`);
+      const envNames = Object.keys(sb.env).sort();
+      if (envNames.length) warnings.push(`the sandbox's create env (${envNames.join(', ')}) is not part of the image: it is a runtime secret; pass it again when creating sandboxes from ${name}:${tag}`);
+      return { image, layer: meta, stripped: packed.stripped, warnings };
     });
   }
 
@@ -767,10 +763,16 @@ export class SandboxManager {
   /**
    * The per-sandbox defences in force for `sb` now (GET /v1/sandboxes/{id} `defences`): as
    * its backend reports them (`readonly_paths`, `landlock`, ...), plus `disk_quota`
-   * (whether its writable layer has a quota the kernel enforces).
+   * (whether its writable layer has a quota the kernel enforces) and `builder_identity`
+   * (whether its commits and snapshots are copied and packed as the builder, whose ids
+   * are disjoint from the sandbox's own range).
    */
   async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
-    return { ...((await this.driver(sb.backend).defences?.(sb)) ?? {}), disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes) };
+    const b = this.d.images.builder;
+    const builder_identity: DefenceStatus = b
+      ? { enforced: true, detail: `commits and snapshots of this sandbox are copied, stripped and packed as the builder (host ids ${b.range.base}-${b.range.base + b.range.size - 1}), never as root and never as this sandbox's range (${sb.uidBase ?? '?'}-${sb.uidBase === null || sb.uidCount === null ? '?' : sb.uidBase + sb.uidCount - 1})` }
+      : { enforced: false, detail: '[builder] enabled = false: commits and snapshots are copied and packed as root' };
+    return { ...((await this.driver(sb.backend).defences?.(sb)) ?? {}), disk_quota: this.d.storage.sandboxStatus(sb.id, sb.diskBytes), builder_identity };
   }
 
   /** Resource usage of a sandbox (null when it is not running). @throws DsecError NotFound. */
@@ -819,25 +821,21 @@ export class SandboxManager {
       if (sb.imageLayers.length + 1 > MAX_LAYERS) {
         throw failedPrecondition(`sandbox ${id} already has ${sb.imageLayers.length} layers (snapshots of restored sandboxes stack up); a snapshot would exceed ${MAX_LAYERS}`);
       }
-      const tmp = this.d.images.tmpPath('-snapshot');
-      try {
-        await this.driver(sb.backend).withWritableLayer(sb, (upper) => copyUpper(upper, tmp));
-        const packed = await prepareCopy(tmp, sb.uidBase!, sb.uidCount!, [], { strip: false });
-        // Real mtimes (a fork must see what the source saw) and 4 KiB chunks (sparse files keep their holes).
-        const layer = await this.d.images.addLayerFromDir(packed.dir, { source: `snapshot:${id}`, keepMtimes: true, chunkBytes: SNAPSHOT_CHUNK_BYTES });
-        this.d.failpoints.hit('snapshot.after-layer');
-        const snap = this.d.snapshots.insert({
-          id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
-          imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
-          cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
-          network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem,
-        });
-        await this.d.images.syncLeases(this.layersInUse());
-        this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} ${layer.digest}`);
-        return snap;
-      } finally {
-        await rm(tmp, { recursive: true, force: true });
-      }
+      // Real mtimes (a fork must see what the source saw) and 4 KiB chunks (sparse files keep their holes).
+      const { layer } = await packWritableLayer(this.d.images, (fn) => this.driver(sb.backend).withWritableLayer(sb, fn), {
+        uidBase: sb.uidBase, uidCount: sb.uidCount, strip: false, exclude: [], source: `snapshot:${id}`,
+        build: { keepMtimes: true, chunkBytes: SNAPSHOT_CHUNK_BYTES },
+      });
+      this.d.failpoints.hit('snapshot.after-layer');
+      const snap = this.d.snapshots.insert({
+        id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
+        imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
+        cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
+        network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem,
+      });
+      await this.d.images.syncLeases(this.layersInUse());
+      this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} ${layer.digest}`);
+      return snap;
     });
   }
 

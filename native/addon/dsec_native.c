@@ -272,7 +272,8 @@ static int userns_helper(void *arg) {
 #define HELPER_STACK (64 * 1024)
 
 /*
- * Creates a user namespace mapped "0 <base> <count>" and returns an O_CLOEXEC fd on it,
+ * Creates a user namespace mapped "<inner> <base> <count>" (inner is 0 for every sandbox;
+ * builder.c maps a sandbox's range onto the builder's) and returns an O_CLOEXEC fd on it,
  * or -1 with errno set and *failed_call / failed_path naming the step.
  *
  * A user namespace needs a process to be created in, so a helper is cloned straight
@@ -281,8 +282,8 @@ static int userns_helper(void *arg) {
  * shares the parent's memory and fd table (like posix_spawn's vfork-style clone), so its
  * cost does not grow with the daemon's heap the way fork() would.
  */
-static int make_userns(uint32_t uid_base, uint32_t gid_base, uint32_t count,
-                       const char **failed_call, char *failed_path) {
+int dsec_make_userns(uint32_t inner, uint32_t uid_base, uint32_t gid_base, uint32_t count,
+                     const char **failed_call, char *failed_path) {
   failed_path[0] = '\0';
   void *stack = mmap(NULL, HELPER_STACK, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_STACK, -1, 0);
@@ -303,14 +304,14 @@ static int make_userns(uint32_t uid_base, uint32_t gid_base, uint32_t count,
 
   int fd = -1, e = 0;
   char buf[64];
-  snprintf(buf, sizeof buf, "0 %u %u\n", uid_base, count);
+  snprintf(buf, sizeof buf, "%u %u %u\n", inner, uid_base, count);
   snprintf(failed_path, PATH_BUF, "/proc/%d/uid_map", (int)pid);
   if (write_all_file(failed_path, buf) < 0) {
     e = errno;
     *failed_call = "write";
     goto out;
   }
-  snprintf(buf, sizeof buf, "0 %u %u\n", gid_base, count);
+  snprintf(buf, sizeof buf, "%u %u %u\n", inner, gid_base, count);
   snprintf(failed_path, PATH_BUF, "/proc/%d/gid_map", (int)pid);
   if (write_all_file(failed_path, buf) < 0) {
     e = errno;
@@ -379,7 +380,7 @@ static napi_value js_userns(napi_env env, napi_callback_info info) {
   }
   const char *call = "";
   char path[PATH_BUF];
-  int fd = make_userns(ub, gb, cnt, &call, path);
+  int fd = dsec_make_userns(0, ub, gb, cnt, &call, path);
   if (fd < 0) {
     throw_errno(env, errno, call, path);
     return NULL;
@@ -425,7 +426,7 @@ static napi_value js_idmap_mount(napi_env env, napi_callback_info info) {
     return NULL;
   }
   const char *call = "";
-  int nsfd = make_userns(ub, gb, cnt, &call, nspath);
+  int nsfd = dsec_make_userns(0, ub, gb, cnt, &call, nspath);
   if (nsfd < 0) {
     throw_errno(env, errno, call, nspath);
     return NULL;
@@ -593,7 +594,7 @@ static napi_value init(napi_env env, napi_value exports) {
   };
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
   /* Functions of the other source files (each documents its own). */
-  if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0) return NULL;
+  if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0 || dsec_builder_init(env, exports) != 0) return NULL;
 
   napi_value c;
   if (napi_create_object(env, &c) != napi_ok) return NULL;

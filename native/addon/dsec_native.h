@@ -7,6 +7,7 @@
 #ifndef DSEC_NATIVE_H
 #define DSEC_NATIVE_H
 #include <stddef.h>
+#include <stdint.h>
 #include <node_api.h>
 
 /* Throws Error(`${syscall}(${path}): ${strerror}`) with code (errno name), errno (negated), syscall and path set. */
@@ -19,9 +20,15 @@ int get_args(napi_env env, napi_callback_info info, size_t want, napi_value *arg
 int get_string(napi_env env, napi_value v, char *buf, size_t cap, const char *what);
 /* A JS number for v, or NULL. */
 napi_value make_int(napi_env env, int v);
+/* A user namespace mapped "<inner> <uid_base> <count>" (gid likewise) as an O_CLOEXEC fd, or
+ * -1 with errno set and *failed_call / failed_path (PATH_MAX bytes) naming the step. */
+int dsec_make_userns(uint32_t inner, uint32_t uid_base, uint32_t gid_base, uint32_t count,
+                     const char **failed_call, char *failed_path);
 
 /* bpf.c: eBPF programs and maps (egress policy, denial counters). */
 int dsec_bpf_init(napi_env env, napi_value exports);
 /* fsops.c: filesystem operations for the writable-layer store (quotas, subvolumes). */
 int dsec_fs_init(napi_env env, napi_value exports);
+/* builder.c: detached idmapped views of trees for the builder identity. */
+int dsec_builder_init(napi_env env, napi_value exports);
 #endif

@@ -5,8 +5,9 @@
  * dirs, store rows).
  *
  * Each test daemon leases a uid-pool slot of its own at start ({@link leaseSlot}), so
- * parallel files get disjoint uid pools (dsecd refuses overlapping pools of live
- * instances). The `slot` a test passes is only a label in its temp root's name.
+ * parallel files get disjoint uid pools and builder ranges (dsecd refuses overlapping
+ * ranges of live instances). The `slot` a test passes is only a label in its temp
+ * root's name.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -33,6 +34,18 @@ export const SLOTS = 120;
 export function uidPoolForSlot(s: number): { base: number; size: number } {
   if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
   return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
+}
+
+/**
+ * Builder range (daemon/host/builder.ts) of slot `s` (0..119): 1 Mi ids (16 builder
+ * slots), packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24)
+ * and the default builder range (which starts at 2^31 - 2^20), so it overlaps no test
+ * pool, no other slot's builder range, the default pool or the default builder range
+ * (test/unit/builder.test.ts checks every pair).
+ */
+export function builderRangeForSlot(s: number): { base: number; size: number } {
+  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
+  return { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 };
 }
 
 /** Where slot leases live: one file per leased slot, holding the leasing process's pid. */
@@ -130,8 +143,8 @@ export class TestDaemon {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
     const slot = opts.samePoolAs ? opts.samePoolAs.slot : leaseSlot();
     const pool = uidPoolForSlot(slot);
-    const cfg = `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${opts.config ?? ''}\n`;
-    const d = new TestDaemon(root, slot, cfg, pool);
+    const d = new TestDaemon(root, slot, '', pool);
+    d.setConfig(opts.config ?? '');
     d.ownsSlot = !opts.samePoolAs;
     try {
       await d.launch(opts.env);
@@ -142,9 +155,20 @@ export class TestDaemon {
     return d;
   }
 
-  /** Replaces the extra TOML (StartOptions.config) for the next {@link launch} or {@link restart}; the uid pool stays. */
+  /**
+   * Replaces the extra TOML (StartOptions.config) for the next {@link launch} or
+   * {@link restart}; the uid pool and the slot's builder range stay (an `[builder]` table
+   * in `extra` replaces the latter).
+   */
   setConfig(extra: string): void {
-    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${extra}\n`;
+    const b = this.builderRange;
+    const builder = /^\[builder\]/m.test(extra) ? '' : `[builder]\nbase = ${b.base}\nsize = ${b.size}\n`;
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${builder}${extra}\n`;
+  }
+
+  /** The builder range of this daemon's slot ({@link builderRangeForSlot}); a `[builder]` table in its config overrides it. */
+  get builderRange(): { base: number; size: number } {
+    return builderRangeForSlot(this.slot);
   }
 
   /** The writable-layer store's mount point and image (daemon/storage/store.ts). */

@@ -608,6 +608,14 @@ describe('commit', () => {
     expect((await dsec(['commit', 'abc', 'x'])).err).toMatch(/, stripped: f0, f1, f2, f3, f4, f5, f6, f7, f8, f9 and 3 more\n$/);
   });
 
+  it('prints each warning of the result (e.g. the create env left out of the image) on its own line', async () => {
+    const warnings = ['exclude pattern "x/**" matched nothing', "the sandbox's create env (TOKEN) is not part of the image: it is a runtime secret; pass it again when creating sandboxes from team/py:2"];
+    routes['POST /v1/sandboxes/:id/commit'] = ok({ ...result, warnings }, 201);
+    const r = await dsec(['commit', 'abc', 'team/py:2']);
+    expect(r.code).toBe(0);
+    expect(r.err).toBe(`layer sha256:${HEX_C} (123456 bytes), stripped: root/.bash_history, tmp/x\nwarning: ${warnings[0]}\nwarning: ${warnings[1]}\n`);
+  });
+
   it('a missing sandbox or a non-running one gets the sandbox hints', async () => {
     routes['POST /v1/sandboxes/:id/commit'] = fail(404, 'NotFound', 'sandbox nope not found');
     const r = await dsec(['commit', 'nope', 'x']);

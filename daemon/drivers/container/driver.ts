@@ -13,6 +13,7 @@
  *   agent.sock    the agent's listening socket (host path; not in the sandbox's mount ns)
  *   agent.log     the agent's stderr; runtime.log the runtime's log
  *   apparmor.profile  the sandbox's AppArmor profile (only where the kernel has AppArmor)
+ *   upper-created.json  paths dsec created in upper/ (see {@link ContainerDriver.recordUpperCreated})
  *
  * Filesystem hardening (daemon/security/filesystem.ts): at every create and start, once
  * the rootfs is mounted and before the runtime runs, the sandbox's resolved filesystem
@@ -22,7 +23,7 @@
 import net from 'node:net';
 import { execFileSync } from 'node:child_process';
 import { closeSync, openSync, readFileSync } from 'node:fs';
-import { chmod, chown, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
+import { chmod, chown, lstat, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
@@ -177,6 +178,7 @@ export class ContainerDriver implements SandboxDriver {
       throw e;
     }
     await createPlannedDirs(rootfs, plan, sb.uidBase!);
+    if (plan.create.length) await this.recordUpperCreated(sb.id, plan.create);
     return { ...plan, landlock: fs.landlock };
   }
 
@@ -334,6 +336,8 @@ export class ContainerDriver implements SandboxDriver {
     const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
     const rootfs = path.join(dir, 'rootfs');
     const filesystem = await this.planFilesystem(sb, rootfs);
+    // Mount points the runtime will create in the writable layer: commit strips them.
+    if (network && !(await lstat(path.join(rootfs, 'etc', 'resolv.conf')).catch(() => undefined))) await this.recordUpperCreated(sb.id, ['etc/resolv.conf']);
     const imageSeccomp = sb.imageConfig.security?.seccomp;
     const spec = buildSpec({
       id: sb.id,
@@ -634,15 +638,42 @@ export class ContainerDriver implements SandboxDriver {
     await this.d.cgroups.thaw(sb.id);
   }
 
-  async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string) => Promise<T>): Promise<T> {
+  async withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
     const upper = this.d.storage.locate(sb.id)?.upper;
     if (!upper) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host`);
+    const created = this.upperCreated(sb.id);
     const frozen = sb.state === 'running';
     if (frozen) await this.d.cgroups.freeze(sb.id);
     try {
-      return await fn(upper);
+      return await fn(upper, created);
     } finally {
       if (frozen) await this.d.cgroups.thaw(sb.id);
+    }
+  }
+
+  /**
+   * Records that dsec itself created `relPaths` (relative to the sandbox root, a leading
+   * `/` is dropped; e.g. `etc/resolv.conf` as the runtime's bind-mount point, a
+   * `writable_paths` directory) in the sandbox's upper dir, so that commit strips them
+   * while they are still what dsec made (withWritableLayer passes the list; see
+   * daemon/image/commit.ts). Call it when creating such a path, before the sandbox can
+   * see it. Idempotent; stored in `<sandbox dir>/upper-created.json` (mode 0600, root's),
+   * written atomically.
+   */
+  async recordUpperCreated(id: string, relPaths: readonly string[]): Promise<void> {
+    const all = new Set([...this.upperCreated(id), ...relPaths.map((p) => p.replace(/^\/+/, '').replace(/\/+$/, '')).filter(Boolean)]);
+    const file = path.join(this.dir(id), 'upper-created.json');
+    await writeFile(`${file}.tmp`, `${JSON.stringify([...all].sort())}\n`, { mode: 0o600 });
+    await rename(`${file}.tmp`, file);
+  }
+
+  /** The paths {@link recordUpperCreated} recorded for sandbox `id` (none when the file is missing or unreadable). */
+  private upperCreated(id: string): string[] {
+    try {
+      const v = JSON.parse(readFileSync(path.join(this.dir(id), 'upper-created.json'), 'utf8')) as unknown;
+      return Array.isArray(v) ? v.filter((x): x is string => typeof x === 'string') : [];
+    } catch {
+      return [];
     }
   }
 

@@ -675,7 +675,7 @@ export class MicrovmDriver implements SandboxDriver {
       .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after resume failed'));
   }
 
-  async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string) => Promise<T>): Promise<T> {
+  async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
     throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);
   }
 

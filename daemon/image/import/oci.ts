@@ -22,14 +22,23 @@
  * Contract: temp dirs are always removed, also on failure; the manifest is written last,
  * so a failed import never leaves a manifest (layers already built stay in the store
  * unreferenced until `ImageStore.prune` collects them).
+ *
+ * Identity: when the store has a builder (daemon/host/builder.ts), every extraction runs
+ * as the builder (daemon/image/builder-worker.ts) in the job's staging dir, which is then
+ * the work dir: root opens each input (the user's archive, a layer blob) and passes the
+ * fd, reads the archive's JSON documents from the builder's unpacked tree (the builder has
+ * exited by then, so nothing changes them), and hands mkfs.erofs, also run as the builder,
+ * the opaque directories the extraction reported.
  */
 import { createHash } from 'node:crypto';
+import { closeSync, constants as fsc, openSync } from 'node:fs';
 import { chmod, mkdir, mkdtemp, readFile, realpath, rm, stat, utimes } from 'node:fs/promises';
 import { hostname } from 'node:os';
 import { join, resolve, sep } from 'node:path';
 import { DsecError } from '../../errors.js';
+import type { BuilderJob } from '../../host/builder.js';
 import { parseRef, type ImageManifest, type ImageStore } from '../store.js';
-import { extractLayerTar, type ExtractReport } from './tar.js';
+import { extractLayerTar, type ExtractOptions, type ExtractReport } from './tar.js';
 
 /** Progress of an import. `bytes` counts input bytes of the current phase (compressed, as stored). */
 export interface ImportProgress {
@@ -363,24 +372,54 @@ async function resolveDocker(root: string, want: string | undefined, where: stri
   return { config, layers };
 }
 
-/** Runs `fn` with a fresh work dir under `<store root>/tmp/`, always removed afterwards. */
-async function withWorkDir<T>(store: ImageStore, fn: (work: string, touch: () => void) => Promise<T>): Promise<T> {
+/**
+ * Runs `fn` with a fresh work dir, always removed afterwards: the staging dir of a
+ * builder job (`<root>/builder/…`) when the store has a builder (`job` is then given),
+ * else a dir of root's own under `<store root>/tmp/`, kept fresh with `touch` so a
+ * concurrent prune never takes it.
+ */
+async function withWorkDir<T>(store: ImageStore, fn: (work: string, touch: () => void, job: BuilderJob | undefined) => Promise<T>): Promise<T> {
   const tmpRoot = join(store.root, 'tmp');
   await mkdir(tmpRoot, { recursive: true });
+  const toucher = (work: string) => {
+    let last = Date.now();
+    return (): void => {
+      const now = Date.now();
+      if (now - last < TOUCH_EVERY_MS) return;
+      last = now;
+      void utimes(work, now / 1000, now / 1000).catch(() => undefined);
+    };
+  };
+  // A builder's staging dir is outside the store's tmp/, where prune never looks: no touching needed.
+  if (store.builder) return store.builder.withJob((job) => fn(job.dir, () => undefined, job));
   // Named like the store's own temp entries (`<host>-<pid>-…`), so prune can tell whose they are.
   const host = (store as { owner?: { host?: string } }).owner?.host ?? hostname();
   const work = await mkdtemp(join(tmpRoot, `${host}-${process.pid}-import-`));
-  let last = Date.now();
-  const touch = (): void => {
-    const now = Date.now();
-    if (now - last < TOUCH_EVERY_MS) return;
-    last = now;
-    void utimes(work, now / 1000, now / 1000).catch(() => undefined);
-  };
   try {
-    return await fn(work, touch);
+    return await fn(work, toucher(work), undefined);
   } finally {
     await rm(work, { recursive: true, force: true });
+  }
+}
+
+/**
+ * Extracts the tar `file` into `<work>/<dest>`: in this process (root), or with a job as
+ * the builder (root opens `file` and passes the fd; the builder creates `dest`).
+ * Errors as {@link extractLayerTar}.
+ */
+async function extract(job: BuilderJob | undefined, work: string, file: string, dest: string, opts: Pick<ExtractOptions, 'ociWhiteouts' | 'onProgress'>): Promise<ExtractReport> {
+  if (!job) return extractLayerTar(file, join(work, dest), opts);
+  let fd: number;
+  try {
+    fd = openSync(file, fsc.O_RDONLY | fsc.O_NOCTTY);
+  } catch (e) {
+    if ((e as NodeJS.ErrnoException).code === 'ENOENT') throw new DsecError('NotFound', `tar ${file} not found`, { cause: e });
+    throw e;
+  }
+  try {
+    return await job.worker<ExtractReport>('extract', { dest, ociWhiteouts: opts.ociWhiteouts }, { fds: [fd], onProgress: opts.onProgress });
+  } finally {
+    closeSync(fd);
   }
 }
 
@@ -432,7 +471,7 @@ export async function importArchiveWithNotes(store: ImageStore, path: string, op
   const abs = resolve(path);
   const st = await statInput(abs);
   if (!st.isDirectory() && !st.isFile()) throw bad(`${abs} is neither a file nor a directory`);
-  return withWorkDir(store, async (work, touch) => {
+  return withWorkDir(store, async (work, touch, job) => {
     const notes = new Notes(opts.onProgress);
     let root = abs;
     if (st.isFile()) {
@@ -440,7 +479,7 @@ export async function importArchiveWithNotes(store: ImageStore, path: string, op
       opts.onProgress?.({ phase: 'unpack', bytes: 0 });
       let rep: ExtractReport;
       try {
-        rep = await extractLayerTar(abs, root, {
+        rep = await extract(job, work, abs, 'archive', {
           ociWhiteouts: false,
           onProgress: (bytes) => {
             touch();
@@ -465,7 +504,7 @@ export async function importArchiveWithNotes(store: ImageStore, path: string, op
     }
     const config = imageConfigFromOci(image.config);
     if (image.layers.length === 0) throw bad(`${abs}: the image has no layers`);
-    const manifest = await buildImage(store, work, image.layers, config, opts, `oci:${abs}`, touch, notes);
+    const manifest = await buildImage(store, work, job, image.layers, config, opts, `oci:${abs}`, touch, notes);
     return { manifest, notes: notes.lines };
   });
 }
@@ -501,6 +540,7 @@ class Notes {
 async function buildImage(
   store: ImageStore,
   work: string,
+  job: BuilderJob | undefined,
   layers: LayerSource[],
   config: ImageManifest['config'],
   opts: { name: string; tag: string; onProgress?(p: ImportProgress): void },
@@ -515,12 +555,14 @@ async function buildImage(
     const src = layers[i];
     const what = `layer ${i + 1}/${n}`;
     const dir = join(work, `layer-${i}`);
-    await mkdir(dir, { mode: 0o755 });
-    await chmod(dir, 0o755); // the layer's root directory, whatever the umask
+    if (!job) {
+      await mkdir(dir, { mode: 0o755 });
+      await chmod(dir, 0o755); // the layer's root directory, whatever the umask (the builder's worker does the same)
+    }
     opts.onProgress?.({ phase: 'layer', layer: i + 1, layers: n, bytes: 0 });
     let rep: ExtractReport;
     try {
-      rep = await extractLayerTar(src.file, dir, {
+      rep = await extract(job, work, src.file, `layer-${i}`, {
         ociWhiteouts: !plainTar,
         onProgress: (bytes) => {
           touch();
@@ -537,7 +579,9 @@ async function buildImage(
     const keepEmpty = i === n - 1 && digests.length === 0; // an image needs one layer
     if (rep.entries > 0 || keepEmpty) {
       opts.onProgress?.({ phase: 'build', layer: i + 1, layers: n });
-      const blob = await store.addLayerFromDir(dir, { source: `${source}#${i}` });
+      const blob = job
+        ? await store.addLayerFromJob(job, `layer-${i}`, { source: `${source}#${i}`, opaque: rep.opaque })
+        : await store.addLayerFromDir(dir, { source: `${source}#${i}` });
       digests.push(blob.digest);
     }
     await rm(dir, { recursive: true, force: true });
@@ -576,9 +620,9 @@ export async function importTarWithNotes(store: ImageStore, path: string, opts: 
     user: c.user ?? ROOTFS_TAR_DEFAULTS.user,
     cmd: c.cmd ?? ROOTFS_TAR_DEFAULTS.cmd,
   };
-  return withWorkDir(store, async (work, touch) => {
+  return withWorkDir(store, async (work, touch, job) => {
     const notes = new Notes(opts.onProgress);
-    const manifest = await buildImage(store, work, [{ file: abs, label: abs }], config, opts, `tar:${abs}`, touch, notes, true);
+    const manifest = await buildImage(store, work, job, [{ file: abs, label: abs }], config, opts, `tar:${abs}`, touch, notes, true);
     return { manifest, notes: notes.lines };
   });
 }

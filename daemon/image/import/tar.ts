@@ -40,14 +40,14 @@
  * Node has neither mknod(2) nor setxattr(2): fifos and whiteouts are created at the end,
  * in one `xargs … mknod` run per kind (an empty placeholder file holds their path
  * meanwhile, so every check sees the final tree shape), and opaque markers are set with
- * `setfattr` (Debian package `attr`) in batches. Compression is detected from the first
+ * `setfattr` (Debian package `attr`) in batches, or only reported (`opaqueXattrs: false`)
+ * when extracting as the builder identity, which may not set trusted.* xattrs. Compression is detected from the first
  * bytes, never from a file name: gzip through node:zlib, zstd through `zstd -dc` (Node
  * 20's zlib has no zstd; Debian package `zstd`).
  */
 import { createHash } from 'node:crypto';
 import { constants as fsc, createReadStream, type ReadStream } from 'node:fs';
 import { chmod, lchown, link, lstat, lutimes, mkdir, open, rm, symlink, unlink, type FileHandle } from 'node:fs/promises';
-import { resolve } from 'node:path';
 import { pipeline, Readable } from 'node:stream';
 import { createGunzip } from 'node:zlib';
 import type { Stats } from 'node:fs';
@@ -64,6 +64,20 @@ export interface ExtractOptions {
    * compressed bytes for a compressed tar), at most about once per MiB and once at the end.
    */
   onProgress?(bytes: number): void;
+  /**
+   * Set `trusted.overlay.opaque=y` on opaque directories (default true). The builder
+   * identity cannot set trusted.* xattrs (they need CAP_SYS_ADMIN in the initial user
+   * namespace), so it passes false and hands {@link ExtractReport.opaque} to mkfs.erofs
+   * instead (native/builder/mkfs-shim.c).
+   */
+  opaqueXattrs?: boolean;
+  /**
+   * Owners (uid and gid) at or above this are recorded as 65534 ("nobody"), with a note.
+   * The builder passes 65536: its user namespace maps ids 0..65535 only, and a sandbox
+   * sees only those (its lowers are idmapped onto a range of 65,536), so a larger id
+   * shows as 65534 inside anyway. Default: no limit (root keeps every id).
+   */
+  idLimit?: number;
 }
 
 /** Compression of a tar stream, detected from its first bytes. */
@@ -79,6 +93,8 @@ export interface ExtractReport {
   whiteouts: number;
   /** Directories marked opaque (`trusted.overlay.opaque=y`). */
   opaqueDirs: number;
+  /** Those directories, relative to the extraction root (`''` is the root itself), sorted. */
+  opaque: string[];
   /**
    * What was changed rather than refused, one line per kind with a count and an example,
    * e.g. `stripped leading "/" from 12 entries (e.g. "/etc/x")`. Empty for a clean tar.
@@ -268,6 +284,8 @@ function entryError(e: unknown, entryPath: string): DsecError | BodyReadError {
 class Extractor {
   readonly root: string;
   readonly oci: boolean;
+  private readonly opaqueXattrs: boolean;
+  private readonly idLimit: number;
   readonly asRoot = process.geteuid?.() === 0;
   entries = 0;
   bytes = 0;
@@ -288,9 +306,24 @@ class Extractor {
   /** Background fd work of files (see MAX_INFLIGHT_FILES). */
   private readonly inflight = new Set<Promise<void>>();
 
-  constructor(root: string, oci: boolean) {
+  opaqueRel: string[] = [];
+
+  constructor(root: string, opts: ExtractOptions) {
     this.root = root;
-    this.oci = oci;
+    this.oci = opts.ociWhiteouts;
+    this.opaqueXattrs = opts.opaqueXattrs ?? true;
+    this.idLimit = opts.idLimit ?? Infinity;
+  }
+
+  /** {@link entryMeta}, with owners at or above `idLimit` recorded as 65534. */
+  private meta(e: TarEntry, defaultMode: number): EntryMeta {
+    const m = entryMeta(e, defaultMode);
+    if (m.uid >= this.idLimit || m.gid >= this.idLimit) {
+      this.note(`owners above ${this.idLimit - 1} recorded as 65534 (a sandbox sees only ids 0-${this.idLimit - 1})`, e.path);
+      if (m.uid >= this.idLimit) m.uid = 65534;
+      if (m.gid >= this.idLimit) m.gid = 65534;
+    }
+    return m;
   }
 
   abs(rel: string): string {
@@ -468,7 +501,7 @@ class Extractor {
 
   private async file(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
-    const m = entryMeta(entry, 0o644);
+    const m = this.meta(entry, 0o644);
     await this.ensureDirChain(this.parentOf(rel), raw);
     const flags = fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW;
     let fh: FileHandle;
@@ -517,7 +550,7 @@ class Extractor {
   }
 
   private async directory(entry: TarEntry, raw: string, rel: string): Promise<void> {
-    const m = entryMeta(entry, 0o755);
+    const m = this.meta(entry, 0o755);
     if (rel !== '') {
       await this.ensureDirChain(this.parentOf(rel), raw);
       try {
@@ -537,7 +570,7 @@ class Extractor {
     const target = entry.linkpath;
     if (target === '') throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} is a symlink without a target`);
     if (target.includes('\0')) throw new DsecError('InvalidArgument', `tar entry ${JSON.stringify(raw)} is a symlink whose target contains a NUL byte`);
-    const m = entryMeta(entry, 0o777);
+    const m = this.meta(entry, 0o777);
     await this.ensureDirChain(this.parentOf(rel), raw);
     try {
       await symlink(target, this.abs(rel));
@@ -585,7 +618,7 @@ class Extractor {
 
   private async fifo(entry: TarEntry, raw: string, rel: string): Promise<void> {
     this.refuseRoot(raw, rel);
-    const m = entryMeta(entry, 0o644);
+    const m = this.meta(entry, 0o644);
     await this.ensureDirChain(this.parentOf(rel), raw);
     await this.prepareLeaf(rel, false);
     await this.placeholder(rel);
@@ -642,11 +675,12 @@ class Extractor {
     const opaque: string[] = [];
     for (const rel of this.opaque) {
       const st = await lstatOrNull(this.abs(rel));
-      if (st?.isDirectory()) opaque.push(this.abs(rel));
+      if (st?.isDirectory()) opaque.push(rel);
       else this.note('dropped opaque marker of a directory that a later entry replaced', rel);
     }
-    await setOpaque(opaque);
+    if (this.opaqueXattrs) await setOpaque(opaque.map((r) => this.abs(r)));
     this.opaqueDirs = opaque.length;
+    this.opaqueRel = opaque.sort();
 
     // Last: creating children above changed directory mtimes.
     for (const [rel, m] of this.dirMeta) {
@@ -743,12 +777,14 @@ function openInput(input: string | NodeJS.ReadableStream): { chunks: AsyncIterab
  * `destDir` is left partially filled: the caller removes it.
  */
 export async function extractLayerTar(input: string | NodeJS.ReadableStream, destDir: string, opts: ExtractOptions): Promise<ExtractReport> {
-  const root = resolve(destDir);
+  // Kept relative when given relative: the builder's worker extracts into its working
+  // directory, whose absolute path goes through directories it may not search.
+  const root = destDir.replace(/\/+$/, '') || '.';
   await mkdir(root, { recursive: true });
   const rst = await lstat(root);
   if (!rst.isDirectory()) throw new DsecError('InvalidArgument', `extraction target ${root} is not a directory`);
 
-  const x = new Extractor(root, opts.ociWhiteouts);
+  const x = new Extractor(root, opts);
   const src = openInput(input);
   const inHash = createHash('sha256');
   const tarHash = createHash('sha256');
@@ -880,6 +916,7 @@ export async function extractLayerTar(input: string | NodeJS.ReadableStream, des
       bytes: x.bytes,
       whiteouts: x.whiteouts,
       opaqueDirs: x.opaqueDirs,
+      opaque: x.opaqueRel,
       sanitised: x.sanitised(),
       compression,
       inputDigest: `sha256:${inHash.digest('hex')}`,

@@ -25,19 +25,20 @@ export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
 export const IS_ROOT = process.getuid?.() === 0;
 
 /** Number of uid-pool slots test daemons lease from (see {@link leaseSlot}). */
-export const SLOTS = 120;
+export const SLOTS = 119;
 
 /**
- * Uid pool of slot `s` (0..119): 16 Mi ids (256 ranges of 65,536), away from the default
- * pool (2^31 .. 2^31+2^30). Slots 0-63 lie above 3 GiB, 64-119 above 1 GiB.
+ * Uid pool of slot `s` (0..118): 16 Mi ids (256 ranges of 65,536), away from the default
+ * pool (2^31 .. 2^31+2^30). Slots 0-62 lie above 3 GiB (a 64th would end at 2^32, past
+ * the largest uid dsecd accepts), 63-118 above 1 GiB, ending where the builder ranges begin.
  */
 export function uidPoolForSlot(s: number): { base: number; size: number } {
   if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
-  return { base: s < 64 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 64) * 2 ** 24, size: 2 ** 24 };
+  return { base: s < 63 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 63) * 2 ** 24, size: 2 ** 24 };
 }
 
 /**
- * Builder range (daemon/host/builder.ts) of slot `s` (0..119): 1 Mi ids (16 builder
+ * Builder range (daemon/host/builder.ts) of slot `s` (0..118): 1 Mi ids (16 builder
  * slots), packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24)
  * and the default builder range (which starts at 2^31 - 2^20), so it overlaps no test
  * pool, no other slot's builder range, the default pool or the default builder range

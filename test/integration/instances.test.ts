@@ -54,6 +54,7 @@ describe.skipIf(!IS_ROOT)('instances are isolated from each other', () => {
 
   it('refuse a second daemon on the same root and an overlapping uid pool', async () => {
     const dup = await TestDaemon.start({ slot: 5, samePoolAs: a }).then((d) => d, (e: Error) => e);
+    if (dup instanceof TestDaemon) await dup.cleanup(); // a daemon that should not have started must not outlive the test
     expect(dup).toBeInstanceOf(Error);
     expect((dup as Error).message).toMatch(/overlaps instance/);
     // Same root (so same instance name) on another socket: refused before touching anything.

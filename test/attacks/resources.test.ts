@@ -10,8 +10,11 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon } from '../integration/harness.js';
 
-/** A fork bomb in busybox sh: every process forks two more until fork fails. */
-const FORK_BOMB = 'b() { b & b & }; b';
+/**
+ * A fork bomb in busybox sh: every process forks two more, then stays (sleeps), so the
+ * population grows until fork fails and then stays at whatever the limit allows.
+ */
+const FORK_BOMB = 'b() { b & b & sleep 6; }; b';
 
 describe.skipIf(!IS_ROOT)('attack: fork bomb and memory bomb (cgroup limits)', () => {
   let d: TestDaemon;
@@ -36,7 +39,7 @@ describe.skipIf(!IS_ROOT)('attack: fork bomb and memory bomb (cgroup limits)', (
 
   /** Runs the fork bomb in `id` and returns the highest pids.current the host saw over ~2 s. */
   async function bombPeak(id: string): Promise<number> {
-    const run = d.client.exec(id, { argv: ['sh', '-c', `(${FORK_BOMB}) >/dev/null 2>&1; sleep 3`], timeoutMs: 10_000 });
+    const run = d.client.exec(id, { argv: ['sh', '-c', `(${FORK_BOMB}) >/dev/null 2>&1`], timeoutMs: 30_000 });
     let peak = 0;
     for (let i = 0; i < 40; i++) {
       peak = Math.max(peak, (await d.client.sandboxStats(id)).pids ?? 0);

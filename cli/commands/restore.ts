@@ -3,7 +3,10 @@
  * and prints its id (or the Sandbox with --json). Every setting defaults to the snapshot's
  * source sandbox; the overrides (`--label`, `--env`, `--cpus`, `--memory`, `--pids`, `--disk`,
  * `--ttl`, `--priority`, `--idle-timeout`) take the values `dsec create` takes, parsed by
- * the same parsers. `--label` replaces the source's labels, `--env` is merged over its env.
+ * the same parsers, and the network (`--network`, `--allow`, `--deny`, `--network-policy`),
+ * seccomp (`--seccomp-allow`, `--seccomp-deny`) and filesystem (`--writable`, `--readonly`,
+ * `--no-readonly`, `--landlock`, `--no-landlock`) flags. `--label` replaces the source's
+ * labels, `--env` is merged over its env.
  * Also exports the overrides and their translation, which `dsec fork` shares.
  */
 import type { Command } from 'commander';
@@ -12,6 +15,8 @@ import type { Ctx } from '../util/context.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
 import { PRIORITIES, createRequest, parsePriority, parseTtl, type CreateFlags } from './create.js';
+import { addNetworkOptions } from '../util/network.js';
+import { addFilesystemOptions, collectSyscall } from '../util/security.js';
 
 /** Parsed overrides of `restore` and `fork`: the create flags without `--backend` and `--image` (a snapshot fixes both). */
 export type RestoreFlags = Omit<CreateFlags, 'backend' | 'image'>;
@@ -22,7 +27,9 @@ export type RestoreFlags = Omit<CreateFlags, 'backend' | 'image'>;
  * `dsec create`.
  */
 export function addRestoreOptions(cmd: Command): Command {
-  return cmd
+  const c = addNetworkOptions(cmd)
+    .option('--seccomp-allow <syscall>', 'lift the default seccomp profile\'s denial of this syscall, repeatable (default: none; a snapshot keeps no override)', flag('--seccomp-allow', collectSyscall))
+    .option('--seccomp-deny <syscall>', 'also deny this syscall (EPERM), repeatable', flag('--seccomp-deny', collectSyscall))
     .option('--label <k=v>', "label, repeatable (each key once); replaces the snapshot's labels", flag('--label', collectLabel))
     .option('--env <K=V>', "environment for every exec, repeatable (each name once); merged over the snapshot's", flag('--env', collectEnv))
     .option('--cpus <n>', "CPU limit in cores, fractions allowed (default: the snapshot's source)", flag('--cpus', parseCpus))
@@ -32,6 +39,7 @@ export function addRestoreOptions(cmd: Command): Command {
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m; rounded up to whole seconds)', flag('--ttl', parseTtl))
     .option('--priority <class>', `scheduling class: ${PRIORITIES.join(' or ')} (default: the snapshot's source)`, flag('--priority', parsePriority))
     .option('--idle-timeout <dur>', 'pause the sandbox after this long without an exec (e.g. 5m; rounded up to whole seconds)', flag('--idle-timeout', (t: string) => parseWholeSeconds(t, '--idle-timeout')));
+  return addFilesystemOptions(c, 'the new sandbox(es), field by field over the snapshot\'s');
 }
 
 /** The restore request for parsed overrides; unset flags are left to the snapshot's defaults. */

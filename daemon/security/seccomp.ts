@@ -74,7 +74,37 @@ export function ioc(dir: 'none' | 'r' | 'w' | 'rw', type: string | number, nr: n
 }
 
 const SYSCALL_NAME = /^[a-z_][a-z0-9_]*$/;
-const SyscallName = z.string().regex(SYSCALL_NAME, 'a syscall name such as "io_uring_setup"');
+
+let known: Set<string> | null | undefined;
+
+/**
+ * Every syscall name of the x86 ABIs dsec filters (x86_64 and i386; x32 uses the x86_64
+ * names), from the table built with the seccomp monitor out of the kernel headers
+ * (native/seccomp-monitor/syscalls.json). Null when the table is not built: names are
+ * then only checked for their form.
+ */
+export function knownSyscalls(): Set<string> | null {
+  if (known === undefined) {
+    known = null;
+    for (const u of [new URL('../../native/seccomp-monitor/syscalls.json', import.meta.url), new URL('../../../native/seccomp-monitor/syscalls.json', import.meta.url)]) {
+      try {
+        const t = JSON.parse(readFileSync(fileURLToPath(u), 'utf8')) as { x86_64: Record<string, string>; i386: Record<string, string> };
+        known = new Set([...Object.values(t.x86_64), ...Object.values(t.i386)]);
+        break;
+      } catch { /* next */ }
+    }
+  }
+  return known;
+}
+
+/**
+ * A syscall name: its form, and that some x86 ABI has it. A misspelt name would make a
+ * denial silently vanish (libseccomp skips names it cannot resolve), so it is refused.
+ */
+const SyscallName = z.string().regex(SYSCALL_NAME, 'a syscall name such as "io_uring_setup"')
+  .superRefine((n, ctx) => {
+    if (!(knownSyscalls()?.has(n) ?? true)) ctx.addIssue({ code: 'custom', message: `unknown syscall ${JSON.stringify(n)} (no x86_64 or i386 syscall has that name)` });
+  });
 
 const Op = z.enum(['SCMP_CMP_NE', 'SCMP_CMP_LT', 'SCMP_CMP_LE', 'SCMP_CMP_EQ', 'SCMP_CMP_GE', 'SCMP_CMP_GT', 'SCMP_CMP_MASKED_EQ']);
 const Action = z.enum(['SCMP_ACT_KILL', 'SCMP_ACT_KILL_PROCESS', 'SCMP_ACT_KILL_THREAD', 'SCMP_ACT_TRAP', 'SCMP_ACT_ERRNO', 'SCMP_ACT_TRACE', 'SCMP_ACT_ALLOW', 'SCMP_ACT_LOG']);
@@ -97,7 +127,9 @@ const Rule = z.object({
 /** The profile data file: OCI `linux.seccomp` plus `comment` keys. */
 export const SeccompProfileSchema = z.object({
   comment: z.string().optional(),
-  defaultAction: Action,
+  // dsec's model is "allow by default, deny a reviewed list": a profile that kills or
+  // fails every other call would stop runc's init and the agent before any sandbox runs.
+  defaultAction: z.enum(['SCMP_ACT_ALLOW', 'SCMP_ACT_LOG'], { message: 'defaultAction must be SCMP_ACT_ALLOW (or SCMP_ACT_LOG): dsec profiles allow by default and deny a list; a default that denies would stop runc\'s init and the agent' }),
   architectures: z.array(z.enum(['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32'])).min(1),
   syscalls: z.array(Rule),
 }).strict();

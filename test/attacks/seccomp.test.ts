@@ -145,6 +145,12 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
       expect(got.get('keyctl')).toBe('EPERM'); // the rest of the profile stays
     };
     check(await run());
+    // inspect says what is in force: the override, and that denials are counted.
+    const def = (await d.client.getSandbox(sb.id)).defences!;
+    expect(def.seccomp).toMatchObject({ enforced: true });
+    expect(def.seccomp.detail).toMatch(/sandbox override: allow ptrace deny getpid; denials answered and counted by the seccomp monitor/);
+    expect(def.user_namespace.detail).toMatch(/^uids and gids 0-65535 inside are \d+-\d+ on the host$/);
+    expect(def.capabilities.detail).toMatch(/without CAP_SYS_ADMIN, CAP_SYS_PTRACE, CAP_NET_ADMIN/);
     await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
     await d.client.startSandbox(sb.id);
     check(await run()); // the spec is rebuilt from the stored override

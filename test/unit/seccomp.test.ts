@@ -2,7 +2,7 @@
 import { describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
 import {
-  buildSeccomp, defaultProfile, defaultProfilePath, deniedNames, ioc, parseProfile, SeccompOverrideSchema,
+  buildSeccomp, defaultProfile, defaultProfilePath, deniedNames, ioc, parseProfile, SeccompOverrideSchema, knownSyscalls,
   SeccompProfileError, WORKER_AGENT_SYSCALLS, type OciSeccomp,
 } from '../../daemon/security/seccomp.js';
 import { buildSpec } from '../../daemon/drivers/container/spec.js';
@@ -76,6 +76,17 @@ describe('seccomp default profile', () => {
     badName.syscalls[0].names = ['Mount; rm'];
     expect(() => parseProfile(JSON.stringify(badName), 'p.json')).toThrow(/syscall name/);
     expect(() => parseProfile(JSON.stringify({ ...JSON.parse(good), architectures: ['SCMP_ARCH_ARM'] }), 'p.json')).toThrow(SeccompProfileError);
+    // A misspelt name would make its denial vanish (libseccomp skips what it cannot resolve).
+    const typo = JSON.parse(good);
+    typo.syscalls[0].names = ['keyctll'];
+    expect(() => parseProfile(JSON.stringify(typo), 'p.json')).toThrow(/p\.json: syscalls\.0\.names\.0: unknown syscall "keyctll"/);
+    // A default that denies would stop runc's init and the agent before any sandbox runs.
+    expect(() => parseProfile(JSON.stringify({ ...JSON.parse(good), defaultAction: 'SCMP_ACT_KILL' }), 'p.json')).toThrow(/defaultAction must be SCMP_ACT_ALLOW/);
+    // Overrides are checked the same way; names of either x86 ABI are known (stime is i386-only).
+    expect(SeccompOverrideSchema.safeParse({ allow: ['ptrac'] }).success).toBe(false);
+    expect(SeccompOverrideSchema.safeParse({ deny: ['nosuchcall'] }).success).toBe(false);
+    expect(SeccompOverrideSchema.safeParse({ allow: ['ptrace'], deny: ['stime', 'kcmp'] }).success).toBe(true);
+    expect(knownSyscalls()?.has('io_uring_setup')).toBe(true);
   });
 
   it('merges overrides: image first, sandbox last; allow lifts every rule naming the syscall', () => {

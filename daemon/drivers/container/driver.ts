@@ -40,6 +40,7 @@ import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
+import { profileInfo, type SeccompOverride } from '../../security/seccomp.js';
 import type { UpperStore } from '../../storage/store.js';
 import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
 import type { DefenceStatus } from '../../api/schema.js';
@@ -196,7 +197,45 @@ export class ContainerDriver implements SandboxDriver {
         landlock: { enforced: false, detail: `${why} (landlock ${fs.landlock})` },
       };
     }
-    return { readonly_paths: this.readonlyDefence(sb, fs), landlock: await this.landlockDefence(sb, fs) };
+    return { ...this.specDefences(sb), readonly_paths: this.readonlyDefence(sb, fs), landlock: await this.landlockDefence(sb, fs) };
+  }
+
+  /**
+   * The defences read from the spec runc was given (what is in force, not what was asked
+   * for): `seccomp` (the profile, the image's and the sandbox's overrides, whether the
+   * denials are counted), `user_namespace` (the uid range) and `capabilities` (the set
+   * and what it lacks).
+   */
+  private specDefences(sb: SandboxRecord): Record<string, DefenceStatus> {
+    let spec: {
+      linux?: { seccomp?: { syscalls?: unknown[]; listenerPath?: string }; uidMappings?: Array<{ hostID: number; size: number }> };
+      process?: { capabilities?: { bounding?: string[] } };
+    };
+    try {
+      spec = JSON.parse(readFileSync(path.join(this.dir(sb.id), 'config.json'), 'utf8'));
+    } catch (e) {
+      const detail = `cannot read the sandbox's spec: ${(e as Error).message}`;
+      return { seccomp: { enforced: false, detail }, user_namespace: { enforced: false, detail }, capabilities: { enforced: false, detail } };
+    }
+    const sc = spec.linux?.seccomp;
+    const ov = (o: SeccompOverride | null | undefined) => (o ? [o.allow?.length ? `allow ${o.allow.join(',')}` : '', o.deny?.length ? `deny ${o.deny.join(',')}` : ''].filter(Boolean).join(' ') : '');
+    const imageOv = ov(sb.imageConfig.security?.seccomp), sandboxOv = ov(sb.seccomp);
+    const prof = profileInfo();
+    const seccomp: DefenceStatus = sc?.syscalls?.length
+      ? {
+        enforced: true,
+        detail: `${sc.syscalls.length} rules from ${path.basename(prof.file)}${imageOv ? `; image override: ${imageOv}` : ''}${sandboxOv ? `; sandbox override: ${sandboxOv}` : ''}; `
+          + (sc.listenerPath ? 'denials answered and counted by the seccomp monitor' : 'denials not counted (the seccomp monitor was not reachable when the sandbox started)'),
+      }
+      : { enforced: false, detail: 'the spec has no seccomp filter' };
+    const m = spec.linux?.uidMappings?.[0];
+    const caps = spec.process?.capabilities?.bounding ?? [];
+    const lacking = ['CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_SYS_MODULE', 'CAP_BPF'].filter((c) => !caps.includes(c));
+    return {
+      seccomp,
+      user_namespace: m ? { enforced: true, detail: `uids and gids 0-${m.size - 1} inside are ${m.hostID}-${m.hostID + m.size - 1} on the host` } : { enforced: false, detail: 'no uid mapping in the spec' },
+      capabilities: { enforced: true, detail: `${caps.length} capabilities; without ${lacking.join(', ')}${caps.includes('CAP_SYS_ADMIN') ? ' (CAP_SYS_ADMIN is the fncall agent\'s only, dropped from its bounding set at start)' : ''}` },
+    };
   }
 
   private readonlyDefence(sb: SandboxRecord, fs: ResolvedFilesystem): DefenceStatus {

@@ -22,7 +22,7 @@
  */
 import { accessSync, constants as fsConstants, statSync } from 'node:fs';
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { execa } from 'execa';
@@ -43,12 +43,12 @@ import type {
 import { effectiveLayers, hostHasSwap } from '../container/driver.js';
 import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
 import { removeSandboxDir } from '../../image/rootfs.js';
-import { buildInitramfs, type Initramfs } from './initramfs.js';
+import { GUEST_MODULES, buildInitramfs, type Initramfs } from './initramfs.js';
 import { extractPvhKernel, kernelRelease } from './kmod.js';
 import { QmpClient } from './qmp.js';
 import {
-  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, spawnVmm, tailFile, vmPaths,
-  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict,
+  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, qemuRuntimePaths, spawnVmm, tailFile, vmPaths,
+  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict, type VmmConfinement,
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
@@ -75,8 +75,18 @@ export interface MicrovmDriverDeps {
   log: Logger;
 }
 
+/** What one boot's steps get (see {@link MicrovmDriver.bootGuest}). */
+export interface BootContext {
+  /** Races a promise against QEMU's exit and the boot deadline; throws the boot error. */
+  step: <T>(p: Promise<T>) => Promise<T>;
+  /** Boot deadline, ms since the epoch. */
+  deadline: number;
+  qmp: QmpClient;
+  ep: VmEndpoint;
+}
+
 /** What every microVM of this dsecd boots with: computed once (initramfs build, accelerator verdict, TSC rate). */
-interface Platform {
+export interface Platform {
   initramfs: Initramfs;
   /** What QEMU boots: the uncompressed vmlinux (PVH entry) extracted from [vm] kernel, or that bzImage itself. */
   kernel: string;
@@ -88,13 +98,13 @@ interface Platform {
 
 /** The microvm backend; see the module comment. */
 export class MicrovmDriver implements SandboxDriver {
-  readonly backend = 'microvm' as const;
+  readonly backend: 'microvm' | 'vm' = 'microvm';
   private readonly endpoints = new Map<string, VmEndpoint>();
   private readonly agents = new Map<string, Promise<AgentClient>>();
   private readonly qmps = new Map<string, Promise<QmpClient>>();
   /** Layer digests each live microVM has attached (the blob cache must not evict them). */
   private readonly blobs = new Map<string, string[]>();
-  private platformP: Promise<Platform> | null = null;
+  protected platformP: Promise<Platform> | null = null;
   /**
    * Per VM: whether its vCPUs should run, as the last `stop`/`cont` dsecd sent says.
    * After QMP stopped answering, a command may still be executed later (QEMU reads it
@@ -102,9 +112,9 @@ export class MicrovmDriver implements SandboxDriver {
    */
   private readonly wantRunning = new Map<string, boolean>();
   private readonly resyncing = new Set<string>();
-  private qemuPath: string | null = null;
+  protected qemuPath: string | null = null;
 
-  constructor(private readonly d: MicrovmDriverDeps) {}
+  constructor(protected readonly d: MicrovmDriverDeps) {}
 
   /** `<root>/sandboxes/<id>`. */
   dir(id: string): string {
@@ -129,7 +139,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** What the host lacks for microVMs, with the fix; null when nothing. */
-  private missing(): string | null {
+  protected missing(): string | null {
     if (!this.qemuPath) return `QEMU (${this.d.vm.qemu}) is not installed: apt-get install qemu-system-x86 qemu-utils, or set [vm] qemu`;
     // Synchronous on purpose: capabilities() is synchronous, and this is one stat.
     if (!isFile(this.d.vm.kernel)) {
@@ -165,7 +175,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** Builds (once) what every boot needs; a failure is not cached, so fixing the host and retrying works. */
-  private platform(): Promise<Platform> {
+  protected platform(): Promise<Platform> {
     if (!this.platformP) {
       const p = (async (): Promise<Platform> => {
         const missing = this.missing();
@@ -174,7 +184,7 @@ export class MicrovmDriver implements SandboxDriver {
         const release = kernelRelease(bz);
         const kernel = await this.bootKernel(bz);
         const initramfs = await buildInitramfs({
-          busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'),
+          busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'), modules: this.guestModules(),
         }, release);
         if (initramfs.built) this.d.log.info({ path: initramfs.path, bytes: initramfs.sizeBytes, modules: initramfs.modules }, 'built the microvm initramfs');
         let kvm: KvmVerdict;
@@ -202,7 +212,10 @@ export class MicrovmDriver implements SandboxDriver {
    */
   private async bootKernel(bz: Buffer): Promise<string> {
     const file = path.join(this.d.root, 'vm', `vmlinux-${createHash('sha256').update(bz).digest('hex').slice(0, 32)}`);
-    if (await stat(file).catch(() => null)) return file;
+    if (await stat(file).catch(() => null)) {
+      await chmod(file, 0o644);
+      return file;
+    }
     const elf = await extractPvhKernel(bz);
     if (!elf) {
       this.d.log.info({ kernel: this.d.vm.kernel }, 'guest kernel has no PVH entry (or an unknown compression): booting the bzImage, which decompresses itself at every boot');
@@ -210,12 +223,13 @@ export class MicrovmDriver implements SandboxDriver {
     }
     await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
     const tmp = `${file}.tmp${process.pid}`;
-    await writeFile(tmp, elf, { mode: 0o600 });
+    // Readable by others: an unprivileged VMM opens it (docs/SECURITY.md "VMM confinement").
+    await writeFile(tmp, elf, { mode: 0o644 });
     await rename(tmp, file);
     return file;
   }
 
-  private endpoint(id: string): VmEndpoint {
+  protected endpoint(id: string): VmEndpoint {
     let ep = this.endpoints.get(id);
     if (!ep) {
       ep = new VmEndpoint({ dir: this.dir(id), what: `sandbox ${id}`, log: this.d.log });
@@ -229,7 +243,7 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError FailedPrecondition (no QEMU or kernel: names the fix), InvalidArgument
    *   (memory below {@link MICROVM_MIN_MEMORY_BYTES}, more layers than virtio-mmio slots).
    */
-  private check(sb: SandboxRecord): void {
+  protected check(sb: SandboxRecord): void {
     const missing = this.missing();
     if (missing) throw failedPrecondition(`cannot create microvm sandbox ${sb.id}: ${missing}`);
     if (sb.memoryBytes < MICROVM_MIN_MEMORY_BYTES) {
@@ -251,8 +265,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
     this.check(sb);
-    if (!(await stat(vmPaths(this.dir(sb.id)).disk).catch(() => null))) {
-      throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${vmPaths(this.dir(sb.id)).disk}); destroy it and create a new one`);
+    if (!(await stat(this.writableDisk(sb.id)).catch(() => null))) {
+      throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${this.writableDisk(sb.id)}); destroy it and create a new one`);
     }
     return this.launch(sb, fp, 'start');
   }
@@ -263,7 +277,7 @@ export class MicrovmDriver implements SandboxDriver {
    * own). Lazy inode tables and journal, no reserved blocks; only blocks the guest writes
    * take host disk. Made once at create; start reuses it (the writable layer).
    */
-  private async makeDisk(sb: SandboxRecord): Promise<void> {
+  protected async makeDisk(sb: SandboxRecord): Promise<void> {
     const disk = vmPaths(this.dir(sb.id)).disk;
     const bytes = sb.diskBytes ?? this.d.vm.diskBytes;
     const tmp = `${disk}.tmp`;
@@ -293,8 +307,8 @@ export class MicrovmDriver implements SandboxDriver {
     const paths = vmPaths(dir);
     const plat = await this.platform();
     const layers: string[] = [];
-    this.blobs.set(sb.id, effectiveLayers(sb.imageLayers));
-    for (const dg of effectiveLayers(sb.imageLayers)) layers.push(await this.d.blobPath(dg));
+    this.blobs.set(sb.id, this.attachedLayers(sb));
+    for (const dg of this.attachedLayers(sb)) layers.push(await this.d.blobPath(dg));
     for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
@@ -309,15 +323,13 @@ export class MicrovmDriver implements SandboxDriver {
     });
     const ep = this.endpoint(sb.id);
     await ep.listen();
-    const args = qemuArgs({
-      id: sb.id, dir, kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
-      vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
-    });
+    const args = await this.qemuCommand(sb, plat, layers, guestMiB);
+    const confine = await this.confinement(sb, plat, layers);
     let child: ChildProcess;
     try {
       child = spawnVmm({
         launcher: this.d.launcher, qemu: this.qemuPath!, args, cgroupProcs: this.d.cgroups.procsFiles(sb.id),
-        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog,
+        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog, ...(confine ? { confine } : {}),
       });
     } catch (e) {
       throw internal(`sandbox ${sb.id}: cannot start ${this.d.launcher}: ${(e as Error).message}`, e);
@@ -330,7 +342,7 @@ export class MicrovmDriver implements SandboxDriver {
     });
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now())); });
-    const timeoutError = (why?: string) => this.bootError(sb, `the microVM did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
+    const timeoutError = (why?: string) => this.bootError(sb, `the ${this.backend === 'vm' ? 'VM' : 'microVM'} did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
     // One boot step, raced against QEMU's exit and the boot deadline.
     const step = async <T>(p: Promise<T>): Promise<T> => {
       const r = await Promise.race([p.then((v) => ({ v }), (e: Error) => ({ e })), exited, late]);
@@ -359,8 +371,7 @@ export class MicrovmDriver implements SandboxDriver {
       })());
       this.setQmp(sb.id, qmp);
       fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
-      await step(ep.session(Math.max(1, deadline - Date.now())));
-      await step(this.agent(sb.id, Math.max(1000, deadline - Date.now())));
+      await this.bootGuest(sb, { step, deadline, qmp, ep });
       if (op === 'create') fp.hit('create.after-agent');
       const st = procStartTime(pid);
       if (st === null) throw this.bootError(sb, 'QEMU exited right after the guest agent answered', 'Internal', state.exit);
@@ -375,12 +386,103 @@ export class MicrovmDriver implements SandboxDriver {
     }
   }
 
+  /** Kernel modules of the guest's initramfs (the vm tier adds the PCI transport). */
+  protected guestModules(): readonly string[] {
+    return GUEST_MODULES;
+  }
+
+  /** Host path of the sandbox's writable disk (microvm: the ext4 `disk.raw`). */
+  protected writableDisk(id: string): string {
+    return vmPaths(this.dir(id)).disk;
+  }
+
+  /** Layer digests attached to the VM as disks (microvm: every effective layer). */
+  protected attachedLayers(sb: SandboxRecord): string[] {
+    return effectiveLayers(sb.imageLayers);
+  }
+
+  /** The QEMU argument vector of one boot (microvm: {@link qemuArgs}). */
+  protected async qemuCommand(sb: SandboxRecord, plat: Platform, layers: string[], guestMiB: number): Promise<string[]> {
+    return qemuArgs({
+      id: sb.id, dir: this.dir(sb.id), kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
+      vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
+    });
+  }
+
+  /** Host files one boot reads (bound read-only into the VMM's mount namespace): kernel, initramfs, layer blobs. */
+  protected bootFiles(_sb: SandboxRecord, plat: Platform, layers: string[]): string[] {
+    return [plat.kernel, plat.initramfs.path, ...layers];
+  }
+
+  /**
+   * The VMM's confinement for one boot (docs/SECURITY.md "VMM confinement"), or null when
+   * `[vm]` turns all of it off: a mount namespace holding only QEMU's runtime, the boot
+   * files and the sandbox dir; the sandbox's own host uid (the base of its uid range)
+   * unless the accelerator needs a device that uid cannot open; dsec's seccomp filter.
+   * Prepares the host side: the sandbox dir becomes root-owned, group the VMM's gid, mode
+   * 01770 (QEMU creates its sockets there; the sticky bit keeps dsecd's own entries out of
+   * its reach), and the writable disk is owned by the VMM's uid.
+   */
+  protected async confinement(sb: SandboxRecord, plat: Platform, layers: string[]): Promise<VmmConfinement | null> {
+    const c = this.d.vm.confine;
+    if (!c.mountNamespace && !c.unprivileged && !c.seccomp) return null;
+    const dir = this.dir(sb.id);
+    const kvm = plat.accel === 'kvm';
+    let uid: number | null = null;
+    let gid: number | null = null;
+    const groups: number[] = [];
+    if (c.unprivileged && sb.uidBase !== null) {
+      const kvmOk = !kvm || kvmGroup() !== null;
+      if (kvmOk) {
+        uid = sb.uidBase;
+        gid = sb.uidBase;
+        if (kvm) groups.push(kvmGroup()!);
+      }
+    }
+    const files = this.bootFiles(sb, plat, layers);
+    if (uid !== null) {
+      await chown(dir, 0, gid!);
+      await chmod(dir, 0o1770);
+      const disk = this.writableDisk(sb.id);
+      if (await stat(disk).catch(() => null)) await chown(disk, uid, gid!);
+      // An unprivileged VMM must be able to read every file it opens.
+      for (const f of files) {
+        const st = await stat(f).catch(() => null);
+        if (st && (st.mode & 0o004) === 0) {
+          throw failedPrecondition(`sandbox ${sb.id}: ${f} is not readable by others (mode ${(st.mode & 0o777).toString(8)}), so the VMM, running as host uid ${uid}, cannot open it; chmod o+r it, or set [vm] vmm_unprivileged = false`);
+        }
+      }
+    } else {
+      await chmod(dir, 0o700);
+    }
+    let newRoot: string | null = null;
+    const ro: string[] = [];
+    if (c.mountNamespace) {
+      newRoot = path.join(this.d.root, 'vm', 'vmm-root');
+      await mkdir(newRoot, { recursive: true, mode: 0o700 });
+      ro.push(...(await qemuRuntimePaths(this.qemuPath!)), ...files);
+    }
+    return {
+      newRoot, ro: [...new Set(ro)], rw: [dir], dev: ['/dev/null', '/dev/zero', '/dev/urandom', ...(kvm ? ['/dev/kvm'] : [])],
+      uid, gid, groups, seccomp: c.seccomp,
+    };
+  }
+
+  /**
+   * The boot steps after QMP answered (microvm: the mux session, then the agent's HELLO),
+   * each raced by `ctx.step` against QEMU's exit and the boot deadline.
+   */
+  protected async bootGuest(sb: SandboxRecord, ctx: BootContext): Promise<void> {
+    await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
+    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+  }
+
   /**
    * A boot failure with the evidence: QEMU's exit and stderr, and the console's tail. A
    * guest memory QEMU could not allocate is ResourceExhausted; the guest's /init refusing
    * (dsec-init: FATAL) is FailedPrecondition; a timeout DeadlineExceeded; else Internal.
    */
-  private bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
+  protected bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
     const p = vmPaths(this.dir(sb.id));
     const qlog = tailFile(p.qemuLog, 5);
     const con = tailFile(p.console, 15);
@@ -396,7 +498,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** SIGKILLs the VMM (by `pid` when given and it is this sandbox's, and every process of its cgroup), then waits for it to be gone. */
-  private async killVmm(id: string, pid: number | null): Promise<void> {
+  protected async killVmm(id: string, pid: number | null): Promise<void> {
     const dir = this.dir(id);
     const target = pid !== null && isVmmOf(pid, dir) ? pid : vmmOfDir(dir)?.pid ?? null;
     if (target !== null) {
@@ -435,7 +537,7 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError DeadlineExceeded (QMP stopped answering), Unavailable (QEMU gone),
    *   Internal (QEMU refused the command).
    */
-  private async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
+  protected async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
     if (command === 'stop' || command === 'cont') this.wantRunning.set(sb.id, command === 'cont');
     try {
       const c = await this.qmp(sb.id);
@@ -478,7 +580,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** The sandbox's cached agent connection (over the mux), connecting on first use. */
-  private agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
+  protected agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
     let p = this.agents.get(id);
     if (!p) {
       p = AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs }).then((c) => {
@@ -496,7 +598,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** Closes dsecd's connections to a VM (agent, mux, QMP, listener); the VM is not touched. */
-  private async dropConnections(id: string): Promise<void> {
+  protected async dropConnections(id: string): Promise<void> {
     const a = this.agents.get(id);
     this.agents.delete(id);
     if (a) await a.then((c) => c.close(), () => {});
@@ -732,5 +834,15 @@ function isFile(p: string): boolean {
     return statSync(p).isFile();
   } catch {
     return false;
+  }
+}
+
+/** The group of /dev/kvm when it grants that group read-write access (so an unprivileged VMM in it can use KVM), else null. */
+function kvmGroup(): number | null {
+  try {
+    const st = statSync('/dev/kvm');
+    return st.gid !== 0 && (st.mode & 0o060) === 0o060 ? st.gid : null;
+  } catch {
+    return null;
   }
 }

@@ -487,10 +487,12 @@ export class MicrovmDriver implements SandboxDriver {
     const qlog = tailFile(p.qemuLog, 5);
     const con = tailFile(p.console, 15);
     let k: 'DeadlineExceeded' | 'Internal' | 'ResourceExhausted' | 'FailedPrecondition' = kind ?? 'Internal';
+    // /init's reason, which a kernel panic after it may have pushed out of the tail.
+    const fatal = /dsec-init: FATAL: .*/.exec(tailFile(p.console, 1000, 65536))?.[0] ?? null;
     if (!kind && /cannot set up guest memory|Cannot allocate memory/i.test(qlog)) k = 'ResourceExhausted';
-    else if (!kind && /dsec-init: FATAL/.test(con)) k = 'FailedPrecondition';
+    else if (!kind && fatal) k = 'FailedPrecondition';
     const ex = exit ? ` (QEMU ${exit.signal ? `killed by ${exit.signal}` : `exit status ${exit.code}`})` : '';
-    const msg = `sandbox ${sb.id}: ${what}${ex}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
+    const msg = `sandbox ${sb.id}: ${what}${ex}${fatal && !con.includes(fatal) ? `: ${fatal}` : ''}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
     if (k === 'ResourceExhausted') return resourceExhausted(`${msg}\nhint: the host could not give the guest ${sb.memoryBytes} bytes; ask for less memory_bytes`);
     if (k === 'FailedPrecondition') return failedPrecondition(msg);
     if (k === 'DeadlineExceeded') return deadlineExceeded(`${msg}\nhint: a TCG boot takes ~3 s on an idle host and several times that on a busy one; raise [vm] boot_timeout_s if it needs longer`);

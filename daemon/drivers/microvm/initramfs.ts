@@ -241,6 +241,7 @@ if [ -n "$root" ]; then
     for d in dev proc sys; do
       [ -d "/newroot/$d" ] || fail "the root disk has no /$d"
     done
+    [ -e "/newroot$initpath" ] || fail "the root disk has no init program $initpath"
     mount --move /dev /newroot/dev || fail "move /dev"
     mount --move /proc /newroot/proc || fail "move /proc"
     mount --move /sys /newroot/sys || fail "move /sys"

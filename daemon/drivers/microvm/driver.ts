@@ -20,7 +20,7 @@
  * and QEMU's own seccomp filter. `withWritableLayer` (commit, filesystem snapshots)
  * answers FailedPrecondition: the writable layer is an ext4 image, not a host directory.
  */
-import { accessSync, constants as fsConstants, statSync } from 'node:fs';
+import { accessSync, constants as fsConstants, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
@@ -35,6 +35,7 @@ import {
   DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, isDsecError, resourceExhausted, unavailable,
 } from '../../errors.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
+import type { DefenceStatus } from '../../api/schema.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
 import type {
   DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport,
@@ -708,6 +709,42 @@ export class MicrovmDriver implements SandboxDriver {
     if (!st) return null;
     // The VMM's cgroup: its memory is the guest RAM QEMU has touched plus QEMU's own; pids are QEMU's threads.
     return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills, pidsLimitHits: st.pidsLimitHits, seccompDenials: null };
+  }
+
+  /**
+   * The VMM's confinement as the kernel reports it for the running QEMU (docs/SECURITY.md
+   * "VMM confinement"): its mount namespace against dsecd's, its uids and capabilities, its
+   * seccomp mode and filter count (/proc/<pid>/status). Nothing is taken from the config.
+   */
+  async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    const pid = sb.initPid;
+    if (pid === null || !isVmmOf(pid, this.dir(sb.id))) {
+      const none = { enforced: false, detail: 'the VMM is not running' };
+      return { vmm_mount_namespace: none, vmm_unprivileged: none, vmm_seccomp: none };
+    }
+    let status = '';
+    let ns = '';
+    let own = '';
+    try {
+      status = readFileSync(`/proc/${pid}/status`, 'utf8');
+      ns = readlinkSync(`/proc/${pid}/ns/mnt`);
+      own = readlinkSync('/proc/self/ns/mnt');
+    } catch { /* gone meanwhile */ }
+    const field = (k: string) => new RegExp(`^${k}:\\s*(.*)$`, 'm').exec(status)?.[1].trim() ?? '';
+    const uids = field('Uid').split(/\s+/).map(Number);
+    const seccomp = field('Seccomp');
+    const filters = Number(field('Seccomp_filters') || 0);
+    return {
+      vmm_mount_namespace: ns && ns !== own
+        ? { enforced: true, detail: `QEMU (pid ${pid}) has a mount namespace of its own (${ns}): a read-only tmpfs root holding only QEMU, its libraries and firmware, the kernel, initramfs and disks, the sandbox dir and /dev/null, /dev/zero, /dev/urandom${this.d.vm.accel === 'kvm' ? ', /dev/kvm' : ''}` }
+        : { enforced: false, detail: `QEMU (pid ${pid}) shares dsecd's mount namespace${this.d.vm.confine.mountNamespace ? '' : ' ([vm] vmm_mount_namespace = false)'}` },
+      vmm_unprivileged: uids.length && uids.every((u) => u !== 0)
+        ? { enforced: true, detail: `QEMU runs as host uid ${uids[0]} (the base of the sandbox's uid range), no capabilities (CapEff ${field('CapEff')})` }
+        : { enforced: false, detail: `QEMU runs as root: ${this.d.vm.confine.unprivileged ? 'the accelerator needs /dev/kvm, which only root may open on this host (give /dev/kvm a group with rw access to let it drop)' : '[vm] vmm_unprivileged = false'}` },
+      vmm_seccomp: seccomp === '2'
+        ? { enforced: true, detail: `seccomp filter mode, ${filters} filter(s): QEMU's -sandbox on (obsolete, elevateprivileges, spawn, resourcecontrol denied)${filters > 1 ? ' over dsec\'s (namespaces, mounts, ptrace, bpf, keyrings, io_uring, userfaultfd, modules, kexec, clocks: EPERM)' : ''}` }
+        : { enforced: false, detail: `QEMU has no seccomp filter (Seccomp: ${seccomp || '?'})` },
+    };
   }
 
   async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {

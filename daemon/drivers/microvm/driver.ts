@@ -15,10 +15,15 @@
  * QMP and rebinds agent.sock; the next agent connection opens a new mux session, and the
  * guest drops the previous dsecd's streams (their execs end as after a lost connection).
  *
+ * The VMM is confined by the launcher ({@link MicrovmDriver.confinement}: a mount namespace
+ * holding only what QEMU needs, the sandbox's own host uid, dsec's seccomp filter below
+ * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
+ * extends this driver through its protected hooks (qemuCommand, makeDisk, bootGuest, ...).
+ *
  * Not built yet (issue 9, later steps): snapshots and forks (QMP migration to a file),
- * pmem/DAX sharing of layers, the balloon, and the VMM's confinement beyond its cgroup
- * and QEMU's own seccomp filter. `withWritableLayer` (commit, filesystem snapshots)
- * answers FailedPrecondition: the writable layer is an ext4 image, not a host directory.
+ * pmem/DAX sharing of layers, the balloon. `withWritableLayer` (commit, filesystem
+ * snapshots) answers FailedPrecondition: the writable layer is an ext4 image, not a host
+ * directory.
  */
 import { accessSync, constants as fsConstants, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { createHash } from 'node:crypto';

@@ -1,14 +1,18 @@
 /**
- * The subset of the DNS wire format (RFC 1035) the sandbox resolver needs: read a
- * query's question, answer REFUSED, read the A/AAAA records and TTLs of an upstream
- * answer, change a message's id, and build queries and answers (the latter for tests'
- * fake upstreams). Everything else of a message is passed through as bytes.
+ * The DNS messages the sandbox resolver handles, over the `dns-packet` library (RFC 1035
+ * wire format): read a query's question, answer it with an error code, read the A/AAAA
+ * and CNAME records and TTLs of an upstream answer, change a message's id, and build
+ * queries and address answers (the latter for tests' fake upstreams). A forwarded
+ * query or answer is passed through as the bytes it came as; only what dsec decides on
+ * is decoded.
  *
- * Written here because no DNS wire library is among the project's dependencies (the
- * well-kept `dns-packet` would replace it). Unit-tested in test/unit/dnswire.test.ts.
- * Every parser is bounds-checked and throws {@link DnsFormatError} on malformed input,
- * including compression-pointer loops.
+ * Every parser throws {@link DnsFormatError} on a message the library cannot decode
+ * (too short, truncated, a compression-pointer loop, an unknown label type), so the
+ * resolver answers FORMERR/SERVFAIL instead of failing. Unit-tested in
+ * test/unit/dnswire.test.ts.
  */
+import dnsPacket from 'dns-packet';
+import net from 'node:net';
 
 /** Record types by number (the ones dsec names; others are shown as TYPEn). */
 export const QTYPE = { A: 1, NS: 2, CNAME: 5, SOA: 6, PTR: 12, MX: 15, TXT: 16, AAAA: 28, SRV: 33, OPT: 41, SVCB: 64, HTTPS: 65, ANY: 255 } as const;
@@ -16,13 +20,15 @@ export const QTYPE = { A: 1, NS: 2, CNAME: 5, SOA: 6, PTR: 12, MX: 15, TXT: 16, 
 /** Response codes used here. */
 export const RCODE = { NOERROR: 0, FORMERR: 1, SERVFAIL: 2, NXDOMAIN: 3, REFUSED: 5 } as const;
 
-/** Thrown for a message that is too short, has a bad name or pointer loop. */
+/** Thrown for a message that cannot be decoded: too short, a bad name, a pointer loop. */
 export class DnsFormatError extends Error {}
 
-/** Header length, bytes. */
+/** Header length, bytes (RFC 1035 §4.1.1). */
 const HEADER = 12;
-/** Most compression pointers followed in one name: 64 (a name has at most 127 labels; real ones use a few). */
-const MAX_POINTERS = 64;
+/** QR (response), RD (recursion desired) and RA (recursion available) bits of the header flags. */
+const QR = 0x8000;
+const RD = 0x0100;
+const RA = 0x0080;
 
 /** Name of a record type, e.g. `A`, `AAAA`, `TYPE99`. */
 export function typeName(t: number): string {
@@ -30,58 +36,31 @@ export function typeName(t: number): string {
   return `TYPE${t}`;
 }
 
-/**
- * Reads a (possibly compressed) name at `off`.
- * @returns the name in lowercase dotted form without the trailing dot (`` for the root)
- *   and the offset after the name as it appears at `off`.
- */
-export function readName(b: Buffer, off: number): { name: string; end: number } {
-  const labels: string[] = [];
-  let pos = off;
-  let end = -1;
-  let jumps = 0;
-  let len = 0;
-  for (;;) {
-    if (pos >= b.length) throw new DnsFormatError('name runs past the message');
-    const l = b[pos];
-    if ((l & 0xc0) === 0xc0) {
-      if (pos + 1 >= b.length) throw new DnsFormatError('truncated compression pointer');
-      if (++jumps > MAX_POINTERS) throw new DnsFormatError('compression pointer loop');
-      if (end < 0) end = pos + 2;
-      pos = ((l & 0x3f) << 8) | b[pos + 1];
-      continue;
-    }
-    if ((l & 0xc0) !== 0) throw new DnsFormatError('unsupported label type');
-    if (l === 0) {
-      if (end < 0) end = pos + 1;
-      break;
-    }
-    if (pos + 1 + l > b.length) throw new DnsFormatError('label runs past the message');
-    len += l + 1;
-    if (len > 255) throw new DnsFormatError('name longer than 255 bytes');
-    labels.push(b.toString('latin1', pos + 1, pos + 1 + l).toLowerCase());
-    pos += 1 + l;
-  }
-  return { name: labels.join('.'), end };
+/** Number of a record type name as dns-packet decodes it (`A`, `AAAA`, `UNKNOWN_99`), or 0. */
+function typeNumber(name: string): number {
+  if (name in QTYPE) return QTYPE[name as keyof typeof QTYPE];
+  const m = /^UNKNOWN_(\d+)$/.exec(name);
+  return m ? Number(m[1]) : 0;
 }
 
-/** Encodes a dotted name as labels (no compression). @throws DnsFormatError for a label over 63 bytes. */
-export function encodeName(name: string): Buffer {
-  const parts = name.replace(/\.$/, '').split('.').filter((p) => p.length > 0);
-  const bufs: Buffer[] = [];
-  for (const p of parts) {
-    const l = Buffer.from(p, 'latin1');
-    if (l.length > 63) throw new DnsFormatError(`label ${JSON.stringify(p)} longer than 63 bytes`);
-    bufs.push(Buffer.from([l.length]), l);
+/** Decodes `b`, turning the library's errors into {@link DnsFormatError}. */
+function decode(b: Buffer): dnsPacket.Packet & { flags: number } {
+  if (b.length < HEADER) throw new DnsFormatError('message shorter than a header');
+  try {
+    return dnsPacket.decode(b) as dnsPacket.Packet & { flags: number };
+  } catch (e) {
+    throw new DnsFormatError(`malformed DNS message: ${(e as Error).message}`);
   }
-  bufs.push(Buffer.from([0]));
-  return Buffer.concat(bufs);
 }
 
-/** What the resolver reads from a query. */
+/** Lowercase, without a trailing dot (`` for the root). */
+function normName(n: string): string {
+  return n.replace(/\.$/, '').toLowerCase();
+}
+
+/** The header fields and first question of a message. */
 export interface DnsQuestion {
   id: number;
-  /** Opcode (0: standard query). */
   opcode: number;
   /** Whether the message is a response (QR set): a resolver never answers those. */
   response: boolean;
@@ -90,38 +69,35 @@ export interface DnsQuestion {
   name: string;
   type: number;
   qclass: number;
-  /** Offset just after the first question. */
-  questionEnd: number;
 }
+
+/** Class numbers by the names dns-packet decodes them to (RFC 1035 §3.2.4, RFC 2136 for NONE). */
+const CLASS: Record<string, number> = { IN: 1, CS: 2, CH: 3, HS: 4, NONE: 254, ANY: 255 };
 
 /** Parses the header and first question of a message. @throws DnsFormatError. */
 export function parseQuestion(b: Buffer): DnsQuestion {
-  if (b.length < HEADER) throw new DnsFormatError('message shorter than a header');
-  const id = b.readUInt16BE(0);
-  const flags = b.readUInt16BE(2);
-  const qdcount = b.readUInt16BE(4);
-  if (qdcount < 1) throw new DnsFormatError('no question');
-  const { name, end } = readName(b, HEADER);
-  if (end + 4 > b.length) throw new DnsFormatError('question runs past the message');
-  return { id, opcode: (flags >> 11) & 0xf, response: (flags & 0x8000) !== 0, qdcount, name, type: b.readUInt16BE(end), qclass: b.readUInt16BE(end + 2), questionEnd: end + 4 };
+  const p = decode(b);
+  const q = p.questions?.[0];
+  if (!q) throw new DnsFormatError('no question');
+  const qclass = CLASS[(q as { class?: string }).class ?? 'IN'] ?? 0;
+  return {
+    id: p.id ?? 0, opcode: (p.flags >> 11) & 0xf, response: (p.flags & QR) !== 0, qdcount: p.questions!.length,
+    name: normName(q.name), type: typeNumber(q.type), qclass,
+  };
 }
 
 /**
  * An answer with no records to `query`: its id and question, QR and RA set, RD copied,
- * and `rcode` (REFUSED by default). EDNS and other sections are dropped.
+ * and `rcode` (REFUSED by default). EDNS and every other section are dropped.
  * @throws DnsFormatError when the query has no readable question.
  */
 export function buildError(query: Buffer, rcode: number = RCODE.REFUSED): Buffer {
-  const q = parseQuestion(query);
-  const out = Buffer.alloc(q.questionEnd);
-  query.copy(out, 0, 0, q.questionEnd);
-  const rd = query.readUInt16BE(2) & 0x0100;
-  out.writeUInt16BE(0x8000 | (q.opcode << 11) | rd | 0x0080 | (rcode & 0xf), 2);
-  out.writeUInt16BE(1, 4);
-  out.writeUInt16BE(0, 6);
-  out.writeUInt16BE(0, 8);
-  out.writeUInt16BE(0, 10);
-  return out;
+  const p = decode(query);
+  if (!p.questions?.length) throw new DnsFormatError('no question');
+  const opcode = (p.flags >> 11) & 0xf;
+  return dnsPacket.encode({
+    type: 'response', id: p.id, flags: QR | (opcode << 11) | (p.flags & RD) | RA | (rcode & 0xf), questions: [p.questions[0]],
+  });
 }
 
 /** A copy of `msg` with its id replaced. */
@@ -136,7 +112,7 @@ export interface AnswerAddress {
   /** Owner name of the record (lowercase). */
   name: string;
   family: 4 | 6;
-  /** Address text (dotted quad, or the compressed IPv6 form of node's net module). */
+  /** Address text (dotted quad, or IPv6 text; callers normalise with daemon/net/addr.ts when they compare). */
   address: string;
   /** TTL, seconds, as the upstream gave it. */
   ttl: number;
@@ -148,55 +124,31 @@ export interface DnsAnswer {
   rcode: number;
   truncated: boolean;
   addresses: AnswerAddress[];
-  /** Names of CNAME records in the answer section (owner -> target), in order. */
+  /** CNAME records in the answer section (owner -> target), in order. */
   cnames: { name: string; target: string }[];
 }
 
 /** Parses the answer section's A, AAAA and CNAME records. @throws DnsFormatError. */
 export function parseAnswer(b: Buffer): DnsAnswer {
-  if (b.length < HEADER) throw new DnsFormatError('message shorter than a header');
-  const id = b.readUInt16BE(0);
-  const flags = b.readUInt16BE(2);
-  const qd = b.readUInt16BE(4);
-  const an = b.readUInt16BE(6);
-  let pos = HEADER;
-  for (let i = 0; i < qd; i++) {
-    pos = readName(b, pos).end + 4;
-    if (pos > b.length) throw new DnsFormatError('question runs past the message');
-  }
+  const p = decode(b);
   const addresses: AnswerAddress[] = [];
   const cnames: { name: string; target: string }[] = [];
-  for (let i = 0; i < an; i++) {
-    const { name, end } = readName(b, pos);
-    if (end + 10 > b.length) throw new DnsFormatError('record header runs past the message');
-    const type = b.readUInt16BE(end);
-    const ttl = b.readUInt32BE(end + 4);
-    const rdlen = b.readUInt16BE(end + 8);
-    const rdata = end + 10;
-    if (rdata + rdlen > b.length) throw new DnsFormatError('record data runs past the message');
-    if (type === QTYPE.A && rdlen === 4) addresses.push({ name, family: 4, address: [...b.subarray(rdata, rdata + 4)].join('.'), ttl });
-    else if (type === QTYPE.AAAA && rdlen === 16) addresses.push({ name, family: 6, address: ipv6Text(b.subarray(rdata, rdata + 16)), ttl });
-    else if (type === QTYPE.CNAME) cnames.push({ name, target: readName(b, rdata).name });
-    pos = rdata + rdlen;
+  for (const a of p.answers ?? []) {
+    if (a.type === 'A' && typeof a.data === 'string' && net.isIPv4(a.data)) addresses.push({ name: normName(a.name), family: 4, address: a.data, ttl: a.ttl ?? 0 });
+    else if (a.type === 'AAAA' && typeof a.data === 'string' && net.isIPv6(a.data)) addresses.push({ name: normName(a.name), family: 6, address: a.data, ttl: a.ttl ?? 0 });
+    else if (a.type === 'CNAME' && typeof a.data === 'string') cnames.push({ name: normName(a.name), target: normName(a.data) });
   }
-  return { id, rcode: flags & 0xf, truncated: (flags & 0x0200) !== 0, addresses, cnames };
+  return { id: p.id ?? 0, rcode: p.flags & 0xf, truncated: (p.flags & 0x0200) !== 0, addresses, cnames };
 }
 
-/** Full (uncompressed-zero) IPv6 text; callers normalise with daemon/net/addr.ts when they compare. */
-function ipv6Text(b: Buffer): string {
-  return Array.from({ length: 8 }, (_, i) => b.readUInt16BE(i * 2).toString(16)).join(':');
-}
+/** Text of an address record type as dns-packet names it. */
+const TYPE_TEXT: Record<number, dnsPacket.RecordType> = { [QTYPE.A]: 'A', [QTYPE.AAAA]: 'AAAA', [QTYPE.TXT]: 'TXT', [QTYPE.CNAME]: 'CNAME', [QTYPE.MX]: 'MX', [QTYPE.NS]: 'NS' };
 
-/** A standard query with RD set (for tests and probes). */
+/** A standard query with RD set (for tests and probes). `type` is one of A, AAAA, TXT, CNAME, MX, NS. */
 export function buildQuery(name: string, type: number, id: number): Buffer {
-  const h = Buffer.alloc(HEADER);
-  h.writeUInt16BE(id & 0xffff, 0);
-  h.writeUInt16BE(0x0100, 2);
-  h.writeUInt16BE(1, 4);
-  const q = Buffer.alloc(4);
-  q.writeUInt16BE(type, 0);
-  q.writeUInt16BE(1, 2);
-  return Buffer.concat([h, encodeName(name), q]);
+  const t = TYPE_TEXT[type];
+  if (!t) throw new DnsFormatError(`buildQuery does not know type ${typeName(type)}`);
+  return dnsPacket.encode({ type: 'query', id: id & 0xffff, flags: RD, questions: [{ type: t, name }] });
 }
 
 /**
@@ -206,25 +158,15 @@ export function buildQuery(name: string, type: number, id: number): Buffer {
  *   the question type is skipped, so one list can serve A and AAAA questions.
  */
 export function buildAddressAnswer(query: Buffer, records: { bytes: Buffer; ttl: number }[]): Buffer {
-  const q = parseQuestion(query);
-  const head = Buffer.from(query.subarray(0, q.questionEnd));
-  head.writeUInt16BE(0x8000 | (query.readUInt16BE(2) & 0x0100) | 0x0080, 2);
-  head.writeUInt16BE(1, 4);
-  head.writeUInt16BE(0, 8);
-  head.writeUInt16BE(0, 10);
-  const rrs: Buffer[] = [];
+  const p = decode(query);
+  const q = p.questions?.[0];
+  if (!q) throw new DnsFormatError('no question');
+  const answers: dnsPacket.Answer[] = [];
   for (const r of records) {
-    const type = r.bytes.length === 4 ? QTYPE.A : QTYPE.AAAA;
+    const type = r.bytes.length === 4 ? 'A' : 'AAAA';
     if (type !== q.type) continue;
-    const rr = Buffer.alloc(12 + r.bytes.length);
-    rr.writeUInt16BE(0xc00c, 0); // pointer to the question name at offset 12
-    rr.writeUInt16BE(type, 2);
-    rr.writeUInt16BE(1, 4);
-    rr.writeUInt32BE(r.ttl, 6);
-    rr.writeUInt16BE(r.bytes.length, 10);
-    r.bytes.copy(rr, 12);
-    rrs.push(rr);
+    const data = r.bytes.length === 4 ? [...r.bytes].join('.') : Array.from({ length: 8 }, (_, i) => r.bytes.readUInt16BE(i * 2).toString(16)).join(':');
+    answers.push({ type, name: q.name, ttl: r.ttl, data } as dnsPacket.Answer);
   }
-  head.writeUInt16BE(rrs.length, 6);
-  return Buffer.concat([head, ...rrs]);
+  return dnsPacket.encode({ type: 'response', id: p.id, flags: QR | (p.flags & RD) | RA, questions: [q], answers });
 }

@@ -50,7 +50,7 @@ export interface VmDriverDeps extends MicrovmDriverDeps {
   builder: Builder | null;
 }
 
-/** How long an ACPI power-down may take at stop before QEMU is told to quit: the grace period, at most this (ms). */
+/** How often stop checks whether a VM without the agent powered off after the ACPI power-down, ms (it waits at most the grace period). */
 const POWERDOWN_POLL_MS = 100;
 
 /** The vm backend; see the module comment. */
@@ -67,11 +67,6 @@ export class VmDriver extends MicrovmDriver {
   override capabilities(): DriverCapabilities {
     const missing = this.missing();
     return { id: 'dsec.driver.vm.v1', backend: 'vm', pause: true, snapshot: false, available: missing === null, reason: missing };
-  }
-
-  /** The registered disks (`[vm.disks]`), for host info: name, path, init and whether the file is there. */
-  disks(): Array<{ name: string; path: string; init: 'disk' | 'agent'; present: boolean }> {
-    return Object.entries(this.v.vm.disks).map(([name, d]) => ({ name, path: d.path, init: d.init, present: existsSync(d.path) }));
   }
 
   /**

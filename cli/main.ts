@@ -13,6 +13,7 @@
 import { Command, CommanderError } from 'commander';
 import * as attach from './commands/attach.js';
 import * as commit from './commands/commit.js';
+import * as consoleCmd from './commands/console.js';
 import * as cp from './commands/cp.js';
 import * as create from './commands/create.js';
 import * as events from './commands/events.js';
@@ -101,6 +102,7 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   inspect.register(program, ctx);
   exec.register(program, ctx);
   attach.register(program, ctx);
+  consoleCmd.register(program, ctx);
   const execs = execsLs.registerGroup(program, ctx);
   for (const verb of [execsLs, execsInspect, execsKill, execsRm]) verb.register(execs, ctx);
   cp.register(program, ctx);

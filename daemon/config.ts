@@ -153,6 +153,20 @@ const FileConfig = z
         kvm_probe_timeout_s: z.number().positive().optional(),
         tcg_tb_mib: z.number().int().min(16).optional(),
         thp: z.boolean().optional(),
+        vmm_mount_namespace: z.boolean().optional(),
+        vmm_unprivileged: z.boolean().optional(),
+        vmm_seccomp: z.boolean().optional(),
+        console_log_bytes: z.number().int().min(4096).optional(),
+        disks: z.record(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'disk names are 1-64 of [a-z0-9._-], starting with a letter or digit'), z.object({
+          path: z.string().min(1),
+          format: z.enum(['raw', 'qcow2']).optional(),
+          init: z.enum(['disk', 'agent']).optional(),
+          root_partition: z.number().int().min(0).max(128).optional(),
+          root_fstype: z.string().regex(/^[a-z0-9]+$/).optional(),
+          init_path: z.string().regex(/^\/[^\s]*$/).optional(),
+          ready: z.string().min(1).optional(),
+          cmdline: z.string().regex(/^[^\n]*$/).optional(),
+        }).strict()).optional(),
       })
       .strict()
       .optional(),
@@ -193,6 +207,45 @@ export interface VmConfig {
    * faster with them.
    */
   thp: boolean;
+  /**
+   * Confinement of every VMM (`vmm_mount_namespace`, `vmm_unprivileged`, `vmm_seccomp`;
+   * each default true; docs/SECURITY.md "VMM confinement"): a mount namespace holding only
+   * what QEMU needs, the sandbox's own host uid instead of root, dsec's seccomp filter
+   * below QEMU's own `-sandbox`.
+   */
+  confine: { mountNamespace: boolean; unprivileged: boolean; seccomp: boolean };
+  /** The vm tier's serial console log is rotated at this size (`console_log_bytes`; default 1 MiB, so at most 2 MiB per VM on disk). */
+  consoleLogBytes: number;
+  /** Disk images registered for the vm tier (`[vm.disks.NAME]`), by name: a create with image `disk:NAME` boots one ({@link VmDiskConfig}). */
+  disks: Record<string, VmDiskConfig>;
+}
+
+/**
+ * One operator-supplied disk image of the vm tier (`[vm.disks.NAME]`, docs/OPERATIONS.md
+ * "Disk images"). Each VM boots a qcow2 overlay of its own over it; the file itself is only
+ * read (it must stay unchanged while VMs use it).
+ */
+export interface VmDiskConfig {
+  /** Absolute path of the disk file (`path`). */
+  path: string;
+  /** `raw` or `qcow2` (`format`; default from the extension: `.qcow2` is qcow2, anything else raw). */
+  format: 'raw' | 'qcow2';
+  /**
+   * What runs as the guest's init (`init`; default `disk`): `disk` runs the disk's own
+   * init (`init_path`) with no dsec agent, so only the serial console reaches the VM;
+   * `agent` runs dsec's agent as PID 1 on the disk's root (exec, files, PTYs work).
+   */
+  init: 'disk' | 'agent';
+  /** Partition number of the root filesystem (`root_partition`; default 0: the whole disk is the filesystem). */
+  rootPartition: number;
+  /** Root filesystem type (`root_fstype`; default ext4; the guest initramfs has ext4 only). */
+  rootFstype: string;
+  /** The disk's init program (`init_path`; default /sbin/init). */
+  initPath: string;
+  /** A regular expression: with `init = "disk"`, create waits until the console prints it (within boot_timeout_s); unset: running once QEMU runs. */
+  ready: string | null;
+  /** Extra guest kernel command line (`cmdline`). */
+  cmdline: string;
 }
 
 /** The resolved daemon configuration. */
@@ -471,6 +524,18 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       kvmProbeTimeoutMs: Math.round((fc.vm?.kvm_probe_timeout_s ?? 10) * 1000),
       tcgTbMiB: fc.vm?.tcg_tb_mib ?? 128,
       thp: fc.vm?.thp ?? false,
+      confine: { mountNamespace: fc.vm?.vmm_mount_namespace ?? true, unprivileged: fc.vm?.vmm_unprivileged ?? true, seccomp: fc.vm?.vmm_seccomp ?? true },
+      consoleLogBytes: fc.vm?.console_log_bytes ?? 1024 * 1024,
+      disks: Object.fromEntries(Object.entries(fc.vm?.disks ?? {}).map(([name, d]) => [name, {
+        path: path.resolve(d.path),
+        format: d.format ?? (d.path.endsWith('.qcow2') ? 'qcow2' : 'raw'),
+        init: d.init ?? 'disk',
+        rootPartition: d.root_partition ?? 0,
+        rootFstype: d.root_fstype ?? 'ext4',
+        initPath: d.init_path ?? '/sbin/init',
+        ready: d.ready ?? null,
+        cmdline: d.cmdline ?? '',
+      } satisfies VmDiskConfig])),
     },
   });
 }

@@ -35,6 +35,7 @@ import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { detectRuntime, OciRuntime } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
 import { MicrovmDriver } from './drivers/microvm/driver.js';
+import { VmDriver } from './drivers/vm/driver.js';
 import type { SandboxDriver } from './drivers/types.js';
 import { ImageStore } from './image/store.js';
 import { LayerMounts } from './image/mounts.js';
@@ -297,8 +298,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
     });
     if (!opts.purge) await microvm.init();
+    // Full VMs (q35): the microvm tier's VMM lifecycle, booting a disk composed from the image's layers (as the builder) or a registered one.
+    const vm = new VmDriver({
+      root: config.root, cgroups, agentBinary, launcher: vmmLauncherPath(), vm: config.vm, log: log.child({ component: 'vm' }),
+      blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)), layers, builder: builder ?? null,
+    });
+    if (!opts.purge) await vm.init();
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
-    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm]]);
+    const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm], ['vm', vm]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
@@ -339,6 +346,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
       await container.close();
       await microvm.close();
+      await vm.close();
       db.close();
       reg.release();
       SeccompMonitor.stop(path.join(config.root, 'seccomp'));
@@ -418,7 +426,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             container: { available: true, reason: null },
             fncall: { available: true, reason: null },
             microvm: { available: microvm.capabilities().available, reason: microvm.capabilities().reason },
-            vm: { available: false, reason: 'not implemented yet' },
+            vm: { available: vm.capabilities().available, reason: vm.capabilities().reason },
           },
           uid_pool: {
             base: config.uidPool.base, size: config.uidPool.size, range_size: config.uidPool.rangeSize,
@@ -499,6 +507,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         await container.close();
         await network.close();
         await microvm.close();
+        await vm.close();
         denialEvents.close();
         seccompMonitor?.close();
         db.close();

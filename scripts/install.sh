@@ -29,10 +29,11 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # clang, libbpf-dev and bpftool for the eBPF programs (egress policy, denial counters),
 # slirp4netns and nftables for sandbox networking (in a network namespace of dsec's own),
 # btrfs-progs and xfsprogs for the writable-layer filesystem with per-sandbox quotas,
-# qemu-system-x86 and qemu-utils for the microvm tier (e2fsprogs formats its writable disks).
+# qemu-system-x86 and qemu-utils for the microvm and vm tiers (e2fsprogs formats their disks; seabios is the
+# vm tier's q35 firmware, named so a minimal install that skips recommends still has it).
 PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
       debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs
-      qemu-system-x86 qemu-utils e2fsprogs)
+      qemu-system-x86 qemu-utils e2fsprogs seabios)
 missing=()
 for p in "${PKGS[@]}"; do dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p"); done
 if ((${#missing[@]})); then

@@ -97,7 +97,7 @@ const STDIN_HIGH_WATER = 1 << 20;
 const CLOSE_GRACE_MS = 1000;
 
 /** A WebSocket attached to an exec session; see the module comment. */
-export class ExecAttachment<I extends AttachExecInfo = AttachExecInfo> extends EventEmitter<ExecAttachmentEvents<I>> {
+export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmitter<ExecAttachmentEvents<I>> {
   /** Settles when the handshake completes (rejects like {@link done} when it fails). */
   readonly opened: Promise<void>;
   /** The final ExecInfo, `null` when closed from this side first, or rejected; see the module comment. */

@@ -472,6 +472,14 @@ export interface ExecOutput extends ExecResult {
  */
 export type ExecInfo = z.infer<typeof ExecInfoSchema>;
 
+/** How a console attachment ended on dsecd's side: the console closed (the VM stopped). */
+export interface ConsoleEnd {
+  reason: string;
+}
+
+/** The attachment type {@link DsecClient.attachConsole} returns. */
+export type ConsoleAttachmentHandle = ExecAttachment<ConsoleEnd>;
+
 /** The attachment type {@link DsecClient.attachExec} returns, typed with {@link ExecInfo}. */
 export type ExecAttachmentHandle = ExecAttachment<ExecInfo>;
 
@@ -1051,6 +1059,34 @@ export class DsecClient {
       },
       opts.signal,
     );
+  }
+
+  /**
+   * WebSocket to the serial console of a vm sandbox (GET /v1/sandboxes/{id}/console,
+   * daemon/api/routes/console.ts): `stdout` events carry console output, `write()` sends
+   * input to the guest, `done` resolves with `{ reason }` when the console ends (the VM
+   * stopped), `null` after {@link ExecAttachment.close} (detach). `tailBytes` replays the
+   * end of the console log first. Errors: `NotFound`, `FailedPrecondition` (not a vm
+   * sandbox, or not running), `Unavailable`.
+   */
+  attachConsole(id: string, opts: { tailBytes?: number; signal?: AbortSignal } = {}): ConsoleAttachmentHandle {
+    const path = sandboxPath(id) + '/console' + query({ tail_bytes: opts.tailBytes ? String(opts.tailBytes) : undefined });
+    return new ExecAttachment<ConsoleEnd>(
+      `ws+unix://${this.socketPath}:${path}`,
+      {
+        response: (status, body) => errorFromResponse(status, body),
+        connection: (err) => this.connectionError(err, 'GET', path),
+        kind: (code, message, status) => new DsecApiError(code, message, status),
+      },
+      opts.signal,
+    );
+  }
+
+  /** GET /v1/sandboxes/{id}/console/log: the serial console log of a vm sandbox (raw bytes). Errors: `NotFound`, `FailedPrecondition`. */
+  async consoleLog(id: string): Promise<Buffer> {
+    const parts: Buffer[] = [];
+    for await (const c of await this.openStream('GET', sandboxPath(id) + '/console/log')) parts.push(Buffer.from(c as Buffer));
+    return Buffer.concat(parts);
   }
 
   /** GET /v1/stats: resource usage of every sandbox and the host's totals (cores, memory, load). */

@@ -31,6 +31,8 @@ export type {
   Event,
   EventsQuery,
   ExecAttachmentHandle,
+  ConsoleAttachmentHandle,
+  ConsoleEnd,
   ExecInfo,
   ExecOptions,
   ExecOutput,

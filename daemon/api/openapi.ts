@@ -12,6 +12,7 @@ import './routes/sandboxes.js';
 import './routes/events.js';
 import './routes/images.js';
 import './routes/execs.js';
+import './routes/console.js';
 import './routes/stats.js';
 import './routes/files.js';
 import './routes/jobs.js';

@@ -24,6 +24,7 @@ import { registerEventRoutes } from './routes/events.js';
 import { registerImageRoutes } from './routes/images.js';
 import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
 import { registerExecRoutes } from './routes/execs.js';
+import { registerConsoleRoutes } from './routes/console.js';
 import { registerStatsRoutes } from './routes/stats.js';
 import { registerFileRoutes } from './routes/files.js';
 import { registerJobRoutes } from './routes/jobs.js';
@@ -123,6 +124,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
   registerSecurityRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
+  app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
   return app;
 }

@@ -9,7 +9,8 @@
  */
 import type { IsolateOptions } from '../agent/protocol.js';
 import type { SeccompCounts } from '../security/seccomp-monitor.js';
-import type { Backend, DefenceStatus } from '../api/schema.js';
+import type { Backend, DefenceStatus, ImageConfig } from '../api/schema.js';
+import type { z } from 'zod';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
 import type { AgentClient, AgentExecHandle, AgentExecResult } from '../agent/client.js';
@@ -101,6 +102,23 @@ export interface OrphanReport {
   removed: string[];
 }
 
+/** An image reference a driver resolves itself (the vm tier's `disk:NAME`), in place of the image store. */
+export interface ResolvedImage {
+  /** The reference as stored in the sandbox row. */
+  image: string;
+  /** Layer digests (none for a disk image). */
+  layers: string[];
+  config: z.infer<typeof ImageConfig>;
+}
+
+/** One client of a VM's serial console (see daemon/drivers/vm/console.ts). */
+export interface ConsoleClientHandlers {
+  /** Guest output as it arrives. */
+  onData(b: Buffer): void;
+  /** The console ended (the VM stopped, or dsecd closed it); called once. */
+  onEnd(reason: string): void;
+}
+
 /** The backend contract; see the module comment for the idempotency rule. */
 export interface SandboxDriver {
   readonly backend: Backend;
@@ -167,4 +185,16 @@ export interface SandboxDriver {
   resume(sb: SandboxRecord): Promise<void>;
   /** Releases in-memory resources at daemon shutdown; sandboxes keep running. */
   close(): Promise<void>;
+  /**
+   * Resolves an image reference this backend owns (the vm tier's `disk:NAME`), or null:
+   * the image store resolves it. Optional.
+   * @throws DsecError NotFound / FailedPrecondition for a reference it owns but cannot use.
+   */
+  resolveImage?(ref: string): Promise<ResolvedImage | null>;
+  /**
+   * Attaches to the sandbox's serial console (vm tier only); returns the input writer, a
+   * promise of the input side draining, and the detach function.
+   * @throws DsecError Unavailable when the console is not connected.
+   */
+  attachConsole?(sb: SandboxRecord, c: ConsoleClientHandlers): { write(b: Buffer): boolean; detach(): void; drained(): Promise<void> };
 }

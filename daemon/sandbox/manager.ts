@@ -23,7 +23,7 @@ import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, 
 import os, { constants as osConstants } from 'node:os';
 
 const { ENOENT, E2BIG } = osConstants.errno;
-import type { ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
+import type { ConsoleClientHandlers, ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import type { AgentClient } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packWritableLayer } from '../image/commit.js';
@@ -161,9 +161,13 @@ export class SandboxManager {
     this.checkLimits(req);
     this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
     const disk = this.diskQuota(req.disk_bytes, undefined);
-    const image = await this.d.images.get(req.image);
+    // A backend may own a kind of reference (the vm tier's `disk:NAME`); else the image store resolves it.
+    const own = await this.driver(req.backend).resolveImage?.(req.image);
+    const image = own ? null : await this.d.images.get(req.image);
     const network = await this.settleNetwork(req.network);
-    return this.createFrom({ ...req, network, disk_bytes: disk ?? undefined }, { image: `${image.name}:${image.tag}`, layers: image.layers, config: image.config, snapshotId: null });
+    const src = own ? { image: own.image, layers: own.layers, config: own.config, snapshotId: null }
+      : { image: `${image!.name}:${image!.tag}`, layers: image!.layers, config: image!.config, snapshotId: null };
+    return this.createFrom({ ...req, network, disk_bytes: disk ?? undefined }, src);
   }
 
   /**
@@ -371,6 +375,27 @@ export class SandboxManager {
     if (cpu > cpuCap) {
       throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
     }
+  }
+
+  /**
+   * Attaches to the serial console of a vm sandbox (`dsec console`): guest output goes to
+   * `c`; the returned writer sends input to the guest.
+   * @throws DsecError NotFound, FailedPrecondition (not a vm sandbox: only full VMs have a
+   *   serial console; or not running/paused), Unavailable (console not connected).
+   */
+  attachConsole(id: string, c: ConsoleClientHandlers): { write(b: Buffer): boolean; detach(): void; drained(): Promise<void> } {
+    const sb = this.d.repo.get(id);
+    const drv = this.driver(sb.backend);
+    if (!drv.attachConsole) {
+      throw failedPrecondition(`sandbox ${id} is a ${sb.backend} sandbox: only vm sandboxes have a serial console; use \`dsec exec -it ${id} -- sh\` for a terminal in it`);
+    }
+    if (sb.state !== 'running' && sb.state !== 'paused') throw failedPrecondition(`sandbox ${id} is ${sb.state}; its serial console exists only while the VM runs (dsec start ${id})`);
+    return drv.attachConsole(sb, c);
+  }
+
+  /** Host path of a sandbox's serial console log (vm sandboxes: `<root>/sandboxes/<id>/console.log`). */
+  consoleLogPath(id: string): string {
+    return path.join(this.d.config.root, 'sandboxes', this.d.repo.get(id).id, 'console.log');
   }
 
   /** @throws DsecError NotFound. */

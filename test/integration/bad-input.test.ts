@@ -43,7 +43,7 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     ['cpus 1000', 'POST', '/v1/sandboxes', JSON.stringify({ cpus: 1000 }), 400, 'InvalidArgument'],
     ['negative pids', 'POST', '/v1/sandboxes', JSON.stringify({ pids: -1 }), 400, 'InvalidArgument'],
     ['wrong type', 'POST', '/v1/sandboxes', JSON.stringify({ cpus: 'two' }), 400, 'InvalidArgument'],
-    ['unbuilt backend', 'POST', '/v1/sandboxes', JSON.stringify({ backend: 'vm' }), 501, 'Unimplemented'],
+    ['unregistered vm disk', 'POST', '/v1/sandboxes', JSON.stringify({ backend: 'vm', image: 'disk:no-such-disk' }), 404, 'NotFound'],
     ['unknown backend', 'POST', '/v1/sandboxes', JSON.stringify({ backend: 'mainframe' }), 400, 'InvalidArgument'],
     ['bad label', 'POST', '/v1/sandboxes', JSON.stringify({ labels: { 'a b': 'c' } }), 400, 'InvalidArgument'],
     ['missing id', 'GET', '/v1/sandboxes/0000000000000000', undefined, 404, 'NotFound'],

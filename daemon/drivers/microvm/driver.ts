@@ -15,14 +15,19 @@
  * QMP and rebinds agent.sock; the next agent connection opens a new mux session, and the
  * guest drops the previous dsecd's streams (their execs end as after a lost connection).
  *
+ * The VMM is confined by the launcher ({@link MicrovmDriver.confinement}: a mount namespace
+ * holding only what QEMU needs, the sandbox's own host uid, dsec's seccomp filter below
+ * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
+ * extends this driver through its protected hooks (qemuCommand, makeDisk, bootGuest, ...).
+ *
  * Not built yet (issue 9, later steps): snapshots and forks (QMP migration to a file),
- * pmem/DAX sharing of layers, the balloon, and the VMM's confinement beyond its cgroup
- * and QEMU's own seccomp filter. `withWritableLayer` (commit, filesystem snapshots)
- * answers FailedPrecondition: the writable layer is an ext4 image, not a host directory.
+ * pmem/DAX sharing of layers, the balloon. `withWritableLayer` (commit, filesystem
+ * snapshots) answers FailedPrecondition: the writable layer is an ext4 image, not a host
+ * directory.
  */
-import { accessSync, constants as fsConstants, statSync } from 'node:fs';
+import { accessSync, constants as fsConstants, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { createHash } from 'node:crypto';
-import { chmod, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { ChildProcess } from 'node:child_process';
 import { execa } from 'execa';
@@ -35,6 +40,7 @@ import {
   DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, isDsecError, resourceExhausted, unavailable,
 } from '../../errors.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
+import type { DefenceStatus } from '../../api/schema.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
 import type {
   DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport,
@@ -43,12 +49,12 @@ import type {
 import { effectiveLayers, hostHasSwap } from '../container/driver.js';
 import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
 import { removeSandboxDir } from '../../image/rootfs.js';
-import { buildInitramfs, type Initramfs } from './initramfs.js';
+import { GUEST_MODULES, buildInitramfs, type Initramfs } from './initramfs.js';
 import { extractPvhKernel, kernelRelease } from './kmod.js';
 import { QmpClient } from './qmp.js';
 import {
-  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, spawnVmm, tailFile, vmPaths,
-  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict,
+  MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, qemuRuntimePaths, spawnVmm, tailFile, vmPaths,
+  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict, type VmmConfinement,
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
@@ -75,8 +81,18 @@ export interface MicrovmDriverDeps {
   log: Logger;
 }
 
+/** What one boot's steps get (see {@link MicrovmDriver.bootGuest}). */
+export interface BootContext {
+  /** Races a promise against QEMU's exit and the boot deadline; throws the boot error. */
+  step: <T>(p: Promise<T>) => Promise<T>;
+  /** Boot deadline, ms since the epoch. */
+  deadline: number;
+  qmp: QmpClient;
+  ep: VmEndpoint;
+}
+
 /** What every microVM of this dsecd boots with: computed once (initramfs build, accelerator verdict, TSC rate). */
-interface Platform {
+export interface Platform {
   initramfs: Initramfs;
   /** What QEMU boots: the uncompressed vmlinux (PVH entry) extracted from [vm] kernel, or that bzImage itself. */
   kernel: string;
@@ -88,13 +104,13 @@ interface Platform {
 
 /** The microvm backend; see the module comment. */
 export class MicrovmDriver implements SandboxDriver {
-  readonly backend = 'microvm' as const;
+  readonly backend: 'microvm' | 'vm' = 'microvm';
   private readonly endpoints = new Map<string, VmEndpoint>();
   private readonly agents = new Map<string, Promise<AgentClient>>();
   private readonly qmps = new Map<string, Promise<QmpClient>>();
   /** Layer digests each live microVM has attached (the blob cache must not evict them). */
   private readonly blobs = new Map<string, string[]>();
-  private platformP: Promise<Platform> | null = null;
+  protected platformP: Promise<Platform> | null = null;
   /**
    * Per VM: whether its vCPUs should run, as the last `stop`/`cont` dsecd sent says.
    * After QMP stopped answering, a command may still be executed later (QEMU reads it
@@ -102,9 +118,9 @@ export class MicrovmDriver implements SandboxDriver {
    */
   private readonly wantRunning = new Map<string, boolean>();
   private readonly resyncing = new Set<string>();
-  private qemuPath: string | null = null;
+  protected qemuPath: string | null = null;
 
-  constructor(private readonly d: MicrovmDriverDeps) {}
+  constructor(protected readonly d: MicrovmDriverDeps) {}
 
   /** `<root>/sandboxes/<id>`. */
   dir(id: string): string {
@@ -129,7 +145,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** What the host lacks for microVMs, with the fix; null when nothing. */
-  private missing(): string | null {
+  protected missing(): string | null {
     if (!this.qemuPath) return `QEMU (${this.d.vm.qemu}) is not installed: apt-get install qemu-system-x86 qemu-utils, or set [vm] qemu`;
     // Synchronous on purpose: capabilities() is synchronous, and this is one stat.
     if (!isFile(this.d.vm.kernel)) {
@@ -165,7 +181,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** Builds (once) what every boot needs; a failure is not cached, so fixing the host and retrying works. */
-  private platform(): Promise<Platform> {
+  protected platform(): Promise<Platform> {
     if (!this.platformP) {
       const p = (async (): Promise<Platform> => {
         const missing = this.missing();
@@ -174,7 +190,7 @@ export class MicrovmDriver implements SandboxDriver {
         const release = kernelRelease(bz);
         const kernel = await this.bootKernel(bz);
         const initramfs = await buildInitramfs({
-          busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'),
+          busybox: this.d.vm.busybox, agent: this.d.agentBinary, modulesDir: this.d.vm.modules, cacheDir: path.join(this.d.root, 'vm'), modules: this.guestModules(),
         }, release);
         if (initramfs.built) this.d.log.info({ path: initramfs.path, bytes: initramfs.sizeBytes, modules: initramfs.modules }, 'built the microvm initramfs');
         let kvm: KvmVerdict;
@@ -202,7 +218,10 @@ export class MicrovmDriver implements SandboxDriver {
    */
   private async bootKernel(bz: Buffer): Promise<string> {
     const file = path.join(this.d.root, 'vm', `vmlinux-${createHash('sha256').update(bz).digest('hex').slice(0, 32)}`);
-    if (await stat(file).catch(() => null)) return file;
+    if (await stat(file).catch(() => null)) {
+      await chmod(file, 0o644);
+      return file;
+    }
     const elf = await extractPvhKernel(bz);
     if (!elf) {
       this.d.log.info({ kernel: this.d.vm.kernel }, 'guest kernel has no PVH entry (or an unknown compression): booting the bzImage, which decompresses itself at every boot');
@@ -210,12 +229,13 @@ export class MicrovmDriver implements SandboxDriver {
     }
     await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
     const tmp = `${file}.tmp${process.pid}`;
-    await writeFile(tmp, elf, { mode: 0o600 });
+    // Readable by others: an unprivileged VMM opens it (docs/SECURITY.md "VMM confinement").
+    await writeFile(tmp, elf, { mode: 0o644 });
     await rename(tmp, file);
     return file;
   }
 
-  private endpoint(id: string): VmEndpoint {
+  protected endpoint(id: string): VmEndpoint {
     let ep = this.endpoints.get(id);
     if (!ep) {
       ep = new VmEndpoint({ dir: this.dir(id), what: `sandbox ${id}`, log: this.d.log });
@@ -229,7 +249,7 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError FailedPrecondition (no QEMU or kernel: names the fix), InvalidArgument
    *   (memory below {@link MICROVM_MIN_MEMORY_BYTES}, more layers than virtio-mmio slots).
    */
-  private check(sb: SandboxRecord): void {
+  protected check(sb: SandboxRecord): void {
     const missing = this.missing();
     if (missing) throw failedPrecondition(`cannot create microvm sandbox ${sb.id}: ${missing}`);
     if (sb.memoryBytes < MICROVM_MIN_MEMORY_BYTES) {
@@ -251,8 +271,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
     this.check(sb);
-    if (!(await stat(vmPaths(this.dir(sb.id)).disk).catch(() => null))) {
-      throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${vmPaths(this.dir(sb.id)).disk}); destroy it and create a new one`);
+    if (!(await stat(this.writableDisk(sb.id)).catch(() => null))) {
+      throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${this.writableDisk(sb.id)}); destroy it and create a new one`);
     }
     return this.launch(sb, fp, 'start');
   }
@@ -263,7 +283,7 @@ export class MicrovmDriver implements SandboxDriver {
    * own). Lazy inode tables and journal, no reserved blocks; only blocks the guest writes
    * take host disk. Made once at create; start reuses it (the writable layer).
    */
-  private async makeDisk(sb: SandboxRecord): Promise<void> {
+  protected async makeDisk(sb: SandboxRecord): Promise<void> {
     const disk = vmPaths(this.dir(sb.id)).disk;
     const bytes = sb.diskBytes ?? this.d.vm.diskBytes;
     const tmp = `${disk}.tmp`;
@@ -293,8 +313,8 @@ export class MicrovmDriver implements SandboxDriver {
     const paths = vmPaths(dir);
     const plat = await this.platform();
     const layers: string[] = [];
-    this.blobs.set(sb.id, effectiveLayers(sb.imageLayers));
-    for (const dg of effectiveLayers(sb.imageLayers)) layers.push(await this.d.blobPath(dg));
+    this.blobs.set(sb.id, this.attachedLayers(sb));
+    for (const dg of this.attachedLayers(sb)) layers.push(await this.d.blobPath(dg));
     for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
@@ -309,15 +329,13 @@ export class MicrovmDriver implements SandboxDriver {
     });
     const ep = this.endpoint(sb.id);
     await ep.listen();
-    const args = qemuArgs({
-      id: sb.id, dir, kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
-      vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
-    });
+    const args = await this.qemuCommand(sb, plat, layers, guestMiB);
+    const confine = await this.confinement(sb, plat, layers);
     let child: ChildProcess;
     try {
       child = spawnVmm({
         launcher: this.d.launcher, qemu: this.qemuPath!, args, cgroupProcs: this.d.cgroups.procsFiles(sb.id),
-        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog,
+        schedIdle: sb.priority === 'batch', thp: this.d.vm.thp, logFile: paths.qemuLog, ...(confine ? { confine } : {}),
       });
     } catch (e) {
       throw internal(`sandbox ${sb.id}: cannot start ${this.d.launcher}: ${(e as Error).message}`, e);
@@ -330,7 +348,7 @@ export class MicrovmDriver implements SandboxDriver {
     });
     let timer: NodeJS.Timeout | undefined;
     const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now())); });
-    const timeoutError = (why?: string) => this.bootError(sb, `the microVM did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
+    const timeoutError = (why?: string) => this.bootError(sb, `the ${this.backend === 'vm' ? 'VM' : 'microVM'} did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
     // One boot step, raced against QEMU's exit and the boot deadline.
     const step = async <T>(p: Promise<T>): Promise<T> => {
       const r = await Promise.race([p.then((v) => ({ v }), (e: Error) => ({ e })), exited, late]);
@@ -359,8 +377,7 @@ export class MicrovmDriver implements SandboxDriver {
       })());
       this.setQmp(sb.id, qmp);
       fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
-      await step(ep.session(Math.max(1, deadline - Date.now())));
-      await step(this.agent(sb.id, Math.max(1000, deadline - Date.now())));
+      await this.bootGuest(sb, { step, deadline, qmp, ep });
       if (op === 'create') fp.hit('create.after-agent');
       const st = procStartTime(pid);
       if (st === null) throw this.bootError(sb, 'QEMU exited right after the guest agent answered', 'Internal', state.exit);
@@ -375,20 +392,113 @@ export class MicrovmDriver implements SandboxDriver {
     }
   }
 
+  /** Kernel modules of the guest's initramfs (the vm tier adds the PCI transport). */
+  protected guestModules(): readonly string[] {
+    return GUEST_MODULES;
+  }
+
+  /** Host path of the sandbox's writable disk (microvm: the ext4 `disk.raw`). */
+  protected writableDisk(id: string): string {
+    return vmPaths(this.dir(id)).disk;
+  }
+
+  /** Layer digests attached to the VM as disks (microvm: every effective layer). */
+  protected attachedLayers(sb: SandboxRecord): string[] {
+    return effectiveLayers(sb.imageLayers);
+  }
+
+  /** The QEMU argument vector of one boot (microvm: {@link qemuArgs}). */
+  protected async qemuCommand(sb: SandboxRecord, plat: Platform, layers: string[], guestMiB: number): Promise<string[]> {
+    return qemuArgs({
+      id: sb.id, dir: this.dir(sb.id), kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
+      vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
+    });
+  }
+
+  /** Host files one boot reads (bound read-only into the VMM's mount namespace): kernel, initramfs, layer blobs. */
+  protected bootFiles(_sb: SandboxRecord, plat: Platform, layers: string[]): string[] {
+    return [plat.kernel, plat.initramfs.path, ...layers];
+  }
+
+  /**
+   * The VMM's confinement for one boot (docs/SECURITY.md "VMM confinement"), or null when
+   * `[vm]` turns all of it off: a mount namespace holding only QEMU's runtime, the boot
+   * files and the sandbox dir; the sandbox's own host uid (the base of its uid range)
+   * unless the accelerator needs a device that uid cannot open; dsec's seccomp filter.
+   * Prepares the host side: the sandbox dir becomes root-owned, group the VMM's gid, mode
+   * 01770 (QEMU creates its sockets there; the sticky bit keeps dsecd's own entries out of
+   * its reach), and the writable disk is owned by the VMM's uid.
+   */
+  protected async confinement(sb: SandboxRecord, plat: Platform, layers: string[]): Promise<VmmConfinement | null> {
+    const c = this.d.vm.confine;
+    if (!c.mountNamespace && !c.unprivileged && !c.seccomp) return null;
+    const dir = this.dir(sb.id);
+    const kvm = plat.accel === 'kvm';
+    let uid: number | null = null;
+    let gid: number | null = null;
+    const groups: number[] = [];
+    if (c.unprivileged && sb.uidBase !== null) {
+      const kvmOk = !kvm || kvmGroup() !== null;
+      if (kvmOk) {
+        uid = sb.uidBase;
+        gid = sb.uidBase;
+        if (kvm) groups.push(kvmGroup()!);
+      }
+    }
+    const files = this.bootFiles(sb, plat, layers);
+    if (uid !== null) {
+      await chown(dir, 0, gid!);
+      await chmod(dir, 0o1770);
+      const disk = this.writableDisk(sb.id);
+      if (await stat(disk).catch(() => null)) await chown(disk, uid, gid!);
+      // An unprivileged VMM must be able to read every file it opens.
+      for (const f of files) {
+        const st = await stat(f).catch(() => null);
+        if (st && (st.mode & 0o004) === 0) {
+          throw failedPrecondition(`sandbox ${sb.id}: ${f} is not readable by others (mode ${(st.mode & 0o777).toString(8)}), so the VMM, running as host uid ${uid}, cannot open it; chmod o+r it, or set [vm] vmm_unprivileged = false`);
+        }
+      }
+    } else {
+      await chmod(dir, 0o700);
+    }
+    let newRoot: string | null = null;
+    const ro: string[] = [];
+    if (c.mountNamespace) {
+      newRoot = path.join(this.d.root, 'vm', 'vmm-root');
+      await mkdir(newRoot, { recursive: true, mode: 0o700 });
+      ro.push(...(await qemuRuntimePaths(this.qemuPath!)), ...files);
+    }
+    return {
+      newRoot, ro: [...new Set(ro)], rw: [dir], dev: ['/dev/null', '/dev/zero', '/dev/urandom', ...(kvm ? ['/dev/kvm'] : [])],
+      uid, gid, groups, seccomp: c.seccomp,
+    };
+  }
+
+  /**
+   * The boot steps after QMP answered (microvm: the mux session, then the agent's HELLO),
+   * each raced by `ctx.step` against QEMU's exit and the boot deadline.
+   */
+  protected async bootGuest(sb: SandboxRecord, ctx: BootContext): Promise<void> {
+    await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
+    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+  }
+
   /**
    * A boot failure with the evidence: QEMU's exit and stderr, and the console's tail. A
    * guest memory QEMU could not allocate is ResourceExhausted; the guest's /init refusing
    * (dsec-init: FATAL) is FailedPrecondition; a timeout DeadlineExceeded; else Internal.
    */
-  private bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
+  protected bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
     const p = vmPaths(this.dir(sb.id));
     const qlog = tailFile(p.qemuLog, 5);
     const con = tailFile(p.console, 15);
     let k: 'DeadlineExceeded' | 'Internal' | 'ResourceExhausted' | 'FailedPrecondition' = kind ?? 'Internal';
+    // /init's reason, which a kernel panic after it may have pushed out of the tail.
+    const fatal = /dsec-init: FATAL: .*/.exec(tailFile(p.console, 1000, 65536))?.[0] ?? null;
     if (!kind && /cannot set up guest memory|Cannot allocate memory/i.test(qlog)) k = 'ResourceExhausted';
-    else if (!kind && /dsec-init: FATAL/.test(con)) k = 'FailedPrecondition';
+    else if (!kind && fatal) k = 'FailedPrecondition';
     const ex = exit ? ` (QEMU ${exit.signal ? `killed by ${exit.signal}` : `exit status ${exit.code}`})` : '';
-    const msg = `sandbox ${sb.id}: ${what}${ex}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
+    const msg = `sandbox ${sb.id}: ${what}${ex}${fatal && !con.includes(fatal) ? `: ${fatal}` : ''}; QEMU log: ${qlog ? `\n${qlog}` : '(empty)'}\nconsole log tail (${p.console}):${con ? `\n${con}` : ' (empty)'}`;
     if (k === 'ResourceExhausted') return resourceExhausted(`${msg}\nhint: the host could not give the guest ${sb.memoryBytes} bytes; ask for less memory_bytes`);
     if (k === 'FailedPrecondition') return failedPrecondition(msg);
     if (k === 'DeadlineExceeded') return deadlineExceeded(`${msg}\nhint: a TCG boot takes ~3 s on an idle host and several times that on a busy one; raise [vm] boot_timeout_s if it needs longer`);
@@ -396,7 +506,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** SIGKILLs the VMM (by `pid` when given and it is this sandbox's, and every process of its cgroup), then waits for it to be gone. */
-  private async killVmm(id: string, pid: number | null): Promise<void> {
+  protected async killVmm(id: string, pid: number | null): Promise<void> {
     const dir = this.dir(id);
     const target = pid !== null && isVmmOf(pid, dir) ? pid : vmmOfDir(dir)?.pid ?? null;
     if (target !== null) {
@@ -435,7 +545,7 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError DeadlineExceeded (QMP stopped answering), Unavailable (QEMU gone),
    *   Internal (QEMU refused the command).
    */
-  private async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
+  protected async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
     if (command === 'stop' || command === 'cont') this.wantRunning.set(sb.id, command === 'cont');
     try {
       const c = await this.qmp(sb.id);
@@ -478,7 +588,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** The sandbox's cached agent connection (over the mux), connecting on first use. */
-  private agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
+  protected agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
     let p = this.agents.get(id);
     if (!p) {
       p = AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs }).then((c) => {
@@ -496,7 +606,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   /** Closes dsecd's connections to a VM (agent, mux, QMP, listener); the VM is not touched. */
-  private async dropConnections(id: string): Promise<void> {
+  protected async dropConnections(id: string): Promise<void> {
     const a = this.agents.get(id);
     this.agents.delete(id);
     if (a) await a.then((c) => c.close(), () => {});
@@ -604,6 +714,42 @@ export class MicrovmDriver implements SandboxDriver {
     if (!st) return null;
     // The VMM's cgroup: its memory is the guest RAM QEMU has touched plus QEMU's own; pids are QEMU's threads.
     return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills, pidsLimitHits: st.pidsLimitHits, seccompDenials: null };
+  }
+
+  /**
+   * The VMM's confinement as the kernel reports it for the running QEMU (docs/SECURITY.md
+   * "VMM confinement"): its mount namespace against dsecd's, its uids and capabilities, its
+   * seccomp mode and filter count (/proc/<pid>/status). Nothing is taken from the config.
+   */
+  async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    const pid = sb.initPid;
+    if (pid === null || !isVmmOf(pid, this.dir(sb.id))) {
+      const none = { enforced: false, detail: 'the VMM is not running' };
+      return { vmm_mount_namespace: none, vmm_unprivileged: none, vmm_seccomp: none };
+    }
+    let status = '';
+    let ns = '';
+    let own = '';
+    try {
+      status = readFileSync(`/proc/${pid}/status`, 'utf8');
+      ns = readlinkSync(`/proc/${pid}/ns/mnt`);
+      own = readlinkSync('/proc/self/ns/mnt');
+    } catch { /* gone meanwhile */ }
+    const field = (k: string) => new RegExp(`^${k}:\\s*(.*)$`, 'm').exec(status)?.[1].trim() ?? '';
+    const uids = field('Uid').split(/\s+/).map(Number);
+    const seccomp = field('Seccomp');
+    const filters = Number(field('Seccomp_filters') || 0);
+    return {
+      vmm_mount_namespace: ns && ns !== own
+        ? { enforced: true, detail: `QEMU (pid ${pid}) has a mount namespace of its own (${ns}): a read-only tmpfs root holding only QEMU, its libraries and firmware, the kernel, initramfs and disks, the sandbox dir and /dev/null, /dev/zero, /dev/urandom${this.d.vm.accel === 'kvm' ? ', /dev/kvm' : ''}` }
+        : { enforced: false, detail: `QEMU (pid ${pid}) shares dsecd's mount namespace${this.d.vm.confine.mountNamespace ? '' : ' ([vm] vmm_mount_namespace = false)'}` },
+      vmm_unprivileged: uids.length && uids.every((u) => u !== 0)
+        ? { enforced: true, detail: `QEMU runs as host uid ${uids[0]} (the base of the sandbox's uid range), no capabilities (CapEff ${field('CapEff')})` }
+        : { enforced: false, detail: `QEMU runs as root: ${this.d.vm.confine.unprivileged ? 'the accelerator needs /dev/kvm, which only root may open on this host (give /dev/kvm a group with rw access to let it drop)' : '[vm] vmm_unprivileged = false'}` },
+      vmm_seccomp: seccomp === '2'
+        ? { enforced: true, detail: `seccomp filter mode, ${filters} filter(s): QEMU's -sandbox on (obsolete, elevateprivileges, spawn, resourcecontrol denied)${filters > 1 ? ' over dsec\'s (namespaces, mounts, ptrace, bpf, keyrings, io_uring, userfaultfd, modules, kexec, clocks: EPERM)' : ''}` }
+        : { enforced: false, detail: `QEMU has no seccomp filter (Seccomp: ${seccomp || '?'})` },
+    };
   }
 
   async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
@@ -732,5 +878,15 @@ function isFile(p: string): boolean {
     return statSync(p).isFile();
   } catch {
     return false;
+  }
+}
+
+/** The group of /dev/kvm when it grants that group read-write access (so an unprivileged VMM in it can use KVM), else null. */
+function kvmGroup(): number | null {
+  try {
+    const st = statSync('/dev/kvm');
+    return st.gid !== 0 && (st.mode & 0o060) === 0o060 ? st.gid : null;
+  } catch {
+    return null;
   }
 }

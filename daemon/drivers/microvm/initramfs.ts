@@ -43,7 +43,7 @@ import { failedPrecondition } from '../../errors.js';
 import { builtinModules, indexModules, moduleName, readModuleFile, resolveModules, type KernelModule } from './kmod.js';
 
 /** Bumped whenever the archive layout or the init script's contract changes. */
-export const INITRAMFS_BUILDER_VERSION = 1;
+export const INITRAMFS_BUILDER_VERSION = 2;
 
 /**
  * Modules the guest needs, beyond what Debian's kernel has built in: the virtio-mmio
@@ -203,12 +203,22 @@ mmio=""
 layers=0
 probe=0
 host=dsec
+root=""
+rootpart=""
+rootfstype=ext4
+initmode=agent
+initpath=/sbin/init
 for a in $(cat /proc/cmdline); do
   case "$a" in
     virtio_mmio.device=*) mmio="$mmio device=\${a#virtio_mmio.device=}" ;;
     dsec.layers=*) layers="\${a#dsec.layers=}" ;;
     dsec.hostname=*) host="\${a#dsec.hostname=}" ;;
     dsec.probe=1) probe=1 ;;
+    dsec.root=*) root="\${a#dsec.root=}" ;;
+    dsec.rootpart=*) rootpart="\${a#dsec.rootpart=}" ;;
+    dsec.rootfstype=*) rootfstype="\${a#dsec.rootfstype=}" ;;
+    dsec.init=*) initmode="\${a#dsec.init=}" ;;
+    dsec.initpath=*) initpath="\${a#dsec.initpath=}" ;;
   esac
 done
 
@@ -220,23 +230,43 @@ if [ "$probe" = 1 ]; then
   exit 0
 fi
 
-i=0
-lower=""
-while [ "$i" -lt "$layers" ]; do
-  wait_for "layer disk l$i" "dev_by_serial l$i >/dev/null"
-  dev=$(dev_by_serial "l$i")
-  mkdir -p "/l/$i"
-  mount -t erofs -o ro "$dev" "/l/$i" || fail "mount layer $i ($dev) as erofs"
-  lower="/l/$i\${lower:+:$lower}"
-  i=$((i + 1))
-done
-[ -n "$lower" ] || fail "no image layers (dsec.layers=$layers)"
-wait_for "writable disk rw" "dev_by_serial rw >/dev/null"
-dev=$(dev_by_serial rw)
-mount -t ext4 -o noatime "$dev" /rw || fail "mount writable disk $dev as ext4"
-mkdir -p /rw/upper /rw/work || fail "mkdir upper/work on the writable disk"
-mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work,index=off,redirect_dir=off,metacopy=off" /newroot \\
-  || fail "mount overlay (lowerdir=$lower)"
+if [ -n "$root" ]; then
+  # vm tier: the root is one disk (virtio-blk serial $root), or its partition $rootpart.
+  wait_for "root disk $root" "dev_by_serial $root >/dev/null"
+  dev=$(dev_by_serial "$root")$rootpart
+  wait_for "root device $dev" "[ -b $dev ]"
+  mount -t "$rootfstype" -o noatime "$dev" /newroot || fail "mount root disk $dev as $rootfstype"
+  if [ "$initmode" = disk ]; then
+    # The disk's own init, no dsec agent: only the serial console reaches this VM.
+    for d in dev proc sys; do
+      [ -d "/newroot/$d" ] || fail "the root disk has no /$d"
+    done
+    [ -e "/newroot$initpath" ] || fail "the root disk has no init program $initpath"
+    mount --move /dev /newroot/dev || fail "move /dev"
+    mount --move /proc /newroot/proc || fail "move /proc"
+    mount --move /sys /newroot/sys || fail "move /sys"
+    echo "dsec-init: starting $initpath of the disk"
+    exec switch_root /newroot "$initpath" </newroot/dev/console >/newroot/dev/console 2>&1
+  fi
+else
+  i=0
+  lower=""
+  while [ "$i" -lt "$layers" ]; do
+    wait_for "layer disk l$i" "dev_by_serial l$i >/dev/null"
+    dev=$(dev_by_serial "l$i")
+    mkdir -p "/l/$i"
+    mount -t erofs -o ro "$dev" "/l/$i" || fail "mount layer $i ($dev) as erofs"
+    lower="/l/$i\${lower:+:$lower}"
+    i=$((i + 1))
+  done
+  [ -n "$lower" ] || fail "no image layers (dsec.layers=$layers)"
+  wait_for "writable disk rw" "dev_by_serial rw >/dev/null"
+  dev=$(dev_by_serial rw)
+  mount -t ext4 -o noatime "$dev" /rw || fail "mount writable disk $dev as ext4"
+  mkdir -p /rw/upper /rw/work || fail "mkdir upper/work on the writable disk"
+  mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work,index=off,redirect_dir=off,metacopy=off" /newroot \\
+    || fail "mount overlay (lowerdir=$lower)"
+fi
 
 wait_for "virtio-serial port ${AGENT_PORT}" "port_name_ok ${AGENT_PORT}"
 mkdir -p /dev/virtio-ports
@@ -261,7 +291,7 @@ while [ "$i" -lt "$layers" ]; do
   umount -l "/l/$i"
   i=$((i + 1))
 done
-umount -l /rw
+[ -n "$root" ] || umount -l /rw
 hostname "$host"
 ip link set lo up
 echo "dsec-init: starting the agent"
@@ -330,7 +360,8 @@ async function writeArchive(cacheDir: string, key: string, mods: KernelModule[],
   const archive = cpioNewc(entries);
   await mkdir(cacheDir, { recursive: true, mode: 0o700 });
   const tmp = `${file}.tmp${process.pid}`;
-  await writeFile(tmp, archive, { mode: 0o600 });
+  // Readable by others: an unprivileged VMM opens it (docs/SECURITY.md "VMM confinement"); it holds nothing secret.
+  await writeFile(tmp, archive, { mode: 0o644 });
   await rename(tmp, file);
   return { path: file, key, modules, sizeBytes: archive.length, built: true };
 }

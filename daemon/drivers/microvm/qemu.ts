@@ -66,6 +66,12 @@ export function vmPaths(dir: string) {
     agentLog: path.join(dir, 'agent.log'),
     qemuLog: path.join(dir, 'qemu.log'),
     pid: path.join(dir, 'qemu.pid'),
+    /** vm tier: the writable disk, a qcow2 overlay over the VM's base disk. */
+    qcow: path.join(dir, 'disk.qcow2'),
+    /** vm tier: QEMU's chardev of the serial port (server); dsecd holds the one connection (daemon/drivers/vm/console.ts). */
+    consoleSock: path.join(dir, 'console.sock'),
+    /** vm tier: the previous console log, once `console.log` reached its cap. */
+    consoleOld: path.join(dir, 'console.log.1'),
   };
 }
 
@@ -157,7 +163,75 @@ export interface SpawnVmmOptions {
   thp: boolean;
   /** File for QEMU's stderr (and the launcher's). */
   logFile: string;
+  /** Confinement beyond the cgroup (native/vmm/launch.c); absent: none. */
+  confine?: VmmConfinement;
 }
+
+/**
+ * How `dsec-vmm-launch` confines one VMM (see native/vmm/launch.c and docs/SECURITY.md
+ * "VMM confinement"). Every path is a host path, bound at the same path in the VMM's
+ * mount namespace.
+ */
+export interface VmmConfinement {
+  /** An empty host directory the new root (a tmpfs) is mounted on; null: no mount namespace. */
+  newRoot: string | null;
+  /** Bound read-only: QEMU, its libraries and firmware, the kernel, initramfs, layer blobs and base disks. */
+  ro: string[];
+  /** Bound read-write: the sandbox dir (writable disk, sockets, logs). */
+  rw: string[];
+  /** Device nodes: /dev/null, /dev/zero, /dev/urandom, and /dev/kvm under KVM. */
+  dev: string[];
+  /** Host uid and gid QEMU runs as; null: it stays root (the host does not allow otherwise, or confinement is off). */
+  uid: number | null;
+  gid: number | null;
+  /** Supplementary groups kept (the group of /dev/kvm). */
+  groups: number[];
+  /** dsec's own seccomp filter (below QEMU's `-sandbox`). */
+  seccomp: boolean;
+}
+
+/** The launcher arguments of a {@link VmmConfinement}. Pure. */
+export function confinementArgs(c: VmmConfinement): string[] {
+  const a: string[] = [];
+  if (c.newRoot) {
+    a.push('--new-root', c.newRoot);
+    for (const p of c.ro) a.push('--ro', p);
+    for (const p of c.rw) a.push('--rw', p);
+    for (const p of c.dev) a.push('--dev', p);
+  }
+  if (c.uid !== null && c.gid !== null) {
+    a.push('--uid', String(c.uid), '--gid', String(c.gid));
+    if (c.groups.length) a.push('--groups', c.groups.join(','));
+  }
+  if (c.seccomp) a.push('--seccomp');
+  return a;
+}
+
+/**
+ * Everything QEMU itself needs to run in a mount namespace of its own: the binary, the
+ * shared libraries `ldd` lists for it (the dynamic loader included), its module directory
+ * (the TCG accelerator is a loadable module in Debian's build) and its firmware
+ * directories (SeaBIOS, option ROMs, the PVH loader), those that exist. Computed once per
+ * QEMU binary (one `ldd`, ~10 ms) and cached.
+ * @throws DsecError Internal when ldd fails on the binary.
+ */
+export async function qemuRuntimePaths(qemu: string): Promise<string[]> {
+  let p = runtimePathsCache.get(qemu);
+  if (!p) {
+    p = (async () => {
+      const r = await execa('ldd', [qemu], { reject: false });
+      if (r.exitCode !== 0) throw new Error(`ldd ${qemu} failed: ${String(r.stderr).trim() || `exit ${r.exitCode}`}`);
+      const libs = [...String(r.stdout).matchAll(/(\/[^\s]+) \(0x/g)].map((m) => m[1]);
+      const dirs = ['/usr/lib/x86_64-linux-gnu/qemu', '/usr/share/qemu', '/usr/share/seabios', '/usr/lib/ipxe/qemu', '/usr/share/OVMF']
+        .filter((d) => existsSync(d));
+      return [...new Set([qemu, ...libs, ...dirs])];
+    })();
+    runtimePathsCache.set(qemu, p);
+    p.catch(() => runtimePathsCache.delete(qemu));
+  }
+  return p;
+}
+const runtimePathsCache = new Map<string, Promise<string[]>>();
 
 /**
  * Starts QEMU through the launcher, in its own session, with no tie to dsecd (unref'd; a
@@ -166,7 +240,8 @@ export interface SpawnVmmOptions {
  * @returns the child (its pid is QEMU's: the launcher execs it).
  */
 export function spawnVmm(o: SpawnVmmOptions): ChildProcess {
-  const argv = [...o.cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), ...(o.schedIdle ? ['--sched-idle'] : []), ...(o.thp ? [] : ['--no-thp']), '--', o.qemu, ...o.args];
+  const argv = [...o.cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), ...(o.schedIdle ? ['--sched-idle'] : []), ...(o.thp ? [] : ['--no-thp']),
+    ...(o.confine ? confinementArgs(o.confine) : []), '--', o.qemu, ...o.args];
   const log = openSync(o.logFile, 'a', 0o600);
   try {
     const child = spawn(o.launcher, argv, { detached: true, stdio: ['ignore', log, log] });

@@ -507,7 +507,7 @@ describe('events', () => {
     if (!keepOpen) res.end();
   };
 
-  it('prints TIME TYPE SANDBOX STATE lines', async () => {
+  it('prints TIME TYPE SANDBOX STATE [MESSAGE] lines', async () => {
     routes['GET /v1/events'] = stream();
     const r = await dsec(['events', '--selector', 'job=a']);
     expect(r.code).toBe(0);
@@ -515,7 +515,7 @@ describe('events', () => {
       [
         `2026-11-29T06:00:00.000Z sandbox.created ${ID} creating`,
         `2026-11-29T06:00:01.000Z sandbox.started ${ID} running`,
-        '2026-11-29T06:00:02.000Z host.note - -',
+        '2026-11-29T06:00:02.000Z host.note - - ünïcode ✓',
       ].join('\n') + '\n',
     );
     expect(seen[0].query.get('selector')).toBe('job=a');

@@ -287,6 +287,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       dir: path.join(config.root, 'seccomp'), log: log.child({ component: 'seccomp-monitor' }),
       onDenied: (d) => denialEvents.add(d),
       onFlood: (id, total) => denialEvents.flood(id, total),
+      onMissed: (id, n, by, total) => denialEvents.missed(id, n, by, total),
     });
     const container = new ContainerDriver({ root: config.root, runtime, cgroups, layers, agentBinary, coreScheduling: coreSched.available, storage, log: log.child({ component: 'container' }), network,
       ...(seccompMonitor ? { seccompMonitor } : {}),

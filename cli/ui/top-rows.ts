@@ -20,7 +20,7 @@ export type TopSort = (typeof TOP_SORTS)[number];
 export const SHORT_ID = 12;
 
 /** Column headers of the `top` table, in order. */
-export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'AGE', 'LABELS'] as const;
+export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'AGE', 'LABELS'] as const;
 
 /** One sandbox as `top` shows it. */
 export interface TopRow {
@@ -40,6 +40,13 @@ export interface TopRow {
   diskUsedBytes: number | null;
   /** Writable-layer quota, bytes; null when none. */
   diskLimitBytes: number | null;
+  /** OOM kills in the sandbox's cgroup (memory.events oom_kill); null when not running. */
+  oomKills: number | null;
+  /**
+   * Attempts the defences refused: seccomp denials + egress denials (connect, sendmsg,
+   * socket, DNS) + forks refused at the pids limit; null when none of them is counted.
+   */
+  denials: number | null;
   /** ms since the sandbox was created, at the sample's time. */
   ageMs: number;
 }
@@ -106,10 +113,21 @@ export function renderTopRows(prev: StatsResponse | undefined, cur: StatsRespons
       pids: s.pids,
       diskUsedBytes: s.disk_used_bytes ?? null,
       diskLimitBytes: s.disk_limit_bytes ?? null,
+      oomKills: s.oom_kills,
+      denials: denialCount(s),
       ageMs: Math.max(0, cur.time - s.created_at),
     });
   }
   return rows.sort((a, b) => compare(a, b, sort));
+}
+
+/** The sum of a sandbox's refusal counters (see {@link TopRow.denials}); null when none is counted. */
+export function denialCount(s: Pick<SandboxStats, 'seccomp_denials' | 'network_denied' | 'pids_limit_hits'>): number | null {
+  const parts: number[] = [];
+  if (s.seccomp_denials) parts.push(s.seccomp_denials.total);
+  if (s.network_denied) parts.push(s.network_denied.connect + s.network_denied.sendmsg + s.network_denied.sock_create + s.network_denied.dns_refused);
+  if (s.pids_limit_hits !== null && s.pids_limit_hits !== undefined) parts.push(s.pids_limit_hits);
+  return parts.length ? parts.reduce((a, b) => a + b, 0) : null;
 }
 
 /** The DISK cell: `used/quota` (`12MiB/64MiB`), `used` without a quota, `-` when unknown. */
@@ -129,6 +147,8 @@ export function topCells(r: TopRow): string[] {
     opt(r.memoryLimitBytes, formatBytes),
     opt(r.pids, String),
     diskCell(r),
+    opt(r.oomKills, String),
+    opt(r.denials, String),
     formatAge(r.ageMs),
     formatLabels(r.labels),
   ];

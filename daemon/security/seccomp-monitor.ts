@@ -5,7 +5,8 @@
  *
  * Layout under `<root>/seccomp/`: `notify.sock` (runc hands each sandbox's notify fd
  * there: the spec's `listenerPath`), `control.sock` (this module reads denials from it),
- * `monitor.lock`, `monitor.pid`, `monitor.log`.
+ * `monitor.lock`, `monitor.pid`, `monitor.log`, `seen.json` (the per-sandbox counts this
+ * dsecd last read, so that the next one can tell what was denied while none was connected).
  *
  * Contracts:
  * - The monitor is a process of its own, started detached, so it (and its EPERM answers
@@ -14,11 +15,16 @@
  *   sandbox was created or started ({@link SeccompMonitor.listenerFor}); otherwise the
  *   sandbox gets plain EPERM rules, is not counted, and a create never fails because of
  *   the monitor.
+ * - Denials while no dsecd is connected are counted by the monitor; the next dsecd finds
+ *   them as the difference between the monitor's totals and `seen.json` and reports them
+ *   once ({@link SeccompMonitorOptions.onMissed}). `seen.json` is written at once after a
+ *   quiet second and at most once a second under a stream of denials, so after a crash
+ *   the last second's denials may be reported a second time.
  * - If the monitor dies, the kernel fails the notified calls with ENOSYS: still denied,
  *   no longer counted, until the sandbox is started again. `dsec host info` says so.
  */
 import { spawn } from 'node:child_process';
-import { closeSync, existsSync, mkdirSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, mkdirSync, openSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from 'pino';
@@ -61,7 +67,15 @@ export interface SeccompMonitorOptions {
   onDenied?: (d: SeccompDenial) => void;
   /** Called when a sandbox passes the flood limit. */
   onFlood?: (sandboxId: string, total: number) => void;
+  /**
+   * Called once per sandbox, on (re)connecting, when the monitor counted denials that no
+   * dsecd read (it was down or disconnected): `n` calls, per syscall name, and the total.
+   */
+  onMissed?: (sandboxId: string, n: number, bySyscall: Record<string, number>, total: number) => void;
 }
+
+/** How often the counts dsecd has read are saved to `seen.json`: at most once per 1 s. */
+const SEEN_SAVE_MS = 1000;
 
 /** AUDIT_ARCH_I386 (include/uapi/linux/audit.h): the arch of a 32-bit x86 call. */
 const AUDIT_ARCH_I386 = 0x40000003;
@@ -95,6 +109,8 @@ export class SeccompMonitor {
   private buf = '';
   private connecting: Promise<boolean> | null = null;
   private closed = false;
+  private seenTimer: NodeJS.Timeout | null = null;
+  private lastSeenSave = 0;
   /** Why the monitor is not reachable, when it is not. */
   reason: string | null = 'not started';
 
@@ -164,10 +180,48 @@ export class SeccompMonitor {
   /** Drops the counts of a destroyed sandbox. */
   forget(sandboxId: string): void {
     this.counts.delete(sandboxId);
+    this.saveSeenSoon();
+  }
+
+  private get seenPath(): string {
+    return path.join(this.o.dir, 'seen.json');
+  }
+
+  /** The counts the previous dsecd had read, per sandbox (empty when none were saved). */
+  private loadSeen(): Map<string, { total: number; counts: Record<string, number> }> {
+    try {
+      return new Map(Object.entries(JSON.parse(readFileSync(this.seenPath, 'utf8')) as Record<string, { total: number; counts: Record<string, number> }>));
+    } catch {
+      return new Map();
+    }
+  }
+
+  /** Saves now when the last save is a second old, else once the second is over. */
+  private saveSeenSoon(): void {
+    if (this.seenTimer) return;
+    const wait = this.lastSeenSave + SEEN_SAVE_MS - Date.now();
+    if (wait <= 0) this.saveSeen();
+    else this.seenTimer = setTimeout(() => this.saveSeen(), wait);
+  }
+
+  /** Writes the counts read so far (atomically: a torn file would report everything again). */
+  private saveSeen(): void {
+    if (this.seenTimer) clearTimeout(this.seenTimer);
+    this.seenTimer = null;
+    this.lastSeenSave = Date.now();
+    const out: Record<string, { total: number; counts: Record<string, number> }> = {};
+    for (const [id, c] of this.counts) out[id] = { total: c.total, counts: Object.fromEntries(c.byNr) };
+    try {
+      writeFileSync(this.seenPath + '.tmp', JSON.stringify(out), { mode: 0o600 });
+      renameSync(this.seenPath + '.tmp', this.seenPath);
+    } catch (e) {
+      this.o.log.warn({ err: e }, 'cannot save the seccomp counts read so far; denials may be reported again after a restart');
+    }
   }
 
   /** Disconnects (the monitor keeps running and counting). Safe to call twice. */
   close(): void {
+    if (this.seenTimer) this.saveSeen();
     this.closed = true;
     this.sock?.destroy();
     this.sock = null;
@@ -273,6 +327,17 @@ export class SeccompMonitor {
       }
       this.counts.set(e.id, { total: e.total, byNr, flooded: e.flooded });
     }
+    // What the monitor counted beyond what a dsecd last read was denied while none listened.
+    const seen = this.loadSeen();
+    for (const [id, c] of this.counts) {
+      const before = seen.get(id) ?? { total: 0, counts: {} };
+      const n = c.total - before.total;
+      if (n <= 0) continue;
+      const by: Record<string, number> = {};
+      for (const [name, k] of c.byNr) if (k > (before.counts[name] ?? 0)) by[name] = k - (before.counts[name] ?? 0);
+      this.o.onMissed?.(id, n, by, c.total);
+    }
+    this.saveSeen();
   }
 
   private handle(msg: Record<string, unknown>): void {
@@ -284,6 +349,7 @@ export class SeccompMonitor {
       c.total = Number(msg.total);
       c.byNr.set(name, (c.byNr.get(name) ?? 0) + 1);
       this.counts.set(id, c);
+      this.saveSeenSoon();
       this.o.onDenied?.({ sandboxId: id, syscall: name, pid: Number(msg.pid), args: (msg.args as number[]) ?? [], total: c.total });
     } else if (msg.type === 'flood') {
       const c = this.counts.get(id);
@@ -331,6 +397,12 @@ export class DenialEvents {
   flood(sandboxId: string, total: number): void {
     this.flushOne(sandboxId);
     this.emit(sandboxId, `${total} denials: past the flood limit, later denials of this sandbox fail with ENOSYS and are no longer counted`);
+  }
+
+  /** Reports denials the monitor counted while no dsecd was connected (one event). */
+  missed(sandboxId: string, n: number, bySyscall: Record<string, number>, total: number): void {
+    const which = Object.entries(bySyscall).map(([s, k]) => (k > 1 ? `${s} x${k}` : s)).join(', ');
+    this.emit(sandboxId, `${n} system call${n > 1 ? 's' : ''} denied while dsecd was not connected${which ? ` (${which})` : ''}; ${total} in all`);
   }
 
   /** Emits everything pending and stops the timer. Safe to call twice. */

@@ -8,11 +8,11 @@
  * EINVAL): the assertions can fail, so they prove the filter.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon, postJson } from '../integration/harness.js';
+import { IS_ROOT, REPO, TestDaemon, postJson, runCli } from '../integration/harness.js';
 
 /** Probes that must answer EPERM (names as seccomp-probe.c knows them). */
 const DENIED = [
@@ -101,6 +101,10 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     expect(by.ioctl).toBeGreaterThanOrEqual(6);
     expect(st.seccomp_denials!.total).toBeGreaterThanOrEqual(DENIED.length);
     expect(st.seccomp_denials!.flooded).toBe(false);
+    // The same counters reach a person at the terminal: `dsec inspect --stats`.
+    const cli = await runCli(d, ['inspect', id, '--stats']);
+    expect(cli.code, cli.stderr).toBe(0);
+    expect(JSON.parse(cli.stdout).stats.seccomp_denials.by_syscall.mount).toBe(by.mount);
     const ev: string[] = [];
     for (let i = 0; i < 50 && !ev.some((m) => /ioctl/.test(m)); i++) {
       ev.length = 0;
@@ -123,13 +127,46 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     expect(await probeOnce('bpf')).toBe('bpf EPERM');
     const before = (await d.client.sandboxStats(id)).seccomp_denials!.total;
     expect(before).toBeGreaterThanOrEqual(1);
+    // A sandbox process that runs the mount probe on SIGUSR1 (sent from the host while
+    // dsecd is down), then exits.
+    const marker = `dsec-missed-${id.slice(0, 8)}`;
+    await d.client.exec(id, { argv: ['sh', '-c', `sh -c 'trap "/tmp/probe mount >/tmp/m.out; exit 0" USR1; while :; do sleep 0.1; done' ${marker} >/dev/null 2>&1 &`] });
+    const findWaiter = () => readdirSync('/proc').filter((p) => /^\d+$/.test(p)).map(Number).find((p) => {
+      try { return readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0')[0] === 'sh' && readFileSync(`/proc/${p}/cmdline`, 'utf8').split('\0').includes(marker); } catch { return false; }
+    });
+    let waiter = findWaiter();
+    for (let i = 0; i < 100 && !waiter; i++) {
+      await new Promise((r) => setTimeout(r, 50));
+      waiter = findWaiter();
+    }
+    expect(waiter).toBeTruthy();
+    // dsecd saves the counts it has read at most once a second (seen.json): wait for the
+    // bpf denial to be in it, or a crash this early would report it once more.
+    const seenTotal = () => {
+      try { return (JSON.parse(readFileSync(path.join(d.root, 'seccomp', 'seen.json'), 'utf8')) as Record<string, { total: number }>)[id]?.total; } catch { return undefined; }
+    };
+    for (let i = 0; i < 100 && seenTotal() !== before; i++) await new Promise((r) => setTimeout(r, 50));
+    expect(seenTotal()).toBe(before);
     await d.kill9();
+    process.kill(waiter!, 'SIGUSR1');
+    for (let i = 0; i < 600 && existsSync(`/proc/${waiter}/cmdline`) && !readFileSync(`/proc/${waiter}/stat`, 'utf8').includes(') Z'); i++) await new Promise((r) => setTimeout(r, 50));
     await d.launch();
-    expect((await d.client.sandboxStats(id)).seccomp_denials!.total).toBe(before);
+    // The denial no dsecd saw is counted and reported once, as an event of its own.
+    expect((await d.client.sandboxStats(id)).seccomp_denials!.total).toBe(before + 1);
+    const missed: string[] = [];
+    for await (const e of d.client.events({ selector: '' })) if (e.type === 'seccomp.denied' && e.sandbox_id === id && /not connected/.test(e.message ?? '')) missed.push(e.message ?? '');
+    expect(missed).toEqual([`1 system call denied while dsecd was not connected (mount); ${before + 1} in all`]);
     expect(await probeOnce('keyctl')).toBe('keyctl EPERM');
     const after = (await d.client.sandboxStats(id)).seccomp_denials!;
-    expect(after.total).toBe(before + 1);
+    expect(after.total).toBe(before + 2);
     expect(after.by_syscall.keyctl).toBe(1);
+    // A second restart with nothing new reports nothing more.
+    await new Promise((r) => setTimeout(r, 1100)); // seen.json is saved at most once a second
+    await d.kill9();
+    await d.launch();
+    let again = 0;
+    for await (const e of d.client.events({ selector: '' })) if (e.type === 'seccomp.denied' && e.sandbox_id === id && /not connected/.test(e.message ?? '')) again++;
+    expect(again).toBe(1);
     const info = await d.client.hostInfo();
     expect((info.defences as Record<string, { enforced: boolean }>).seccomp_denial_counting.enforced).toBe(true);
     await d.client.deleteSandbox(id, { force: true });

@@ -5,7 +5,7 @@ import { render } from 'ink-testing-library';
 import { createElement } from 'react';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { TopView } from '../../cli/ui/top.js';
-import { cpuPercent, diskCell, hostFromStats, matchesFilter, renderTopHeader, renderTopRows, renderTopTable, type TopHost } from '../../cli/ui/top-rows.js';
+import { cpuPercent, denialCount, diskCell, hostFromStats, matchesFilter, renderTopHeader, renderTopRows, renderTopTable, type TopHost } from '../../cli/ui/top-rows.js';
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
 import { Interrupts, Sink, ok, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
@@ -85,10 +85,14 @@ describe('top rows (pure)', () => {
   it('renders the plain table and the host header', () => {
     const text = renderTopTable(renderTopRows(prev, cur, 'cpu'));
     const lines = text.trimEnd().split('\n');
-    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'AGE', 'LABELS']);
-    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '12MiB/64MiB', '1m', 'job=train,round=1']);
-    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '12MiB/64MiB', '2h', 'job=eval']);
-    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '12MiB/64MiB', '1s', '-']);
+    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'AGE', 'LABELS']);
+    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '1m', 'job=train,round=1']);
+    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '2h', 'job=eval']);
+    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '1s', '-']);
+    // DENIED sums every refusal counter present; none counted is '-'.
+    expect(denialCount({ seccomp_denials: { total: 4, by_syscall: { mount: 4 }, flooded: false }, network_denied: { connect: 2, sendmsg: 1, sock_create: 0, dns_refused: 3, last: null }, pids_limit_hits: 5 })).toBe(15);
+    expect(denialCount({ seccomp_denials: null, network_denied: null, pids_limit_hits: null })).toBeNull();
+    expect(denialCount({ seccomp_denials: { total: 0, by_syscall: {}, flooded: false } })).toBe(0);
     // A layer on the host filesystem has no usage; one without a quota shows its usage alone.
     expect(diskCell({ diskUsedBytes: null, diskLimitBytes: null })).toBe('-');
     expect(diskCell({ diskUsedBytes: 5 * MiB, diskLimitBytes: null })).toBe('5MiB');
@@ -131,7 +135,7 @@ describe('top view (Ink)', () => {
     const app = await view();
     const frame = app.lastFrame()!;
     expect(frame).toContain('host: 2 cores, cpu 30%, mem 4GiB / 24GiB, load 1.00 1.00 1.00; 3 sandboxes');
-    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+AGE\s+LABELS/);
+    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+OOM\s+DENIED\s+AGE\s+LABELS/);
     expect(frame).toMatch(/aaaaaaaaaaaa\s+running\s+150\.0\s+10MiB/);
     expect(rowsOf(frame)).toEqual(['a', 'b', 'c']);
     app.unmount();

@@ -112,7 +112,8 @@ export class MicrovmDriver implements SandboxDriver {
   private readonly blobs = new Map<string, string[]>();
   protected platformP: Promise<Platform> | null = null;
   /**
-   * Per VM: whether its vCPUs should run, as the last `stop`/`cont` dsecd sent says.
+   * Per VM: whether its vCPUs should run: what the last successful `stop`/`cont` asked
+   * for (a failed one keeps the state before it, which is what the store still records).
    * After QMP stopped answering, a command may still be executed later (QEMU reads it
    * once it answers again); {@link resync} then makes the VM's run state match this.
    */
@@ -546,11 +547,16 @@ export class MicrovmDriver implements SandboxDriver {
    *   Internal (QEMU refused the command).
    */
   protected async qmpRun<T>(sb: SandboxRecord, command: string, args?: Record<string, unknown>): Promise<T> {
-    if (command === 'stop' || command === 'cont') this.wantRunning.set(sb.id, command === 'cont');
+    const runState = command === 'stop' || command === 'cont';
+    if (runState) this.wantRunning.set(sb.id, command === 'cont');
     try {
       const c = await this.qmp(sb.id);
       return await c.execute<T>(command, args, { timeoutMs: this.d.vm.qmpTimeoutMs });
     } catch (e) {
+      // A failed stop/cont leaves the sandbox in its previous state in the store, so the
+      // run state to restore is the previous one: a late `stop` QEMU runs after it answers
+      // again must be undone, not kept.
+      if (runState) this.wantRunning.set(sb.id, command !== 'cont');
       if (isDsecError(e, 'DeadlineExceeded')) this.resync(sb);
       if (e instanceof DsecError) {
         throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}${isDsecError(e, 'DeadlineExceeded') ? '; dsecd keeps reconnecting and restores the VM\'s run state once QEMU answers again' : ''}`, { cause: e });

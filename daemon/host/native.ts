@@ -49,6 +49,7 @@ interface NativeAddon {
   mount(source: string | null, target: string, fstype: string | null, flags: number, data: string | null): void;
   umount(target: string, flags: number): void;
   isMountpoint(path: string): boolean;
+  isReadOnly(path: string): boolean;
   dropCache(path: string): void;
   peerCred(fd: number): PeerCred;
   schedCoreProbe(): number;
@@ -223,6 +224,17 @@ export function umount(target: string, flags = 0): void {
  */
 export function isMountpoint(path: string): boolean {
   return addon().isMountpoint(path);
+}
+
+/**
+ * True when the filesystem at `path` is read-only for writers there: statvfs(3)
+ * ST_RDONLY, which the kernel sets when the mount *or* its superblock is read-only. So
+ * it also catches a filesystem that turned itself read-only although it was mounted
+ * read-write (overlayfs without a usable work dir, btrfs after an error). Follows
+ * symlinks. Throws the errno-coded Error of statvfs (ENOENT, ...).
+ */
+export function isReadOnly(path: string): boolean {
+  return addon().isReadOnly(path);
 }
 
 /** Credentials of the peer of a connected Unix socket (SO_PEERCRED). */

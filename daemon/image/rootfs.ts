@@ -84,8 +84,10 @@ const BAD_PATH_CHARS = /[,:\\\n]/;
  * On failure every mount it made is undone before the error is rethrown.
  *
  * Throws: InvalidArgument for bad options; FailedPrecondition when `<dir>/rootfs` is
- * already mounted (call teardownRootfs first); errno-coded Errors from the syscalls
- * (see host/native.ts) otherwise.
+ * already mounted (call teardownRootfs first), or when the overlay came up read-only
+ * (statvfs ST_RDONLY: overlayfs could not create its work dir, e.g. a full layer; the
+ * overlay is unmounted again); errno-coded Errors from the syscalls (see
+ * host/native.ts) otherwise.
  */
 export async function prepareRootfs(opts: PrepareRootfsOptions): Promise<{ rootfs: string }> {
   const dir = resolve(opts.dir);
@@ -131,6 +133,13 @@ export async function prepareRootfs(opts: PrepareRootfsOptions): Promise<{ rootf
     }
     const lowerdir = mounted.slice().reverse().join(':');
     native.mount('overlay', rootfs, 'overlay', 0, `lowerdir=${lowerdir},upperdir=${upper},workdir=${work},${OVERLAY_OPTIONS}`);
+    // overlayfs mounts read-only, without failing, when it cannot make or clean its work
+    // dir (work/work): e.g. EDQUOT/ENOSPC on a full writable layer. A sandbox would then
+    // start with a root it cannot write, so that is a failed prepare.
+    if (native.isReadOnly(rootfs)) {
+      native.unmountAll(rootfs);
+      throw new DsecError('FailedPrecondition', `overlayfs mounted ${rootfs} read-only: it could not create its work dir in ${work} (the writable layer's filesystem is full, over its quota, or read-only; the kernel log has overlayfs's errno). Free space there, then start again`);
+    }
   } catch (e) {
     await unmountLowers(lowerDir).catch(() => undefined);
     throw e;

@@ -25,6 +25,7 @@ export const FAILPOINTS = [
   'stop.after-intent',
   'stop.after-kill',
   'start.after-intent',
+  'start.after-rootfs', // overlay mounted, the layer's quota still lifted for the mount (UpperStore.withRoomToMount)
   'start.after-runtime',
   'image.after-blob', // an imported layer's blob published, before its manifest
   'trajectory.before-record', // a trajectory step's command ended, before its result is recorded

@@ -22,6 +22,8 @@
  *
  * On-disk layout (all root-only, mode 0700):
  *   <root>/storage/store.json   the store's record (kind, quota mode, size), written last
+ *   <root>/storage/lifted/<id>.json  a sandbox quota lifted while its overlay is mounted,
+ *                               with the limit to put back (see withRoomToMount)
  *   <root>/storage/upper.img    the image (sparse unless `preallocate`)
  *   <root>/storage/mnt/         its mount point: one mount per instance
  *   <root>/storage/mnt/sb/<id>/ one sandbox: btrfs subvolume or XFS project directory,
@@ -43,7 +45,7 @@
  * `<root>/sandboxes/<id>/upper`: {@link UpperStore.locate} finds each sandbox's layer
  * wherever it is, so an upgrade needs no migration.
  */
-import { chmodSync, closeSync, existsSync, mkdirSync, readFileSync, readdirSync, renameSync, rmdirSync, rmSync, statSync, statfsSync, writeFileSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmdirSync, rmSync, statSync, statfsSync, writeFileSync, writeSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
@@ -118,6 +120,22 @@ export interface StoreRecord {
   external: string | null;
   /** ms since the epoch. */
   createdAt: number;
+}
+
+/**
+ * `<root>/storage/lifted/<id>.json`: the quota of sandbox `id` is lifted while its
+ * overlay is mounted ({@link UpperStore.withRoomToMount}); written (and fsynced) before
+ * the lift and removed once the limit is back, so a dsecd that dies in between leaves
+ * it for the next start, which puts the limit back ({@link UpperStore.open}).
+ */
+interface LiftedQuota {
+  version: 1;
+  /** The sandbox (also the file's name). */
+  id: string;
+  /** The limit in force before the lift, bytes: btrfs max-referenced or XFS block hard limit. */
+  limitBytes: number;
+  /** When it was lifted, ms since the epoch (for the operator reading the file). */
+  liftedAt: number;
 }
 
 /** A sandbox's writable layer: overlay upper and work dirs (same filesystem), and where they live. */
@@ -255,6 +273,11 @@ export class UpperStore {
 
   private get trashDir(): string {
     return path.join(this.mountDir, 'trash');
+  }
+
+  /** `<root>/storage/lifted`: quotas lifted for an overlay mount and not yet put back ({@link LiftedQuota}). */
+  private get liftedDir(): string {
+    return path.join(UpperStore.dirOf(this.root), 'lifted');
   }
 
   /** True when new sandboxes get a quota that the kernel enforces. */
@@ -519,6 +542,125 @@ export class UpperStore {
       }
     }
     this.nextProjid = max + 1;
+    this.restoreLifted();
+  }
+
+  /**
+   * Puts back every quota a previous dsecd lifted for an overlay mount and did not
+   * restore (it died inside {@link withRoomToMount}), before any sandbox is adopted or
+   * started. A record whose entry is gone is dropped. A limit the kernel refuses to set
+   * is logged and its record kept: the sandbox's next start retries it and fails while
+   * it cannot, so no sandbox runs with its quota lifted.
+   */
+  private restoreLifted(): void {
+    let names: string[];
+    try {
+      names = readdirSync(this.liftedDir);
+    } catch {
+      return; // none yet
+    }
+    for (const name of names) {
+      const file = path.join(this.liftedDir, name);
+      // A record never renamed into place: its lift was never made.
+      if (name.endsWith('.tmp')) {
+        rmSync(file, { force: true });
+        continue;
+      }
+      const l = readLifted(file);
+      if (!l) {
+        this.log.error({ file }, 'unreadable record of a lifted sandbox quota: set the limit of that sandbox by hand, then delete the file');
+        continue;
+      }
+      if (!this.ids.has(l.id)) {
+        rmSync(file, { force: true });
+        continue;
+      }
+      try {
+        this.setLimit(l.id, l.limitBytes);
+      } catch (e) {
+        this.log.error({ err: e, id: l.id, limitBytes: l.limitBytes }, 'putting back a sandbox quota left lifted by an interrupted start failed; its next start retries');
+        continue;
+      }
+      rmSync(file, { force: true });
+      this.log.warn({ id: l.id, limitBytes: l.limitBytes }, 'put back a sandbox quota left lifted by an interrupted start');
+    }
+  }
+
+  /**
+   * The limit now set on a sandbox's store entry, bytes, or null when it has none. btrfs:
+   * the qgroup's max_referenced in sysfs (in memory, so exact at once), else the quota
+   * tree; XFS: the project's block hard limit.
+   * @throws errno-coded Errors from the ioctls.
+   */
+  private limitOf(id: string): number | null {
+    const dir = path.join(this.entriesDir, id);
+    if (this.record!.kind === 'btrfs') {
+      const sid = this.ids.get(id) ?? fsops.btrfsSubvolId(dir);
+      const sysfs = this.qgroupSysfs ? readCounter(`${this.qgroupSysfs}/0_${sid}/max_referenced`) : null;
+      const max = sysfs ?? fsops.btrfsQgroups(this.mountDir).find((q) => q.id === sid)?.maxReferenced ?? 0;
+      return max > 0 ? max : null;
+    }
+    const u = fsops.xfsProjectUsage(this.mountDir, this.ids.get(id) ?? fsops.fsGetProject(dir).projid);
+    return u && u.hardLimitBytes > 0 ? u.hardLimitBytes : null;
+  }
+
+  /** Sets the limit of a sandbox's store entry to `bytes` (0: none). @throws errno-coded Errors from the ioctls. */
+  private setLimit(id: string, bytes: number): void {
+    const dir = path.join(this.entriesDir, id);
+    if (this.record!.kind === 'btrfs') fsops.btrfsQgroupLimit(dir, bytes);
+    else fsops.xfsSetProjectLimit(this.mountDir, this.ids.get(id) ?? fsops.fsGetProject(dir).projid, bytes);
+  }
+
+  /**
+   * Runs `mount` (the overlay mount of sandbox `id`) with the layer's quota lifted, and
+   * puts the limit back before returning. Why: overlayfs creates and cleans its work dir
+   * (`work/work`) at every mount, and on a layer at its quota that fails with EDQUOT, so
+   * the overlay comes up read-only: a sandbox that filled its disk could never start
+   * again to delete a file. With the limit lifted for those few milliseconds the mount is
+   * read-write; once it is back the layer is over or at its quota again, so writes still
+   * fail with EDQUOT, and deleting frees room. Nothing of the sandbox runs during the
+   * window (it is not started yet), so nothing else can write past the quota.
+   *
+   * Crash safety: the limit is read from the kernel and recorded in
+   * `<root>/storage/lifted/<id>.json` (fsynced) before it is lifted, and the record is
+   * removed after it is back; a dsecd that dies in between leaves the record, and the
+   * next {@link open} puts the limit back before any sandbox starts. A record already
+   * there (its restore failed) is the limit to put back.
+   *
+   * Without a quota on the entry (no quotas, no limit, layer on the host filesystem)
+   * `mount` just runs. `mount`'s own error is rethrown after the limit is back.
+   * @throws DsecError Internal when the limit cannot be put back (the record stays, so
+   *   the next start of dsecd or of the sandbox retries); the caller must then not start
+   *   the sandbox (the container driver's start fails and tears the overlay down).
+   */
+  async withRoomToMount<T>(id: string, mount: () => Promise<T>): Promise<T> {
+    const rec = this.record;
+    if (!rec || rec.quota === 'none' || this.locate(id)?.location !== 'store') return mount();
+    const file = path.join(this.liftedDir, `${id}.json`);
+    const pending = readLifted(file);
+    const limit = pending?.limitBytes ?? this.limitOf(id);
+    if (limit === null) return mount();
+    if (!pending) {
+      const l: LiftedQuota = { version: 1, id, limitBytes: limit, liftedAt: Date.now() };
+      writeDurably(this.liftedDir, `${id}.json`, JSON.stringify(l));
+    }
+    this.setLimit(id, 0);
+    let result!: T;
+    let failure: { e: unknown } | null = null;
+    try {
+      result = await mount();
+    } catch (e) {
+      failure = { e };
+    }
+    try {
+      this.setLimit(id, limit);
+    } catch (e) {
+      if (failure) this.log.warn({ err: failure.e, id }, 'the overlay mount failed while the quota was lifted');
+      throw internal(`putting back the ${limit}-byte quota of sandbox ${id} after mounting its overlay failed (${(e as Error).message}); the sandbox is not started, and the next start of dsecd or of the sandbox puts it back (${file})`, e);
+    }
+    rmSync(file, { force: true });
+    if (failure) throw failure.e;
+    return result;
   }
 
   /**
@@ -674,6 +816,7 @@ export class UpperStore {
       }
       this.purgeInBackground(to);
     }
+    rmSync(path.join(this.liftedDir, `${id}.json`), { force: true });
     this.ids.delete(id);
     return true;
   }
@@ -795,6 +938,7 @@ export class UpperStore {
     if (this.record.external) {
       for (const d of [this.entriesDir, this.trashDir]) rmSync(d, { recursive: true, force: true });
       rmSync(path.join(UpperStore.dirOf(this.root), 'store.json'), { force: true });
+      rmSync(this.liftedDir, { recursive: true, force: true });
       return;
     }
     const src = mountSourceOf(readFileSync('/proc/self/mountinfo', 'utf8'), this.mountDir);
@@ -810,6 +954,7 @@ export class UpperStore {
     }
     const dir = UpperStore.dirOf(this.root);
     rmSync(path.join(dir, 'store.json'), { force: true });
+    rmSync(this.liftedDir, { recursive: true, force: true });
     rmSync(this.imagePath, { force: true });
     try {
       rmdirSync(this.mountDir);
@@ -829,6 +974,40 @@ function mountNew(image: string, mnt: string, rec: StoreRecord, unavailable: (ms
 /** The upper/ and work/ paths of a writable layer kept in `dir`. */
 function layerIn(dir: string, location: 'store' | 'host'): WritableLayer {
   return { upper: path.join(dir, 'upper'), work: path.join(dir, 'work'), location };
+}
+
+/** The lifted-quota record in `file`, or null when there is none or it is unreadable. */
+function readLifted(file: string): LiftedQuota | null {
+  try {
+    const l = JSON.parse(readFileSync(file, 'utf8')) as LiftedQuota;
+    return typeof l.id === 'string' && Number.isSafeInteger(l.limitBytes) && l.limitBytes > 0 ? l : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Writes `data` to `<dir>/<name>` so that it survives a crash of dsecd or of the host
+ * once this returns: temp file, fsync, rename, fsync of the directory (mode 0600, `dir`
+ * made 0700 when missing).
+ */
+function writeDurably(dir: string, name: string, data: string): void {
+  mkdirSync(dir, { recursive: true, mode: 0o700 });
+  const f = path.join(dir, name);
+  const fd = openSync(`${f}.tmp`, 'w', 0o600);
+  try {
+    writeSync(fd, data);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(`${f}.tmp`, f);
+  const dfd = openSync(dir, 'r');
+  try {
+    fsyncSync(dfd);
+  } finally {
+    closeSync(dfd);
+  }
 }
 
 /** Writes the store's record into `dir` (temp file + rename: a reader sees the old or the new one). */

@@ -15,6 +15,8 @@
  *   mount(source, target, fstype, flags, data|null)   -- mount(2)
  *   umount(target, flags)                              -- umount2(2)
  *   isMountpoint(path) -> boolean                      -- statx STATX_ATTR_MOUNT_ROOT
+ *   isReadOnly(path) -> boolean                        -- statvfs ST_RDONLY: the mount or
+ *       its superblock is read-only (the kernel ORs the two into f_flag)
  *   schedCoreProbe() -> 0 | errno                     -- prctl(PR_SCHED_CORE, PR_SCHED_CORE_GET)
  *       on the calling thread: 0 when the kernel has core scheduling and it is usable
  *       (CONFIG_SCHED_CORE and SMT present), else the errno (EINVAL: not compiled in;
@@ -51,6 +53,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -492,6 +495,25 @@ static napi_value js_is_mountpoint(napi_env env, napi_callback_info info) {
   return r;
 }
 
+/* isReadOnly(path): statvfs(3) f_flag & ST_RDONLY. The kernel sets it when either the
+ * mount at `path` or the filesystem's superblock is read-only, so a filesystem that
+ * fell back to read-only on its own (overlayfs without a usable work dir, btrfs after
+ * an I/O error) shows here although it was mounted read-write. Follows symlinks. */
+static napi_value js_is_read_only(napi_env env, napi_callback_info info) {
+  napi_value argv[1];
+  char path[PATH_BUF];
+  if (get_args(env, info, 1, argv) || get_string(env, argv[0], path, sizeof path, "path"))
+    return NULL;
+  struct statvfs st;
+  if (statvfs(path, &st) < 0) {
+    throw_errno(env, errno, "statvfs", path);
+    return NULL;
+  }
+  napi_value r;
+  napi_get_boolean(env, (st.f_flag & ST_RDONLY) != 0, &r);
+  return r;
+}
+
 /* dropCache(path): evict a file's clean pages from the page cache
  * (posix_fadvise(POSIX_FADV_DONTNEED) over the whole file). Used after a
  * blob is hashed for verification, so the hash pass does not leave the whole layer
@@ -587,6 +609,7 @@ static napi_value init(napi_env env, napi_value exports) {
       {"mount", NULL, js_mount, NULL, NULL, NULL, napi_enumerable, NULL},
       {"umount", NULL, js_umount, NULL, NULL, NULL, napi_enumerable, NULL},
       {"isMountpoint", NULL, js_is_mountpoint, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"isReadOnly", NULL, js_is_read_only, NULL, NULL, NULL, napi_enumerable, NULL},
       {"dropCache", NULL, js_drop_cache, NULL, NULL, NULL, napi_enumerable, NULL},
       {"peerCred", NULL, js_peer_cred, NULL, NULL, NULL, napi_enumerable, NULL},
       {"schedCoreProbe", NULL, js_sched_core_probe, NULL, NULL, NULL, napi_enumerable, NULL},

@@ -6,7 +6,11 @@
  *     kernel refuses. It must stop near 64 MiB with EDQUOT, the host disk must not give
  *     the store more than about that, a neighbour must keep working during and after, and
  *     the quota event must appear. The same write under a 256 MiB quota goes past 64 MiB,
- *     so it is the quota that stopped the first one (the test can fail).
+ *     so it is the quota that stopped the first one (the test can fail). A layer filled
+ *     to its quota then starts again read-write (after stop/start and after a dsecd
+ *     restart): deleting frees room and the quota still holds; overlayfs would mount it
+ *     read-only if dsecd did not lift the quota for the mount. An overlay that comes up
+ *     read-only anyway (an immutable work dir) fails the start with a clear error.
  *
  * (b) XFS_IOC_SWAPEXT on a real XFS (`upper_fs = "xfs"`; without XFS quota support here,
  *     so quotas are reported as not enforced). The upper dir is on XFS (statfs magic from
@@ -136,6 +140,75 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
     expect((await sh(d, neighbour.id, 'echo after > /root/n3 && cat /root/n3')).out).toBe('after\n');
     await d.client.deleteSandbox(victim.id, { force: true });
     await d.client.deleteSandbox(neighbour.id, { force: true });
+  });
+
+  it('a sandbox that filled its quota comes back read-write after stop/start and after a dsecd restart, and the quota still holds', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * MiB });
+    /** Fills the layer until the kernel refuses, and checks it was the quota that refused. */
+    const fillToQuota = async () => {
+      const f = await fill(d, sb.id, '/root/fill', 2048);
+      expect(f.out).toMatch(/Disk quota exceeded/);
+      expect(f.size).toBeLessThanOrEqual(64 * MiB);
+      expect(f.size).toBeGreaterThan(56 * MiB);
+    };
+    /**
+     * After a start on a full layer: the sandbox's own mountinfo shows the overlay's
+     * superblock read-write (overlayfs falls back to a read-only superblock when it
+     * cannot make its work dir), a new file is refused for the quota, not for a
+     * read-only filesystem; deleting frees room, and the quota stops the next fill.
+     */
+    const checkWritableAndLimited = async () => {
+      const line = (await sh(d, sb.id, "awk '$5 == \"/root\"' /proc/self/mountinfo")).out;
+      expect(line).toMatch(/ - overlay overlay rw,/);
+      expect((await sh(d, sb.id, 'touch /root/probe 2>&1; echo "rc=$?"')).out).toMatch(/Disk quota exceeded\nrc=1/);
+      expect((await sh(d, sb.id, 'rm /root/fill && echo removed')).out).toBe('removed\n');
+      expect((await fill(d, sb.id, '/root/small', 16)).size).toBe(16 * MiB);
+      expect((await sh(d, sb.id, 'rm /root/small && echo removed')).out).toBe('removed\n');
+      await fillToQuota();
+      expect((await d.client.sandboxStats(sb.id)).disk_limit_bytes).toBe(64 * MiB);
+    };
+
+    await fillToQuota();
+    // statfs inside (what df shows) is the whole store's, not the 64 MiB quota: btrfs
+    // reports no qgroup limit through statfs (docs/OPERATIONS.md, "What a sandbox sees").
+    const inside = (await sh(d, sb.id, "stat -f -c '%b %S' /root")).out.trim().split(' ').map(Number);
+    const store = statfsSync(d.storeMount);
+    expect(inside[0] * inside[1]).toBe(store.blocks * store.bsize);
+    expect(inside[0] * inside[1]).toBeGreaterThan(64 * MiB);
+    await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
+    expect((await d.client.startSandbox(sb.id)).state).toBe('running');
+    await checkWritableAndLimited();
+
+    // Full again (checkWritableAndLimited ends with a fill): stopped, dsecd restarted, started.
+    await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
+    await d.restart();
+    expect((await d.client.startSandbox(sb.id)).state).toBe('running');
+    await checkWritableAndLimited();
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+
+  it('a start whose overlay still comes up read-only fails with a clear error, and leaves the quota in force', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * MiB });
+    await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
+    // An immutable work/work: overlayfs can neither clean nor re-create it, whatever the
+    // quota, so it mounts read-only (its fallback, not an error of mount(2)).
+    const workwork = path.join(d.storeMount, 'sb', sb.id, 'work', 'work');
+    await execa('chattr', ['+i', workwork]);
+    try {
+      const e = await rejection(d.client.startSandbox(sb.id));
+      expect(e.code).toBe('FailedPrecondition');
+      expect(e.message).toMatch(/overlayfs mounted .*\/rootfs read-only: it could not create its work dir/);
+      const got = await d.client.getSandbox(sb.id);
+      expect(got.state).toBe('failed');
+      expect(got.error).toMatch(/read-only/);
+      expect((await d.traces()).mounts.filter((m) => m.includes(sb.id))).toEqual([]);
+      expect((await d.client.sandboxStats(sb.id)).disk_limit_bytes).toBe(64 * MiB);
+    } finally {
+      await execa('chattr', ['-i', workwork]);
+    }
+    expect((await d.client.startSandbox(sb.id)).state).toBe('running');
+    expect((await sh(d, sb.id, 'echo ok > /root/ok && cat /root/ok')).out).toBe('ok\n');
+    await d.client.deleteSandbox(sb.id, { force: true });
   });
 
   it('the same write with a 256 MiB quota goes past 64 MiB: the quota is what stopped it', async () => {

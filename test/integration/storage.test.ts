@@ -3,7 +3,8 @@
  * after the other): an upgrade from `upper_fs = "host"` (sandboxes made before the store
  * still start, snapshot, commit and destroy), a dsecd SIGKILL (sandboxes keep running on
  * the mounted store and are adopted; still one mount and one loop device), orphan
- * subvolumes removed at start, `dsecd --purge` (no mount, no loop device, no image), and
+ * subvolumes removed at start, a quota lifted for an overlay mount by a dsecd that was
+ * then killed (put back at the next start), `dsecd --purge` (no mount, no loop device, no image), and
  * an operator's own btrfs given as `[storage] path`.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -17,6 +18,17 @@ const BTRFS_SUPER_MAGIC = 0x9123683e;
 /** Mount points in this namespace that are exactly `p`. */
 function mountsAt(p: string): number {
   return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter((l) => l.split(' ')[4] === p).length;
+}
+
+/**
+ * The max-referenced limit of a sandbox's btrfs qgroup in bytes, or null for none, as
+ * `btrfs qgroup show` reads it from the quota tree (independent of dsecd's addon).
+ */
+async function maxReferenced(d: TestDaemon, id: string): Promise<number | null> {
+  const r = await execa('btrfs', ['qgroup', 'show', '-re', '--raw', d.storeMount]);
+  const row = r.stdout.split('\n').map((l) => l.trim().split(/\s+/)).find((f) => f[f.length - 1] === `sb/${id}`);
+  if (!row) throw new Error(`no qgroup for sb/${id} in:\n${r.stdout}`);
+  return row[3] === 'none' ? null : Number(row[3]);
 }
 
 async function sh(d: TestDaemon, id: string, script: string): Promise<string> {
@@ -107,6 +119,32 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
     await d.client.startSandbox(sb.id);
     expect(await sh(d, sb.id, 'cat /root/kept')).toBe('kept\n');
     expect((await d.client.sandboxStats(sb.id)).disk_limit_bytes).toBe(64 * 1024 ** 2);
+    await d.client.deleteSandbox(sb.id, { force: true });
+  });
+
+  it('a dsecd killed while a full layer\'s quota is lifted for its overlay mount leaves a record; the next start puts the limit back', async () => {
+    const MiB = 1024 ** 2;
+    const sb = await d.client.createSandbox({ image: 'busybox', disk_bytes: 64 * MiB });
+    expect(await sh(d, sb.id, 'dd if=/dev/zero of=/root/f bs=1M count=128 2>&1 | grep -c "quota exceeded"')).toBe('1\n');
+    expect(await maxReferenced(d, sb.id)).toBe(64 * MiB);
+    await d.client.stopSandbox(sb.id, { timeoutMs: 0 });
+
+    // SIGKILL with the overlay mounted and the quota lifted for that mount.
+    await d.restart({ DSEC_FAILPOINT: 'start.after-rootfs' });
+    await expect(d.client.startSandbox(sb.id)).rejects.toBeDefined();
+    expect((await d.waitExit()).signal).toBe('SIGKILL');
+    const record = path.join(d.root, 'storage', 'lifted', `${sb.id}.json`);
+    expect(await maxReferenced(d, sb.id)).toBeNull();
+    expect(JSON.parse(readFileSync(record, 'utf8'))).toMatchObject({ id: sb.id, limitBytes: 64 * MiB });
+
+    // The next start puts the limit back before anything runs, and drops the record.
+    await d.launch();
+    expect(await maxReferenced(d, sb.id)).toBe(64 * MiB);
+    expect(existsSync(record)).toBe(false);
+    expect((await d.client.getSandbox(sb.id)).state).toBe('stopped');
+    await d.client.startSandbox(sb.id);
+    expect(await sh(d, sb.id, 'rm /root/f && echo removed && dd if=/dev/zero of=/root/g bs=1M count=128 2>&1 | grep -c "quota exceeded"')).toBe('removed\n1\n');
+    expect(await maxReferenced(d, sb.id)).toBe(64 * MiB);
     await d.client.deleteSandbox(sb.id, { force: true });
   });
 

@@ -325,10 +325,22 @@ export class ContainerDriver implements SandboxDriver {
       ? await this.d.storage.create(sb.id, { diskBytes: sb.diskBytes })
       : this.d.storage.locate(sb.id);
     if (!layer) throw failedPrecondition(`sandbox ${sb.id} has no writable layer on this host (its store entry is gone); destroy it`);
-    const { rootfs } = await prepareRootfs({
-      dir: this.dir(sb.id), lowers, uidBase: sb.uidBase, gidBase: sb.uidBase, count: sb.uidCount, upper: layer.upper, work: layer.work,
+    const prepare = () => prepareRootfs({
+      dir: this.dir(sb.id), lowers, uidBase: sb.uidBase!, gidBase: sb.uidBase!, count: sb.uidCount!, upper: layer.upper, work: layer.work,
     });
-    if (op === 'create') fp.hit('create.after-rootfs');
+    if (op === 'create') {
+      // A new layer is empty, so overlayfs has room for its work dir.
+      const { rootfs } = await prepare();
+      fp.hit('create.after-rootfs');
+      return rootfs;
+    }
+    // A layer at its quota leaves overlayfs no room for its work dir (it would mount
+    // read-only, which prepareRootfs refuses), so the quota is lifted for the mount only.
+    const { rootfs } = await this.d.storage.withRoomToMount(sb.id, async () => {
+      const r = await prepare();
+      fp.hit('start.after-rootfs');
+      return r;
+    });
     return rootfs;
   }
 

@@ -12,7 +12,7 @@
  * Timings are printed for the report, never asserted.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, readFileSync, readdirSync, statSync, truncateSync } from 'node:fs';
+import { existsSync, readFileSync, readdirSync, statSync, truncateSync, writeFileSync } from 'node:fs';
 import { createHash } from 'node:crypto';
 import os from 'node:os';
 import path from 'node:path';
@@ -188,6 +188,17 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots
     expect(e.message).toMatch(/snapshot snap-[0-9a-f]{16} \(vm-truncated\) cannot be restored: its machine state .* is corrupt: \d+ bytes where the snapshot wrote \d+/);
     expect((await d.client.listSandboxes()).map((s) => s.id).sort()).toEqual(before);
     expect(readdirSync(path.join(d.root, 'sandboxes')).sort()).toEqual(before);
+    // One byte changed in the middle (RAM pages carry no checksum of their own): the digest catches it.
+    const flipped = await d.client.snapshot(src, { name: 'vm-flipped' });
+    const f = path.join(snapDir(flipped.id), 'state.qemu');
+    const b = readFileSync(f);
+    b[b.length >> 1] ^= 0xff;
+    writeFileSync(f, b);
+    const e2 = await rejection(d.client.restore('vm-flipped'));
+    expect(e2.code).toBe('FailedPrecondition');
+    expect(e2.message).toMatch(/\(vm-flipped\) cannot be restored: its machine state .* is corrupt: sha256 [0-9a-f]{64}, the snapshot wrote [0-9a-f]{64}/);
+    expect((await d.client.listSandboxes()).map((s) => s.id).sort()).toEqual(before);
+    await d.client.deleteSnapshot(flipped.id);
   });
 
   it('a state file QEMU cannot load: FailedPrecondition with QEMU\'s reason, QEMU gone, nothing left', async () => {
@@ -216,6 +227,35 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots
     expect(t.cgroups).toEqual(before);
     expect(procsMentioning(path.join(d.root, 'sandboxes')).sort()).toEqual(qemus);
     await d.client.deleteSnapshot(snap.id);
+  });
+
+  it('a restored VM stops and starts again on its own disk (a cold boot of the copied disk)', async () => {
+    const id = made[1];
+    await sh(id, 'echo across-stop > /root/kept');
+    expect((await d.client.stopSandbox(id)).state).toBe('stopped');
+    expect(procsMentioning(sbDir(id))).toEqual([]);
+    expect((await d.client.startSandbox(id)).state).toBe('running');
+    expect(await sh(id, 'cat /root/file /root/mine /root/kept')).toBe('before-snapshot\nfork-0\nacross-stop\n');
+    // A cold boot: the snapshot's process is not there any more (its pid may be another process's now).
+    const sleeping = await d.client.exec(id, { argv: ['sh', '-c', `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'`] });
+    expect(sleeping.stdout.toString()).toBe('0\n');
+    expect(await sh(made[0], `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'`)).toBe('1\n');
+  });
+
+  it('a dsecd crash after the snapshot files are written leaves no snapshot and no files; restored VMs are adopted', async () => {
+    const before = (await d.client.listSnapshots()).map((s) => s.id).sort();
+    expect(readdirSync(path.join(d.root, 'snapshots')).sort()).toEqual(before);
+    await d.restart({ DSEC_FAILPOINT: 'snapshot.after-layer' });
+    await expect(d.client.snapshot(src, { name: 'vm-crashed' })).rejects.toBeDefined();
+    expect((await d.waitExit()).signal).toBe('SIGKILL');
+    // The files were complete when dsecd died; no row names them.
+    expect(readdirSync(path.join(d.root, 'snapshots')).length).toBe(before.length + 1);
+    await d.launch();
+    expect((await d.client.listSnapshots()).map((s) => s.id).sort()).toEqual(before);
+    expect(readdirSync(path.join(d.root, 'snapshots')).sort()).toEqual(before);
+    expect((await d.client.getSandbox(src)).state).toBe('running');
+    expect(await sh(src, `kill -0 ${guestPid} && echo alive`)).toBe('alive\n');
+    expect(await sh(made[0], 'cat /root/mine')).toBe('restored-only\n');
   });
 
   it('destroying everything leaves no QEMU, socket, mount or cgroup; removing the snapshots removes their files', async () => {

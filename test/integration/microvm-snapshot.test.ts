@@ -134,6 +134,9 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots
       for (const file of ['disk.raw', 'qmp.sock', 'vmux.sock', 'agent.sock']) expect(existsSync(path.join(sbDir(f.id), file))).toBe(true);
     }
     for (const [i, f] of forks.entries()) expect(await sh(f.id, 'cat /root/mine')).toBe(`fork-${i}\n`);
+    // Each fork's kernel RNG was reseeded from the host at restore: no two draw the same bytes.
+    const draws = await Promise.all([...forks.map((f) => f.id), made[0]].map((id) => sh(id, 'cat /proc/sys/kernel/random/uuid')));
+    expect(new Set(draws).size).toBe(3);
     // A PTY-less streamed exec goes through each fork's own mux too.
     const e = await d.client.startExec(forks[1].id, { argv: ['sh', '-c', 'echo streamed'] });
     expect(await d.client.waitExec(forks[1].id, e.exec_id)).toMatchObject({ exit_code: 0 });

@@ -36,7 +36,7 @@
  * writable layer is an ext4 image, not a host directory.
  */
 import { accessSync, constants as fsConstants, createReadStream, createWriteStream, readFileSync, readlinkSync, statSync } from 'node:fs';
-import { createHash } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
@@ -85,6 +85,8 @@ const SYNC_TIMEOUT_MS = 30_000;
  * docs/ARCHITECTURE.md "microVM snapshots"), so this only ends a migration that hangs.
  */
 const MIGRATE_TIMEOUT_MS = 600_000;
+/** Host random bytes a restore mixes into the guest's pool: 64 (512 bits, twice the CRNG's 256-bit key). */
+const RESEED_BYTES = 64;
 /** How long a boot step that lost a socket waits for QEMU's exit to be reported: 1 s (QEMU exits within ms of closing its sockets). */
 const EXIT_GRACE_MS = 1_000;
 /** How often a snapshot polls `query-migrate`, and a restore `query-status`: 20 ms (one QMP round trip is well under 1 ms). */
@@ -902,8 +904,8 @@ export class MicrovmDriver implements SandboxDriver {
    * The restore's boot steps after QMP answered (QEMU was started with `-incoming defer`):
    * `migrate-incoming` on `<dir>/migrate.sock`, the snapshot's state file streamed into
    * it, the load awaited (QMP `query-status` leaves `inmigrate`), `cont`, then the mux
-   * session and the agent as after a boot, and the guest clock set to now (it stood still
-   * since the capture). Each step is raced by `ctx.step` against QEMU's exit (a stream
+   * session, the guest's RNG reseeded from the host ({@link GuestOp.RESEED}), the guest
+   * clock set to now (it stood still since the capture) and the agent's HELLO. Each step is raced by `ctx.step` against QEMU's exit (a stream
    * QEMU cannot load makes it exit) and the boot deadline.
    */
   private async incoming(sb: SandboxRecord, ctx: BootContext, r: MachineRestore): Promise<void> {
@@ -929,9 +931,16 @@ export class MicrovmDriver implements SandboxDriver {
     this.wantRunning.set(sb.id, true);
     await ctx.step(ctx.qmp.execute('cont', undefined, qmpOpts));
     const s = await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
-    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    // Every restore of one snapshot starts with the source's RNG state: reseed it from the
+    // host first thing (the guest's processes have run for only the handshake). Refused (a
+    // guest agent without the op), the restore fails: forks sharing random numbers are not
+    // forks to hand out.
+    await ctx.step(s.op(GuestOp.RESEED, randomBytes(RESEED_BYTES)).catch((e: Error) => {
+      throw failedPrecondition(`sandbox ${sb.id}: snapshot ${r.snapshotId} cannot be restored: reseeding the guest's random number generator failed (${e.message}); its guest agent predates machine snapshots: take a new snapshot of a VM started by this dsecd`);
+    }));
     await s.op(GuestOp.SET_TIME, u64(BigInt(Date.now()) * 1_000_000n))
       .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after a restore failed'));
+    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
   }
 
   /**

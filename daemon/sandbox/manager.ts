@@ -824,8 +824,10 @@ export class SandboxManager {
    * Takes a filesystem snapshot: the sandbox's writable layer packed, unstripped, as a
    * layer in the image store (ownership shifted to image uids like a commit), recorded
    * with what a restore needs. A running sandbox is frozen while its layer is copied
-   * and keeps running afterwards; a paused or stopped one is copied as it is.
-   * @param req.process also checkpoint processes: answered Unimplemented with the reason.
+   * and keeps running afterwards; a paused or stopped one is copied as it is. A microVM
+   * (a backend with machine snapshots) is captured whole instead: {@link snapshotMachine}.
+   * @param req.process containers: also checkpoint processes, answered Unimplemented with
+   *   the reason; microVMs: ignored (a machine snapshot always has its processes).
    * @throws DsecError NotFound, AlreadyExists (name taken), FailedPrecondition (no
    *   writable layer), Unimplemented (process checkpoints), Internal (copy or mkfs failed).
    */
@@ -992,10 +994,14 @@ export class SandboxManager {
   /**
    * Creates a new running sandbox from a snapshot: the snapshot layer is mounted as the
    * top lower layer (shared, read-only) under a fresh writable layer, so the sandbox
-   * starts with exactly the files the source had. The source is never touched.
+   * starts with exactly the files the source had. A machine snapshot (kind vm) is resumed
+   * instead in a new VM on its own copy of the disk, its processes where they were. The
+   * source is never touched.
    * @param ref snapshot id or name.
-   * @throws DsecError NotFound, FailedPrecondition (corrupt layer), ResourceExhausted
-   *   (admission, uid pool), InvalidArgument (limits above the host's), Internal.
+   * @throws DsecError NotFound, FailedPrecondition (corrupt layer or machine state, a
+   *   state QEMU cannot load, another QEMU release), ResourceExhausted (admission, uid
+   *   pool), InvalidArgument (limits above the host's; memory or vCPUs other than a
+   *   machine snapshot's), Internal.
    */
   async restore(ref: string, req: RestoreRequest = {}): Promise<SandboxRecord> {
     return (await this.fork(ref, { ...req, count: 1 }))[0];

@@ -1073,7 +1073,8 @@ export class MicrovmDriver implements SandboxDriver {
 
   /**
    * Checks a machine snapshot can be restored here (see {@link SandboxDriver.checkMachine}):
-   * the state file has the recorded size and sha256 (read once, ~1 s per GB), the disk copy
+   * the state file has the recorded size and sha256 (read once per change of the file,
+   * ~1 s per GB; later restores of an unchanged file skip the read), the disk copy
    * the recorded size, this QEMU the same major.minor version (the microvm machine type is
    * not versioned, so only the same QEMU is known to load the stream), the kernel and
    * initramfs are still here, and KVM is usable if the snapshot was taken under KVM.
@@ -1087,10 +1088,15 @@ export class MicrovmDriver implements SandboxDriver {
     const st = await stat(statePath).catch(() => null);
     if (!st) throw bad(`its machine state ${statePath} is missing`);
     if (st.size !== m.stateBytes) throw bad(`its machine state ${statePath} is corrupt: ${st.size} bytes where the snapshot wrote ${m.stateBytes} (truncated or overwritten)`);
-    const hash = createHash('sha256');
-    await pipeline(createReadStream(statePath), new Transform({ transform(c: Buffer, _e, cb) { hash.update(c); cb(); } }));
-    const sum = hash.digest('hex');
-    if (sum !== m.stateSha256) throw bad(`its machine state ${statePath} is corrupt: sha256 ${sum}, the snapshot wrote ${m.stateSha256}`);
+    // Hashed once per version of the file (as layer blobs are verified once per change).
+    const version = `${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}:${m.stateSha256}`;
+    if (this.verifiedStates.get(statePath) !== version) {
+      const hash = createHash('sha256');
+      await pipeline(createReadStream(statePath), new Transform({ transform(c: Buffer, _e, cb) { hash.update(c); cb(); } }));
+      const sum = hash.digest('hex');
+      if (sum !== m.stateSha256) throw bad(`its machine state ${statePath} is corrupt: sha256 ${sum}, the snapshot wrote ${m.stateSha256}`);
+      this.verifiedStates.set(statePath, version);
+    }
     const ds = await stat(diskPath).catch(() => null);
     if (!ds) throw bad(`its disk copy ${diskPath} is missing`);
     if (ds.size !== m.diskBytes) throw bad(`its disk copy ${diskPath} is corrupt: ${ds.size} bytes where the snapshot wrote ${m.diskBytes}`);
@@ -1115,6 +1121,8 @@ export class MicrovmDriver implements SandboxDriver {
     return this.qemuVersionP;
   }
   private qemuVersionP: Promise<string | null> | null = null;
+  /** State files whose sha256 {@link checkMachine} verified, by path: the file's inode, size, mtime, ctime and the digest checked. */
+  private readonly verifiedStates = new Map<string, string>();
 
   async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
     throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);

@@ -81,8 +81,8 @@ const GRACE_POLL_MS = 100;
 const SYNC_TIMEOUT_MS = 30_000;
 /**
  * How long the migration of a machine snapshot may take: 10 min. A stopped VM's state
- * streams at the speed of dsecd writing a file (hundreds of MB/s; measured here: see
- * docs/ARCHITECTURE.md "microVM snapshots"), so this only ends a migration that hangs.
+ * streams at ~100 MB/s (measured under TCG on a busy 2-core host: docs/ARCHITECTURE.md,
+ * "The microvm tier", microVM snapshots), so this only ends a migration that hangs.
  */
 const MIGRATE_TIMEOUT_MS = 600_000;
 /** Host random bytes a restore mixes into the guest's pool: 64 (512 bits, twice the CRNG's 256-bit key). */

@@ -438,6 +438,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           features: {
             filesystem_snapshots: { available: true, reason: null },
             process_checkpoints: await criu.then((c) => ({ available: false, reason: c.available ? 'criu check passes, but container process checkpoints are not built yet' : c.reason })),
+            vm_snapshots: microvm.capabilities().available
+              ? { available: true, reason: 'microvm snapshots capture the whole machine (QMP migration of RAM and devices plus a copy of the writable disk); restores and forks resume its processes' }
+              : { available: false, reason: `microvm backend unavailable: ${microvm.capabilities().reason}` },
             trajectory_log: { available: true, reason: null },
             kvm: await microvm.accelInfo(),
           },

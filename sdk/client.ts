@@ -231,12 +231,18 @@ export interface CommitOptions {
 
 /**
  * A snapshot (POST /v1/sandboxes/{id}/snapshot, GET /v1/snapshots...): `id`
- * (`snap-<16 hex>`), `name` (unique, or null), `kind` (`filesystem`: the source's
- * writable layer), `sandbox_id` (the source; it may be gone since), `image` and
- * `image_layers` (digests a restore mounts, lowest first; the last is `layer`, the
- * snapshot's own), `size_bytes` (bytes of that layer's blob), the source's limits
- * (`cpus` cores, `memory_bytes` bytes, `pids`), `priority`, `labels` and `env` (the
- * defaults of a restore or fork), and `created_at` (ms since the Unix epoch).
+ * (`snap-<16 hex>`), `name` (unique, or null), `kind` (`filesystem`: a container's
+ * writable layer; `vm`: a microVM's whole machine, RAM, processes and disk), `sandbox_id`
+ * (the source; it may be gone since), `image` and `image_layers` (digests a restore
+ * mounts, lowest first; for `filesystem` the last is `layer`, the snapshot's own; for
+ * `vm` `layer` is `sha256:` of the machine state), `size_bytes` (host bytes: the layer
+ * blob, or the state plus the disk copy's blocks), the source's limits (`cpus` cores,
+ * `memory_bytes` bytes, `pids`), `priority`, `labels` and `env` (the defaults of a
+ * restore or fork), `created_at` (ms since the Unix epoch), and `machine` (`vm` only, else
+ * null: `qemu_version`, `accel`, `memory_mib` and `vcpus` that restores keep,
+ * `state_bytes` and `state_sha256` of the migration stream, `disk_bytes`,
+ * `disk_allocated_bytes` and `disk_reflinked` of the disk copy, `paused_ms` the vCPUs
+ * were stopped for the capture).
  */
 export type Snapshot = z.infer<typeof SnapshotSchema>;
 
@@ -245,8 +251,9 @@ export interface SnapshotOptions {
   /** Unique name to restore by, `[a-z0-9][a-z0-9._-]{0,127}`; default none (restore by id). */
   name?: string;
   /**
-   * Also checkpoint memory and processes (CRIU). dsecd answers `Unimplemented`, naming the
-   * reason, on a host where `criu check` fails.
+   * Containers: also checkpoint memory and processes (CRIU); dsecd answers
+   * `Unimplemented`, naming the reason, on a host where `criu check` fails. microVMs:
+   * ignored, their snapshots always capture the whole machine.
    */
   process?: boolean;
   /** Stop waiting (rejects with the signal's reason); dsecd may still finish the snapshot. */
@@ -1282,7 +1289,9 @@ export class DsecClient {
    * layers plus the snapshot layer) and resolves when it is running (or failed), like
    * {@link createSandbox}. Fields of `req` left out default to the source sandbox's.
    * Errors: `NotFound` (snapshot, or a layer of it missing), `FailedPrecondition` (a
-   * layer of it corrupt), `InvalidArgument` (bad overrides), `ResourceExhausted` (host full).
+   * layer or the machine state of it corrupt, or a machine state this host's QEMU cannot
+   * load), `InvalidArgument` (bad overrides; `memory_bytes` or `cpus` other than a `vm`
+   * snapshot's machine), `ResourceExhausted` (host full).
    */
   restore(ref: string, req: RestoreInput = {}, opts: RequestOptions = {}): Promise<Sandbox> {
     return this.request<Sandbox>('POST', snapshotPath(ref) + '/restore', req, opts);

@@ -31,9 +31,13 @@ export function renderSnapshotTable(snapshots: Snapshot[], opts: RenderSnapshotO
 
 /**
  * The `dsec snapshot ID [NAME]` note for stderr:
- * `snapshot snap-… "NAME" of sandbox ID: layer 0123456789ab (12MiB)`.
+ * `snapshot snap-… "NAME" of sandbox ID: layer 0123456789ab (12MiB)`, or for a machine
+ * snapshot (kind vm) `…: machine state 0123456789ab (40MiB), vCPUs stopped 350 ms`.
  */
 export function renderSnapshotNote(s: Snapshot): string {
   const name = s.name === null ? '' : ` ${JSON.stringify(s.name)}`;
-  return `snapshot ${s.id}${name} of sandbox ${s.sandbox_id}: layer ${shortDigest(s.layer)} (${formatBytes(s.size_bytes)})\n`;
+  const what = s.kind === 'vm' && s.machine
+    ? `machine state ${shortDigest(s.layer)} (${formatBytes(s.size_bytes)}), vCPUs stopped ${s.machine.paused_ms} ms`
+    : `layer ${shortDigest(s.layer)} (${formatBytes(s.size_bytes)})`;
+  return `snapshot ${s.id}${name} of sandbox ${s.sandbox_id}: ${what}\n`;
 }

@@ -410,7 +410,7 @@ export const HostInfo = z.object({
     queued: z.number().int(), calls: z.number().int().describe('Calls served since dsecd started.'), replaced: z.number().int().describe('Workers replaced (OOM, lost agent, call budget, idle).'),
   })).describe('The fncall worker pools, one per image content.'),
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
-    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), trajectory_log, kvm (available: microVMs run under KVM; otherwise TCG; reason: the verdict of the KVM probe boot).'),
+    .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), vm_snapshots (machine snapshots of microVMs: RAM, processes and disk), trajectory_log, kvm (available: microVMs run under KVM; otherwise TCG; reason: the verdict of the KVM probe boot).'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),
   storage: z.object({
     kind: z.enum(['btrfs', 'xfs', 'host']).describe("Where new sandboxes' writable layers go (daemon/storage/store.ts)."),
@@ -614,7 +614,8 @@ export const SnapshotRequest = z
   .object({
     name: SnapshotName.optional().describe('Unique name to restore by; default none (use the id).'),
     process: z.boolean().optional().describe(
-      'Also checkpoint memory and processes (CRIU). Answered Unimplemented, with the reason, where `criu check` fails on the host.'),
+      'Containers: also checkpoint memory and processes (CRIU); answered Unimplemented, with the reason, where `criu check` fails on the host. '
+      + 'microvm sandboxes: ignored, their snapshot always captures the whole machine (kind `vm`: RAM, processes, devices and the writable disk).'),
   })
   .strict();
 export type SnapshotRequest = z.infer<typeof SnapshotRequest>;
@@ -623,13 +624,14 @@ export type SnapshotRequest = z.infer<typeof SnapshotRequest>;
 export const Snapshot = z.object({
   id: z.string().describe('Snapshot id: `snap-` and 16 lowercase hex characters.'),
   name: z.string().nullable(),
-  kind: z.enum(['filesystem']).describe('What was captured: `filesystem` (the writable layer, unstripped).'),
+  kind: z.enum(['filesystem', 'vm']).describe(
+    'What was captured: `filesystem` (a container: the writable layer, unstripped), `vm` (a microVM: the whole machine, its RAM, CPU and device state and its writable disk; a restore resumes its processes).'),
   sandbox_id: z.string().describe('The source sandbox (it may have been destroyed since).'),
   backend: Backend,
   image: z.string().describe('Image of the source sandbox, `name:tag`.'),
-  image_layers: z.array(z.string()).describe('Layer digests a restored sandbox mounts, lowest first; the last is the snapshot layer.'),
-  layer: z.string().describe('Digest of the snapshot layer (the source writable layer, packed).'),
-  size_bytes: z.number().int().describe('Size of the snapshot layer blob, bytes.'),
+  image_layers: z.array(z.string()).describe('Layer digests a restored sandbox mounts (filesystem: the last is the snapshot layer) or attaches as disks (vm), lowest first.'),
+  layer: z.string().describe('filesystem: digest of the snapshot layer (the source writable layer, packed); vm: `sha256:` of the machine state file.'),
+  size_bytes: z.number().int().describe('Host bytes the snapshot takes: the layer blob (filesystem); the state file plus the allocated blocks of the disk copy (vm).'),
   cpus: z.number().describe('CPU limit of the source, cores; the default for restores.'),
   memory_bytes: z.number().int().describe('Memory limit of the source, bytes; the default for restores.'),
   pids: z.number().int(),
@@ -637,6 +639,18 @@ export const Snapshot = z.object({
   labels: z.record(z.string(), z.string()).describe('Labels of the source; the default labels of restores.'),
   env: z.record(z.string(), z.string()).describe('Sandbox env of the source, kept by restores.'),
   created_at: z.number().int().describe('ms since the Unix epoch.'),
+  machine: z.object({
+    qemu_version: z.string().describe('QEMU that wrote the state; a restore needs the same major.minor.'),
+    accel: z.enum(['kvm', 'tcg']),
+    memory_mib: z.number().int().describe('Guest RAM, MiB; restores keep it (memory_bytes cannot change).'),
+    vcpus: z.number().int().describe('vCPUs; restores keep it (cpus must round up to it).'),
+    state_bytes: z.number().int().describe('Bytes of the migration stream (RAM pages the guest touched, CPU and device state).'),
+    state_sha256: z.string().describe('sha256 (hex) of the stream, checked before every restore.'),
+    disk_bytes: z.number().int().describe('Apparent size of the writable disk copy, bytes.'),
+    disk_allocated_bytes: z.number().int().describe('Host bytes of the disk copy (0 for a reflink).'),
+    disk_reflinked: z.boolean().describe('Whether the disk copy is a reflink of the source disk (btrfs, XFS) rather than a sparse copy.'),
+    paused_ms: z.number().int().describe("How long the source's vCPUs were stopped for the capture, ms."),
+  }).nullable().describe('The captured machine of a `vm` snapshot, else null.'),
 });
 export type Snapshot = z.infer<typeof Snapshot>;
 

@@ -27,6 +27,55 @@ export interface DriverCapabilities {
   snapshot: boolean;
 }
 
+/**
+ * What a machine snapshot (`kind: vm`, the microvm tier) captured and how to boot it
+ * again: the machine's QEMU configuration, which a restore must repeat exactly (the
+ * migration stream carries RAM and device state, not the device set), and the two files
+ * in the snapshot's directory ({@link MACHINE_STATE_FILE}, {@link MACHINE_DISK_FILE}).
+ * Stored as JSON in the snapshot row; field names are part of the store format.
+ */
+export interface MachineSnapshot {
+  /** QEMU that wrote the state, `major.minor.micro` (from the QMP greeting). */
+  qemuVersion: string;
+  accel: 'kvm' | 'tcg';
+  /** Guest RAM, MiB (`-m`). */
+  memoryMiB: number;
+  /** vCPUs (`-smp`). */
+  vcpus: number;
+  /** Host paths of the boot kernel and initramfs the source booted (both content-addressed under `<root>/vm`). */
+  kernel: string;
+  initrd: string;
+  /** `tsc_early_khz` of the source's command line (TCG), or null. */
+  tscKhz: number | null;
+  /** Layer digests attached as read-only disks, lowest first (virtio-mmio slot order). */
+  layers: string[];
+  /** Bytes of the migration stream file and its sha256 (hex), checked before a restore. */
+  stateBytes: number;
+  stateSha256: string;
+  /** Apparent size of the writable disk copy, bytes (the guest's ext4 size). */
+  diskBytes: number;
+  /** Host bytes the disk copy takes (allocated blocks; 0 extra where it is a reflink). */
+  diskAllocatedBytes: number;
+  /** Whether the disk copy shares its blocks with the source (`cp --reflink=auto` made a reflink). */
+  diskReflinked: boolean;
+  /** How long the source's vCPUs were stopped for the capture, ms. */
+  pausedMs: number;
+}
+
+/** File of a machine snapshot's migration stream (QEMU's savevm format), in its directory. */
+export const MACHINE_STATE_FILE = 'state.qemu';
+/** File of a machine snapshot's writable-disk copy, in its directory. */
+export const MACHINE_DISK_FILE = 'disk.raw';
+
+/** Where a create restores a machine snapshot from (microvm restores and forks). */
+export interface MachineRestore {
+  /** Snapshot id, for messages. */
+  snapshotId: string;
+  /** The snapshot's directory, holding {@link MACHINE_STATE_FILE} and {@link MACHINE_DISK_FILE}. */
+  dir: string;
+  machine: MachineSnapshot;
+}
+
 /** Resource usage of one sandbox: bytes, nanoseconds of CPU, process count. */
 export interface SandboxStats {
   cpuUsageNs: number;
@@ -123,8 +172,12 @@ export interface ConsoleClientHandlers {
 export interface SandboxDriver {
   readonly backend: Backend;
   capabilities(): DriverCapabilities;
-  /** Creates and starts the sandbox described by `sb` (state creating); returns its init. */
-  create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
+  /**
+   * Creates and starts the sandbox described by `sb` (state creating); returns its init.
+   * With `restore` (backends with {@link snapshotMachine} only), the sandbox is the
+   * machine of that snapshot, resumed where it was captured, instead of a fresh boot.
+   */
+  create(sb: SandboxRecord, fp: Failpoints, restore?: MachineRestore): Promise<InitInfo>;
   /** Starts a stopped sandbox again on its kept writable layer. */
   start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
   /**
@@ -179,6 +232,24 @@ export interface SandboxDriver {
    * @throws DsecError FailedPrecondition when the sandbox has no writable layer on this host.
    */
   withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T>;
+  /**
+   * Captures a running or paused sandbox's whole machine (guest RAM, CPU and device
+   * state, and its writable disk) into the empty directory `dir`; the sandbox is left in
+   * the run state it had. Optional: backends with machine snapshots only (capability
+   * `snapshot` of a VM tier).
+   * @throws DsecError FailedPrecondition (not running or paused, started by a dsecd
+   *   without machine records), DeadlineExceeded / Unavailable (QMP), Internal (the copy
+   *   or the migration failed; `dir` may hold partial files the caller removes).
+   */
+  snapshotMachine?(sb: SandboxRecord, dir: string): Promise<MachineSnapshot>;
+  /**
+   * Checks that a machine snapshot can be restored on this host before anything is
+   * created: its files are complete and intact (size and sha256 of the state), and the
+   * QEMU, accelerator, kernel and initramfs it needs are here.
+   * @throws DsecError FailedPrecondition naming what is wrong (without the snapshot's
+   *   name: the caller prefixes it).
+   */
+  checkMachine?(restore: MachineRestore): Promise<void>;
   /** Freezes every process of a running sandbox and reclaims what memory the host can. */
   pause(sb: SandboxRecord): Promise<ReclaimReport>;
   /** Thaws a paused sandbox: every process continues where it stopped. */

@@ -29,7 +29,7 @@ export const FAILPOINTS = [
   'start.after-runtime',
   'image.after-blob', // an imported layer's blob published, before its manifest
   'trajectory.before-record', // a trajectory step's command ended, before its result is recorded
-  'snapshot.after-layer', // a snapshot's layer stored, before its row
+  'snapshot.after-layer', // a snapshot's layer (or a machine snapshot's files) stored, before its row
   'fork.after-create', // one sandbox of a fork created (acknowledged), before the fork commits
 ] as const;
 

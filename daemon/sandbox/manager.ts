@@ -23,7 +23,8 @@ import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, 
 import os, { constants as osConstants } from 'node:os';
 
 const { ENOENT, E2BIG } = osConstants.errno;
-import type { ConsoleClientHandlers, ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
+import type { ConsoleClientHandlers, MachineRestore, ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
+import { mkdir, readdir, rm } from 'node:fs/promises';
 import type { AgentClient } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packWritableLayer } from '../image/commit.js';
@@ -104,6 +105,8 @@ interface SandboxSource {
   config: ImageConfig;
   /** The snapshot restored, if any. */
   snapshotId: string | null;
+  /** A machine snapshot (kind vm) to resume instead of booting, if any. */
+  restore?: MachineRestore;
 }
 
 /** Label naming the fork (or restore) call that created a sandbox: `fork-<16 hex>`; one value per call. */
@@ -334,7 +337,7 @@ export class SandboxManager {
     return this.mutex.run(id, async () => {
       let init;
       try {
-        init = await drv.create(rec, this.d.failpoints);
+        init = await drv.create(rec, this.d.failpoints, src.restore);
       } catch (e) {
         this.d.log.warn({ err: e, id }, 'create failed; cleaning up');
         await drv.destroy(rec, this.d.failpoints).catch((e2) => this.d.log.error({ err: e2, id }, 'cleanup after failed create failed'));
@@ -821,13 +824,20 @@ export class SandboxManager {
    * Takes a filesystem snapshot: the sandbox's writable layer packed, unstripped, as a
    * layer in the image store (ownership shifted to image uids like a commit), recorded
    * with what a restore needs. A running sandbox is frozen while its layer is copied
-   * and keeps running afterwards; a paused or stopped one is copied as it is.
-   * @param req.process also checkpoint processes: answered Unimplemented with the reason.
+   * and keeps running afterwards; a paused or stopped one is copied as it is. A microVM
+   * (a backend with machine snapshots) is captured whole instead: {@link snapshotMachine}.
+   * @param req.process containers: also checkpoint processes, answered Unimplemented with
+   *   the reason; microVMs: ignored (a machine snapshot always has its processes).
    * @throws DsecError NotFound, AlreadyExists (name taken), FailedPrecondition (no
    *   writable layer), Unimplemented (process checkpoints), Internal (copy or mkfs failed).
    */
   async snapshot(id: string, req: SnapshotRequest): Promise<SnapshotRecord> {
     const sb0 = this.d.repo.get(id);
+    if (sb0.backend !== 'container' && sb0.backend !== 'fncall') {
+      const drv = this.driver(sb0.backend);
+      if (!drv.capabilities().snapshot || !drv.snapshotMachine) throw unimplemented(`snapshots of ${sb0.backend} sandboxes are not built yet`);
+      return this.snapshotMachine(id, req, drv);
+    }
     if (req.process) {
       const criu = await probeCriu();
       throw unimplemented(criu.available
@@ -856,11 +866,55 @@ export class SandboxManager {
         id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
         imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
         cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
-        network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem,
+        network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem, machine: null,
       });
       await this.d.images.syncLeases(this.layersInUse());
       this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} ${layer.digest}`);
       return snap;
+    });
+  }
+
+  /** Directory of a machine snapshot's files: `<root>/snapshots/<id>`. */
+  private snapshotDir(id: string): string {
+    return path.join(this.d.config.root, 'snapshots', id);
+  }
+
+  /**
+   * Takes a machine snapshot (kind vm) of a running or paused microVM: the driver captures
+   * RAM, CPU and device state and the writable disk into {@link snapshotDir}; the row is
+   * written after the files, so a crash in between leaves only a directory, which
+   * {@link reconcile} removes. The source keeps the run state it had.
+   * @throws DsecError NotFound, AlreadyExists (name taken), FailedPrecondition (not
+   *   running or paused), DeadlineExceeded / Unavailable (QMP), Internal (the capture failed).
+   */
+  private async snapshotMachine(id: string, req: SnapshotRequest, drv: SandboxDriver): Promise<SnapshotRecord> {
+    const name = req.name ?? null;
+    this.d.snapshots.assertNameFree(name);
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.get(id);
+      if (!['running', 'paused'].includes(sb.state) || sb.desired !== null) {
+        throw failedPrecondition(`sandbox ${id} is ${sb.desired ? `becoming ${sb.desired}` : sb.state}; a ${sb.backend} snapshot captures the running machine: snapshot it when it is running or paused`);
+      }
+      const snapId = `snap-${randomBytes(8).toString('hex')}`;
+      const dir = this.snapshotDir(snapId);
+      await mkdir(dir, { recursive: true, mode: 0o700 });
+      try {
+        const machine = await drv.snapshotMachine!(sb, dir);
+        this.d.failpoints.hit('snapshot.after-layer');
+        const snap = this.d.snapshots.insert({
+          id: snapId, name, kind: 'vm', sandboxId: id, backend: sb.backend, image: sb.image,
+          imageLayers: sb.imageLayers, imageConfig: sb.imageConfig, layer: `sha256:${machine.stateSha256}`,
+          sizeBytes: machine.stateBytes + machine.diskAllocatedBytes,
+          cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
+          network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem, machine,
+        });
+        await this.d.images.syncLeases(this.layersInUse());
+        this.d.repo.event('sandbox.snapshotted', sb, `${snap.id}${name ? ` (${name})` : ''} machine: ${machine.stateBytes} bytes of state, vCPUs stopped ${machine.pausedMs} ms`);
+        return snap;
+      } catch (e) {
+        await rm(dir, { recursive: true, force: true });
+        throw e instanceof DsecError ? e : wrap(e, `snapshot sandbox ${id}`);
+      }
     });
   }
 
@@ -882,6 +936,8 @@ export class SandboxManager {
   async removeSnapshot(ref: string): Promise<SnapshotRecord> {
     const snap = this.d.snapshots.get(ref);
     this.d.snapshots.remove(snap.id);
+    // A machine snapshot's files; restores made from it have their own disk copies.
+    await rm(this.snapshotDir(snap.id), { recursive: true, force: true });
     await this.d.images.syncLeases(this.layersInUse());
     this.d.repo.event('snapshot.removed', null, `${snap.id}${snap.name ? ` (${snap.name})` : ''}`);
     return snap;
@@ -894,16 +950,31 @@ export class SandboxManager {
    */
   private async checkSnapshot(ref: string): Promise<SnapshotRecord> {
     const snap = this.d.snapshots.get(ref);
-    this.driver(snap.backend);
+    const drv = this.driver(snap.backend);
+    const what = `snapshot ${snap.id}${snap.name ? ` (${snap.name})` : ''} cannot be restored`;
     for (const digest of snap.imageLayers) {
       try {
         await this.d.images.prepareForMount(digest);
       } catch (e) {
         const err = e instanceof DsecError ? e : wrap(e, 'layer check');
-        throw new DsecError(err.kind, `snapshot ${snap.id}${snap.name ? ` (${snap.name})` : ''} cannot be restored: ${err.message}`, { cause: e });
+        throw new DsecError(err.kind, `${what}: ${err.message}`, { cause: e });
+      }
+    }
+    if (snap.kind === 'vm') {
+      if (!snap.machine || !drv.checkMachine) throw failedPrecondition(`${what}: it is a machine snapshot and the ${snap.backend} backend of this dsecd cannot restore machines`);
+      try {
+        await drv.checkMachine(this.machineRestore(snap));
+      } catch (e) {
+        const err = e instanceof DsecError ? e : wrap(e, 'machine check');
+        throw new DsecError(err.kind, `${what}: ${err.message}`, { cause: e });
       }
     }
     return snap;
+  }
+
+  /** Where a restore of the machine snapshot `snap` reads from. */
+  private machineRestore(snap: SnapshotRecord): MachineRestore {
+    return { snapshotId: snap.id, dir: this.snapshotDir(snap.id), machine: snap.machine! };
   }
 
   /** The create request a restore of `snap` with overrides `req` amounts to. */
@@ -923,10 +994,14 @@ export class SandboxManager {
   /**
    * Creates a new running sandbox from a snapshot: the snapshot layer is mounted as the
    * top lower layer (shared, read-only) under a fresh writable layer, so the sandbox
-   * starts with exactly the files the source had. The source is never touched.
+   * starts with exactly the files the source had. A machine snapshot (kind vm) is resumed
+   * instead in a new VM on its own copy of the disk, its processes where they were. The
+   * source is never touched.
    * @param ref snapshot id or name.
-   * @throws DsecError NotFound, FailedPrecondition (corrupt layer), ResourceExhausted
-   *   (admission, uid pool), InvalidArgument (limits above the host's), Internal.
+   * @throws DsecError NotFound, FailedPrecondition (corrupt layer or machine state, a
+   *   state QEMU cannot load, another QEMU release), ResourceExhausted (admission, uid
+   *   pool), InvalidArgument (limits above the host's; memory or vCPUs other than a
+   *   machine snapshot's), Internal.
    */
   async restore(ref: string, req: RestoreRequest = {}): Promise<SandboxRecord> {
     return (await this.fork(ref, { ...req, count: 1 }))[0];
@@ -946,8 +1021,24 @@ export class SandboxManager {
     const disk = this.diskQuota(req.disk_bytes, snap.diskBytes);
     if (disk === null) delete creq.disk_bytes;
     else creq.disk_bytes = disk;
+    if (snap.kind === 'vm') {
+      // The machine's RAM and vCPUs are in its state: a restore cannot resize them.
+      const m = snap.machine!;
+      if (Math.ceil(creq.memory_bytes! / 2 ** 20) !== m.memoryMiB) {
+        throw invalidArgument(`snapshot ${snap.id} holds a machine with ${m.memoryMiB} MiB of RAM, which a restore cannot change; leave memory_bytes out (or ask for ${snap.memoryBytes})`);
+      }
+      if (Math.max(1, Math.ceil(creq.cpus!)) !== m.vcpus) {
+        throw invalidArgument(`snapshot ${snap.id} holds a machine with ${m.vcpus} vCPU(s), which a restore cannot change; leave cpus out or ask for more than ${m.vcpus - 1} and at most ${m.vcpus}`);
+      }
+      if (req.disk_bytes !== undefined && req.disk_bytes !== snap.diskBytes) {
+        throw invalidArgument(`snapshot ${snap.id} holds the machine's disk of ${m.diskBytes} bytes, which a restore cannot resize; leave disk_bytes out`);
+      }
+    }
     this.admit(creq.cpus!, creq.memory_bytes!, req.count);
-    const src: SandboxSource = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id };
+    const src: SandboxSource = {
+      image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id,
+      ...(snap.kind === 'vm' ? { restore: this.machineRestore(snap) } : {}),
+    };
     // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.
     const forkId = `fork-${randomBytes(8).toString('hex')}`;
     creq.labels = { ...creq.labels, [FORK_LABEL]: forkId };
@@ -1118,6 +1209,13 @@ export class SandboxManager {
         }
       }
       this.d.snapshots.removeForkIntent(forkId);
+    }
+    // Machine snapshot files whose row was never written (dsecd died during the capture).
+    const snapIds = new Set(this.d.snapshots.all().map((s) => s.id));
+    for (const e of await readdir(path.join(this.d.config.root, 'snapshots')).catch(() => [] as string[])) {
+      if (snapIds.has(e)) continue;
+      await rm(this.snapshotDir(e), { recursive: true, force: true });
+      rep.orphans.push(`snapshot files ${e}`);
     }
     const known = new Set(this.d.repo.all().map((s) => s.id));
     for (const drv of new Set(this.d.drivers.values())) {

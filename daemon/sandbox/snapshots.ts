@@ -1,26 +1,31 @@
 /**
- * Typed access to the `snapshots` table. A snapshot is a sandbox's writable layer,
- * packed unstripped as an EROFS layer in the image store, plus what a restore needs to
- * recreate the sandbox: its image layers and config, limits, labels and env.
+ * Typed access to the `snapshots` table. A `filesystem` snapshot (containers) is a
+ * sandbox's writable layer, packed unstripped as an EROFS layer in the image store; a
+ * `vm` snapshot (microVMs) is the whole machine, its migration stream and writable disk
+ * in `<root>/snapshots/<id>/` with the machine's configuration in the row. Both keep what
+ * a restore needs to recreate the sandbox: its image layers and config, limits, labels
+ * and env.
  */
 import type { Db } from '../store/db.js';
 import type { Backend, FilesystemSpec, NetworkSpec, Snapshot } from '../api/schema.js';
 import { alreadyExists, notFound } from '../errors.js';
 import type { ImageConfig } from './repo.js';
+import type { MachineSnapshot } from '../drivers/types.js';
 
 /** A snapshot row, decoded. Times in ms since the epoch; sizes in bytes; cpus in cores. */
 export interface SnapshotRecord {
   /** `snap-` and 16 lowercase hex characters. */
   id: string;
   name: string | null;
-  kind: 'filesystem';
+  /** `filesystem`: the writable layer ({@link layer}); `vm`: the machine ({@link machine}). */
+  kind: 'filesystem' | 'vm';
   sandboxId: string;
   backend: Backend;
   image: string;
-  /** Layers a restore mounts, lowest first; the last is {@link layer}. */
+  /** Layers a restore mounts (filesystem: the last is {@link layer}) or attaches as disks (vm), lowest first. */
   imageLayers: string[];
   imageConfig: ImageConfig;
-  /** Digest of the snapshot layer. */
+  /** Digest of the snapshot layer (filesystem), or `sha256:` of the machine's state file (vm). */
   layer: string;
   sizeBytes: number;
   cpus: number;
@@ -34,20 +39,23 @@ export interface SnapshotRecord {
   network: NetworkSpec | null;
   diskBytes: number | null;
   filesystem: FilesystemSpec | null;
+  /** The captured machine of a `vm` snapshot, else null. */
+  machine: MachineSnapshot | null;
 }
 
 interface Row {
   id: string; name: string | null; kind: string; sandbox_id: string; backend: string; image: string; image_layers: string; image_config: string;
   layer: string; size_bytes: number; cpus: number; memory_bytes: number; pids: number; priority: string; labels: string; env: string; created_at: number;
-  network: string | null; disk_bytes: number | null; filesystem: string | null;
+  network: string | null; disk_bytes: number | null; filesystem: string | null; machine: string | null;
 }
 
 const decode = (r: Row): SnapshotRecord => ({
-  id: r.id, name: r.name, kind: 'filesystem', sandboxId: r.sandbox_id, backend: r.backend as Backend, image: r.image,
+  id: r.id, name: r.name, kind: r.kind === 'vm' ? 'vm' : 'filesystem', sandboxId: r.sandbox_id, backend: r.backend as Backend, image: r.image,
   imageLayers: JSON.parse(r.image_layers), imageConfig: JSON.parse(r.image_config), layer: r.layer, sizeBytes: r.size_bytes,
   cpus: r.cpus, memoryBytes: r.memory_bytes, pids: r.pids, priority: r.priority === 'batch' ? 'batch' : 'latency',
   labels: JSON.parse(r.labels), env: JSON.parse(r.env), createdAt: r.created_at,
   network: r.network ? JSON.parse(r.network) : null, diskBytes: r.disk_bytes, filesystem: r.filesystem ? JSON.parse(r.filesystem) : null,
+  machine: r.machine ? JSON.parse(r.machine) : null,
 });
 
 /** The API view of a snapshot. */
@@ -56,6 +64,11 @@ export function snapshotToApi(s: SnapshotRecord): Snapshot {
     id: s.id, name: s.name, kind: s.kind, sandbox_id: s.sandboxId, backend: s.backend, image: s.image, image_layers: s.imageLayers,
     layer: s.layer, size_bytes: s.sizeBytes, cpus: s.cpus, memory_bytes: s.memoryBytes, pids: s.pids, priority: s.priority,
     labels: s.labels, env: s.env, created_at: s.createdAt,
+    machine: s.machine ? {
+      qemu_version: s.machine.qemuVersion, accel: s.machine.accel, memory_mib: s.machine.memoryMiB, vcpus: s.machine.vcpus,
+      state_bytes: s.machine.stateBytes, state_sha256: s.machine.stateSha256, disk_bytes: s.machine.diskBytes,
+      disk_allocated_bytes: s.machine.diskAllocatedBytes, disk_reflinked: s.machine.diskReflinked, paused_ms: s.machine.pausedMs,
+    } : null,
   };
 }
 
@@ -73,10 +86,11 @@ export class SnapshotRepo {
   insert(s: SnapshotRecord): SnapshotRecord {
     this.assertNameFree(s.name);
     this.db.prepare(`INSERT INTO snapshots (id, name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus,
-        memory_bytes, pids, priority, labels, env, created_at, network, disk_bytes, filesystem) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+        memory_bytes, pids, priority, labels, env, created_at, network, disk_bytes, filesystem, machine) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`)
       .run(s.id, s.name, s.kind, s.sandboxId, s.backend, s.image, JSON.stringify(s.imageLayers), JSON.stringify(s.imageConfig), s.layer,
         s.sizeBytes, s.cpus, s.memoryBytes, s.pids, s.priority, JSON.stringify(s.labels), JSON.stringify(s.env), s.createdAt,
-        s.network ? JSON.stringify(s.network) : null, s.diskBytes, s.filesystem ? JSON.stringify(s.filesystem) : null);
+        s.network ? JSON.stringify(s.network) : null, s.diskBytes, s.filesystem ? JSON.stringify(s.filesystem) : null,
+        s.machine ? JSON.stringify(s.machine) : null);
     return s;
   }
 

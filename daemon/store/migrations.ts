@@ -158,4 +158,11 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE snapshots ADD COLUMN filesystem TEXT;
     `,
   },
+  {
+    version: 7,
+    description: 'machine snapshots of microVMs (kind vm)',
+    sql: `
+      ALTER TABLE snapshots ADD COLUMN machine TEXT;                         -- JSON MachineSnapshot of a kind vm snapshot, else NULL
+    `,
+  },
 ];

@@ -47,6 +47,8 @@
 #include <time.h>
 #include <unistd.h>
 #include <sys/epoll.h>
+#include <sys/ioctl.h>
+#include <linux/random.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/timerfd.h>
@@ -78,7 +80,7 @@
 #define INBUF_CAP (2 * (MUX_HDR + MUX_MAX_PAYLOAD))
 
 enum { T_HELLO = 1, T_HELLO_ACK = 2, T_OPEN = 3, T_DATA = 4, T_CREDIT = 5, T_CLOSE = 6, T_OP = 7, T_OP_REPLY = 8 };
-enum { OP_SYNC = 1, OP_KILL_ALL = 2, OP_PROCS = 3, OP_SET_TIME = 4 };
+enum { OP_SYNC = 1, OP_KILL_ALL = 2, OP_PROCS = 3, OP_SET_TIME = 4, OP_RESEED = 5 };
 enum { K_PORT = 1, K_TIMER, K_STREAM };
 
 struct mchunk {
@@ -630,6 +632,34 @@ static void on_op(const unsigned char *p, uint32_t len)
 		uint64_t ns = get64(p + 6);
 		struct timespec ts = { .tv_sec = (time_t)(ns / 1000000000ull), .tv_nsec = (long)(ns % 1000000000ull) };
 		res = clock_settime(CLOCK_REALTIME, &ts) < 0 ? -errno : 0;
+		break;
+	}
+	case OP_RESEED: {
+		/* After a machine snapshot is restored (or forked), the guest's RNG state is the
+		 * source's: mix in the host's fresh bytes as credited entropy and reseed the CRNG at
+		 * once, so no two forks draw the same random numbers from then on. 16-256 bytes. */
+		uint32_t n = len - 6;
+		if (n < 16 || n > 256) {
+			res = -EINVAL;
+			break;
+		}
+		if (getpid() != 1) {
+			res = -EPERM; /* only as the guest's init: never a host's pool */
+			break;
+		}
+		struct { int entropy_count; int buf_size; unsigned char buf[256]; } e;
+		e.entropy_count = (int)n * 8;
+		e.buf_size = (int)n;
+		memcpy(e.buf, p + 6, n);
+		int fd = open("/dev/urandom", O_WRONLY | O_CLOEXEC);
+		if (fd < 0) {
+			res = -errno;
+			break;
+		}
+		res = ioctl(fd, RNDADDENTROPY, &e) < 0 ? -errno : 0;
+		if (res == 0 && ioctl(fd, RNDRESEEDCRNG) < 0)
+			res = -errno;
+		close(fd);
 		break;
 	}
 	default:

@@ -84,6 +84,19 @@ describe('dsec snapshot', () => {
     expect(seen.map((s) => s.body)).toEqual([{}, { process: true }, { name: 'n1', process: true }, { name: 'n2' }]);
   });
 
+  it('a machine snapshot (kind vm) notes its state digest, size and how long the vCPUs were stopped', async () => {
+    routes['POST /v1/sandboxes/:id/snapshot'] = ok(fakeSnapshot({
+      kind: 'vm', backend: 'microvm', layer: 'sha256:' + '7'.repeat(64), size_bytes: 40 * 1024 * 1024,
+      machine: {
+        qemu_version: '7.2.22', accel: 'tcg', memory_mib: 256, vcpus: 1, state_bytes: 36 * 1024 * 1024, state_sha256: '7'.repeat(64),
+        disk_bytes: 10 * 1024 ** 3, disk_allocated_bytes: 4 * 1024 * 1024, disk_reflinked: false, paused_ms: 350,
+      },
+    }), 201);
+    const r = await dsec(['snapshot', ID, 'base']);
+    expect(r.code).toBe(0);
+    expect(r.err).toBe(`snapshot ${SNAP} "base" of sandbox ${ID}: machine state 777777777777 (40MiB), vCPUs stopped 350 ms\n`);
+  });
+
   it('`snapshot ls`, `inspect` and `rm` are subcommands, never taken for a sandbox id', async () => {
     routes['GET /v1/snapshots'] = ok({ snapshots: [fakeSnapshot(), fakeSnapshot({ id: 'snap-00000000000000a2', name: null, sandbox_id: 'fedcba9876543210', size_bytes: 1536 })] });
     routes['GET /v1/snapshots/:ref'] = ok(fakeSnapshot());

@@ -4,7 +4,8 @@
  * (`dsec fork`) from, named NAME when given; the sandbox keeps running. Prints the
  * snapshot id on stdout and `snapshot snap-… of sandbox ID: layer … (SIZE)` on stderr;
  * --json prints the Snapshot. `--process` also checkpoints memory and processes (CRIU),
- * refused (Unimplemented, with the reason) where the host cannot.
+ * refused (Unimplemented, with the reason) where the host cannot. A microvm sandbox's
+ * snapshot always captures the whole machine (kind vm; the note names its state).
  *
  * The default subcommand of `snapshot`: sandbox ids are 16 hex characters, so an id is
  * never taken for `ls`, `inspect` or `rm`.

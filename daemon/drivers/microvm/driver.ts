@@ -20,15 +20,28 @@
  * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
  * extends this driver through its protected hooks (qemuCommand, makeDisk, bootGuest, ...).
  *
- * Not built yet (issue 9, later steps): snapshots and forks (QMP migration to a file),
- * pmem/DAX sharing of layers, the balloon. `withWritableLayer` (commit, filesystem
- * snapshots) answers FailedPrecondition: the writable layer is an ext4 image, not a host
- * directory.
+ * Machine snapshots ({@link MicrovmDriver.snapshotMachine}): the VM is stopped (QMP
+ * `stop`, which drains and flushes its disks), its writable disk copied (a reflink where
+ * the filesystem has them) and its RAM and device state streamed by QMP `migrate` to a
+ * Unix socket dsecd listens on in the sandbox dir (the only place the confined VMM can
+ * reach; `exec:` migration would need a shell and a fork, which the VMM's mount
+ * namespace and `-sandbox spawn=deny` refuse, and `fd:` would need SCM_RIGHTS, which
+ * Node's sockets cannot send); then it continues. A restore boots a new QEMU with the
+ * machine's recorded configuration and `-incoming defer`, on its own copy of the disk,
+ * and feeds it the stream through `migrate-incoming` on a socket in its own dir; the
+ * guest resumes where it stopped and dsecd's new mux session takes over the agent port.
+ *
+ * Not built yet (issue 9, later steps): pmem/DAX sharing of layers, the balloon.
+ * `withWritableLayer` (commit, filesystem snapshots) answers FailedPrecondition: the
+ * writable layer is an ext4 image, not a host directory.
  */
-import { accessSync, constants as fsConstants, readFileSync, readlinkSync, statSync } from 'node:fs';
-import { createHash } from 'node:crypto';
+import { accessSync, constants as fsConstants, createReadStream, createWriteStream, readFileSync, readlinkSync, statSync } from 'node:fs';
+import { createHash, randomBytes } from 'node:crypto';
 import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import net from 'node:net';
 import path from 'node:path';
+import { Transform } from 'node:stream';
+import { pipeline } from 'node:stream/promises';
 import type { ChildProcess } from 'node:child_process';
 import { execa } from 'execa';
 import type { Logger } from 'pino';
@@ -43,9 +56,10 @@ import type { SandboxRecord } from '../../sandbox/repo.js';
 import type { DefenceStatus } from '../../api/schema.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
 import type {
-  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport,
-  ReclaimReport, SandboxDriver, SandboxStats,
+  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, MachineRestore, MachineSnapshot,
+  OrphanReport, ReclaimReport, SandboxDriver, SandboxStats,
 } from '../types.js';
+import { MACHINE_DISK_FILE, MACHINE_STATE_FILE } from '../types.js';
 import { effectiveLayers, hostHasSwap } from '../container/driver.js';
 import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
 import { removeSandboxDir } from '../../image/rootfs.js';
@@ -65,6 +79,27 @@ const QUIT_WAIT_MS = 5_000;
 const GRACE_POLL_MS = 100;
 /** How long a guest `sync` may take at stop: 30 s (it flushes the guest page cache to the disk file). */
 const SYNC_TIMEOUT_MS = 30_000;
+/**
+ * How long the migration of a machine snapshot may take: 10 min. A stopped VM's state
+ * streams at ~100 MB/s (measured under TCG on a busy 2-core host: docs/ARCHITECTURE.md,
+ * "The microvm tier", microVM snapshots), so this only ends a migration that hangs.
+ */
+const MIGRATE_TIMEOUT_MS = 600_000;
+/** Host random bytes a restore mixes into the guest's pool: 64 (512 bits, twice the CRNG's 256-bit key). */
+const RESEED_BYTES = 64;
+/** How long a boot step that lost a socket waits for QEMU's exit to be reported: 1 s (QEMU exits within ms of closing its sockets). */
+const EXIT_GRACE_MS = 1_000;
+/** How often a snapshot polls `query-migrate`, and a restore `query-status`: 20 ms (one QMP round trip is well under 1 ms). */
+const MIGRATE_POLL_MS = 20;
+/**
+ * QEMU's `max-bandwidth` for a snapshot's migration: 1 TiB/s, i.e. unlimited. QEMU's
+ * default (32 MiB/s) throttles live migration over a network; a stopped VM streaming to
+ * a local file has no reason to be throttled.
+ */
+const MIGRATE_MAX_BANDWIDTH = 2 ** 40;
+
+/** The machine one QEMU was started with (`machine.json` in its sandbox dir; see {@link MachineSnapshot} for the fields). */
+type MachineSpec = Pick<MachineSnapshot, 'accel' | 'memoryMiB' | 'vcpus' | 'kernel' | 'initrd' | 'tscKhz' | 'layers'>;
 
 /** Dependencies of the microvm driver, built once by the daemon. */
 export interface MicrovmDriverDeps {
@@ -140,7 +175,7 @@ export class MicrovmDriver implements SandboxDriver {
   }
 
   capabilities(): DriverCapabilities {
-    const base = { id: 'dsec.driver.microvm.v1', backend: 'microvm' as const, pause: true, snapshot: false };
+    const base = { id: 'dsec.driver.microvm.v1', backend: 'microvm' as const, pause: true, snapshot: true };
     const missing = this.missing();
     return { ...base, available: missing === null, reason: missing };
   }
@@ -260,14 +295,31 @@ export class MicrovmDriver implements SandboxDriver {
     if (n > MICROVM_MAX_LAYERS) throw invalidArgument(`image ${sb.image} has ${n} layers; a microvm attaches at most ${MICROVM_MAX_LAYERS} (one virtio-mmio slot each)`);
   }
 
-  async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+  async create(sb: SandboxRecord, fp: Failpoints, restore?: MachineRestore): Promise<InitInfo> {
     this.check(sb);
+    if (restore) this.checkRestoreShape(sb, restore);
     const dir = this.dir(sb.id);
     await mkdir(dir, { recursive: true, mode: 0o700 });
     await chmod(dir, 0o700);
-    await this.makeDisk(sb);
+    if (restore) await copyDisk(path.join(restore.dir, MACHINE_DISK_FILE), this.writableDisk(sb.id));
+    else await this.makeDisk(sb);
     fp.hit('create.after-rootfs');
-    return this.launch(sb, fp, 'create');
+    return this.launch(sb, fp, 'create', restore);
+  }
+
+  /**
+   * A restore must repeat the captured machine: the same RAM size, vCPU count and layer
+   * disks (the migration stream holds their state, not their configuration).
+   * @throws DsecError InvalidArgument naming the difference.
+   */
+  private checkRestoreShape(sb: SandboxRecord, r: MachineRestore): void {
+    const m = r.machine;
+    const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
+    const vcpus = Math.max(1, Math.ceil(sb.cpus));
+    if (guestMiB !== m.memoryMiB) throw invalidArgument(`snapshot ${r.snapshotId} holds a machine with ${m.memoryMiB} MiB of RAM; a restore cannot change it (memory_bytes ${sb.memoryBytes} asks for ${guestMiB} MiB): leave memory_bytes out`);
+    if (vcpus !== m.vcpus) throw invalidArgument(`snapshot ${r.snapshotId} holds a machine with ${m.vcpus} vCPU(s); a restore cannot change that (cpus ${sb.cpus} means ${vcpus}): ask for cpus in (${m.vcpus - 1}, ${m.vcpus}] or leave cpus out`);
+    const layers = this.attachedLayers(sb);
+    if (layers.join(',') !== m.layers.join(',')) throw invalidArgument(`snapshot ${r.snapshotId} was taken with layer disks ${m.layers.join(',')}; the restore would attach ${layers.join(',')}`);
   }
 
   async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
@@ -307,16 +359,16 @@ export class MicrovmDriver implements SandboxDriver {
    * the boot timeout). On failure QEMU is killed and its cgroup removed; the error names
    * what failed with the console's tail.
    */
-  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<InitInfo> {
+  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start', restore?: MachineRestore): Promise<InitInfo> {
     const t0 = Date.now();
     const deadline = t0 + this.d.vm.bootTimeoutMs;
     const dir = this.dir(sb.id);
     const paths = vmPaths(dir);
-    const plat = await this.platform();
+    const plat = restore ? await this.restorePlatform(restore) : await this.platform();
     const layers: string[] = [];
     this.blobs.set(sb.id, this.attachedLayers(sb));
     for (const dg of this.attachedLayers(sb)) layers.push(await this.d.blobPath(dg));
-    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid]) await rm(f, { force: true });
+    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
     await this.d.cgroups.create(sb.id, {
@@ -330,7 +382,12 @@ export class MicrovmDriver implements SandboxDriver {
     });
     const ep = this.endpoint(sb.id);
     await ep.listen();
-    const args = await this.qemuCommand(sb, plat, layers, guestMiB);
+    const args = [...await this.qemuCommand(sb, plat, layers, guestMiB), ...(restore ? ['-incoming', 'defer'] : [])];
+    const spec: MachineSpec = {
+      accel: plat.accel, memoryMiB: guestMiB, vcpus: Math.max(1, Math.ceil(sb.cpus)), kernel: plat.kernel, initrd: plat.initramfs.path,
+      tscKhz: plat.tscKhz, layers: this.attachedLayers(sb),
+    };
+    await writeFile(paths.machine, JSON.stringify(spec), { mode: 0o600 });
     const confine = await this.confinement(sb, plat, layers);
     let child: ChildProcess;
     try {
@@ -351,12 +408,18 @@ export class MicrovmDriver implements SandboxDriver {
     const late = new Promise<'late'>((resolve) => { timer = setTimeout(() => resolve('late'), Math.max(0, deadline - Date.now())); });
     const timeoutError = (why?: string) => this.bootError(sb, `the ${this.backend === 'vm' ? 'VM' : 'microVM'} did not boot within ${this.d.vm.bootTimeoutMs} ms${why ? ` (${why})` : ''}`, 'DeadlineExceeded', null);
     // One boot step, raced against QEMU's exit and the boot deadline.
+    // A QEMU that exits while loading a snapshot's state refused that state (the log says why).
+    const exitError = () => (restore
+      ? this.bootError(sb, `snapshot ${restore.snapshotId} cannot be restored: QEMU could not load its machine state (${path.join(restore.dir, MACHINE_STATE_FILE)}) and exited`, 'FailedPrecondition', state.exit)
+      : this.bootError(sb, 'QEMU exited during boot', null, state.exit));
     const step = async <T>(p: Promise<T>): Promise<T> => {
       const r = await Promise.race([p.then((v) => ({ v }), (e: Error) => ({ e })), exited, late]);
-      if (r === 'exited') throw this.bootError(sb, 'QEMU exited during boot', null, state.exit);
+      if (r === 'exited') throw exitError();
       if (r === 'late') throw timeoutError();
       if ('e' in r) {
-        if (state.exit) throw this.bootError(sb, 'QEMU exited during boot', null, state.exit);
+        // A lost socket is often QEMU going: give its exit a moment to be seen, so the error says why.
+        if (!state.exit && isDsecError(r.e, 'Unavailable')) await Promise.race([exited, sleep(EXIT_GRACE_MS)]);
+        if (state.exit) throw exitError();
         if (Date.now() >= deadline) throw timeoutError(r.e.message);
         throw r.e;
       }
@@ -378,11 +441,12 @@ export class MicrovmDriver implements SandboxDriver {
       })());
       this.setQmp(sb.id, qmp);
       fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
-      await this.bootGuest(sb, { step, deadline, qmp, ep });
+      if (restore) await this.incoming(sb, { step, deadline, qmp, ep }, restore);
+      else await this.bootGuest(sb, { step, deadline, qmp, ep });
       if (op === 'create') fp.hit('create.after-agent');
       const st = procStartTime(pid);
       if (st === null) throw this.bootError(sb, 'QEMU exited right after the guest agent answered', 'Internal', state.exit);
-      this.d.log.info({ id: sb.id, ms: Date.now() - t0, accel: plat.accel }, `microvm ${op === 'create' ? 'booted' : 'restarted'}`);
+      this.d.log.info({ id: sb.id, ms: Date.now() - t0, accel: plat.accel, snapshot: restore?.snapshotId }, `microvm ${restore ? 'restored' : op === 'create' ? 'booted' : 'restarted'}`);
       return { pid, start: st };
     } catch (e) {
       await this.killVmm(sb.id, pid);
@@ -489,11 +553,12 @@ export class MicrovmDriver implements SandboxDriver {
    * guest memory QEMU could not allocate is ResourceExhausted; the guest's /init refusing
    * (dsec-init: FATAL) is FailedPrecondition; a timeout DeadlineExceeded; else Internal.
    */
-  protected bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
+  protected bootError(sb: SandboxRecord, what: string, kind: 'DeadlineExceeded' | 'Internal' | 'FailedPrecondition' | null, exit: { code: number | null; signal: string | null } | null): DsecError {
     const p = vmPaths(this.dir(sb.id));
     const qlog = tailFile(p.qemuLog, 5);
     const con = tailFile(p.console, 15);
     let k: 'DeadlineExceeded' | 'Internal' | 'ResourceExhausted' | 'FailedPrecondition' = kind ?? 'Internal';
+    if (kind === 'FailedPrecondition' && /cannot set up guest memory|Cannot allocate memory/i.test(qlog)) k = 'ResourceExhausted';
     // /init's reason, which a kernel panic after it may have pushed out of the tail.
     const fatal = /dsec-init: FATAL: .*/.exec(tailFile(p.console, 1000, 65536))?.[0] ?? null;
     if (!kind && /cannot set up guest memory|Cannot allocate memory/i.test(qlog)) k = 'ResourceExhausted';
@@ -648,7 +713,7 @@ export class MicrovmDriver implements SandboxDriver {
     this.blobs.delete(sb.id);
     await this.d.cgroups.remove(sb.id);
     const p = vmPaths(dir);
-    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid]) await rm(f, { force: true });
+    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, p.migrate]) await rm(f, { force: true });
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
@@ -827,6 +892,244 @@ export class MicrovmDriver implements SandboxDriver {
       .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after resume failed'));
   }
 
+  /**
+   * The platform a restore boots with: this dsecd's, with the snapshot's kernel,
+   * initramfs, accelerator and TSC rate (the guest was booted with those; its RAM holds
+   * that kernel).
+   * @throws DsecError FailedPrecondition (as {@link platform}; a KVM snapshot where KVM is not usable).
+   */
+  private async restorePlatform(r: MachineRestore): Promise<Platform> {
+    const plat = await this.platform();
+    if (r.machine.accel === 'kvm' && plat.accel !== 'kvm') {
+      throw failedPrecondition(`snapshot ${r.snapshotId} was taken under KVM; microVMs on this host run under TCG (${plat.kvm.reason}), which cannot load a KVM machine's CPU state`);
+    }
+    return { ...plat, kernel: r.machine.kernel, initramfs: { ...plat.initramfs, path: r.machine.initrd }, accel: r.machine.accel, tscKhz: r.machine.tscKhz };
+  }
+
+  /**
+   * The restore's boot steps after QMP answered (QEMU was started with `-incoming defer`):
+   * `migrate-incoming` on `<dir>/migrate.sock`, the snapshot's state file streamed into
+   * it, the load awaited (QMP `query-status` leaves `inmigrate`), `cont`, then the mux
+   * session, the guest's RNG reseeded from the host ({@link GuestOp.RESEED}), the guest
+   * clock set to now (it stood still since the capture) and the agent's HELLO. Each step is raced by `ctx.step` against QEMU's exit (a stream
+   * QEMU cannot load makes it exit) and the boot deadline.
+   */
+  private async incoming(sb: SandboxRecord, ctx: BootContext, r: MachineRestore): Promise<void> {
+    const sock = vmPaths(this.dir(sb.id)).migrate;
+    const qmpOpts = { timeoutMs: this.d.vm.qmpTimeoutMs };
+    await ctx.step(ctx.qmp.execute('migrate-incoming', { uri: `unix:${sock}` }, qmpOpts));
+    // QEMU listens once migrate-incoming has answered.
+    const conn = await ctx.step(connectUnix(sock));
+    const fed = pipeline(createReadStream(path.join(r.dir, MACHINE_STATE_FILE)), conn);
+    // The load's outcome is QEMU's (query-status, or its exit); a write error after QEMU closed the socket says nothing more.
+    fed.catch(() => {});
+    try {
+      for (;;) {
+        const st = await ctx.step(ctx.qmp.execute<{ status: string }>('query-status', undefined, qmpOpts));
+        if (st.status === 'paused' || st.status === 'running') break;
+        if (st.status !== 'inmigrate') throw failedPrecondition(`sandbox ${sb.id}: snapshot ${r.snapshotId} cannot be restored: after loading its machine state QEMU is in state ${st.status}`);
+        await ctx.step(sleep(MIGRATE_POLL_MS));
+      }
+    } finally {
+      conn.destroy();
+      await rm(sock, { force: true });
+    }
+    this.wantRunning.set(sb.id, true);
+    await ctx.step(ctx.qmp.execute('cont', undefined, qmpOpts));
+    const s = await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
+    // Every restore of one snapshot starts with the source's RNG state: reseed it from the
+    // host first thing (the guest's processes have run for only the handshake). Refused (a
+    // guest agent without the op), the restore fails: forks sharing random numbers are not
+    // forks to hand out.
+    await ctx.step(s.op(GuestOp.RESEED, randomBytes(RESEED_BYTES)).catch((e: Error) => {
+      throw failedPrecondition(`sandbox ${sb.id}: snapshot ${r.snapshotId} cannot be restored: reseeding the guest's random number generator failed (${e.message}); its guest agent predates machine snapshots: take a new snapshot of a VM started by this dsecd`);
+    }));
+    await s.op(GuestOp.SET_TIME, u64(BigInt(Date.now()) * 1_000_000n))
+      .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after a restore failed'));
+    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+  }
+
+  /**
+   * The machine a running QEMU of this sandbox was started with (`machine.json`).
+   * @throws DsecError FailedPrecondition when there is none (started by a dsecd without machine records).
+   */
+  private async machineSpec(sb: SandboxRecord): Promise<MachineSpec> {
+    try {
+      return JSON.parse(await readFile(vmPaths(this.dir(sb.id)).machine, 'utf8')) as MachineSpec;
+    } catch (e) {
+      throw failedPrecondition(`sandbox ${sb.id} has no machine record (${vmPaths(this.dir(sb.id)).machine}: ${(e as Error).message}); it was started by an older dsecd: stop and start it, then snapshot it`);
+    }
+  }
+
+  /**
+   * A machine snapshot of a running or paused microVM into `dir` (see the module comment):
+   * `stop` (a running VM), the disk copied to {@link MACHINE_DISK_FILE}, the state migrated
+   * to {@link MACHINE_STATE_FILE} (hashed as it arrives), `cont` (a running VM; also when
+   * the capture failed). The VM's vCPUs are stopped for the whole capture (`pausedMs`).
+   * @throws DsecError FailedPrecondition (not running or paused, no machine record),
+   *   DeadlineExceeded (the migration did not finish in {@link MIGRATE_TIMEOUT_MS}; it is
+   *   cancelled), Internal (QEMU's migration failed, with its reason; the copy failed).
+   */
+  async snapshotMachine(sb: SandboxRecord, dir: string): Promise<MachineSnapshot> {
+    const src = this.dir(sb.id);
+    if ((sb.state !== 'running' && sb.state !== 'paused') || sb.initPid === null || !isVmmOf(sb.initPid, src)) {
+      throw failedPrecondition(`sandbox ${sb.id} is ${sb.state}: a microvm snapshot captures the running machine (RAM and processes); start it first`);
+    }
+    const spec = await this.machineSpec(sb);
+    const qmp = await this.qmp(sb.id).catch((e: Error) => { throw unavailable(`sandbox ${sb.id}: cannot reach QMP: ${e.message}`, e); });
+    const v = qmp.version;
+    const wasRunning = sb.state === 'running';
+    const t0 = Date.now();
+    let pausedMs = 0;
+    let disk: { reflinked: boolean };
+    let state: { bytes: number; sha256: string };
+    if (wasRunning) await this.qmpRun(sb, 'stop');
+    let failed = true;
+    try {
+      // QMP stop has drained and flushed the disks: the file is what the guest's RAM expects.
+      disk = await copyDisk(this.writableDisk(sb.id), path.join(dir, MACHINE_DISK_FILE));
+      state = await this.migrateOut(sb, path.join(dir, MACHINE_STATE_FILE));
+      failed = false;
+    } finally {
+      pausedMs = Date.now() - t0;
+      if (wasRunning) {
+        try {
+          await this.resume(sb);
+        } catch (e) {
+          // A failed snapshot reports its own error; a lost `cont` is resynced in the background (qmpRun).
+          if (!failed) throw e;
+          this.d.log.error({ err: e, id: sb.id }, 'continuing the VM after a failed snapshot failed');
+        }
+      }
+    }
+    const st = await stat(path.join(dir, MACHINE_DISK_FILE));
+    this.d.log.info({ id: sb.id, pausedMs, stateBytes: state.bytes, reflink: disk.reflinked }, 'microvm machine snapshot');
+    return {
+      qemuVersion: v ? `${v.major}.${v.minor}.${v.micro}` : 'unknown', ...spec,
+      stateBytes: state.bytes, stateSha256: state.sha256, diskBytes: st.size, diskAllocatedBytes: disk.reflinked ? 0 : st.blocks * 512,
+      diskReflinked: disk.reflinked, pausedMs,
+    };
+  }
+
+  /**
+   * Streams the (stopped) VM's state into `file` through QMP `migrate` to a Unix socket
+   * dsecd listens on in the sandbox dir (owned by the VMM's uid, so the confined QEMU may
+   * connect), at most one connection, hashed as it arrives.
+   * @returns bytes written and their sha256 (hex).
+   * @throws DsecError Internal (the migration failed or was cancelled; writing the file
+   *   failed), DeadlineExceeded (not done in {@link MIGRATE_TIMEOUT_MS}: cancelled).
+   */
+  private async migrateOut(sb: SandboxRecord, file: string): Promise<{ bytes: number; sha256: string }> {
+    const sock = vmPaths(this.dir(sb.id)).migrate;
+    await rm(sock, { force: true });
+    const hash = createHash('sha256');
+    let bytes = 0;
+    let taken = false;
+    let resolveDone!: () => void;
+    let rejectDone!: (e: Error) => void;
+    const done = new Promise<void>((res, rej) => { resolveDone = res; rejectDone = rej; });
+    done.catch(() => {});
+    const server = net.createServer((c) => {
+      if (taken) {
+        c.destroy();
+        return;
+      }
+      taken = true;
+      const count = new Transform({
+        transform(chunk: Buffer, _enc, cb) {
+          hash.update(chunk);
+          bytes += chunk.length;
+          cb(null, chunk);
+        },
+      });
+      pipeline(c, count, createWriteStream(file, { flags: 'wx', mode: 0o600 })).then(resolveDone, rejectDone);
+    });
+    await new Promise<void>((resolve, reject) => {
+      server.once('error', reject);
+      server.listen(sock, () => resolve());
+    });
+    try {
+      const owner = procOwner(sb.initPid!);
+      if (owner) await chown(sock, owner.uid, owner.gid);
+      await chmod(sock, 0o600);
+      await this.qmpRun(sb, 'migrate-set-parameters', { 'max-bandwidth': MIGRATE_MAX_BANDWIDTH });
+      await this.qmpRun(sb, 'migrate', { uri: `unix:${sock}` });
+      const deadline = Date.now() + MIGRATE_TIMEOUT_MS;
+      for (;;) {
+        const m = await this.qmpRun<{ status?: string; 'error-desc'?: string }>(sb, 'query-migrate');
+        if (m.status === 'completed') break;
+        if (m.status === 'failed' || m.status === 'cancelled') {
+          const why = await Promise.race([done.then(() => null, (e: Error) => e.message), sleep(100).then(() => null)]);
+          throw internal(`sandbox ${sb.id}: the migration of its state ${m.status}${m['error-desc'] ? `: ${m['error-desc']}` : ''}${why ? ` (writing ${file}: ${why})` : ''}`);
+        }
+        if (Date.now() >= deadline) {
+          await this.qmpRun(sb, 'migrate_cancel').catch(() => {});
+          throw deadlineExceeded(`sandbox ${sb.id}: the migration of its state did not finish within ${MIGRATE_TIMEOUT_MS} ms; cancelled`);
+        }
+        await sleep(MIGRATE_POLL_MS);
+      }
+      // QEMU closes the connection after the last byte: the file is complete once the pipeline ends.
+      await done.catch((e: Error) => { throw internal(`sandbox ${sb.id}: writing its state to ${file} failed: ${e.message}`, e); });
+      return { bytes, sha256: hash.digest('hex') };
+    } finally {
+      await new Promise<void>((resolve) => server.close(() => resolve()));
+      await rm(sock, { force: true });
+    }
+  }
+
+  /**
+   * Checks a machine snapshot can be restored here (see {@link SandboxDriver.checkMachine}):
+   * the state file has the recorded size and sha256 (read once per change of the file,
+   * ~1 s per GB; later restores of an unchanged file skip the read), the disk copy
+   * the recorded size, this QEMU the same major.minor version (the microvm machine type is
+   * not versioned, so only the same QEMU is known to load the stream), the kernel and
+   * initramfs are still here, and KVM is usable if the snapshot was taken under KVM.
+   * @throws DsecError FailedPrecondition naming what is wrong (the caller names the snapshot).
+   */
+  async checkMachine(r: MachineRestore): Promise<void> {
+    const m = r.machine;
+    const bad = (why: string) => failedPrecondition(why);
+    const statePath = path.join(r.dir, MACHINE_STATE_FILE);
+    const diskPath = path.join(r.dir, MACHINE_DISK_FILE);
+    const st = await stat(statePath).catch(() => null);
+    if (!st) throw bad(`its machine state ${statePath} is missing`);
+    if (st.size !== m.stateBytes) throw bad(`its machine state ${statePath} is corrupt: ${st.size} bytes where the snapshot wrote ${m.stateBytes} (truncated or overwritten)`);
+    // Hashed once per version of the file (as layer blobs are verified once per change).
+    const version = `${st.ino}:${st.size}:${st.mtimeMs}:${st.ctimeMs}:${m.stateSha256}`;
+    if (this.verifiedStates.get(statePath) !== version) {
+      const hash = createHash('sha256');
+      await pipeline(createReadStream(statePath), new Transform({ transform(c: Buffer, _e, cb) { hash.update(c); cb(); } }));
+      const sum = hash.digest('hex');
+      if (sum !== m.stateSha256) throw bad(`its machine state ${statePath} is corrupt: sha256 ${sum}, the snapshot wrote ${m.stateSha256}`);
+      this.verifiedStates.set(statePath, version);
+    }
+    const ds = await stat(diskPath).catch(() => null);
+    if (!ds) throw bad(`its disk copy ${diskPath} is missing`);
+    if (ds.size !== m.diskBytes) throw bad(`its disk copy ${diskPath} is corrupt: ${ds.size} bytes where the snapshot wrote ${m.diskBytes}`);
+    for (const f of [m.kernel, m.initrd]) {
+      if (!isFile(f)) throw bad(`the guest kernel or initramfs it was booted with (${f}) is gone from this host`);
+    }
+    const here = await this.qemuVersion();
+    const mm = (x: string) => x.split('.').slice(0, 2).join('.');
+    if (here && m.qemuVersion !== 'unknown' && mm(here) !== mm(m.qemuVersion)) {
+      throw bad(`it was written by QEMU ${m.qemuVersion} and this host has QEMU ${here}; the microvm machine type is not versioned, so only the same QEMU release is known to load it`);
+    }
+    if (m.accel === 'kvm') await this.restorePlatform(r).catch((e: Error) => { throw bad(e.message); });
+  }
+
+  /** This host's QEMU version, `major.minor.micro` from `--version` (once), or null when it cannot be told. */
+  private qemuVersion(): Promise<string | null> {
+    this.qemuVersionP ??= (async () => {
+      if (!this.qemuPath) return null;
+      const r = await execa(this.qemuPath, ['--version'], { reject: false });
+      return /version (\d+\.\d+\.\d+)/.exec(String(r.stdout))?.[1] ?? null;
+    })();
+    return this.qemuVersionP;
+  }
+  private qemuVersionP: Promise<string | null> | null = null;
+  /** State files whose sha256 {@link checkMachine} verified, by path: the file's inode, size, mtime, ctime and the digest checked. */
+  private readonly verifiedStates = new Map<string, string>();
+
   async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
     throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);
   }
@@ -850,6 +1153,56 @@ function u64(v: bigint): Buffer {
   const b = Buffer.alloc(8);
   b.writeBigUInt64BE(v, 0);
   return b;
+}
+
+/**
+ * Copies a VM's writable disk: a reflink (`cp --reflink=always`: the copy shares every
+ * block until either side writes) where the filesystem has them (btrfs, XFS), else a
+ * sparse copy (`cp --sparse=always`: holes stay holes, only the blocks the guest wrote
+ * are copied). Written to `<to>.tmp` and renamed, so `to` is always complete.
+ * @throws DsecError Internal with cp's message.
+ */
+export async function copyDisk(from: string, to: string): Promise<{ reflinked: boolean }> {
+  const tmp = `${to}.tmp`;
+  await rm(tmp, { force: true });
+  let reflinked = true;
+  let r = await execa('cp', ['--reflink=always', from, tmp], { reject: false });
+  if (r.exitCode !== 0) {
+    reflinked = false;
+    await rm(tmp, { force: true });
+    r = await execa('cp', ['--sparse=always', from, tmp], { reject: false });
+  }
+  if (r.exitCode !== 0) {
+    await rm(tmp, { force: true });
+    throw internal(`copying the VM disk ${from} to ${to} failed: ${String(r.stderr).trim() || `cp exit ${r.exitCode}`}`);
+  }
+  await rename(tmp, to);
+  return { reflinked };
+}
+
+/** Connects to a Unix socket. @throws DsecError Unavailable. */
+function connectUnix(p: string): Promise<net.Socket> {
+  return new Promise((resolve, reject) => {
+    const c = net.createConnection({ path: p });
+    c.once('connect', () => {
+      c.removeAllListeners('error');
+      c.on('error', () => {});
+      resolve(c);
+    });
+    c.once('error', (e) => reject(unavailable(`cannot connect to ${p}: ${e.message}`, e)));
+  });
+}
+
+/** The real uid and gid of a process (/proc/<pid>/status), or null when it is gone. */
+function procOwner(pid: number): { uid: number; gid: number } | null {
+  try {
+    const s = readFileSync(`/proc/${pid}/status`, 'utf8');
+    const uid = Number(/^Uid:\s*(\d+)/m.exec(s)?.[1]);
+    const gid = Number(/^Gid:\s*(\d+)/m.exec(s)?.[1]);
+    return Number.isInteger(uid) && Number.isInteger(gid) ? { uid, gid } : null;
+  } catch {
+    return null;
+  }
 }
 
 /** Waits until `pid` no longer exists (or is a zombie), polling every 20 ms, at most `ms`. */

@@ -12,6 +12,10 @@
  *   agent.log     the agent's stderr, through the virtio-serial port `dsec.log`
  *   qemu.log      QEMU's own stderr
  *   qemu.pid      written by QEMU (-pidfile)
+ *   machine.json  the machine QEMU was started with (memory, vCPUs, kernel, initramfs,
+ *                 accelerator, layers): what a machine snapshot records
+ *   migrate.sock  only during a machine snapshot (dsecd listens, QEMU sends its state) or
+ *                 a restore (QEMU listens, dsecd sends the state)
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { existsSync, openSync, closeSync, readFileSync } from 'node:fs';
@@ -66,6 +70,8 @@ export function vmPaths(dir: string) {
     agentLog: path.join(dir, 'agent.log'),
     qemuLog: path.join(dir, 'qemu.log'),
     pid: path.join(dir, 'qemu.pid'),
+    machine: path.join(dir, 'machine.json'),
+    migrate: path.join(dir, 'migrate.sock'),
     /** vm tier: the writable disk, a qcow2 overlay over the VM's base disk. */
     qcow: path.join(dir, 'disk.qcow2'),
     /** vm tier: QEMU's chardev of the serial port (server); dsecd holds the one connection (daemon/drivers/vm/console.ts). */

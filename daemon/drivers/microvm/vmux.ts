@@ -76,6 +76,8 @@ export enum GuestOp {
   PROCS = 3,
   /** clock_settime(CLOCK_REALTIME) to the given ns since the epoch (after a pause). Result 0 or -errno. */
   SET_TIME = 4,
+  /** Mix the given 16-256 host random bytes into the guest's pool as entropy and reseed its CRNG (after a restore). Result 0 or -errno. */
+  RESEED = 5,
 }
 
 /** One decoded frame. */

@@ -36,7 +36,7 @@ import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { DiskUsage, UpperStore } from '../storage/store.js';
-import { resolveFilesystem } from '../security/filesystem.js';
+import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem } from '../security/filesystem.js';
 import type { ImageSecurity } from '../image/security.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
@@ -339,6 +339,7 @@ export class SandboxManager {
         this.d.log.warn({ err: e, id }, 'create failed; cleaning up');
         await drv.destroy(rec, this.d.failpoints).catch((e2) => this.d.log.error({ err: e2, id }, 'cleanup after failed create failed'));
         this.d.repo.remove(id);
+        this.noteRefusal(e, { ...rec, state: 'failed' });
         this.d.repo.event('sandbox.failed', { ...rec, state: 'failed' }, `create failed: ${(e as Error).message}`);
         throw e instanceof DsecError ? e : wrap(e, `create sandbox ${id}`);
       }
@@ -347,6 +348,16 @@ export class SandboxManager {
       this.d.repo.event('sandbox.created', done);
       return done;
     });
+  }
+
+  /**
+   * Records a `sandbox.writable_path_refused` event (message: the error's) when `e` is a
+   * create or start refused because a writable path resolves through a symlink to where
+   * it must not lead (daemon/security/filesystem.ts, reason `writable_path_refused`), so
+   * a watcher of events sees the attempt apart from other failures. Anything else: nothing.
+   */
+  private noteRefusal(e: unknown, sb: SandboxRecord): void {
+    if (e instanceof DsecError && e.reason === WRITABLE_PATH_REFUSED_REASON) this.d.repo.event('sandbox.writable_path_refused', sb, e.message);
   }
 
   /**
@@ -455,6 +466,7 @@ export class SandboxManager {
       } catch (e) {
         await drv.stop(sb, this.d.failpoints).catch(() => {});
         const failed = this.d.repo.transition(id, 'failed', { initPid: null, initStart: null, error: `start failed: ${(e as Error).message}` });
+        this.noteRefusal(e, failed);
         this.d.repo.event('sandbox.failed', failed, failed.error ?? undefined);
         throw e instanceof DsecError ? e : wrap(e, `start sandbox ${id}`);
       }

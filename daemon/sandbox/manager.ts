@@ -36,7 +36,7 @@ import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { DiskUsage, UpperStore } from '../storage/store.js';
-import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem } from '../security/filesystem.js';
+import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem, type ResolvedFilesystem } from '../security/filesystem.js';
 import type { ImageSecurity } from '../image/security.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
@@ -407,6 +407,17 @@ export class SandboxManager {
   /** Host path of a sandbox's serial console log (vm sandboxes: `<root>/sandboxes/<id>/console.log`). */
   consoleLogPath(id: string): string {
     return path.join(this.d.config.root, 'sandboxes', this.d.repo.get(id).id, 'console.log');
+  }
+
+  /**
+   * The filesystem options in force for sandbox `id`: as resolved and stored at create,
+   * and for a sandbox created before they were stored, resolved now over its image and
+   * the config (as its driver does at start).
+   * @throws DsecError NotFound.
+   */
+  filesystemOf(id: string): ResolvedFilesystem {
+    const sb = this.d.repo.get(id);
+    return resolveFilesystem(sb.filesystem, sb.imageConfig.security, this.d.config.filesystem);
   }
 
   /** @throws DsecError NotFound. */

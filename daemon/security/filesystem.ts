@@ -494,3 +494,50 @@ export async function createPlannedDirs(rootfs: string, plan: Pick<FilesystemPla
     await chmod(at, 0o755);
   }
 }
+
+/** Why a path is read-only in a sandbox, and the option that makes it writable (see {@link readonlyAdvice}). */
+export interface ReadonlyAdvice {
+  /** E.g. "below the read-only path /etc", "the top level is read-only". */
+  why: string;
+  /** E.g. "create the sandbox with `--writable /work` (filesystem.writable_paths; dsecd creates the directory)". */
+  advice: string;
+}
+
+/**
+ * How a write to `p` (a file, or a directory for `kind` 'dir') that failed with EROFS
+ * could be made writable in a sandbox with options `fs`, judged from the options alone
+ * (symlinks in `p` are not resolved: the caller names the path as it was asked for).
+ * Writable paths are directories, so a file's advice names its directory; `--no-readonly`
+ * is offered only where the directory would be a whole read-only path (`/etc` for
+ * `/etc/passwd`), never for a new top-level directory (`--writable /work` is enough).
+ * @returns null when read-only paths cannot be why: they are off (`readonly_paths: []`:
+ *   the error comes from the runtime's own read-only mounts), or `p` is in a writable
+ *   path and no deeper read-only path covers it.
+ */
+export function readonlyAdvice(p: string, kind: 'file' | 'dir', fs: Pick<ResolvedFilesystem, 'readonly_paths' | 'writable_paths'>): ReadonlyAdvice | null {
+  if (fs.readonly_paths.length === 0) return null;
+  const norm = path.posix.normalize(p).replace(/(.)\/+$/, '$1');
+  // The deepest ancestor-or-self of the path that an option names (writable wins on a tie).
+  let named: { at: string; mode: 'ro' | 'rw' } | null = null;
+  for (let q = norm; ; q = parentOf(q)) {
+    if (fs.writable_paths.some((w) => pathMatches(w, q))) named = { at: q, mode: 'rw' };
+    else if (fs.readonly_paths.some((r) => pathMatches(r, q))) named = { at: q, mode: 'ro' };
+    if (named || q === '/') break;
+  }
+  if (named?.mode === 'rw') return null;
+  const dir = kind === 'dir' ? norm : parentOf(norm);
+  const create = (d: string, extra = '') => `create the sandbox with \`--writable ${d}\` (filesystem.writable_paths; dsecd creates the directory when missing)${extra}`;
+  if (!named || named.at === '/') {
+    // Only the root is read-only here: the top level is fixed, every top-level directory
+    // the options do not name is writable already.
+    const top = `/${norm.split('/')[1] ?? ''}`;
+    const why = named ? 'every path but writable_paths is read-only (readonly_paths ["/"])' : 'the top level is read-only: no new top-level entry can be made';
+    if (norm === '/' || (top === norm && kind === 'file')) return { why, advice: 'write below a writable directory (e.g. /tmp), or name a directory to keep writable with `--writable DIR` when creating the sandbox' };
+    return { why, advice: create(named ? dir : top) };
+  }
+  const why = `below the read-only path ${named.at}`;
+  if (dir === named.at || depth(dir) < depth(named.at)) {
+    return { why, advice: create(named.at, `, which makes all of ${named.at} writable${kind === 'file' ? ` (writable paths are directories: ${norm} itself cannot be one)` : ''}, or with \`--no-readonly\`` ) };
+  }
+  return { why, advice: create(dir) };
+}

@@ -10,7 +10,7 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, resolveFilesystem, resolveInTree,
+  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, readonlyAdvice, resolveFilesystem, resolveInTree,
   type ResolvedFilesystem, type TreeView,
 } from '../../daemon/security/filesystem.js';
 import { checkImageSecurity } from '../../daemon/image/security.js';
@@ -266,6 +266,33 @@ describe('the bind plan', () => {
     } finally {
       fs.rmSync(root, { recursive: true, force: true });
     }
+  });
+});
+
+describe('advice for a path found read-only', () => {
+  const dflt = fsOf();
+  it('a new top-level directory: --writable for it, never --no-readonly', () => {
+    const a = readonlyAdvice('/work/upload.txt', 'file', dflt)!;
+    expect(a.why).toBe('the top level is read-only: no new top-level entry can be made');
+    expect(a.advice).toBe('create the sandbox with `--writable /work` (filesystem.writable_paths; dsecd creates the directory when missing)');
+    expect(readonlyAdvice('/work', 'dir', dflt)!.advice).toMatch(/--writable \/work`/);
+    expect(readonlyAdvice('/state', 'file', dflt)!.advice).toMatch(/^write below a writable directory/);
+  });
+  it('a file in a read-only path: its directory, never the file itself; --no-readonly only for a whole read-only path', () => {
+    const a = readonlyAdvice('/etc/passwd', 'file', dflt)!;
+    expect(a.why).toBe('below the read-only path /etc');
+    expect(a.advice).toMatch(/`--writable \/etc` .*which makes all of \/etc writable \(writable paths are directories: \/etc\/passwd itself cannot be one\), or with `--no-readonly`$/);
+    expect(a.advice).not.toMatch(/--writable \/etc\/passwd/);
+    expect(readonlyAdvice('/usr/local/lib/x.so', 'file', dflt)).toEqual({ why: 'below the read-only path /usr', advice: expect.stringMatching(/^create the sandbox with `--writable \/usr\/local\/lib` \(filesystem.writable_paths; dsecd creates the directory when missing\)$/) });
+    expect(readonlyAdvice('/lib64/x', 'file', dflt)!.why).toBe('below the read-only path /lib64');
+    expect(readonlyAdvice('/var/log/x', 'file', fsOf({ readonly_paths: ['/'], writable_paths: ['/tmp'] }))!.advice).toMatch(/--writable \/var\/log`/);
+  });
+  it('none when read-only paths are not why: they are off, or the path is in a writable path', () => {
+    expect(readonlyAdvice('/etc/passwd', 'file', fsOf({ readonly_paths: [] }))).toBeNull();
+    expect(readonlyAdvice('/work/x', 'file', fsOf({ writable_paths: ['/work'] }))).toBeNull();
+    expect(readonlyAdvice('/usr/local/x', 'file', fsOf({ writable_paths: ['/usr/local'] }))).toBeNull();
+    // A deeper read-only path below a writable one still is why.
+    expect(readonlyAdvice('/opt/tools/x', 'file', fsOf({ readonly_paths: ['/opt/tools'], writable_paths: ['/opt'] }))!.why).toBe('below the read-only path /opt/tools');
   });
 });
 

@@ -228,7 +228,9 @@ export interface ResolvedPath {
  * has no symlink in it; whether a followed symlink may be trusted is the caller's
  * decision (see {@link planFilesystem}), made from `links`.
  * @throws DsecError FailedPrecondition when a component is neither a directory nor a
- *   symlink, or after {@link MAX_SYMLINKS} symlinks (a loop); `what` names the option.
+ *   symlink, after {@link MAX_SYMLINKS} symlinks (a loop), or when `..` follows a missing
+ *   directory (with reason {@link WRITABLE_PATH_REFUSED_REASON} when `what` is
+ *   'writable path'); `what` names the option.
  */
 export function resolveInTree(tree: TreeView, p: string, what: string): ResolvedPath {
   const todo = p.split('/').filter(Boolean);
@@ -301,7 +303,12 @@ interface Layout {
   plan: FilesystemPlan;
   /** True when the sandbox may change entries of the directory `p` (in-tree, no symlink in it) under this plan. */
   writableAt(p: string): boolean;
-  /** Paths read-only under this plan that lie below a writable parent or at the top level: what no writable path may resolve onto or above. */
+  /**
+   * The explicitly read-only places (top-level directories, deeper read-only paths) as
+   * the options make them before writable paths win, less those a writable path names
+   * literally (the user's exception): what no writable path may reach through a symlink,
+   * onto or above.
+   */
   readonlyPlaces: string[];
 }
 

@@ -79,10 +79,26 @@ export const LEASE_EXPIRED_HINT =
 
 /**
  * A file operation (`dsec cp`, the files API) refused because the path is read-only in
- * the sandbox (reason `readonly_path`; docs/SECURITY.md "Filesystem").
+ * the sandbox (reason `readonly_path`; docs/SECURITY.md "Filesystem"). dsecd's message
+ * names why and the option that makes that path writable (a directory: never a file,
+ * and `--no-readonly` only where a whole read-only path would have to go), so the hint
+ * only says where options are set; dsecd sends no such reason for a sandbox with
+ * read-only paths off.
  */
 export const READONLY_PATH_HINT =
-  'system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH` (dsecd creates the directory), or with `--no-readonly`; `dsec inspect ID` shows its filesystem options';
+  'filesystem options are fixed when a sandbox is made: create one with the option named above, or snapshot this one (`dsec snapshot create ID`) and restore it with it (`dsec restore SNAPSHOT --writable DIR`); `dsec inspect ID` shows its options';
+
+/**
+ * Hints for a refused writable path (reason `writable_path_refused`: a symlink leads it
+ * to `/`, onto or above a read-only path, or out of the writable area; docs/SECURITY.md
+ * "Symlinked writable paths"), by what was refused. A refused create, restore or fork
+ * left no sandbox, so those hints name none.
+ */
+export const WRITABLE_PATH_REFUSED_HINTS = {
+  create: 'nothing was created: the image has a symlink where that writable path is (named above); give --writable the directory it should be, or another path',
+  restore: 'nothing was created: the snapshot holds a symlink its sandbox made where that writable path is (named above); restore it with other --writable paths',
+  start: 'the sandbox keeps its files but cannot start with that writable path: snapshot it (`dsec snapshot create ID`) and restore the snapshot with other --writable paths (`dsec restore SNAPSHOT --writable DIR`)',
+} as const;
 
 /**
  * Hints of `exec --trajectory` by the `reason` of its refusal (docs/TRAJECTORIES.md),
@@ -123,6 +139,11 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
   const traj = verb.startsWith('traj ');
   if (verb === 'exec' && d.reason !== undefined && Object.prototype.hasOwnProperty.call(TRAJECTORY_HINTS, d.reason)) return TRAJECTORY_HINTS[d.reason];
   if (d.reason === 'readonly_path') return READONLY_PATH_HINT;
+  if (d.reason === 'writable_path_refused') {
+    if (verb === 'create' || verb === 'run') return WRITABLE_PATH_REFUSED_HINTS.create;
+    if (verb === 'restore' || verb === 'fork') return WRITABLE_PATH_REFUSED_HINTS.restore;
+    return WRITABLE_PATH_REFUSED_HINTS.start;
+  }
   switch (code) {
     case 'Unavailable':
       return unavailableHint(verb, d, image || layer);
@@ -157,6 +178,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (verb === 'pause') return 'check the sandbox state with `dsec inspect ID`; a stopped sandbox needs `dsec start ID` first';
       if (verb === 'rm') return 'stop it first with `dsec stop ID`, or pass -f to destroy it anyway';
       if (verb === 'restore' || verb === 'fork') return 'the snapshot cannot be restored (a layer of it is missing or corrupt): remove it with `dsec snapshot rm REF` and take a new one';
+      // A failed create leaves no sandbox: there is no ID to inspect.
+      if (verb === 'create' || verb === 'run') return 'nothing was created: the message names what the image or this host cannot honour; `dsec host info` shows what this host supports';
       return 'check the sandbox state with `dsec inspect ID`';
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';

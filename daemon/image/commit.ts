@@ -45,12 +45,16 @@ import type { ImageStore, LayerMeta } from './store.js';
 
 /**
  * Paths (globs relative to the sandbox root, matched with dotfiles) stripped from every
- * commit: the contents of the temp dirs and the histories shells and REPLs leave behind,
- * where an agent's earlier attempts (and answers) would otherwise ship with the image.
+ * commit: the contents of the temp dirs and of /var/log, and the histories shells and
+ * REPLs leave behind, where an agent's earlier attempts (and answers, e.g. in a server's
+ * or package manager's log) would otherwise ship with the image. `dir/**` matches what
+ * is below `dir`, never `dir` itself: the directories stay (with the mode they had), and
+ * a stripped entry that changed an image file reverts it to the image's version.
  */
 export const COMMIT_STRIP: readonly string[] = [
   'tmp/**',
   'var/tmp/**',
+  'var/log/**',
   'run/**',
   '**/.bash_history',
   '**/.ash_history',

@@ -37,7 +37,7 @@ import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { DiskUsage, UpperStore } from '../storage/store.js';
-import { resolveFilesystem } from '../security/filesystem.js';
+import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem, type ResolvedFilesystem } from '../security/filesystem.js';
 import type { ImageSecurity } from '../image/security.js';
 
 /** Actions of {@link SandboxManager.bulk}. */
@@ -342,6 +342,7 @@ export class SandboxManager {
         this.d.log.warn({ err: e, id }, 'create failed; cleaning up');
         await drv.destroy(rec, this.d.failpoints).catch((e2) => this.d.log.error({ err: e2, id }, 'cleanup after failed create failed'));
         this.d.repo.remove(id);
+        this.noteRefusal(e, { ...rec, state: 'failed' });
         this.d.repo.event('sandbox.failed', { ...rec, state: 'failed' }, `create failed: ${(e as Error).message}`);
         throw e instanceof DsecError ? e : wrap(e, `create sandbox ${id}`);
       }
@@ -350,6 +351,16 @@ export class SandboxManager {
       this.d.repo.event('sandbox.created', done);
       return done;
     });
+  }
+
+  /**
+   * Records a `sandbox.writable_path_refused` event (message: the error's) when `e` is a
+   * create or start refused because a writable path resolves through a symlink to where
+   * it must not lead (daemon/security/filesystem.ts, reason `writable_path_refused`), so
+   * a watcher of events sees the attempt apart from other failures. Anything else: nothing.
+   */
+  private noteRefusal(e: unknown, sb: SandboxRecord): void {
+    if (e instanceof DsecError && e.reason === WRITABLE_PATH_REFUSED_REASON) this.d.repo.event('sandbox.writable_path_refused', sb, e.message);
   }
 
   /**
@@ -399,6 +410,17 @@ export class SandboxManager {
   /** Host path of a sandbox's serial console log (vm sandboxes: `<root>/sandboxes/<id>/console.log`). */
   consoleLogPath(id: string): string {
     return path.join(this.d.config.root, 'sandboxes', this.d.repo.get(id).id, 'console.log');
+  }
+
+  /**
+   * The filesystem options in force for sandbox `id`: as resolved and stored at create,
+   * and for a sandbox created before they were stored, resolved now over its image and
+   * the config (as its driver does at start).
+   * @throws DsecError NotFound.
+   */
+  filesystemOf(id: string): ResolvedFilesystem {
+    const sb = this.d.repo.get(id);
+    return resolveFilesystem(sb.filesystem, sb.imageConfig.security, this.d.config.filesystem);
   }
 
   /** @throws DsecError NotFound. */
@@ -458,6 +480,7 @@ export class SandboxManager {
       } catch (e) {
         await drv.stop(sb, this.d.failpoints).catch(() => {});
         const failed = this.d.repo.transition(id, 'failed', { initPid: null, initStart: null, error: `start failed: ${(e as Error).message}` });
+        this.noteRefusal(e, failed);
         this.d.repo.event('sandbox.failed', failed, failed.error ?? undefined);
         throw e instanceof DsecError ? e : wrap(e, `start sandbox ${id}`);
       }

@@ -1700,16 +1700,46 @@ static void landlock_probe(void)
 		snprintf(g_landlock_why, sizeof g_landlock_why, "landlock_create_ruleset(VERSION): %s", strerror(e));
 }
 
+/* O_PATH fd of `path`: symlinks followed, or with `nofollow` none at all (openat2
+ * RESOLVE_NO_SYMLINKS: ELOOP for a symlink anywhere in it; without openat2, O_NOFOLLOW
+ * on the last component, and a symlink there is ELOOP too). */
+static int ll_open(const char *path, int nofollow)
+{
+	if (!nofollow)
+		return open(path, O_PATH | O_CLOEXEC);
+	if (!g_no_openat2) {
+		struct open_how how;
+		memset(&how, 0, sizeof how);
+		how.flags = O_PATH | O_CLOEXEC;
+		how.resolve = RESOLVE_NO_SYMLINKS;
+		int fd = (int)syscall(SYS_openat2, AT_FDCWD, path, &how, sizeof how);
+		if (fd >= 0 || errno != ENOSYS)
+			return fd;
+	}
+	int fd = open(path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+	struct stat st;
+	if (fd >= 0 && fstat(fd, &st) == 0 && S_ISLNK(st.st_mode)) {
+		close(fd);
+		errno = ELOOP;
+		return -1;
+	}
+	return fd;
+}
+
 /* One path-beneath rule: `access` (limited to what is handled, and to file rights when
  * `path` is not a directory) on `path`, symlinks followed (/dev/ptmx is runc's symlink to
- * pts/ptmx). A missing `path` is skipped when `optional`. Returns 0, or -1 with `err`. */
-static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, int optional, char *err, size_t errlen)
+ * pts/ptmx) unless `nofollow` (see ll_open: a --writable path is dsecd's resolved plan,
+ * which has no symlink; one that has is refused rather than granting its target). A
+ * missing `path` is skipped when `optional`. Returns 0, or -1 with `err`. */
+static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, int optional, int nofollow, char *err, size_t errlen)
 {
-	int fd = open(path, O_PATH | O_CLOEXEC);
+	int fd = ll_open(path, nofollow);
 	if (fd < 0) {
 		if (errno == ENOENT && optional)
 			return 0;
-		snprintf(err, errlen, "open %s: %s", path, strerror(errno));
+		int e = errno;
+		snprintf(err, errlen, "open %s: %s%s", path, strerror(e), e == ELOOP && nofollow ? " (a writable path must not contain a symlink)" : "");
+		errno = e;
 		return -1;
 	}
 	struct stat st;
@@ -1733,9 +1763,10 @@ static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, 
 }
 
 /* Builds the ruleset described above and restricts the calling process (and everything
- * it forks from now on). `writable`: the places with every right. Returns 0, or -1 with
- * `err` naming the step. Needs g_landlock_abi > 0. */
-static int landlock_apply(const char *const *writable, int nwritable, char *err, size_t errlen)
+ * it forks from now on). `writable`: the places with every right; those from index
+ * `nofollow_from` on are --writable paths, opened without following any symlink. Returns
+ * 0, or -1 with `err` naming the step. Needs g_landlock_abi > 0. */
+static int landlock_apply(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen)
 {
 	uint64_t h = ll_handled(g_landlock_abi);
 	const uint64_t rx = LL_FS_READ_FILE | LL_FS_READ_DIR | LL_FS_EXECUTE;
@@ -1746,17 +1777,17 @@ static int landlock_apply(const char *const *writable, int nwritable, char *err,
 		snprintf(err, errlen, "landlock_create_ruleset: %s", strerror(errno));
 		return -1;
 	}
-	int rc = ll_rule(rs, "/", rx, h, 0, err, errlen);
+	int rc = ll_rule(rs, "/", rx, h, 0, 0, err, errlen);
 	for (int i = 0; rc == 0 && i < nwritable; i++)
-		rc = ll_rule(rs, writable[i], h, h, 0, err, errlen);
+		rc = ll_rule(rs, writable[i], h, h, 0, i >= nofollow_from, err, errlen);
 	static const char *const terminals[] = { "/dev/pts", "/dev/ptmx", "/dev/tty", "/dev/console" };
 	static const char *const shared[] = { "/dev/shm", "/dev/mqueue" };
 	if (rc == 0)
-		rc = ll_rule(rs, "/dev", rw_files, h, 1, err, errlen);
+		rc = ll_rule(rs, "/dev", rw_files, h, 1, 0, err, errlen);
 	for (size_t i = 0; rc == 0 && i < sizeof terminals / sizeof terminals[0]; i++)
-		rc = ll_rule(rs, terminals[i], rw_files | LL_FS_IOCTL_DEV, h, 1, err, errlen);
+		rc = ll_rule(rs, terminals[i], rw_files | LL_FS_IOCTL_DEV, h, 1, 0, err, errlen);
 	for (size_t i = 0; rc == 0 && i < sizeof shared / sizeof shared[0]; i++)
-		rc = ll_rule(rs, shared[i], h, h, 1, err, errlen);
+		rc = ll_rule(rs, shared[i], h, h, 1, 0, err, errlen);
 	/* Needed by landlock_restrict_self without CAP_SYS_ADMIN; runc has set it already on
 	 * a sandbox's init, so this only matters for an agent run by hand (tests). */
 	if (rc == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
@@ -1782,7 +1813,7 @@ static int landlock_self_setup(void)
 		return 0;
 	}
 	char err[PATH_MAX + 64];
-	if (landlock_apply(g_writable, g_nwritable, err, sizeof err) < 0) {
+	if (landlock_apply(g_writable, g_nwritable, 0, err, sizeof err) < 0) {
 		logf_("fatal: --landlock: %s", err);
 		return -1;
 	}
@@ -2024,10 +2055,11 @@ static void iso_setup(const struct exec_req *r, int errfd)
 			w[nw++] = "/tmp";
 		for (int i = 0; i < r->nscratch; i++)
 			w[nw++] = r->scratch[i];
+		int from = nw;
 		for (int i = 0; i < g_nwritable; i++)
 			w[nw++] = g_writable[i];
 		char err[PATH_MAX + 64];
-		if (landlock_apply(w, nw, err, sizeof err) < 0)
+		if (landlock_apply(w, nw, from, err, sizeof err) < 0)
 			iso_fail(errfd, errno, "landlock: %s", err);
 	}
 	/* 7. Done with CAP_SYS_ADMIN. */

@@ -5,7 +5,8 @@
  *   - overwrite /bin/sh, /bin/busybox, /etc/passwd, /etc/ld.so.preload; in a merged-/usr
  *     image replace the /bin symlink and write /usr/bin; create a new top-level entry;
  *     through exec, the files API and `dsec cp`: refused (EROFS), with an error that
- *     names writable_paths and the CLI flag;
+ *     names the directory to pass to `--writable` (never a file, and `--no-readonly`
+ *     only for a whole read-only path); none of that advice with read-only paths off;
  *   - write /proc/sys, /sys and /proc/self/...; ioctl a device: refused;
  *   - escape through a symlink in an upload path (to /, /proc/1/root, a ..-laden target,
  *     the host's dsecd state directory), by the files API, a tar and `dsec cp`: every
@@ -116,21 +117,27 @@ describe.skipIf(!IS_ROOT)('filesystem attacks', () => {
       expect(out(await sh(sb, 'ls /'))).toBe('bin\ndev\netc\nhome\nlinuxrc\nproc\nroot\nrun\nsbin\nsys\ntmp\nusr\nvar\n');
     });
 
-    it('the files API and dsec cp refuse with an error that names writable_paths and --writable', async () => {
+    it('the files API and dsec cp refuse with an error that names the directory to keep writable', async () => {
       const put = await withNeighbour(() => raw('PUT', `/v1/sandboxes/${sb}/files?path=/bin/sh`, 'pwned'));
       expect(put.status).toBe(412);
       expect(JSON.parse(put.body).error).toEqual({
         code: 'FailedPrecondition', reason: 'readonly_path',
-        message: expect.stringMatching(/^write \/bin\/sh: Read-only file system: the path is read-only in sandbox .*writable_paths .*dsec create --writable PATH/),
+        message: expect.stringMatching(/^write \/bin\/sh: Read-only file system: \/bin\/sh is read-only in sandbox [0-9a-f]{16} \(below the read-only path \/bin\); to write there, create the sandbox with `--writable \/bin` .*\/bin\/sh itself cannot be one\), or with `--no-readonly`$/),
       });
+      // A file: its directory is named, never the file as a writable path.
+      const passwd = JSON.parse((await raw('PUT', `/v1/sandboxes/${sb}/files?path=/etc/passwd`, 'x')).body).error;
+      expect(passwd).toMatchObject({ reason: 'readonly_path', message: expect.stringMatching(/`--writable \/etc`/) });
+      expect(passwd.message).not.toMatch(/--writable \/etc\/passwd/);
       const mk = await raw('POST', `/v1/sandboxes/${sb}/files/mkdir`, JSON.stringify({ path: '/work' }), 'application/json');
       expect(JSON.parse(mk.body).error).toMatchObject({ code: 'FailedPrecondition', reason: 'readonly_path', message: expect.stringMatching(/^mkdir \/work: Read-only file system/) });
       const local = path.join(tmp, 'upload.txt');
       writeFileSync(local, 'data\n');
       const cp = await runCli(d, ['cp', local, `${sb}:/work/upload.txt`]);
       expect(cp.code).not.toBe(0);
-      expect(cp.stderr).toMatch(/Read-only file system/);
-      expect(cp.stderr).toMatch(/hint: .*--writable PATH/);
+      expect(cp.stderr).toMatch(/Read-only file system: \/work\/upload.txt is read-only in sandbox [0-9a-f]{16} \(the top level is read-only: no new top-level entry can be made\); to write there, create the sandbox with `--writable \/work`/);
+      // --writable /work is the whole way out: no --no-readonly, in the message or the hint.
+      expect(cp.stderr).not.toMatch(/--no-readonly/);
+      expect(cp.stderr).toMatch(/hint: filesystem options are fixed when a sandbox is made: .*--writable DIR/);
       // The way out works: a sandbox with the path in writable_paths gets it, created by dsecd.
       const ok = await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: ['/work', '/usr/local/lib'] } });
       try {
@@ -199,6 +206,20 @@ describe.skipIf(!IS_ROOT)('filesystem attacks', () => {
         code: 0,
         out: 'nameserver 192.0.2.53\n/bin/sh: can\'t create /etc/passwd: Read-only file system\n/bin/sh: can\'t create /etc/dsec-generated.conf: Read-only file system\nok',
       });
+    });
+
+    it('read-only paths off: an EROFS from the runtime\'s own mounts gets no read-only-path advice', async () => {
+      const off = await d.client.createSandbox({ image: 'busybox', filesystem: { readonly_paths: [], landlock: false } });
+      try {
+        const mk = JSON.parse((await raw('POST', `/v1/sandboxes/${off.id}/files/mkdir`, JSON.stringify({ path: '/sys/dsec-x' }), 'application/json')).body).error;
+        expect(mk).toEqual({ code: 'FailedPrecondition', message: 'mkdir /sys/dsec-x: Read-only file system' });
+        const cp = await runCli(d, ['cp', path.join(tmp, 'upload.txt'), `${off.id}:/sys/dsec-y`]);
+        expect(cp.code).not.toBe(0);
+        expect(cp.stderr).toMatch(/Read-only file system/);
+        expect(cp.stderr).not.toMatch(/--writable|--no-readonly|filesystem options/);
+      } finally {
+        await d.client.deleteSandbox(off.id, { force: true });
+      }
     });
 
     it('the read-only mounts hold without Landlock too (landlock: false)', async () => {

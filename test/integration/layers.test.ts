@@ -88,11 +88,13 @@ describe.skipIf(!IS_ROOT)('layer store', () => {
         'echo added > /srv/new', 'rm /srv/drop', 'rm -rf /srv/dir && mkdir /srv/dir && echo fresh > /srv/dir/n',
         'echo secret > /tmp/answer', 'echo "cat /answer" > /root/.ash_history', 'adduser -D -u 1234 agent 2>/dev/null || true',
         'mkdir -p /home/agent && echo mine > /home/agent/f && chown -R 1234:1234 /home/agent', 'echo x > /srv/cache.bin',
+        'mkdir -p /var/log/app && echo "GET /answer" > /var/log/access.log && echo x > /var/log/app/run.log',
       ].join('; '));
       const r = await req<{ image: Img; layer: { digest: string; source: string }; stripped: string[]; warnings: string[] }>('POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'proj:2', exclude: ['srv/*.bin'] });
       expect(r.image.layers.slice(0, -1)).toEqual(img.layers);
       expect(r.layer.source).toBe(`commit:${sb.id}`);
-      expect(r.stripped).toEqual(expect.arrayContaining(['tmp/answer', 'root/.ash_history', 'srv/cache.bin']));
+      expect(r.stripped).toEqual(expect.arrayContaining(['tmp/answer', 'root/.ash_history', 'srv/cache.bin', 'var/log/access.log', 'var/log/app']));
+      expect(r.stripped).not.toContain('var/log');
       // The create env is a runtime secret: the image keeps its own env, and the caller is told.
       expect(r.image.config.env).toEqual(img.config.env);
       expect(r.image.config.env.join('\n')).not.toMatch(/TASK/);
@@ -106,6 +108,8 @@ describe.skipIf(!IS_ROOT)('layer store', () => {
     try {
       const out = await sh(c.id, 'cat /srv/keep /srv/new; ls /srv/dir; ls /srv/drop /tmp/answer /root/.ash_history /srv/cache.bin 2>&1 | grep -c "No such"; stat -c "%u:%g" /home/agent/f /srv/new');
       expect(out).toBe('keep\nadded\nn\n4\n1234:1234\n0:0\n');
+      // /var/log ships empty: the directory, none of what the sandbox logged.
+      expect(await sh(c.id, 'test -d /var/log && ls -A /var/log | wc -l')).toBe('0\n');
     } finally {
       await d.client.deleteSandbox(c.id, { force: true });
     }

@@ -127,6 +127,22 @@ describe.skipIf(abi === 0)('the agent under Landlock', () => {
     expect(fs.readFileSync(a.logPath, 'utf8')).toMatch(/fatal: --landlock: open \/nonexistent-dsec-path: No such file or directory/);
   });
 
+  it('a --writable path with a symlink in it is fatal at start, never granted to the target (also without openat2)', async () => {
+    const { writable, other } = dirs();
+    fs.symlinkSync(other, path.join(writable, 'last'));
+    fs.mkdirSync(path.join(other, 'sub'));
+    fs.symlinkSync(other, path.join(writable, 'mid'));
+    for (const [w, env] of [[path.join(writable, 'last'), {}], [path.join(writable, 'mid', 'sub'), {}], [path.join(writable, 'last'), { DSEC_AGENT_NO_OPENAT2: '1' }]] as const) {
+      const a = await harness.start({ args: ['--landlock', '--writable', w], env: { ...process.env, ...env } });
+      await a.exited;
+      expect({ w, env, code: a.child.exitCode }).toEqual({ w, env, code: 1 });
+      expect(fs.readFileSync(a.logPath, 'utf8')).toContain(`fatal: --landlock: open ${w}: Too many levels of symbolic links (a writable path must not contain a symlink)`);
+    }
+    // The same directory named without the symlink is fine.
+    const ok = await harness.connect(await harness.start({ args: ['--landlock', '--writable', other] }));
+    expect(ok.info.landlock.enforced).toBe(true);
+  });
+
   it('refuses a relative --writable path (usage, exit 2)', async () => {
     const a = await harness.start({ args: ['--landlock', '--writable', 'relative'] });
     await a.exited;

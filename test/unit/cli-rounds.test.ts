@@ -474,13 +474,14 @@ describe('create and run: --priority, --idle-timeout', () => {
     expectUserError(await dsec(['create', '--writable', 'work']), /--writable: "work" is not an absolute path/, /\/work/);
   });
 
-  it('a file operation refused on a read-only path gets the --writable hint', async () => {
+  it('a file operation refused on a read-only path gets a hint on where filesystem options are set (dsecd names the option)', async () => {
     routes['GET /v1/sandboxes/:id/files/stat'] = fail(404, 'NotFound', 'stat /work/f: No such file or directory');
     routes['PUT /v1/sandboxes/:id/files'] = fail(412, 'FailedPrecondition', `mkdir /work: Read-only file system: the path is read-only in sandbox ${ID}`, 'readonly_path');
     const r = await dsec(['cp', '/etc/hostname', `${ID}:/work/f`]);
     expect(r.code).not.toBe(0);
     expect(r.err).toMatch(/Read-only file system/);
-    expect(r.err).toMatch(/^hint: system paths and the top level are read-only in sandboxes: create the sandbox with `--writable PATH`/m);
+    expect(r.err).toMatch(/^hint: filesystem options are fixed when a sandbox is made: .*`dsec restore SNAPSHOT --writable DIR`/m);
+    expect(r.err).not.toMatch(/--no-readonly/);
   });
 
   it('a bad syscall name is refused before any request', async () => {

@@ -127,6 +127,23 @@ describe('API errors', () => {
     expect(r.err).toBe('dsec: memory_bytes: too small (InvalidArgument)\nhint: see `dsec create --help`\n');
   });
 
+  it('a failed create names no sandbox in its hint; a refused writable path gets a hint per verb', async () => {
+    routes['POST /v1/sandboxes'] = fail(412, 'FailedPrecondition', `sandbox ${ID}: writable path /data resolves through the symlink /data -> /usr to /usr, which is or contains the read-only path /usr`, 'writable_path_refused');
+    const c = await dsec(['create', '--writable', '/data']);
+    expect(c.err).toMatch(/\nhint: nothing was created: the image has a symlink where that writable path is/);
+    expect(c.err.split('\n')[1]).not.toMatch(/inspect|[0-9a-f]{16}/);
+    routes['POST /v1/sandboxes'] = fail(412, 'FailedPrecondition', 'seccomp: unknown syscall');
+    expect((await dsec(['create'])).err.split('\n')[1]).toBe('hint: nothing was created: the message names what the image or this host cannot honour; `dsec host info` shows what this host supports');
+    expect(apiErrorHint(new DsecApiError('FailedPrecondition', 'x', 412, { reason: 'writable_path_refused' }), 'restore')).toMatch(/^nothing was created: the snapshot holds a symlink/);
+    expect(apiErrorHint(new DsecApiError('FailedPrecondition', 'x', 412, { reason: 'writable_path_refused' }), 'start')).toMatch(/^the sandbox keeps its files .*dsec snapshot create ID/);
+  });
+
+  it('a read-only path: the hint suggests neither --no-readonly nor a file as a writable path (dsecd\'s message names the directory)', async () => {
+    const h = apiErrorHint(new DsecApiError('FailedPrecondition', 'write /etc/passwd: Read-only file system: ...', 412, { reason: 'readonly_path' }), 'cp');
+    expect(h).not.toMatch(/--no-readonly|--writable PATH/);
+    expect(h).toMatch(/--writable DIR/);
+  });
+
   it('a missing socket is Unavailable naming the path, with a hint to start dsecd', async () => {
     const missing = join(dir, 'missing.sock');
     const r = await dsec(['ls'], { socket: missing });

@@ -10,10 +10,11 @@ import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import {
-  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, resolveFilesystem, resolveInTree,
+  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, readonlyAdvice, resolveFilesystem, resolveInTree,
   type ResolvedFilesystem, type TreeView,
 } from '../../daemon/security/filesystem.js';
 import { checkImageSecurity } from '../../daemon/image/security.js';
+import type { DsecError } from '../../daemon/errors.js';
 import { AGENT_FLAG_LANDLOCK, AGENT_FLAG_WRITABLE, AGENT_PATH, buildSpec } from '../../daemon/drivers/container/spec.js';
 import { loadConfig } from '../../daemon/config.js';
 import { mergeConfig } from '../../daemon/api/routes/images.js';
@@ -127,14 +128,19 @@ describe('precedence: request > image > config, field by field', () => {
 });
 
 describe('resolving a path inside the image', () => {
-  it('follows relative and absolute symlinks, and .. never climbs above /', () => {
+  it('follows relative and absolute symlinks, and .. never climbs above /, naming each symlink followed', () => {
     const t = tree(['usr/lib/', 'lib -> usr/lib', 'abs -> /usr', 'up -> ../../../usr/lib', 'w -> /nope/x']);
-    expect(resolveInTree(t, '/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
-    expect(resolveInTree(t, '/abs/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
-    expect(resolveInTree(t, '/usr/lib/up', 'x')).toEqual({ path: '/usr/lib/up', missing: 1 });
-    expect(resolveInTree(tree(['usr/lib/', 'a/up -> ../../../usr/lib']), '/a/up', 'x')).toEqual({ path: '/usr/lib', missing: 0 });
-    expect(resolveInTree(t, '/w/y', 'x')).toEqual({ path: '/nope/x/y', missing: 3 });
-    expect(resolveInTree(t, '/new/a/b', 'x')).toEqual({ path: '/new/a/b', missing: 3 });
+    expect(resolveInTree(t, '/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0, links: [{ at: '/lib', target: 'usr/lib' }] });
+    expect(resolveInTree(t, '/abs/lib', 'x')).toEqual({ path: '/usr/lib', missing: 0, links: [{ at: '/abs', target: '/usr' }] });
+    expect(resolveInTree(t, '/usr/lib/up', 'x')).toEqual({ path: '/usr/lib/up', missing: 1, links: [] });
+    expect(resolveInTree(tree(['usr/lib/', 'a/up -> ../../../usr/lib']), '/a/up', 'x')).toEqual({ path: '/usr/lib', missing: 0, links: [{ at: '/a/up', target: '../../../usr/lib' }] });
+    expect(resolveInTree(t, '/w/y', 'x')).toEqual({ path: '/nope/x/y', missing: 3, links: [{ at: '/w', target: '/nope/x' }] });
+    expect(resolveInTree(t, '/new/a/b', 'x')).toEqual({ path: '/new/a/b', missing: 3, links: [] });
+  });
+  it('refuses ".." after a missing directory (creating /new/../etc would be /etc)', () => {
+    const t = tree(['etc/', 'root/conf -> /new/../etc']);
+    expect(() => resolveInTree(t, '/root/conf', 'writable path')).toThrow(/writable path \/root\/conf: the symlink \/root\/conf -> \/new\/\.\.\/etc leads through the missing \/new and then "\.\."/);
+    expect(() => planFilesystem(fsOf({ writable_paths: ['/root/conf'] }), t)).toThrow(expect.objectContaining({ kind: 'FailedPrecondition', reason: 'writable_path_refused' }));
   });
   it('refuses a file in the way and symlink loops', () => {
     expect(() => resolveInTree(tree(['etc/passwd']), '/etc/passwd/x', 'writable path')).toThrow(/writable path \/etc\/passwd\/x: \/etc\/passwd in the image is not a directory/);
@@ -173,6 +179,53 @@ describe('the bind plan', () => {
   it('refuses a writable path that leads into /proc, /sys or /dev, or onto a file', () => {
     expect(() => planFilesystem(fsOf({ writable_paths: ['/shm'] }), tree([...['etc/', 'dev/'], 'shm -> /dev/shm']))).toThrow(/resolves to \/dev\/shm .*runtime's own mounts/);
     expect(() => planFilesystem(fsOf({ writable_paths: ['/etc/passwd'] }), tree(['etc/passwd']))).toThrow(/not a directory/);
+  });
+  describe('symlinks in writable paths (the sandbox may have made them)', () => {
+    /** The busybox layout after the sandbox replaced its writable paths with these symlinks. */
+    const planted = (...links: string[]) => tree(['bin/', 'sbin/', 'usr/bin/', 'usr/local/', 'etc/', 'proc/', 'sys/', 'dev/', 'tmp/cache/', 'root/', 'home/', 'var/tmp/', 'run/', 'opt/tools/', ...links]);
+    const refusal = (fs: Partial<ResolvedFilesystem>, t: TreeView) => {
+      try {
+        planFilesystem(fsOf(fs), t);
+      } catch (e) {
+        return { kind: (e as DsecError).kind, reason: (e as DsecError).reason, message: (e as Error).message };
+      }
+      return null;
+    };
+    it('to /etc, to /usr/bin (relative), to /: refused with reason writable_path_refused and the way out', () => {
+      expect(refusal({ writable_paths: ['/root/data'] }, planted('root/data -> /etc'))).toEqual({
+        kind: 'FailedPrecondition', reason: 'writable_path_refused',
+        message: 'writable path /root/data resolves through the symlink /root/data -> /etc to /etc, which is or contains the read-only path /etc; dsecd makes a read-only path writable only when writable_paths names it; the sandbox keeps its files: snapshot it and restore it without this writable path (filesystem.writable_paths), or name the target itself',
+      });
+      expect(refusal({ writable_paths: ['/var/cache'] }, planted('var/cache -> ../usr/bin'))?.message)
+        .toMatch(/^writable path \/var\/cache resolves through the symlink \/var\/cache -> \.\.\/usr\/bin, which is in a writable part of the sandbox \(the sandbox may have made it\), to \/usr\/bin, outside its writable places/);
+      expect(refusal({ writable_paths: ['/root/top'] }, planted('root/top -> /'))?.message).toMatch(/^writable path \/root\/top resolves to \/ through the symlink \/root\/top -> \//);
+      // Above a read-only place: /usr holds the read-only /usr/bin... and is read-only itself.
+      expect(refusal({ writable_paths: ['/root/u'] }, planted('root/u -> ../usr'))?.message).toMatch(/to \/usr, which is or contains the read-only path \/usr/);
+      // Above a deeper read-only bind.
+      expect(refusal({ readonly_paths: ['/usr', '/opt/tools'], writable_paths: ['/root/o'] }, planted('root/o -> /opt'))?.message).toMatch(/to \/opt, which is or contains the read-only path \/opt\/tools/);
+      // A chain of two, the last one in the sandbox's /tmp.
+      expect(refusal({ writable_paths: ['/root/a'] }, planted('root/a -> /tmp/b', 'tmp/b -> /usr/local'))?.message).toMatch(/through the symlinks \/root\/a -> \/tmp\/b, \/tmp\/b -> \/usr\/local, which are in a writable part/);
+      // A glob's match is checked as well.
+      expect(refusal({ writable_paths: ['/var/c*'] }, planted('var/cache -> /etc', 'var/cx/'))?.reason).toBe('writable_path_refused');
+      // Two sandbox links cannot vouch for each other.
+      expect(refusal({ writable_paths: ['/root/a', '/root/b'] }, planted('root/a -> /usr/local', 'root/b -> /usr/local'))?.reason).toBe('writable_path_refused');
+    });
+    it('read-only paths off: only a link to / or to a new top-level directory is refused', () => {
+      expect(refusal({ readonly_paths: [], writable_paths: ['/root/top'] }, planted('root/top -> /'))?.reason).toBe('writable_path_refused');
+      expect(refusal({ readonly_paths: [], writable_paths: ['/root/n'] }, planted('root/n -> /newtop/x'))?.message).toMatch(/to \/newtop\/x, outside its writable places/);
+      expect(planFilesystem(fsOf({ readonly_paths: [], writable_paths: ['/root/e'] }), planted('root/e -> /etc')).readonlyRoot).toBe(false);
+    });
+    it('a symlink that stays inside the writable area is followed; image symlinks on the read-only part are followed into read-only paths', () => {
+      const p = planFilesystem(fsOf({ writable_paths: ['/root/cache'] }), planted('root/cache -> /tmp/cache'));
+      expect(p.binds).toEqual(['/home', '/opt', '/root', '/run', '/tmp', '/var'].map((x) => ({ path: x, readonly: false })));
+      expect(p.create).toEqual([]);
+      // Missing inside the writable area: created there.
+      expect(planFilesystem(fsOf({ writable_paths: ['/root/n'] }), planted('root/n -> /tmp/new/dir')).create).toEqual(['/tmp/new', '/tmp/new/dir']);
+      // Named literally, /etc is the user's exception, and a sandbox link to it is then harmless.
+      expect(planFilesystem(fsOf({ writable_paths: ['/etc', '/root/e'] }), planted('root/e -> /etc')).writable).toContain('/etc');
+      // The image's own /usr/local -> ../opt/local (on the read-only /usr) is followed.
+      expect(planFilesystem(fsOf({ writable_paths: ['/usr/local/app'] }), tree(['usr/bin/', 'opt/local/', 'usr/local -> ../opt/local'])).create).toEqual(['/opt/local/app']);
+    });
   });
   it('deeper read-only paths below writable ones are read-only binds; globs skip files; writable wins over read-only', () => {
     const t = tree(['usr/', 'opt/tools/', 'opt/data/', 'opt/tool.sh', 'opt/toolbox -> tools', 'home/']);
@@ -213,6 +266,33 @@ describe('the bind plan', () => {
     } finally {
       fs.rmSync(root, { recursive: true, force: true });
     }
+  });
+});
+
+describe('advice for a path found read-only', () => {
+  const dflt = fsOf();
+  it('a new top-level directory: --writable for it, never --no-readonly', () => {
+    const a = readonlyAdvice('/work/upload.txt', 'file', dflt)!;
+    expect(a.why).toBe('the top level is read-only: no new top-level entry can be made');
+    expect(a.advice).toBe('create the sandbox with `--writable /work` (filesystem.writable_paths; dsecd creates the directory when missing)');
+    expect(readonlyAdvice('/work', 'dir', dflt)!.advice).toMatch(/--writable \/work`/);
+    expect(readonlyAdvice('/state', 'file', dflt)!.advice).toMatch(/^write below a writable directory/);
+  });
+  it('a file in a read-only path: its directory, never the file itself; --no-readonly only for a whole read-only path', () => {
+    const a = readonlyAdvice('/etc/passwd', 'file', dflt)!;
+    expect(a.why).toBe('below the read-only path /etc');
+    expect(a.advice).toMatch(/`--writable \/etc` .*which makes all of \/etc writable \(writable paths are directories: \/etc\/passwd itself cannot be one\), or with `--no-readonly`$/);
+    expect(a.advice).not.toMatch(/--writable \/etc\/passwd/);
+    expect(readonlyAdvice('/usr/local/lib/x.so', 'file', dflt)).toEqual({ why: 'below the read-only path /usr', advice: expect.stringMatching(/^create the sandbox with `--writable \/usr\/local\/lib` \(filesystem.writable_paths; dsecd creates the directory when missing\)$/) });
+    expect(readonlyAdvice('/lib64/x', 'file', dflt)!.why).toBe('below the read-only path /lib64');
+    expect(readonlyAdvice('/var/log/x', 'file', fsOf({ readonly_paths: ['/'], writable_paths: ['/tmp'] }))!.advice).toMatch(/--writable \/var\/log`/);
+  });
+  it('none when read-only paths are not why: they are off, or the path is in a writable path', () => {
+    expect(readonlyAdvice('/etc/passwd', 'file', fsOf({ readonly_paths: [] }))).toBeNull();
+    expect(readonlyAdvice('/work/x', 'file', fsOf({ writable_paths: ['/work'] }))).toBeNull();
+    expect(readonlyAdvice('/usr/local/x', 'file', fsOf({ writable_paths: ['/usr/local'] }))).toBeNull();
+    // A deeper read-only path below a writable one still is why.
+    expect(readonlyAdvice('/opt/tools/x', 'file', fsOf({ readonly_paths: ['/opt/tools'], writable_paths: ['/opt'] }))!.why).toBe('below the read-only path /opt/tools');
   });
 });
 

@@ -22,6 +22,7 @@ import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js'
 import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
 import { AgentFileError, type AgentClient } from '../../agent/client.js';
 import { route } from './table.js';
+import { readonlyAdvice, type ReadonlyAdvice, type ResolvedFilesystem } from '../../security/filesystem.js';
 import type { ApiDeps } from '../server.js';
 
 const user = z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User inside the sandbox (name or uid[:gid]); default the image user.');
@@ -81,18 +82,29 @@ export const READONLY_PATH_REASON = 'readonly_path';
 const EROFS = 30;
 
 /**
- * A file operation that failed with EROFS hit the sandbox's read-only root or a
- * read-only path (docs/SECURITY.md "Filesystem"): the same error, FailedPrecondition,
- * with reason {@link READONLY_PATH_REASON} and a message that says how to get a writable
- * path. Anything else is returned unchanged.
+ * A file operation that failed with EROFS in a sandbox with read-only paths on
+ * (`filesystem`, the sandbox's resolved options; null: unknown) hit its read-only root or
+ * a read-only path (docs/SECURITY.md "Filesystem"): the same error, FailedPrecondition,
+ * with reason {@link READONLY_PATH_REASON} and a message that says why the path is
+ * read-only and which option makes it writable ({@link readonlyAdvice}, from the path
+ * the agent names, `<op> <path>: Read-only file system`). With read-only paths off
+ * (`readonly_paths: []`), in a writable path, and for anything else, `e` is returned
+ * unchanged: the options are not why.
  */
-export function readonlyPathError(e: unknown, sandboxId: string): unknown {
+export function readonlyPathError(e: unknown, sandboxId: string, filesystem: Pick<ResolvedFilesystem, 'readonly_paths' | 'writable_paths'> | null): unknown {
   if (!(e instanceof AgentFileError) || e.errno !== EROFS) return e;
-  return new DsecError('FailedPrecondition',
-    `${e.message}: the path is read-only in sandbox ${sandboxId} (its root and readonly_paths are read-only, and no new top-level entry can be made); ` +
-    'to write there, create the sandbox with the path in filesystem.writable_paths (`dsec create --writable PATH`; dsecd creates a missing directory), ' +
-    'or with readonly_paths [] (`dsec create --no-readonly`)',
-    { cause: e, reason: READONLY_PATH_REASON });
+  const m = /^(\S+) (\/.*): Read-only file system/s.exec(e.message);
+  const generic: ReadonlyAdvice = {
+    why: 'its root and readonly_paths are read-only, and no new top-level entry can be made',
+    advice: 'create the sandbox with a directory to keep writable in filesystem.writable_paths (`dsec create --writable DIR`; dsecd creates a missing directory)',
+  };
+  let a: ReadonlyAdvice | null = generic;
+  if (filesystem) {
+    if (filesystem.readonly_paths.length === 0) return e;
+    if (m) a = readonlyAdvice(m[2], m[1] === 'mkdir' ? 'dir' : 'file', filesystem);
+    if (!a) return e;
+  }
+  return new DsecError('FailedPrecondition', `${e.message}: ${m ? m[2] : 'the path'} is read-only in sandbox ${sandboxId} (${a.why}); to write there, ${a.advice}`, { cause: e, reason: READONLY_PATH_REASON });
 }
 
 /** Most request body read and discarded after a failed upload, so the error response reaches the client: 64 MiB. */
@@ -143,7 +155,12 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.addContentTypeParser('*', (_req, payload, done) => done(null, payload));
   // Rethrown to the API's error handler, with the read-only path hint where it applies.
   app.setErrorHandler((e, req) => {
-    throw readonlyPathError(e, (req.params as { id?: string }).id ?? '?');
+    const id = (req.params as { id?: string }).id ?? '?';
+    let fs: Pick<ResolvedFilesystem, 'readonly_paths' | 'writable_paths'> | null = null;
+    try {
+      fs = deps.manager.filesystemOf(id);
+    } catch { /* gone meanwhile: the generic advice */ }
+    throw readonlyPathError(e, id, fs);
   });
 
   const agent = (req: R): Promise<AgentClient> => deps.manager.agent(req.params.id);

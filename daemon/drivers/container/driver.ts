@@ -166,7 +166,9 @@ export class ContainerDriver implements SandboxDriver {
   /**
    * Plans the filesystem of `sb` over its mounted rootfs and creates the planned
    * directories (see daemon/security/filesystem.ts). Workers: no binds, read-only root.
-   * @throws DsecError FailedPrecondition for options the image's tree cannot honour.
+   * @throws DsecError FailedPrecondition for options the image's tree cannot honour; with
+   *   reason `writable_path_refused` for a writable path resolved through a symlink to
+   *   where it must not lead (the reason is kept, the manager records an event of it).
    */
   private async planFilesystem(sb: SandboxRecord, rootfs: string): Promise<FilesystemPlan & { landlock: boolean }> {
     const fs = this.filesystemOf(sb);
@@ -175,7 +177,7 @@ export class ContainerDriver implements SandboxDriver {
     try {
       plan = planFilesystem(fs, hostTree(rootfs));
     } catch (e) {
-      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e });
+      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e, reason: e.reason });
       throw e;
     }
     await createPlannedDirs(rootfs, plan, sb.uidBase!);

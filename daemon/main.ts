@@ -45,7 +45,8 @@ import { registerInstance, type InstanceRegistration } from './host/instances.js
 import { BUILDER_SLOT_IDS, Builder } from './host/builder.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import type { Backend, SeccompProfileInfo } from './api/schema.js';
-import { SandboxNetworking } from './net/network.js';
+import { SandboxNetworking, builtinDeny } from './net/network.js';
+import { parseSubnet } from './net/addr.js';
 import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
@@ -267,13 +268,23 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const coreSched = detectCoreScheduling();
     const schedIdle = detectSchedIdle();
     // Sandbox networking: instance netns, egress programs, resolver (daemon/net/network.ts).
-    const policies = new PolicySet([shippedPolicyDir(), config.network.policyDir]);
+    // Warnings name allow rules that the built-in denials make unreachable (a bad subnet is refused below, by SandboxNetworking).
+    const alwaysDenied = () => {
+      try {
+        return builtinDeny(parseSubnet(config.network.subnet), config.network.hostLoopback);
+      } catch {
+        return [];
+      }
+    };
+    const policies = new PolicySet([shippedPolicyDir(), config.network.policyDir], alwaysDenied);
     for (const p of policies.loadInitial()) log.error({ file: p.file }, `network policy skipped: ${p.message}`);
+    for (const sh of policies.report().shadowed) log.warn(sh, `network policy ${sh.name}: ${sh.file} shadows the shipped ${sh.shadows}`);
+    for (const w of policies.report().warnings) log.warn({ policy: w.policy, file: w.file }, `network policy ${w.policy}: ${w.message}`);
     const cg2 = cgroups.parents.unified;
     const network = new SandboxNetworking({
       config: config.network, root: config.root, instance: config.instance, uidPool: config.uidPool, policies,
       cgroup2Dir: (id) => path.join(cg2 ?? '/nonexistent-cgroup2', id), bpfBuildDir: path.join(repoRoot(), BPF_BUILD_RELATIVE),
-      event: (id, type, message) => { repo.event(type, repo.find(id) ?? null, message); },
+      event: (id, type, message) => { repo.event(type, id === null ? null : repo.find(id) ?? null, message); },
       log: log.child({ component: 'network' }),
     });
     await network.init({ eager: repo.all().some((s) => SandboxNetworking.hasNetwork(s)) });
@@ -311,19 +322,43 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
     });
-    /** Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes naming them. */
+    /**
+     * Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes
+     * naming them. Reports (log, events, result) shadowed shipped policies, allow rules
+     * that never take effect, and every sandbox whose policy's mode changed: a sandbox
+     * keeps the mode settled at its create (an allow sandbox never opens up by a reload);
+     * only a stored network without a mode of its own takes the policy's new one.
+     */
     const reloadPolicies = async () => {
       const inUse = new Set(repo.all().map((s) => s.network?.policy).filter((p): p is string => !!p));
+      const modeBefore = new Map([...inUse].map((n) => [n, policies.get(n)?.mode]));
       const r = policies.reload(inUse);
       const reapplied: string[] = [];
+      const modes: { id: string; policy: string; mode: 'allow' | 'open'; policy_mode: 'allow' | 'open'; changed: boolean }[] = [];
       for (const sb of repo.all()) {
-        if (sb.network?.policy && r.changed.includes(sb.network.policy)) {
-          await manager.setNetwork(sb.id, sb.network);
-          reapplied.push(sb.id);
+        const name = sb.network?.policy;
+        if (!name || !r.changed.includes(name)) continue;
+        const before = sb.network!.mode ?? modeBefore.get(name);
+        const done = await manager.setNetwork(sb.id, sb.network!);
+        reapplied.push(sb.id);
+        const policyMode = policies.get(name)!.mode;
+        if (modeBefore.get(name) !== policyMode) {
+          const mode = done.network!.mode as 'allow' | 'open';
+          const changed = before !== mode;
+          modes.push({ id: sb.id, policy: name, mode, policy_mode: policyMode, changed });
+          const msg = changed ? `policy ${name} now has mode ${policyMode}; the sandbox took it (its network names no mode of its own)`
+            : `policy ${name} now has mode ${policyMode}; the sandbox keeps mode ${mode}, settled at its create (set its network to change it)`;
+          repo.event('network.policy_mode_changed', done, msg);
+          log.warn({ id: sb.id, policy: name, mode, policyMode }, msg);
         }
       }
-      repo.event('network.policies_reloaded', null, `loaded=${r.loaded.join(',') || 'none'} changed=${r.changed.join(',') || 'none'} reapplied=${reapplied.length}`);
-      return { ...r, reapplied };
+      for (const sh of r.shadowed) log.warn(sh, `network policy ${sh.name}: ${sh.file} shadows the shipped ${sh.shadows}`);
+      for (const w of r.warnings) log.warn({ policy: w.policy, file: w.file }, `network policy ${w.policy}: ${w.message}`);
+      const list = (xs: string[]) => xs.join(',') || 'none';
+      repo.event('network.policies_reloaded', null, `loaded=${list(r.loaded)} changed=${list(r.changed)} reapplied=${reapplied.length}`
+        + ` shadowed=${list(r.shadowed.map((x) => x.name))} warnings=${r.warnings.length}${r.warnings.length ? ` (${[...new Set(r.warnings.map((w) => w.policy))].join(',')})` : ''}`
+        + (modes.length ? ` mode_changed=${modes.map((m) => `${m.id}:${m.changed ? 'took' : 'kept'}-${m.mode}`).join(',')}` : ''));
+      return { ...r, reapplied, modes };
     };
     // `criu check` runs once, in the background; host info and process snapshots read the result.
     const criu = probeCriu();

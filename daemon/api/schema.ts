@@ -132,7 +132,7 @@ export const NetworkDenials = z.object({
   connect: z.number().int().describe('connect() calls refused (EPERM).'),
   sendmsg: z.number().int().describe('UDP sendto/sendmsg calls to an address refused (EPERM).'),
   sock_create: z.number().int().describe('Raw or non-TCP/UDP inet sockets refused (EPERM).'),
-  dns_refused: z.number().int().describe('DNS questions the resolver refused (REFUSED, never forwarded); counted since this dsecd attached it.'),
+  dns_refused: z.number().int().describe('DNS questions the resolver refused (REFUSED, never forwarded), for its current container; kept across dsecd restarts (recorded before it is shown).'),
   last: z.string().nullable().describe('The last denied attempt, e.g. `10.0.0.9:80/tcp (connect)`.'),
 });
 
@@ -170,7 +170,25 @@ export const PolicyReloadResult = z.object({
   loaded: z.array(z.string()).describe('Every policy loaded now.'),
   changed: z.array(z.string()).describe('Policies whose content changed, appeared or disappeared.'),
   reapplied: z.array(z.string()).describe('Sandboxes whose network was re-applied because their policy changed.'),
+  shadowed: z.array(z.object({
+    name: z.string(),
+    file: z.string().describe('The operator\'s file in force.'),
+    shadows: z.string().describe('The shipped file it hides.'),
+  })).describe('Shipped policies hidden by an operator policy of the same name (every one in force, not only new ones).'),
+  warnings: z.array(z.object({
+    policy: z.string(),
+    file: z.string(),
+    message: z.string().describe('Which allow rule (`allow.<index>`) never takes effect and why: inside a destination every sandbox is denied (bridge subnet, host addresses, link-local metadata range, ...), covered by a deny rule of the policy, or in an open policy.'),
+  })).describe('Allow rules of loaded policies that can never take effect; they do not refuse the reload.'),
+  modes: z.array(z.object({
+    id: z.string().describe('Sandbox id.'),
+    policy: z.string(),
+    mode: z.enum(['allow', 'open']).describe("The sandbox's mode now."),
+    policy_mode: z.enum(['allow', 'open']).describe("The policy's mode after the reload."),
+    changed: z.boolean().describe('True when the sandbox took the new mode (its stored network names no mode of its own); false when it keeps the mode settled at its create (PUT its network to change it).'),
+  })).describe("Sandboxes naming a policy whose mode this reload changed (each also gets a network.policy_mode_changed event)."),
 });
+export type PolicyReloadResult = z.infer<typeof PolicyReloadResult>;
 
 /**
  * Filesystem hardening of a sandbox (docs/SECURITY.md "Filesystem" and "Landlock";

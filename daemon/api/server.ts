@@ -12,7 +12,7 @@ import { registerTrajectoryRoutes } from './routes/trajectories.js';
 import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { z } from 'zod';
-import type { SeccompProfileInfo } from './schema.js';
+import type { PolicyReloadResult, SeccompProfileInfo } from './schema.js';
 import { DsecError, invalidArgument, notFound } from '../errors.js';
 import type { SandboxManager } from '../sandbox/manager.js';
 import type { SandboxRepo } from '../sandbox/repo.js';
@@ -62,7 +62,7 @@ export interface ApiDeps {
     networking: SandboxNetworking;
     policies: PolicySet;
     /** Reloads the policy files and re-applies changed ones. @throws DsecError InvalidArgument (the previous set stays). */
-    reload(): Promise<{ loaded: string[]; changed: string[]; reapplied: string[] }>;
+    reload(): Promise<PolicyReloadResult>;
   };
 }
 

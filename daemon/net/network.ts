@@ -16,7 +16,10 @@
  * which keep enforcing while dsecd is down. In memory: one {@link Live} per attached
  * sandbox (rebuilt by {@link SandboxNetworking.adopt} after a restart). Learned DNS pins are
  * written to `<root>/net/pins/<id>.json` (at most once a second per sandbox) so that an
- * address a sandbox resolved before a restart stays allowed after it.
+ * address a sandbox resolved before a restart stays allowed after it. The resolver's
+ * refusal count lives in dsecd (the egress counters live in the kernel's pinned map); it
+ * is written to `<root>/net/counters/<id>.json` before any value of it is shown (API,
+ * stats, event), so what a client saw is never lower after a restart, even a SIGKILL.
  *
  * Concurrency. Every map change for a sandbox is computed and written synchronously
  * (compile, diff, bpf(2) calls) inside one turn of the event loop, so a DNS pin, a
@@ -76,8 +79,8 @@ export interface NetworkingDeps {
   cgroup2Dir(id: string): string;
   /** Directory of the built BPF objects. */
   bpfBuildDir: string;
-  /** Records an event for a sandbox (the repo's event log). */
-  event(id: string, type: string, message: string): void;
+  /** Records an event for a sandbox, or for the host when `id` is null (the repo's event log). */
+  event(id: string | null, type: string, message: string): void;
   log: Logger;
 }
 
@@ -99,6 +102,50 @@ interface Live {
   dnsRefusedSeen: number;
   lastRefused: string | null;
   pinsDirty: boolean;
+  /** dnsRefused or lastRefused changed since they were last written (see the module comment). */
+  countersDirty: boolean;
+}
+
+/** What `<root>/net/counters/<id>.json` holds: the resolver's refusals of one container (its cgroup id, decimal). */
+interface CountersFile { cgid: string; dnsRefused: number; lastRefused: string | null }
+
+/** A destination denied to every allow/open sandbox whatever its rules, and why (for messages). */
+export interface BuiltinDeny {
+  prefix: Prefix;
+  reason: string;
+}
+
+/**
+ * Link-local IPv4, 169.254.0.0/16: where cloud instance metadata services answer
+ * (169.254.169.254 on AWS, GCP, Azure, OpenStack; 169.254.170.2 for ECS task
+ * credentials). Through the user-mode uplink a sandbox's connect there becomes a socket of
+ * the host, which would reach the host's metadata service and its credentials.
+ */
+export const LINK_LOCAL_4 = '169.254.0.0/16';
+
+/**
+ * The destinations every allow/open sandbox is denied whatever its rules (deny wins over
+ * allow): the bridge subnet, the user-mode DNS forwarder, the user-mode gateway to the
+ * host's loopback (unless `host_loopback`), link-local addresses ({@link LINK_LOCAL_4}),
+ * and the host's own interface addresses (the uplink would reach the host's services on
+ * them). Pure but for `interfaces` (default: this host's).
+ */
+export function builtinDeny(subnet: Subnet, hostLoopback: boolean, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]> = os.networkInterfaces()): BuiltinDeny[] {
+  const out: BuiltinDeny[] = [
+    { prefix: subnet.prefix, reason: 'the sandbox bridge subnet ([network] subnet)' },
+    { prefix: parsePrefix(`${SLIRP.dns}/32`), reason: "the user-mode network's DNS forwarder (only the sandbox resolver asks it)" },
+    { prefix: parsePrefix(LINK_LOCAL_4), reason: 'link-local addresses, where cloud instance metadata services answer' },
+  ];
+  if (!hostLoopback) out.push({ prefix: parsePrefix(`${SLIRP.hostGateway}/32`), reason: "the user-mode gateway to the host's loopback ([network] host_loopback is off)" });
+  for (const [name, addrs] of Object.entries(interfaces)) {
+    for (const a of addrs ?? []) {
+      if (a.internal || a.address.startsWith('fe80')) continue;
+      try {
+        out.push({ prefix: parsePrefix(a.address), reason: `an address of this host (${name})` });
+      } catch { /* an address form the rules do not take */ }
+    }
+  }
+  return out;
 }
 
 /** A sandbox's network as GET /v1/sandboxes/{id}/network shows it. */
@@ -170,6 +217,7 @@ export class SandboxNetworking {
    */
   async init(opts: { eager: boolean }): Promise<void> {
     mkdirSync(path.join(this.stateDir, 'pins'), { recursive: true, mode: 0o700 });
+    mkdirSync(path.join(this.stateDir, 'counters'), { recursive: true, mode: 0o700 });
     try {
       const pins = path.join(this.d.root, 'bpf');
       ensureBpffs(pins);
@@ -204,12 +252,16 @@ export class SandboxNetworking {
       try {
         const r = await this.instanceNet.ensure();
         this.d.log.info({ netns: this.instanceNet.name, ...r }, 'instance network namespace ready');
+        if (r.slirp === 'restarted' || r.slirp === 'stopped') {
+          this.d.event(null, 'network.uplink_restarted', `slirp4netns ${r.slirp === 'restarted' ? 'restarted' : 'stopped'}: its settings differed from [network] (${r.slirpChange})`);
+        }
         this.resolver = new SandboxResolver(
           { netnsPath: this.instanceNet.path, gateway: this.gateway, upstreams: this.d.config.upstreamDns, stateDir: this.stateDir, log: this.d.log.child({ component: 'resolver' }) },
           { decide: (src, name, type) => this.decide(src, name, type), pin: async (src, name, addrs) => this.pinAnswer(src, name, addrs) },
         );
         await this.resolver.start();
         this.isUp = true;
+        this.instanceNet.watch((e) => this.d.event(null, e.kind === 'restarted' ? 'network.uplink_restarted' : 'network.uplink_failed', e.message));
       } catch (e) {
         this.problem = `instance network namespace unavailable: ${(e as Error).message}`;
         this.d.log.error({ err: e }, 'sandbox networking unavailable; allow/open sandboxes will be refused until dsecd restarts');
@@ -277,24 +329,12 @@ export class SandboxNetworking {
     return { resolvConf: file };
   }
 
-  /** Infrastructure every allow/open sandbox is denied whatever its rules (deny wins over allow); computed once at init. */
+  /** Infrastructure every allow/open sandbox is denied whatever its rules ({@link builtinDeny}); computed once. */
   private infra: Prefix[] | null = null;
 
   private infraDeny(): Prefix[] {
-    if (this.infra) return this.infra;
-    const out: Prefix[] = [this.subnet.prefix, parsePrefix(`${SLIRP.dns}/32`)];
-    if (!this.d.config.hostLoopback) out.push(parsePrefix(`${SLIRP.hostGateway}/32`));
-    // The host's own addresses: the user-mode uplink would reach the host's services on them.
-    for (const addrs of Object.values(os.networkInterfaces())) {
-      for (const a of addrs ?? []) {
-        if (a.internal || a.address.startsWith('fe80')) continue;
-        try {
-          out.push(parsePrefix(a.address));
-        } catch { /* an address form the rules do not take */ }
-      }
-    }
-    this.infra = out;
-    return out;
+    this.infra ??= builtinDeny(this.subnet, this.d.config.hostLoopback).map((b) => b.prefix);
+    return this.infra;
   }
 
   /**
@@ -375,6 +415,31 @@ export class SandboxNetworking {
     return path.join(this.stateDir, 'pins', `${id}.json`);
   }
 
+  private countersFile(id: string): string {
+    return path.join(this.stateDir, 'counters', `${id}.json`);
+  }
+
+  /** The resolver's refusals recorded for this container (same cgroup id) before a restart, else zero. */
+  private loadCounters(id: string, cgid: bigint): { dnsRefused: number; lastRefused: string | null } {
+    try {
+      const raw = JSON.parse(readFileSync(this.countersFile(id), 'utf8')) as CountersFile;
+      if (raw.cgid === String(cgid) && Number.isSafeInteger(raw.dnsRefused) && raw.dnsRefused >= 0) return { dnsRefused: raw.dnsRefused, lastRefused: raw.lastRefused ?? null };
+    } catch { /* none */ }
+    return { dnsRefused: 0, lastRefused: null };
+  }
+
+  /** Writes a sandbox's refusal count when it changed; called before any value of it is shown (see the module comment). */
+  private saveCounters(l: Live): void {
+    if (!l.countersDirty) return;
+    const f: CountersFile = { cgid: String(l.cgid), dnsRefused: l.dnsRefused, lastRefused: l.lastRefused };
+    try {
+      writeFileSync(this.countersFile(l.id), JSON.stringify(f), { mode: 0o600 });
+      l.countersDirty = false;
+    } catch (e) {
+      this.d.log.warn({ err: e, id: l.id }, 'writing the DNS refusal count failed');
+    }
+  }
+
   /** Loads a sandbox's learned addresses written before a restart (expired ones dropped). */
   private loadPins(id: string): Map<string, Map<string, number>> {
     const out = new Map<string, Map<string, number>>();
@@ -415,6 +480,8 @@ export class SandboxNetworking {
     if (why) throw failedPrecondition(`sandbox ${sb.id}: ${why}`);
     const slot = this.slotOf(sb);
     const address = addressForSlot(this.subnet, slot);
+    // A new container: its counters start at zero, as the kernel's do for its new cgroup.
+    rmSync(this.countersFile(sb.id), { force: true });
     const l = this.register(sb, slot, address, new Map());
     await this.names.ensure(exactHosts(l.net));
     this.apply(l);
@@ -422,8 +489,8 @@ export class SandboxNetworking {
     await attachVeth(this.instanceNet.name, this.subnet, slot, address, pid);
   }
 
-  /** Creates the in-memory record of an attached sandbox (and indexes it). */
-  private register(sb: SandboxRecord, slot: number, address: Buffer, pins: Map<string, Map<string, number>>): Live {
+  /** Creates the in-memory record of an attached sandbox (and indexes it); an adopted one takes up its recorded refusal count. */
+  private register(sb: SandboxRecord, slot: number, address: Buffer, pins: Map<string, Map<string, number>>, opts: { adopted?: boolean } = {}): Live {
     const cgroupDir = this.d.cgroup2Dir(sb.id);
     const cgid = this.cgroupId(cgroupDir);
     if (cgid === null) throw internal(`sandbox ${sb.id}: its cgroup2 directory ${cgroupDir} does not exist, so egress programs cannot attach`);
@@ -431,9 +498,11 @@ export class SandboxNetworking {
     if (prev) this.unregister(prev);
     const found = this.found.get(cgid);
     this.found.delete(cgid);
+    const dns = opts.adopted ? this.loadCounters(sb.id, cgid) : { dnsRefused: 0, lastRefused: null };
     const l: Live = {
       id: sb.id, slot, address, cgroupDir, cgid, net: this.effective(sb.network), pins, applied: found ?? new Map(),
-      seen: { connect: 0, sendmsg: 0, sockCreate: 0 }, dnsRefused: 0, dnsRefusedSeen: 0, lastRefused: null, pinsDirty: false,
+      // Refusals counted before the restart were reported by then (they were written before they were shown).
+      seen: { connect: 0, sendmsg: 0, sockCreate: 0 }, dnsRefused: dns.dnsRefused, dnsRefusedSeen: dns.dnsRefused, lastRefused: dns.lastRefused, pinsDirty: false, countersDirty: false,
     };
     const ctr = this.bpf!.map('egress_counters');
     const existing = ctr.lookup(cgroupKey(cgid));
@@ -479,6 +548,8 @@ export class SandboxNetworking {
       this.unregister(l);
     }
     if (SandboxNetworking.hasNetwork(sb) && sb.uidBase !== null && this.isUp) await detachVeth(this.instanceNet.name, this.slotOf(sb));
+    // The container is gone: its counters go with it (as the kernel's do with its cgroup).
+    if (SandboxNetworking.hasNetwork(sb)) rmSync(this.countersFile(sb.id), { force: true });
     if (opts.forget && SandboxNetworking.hasNetwork(sb)) rmSync(this.pinsFile(sb.id), { force: true });
   }
 
@@ -497,7 +568,7 @@ export class SandboxNetworking {
     }
     const slot = this.slotOf(sb);
     const address = addressForSlot(this.subnet, slot);
-    const l = this.register(sb, slot, address, this.loadPins(sb.id));
+    const l = this.register(sb, slot, address, this.loadPins(sb.id), { adopted: true });
     await this.names.ensure(exactHosts(l.net));
     this.apply(l);
     for (const p of EGRESS_PROGRAMS) this.bpf!.attachCgroup(p, l.cgroupDir);
@@ -553,6 +624,11 @@ export class SandboxNetworking {
         if (!known.has(f.replace(/\.json$/, ''))) rmSync(path.join(this.stateDir, 'pins', f), { force: true });
       }
     } catch { /* none */ }
+    try {
+      for (const f of readdirSync(path.join(this.stateDir, 'counters'))) {
+        if (!this.live.has(f.replace(/\.json$/, ''))) rmSync(path.join(this.stateDir, 'counters', f), { force: true });
+      }
+    } catch { /* none */ }
     this.names.retain(new Set([...this.live.values()].flatMap((l) => exactHosts(l.net))));
     return removed;
   }
@@ -577,6 +653,7 @@ export class SandboxNetworking {
       if (l) {
         l.dnsRefused++;
         l.lastRefused = `${name} ${typeName(type)} (${why})`;
+        l.countersDirty = true;
       }
       return { action: 'refuse' as const, report: false };
     };
@@ -620,6 +697,7 @@ export class SandboxNetworking {
       }
     }
     if (l.dnsRefused > l.dnsRefusedSeen) {
+      this.saveCounters(l);
       this.d.event(l.id, 'network.dns_refused', `refused=${l.dnsRefused - l.dnsRefusedSeen} last=${l.lastRefused}`);
       l.dnsRefusedSeen = l.dnsRefused;
     }
@@ -652,6 +730,7 @@ export class SandboxNetworking {
     })();
     const counters = l && this.bpf ? this.bpf.map('egress_counters').lookup(cgroupKey(l.cgid)) : null;
     const c = counters ? parseCounters(counters) : null;
+    if (l) this.saveCounters(l);
     const has = eff.mode !== 'none';
     return {
       mode: eff.mode,
@@ -674,6 +753,7 @@ export class SandboxNetworking {
     const v = l && this.bpf ? this.bpf.map('egress_counters').lookup(cgroupKey(l.cgid)) : null;
     if (!l || !v) return null;
     const c = parseCounters(v);
+    this.saveCounters(l);
     return { connect: c.connect, sendmsg: c.sendmsg, sock_create: c.sockCreate, dns_refused: l.dnsRefused, last: describeLast(c) };
   }
 
@@ -726,7 +806,9 @@ export class SandboxNetworking {
   async close(): Promise<void> {
     if (this.poll) clearInterval(this.poll);
     if (this.pinWriter) clearInterval(this.pinWriter);
+    this.instanceNet.unwatch();
     this.writePins();
+    for (const l of this.live.values()) this.saveCounters(l);
     this.names.close();
     await this.resolver?.close();
     this.bpf?.close();

@@ -5,7 +5,15 @@
  *   1. the examples shipped with dsec (daemon/security/profiles/network/), and
  *   2. the operator's directory (`[network] policy_dir`, default /etc/dsec/network-policies).
  *
+ * A policy of the operator's directory with the name of a shipped one shadows it; every
+ * load reports such shadowing ({@link PolicyShadow}), so an operator who meant to add a
+ * policy learns that a shipped one is no longer in force.
+ *
  * Every file is validated (zod) when it is loaded; an error names the file and the field.
+ * A valid policy may still hold allow rules that can never take effect (inside a
+ * destination every sandbox is denied, covered by its own deny rules, or in an `open`
+ * policy): every load reports those as warnings ({@link PolicyWarning}); they do not
+ * refuse the file.
  * A reload is all or nothing: if any file is malformed (or a policy still in use by a
  * sandbox disappeared), the reload is refused with every problem listed, and the set
  * loaded before stays in force. At start, a malformed file is skipped and logged, since
@@ -21,7 +29,7 @@ import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
 import { EgressRule, PolicyName } from '../api/schema.js';
 import { invalidArgument } from '../errors.js';
-import type { NetworkPolicy } from './egress.js';
+import { policyWarnings, type AlwaysDenied, type NetworkPolicy } from './egress.js';
 
 /** Directory of the policies shipped with dsec (source tree or dist/; the JSON files are read from the source tree). */
 export function shippedPolicyDir(): string {
@@ -67,10 +75,27 @@ export function parsePolicyFile(file: string, text: string): NetworkPolicy | Pol
   return { name, mode: r.data.mode, allow: r.data.allow ?? [], deny: r.data.deny ?? [], ...(r.data.description ? { description: r.data.description } : {}) };
 }
 
-/** Reads every `*.json` of the directories (missing directories are empty), later directories overriding by name. */
-export function readPolicyDirs(dirs: readonly string[]): { policies: Map<string, NetworkPolicy & { file: string }>; problems: PolicyProblem[] } {
+/** A policy file that hides one of the same name from an earlier directory (a shipped example). */
+export interface PolicyShadow {
+  name: string;
+  /** The file in force. */
+  file: string;
+  /** The file it hides. */
+  shadows: string;
+}
+
+/** An allow rule of a loaded policy that can never take effect ({@link policyWarnings}). */
+export interface PolicyWarning {
+  policy: string;
+  file: string;
+  message: string;
+}
+
+/** Reads every `*.json` of the directories (missing directories are empty), later directories overriding by name (each override listed in `shadowed`). */
+export function readPolicyDirs(dirs: readonly string[]): { policies: Map<string, NetworkPolicy & { file: string }>; problems: PolicyProblem[]; shadowed: PolicyShadow[] } {
   const policies = new Map<string, NetworkPolicy & { file: string }>();
   const problems: PolicyProblem[] = [];
+  const shadowed: PolicyShadow[] = [];
   for (const dir of dirs) {
     let names: string[];
     try {
@@ -91,36 +116,67 @@ export function readPolicyDirs(dirs: readonly string[]): { policies: Map<string,
       }
       const p = parsePolicyFile(file, text);
       if ('message' in p) problems.push(p);
-      else policies.set(p.name, { ...p, file });
+      else {
+        const before = policies.get(p.name);
+        if (before) shadowed.push({ name: p.name, file, shadows: before.file });
+        policies.set(p.name, { ...p, file });
+      }
     }
   }
-  return { policies, problems };
+  return { policies, problems, shadowed };
+}
+
+/** Warnings of every policy of a set, by policy name order. */
+export function setWarnings(policies: Iterable<NetworkPolicy & { file: string }>, alwaysDenied: readonly AlwaysDenied[]): PolicyWarning[] {
+  const out: PolicyWarning[] = [];
+  for (const p of [...policies].sort((a, b) => a.name.localeCompare(b.name))) {
+    for (const message of policyWarnings(p, alwaysDenied)) out.push({ policy: p.name, file: p.file, message });
+  }
+  return out;
+}
+
+/** What a load reports besides the policies: shadowed shipped policies and allow rules that never take effect. */
+export interface PolicyLoadReport {
+  shadowed: PolicyShadow[];
+  warnings: PolicyWarning[];
 }
 
 /** The loaded policies of one dsecd; see the module comment for reload semantics. */
 export class PolicySet {
   private current = new Map<string, NetworkPolicy & { file: string }>();
+  private currentReport: PolicyLoadReport = { shadowed: [], warnings: [] };
 
-  /** @param dirs directories read in order (shipped examples first, then the operator's). */
-  constructor(private readonly dirs: readonly string[]) {}
+  /**
+   * @param dirs directories read in order (shipped examples first, then the operator's).
+   * @param alwaysDenied destinations every sandbox is denied whatever its rules, for the
+   *   warnings (daemon/net/network.ts `builtinDeny`); none when omitted.
+   */
+  constructor(private readonly dirs: readonly string[], private readonly alwaysDenied: () => readonly AlwaysDenied[] = () => []) {}
 
   /**
    * First load at start: malformed files are skipped.
-   * @returns the problems found (for the log).
+   * @returns the problems found (for the log); shadowing and warnings are in {@link report}.
    */
   loadInitial(): PolicyProblem[] {
     const r = readPolicyDirs(this.dirs);
     this.current = r.policies;
+    this.currentReport = { shadowed: r.shadowed, warnings: setWarnings(r.policies.values(), this.alwaysDenied()) };
     return r.problems;
+  }
+
+  /** Shadowed shipped policies and allow rules that never take effect, of the set in force. */
+  report(): PolicyLoadReport {
+    return this.currentReport;
   }
 
   /**
    * Reloads every directory, all or nothing.
    * @param inUse names of policies live sandboxes use: such a policy must not disappear.
-   * @returns the names whose content changed, appeared or disappeared.
+   * @returns the names whose content changed, appeared or disappeared, and the new set's
+   *   {@link report} (every shadowing and warning in force, not only new ones).
    * @throws DsecError InvalidArgument listing every problem; the previous set stays in force.
    */
-  reload(inUse: ReadonlySet<string>): { changed: string[]; loaded: string[] } {
+  reload(inUse: ReadonlySet<string>): { changed: string[]; loaded: string[] } & PolicyLoadReport {
     const r = readPolicyDirs(this.dirs);
     const problems = [...r.problems];
     for (const name of inUse) {
@@ -136,7 +192,8 @@ export class PolicySet {
       if (JSON.stringify(a ?? null) !== JSON.stringify(b ?? null)) changed.push(n);
     }
     this.current = r.policies;
-    return { changed: changed.sort(), loaded: [...r.policies.keys()].sort() };
+    this.currentReport = { shadowed: r.shadowed, warnings: setWarnings(r.policies.values(), this.alwaysDenied()) };
+    return { changed: changed.sort(), loaded: [...r.policies.keys()].sort(), ...this.currentReport };
   }
 
   /** The loaded policy of that name, or undefined. */

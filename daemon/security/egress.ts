@@ -335,3 +335,61 @@ export function parseCounters(b: Buffer): DenialCounters {
     last: { kind, address, port: family ? b.readUInt16LE(48) : null, protocol: PROTO_NAMES[proto] ?? String(proto), socketType: kind === 'sock_create' ? b.readUInt32LE(56) : null },
   };
 }
+
+// ---- policy lint ----
+
+/** A destination denied whatever the rules, and why (daemon/net/network.ts `builtinDeny`). */
+export interface AlwaysDenied {
+  prefix: Prefix;
+  reason: string;
+}
+
+/** True when deny pattern `deny` matches every name allow pattern `allow` can match (both normalised). */
+function hostCovers(deny: string, allow: string): boolean {
+  if (!allow.startsWith('*.')) return hostMatches(deny, allow);
+  // A wildcard is covered by the same wildcard or one above it (`*.org` covers `*.example.org`).
+  return deny.startsWith('*.') && (deny === allow || allow.endsWith(deny.slice(1)));
+}
+
+/** True when the (port, protocol) pairs of `inner` are all in `outer`. */
+function portsCover(outer: readonly PortRange[], inner: readonly PortRange[]): boolean {
+  const o = normaliseRanges(outer);
+  return JSON.stringify(o) === JSON.stringify(normaliseRanges([...outer, ...inner]));
+}
+
+/**
+ * Allow rules of a policy that can never take effect, as messages naming the rule by its
+ * index (`allow.2`): the allow rules of an `open` policy as a whole (open mode allows
+ * everything not denied, so they count only for a sandbox that names the policy with
+ * mode allow of its own); an allow cidr inside a destination denied to every
+ * sandbox (`alwaysDenied`: the bridge subnet, the host's addresses, link-local metadata
+ * addresses, ...); an allow rule whose destinations and ports a deny rule of the same
+ * policy covers (deny wins). Rules that only partly overlap a denial are not reported.
+ * Pure; rules are assumed valid (the policy file was parsed).
+ */
+export function policyWarnings(p: Pick<NetworkPolicy, 'mode' | 'allow' | 'deny'>, alwaysDenied: readonly AlwaysDenied[]): string[] {
+  const out: string[] = [];
+  if (p.mode === 'open' && p.allow.length) {
+    const n = p.allow.length;
+    out.push(`mode open allows every destination that is not denied, so its ${n} allow rule${n === 1 ? '' : 's'} take${n === 1 ? 's' : ''} effect only for a sandbox that names this policy with mode allow of its own; use mode allow, or drop ${n === 1 ? 'it' : 'them'}`);
+  }
+  p.allow.forEach((r, i) => {
+    const what = r.cidr !== undefined ? r.cidr : r.host!;
+    const ports = rulePorts(r);
+    if (r.cidr !== undefined) {
+      const pre = parsePrefix(r.cidr);
+      const b = alwaysDenied.find((d) => contains(d.prefix, pre));
+      if (b) {
+        out.push(`allow.${i} (${what}) can never match: ${formatPrefix(b.prefix)} is ${b.reason}, denied to every sandbox whatever its rules`);
+        return;
+      }
+      const j = p.deny.findIndex((d) => d.cidr !== undefined && contains(parsePrefix(d.cidr), pre) && portsCover(rulePorts(d), ports));
+      if (j >= 0) out.push(`allow.${i} (${what}) can never match: deny.${j} (${p.deny[j].cidr}) covers it and deny wins over allow`);
+      return;
+    }
+    const name = normaliseHost(r.host!);
+    const j = p.deny.findIndex((d) => d.host !== undefined && hostCovers(normaliseHost(d.host), name) && portsCover(rulePorts(d), ports));
+    if (j >= 0) out.push(`allow.${i} (${what}) can never match: deny.${j} (${p.deny[j].host}) covers it and deny wins over allow`);
+  });
+  return out;
+}

@@ -5,7 +5,8 @@
  * can fail. Attacks: connect to a non-allowed address; exfiltrate over DNS (the fake
  * upstream records every question it gets) and over UDP to an arbitrary port; raw,
  * packet and non-TCP/UDP sockets; changing addresses, routes and links; reaching another
- * sandbox on the bridge; reaching the host's loopback services with host loopback off.
+ * sandbox on the bridge; reaching the host's loopback services with host loopback off;
+ * reaching a cloud instance metadata address.
  *
  * Traffic stays on this host (see test/integration/net-helpers.ts): servers on TEST-NET-2
  * addresses in the instance's own netns, and one TCP server on the host's 127.0.0.1.
@@ -186,6 +187,26 @@ describe.skipIf(!IS_ROOT)('attack: get traffic out of a sandbox', () => {
       await on.client.deleteSandbox(ok.id, { force: true });
     } finally {
       await on.cleanup();
+    }
+  });
+
+  it('cannot reach a cloud metadata address (169.254.169.254), in either mode and even when allowed; the server there answers the instance netns', async () => {
+    // A stand-in metadata service on the instance netns's loopback: where slirp4netns would otherwise lead (the host's metadata service).
+    await execa('ip', ['-n', netnsOf(d), 'addr', 'replace', '169.254.169.254/32', 'dev', 'lo']);
+    const meta = await NetnsServer.start(d, 'tcp', '169.254.169.254', 80, 'metadata-credentials');
+    const open = await d.client.createSandbox({ network: { mode: 'open' } });
+    const al = await d.client.createSandbox({ network: { mode: 'allow', allow: [{ cidr: '169.254.169.254/32', ports: [80] }, { cidr: `${NET.other}/32`, ports: [443] }] } });
+    try {
+      const r = await execa('nsenter', [`--net=/run/netns/${netnsOf(d)}`, '--', 'busybox', 'nc', '-w', '2', '169.254.169.254', '80'], { reject: false, input: '' });
+      expect(r.stdout.trim(), `${r.exitCode} ${r.stderr}`).toBe('metadata-credentials');
+      expect(await attack(open.id, `/tmp/p tcp 169.254.169.254 80; /tmp/p tcp ${NET.other} 443`)).toEqual(['EPERM', 'ok other-https']);
+      expect(await attack(al.id, `/tmp/p tcp 169.254.169.254 80; /tmp/p tcp ${NET.other} 443`)).toEqual(['EPERM', 'ok other-https']);
+      expect((await d.client.getNetwork(al.id)).denied.last).toBe('169.254.169.254:80/tcp (connect)');
+    } finally {
+      await d.client.deleteSandbox(open.id, { force: true });
+      await d.client.deleteSandbox(al.id, { force: true });
+      await meta.stop();
+      await execa('ip', ['-n', netnsOf(d), 'addr', 'del', '169.254.169.254/32', 'dev', 'lo']);
     }
   });
 

@@ -12,15 +12,29 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import type dgram from 'node:dgram';
+import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
 import { IS_ROOT, REPO, TestDaemon, netnsOf, networkTraces, rejection, runCli } from './harness.js';
 import { NET, NetnsServer, addTestAddresses, eventsOf, hostNetworkState, probeIn } from './net-helpers.js';
+import type { Event } from '../../sdk/index.js';
 // @ts-expect-error plain JavaScript fixture without types
 import { startDns } from '../fixtures/netns-servers.mjs';
 
 const GW = '10.201.0.1';
+
+/** Host-level events (no sandbox) of one type. */
+async function hostEvents(d: TestDaemon, type: string): Promise<Event[]> {
+  const out: Event[] = [];
+  for await (const e of d.client.events()) if (e.sandbox_id === null && e.type === type) out.push(e);
+  return out;
+}
+
+/** The argv of a live process. */
+function argvOf(pid: number): string[] {
+  return readFileSync(`/proc/${pid}/cmdline`, 'utf8').split('\0').filter(Boolean);
+}
 
 describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
   let d: TestDaemon;
@@ -30,16 +44,15 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
   let upstream: NetnsServer;
   const servers: NetnsServer[] = [];
   let hostBefore: Awaited<ReturnType<typeof hostNetworkState>>;
+  let baseConfig: string;
 
   beforeAll(async () => {
     hostBefore = await hostNetworkState();
     policyDir = mkdtempSync(path.join(os.tmpdir(), 'dsec-netpol-'));
     writeFileSync(path.join(policyDir, 'only-pypi.json'), JSON.stringify({ description: 'test', mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443], protocol: 'tcp' }] }));
     hostDns = await startDns('127.0.0.1', 0, { 'pypi.org': [NET.pypi] }, (n: string) => hostQueries.push(n), 300);
-    d = await TestDaemon.start({
-      slot: 30,
-      config: `[network]\nupstream_dns = ["${NET.dns}:53"]\nhost_resolvers = ["127.0.0.1:${hostDns.address().port}"]\npolicy_dir = "${policyDir}"\n`,
-    });
+    baseConfig = `[network]\nupstream_dns = ["${NET.dns}:53"]\nhost_resolvers = ["127.0.0.1:${hostDns.address().port}"]\npolicy_dir = "${policyDir}"\n`;
+    d = await TestDaemon.start({ slot: 30, config: baseConfig });
     // The instance netns comes up with the first allow/open sandbox.
     const first = await d.client.createSandbox({ network: { mode: 'open' } });
     await addTestAddresses(d);
@@ -156,6 +169,7 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
 
   it('named policies: applied at create, reload refuses a malformed file (the previous version stays in force), a good change is re-applied live', async () => {
     const sb = await d.client.createSandbox({ network: { policy: 'only-pypi' } });
+    const shadow = path.join(policyDir, 'pypi-only.json');
     try {
       expect((await d.client.getSandbox(sb.id)).network).toEqual({ mode: 'allow', policy: 'only-pypi' });
       expect(await probeIn(d, sb.id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['ok pypi-https', 'EPERM']);
@@ -170,11 +184,28 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
       expect(r.changed).toEqual(['only-pypi']);
       expect(r.reapplied).toEqual([sb.id]);
       expect(await probeIn(d, sb.id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['EPERM', 'ok other-https']);
+      expect([r.shadowed, r.warnings, r.modes]).toEqual([[], [], []]);
+      // The policy's mode flips to open, and an operator file hides the shipped pypi-only with an allow rule no sandbox can use.
+      writeFileSync(file, JSON.stringify({ mode: 'open', allow: [{ cidr: `${NET.other}/32`, ports: [443] }] }));
+      writeFileSync(shadow, JSON.stringify({ mode: 'allow', allow: [{ cidr: '169.254.169.254/32', ports: [80] }] }));
+      const r2 = await d.client.reloadNetworkPolicies();
+      expect(r2.changed).toEqual(['only-pypi', 'pypi-only']);
+      expect(r2.shadowed).toEqual([{ name: 'pypi-only', file: shadow, shadows: path.join(REPO, 'daemon/security/profiles/network/pypi-only.json') }]);
+      expect(r2.warnings).toEqual([
+        { policy: 'only-pypi', file, message: expect.stringMatching(/^mode open allows every destination that is not denied/) },
+        { policy: 'pypi-only', file: shadow, message: expect.stringMatching(/^allow\.0 \(169\.254\.169\.254\/32\) can never match: 169\.254\.0\.0\/16 is link-local addresses, where cloud instance metadata/) },
+      ]);
+      // The sandbox keeps the mode settled at its create: still allow-listed, not opened up by the reload.
+      expect(r2.modes).toEqual([{ id: sb.id, policy: 'only-pypi', mode: 'allow', policy_mode: 'open', changed: false }]);
+      expect(await probeIn(d, sb.id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['EPERM', 'ok other-https']);
+      expect((await eventsOf(d, sb.id, 'network.policy_mode_changed')).map((e) => e.message)).toEqual([expect.stringContaining('keeps mode allow')]);
+      expect((await hostEvents(d, 'network.policies_reloaded')).at(-1)!.message).toMatch(/shadowed=pypi-only warnings=2 \(only-pypi,pypi-only\) mode_changed=.*:kept-allow/);
       expect((await d.client.listNetworkPolicies()).map((p) => p.name)).toEqual(expect.arrayContaining(['block-package-proxies', 'only-pypi', 'pypi-only']));
       const bad = await rejection(d.client.createSandbox({ network: { policy: 'no-such-policy' } }));
       expect(bad.message).toMatch(/unknown network policy "no-such-policy"/);
     } finally {
       await d.client.deleteSandbox(sb.id, { force: true });
+      rmSync(shadow, { force: true });
       writeFileSync(path.join(policyDir, 'only-pypi.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443], protocol: 'tcp' }] }));
       await d.client.reloadNetworkPolicies();
     }
@@ -205,13 +236,21 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
       // Let the pins writer record the learned address (it writes at most once a second).
       const pins = path.join(d.root, 'net', 'pins', `${sb.id}.json`);
       while (!existsSync(pins)) await new Promise((r) => setTimeout(r, 100));
+      expect(await probeIn(d, sb.id, `/tmp/p dns ${GW} other.example`)).toEqual(['rcode=5']);
       const view = await d.client.getNetwork(sb.id);
+      expect(view.denied.dns_refused).toBe(1);
       await d.kill9();
       await d.launch();
       expect((await networkTraces(d)).slirp).toBe(slirp);
-      expect(await d.client.getNetwork(sb.id)).toMatchObject({ address: view.address, attached: true, learned: 1 });
+      // The refusal shown before the SIGKILL is still counted: counters never go down across a restart.
+      expect(await d.client.getNetwork(sb.id)).toMatchObject({ address: view.address, attached: true, learned: 1, denied: { dns_refused: 1, connect: view.denied.connect } });
       expect(await probeIn(d, sb.id, `/tmp/p tcp ${NET.other} 443; /tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.pypi} 80; /tmp/p dns ${GW} pypi.org`))
         .toEqual(['ok other-https', 'ok pypi-https', 'EPERM', 'rcode=5']);
+      expect((await d.client.stats()).sandboxes.find((s) => s.id === sb.id)!.network_denied).toMatchObject({ dns_refused: 2, connect: view.denied.connect + 1 });
+      // Only the refusal made after the restart is evented again (reading the network flushes pending events).
+      expect((await d.client.getNetwork(sb.id)).denied.dns_refused).toBe(2);
+      const refusedEvents = (await eventsOf(d, sb.id, 'network.dns_refused')).map((e) => Number(/refused=(\d+)/.exec(e.message!)![1]));
+      expect(refusedEvents.reduce((a, b) => a + b, 0)).toBe(2);
       expect(await probeIn(d, other.id, `/tmp/p tcp ${NET.other} 443; /tmp/p tcp ${NET.pypi} 443; /tmp/p dns ${GW} other.example`))
         .toEqual(['ok other-https', 'EPERM', 'rcode=0', `A ${NET.other}`]);
       expect((await d.client.getSandbox(sb.id)).defences).toMatchObject({ egress_policy: { enforced: true }, dns_policy: { enforced: true }, network_namespace: { enforced: true } });
@@ -219,6 +258,59 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
       await d.client.deleteSandbox(sb.id, { force: true });
       await d.client.deleteSandbox(other.id, { force: true });
     }
+  });
+
+  it('the uplink follows [network] across restarts (host_loopback), and a killed slirp4netns, started or adopted, is restarted with egress through it working again', async () => {
+    // The only host service: a TCP server on the host's 127.0.0.1, reached through slirp4netns's gateway 10.0.2.2 when host loopback is on.
+    const hostServer = net.createServer((c) => c.end('host-loopback-service\n'));
+    await new Promise<void>((r) => hostServer.listen(0, '127.0.0.1', () => r()));
+    const hostPort = (hostServer.address() as net.AddressInfo).port;
+    const sb = await d.client.createSandbox({ network: { mode: 'allow', allow: [{ cidr: '10.0.2.2/32', ports: [hostPort] }] } });
+    const restarts = async () => (await hostEvents(d, 'network.uplink_restarted')).map((e) => e.message!);
+    /** Waits for the n-th uplink_restarted event of this daemon's log (the check runs every second). */
+    const restartedTimes = async (n: number) => {
+      while ((await restarts()).length < n) await new Promise((r) => setTimeout(r, 100));
+    };
+    try {
+      const first = (await networkTraces(d)).slirp!;
+      expect(argvOf(first)).toContain('--disable-host-loopback');
+      expect(await probeIn(d, sb.id, `/tmp/p tcp 10.0.2.2 ${hostPort}`)).toEqual(['EPERM']);
+      const n0 = (await restarts()).length;
+      // Config change between runs: the live slirp4netns is not adopted with stale settings.
+      d.setConfig(`${baseConfig}host_loopback = true\n`);
+      await d.restart();
+      const second = (await networkTraces(d)).slirp!;
+      expect(second).not.toBe(first);
+      expect(argvOf(second)).not.toContain('--disable-host-loopback');
+      expect((await restarts()).slice(n0)).toEqual([expect.stringContaining('host_loopback off -> on')]);
+      expect(await probeIn(d, sb.id, `/tmp/p tcp 10.0.2.2 ${hostPort}`)).toEqual(['ok host-loopback-service']);
+      // Killed while it is this dsecd's child: seen at its exit.
+      process.kill(second, 'SIGKILL');
+      await restartedTimes(n0 + 2);
+      const third = (await networkTraces(d)).slirp!;
+      expect([third === second, third === null]).toEqual([false, false]);
+      expect((await restarts()).at(-1)).toBe(`slirp4netns ${second} was not running; started ${third}`);
+      expect(await probeIn(d, sb.id, `/tmp/p tcp 10.0.2.2 ${hostPort}`)).toEqual(['ok host-loopback-service']);
+      // Adopted by a restarted dsecd (not its child), then killed: seen by the periodic check.
+      await d.restart();
+      expect((await networkTraces(d)).slirp).toBe(third);
+      expect((await restarts()).length).toBe(n0 + 2);
+      process.kill(third, 'SIGKILL');
+      await restartedTimes(n0 + 3);
+      const fourth = (await networkTraces(d)).slirp!;
+      expect([fourth === third, fourth === null]).toEqual([false, false]);
+      expect(await probeIn(d, sb.id, `/tmp/p tcp 10.0.2.2 ${hostPort}`)).toEqual(['ok host-loopback-service']);
+      expect(await hostNetworkState()).toEqual(hostBefore);
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+      hostServer.close();
+      d.setConfig(baseConfig);
+      await d.restart();
+    }
+    // And back: host loopback off again, the gateway denied again.
+    const back = (await networkTraces(d)).slirp!;
+    expect(argvOf(back)).toContain('--disable-host-loopback');
+    expect((await restarts()).at(-1)).toContain('host_loopback on -> off');
   });
 
   it('the CLI: create with network flags, show, set, policies, and errors with hints', async () => {

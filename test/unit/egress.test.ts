@@ -3,11 +3,12 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { EgressRule, NetworkSpec } from '../../daemon/api/schema.js';
-import { parsePrefix } from '../../daemon/net/addr.js';
-import { dnsDecision } from '../../daemon/net/network.js';
+import { parsePrefix, parseSubnet } from '../../daemon/net/addr.js';
+import { builtinDeny, dnsDecision } from '../../daemon/net/network.js';
+import { slirpArgv, slirpArgvDiff } from '../../daemon/net/instance.js';
 import {
   cgroupKey, compileEgress, confValue, effectiveNetwork, exactHosts, hostMatches, normaliseHost, normaliseRanges, parseCounters, parseTrieKey, portsetValue,
-  PROTO_ANY, PROTO_TCP, PROTO_UDP, rulePorts, trieKey, type EffectiveNetwork,
+  PROTO_ANY, PROTO_TCP, PROTO_UDP, policyWarnings, rulePorts, trieKey, type EffectiveNetwork,
 } from '../../daemon/security/egress.js';
 import { parsePolicyFile, PolicySet, shippedPolicyDir } from '../../daemon/security/egress-policy.js';
 
@@ -190,10 +191,107 @@ describe('network policy files', () => {
     expect(() => s.reload(new Set())).toThrow(/reload refused.*p\.json: allow\.0: .*prefix length/);
     expect(s.require('p').allow).toEqual([{ cidr: '192.0.2.0/24' }]);
     writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '198.51.100.0/24' }] }));
-    expect(s.reload(new Set())).toEqual({ changed: ['p'], loaded: ['p'] });
+    expect(s.reload(new Set())).toEqual({ changed: ['p'], loaded: ['p'], shadowed: [], warnings: [] });
     expect(s.require('p').allow).toEqual([{ cidr: '198.51.100.0/24' }]);
     rmSync(path.join(dir, 'p.json'));
     expect(() => s.reload(new Set(['p']))).toThrow(/in use by a sandbox/);
     expect(() => s.require('nope')).toThrow(/unknown network policy "nope"; loaded: p/);
+  });
+});
+
+describe('built-in denials and policy warnings', () => {
+  const ifaces = {
+    lo: [{ address: '127.0.0.1', netmask: '255.0.0.0', family: 'IPv4', mac: '00:00:00:00:00:00', internal: true, cidr: '127.0.0.1/8' }],
+    eth0: [
+      { address: '192.0.2.10', netmask: '255.255.255.0', family: 'IPv4', mac: '02:00:00:00:00:01', internal: false, cidr: '192.0.2.10/24' },
+      { address: 'fe80::1', netmask: 'ffff:ffff:ffff:ffff::', family: 'IPv6', mac: '02:00:00:00:00:01', internal: false, cidr: 'fe80::1/64', scopeid: 2 },
+    ],
+  } as unknown as NodeJS.Dict<os.NetworkInterfaceInfo[]>;
+  const subnet = parseSubnet('10.201.0.0/16');
+  const denied = builtinDeny(subnet, false, ifaces);
+
+  it('built-in denials: bridge subnet, slirp DNS, link-local metadata, host gateway unless host_loopback, host addresses (not loopback or link-local v6)', () => {
+    const texts = denied.map((d) => `${d.prefix.family}/${d.prefix.len}/${d.prefix.bytes.toString('hex')}`);
+    expect(texts).toEqual([
+      `4/16/${parsePrefix('10.201.0.0/16').bytes.toString('hex')}`, `4/32/${parsePrefix('10.0.2.3/32').bytes.toString('hex')}`,
+      `4/16/${parsePrefix('169.254.0.0/16').bytes.toString('hex')}`, `4/32/${parsePrefix('10.0.2.2/32').bytes.toString('hex')}`,
+      `4/32/${parsePrefix('192.0.2.10/32').bytes.toString('hex')}`,
+    ]);
+    expect(denied[4].reason).toMatch(/this host \(eth0\)/);
+    expect(builtinDeny(subnet, true, ifaces).some((d) => d.reason.includes('host_loopback'))).toBe(false);
+  });
+
+  it('an allow cidr inside a built-in denial never matches: bridge subnet, metadata address, host address, host gateway', () => {
+    const w = policyWarnings({ mode: 'allow', allow: [
+      { cidr: '10.201.3.0/24' }, { cidr: '169.254.169.254/32', ports: [80] }, { cidr: '192.0.2.10/32' }, { cidr: '10.0.2.2/32' }, { cidr: '198.51.100.0/24' }, { cidr: '10.0.0.0/8' },
+    ], deny: [] }, denied);
+    expect(w).toEqual([
+      expect.stringMatching(/^allow\.0 \(10\.201\.3\.0\/24\) can never match: 10\.201\.0\.0\/16 is the sandbox bridge subnet/),
+      expect.stringMatching(/^allow\.1 \(169\.254\.169\.254\/32\) can never match: 169\.254\.0\.0\/16 is link-local addresses, where cloud instance metadata/),
+      expect.stringMatching(/^allow\.2 .*an address of this host \(eth0\)/),
+      expect.stringMatching(/^allow\.3 \(10\.0\.2\.2\/32\) .*\[network\] host_loopback is off/),
+    ]);
+    // With host loopback on, the gateway is reachable: no warning for it.
+    expect(policyWarnings({ mode: 'allow', allow: [{ cidr: '10.0.2.2/32' }], deny: [] }, builtinDeny(subnet, true, ifaces))).toEqual([]);
+  });
+
+  it('an allow rule covered by a deny rule of the policy never matches; partial cover (ports, prefix) is not reported', () => {
+    const w = policyWarnings({ mode: 'allow', allow: [
+      { cidr: '198.51.100.7/32', ports: [443], protocol: 'tcp' }, { cidr: '198.51.100.0/24', ports: [443] }, { cidr: '203.0.113.5/32', ports: [80] },
+      { host: 'a.example.org', ports: [443] }, { host: '*.cdn.example.org' }, { host: 'example.net' },
+    ], deny: [{ cidr: '198.51.100.0/25', ports: ['1-1024'] }, { cidr: '203.0.113.0/24', ports: [443] }, { host: '*.example.org' }] }, []);
+    expect(w).toEqual([
+      'allow.0 (198.51.100.7/32) can never match: deny.0 (198.51.100.0/25) covers it and deny wins over allow',
+      'allow.3 (a.example.org) can never match: deny.2 (*.example.org) covers it and deny wins over allow',
+      'allow.4 (*.cdn.example.org) can never match: deny.2 (*.example.org) covers it and deny wins over allow',
+    ]);
+    // A UDP-only deny does not cover a TCP-and-UDP allow.
+    expect(policyWarnings({ mode: 'allow', allow: [{ cidr: '198.51.100.7/32', ports: [53] }], deny: [{ cidr: '198.51.100.7/32', ports: [53], protocol: 'udp' }] }, [])).toEqual([]);
+  });
+
+  it('an open policy with allow rules is warned about once (and its unreachable cidrs too); the shipped examples have no warnings', () => {
+    expect(policyWarnings({ mode: 'open', allow: [{ cidr: '198.51.100.0/24' }, { host: 'x.org' }], deny: [] }, denied)).toEqual([expect.stringMatching(/mode open .* its 2 allow rules take effect only for a sandbox that names this policy with mode allow/)]);
+    expect(policyWarnings({ mode: 'open', allow: [{ cidr: '10.201.0.9/32' }], deny: [] }, denied)).toEqual([expect.stringMatching(/^mode open .* its 1 allow rule takes effect/), expect.stringMatching(/^allow\.0 .*bridge subnet/)]);
+    const s = new PolicySet([shippedPolicyDir()], () => denied);
+    expect(s.loadInitial()).toEqual([]);
+    expect(s.report()).toEqual({ shadowed: [], warnings: [] });
+  });
+
+  it('a policy of the operator named like a shipped one is reported as shadowing it, at load and at reload; warnings come with the reload', () => {
+    const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-polsh-'));
+    try {
+      const file = path.join(dir, 'pypi-only.json');
+      writeFileSync(file, JSON.stringify({ mode: 'allow', allow: [{ cidr: '169.254.169.254/32' }] }));
+      const s = new PolicySet([shippedPolicyDir(), dir], () => denied);
+      expect(s.loadInitial()).toEqual([]);
+      const sh = [{ name: 'pypi-only', file, shadows: path.join(shippedPolicyDir(), 'pypi-only.json') }];
+      expect(s.report().shadowed).toEqual(sh);
+      expect(s.report().warnings).toEqual([{ policy: 'pypi-only', file, message: expect.stringMatching(/^allow\.0 .*metadata/) }]);
+      expect(s.require('pypi-only').file).toBe(file);
+      writeFileSync(path.join(dir, 'mine.json'), JSON.stringify({ mode: 'open', allow: [{ cidr: '198.51.100.0/24' }] }));
+      const r = s.reload(new Set());
+      expect(r.changed).toEqual(['mine']);
+      expect(r.shadowed).toEqual(sh);
+      expect(r.warnings.map((w) => w.policy)).toEqual(['mine', 'pypi-only']);
+      rmSync(file);
+      const r2 = s.reload(new Set());
+      expect(r2.shadowed).toEqual([]);
+      expect(s.require('pypi-only').file).toBe(path.join(shippedPolicyDir(), 'pypi-only.json'));
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+});
+
+describe('slirp4netns settings', () => {
+  it('the argv follows host_loopback; a difference is described in the config\'s words', () => {
+    const off = slirpArgv('/run/netns/dsec-x', false), on = slirpArgv('/run/netns/dsec-x', true);
+    expect(off).toContain('--disable-host-loopback');
+    expect(on).not.toContain('--disable-host-loopback');
+    expect(off.at(-2)).toBe('/run/netns/dsec-x');
+    expect(slirpArgvDiff(off, off)).toBeNull();
+    expect(slirpArgvDiff(off, on)).toBe('host_loopback off -> on');
+    expect(slirpArgvDiff(on, off)).toBe('host_loopback on -> off');
+    expect(slirpArgvDiff(off.map((a) => (a.startsWith('--mtu=') ? '--mtu=1500' : a)), off)).toBe('arguments ---mtu=1500 +--mtu=65520');
   });
 });

@@ -1,7 +1,9 @@
 /**
  * `dsec network reload`: reloads the network policy files, as SIGHUP does. All or
  * nothing: a malformed file is refused (the message names the file and the field) and
- * the loaded policies stay in force. Prints what changed and which sandboxes got it.
+ * the loaded policies stay in force. Prints what changed and which sandboxes got it, shipped
+ * policies an operator file shadows, allow rules that never take effect, and sandboxes
+ * whose policy's mode changed (they keep their own).
  */
 import type { Command } from 'commander';
 import type { Ctx } from '../../util/context.js';
@@ -15,6 +17,11 @@ export function register(parent: Command, ctx: Ctx): Command {
     .action(async () => {
       const r = await ctx.client().reloadNetworkPolicies();
       if (ctx.json) writeJson(ctx.io.stdout, r);
-      else ctx.out(`loaded: ${r.loaded.join(', ') || 'none'}\nchanged: ${r.changed.join(', ') || 'none'}\nre-applied to: ${r.reapplied.join(', ') || 'no sandbox'}\n`);
+      else {
+        ctx.out(`loaded: ${r.loaded.join(', ') || 'none'}\nchanged: ${r.changed.join(', ') || 'none'}\nre-applied to: ${r.reapplied.join(', ') || 'no sandbox'}\n`);
+        for (const sh of r.shadowed) ctx.out(`shadowed: ${sh.name}: ${sh.file} hides the shipped ${sh.shadows}\n`);
+        for (const w of r.warnings) ctx.out(`warning: policy ${w.policy} (${w.file}): ${w.message}\n`);
+        for (const m of r.modes) ctx.out(`mode: sandbox ${m.id} ${m.changed ? 'took' : 'keeps'} mode ${m.mode} (policy ${m.policy} now has mode ${m.policy_mode})\n`);
+      }
     });
 }

@@ -65,4 +65,24 @@ describe.skipIf(!IS_ROOT)('attack: reach host processes through /proc', () => {
     const host = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' ')[4]).filter(Boolean);
     expect(host.some((p) => p.startsWith(d.root))).toBe(true);
   });
+
+  it('a grader run as another uid keeps its environment and fds from root of the sandbox; one of the same uid does not', async () => {
+    // The doc's advice (SECURITY.md "Not covered"): same-uid processes can read each
+    // other through /proc; a different uid cannot, since root here has no CAP_SYS_PTRACE.
+    const find = `for p in /proc/[0-9]*; do if grep -q sleep $p/cmdline 2>/dev/null; then `;
+    const grader = await d.client.createSandbox({ image: 'busybox' });
+    await d.client.startExec(grader.id, { argv: ['sh', '-c', 'echo THE-ANSWER > /tmp/a; exec 7</tmp/a; rm /tmp/a; exec sleep 4343'], env: { GRADER_TOKEN: 's3cr3t' }, user: '1000:1000' });
+    await d.client.startExec(grader.id, { argv: ['sh', '-c', 'echo SAME-UID > /tmp/b; exec 7</tmp/b; rm /tmp/b; exec sleep 4344'], env: { GRADER_TOKEN: 'same-uid' } });
+    let ps = '';
+    for (let i = 0; i < 100 && !(ps.includes('4343') && ps.includes('4344')); i++) ps = await sh(grader.id, 'cat /proc/[0-9]*/cmdline 2>/dev/null | tr "\\0" " "');
+    const r = await sh(grader.id, `${find} tr '\\0' '\\n' < $p/environ 2>&1 | grep -E 'GRADER|denied'; cat $p/fd/7 2>&1; fi; done`);
+    // The same-uid process is readable (the residual risk the doc names) ...
+    expect(r).toContain('GRADER_TOKEN=same-uid');
+    expect(r).toContain('SAME-UID');
+    // ... the other uid's is not.
+    expect(r).not.toContain('s3cr3t');
+    expect(r).not.toContain('THE-ANSWER');
+    expect(r).toMatch(/Permission denied/);
+    await d.client.deleteSandbox(grader.id, { force: true });
+  });
 });

@@ -249,6 +249,21 @@ export class SandboxRepo {
       .all(now) as { id: string }[]).map((r) => r.id);
   }
 
+  /**
+   * Makes a warm-pool shell the sandbox a create asked for (daemon/sandbox/warm-pool.ts),
+   * in one update: the request's labels (which drop the pool label), env, TTL, idle
+   * timeout, limits and network, and `created_at` now, so TTLs and listings count from
+   * the claim. @throws DsecError NotFound.
+   */
+  claimShell(id: string, c: { labels: Record<string, string>; env: Record<string, string>; ttlS: number | null; idleTimeoutS: number | null;
+    cpus: number; memoryBytes: number; pids: number; network: NetworkSpec | null; now: number }): SandboxRecord {
+    const r = this.db.prepare(`UPDATE sandboxes SET labels = ?, env = ?, ttl_s = ?, idle_timeout_s = ?, cpus = ?, memory_bytes = ?, pids = ?, network = ?,
+        created_at = ?, updated_at = ?, last_active_at = NULL WHERE id = ?`)
+      .run(JSON.stringify(c.labels), JSON.stringify(c.env), c.ttlS, c.idleTimeoutS, c.cpus, c.memoryBytes, c.pids, c.network ? JSON.stringify(c.network) : null, c.now, c.now, id);
+    if (r.changes !== 1) throw notFound(`sandbox ${id} not found`);
+    return this.get(id);
+  }
+
   /** Sets the TTL (seconds from creation; null removes it). */
   setTtl(id: string, ttlS: number | null): SandboxRecord {
     this.db.prepare('UPDATE sandboxes SET ttl_s = ?, updated_at = ? WHERE id = ?').run(ttlS, Date.now(), id);

@@ -34,7 +34,7 @@ import { DsecError, failedPrecondition, internal, invalidArgument, unavailable }
 import type { SandboxRecord } from '../../sandbox/repo.js';
 import type { Failpoints } from '../../sandbox/failpoints.js';
 import type { DriverCapabilities, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
-import { buildSpec } from './spec.js';
+import { buildSpec, CPU_PERIOD_US } from './spec.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
@@ -591,6 +591,13 @@ export class ContainerDriver implements SandboxDriver {
   async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     return this.d.cgroups.limitCounters(sb.id).catch(() => null);
+  }
+
+  async applyLimits(sb: SandboxRecord, l: { cpus: number; memoryBytes: number; pids: number }): Promise<void> {
+    // The values buildSpec gives the runtime for a latency sandbox (no shares: the kernel default).
+    await this.d.cgroups.create(sb.id, {
+      cpuQuotaUs: Math.max(1000, Math.round(l.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US, cpuShares: null, memoryBytes: l.memoryBytes, pids: l.pids,
+    });
   }
 
   logPath(sb: SandboxRecord): string {

@@ -133,6 +133,9 @@ export function diskFullSlack(limitBytes: number): number {
   return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
 }
 
+/** Cores of this host, read once (os.cpus() reads /proc/cpuinfo on every call). */
+const CORES = os.cpus().length;
+
 /** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
 const FORK_CONCURRENCY = 4;
 
@@ -346,7 +349,7 @@ export class SandboxManager {
    * @throws DsecError InvalidArgument.
    */
   private checkLimits(req: { cpus?: number; memory_bytes?: number }): void {
-    const cores = os.cpus().length;
+    const cores = CORES;
     if (req.cpus !== undefined && req.cpus > cores) throw invalidArgument(`cpus ${req.cpus} is more than this host's ${cores} cores`);
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
@@ -485,20 +488,20 @@ export class SandboxManager {
   private admit(cpus: number, memoryBytes: number, count = 1): void {
     const a = this.d.config.admission;
     // Pool shells are bounded by [pool] and give way to the creates that claim them.
-    const live = this.d.repo.all().filter((s) => !isPoolShell(s));
-    if (live.length + count > a.maxSandboxes) {
+    const live = this.d.repo.admissionTotals();
+    if (live.count + count > a.maxSandboxes) {
       throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes)`
-        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.length)} more, not ${count}` : ''}; destroy some first`);
+        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.count)} more, not ${count}` : ''}; destroy some first`);
     }
     cpus *= count;
     memoryBytes *= count;
-    const mem = live.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes;
+    const mem = live.memoryBytes + memoryBytes;
     const memCap = os.totalmem() * a.memoryOvercommit;
     if (mem > memCap) {
       throw resourceExhausted(`memory limits would total ${mem} bytes, over ${Math.floor(memCap)} (host memory x admission.memory_overcommit ${a.memoryOvercommit})`);
     }
-    const cpu = live.reduce((n, s) => n + s.cpus, 0) + cpus;
-    const cpuCap = os.cpus().length * a.cpuOvercommit;
+    const cpu = live.cpus + cpus;
+    const cpuCap = CORES * a.cpuOvercommit;
     if (cpu > cpuCap) {
       throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
     }
@@ -942,7 +945,7 @@ export class SandboxManager {
 
   /** Layer digests used by sandboxes of this instance that exist (any state but destroyed). */
   layersInUse(): Set<string> {
-    return new Set([...this.d.repo.all().flatMap((s) => s.imageLayers), ...this.d.snapshots.all().flatMap((s) => s.imageLayers)]);
+    return new Set([...this.d.repo.layerDigests(), ...this.d.snapshots.all().flatMap((s) => s.imageLayers)]);
   }
 
   /**

@@ -9,7 +9,7 @@
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import { IS_ROOT, TestDaemon, runCli } from './harness.js';
 
 /** Shells the test's pool keeps ready. */
 const SIZE = 2;
@@ -98,6 +98,10 @@ describe.skipIf(!IS_ROOT)('warm pools', () => {
 
     // The pool refills to its size in the background.
     await filled();
+    // `dsec host info` shows the pool.
+    const info = await runCli(d, ['host', 'info']);
+    expect(info.code).toBe(0);
+    expect(info.stdout).toMatch(/WARM POOL[\s\S]*busybox\s+none\s+2\s+2\s+0\s+1\s/);
     const again = await shellIds();
     expect(again.length).toBe(SIZE);
     expect(again).not.toContain(sb.id);

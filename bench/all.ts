@@ -23,7 +23,7 @@
  *             work); peers `runc state` and `podman inspect`.
  *
  * Usage: node dist/bench/all.js [--quick] [--only burst,exec,...] [--n 1000] [--podman-n 100]
- *   [--concurrency 16] [--no-podman] [--no-doc] [--cpu-prof DIR]
+ *   [--concurrency 16] [--no-podman] [--no-doc] [--cpu-prof DIR] [--merge]
  * --quick: N 100, podman 20, fewer repeats (a functional check, not numbers to publish).
  * --cpu-prof DIR: the dsecd of the burst runs under `node --cpu-prof` (profiles in DIR).
  */
@@ -75,6 +75,26 @@ function memAvailable(): number {
 function rss(pid: number | undefined): number {
   if (!pid) return NaN;
   return Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? NaN) * 1024;
+}
+
+/**
+ * Memory a podman container holds on the host, bytes: its conmon's RSS plus the charge of
+ * the container's memory cgroup (memory.usage_in_bytes on v1, memory.current on v2).
+ */
+async function podmanContainerBytes(name: string): Promise<number> {
+  const r = await execa('podman', ['inspect', '--format', '{{.State.ConmonPid}} {{.State.Pid}}', name]);
+  const [conmon, pid] = String(r.stdout).trim().split(' ').map(Number);
+  let cg = 0;
+  for (const line of readFileSync(`/proc/${pid}/cgroup`, 'utf8').trim().split('\n')) {
+    const [, ctrls, p] = line.split(':');
+    const file = ctrls.split(',').includes('memory') ? `/sys/fs/cgroup/memory${p}/memory.usage_in_bytes` : ctrls === '' ? `/sys/fs/cgroup${p}/memory.current` : null;
+    if (!file) continue;
+    try {
+      cg = Number(readFileSync(file, 'utf8').trim());
+      if (ctrls !== '') break;
+    } catch { /* not this hierarchy */ }
+  }
+  return rss(conmon) + cg;
 }
 
 /** A benchmark dsecd with the bench's pool and defaults; `extra` TOML appended. */
@@ -251,6 +271,7 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
       })(),
       host_mem_per_sandbox_mib: r2(drop / made / 2 ** 20), cgroup_charge_per_sandbox_mib: r2(charged / made / 2 ** 20),
       dsecd_rss_growth_per_sandbox_kib: r2((rss(d.pid) - rss0) / made / 1024),
+      accounted_per_sandbox_mib: r2((charged + rss(d.pid) - rss0) / made / 2 ** 20),
     };
     await destroyAll(d, 'bench=density');
   } finally {
@@ -267,7 +288,10 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
         await execa('podman', [...PODMAN, 'run', '-d', '--name', name, ...PODMAN_RUN, '--rootfs', tree, '/bin/sleep', '3600']);
       });
       await new Promise((r) => setTimeout(r, 2000));
-      out.podman = { containers: pn, host_mem_per_container_mib: r2((m0 - memAvailable()) / pn / 2 ** 20) };
+      const drop = m0 - memAvailable();
+      let accounted = 0;
+      for (const name of names) accounted += await podmanContainerBytes(name);
+      out.podman = { containers: pn, host_mem_per_container_mib: r2(drop / pn / 2 ** 20), accounted_per_container_mib: r2(accounted / pn / 2 ** 20) };
     } finally {
       await execa('podman', ['rm', '-f', '-t', '0', ...names], { reject: false });
     }
@@ -321,7 +345,7 @@ async function pause(o: Opts, tree: string, res: Record<string, unknown>): Promi
 }
 
 async function fncall(o: Opts, res: Record<string, unknown>): Promise<void> {
-  const args = [path.join(repoRoot(), 'dist/bench/fncall.js'), '--no-python', '--no-podman', '--concurrency', '8',
+  const args = [path.join(repoRoot(), 'dist/bench/fncall.js'), '--no-python', '--no-podman', '--no-results', '--concurrency', '8',
     '--calls', o.quick ? '500' : '4000', '--peer-calls', o.quick ? '100' : '400'];
   const r = await execa(process.execPath, args, { stderr: 'inherit' });
   const j = JSON.parse(String(r.stdout)) as { true: { dsec_run: { c8: { calls_per_s: number } }; dsec_batch: { c8: { calls_per_s: number } }; bwrap: { c8: { calls_per_s: number } } } };
@@ -401,7 +425,8 @@ function table(res: Record<string, any>): string {
   }
   const dn = res.density;
   if (dn) {
-    L.push(`| idle sandboxes: host memory each (MemAvailable drop over ${dn.dsec.sandboxes} sandboxes; all answer exec: ${dn.dsec.all_answer_exec}) | ≥ 5,000 at ≤ 2 MiB each | ${dn.dsec.host_mem_per_sandbox_mib} MiB (cgroup charge ${dn.dsec.cgroup_charge_per_sandbox_mib} MiB, dsecd RSS +${dn.dsec.dsecd_rss_growth_per_sandbox_kib} KiB) | podman (${dn.podman?.containers ?? 0}): ${dn.podman?.host_mem_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.host_mem_per_container_mib, dn.dsec.host_mem_per_sandbox_mib)} |`);
+    L.push(`| idle sandboxes: host memory each, MemAvailable drop over ${dn.dsec.sandboxes} sandboxes (all answer exec: ${dn.dsec.all_answer_exec}) | ≥ 5,000 at ≤ 2 MiB each | ${dn.dsec.host_mem_per_sandbox_mib} MiB | podman (${dn.podman?.containers ?? 0}): ${dn.podman?.host_mem_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.host_mem_per_container_mib, dn.dsec.host_mem_per_sandbox_mib)} |`);
+    L.push(`| same, accounted per process: cgroup charge + dsecd RSS growth (podman: cgroup + conmon RSS) | ≤ 2 MiB | ${dn.dsec.accounted_per_sandbox_mib} MiB (cgroup ${dn.dsec.cgroup_charge_per_sandbox_mib} MiB, dsecd +${dn.dsec.dsecd_rss_growth_per_sandbox_kib} KiB) | ${dn.podman?.accounted_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.accounted_per_container_mib, dn.dsec.accounted_per_sandbox_mib)} |`);
   }
   const p = res.pause;
   if (p) {
@@ -441,9 +466,10 @@ async function main(): Promise<void> {
     .option('--no-podman', 'skip the podman peers')
     .option('--no-doc', 'do not rewrite docs/BENCHMARKS.md')
     .option('--cpu-prof <dir>', 'run the burst dsecd under node --cpu-prof, profiles into DIR')
+    .option('--merge', 'keep the sections of bench/results-all.json that this run does not measure (with --only)', false)
     .option('--note <text>', 'host conditions, printed with the table', 'shared host, other work running')
     .parse(process.argv)
-    .opts<Opts & { note: string }>();
+    .opts<Opts & { note: string; merge: boolean }>();
   if (o.quick) {
     if (o.n === '1000') o.n = '100';
     if (o.podmanN === '100') o.podmanN = '20';
@@ -468,6 +494,11 @@ async function main(): Promise<void> {
     rmSync(tree, { recursive: true, force: true });
   }
   (res.host as Record<string, unknown>).loadavg_at_end = os.loadavg().map(r2);
+  if (o.merge) {
+    const prev = JSON.parse(readFileSync(path.join(repoRoot(), 'bench/results-all.json'), 'utf8')) as Record<string, unknown>;
+    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status']) if (!(k in res) && k in prev) res[k] = prev[k];
+    res.command = `${prev.command as string}; then ${res.command as string}`;
+  }
   const text = JSON.stringify(res, null, 2);
   writeFileSync(path.join(repoRoot(), 'bench/results-all.json'), text + '\n');
   const md = table(res);

@@ -12,7 +12,7 @@
  * skips it). Prints JSON (calls/s, p50/p99 latency, host CPU per call) and writes
  * bench/results-fncall.json.
  *
- *   node dist/bench/fncall.js [--calls 2000] [--concurrency 1,2,8] [--peer-calls 200] [--no-python] [--no-podman]
+ *   node dist/bench/fncall.js [--calls 2000] [--concurrency 1,2,8] [--peer-calls 200] [--no-python] [--no-podman] [--no-results]
  */
 import { Command } from 'commander';
 import { execa } from 'execa';
@@ -81,8 +81,9 @@ async function main(): Promise<void> {
     .option('--concurrency <list>', 'calls in flight, comma-separated', '1,2,8')
     .option('--no-python', 'skip the python3 workload (needs debian:bookworm)')
     .option('--no-podman', 'skip the podman peer')
+    .option('--no-results', 'print the JSON only; leave bench/results-fncall.json alone (bench/all.ts runs it so)')
     .parse(process.argv)
-    .opts<{ calls: string; peerCalls: string; concurrency: string; python: boolean; podman: boolean }>();
+    .opts<{ calls: string; peerCalls: string; concurrency: string; python: boolean; podman: boolean; results: boolean }>();
   const calls = Number(opts.calls);
   const peerCalls = Number(opts.peerCalls);
   const levels = opts.concurrency.split(',').map(Number);
@@ -145,7 +146,7 @@ async function main(): Promise<void> {
     await d.stop();
   }
   const text = JSON.stringify(result, null, 2);
-  writeFileSync(new URL('../../bench/results-fncall.json', import.meta.url), text + '\n');
+  if (opts.results) writeFileSync(new URL('../../bench/results-fncall.json', import.meta.url), text + '\n');
   process.stdout.write(text + '\n');
 }
 

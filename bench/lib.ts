@@ -27,17 +27,23 @@ export interface TempDaemon {
 /**
  * Starts a throwaway dsecd on a new root under /tmp (`prefix` names it) with uid pool
  * `pool` (benchmarks use pools above the test slots' so they can run beside tests) and
- * `extraToml` appended to its config (e.g. an `[fncall]` table).
+ * `extraToml` appended to its config (e.g. an `[fncall]` table). `opts.rangeSize` sets
+ * `[uid_pool] range_size` (ids per sandbox; default dsecd's 65,536); `opts.env` is added
+ * to dsecd's environment; `opts.nodeArgs` runs bin/dsecd as `node <nodeArgs> bin/dsecd`
+ * (e.g. `--cpu-prof`, which NODE_OPTIONS refuses).
  * @throws Error when dsecd does not answer within 60 s or exits first.
  */
-export async function tempDaemon(prefix: string, pool: { base: number; size: number }, extraToml = ''): Promise<TempDaemon> {
+export async function tempDaemon(prefix: string, pool: { base: number; size: number }, extraToml = '', opts: { rangeSize?: number; env?: Record<string, string>; nodeArgs?: string[] } = {}): Promise<TempDaemon> {
   const root = mkdtempSync(`/tmp/${prefix}`);
   const cfg = path.join(root, 'dsecd.toml');
-  writeFileSync(cfg, `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${extraToml}`);
+  const rs = opts.rangeSize ? `range_size = ${opts.rangeSize}\n` : '';
+  writeFileSync(cfg, `[uid_pool]\nbase = ${pool.base}\nsize = ${pool.size}\n${rs}${extraToml}`);
   const socket = path.join(root, 'dsecd.sock');
   const dsecd = path.join(repoRoot(), 'bin/dsecd');
-  const proc = spawn(dsecd, ['--root', root, '--socket', socket, '--config', cfg], {
-    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn' },
+  const args = ['--root', root, '--socket', socket, '--config', cfg];
+  // bin/dsecd's own shebang flag is repeated when node is named explicitly.
+  const proc = spawn(opts.nodeArgs ? process.execPath : dsecd, opts.nodeArgs ? [...opts.nodeArgs, '--max-semi-space-size=2', dsecd, ...args] : args, {
+    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn', ...(opts.env ?? {}) },
   });
   const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });
   const deadline = Date.now() + 60_000;

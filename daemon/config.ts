@@ -4,6 +4,7 @@
  */
 import os from 'node:os';
 import type { FncallPoolConfig } from './fncall/pool.js';
+import type { WarmPoolConfig } from './sandbox/warm-pool.js';
 import { createHash } from 'node:crypto';
 import { readFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
@@ -95,6 +96,17 @@ const FileConfig = z
         max_queue: z.number().int().min(0).optional(),
         memory_bytes: z.number().int().min(4 * 1024 * 1024).optional(),
         pids: z.number().int().min(8).optional(),
+      })
+      .strict()
+      .optional(),
+    pool: z
+      .object({
+        fill_concurrency: z.number().int().min(1).max(64).optional(),
+        entries: z.array(z.object({
+          image: z.string().min(1),
+          size: z.number().int().min(0).max(4096),
+          network: z.enum(['none', 'allow', 'open']).optional(),
+        }).strict()).max(64).optional(),
       })
       .strict()
       .optional(),
@@ -322,6 +334,13 @@ export interface DaemonConfig {
   /** Sizing of the fncall pools (daemon/fncall/pool.ts FncallPoolConfig, which documents each default). */
   fncall: FncallPoolConfig;
   /**
+   * `[pool]`: warm pools of pre-created container sandbox shells (daemon/sandbox/warm-pool.ts).
+   * Default: no entries, so no shells and every create runs the runtime. Each
+   * `[[pool.entries]]` keeps `size` (0-4,096) shells of `image` with network mode `network`
+   * (default none) ready; `fill_concurrency` (default 2) bounds the background fills.
+   */
+  pool: WarmPoolConfig;
+  /**
    * The SandboxFusion-compatible POST /run_code: `address` (host:port) also serves it
    * over TCP (only that route; no authentication, so bind it to a trusted network);
    * `images` overrides the image per language (default judge:bookworm).
@@ -489,6 +508,10 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       memoryBytes: fc.fncall?.memory_bytes ?? 512 * 1024 * 1024,
       cpus: os.cpus().length,
       pids: fc.fncall?.pids ?? 256,
+    },
+    pool: {
+      entries: (fc.pool?.entries ?? []).map((e) => ({ image: e.image, size: e.size, network: e.network ?? 'none' })),
+      fillConcurrency: fc.pool?.fill_concurrency ?? 2,
     },
     retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
       trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },

@@ -26,7 +26,8 @@ import { SandboxRepo } from './sandbox/repo.js';
 import { SnapshotRepo } from './sandbox/snapshots.js';
 import { TrajectoryLog } from './sandbox/trajectory.js';
 import { probeCriu } from './host/criu.js';
-import { SandboxManager } from './sandbox/manager.js';
+import { isPoolShell, SandboxManager } from './sandbox/manager.js';
+import { WarmPools } from './sandbox/warm-pool.js';
 import { Failpoints } from './sandbox/failpoints.js';
 import { Reaper } from './sandbox/reaper.js';
 import { Metrics } from './metrics.js';
@@ -107,6 +108,17 @@ export interface Daemon {
   reloadNetworkPolicies?(): Promise<void>;
   /** Reloads the seccomp profile file (SIGHUP); logs and keeps the profile in force on a malformed file. */
   reloadSeccompProfile?(): void;
+}
+
+/** Destroys sandboxes `ids` (force), 8 at a time; failures are logged, never thrown. */
+async function destroyShells(manager: SandboxManager, ids: string[], reason: string, log: Logger): Promise<void> {
+  let next = 0;
+  await Promise.all(Array.from({ length: Math.min(8, ids.length) }, async () => {
+    while (next < ids.length) {
+      const id = ids[next++];
+      await manager.destroy(id, true, reason).catch((e) => log.error({ err: e, id }, 'destroying a warm-pool shell failed'));
+    }
+  }));
 }
 
 /**
@@ -421,7 +433,20 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       setMemoryLimit: (id, bytes) => cgroups!.setMemoryLimit(id, bytes),
     }, config.fncall, log.child({ component: 'fncall' }));
     fncall.start();
-    const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState());
+    // Warm-pool shells are never adopted: the ones a previous dsecd left (it was killed) are destroyed.
+    await destroyShells(manager, repo.all().filter(isPoolShell).map((s) => s.id), 'warm-pool shell of a previous dsecd', log);
+    const warm = new WarmPools({
+      keyOf: (e) => manager.shellKeyOf(e),
+      createShell: (e, key) => manager.createShell(e, key),
+      destroyShell: async (id) => {
+        await manager.destroy(id, true, 'warm-pool shell retired').catch((e) => {
+          if (!isDsecError(e, 'NotFound')) throw e;
+        });
+      },
+      userCreatesInFlight: () => manager.userCreatesInFlight,
+    }, config.pool, log.child({ component: 'warm-pool' }));
+    manager.attachPool(warm);
+    const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState(), () => warm.stats());
     const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
     const reaper = new Reaper(repo, manager, log.child({ component: 'reaper' }), config.retention, undefined, trajectories);
     await reaper.sweep();
@@ -470,6 +495,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           },
           sandboxes: repo.countByState(),
           fncall_pools: fncall.stats(),
+          warm_pools: warm.stats(),
           features: {
             filesystem_snapshots: { available: true, reason: null },
             process_checkpoints: await criu.then((c) => ({ available: false, reason: c.available ? 'criu check passes, but container process checkpoints are not built yet' : c.reason })),
@@ -506,6 +532,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const app = buildApi(apiDeps);
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
+    // Fills start once the API answers: shells are background work, never part of start.
+    warm.start();
     // SandboxFusion clients reach /run_code over TCP; nothing else of the API is served there.
     const sfApp = config.sandboxfusion.address ? buildRunCodeApi(apiDeps) : null;
     if (sfApp) {
@@ -543,6 +571,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         await drained;
         clearTimeout(t);
         await fncall.close();
+        await warm.close();
         await container.close();
         await network.close();
         await microvm.close();

@@ -8,6 +8,8 @@
  * - `dsec_exec_seconds`: round trip of the run-to-completion exec API;
  * - `dsec_api_errors_total{code}`: API errors by kind;
  * - `dsec_exec_sessions{state}`: exec sessions held (running / exited, kept for re-attach);
+ * - `dsec_warm_pool_shells{image,network,state}`: warm-pool shells ready / filling, and
+ *   `dsec_warm_pool_claims_total` / `dsec_warm_pool_misses_total{image,network}` (read at scrape time);
  * - the default process metrics (RSS, CPU, event loop lag, ...), prefixed `dsec_`.
  */
 import http from 'node:http';
@@ -28,7 +30,9 @@ export class Metrics {
    * @param sandboxesByState called at scrape time: count of sandboxes per state.
    * @param execSessions called at scrape time: exec sessions per state.
    */
-  constructor(sandboxesByState: () => Record<string, number>, execSessions: () => Record<string, number>) {
+  constructor(sandboxesByState: () => Record<string, number>, execSessions: () => Record<string, number>,
+    /** Called at scrape time: the warm pools' counters (daemon/sandbox/warm-pool.ts WarmPoolStats). */
+    warmPools: () => Array<{ image: string; network: string; ready: number; filling: number; claimed: number; misses: number }> = () => []) {
     const states = ['creating', 'running', 'paused', 'stopped', 'failed'];
     new Gauge({
       name: 'dsec_sandboxes', help: 'Sandboxes by state.', labelNames: ['state'], registers: [this.registry],
@@ -42,6 +46,28 @@ export class Metrics {
       collect() {
         const c = execSessions();
         for (const s of ['running', 'exited']) this.set({ state: s }, c[s] ?? 0);
+      },
+    });
+    new Gauge({
+      name: 'dsec_warm_pool_shells', help: 'Warm-pool shells by pool and state (ready, filling).', labelNames: ['image', 'network', 'state'], registers: [this.registry],
+      collect() {
+        for (const p of warmPools()) {
+          this.set({ image: p.image, network: p.network, state: 'ready' }, p.ready);
+          this.set({ image: p.image, network: p.network, state: 'filling' }, p.filling);
+        }
+      },
+    });
+    // Counters kept by the pools; exposed as gauges read at scrape time (monotonic while dsecd runs).
+    new Gauge({
+      name: 'dsec_warm_pool_claims_total', help: 'Creates answered from a warm pool since dsecd started.', labelNames: ['image', 'network'], registers: [this.registry],
+      collect() {
+        for (const p of warmPools()) this.set({ image: p.image, network: p.network }, p.claimed);
+      },
+    });
+    new Gauge({
+      name: 'dsec_warm_pool_misses_total', help: 'Creates of a pooled image and network mode that found no ready shell since dsecd started.', labelNames: ['image', 'network'], registers: [this.registry],
+      collect() {
+        for (const p of warmPools()) this.set({ image: p.image, network: p.network }, p.misses);
       },
     });
     collectDefaultMetrics({ register: this.registry, prefix: 'dsec_' });

@@ -52,6 +52,11 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
     for (const p of h.fncall_pools) pools.push([p.image, String(p.workers), String(p.idle), String(p.busy), String(p.queued), String(p.calls), String(p.replaced)]);
     out += '\n' + tableText(pools);
   }
+  if (h.warm_pools?.length) {
+    const pools = makeTable(['WARM POOL', 'NETWORK', 'SIZE', 'READY', 'FILLING', 'CLAIMED', 'MISSES', 'FILL ERRORS'], { color });
+    for (const p of h.warm_pools) pools.push([p.image, p.network, String(p.size), String(p.ready), String(p.filling), String(p.claimed), String(p.misses), String(p.fill_errors)]);
+    out += '\n' + tableText(pools);
+  }
   if (h.features && Object.keys(h.features).length) {
     const features = makeTable(['FEATURE', 'AVAILABLE', 'REASON'], { color });
     for (const [name, f] of Object.entries(h.features)) features.push([name, f.available ? 'yes' : 'no', f.reason ?? '-']);

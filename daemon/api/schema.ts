@@ -427,6 +427,16 @@ export const HostInfo = z.object({
     image: z.string(), workers: z.number().int(), idle: z.number().int(), busy: z.number().int(), starting: z.number().int(),
     queued: z.number().int(), calls: z.number().int().describe('Calls served since dsecd started.'), replaced: z.number().int().describe('Workers replaced (OOM, lost agent, call budget, idle).'),
   })).describe('The fncall worker pools, one per image content.'),
+  warm_pools: z.array(z.object({
+    image: z.string().describe('Image reference of the [[pool.entries]] entry.'),
+    network: z.enum(['none', 'allow', 'open']),
+    size: z.number().int().describe('Shells the entry keeps ready.'),
+    ready: z.number().int().describe('Shells ready to be claimed now.'),
+    filling: z.number().int().describe('Shells being created (refill runs only while no user create is in flight).'),
+    claimed: z.number().int().describe('Creates answered from this pool since dsecd started.'),
+    misses: z.number().int().describe('Creates of this image and network mode that found no ready shell since dsecd started.'),
+    fill_errors: z.number().int().describe('Shell creations that failed since dsecd started.'),
+  })).describe('Warm pools of pre-created container sandbox shells ([pool]); empty when none is configured.'),
   features: z.record(z.string(), z.object({ available: z.boolean(), reason: z.string().nullable() }))
     .describe('Optional features and whether this host has them: filesystem_snapshots, process_checkpoints (CRIU), vm_snapshots (machine snapshots of microVMs: RAM, processes and disk), trajectory_log, kvm (available: microVMs run under KVM; otherwise TCG; reason: the verdict of the KVM probe boot).'),
   defences: z.record(z.string(), z.object({ enforced: z.boolean(), detail: z.string() })),

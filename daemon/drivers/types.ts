@@ -209,6 +209,13 @@ export interface SandboxDriver {
    */
   limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
   /**
+   * Sets the CPU (cores), memory (bytes) and pids limits of a running sandbox of the
+   * `latency` priority class, as its create would have (claiming a warm-pool shell,
+   * daemon/sandbox/warm-pool.ts). Absent: the backend cannot, and its sandboxes are never pooled.
+   * @throws DsecError NotFound (no cgroup), FailedPrecondition/Internal (cgroupfs errors).
+   */
+  applyLimits?(sb: SandboxRecord, limits: { cpus: number; memoryBytes: number; pids: number }): Promise<void>;
+  /**
    * Which per-sandbox defences are in force for `sb`, by name (e.g. `readonly_paths`,
    * `landlock`), each saying truthfully whether and why (for GET /v1/sandboxes/{id}).
    * Optional: a backend without per-sandbox defences omits it.

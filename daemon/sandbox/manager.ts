@@ -39,6 +39,13 @@ import type { SandboxNetworking } from '../net/network.js';
 import type { DiskUsage, UpperStore } from '../storage/store.js';
 import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem, type ResolvedFilesystem } from '../security/filesystem.js';
 import type { ImageSecurity } from '../image/security.js';
+import { profileInfo } from '../security/seccomp.js';
+import { POOL_LABEL, shellKey, type WarmPoolEntry, type WarmPools } from './warm-pool.js';
+
+/** Whether a row is a warm-pool shell not yet claimed (daemon/sandbox/warm-pool.ts). */
+export function isPoolShell(sb: SandboxRecord): boolean {
+  return sb.labels[POOL_LABEL] !== undefined;
+}
 
 /** Actions of {@link SandboxManager.bulk}. */
 export type BulkAction = 'pause' | 'resume' | 'stop' | 'destroy' | 'set_ttl';
@@ -129,6 +136,9 @@ export function diskFullSlack(limitBytes: number): number {
   return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
 }
 
+/** Cores of this host, read once (os.cpus() reads /proc/cpuinfo on every call). */
+const CORES = os.cpus().length;
+
 /** Sandboxes a fork creates at once: 4, enough to overlap runc's work on 2 cores without queueing the event loop behind mounts. */
 const FORK_CONCURRENCY = 4;
 
@@ -139,9 +149,23 @@ export class SandboxManager {
   private readonly diskFull = new Set<string>();
   /** Exec sessions (streamed, background, PTY) of every sandbox. */
   readonly execs: ExecRegistry;
+  /** The warm pools creates may claim from ({@link attachPool}); null: none. */
+  private pool: WarmPools | null = null;
+  /** User creates in flight (not pool fills): warm-pool refill waits while there are any. */
+  private userCreates = 0;
 
   constructor(private readonly d: ManagerDeps) {
     this.execs = new ExecRegistry({ spoolDir: (sid) => path.join(d.config.root, 'sandboxes', sid, 'execs') });
+  }
+
+  /** Lets creates claim shells of `pool` (built after the manager: its fills go through {@link createShell}). */
+  attachPool(pool: WarmPools): void {
+    this.pool = pool;
+  }
+
+  /** User creates in flight now (see {@link WarmPools}: refill is low priority). */
+  get userCreatesInFlight(): number {
+    return this.userCreates;
   }
 
   private driver(backend: Backend): SandboxDriver {
@@ -161,16 +185,120 @@ export class SandboxManager {
       throw invalidArgument('fncall is the stateless tier: run calls with POST /v1/run (`dsec run --backend fncall` or `dsec call`), not as a sandbox');
     }
     this.driver(req.backend);
-    this.checkLimits(req);
-    this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
-    const disk = this.diskQuota(req.disk_bytes, undefined);
-    // A backend may own a kind of reference (the vm tier's `disk:NAME`); else the image store resolves it.
-    const own = await this.driver(req.backend).resolveImage?.(req.image);
-    const image = own ? null : await this.d.images.get(req.image);
-    const network = await this.settleNetwork(req.network);
-    const src = own ? { image: own.image, layers: own.layers, config: own.config, snapshotId: null }
-      : { image: `${image!.name}:${image!.tag}`, layers: image!.layers, config: image!.config, snapshotId: null };
-    return this.createFrom({ ...req, network, disk_bytes: disk ?? undefined }, src);
+    this.userCreates += 1;
+    try {
+      this.checkLimits(req);
+      this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
+      const disk = this.diskQuota(req.disk_bytes, undefined);
+      // A backend may own a kind of reference (the vm tier's `disk:NAME`); else the image store resolves it.
+      const own = await this.driver(req.backend).resolveImage?.(req.image);
+      const image = own ? null : await this.d.images.get(req.image);
+      const network = await this.settleNetwork(req.network);
+      const src = own ? { image: own.image, layers: own.layers, config: own.config, snapshotId: null }
+        : { image: `${image!.name}:${image!.tag}`, layers: image!.layers, config: image!.config, snapshotId: null };
+      const settled = { ...req, network, disk_bytes: disk ?? undefined };
+      if (!own && req.backend === 'container' && !opts.worker) {
+        const claimed = await this.claimFromPool(settled, src);
+        if (claimed) return claimed;
+      }
+      return await this.createFrom(settled, src);
+    } finally {
+      this.userCreates -= 1;
+    }
+  }
+
+  /**
+   * The key of the shell a create would claim (daemon/sandbox/warm-pool.ts shellKey), or
+   * null when the request names something a running shell cannot take on: a seccomp
+   * override (in the runtime's filter) or the batch priority class (the agent's
+   * scheduling policy). Everything else is applied at the claim.
+   */
+  private requestKey(req: CreateSandboxRequest, src: SandboxSource): string | null {
+    if (req.seccomp || (req.priority ?? 'latency') !== 'latency') return null;
+    return shellKey({
+      image: src.image, layers: src.layers, seccompSha: profileInfo().sha256,
+      filesystem: resolveFilesystem(req.filesystem, src.config.security, this.d.config.filesystem),
+      network: req.network?.mode ?? 'none', diskBytes: req.disk_bytes ?? null,
+    });
+  }
+
+  /**
+   * Answers a create from the warm pool: takes a matching ready shell and claims it
+   * ({@link claim}); a shell that cannot be claimed (its init died, a limit cannot be
+   * written) is destroyed and the next one tried. Null when no shell matches.
+   */
+  private async claimFromPool(req: CreateSandboxRequest, src: SandboxSource): Promise<SandboxRecord | null> {
+    if (!this.pool?.enabled) return null;
+    const key = this.requestKey(req, src);
+    if (key === null) return null;
+    for (;;) {
+      const shell = this.pool.take(key, src.image, req.network?.mode ?? 'none');
+      if (!shell) return null;
+      try {
+        return await this.claim(shell.id, req);
+      } catch (e) {
+        this.d.log.warn({ err: e, id: shell.id }, 'a warm-pool shell could not be claimed; destroying it');
+        await this.destroy(shell.id, true, 'warm-pool shell could not be claimed').catch((e2) => this.d.log.error({ err: e2, id: shell.id }, 'destroying an unclaimable shell failed'));
+      }
+    }
+  }
+
+  /**
+   * Makes shell `id` the sandbox `req` asks for: its limits written to its cgroup, its
+   * network rules applied, then one row update with the request's labels, env, TTL,
+   * idle timeout, limits, network and a creation time of now (repo.claimShell). That
+   * update acknowledges the create: a crash before it leaves a shell (destroyed at the
+   * next start), after it a user sandbox (adopted).
+   * @throws DsecError FailedPrecondition when the shell is no longer a live, unclaimed shell.
+   */
+  private async claim(id: string, req: CreateSandboxRequest): Promise<SandboxRecord> {
+    return this.mutex.run(id, async () => {
+      const sb = this.d.repo.find(id);
+      if (!sb || !isPoolShell(sb) || sb.state !== 'running' || sb.desired !== null || sb.initPid === null || procStartTime(sb.initPid) !== sb.initStart) {
+        throw failedPrecondition(`warm-pool shell ${id} is gone or not running`);
+      }
+      const drv = this.driver(sb.backend);
+      const limits = { cpus: req.cpus ?? this.d.config.defaults.cpus, memoryBytes: req.memory_bytes ?? this.d.config.defaults.memoryBytes, pids: req.pids ?? this.d.config.defaults.pids };
+      if (limits.cpus !== sb.cpus || limits.memoryBytes !== sb.memoryBytes || limits.pids !== sb.pids) {
+        if (!drv.applyLimits) throw failedPrecondition(`backend ${sb.backend} cannot change limits of a running sandbox`);
+        await drv.applyLimits(sb, limits);
+      }
+      const network = req.network ?? null;
+      if (network && this.d.network) await this.d.network.update(sb, network);
+      const done = this.d.repo.claimShell(id, {
+        labels: req.labels ?? {}, env: req.env ?? {}, ttlS: req.ttl_s ?? null, idleTimeoutS: req.idle_timeout_s ?? null, ...limits, network, now: Date.now(),
+      });
+      this.d.failpoints.hit('create.after-ack');
+      this.d.repo.event('sandbox.created', done, 'from the warm pool');
+      return done;
+    });
+  }
+
+  /**
+   * The key and canonical image of the shells of a `[[pool.entries]]` entry, as
+   * {@link requestKey} computes it for a create of that image with no other options.
+   * @throws DsecError NotFound (image), FailedPrecondition (network mode unavailable).
+   */
+  async shellKeyOf(entry: WarmPoolEntry): Promise<{ key: string; image: string }> {
+    const m = await this.d.images.get(entry.image);
+    const src: SandboxSource = { image: `${m.name}:${m.tag}`, layers: m.layers, config: m.config, snapshotId: null };
+    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network });
+    const disk = this.diskQuota(undefined, undefined);
+    return { key: this.requestKey({ backend: 'container', image: entry.image, network, disk_bytes: disk ?? undefined }, src)!, image: src.image };
+  }
+
+  /**
+   * Creates one warm-pool shell of `entry` with key `key` (its {@link POOL_LABEL} value):
+   * an ordinary create with the defaults and no user-visible settings, recorded without a
+   * `sandbox.created` event (that comes at the claim).
+   * @throws as {@link create}.
+   */
+  async createShell(entry: WarmPoolEntry, key: string): Promise<SandboxRecord> {
+    const m = await this.d.images.get(entry.image);
+    const src: SandboxSource = { image: `${m.name}:${m.tag}`, layers: m.layers, config: m.config, snapshotId: null };
+    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network });
+    const disk = this.diskQuota(undefined, undefined);
+    return this.createFrom({ backend: 'container', image: entry.image, labels: { [POOL_LABEL]: key }, network, disk_bytes: disk ?? undefined }, src, { shell: true });
   }
 
   /**
@@ -224,7 +352,7 @@ export class SandboxManager {
    * @throws DsecError InvalidArgument.
    */
   private checkLimits(req: { cpus?: number; memory_bytes?: number }): void {
-    const cores = os.cpus().length;
+    const cores = CORES;
     if (req.cpus !== undefined && req.cpus > cores) throw invalidArgument(`cpus ${req.cpus} is more than this host's ${cores} cores`);
     if (req.memory_bytes !== undefined && req.memory_bytes > os.totalmem()) {
       throw invalidArgument(`memory_bytes ${req.memory_bytes} is more than this host's ${os.totalmem()} bytes of memory`);
@@ -307,7 +435,7 @@ export class SandboxManager {
   }
 
   /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
-  private async createFrom(req: CreateSandboxRequest, src: SandboxSource): Promise<SandboxRecord> {
+  private async createFrom(req: CreateSandboxRequest, src: SandboxSource, opts: { shell?: boolean } = {}): Promise<SandboxRecord> {
     const drv = this.driver(req.backend);
     const id = randomBytes(8).toString('hex');
     const rec = this.d.repo.insertCreating({
@@ -347,6 +475,7 @@ export class SandboxManager {
         throw e instanceof DsecError ? e : wrap(e, `create sandbox ${id}`);
       }
       const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start });
+      if (opts.shell) return done;
       this.d.failpoints.hit('create.after-ack');
       this.d.repo.event('sandbox.created', done);
       return done;
@@ -372,20 +501,21 @@ export class SandboxManager {
    */
   private admit(cpus: number, memoryBytes: number, count = 1): void {
     const a = this.d.config.admission;
-    const live = this.d.repo.all();
-    if (live.length + count > a.maxSandboxes) {
+    // Pool shells are bounded by [pool] and give way to the creates that claim them.
+    const live = this.d.repo.admissionTotals();
+    if (live.count + count > a.maxSandboxes) {
       throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes)`
-        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.length)} more, not ${count}` : ''}; destroy some first`);
+        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.count)} more, not ${count}` : ''}; destroy some first`);
     }
     cpus *= count;
     memoryBytes *= count;
-    const mem = live.reduce((n, s) => n + s.memoryBytes, 0) + memoryBytes;
+    const mem = live.memoryBytes + memoryBytes;
     const memCap = os.totalmem() * a.memoryOvercommit;
     if (mem > memCap) {
       throw resourceExhausted(`memory limits would total ${mem} bytes, over ${Math.floor(memCap)} (host memory x admission.memory_overcommit ${a.memoryOvercommit})`);
     }
-    const cpu = live.reduce((n, s) => n + s.cpus, 0) + cpus;
-    const cpuCap = os.cpus().length * a.cpuOvercommit;
+    const cpu = live.cpus + cpus;
+    const cpuCap = CORES * a.cpuOvercommit;
     if (cpu > cpuCap) {
       throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
     }
@@ -429,7 +559,8 @@ export class SandboxManager {
   }
 
   /**
-   * Sandboxes matching the selector (and state, when given), oldest first.
+   * Sandboxes matching the selector (and state, when given), oldest first. Warm-pool
+   * shells are no one's sandboxes yet and are never listed.
    * @throws DsecError InvalidArgument for a malformed selector.
    */
   list(selector?: string, state?: string): SandboxRecord[] {
@@ -439,7 +570,7 @@ export class SandboxManager {
     } catch (e) {
       throw invalidArgument((e as Error).message);
     }
-    return this.d.repo.all().filter((s) => match(s.labels) && (!state || s.state === state));
+    return this.d.repo.all().filter((s) => !isPoolShell(s) && match(s.labels) && (!state || s.state === state));
   }
 
   /**
@@ -840,7 +971,7 @@ export class SandboxManager {
 
   /** Layer digests used by sandboxes of this instance that exist (any state but destroyed). */
   layersInUse(): Set<string> {
-    return new Set([...this.d.repo.all().flatMap((s) => s.imageLayers), ...this.d.snapshots.all().flatMap((s) => s.imageLayers)]);
+    return new Set([...this.d.repo.layerDigests(), ...this.d.snapshots.all().flatMap((s) => s.imageLayers)]);
   }
 
   /**

@@ -104,6 +104,12 @@ export interface StartOptions {
   env?: Record<string, string>;
   /** Extra TOML appended to the config. */
   config?: string;
+  /**
+   * `[uid_pool] range_size` (ids per sandbox); default dsecd's 65,536, which gives a slot's
+   * pool 256 ranges. Tests that hold more sandboxes at once ask for smaller ranges
+   * (16,384: 1,024 sandboxes).
+   */
+  uidRangeSize?: number;
 }
 
 /** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
@@ -129,7 +135,7 @@ export class TestDaemon {
   private ownsSlot = true;
   private cg: CgroupManager | null = null;
 
-  private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number }) {
+  private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number; rangeSize?: number }) {
     this.instance = instanceNameFor(root);
     this.client = new DsecClient({ socketPath: this.socket, timeoutMs: 120_000 });
   }
@@ -143,7 +149,7 @@ export class TestDaemon {
   static async start(opts: StartOptions): Promise<TestDaemon> {
     const root = mkdtempSync(`/tmp/dsec-it${opts.slot}-`);
     const slot = opts.samePoolAs ? opts.samePoolAs.slot : leaseSlot();
-    const pool = uidPoolForSlot(slot);
+    const pool = { ...uidPoolForSlot(slot), ...(opts.uidRangeSize ? { rangeSize: opts.uidRangeSize } : {}) };
     const d = new TestDaemon(root, slot, '', pool);
     d.setConfig(opts.config ?? '');
     d.ownsSlot = !opts.samePoolAs;
@@ -164,7 +170,8 @@ export class TestDaemon {
   setConfig(extra: string): void {
     const b = this.builderRange;
     const builder = /^\[builder\]/m.test(extra) ? '' : `[builder]\nbase = ${b.base}\nsize = ${b.size}\n`;
-    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${builder}${extra}\n`;
+    const rs = this.pool.rangeSize ? `range_size = ${this.pool.rangeSize}\n` : '';
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${rs}${builder}${extra}\n`;
   }
 
   /** The builder range of this daemon's slot ({@link builderRangeForSlot}); a `[builder]` table in its config overrides it. */
@@ -274,6 +281,11 @@ export class TestDaemon {
     } finally {
       db.close();
     }
+  }
+
+  /** This daemon's uid pool (host ids `base .. base + size - 1`). */
+  get uidPool(): { base: number; size: number } {
+    return { base: this.pool.base, size: this.pool.size };
   }
 
   /** Layer (EROFS blob) mounts of this instance. */

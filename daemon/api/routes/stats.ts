@@ -39,7 +39,7 @@ export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
     host: { cores: os.cpus().length, memory_bytes: os.totalmem(), memory_available_bytes: os.freemem(), load_avg: os.loadavg() },
     sandboxes: await (async () => {
       const disks = deps.manager.diskUsageAll();
-      return Promise.all(deps.repo.all().map((sb) => view(sb, disks)));
+      return Promise.all(deps.manager.list().map((sb) => view(sb, disks)));
     })(),
   }));
   app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.manager.get(req.params.id)));

@@ -103,7 +103,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     expect((await sh(attacker, 'tail -c 5 /bin/busybox')).out).toBe('evil\n');
     expect((await sh(neighbour, 'sha256sum /bin/busybox')).out).toBe(neighbourSum);
     await neighbourAlive();
-  });
+  }, 900_000);
 
   it('host files, logs, the dsecd socket and host processes are absent from the guest (its own kernel and root)', async () => {
     const sock = path.join(d.root, 'dsecd.sock');
@@ -201,7 +201,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     const ok = await sh(attacker, 'echo guest-ok');
     expect(ok.out, JSON.stringify(ok)).toBe('guest-ok\n');
     await neighbourAlive();
-  });
+  }, 900_000);
 
   it('disk fill stops at the writable disk\'s size; the host file never grows past it; a larger disk takes more', async () => {
     const fill = async (diskMiB: number) => {
@@ -224,7 +224,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     const big = await fill(192);
     expect(big.size).toBeGreaterThan(small.size + 64 * MiB);
     await neighbourAlive();
-  });
+  }, 900_000);
 
   it('[vm] pmem = false: the layers are read-only virtio-blk disks; raw writes to them fail and the host blob stays as it was', async () => {
     const b = await TestDaemon.start({ slot: 94, config: '[vm]\naccel = "tcg"\npmem = false\n' });
@@ -244,5 +244,5 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
       await b.cleanup();
     }
     await neighbourAlive();
-  });
+  }, 900_000);
 });

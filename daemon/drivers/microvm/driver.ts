@@ -1,7 +1,7 @@
 /**
  * The `microvm` backend: one QEMU `-M microvm` VM per sandbox, booting the guest kernel
- * with dsec's initramfs (initramfs.ts), the image's EROFS layers as read-only virtio-blk
- * disks under an overlay inside the guest, the writable layer on a per-VM ext4 disk
+ * with dsec's initramfs (initramfs.ts), the image's EROFS layers (DAX persistent memory,
+ * or read-only virtio-blk disks) under an overlay inside the guest, the writable layer on a per-VM ext4 disk
  * (`disk.raw`, sparse), and the same agent as PID 1 of the guest's root, reached through a
  * stream multiplexer over one virtio-serial port (vmux.ts, native/agent/vmux.c).
  *
@@ -20,8 +20,13 @@
  * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
  * extends this driver through its protected hooks (qemuCommand, makeDisk, bootGuest, ...).
  *
+ * Layers go in as DAX persistent memory backed by one shared, 2 MiB-aligned copy per
+ * layer digest (`[vm] pmem`; {@link MicrovmDriver.pmemFor}, qemu.ts pmemLayout), or as
+ * read-only virtio-blk disks; a virtio-balloon with free-page reporting (`[vm] balloon`)
+ * returns the pages the guest frees.
+ *
  * Not built yet (issue 9, later steps): snapshots and forks (QMP migration to a file),
- * pmem/DAX sharing of layers, the balloon. `withWritableLayer` (commit, filesystem
+ * pruning of the pmem copies. `withWritableLayer` (commit, filesystem
  * snapshots) answers FailedPrecondition: the writable layer is an ext4 image, not a host
  * directory.
  */
@@ -868,7 +873,7 @@ export class MicrovmDriver implements SandboxDriver {
       memory_before_bytes: before.memoryBytes, memory_after_bytes: after.memoryBytes,
       file_before_bytes: before.memoryCacheBytes, file_after_bytes: after.memoryCacheBytes,
       anon_bytes: after.memoryAnonBytes, reclaimed_bytes: Math.max(0, before.memoryBytes - after.memoryBytes), swap,
-      note: `the VM's vCPUs are stopped (QMP stop); the VMM's page cache was reclaimed; guest RAM is QEMU's anonymous memory${swap ? ', swapped out under pressure' : ' and stays resident (no swap on this host; the balloon is not built yet)'}`,
+      note: `the VM's vCPUs are stopped (QMP stop); the VMM's page cache was reclaimed; guest RAM is QEMU's anonymous memory${swap ? ', swapped out under pressure' : ' and stays resident (no swap on this host; free-page reporting returns only what the guest frees)'}`,
     };
   }
 

@@ -1,12 +1,13 @@
 /**
  * bench/microvm-density: host memory of N idle microVMs with the image's layers as shared
  * DAX persistent memory (`[vm] pmem = true`) against layers as virtio-blk disks
- * (`pmem = false`), each with the balloon's free-page reporting on. Prints one JSON
- * object and writes it to bench/results-microvm-density.json:
+ * (`pmem = false`), both with the balloon's free-page reporting on, and pmem with the
+ * balloon off. Prints one JSON object and writes it to bench/results-microvm-density.json:
  *
- *   { n, image: { layers, data_bytes }, host: { cpus, mem_total_mib, qemu, accel },
- *     runs: { pmem|blk: { idle: Phase, after_read: Phase, boot_ms: {p50, max} } },
- *     ratio_pss_per_vm: { idle, after_read } }          (blk / pmem)
+ *   { n, image, host: { cpus, mem_total_mib, accel, guest_memory_mib },
+ *     runs: { blk|pmem|pmem_no_balloon: { layers, idle: Phase, after_read: Phase, boot_ms: {p50, max}, guest_meminfo_vm0 } },
+ *     ratio_pss_per_vm: { idle, after_read },            (blk / pmem)
+ *     balloon_saving_pss_mib_per_vm: { idle, after_read } }  (pmem_no_balloon - pmem)
  *   Phase = { pss_mib_total, pss_mib_per_vm, rss_mib_per_vm, cgroup_mib_per_vm,
  *             memavailable_delta_mib, memavailable_delta_mib_per_vm }
  *
@@ -96,9 +97,9 @@ function phase(n: number, m: { pss: number; rss: number; cgroup: number }, avail
 }
 
 /** One run: a fresh dsecd with `pmem`, the bench image, N VMs, the two phases. */
-async function run(pmem: boolean, n: number, dataDir: string, slot: number) {
+async function run(pmem: boolean, balloon: boolean, n: number, dataDir: string, slot: number) {
   const t = slotConfig(slot);
-  const d = await tempDaemon('dsec-bench-vmdens-', t.pool, `${t.builderToml}[vm]\naccel = "tcg"\npmem = ${pmem}\nballoon = true\n`);
+  const d = await tempDaemon('dsec-bench-vmdens-', t.pool, `${t.builderToml}[vm]\naccel = "tcg"\npmem = ${pmem}\nballoon = ${balloon}\n`);
   const ids: string[] = [];
   try {
     await d.client.importImage({ type: 'dir', path: dataDir, base: 'busybox', image: 'bench-density:1' });
@@ -119,7 +120,7 @@ async function run(pmem: boolean, n: number, dataDir: string, slot: number) {
     }
     await new Promise((r) => setTimeout(r, SETTLE_MS));
     const afterRead = phase(n, await measure(d, ids), availBefore);
-    const guest = (await d.client.exec(ids[0], { argv: ['sh', '-c', 'grep -E "^(MemTotal|MemFree|Cached)" /proc/meminfo; grep -c pmem /proc/mounts || true'] })).stdout.toString();
+    const guest = (await d.client.exec(ids[0], { argv: ['sh', '-c', 'grep -E "^(MemTotal|MemFree|Cached)" /proc/meminfo; echo "pmem devices: $(ls /sys/block | grep -c pmem)"'] })).stdout.toString();
     return { layers, idle, after_read: afterRead, boot_ms: { p50: Math.round(percentile(boot, 50)), max: Math.round(Math.max(...boot)) }, guest_meminfo_vm0: guest.trim().split('\n') };
   } finally {
     for (const id of ids) await d.client.deleteSandbox(id, { force: true }).catch(() => {});
@@ -135,17 +136,19 @@ async function main() {
   writeFileSync(path.join(dataDir, 'opt/data/blob'), randomBytes(DATA_BYTES));
   const slot = leaseSlot();
   try {
-    const blk = await run(false, n, dataDir, slot);
-    const pmem = await run(true, n, dataDir, slot);
+    const blk = await run(false, true, n, dataDir, slot);
+    const pmem = await run(true, true, n, dataDir, slot);
+    const pmemNoBalloon = await run(true, false, n, dataDir, slot);
     const out = {
       n,
       image: { base: 'busybox', extra_layer: '/opt/data/blob, 64 MiB of random bytes', data_bytes: DATA_BYTES },
       host: { cpus: os.cpus().length, mem_total_mib: Math.round(os.totalmem() / MiB), accel: 'tcg', guest_memory_mib: 256 },
-      runs: { blk, pmem },
+      runs: { blk, pmem, pmem_no_balloon: pmemNoBalloon },
       ratio_pss_per_vm: {
-        idle: round(blk.idle.pss_mib_per_vm / pmem.idle.pss_mib_per_vm * 100) / 100,
-        after_read: round(blk.after_read.pss_mib_per_vm / pmem.after_read.pss_mib_per_vm * 100) / 100,
+        idle: Math.round(blk.idle.pss_mib_per_vm / pmem.idle.pss_mib_per_vm * 100) / 100,
+        after_read: Math.round(blk.after_read.pss_mib_per_vm / pmem.after_read.pss_mib_per_vm * 100) / 100,
       },
+      balloon_saving_pss_mib_per_vm: { idle: round(pmemNoBalloon.idle.pss_mib_per_vm - pmem.idle.pss_mib_per_vm), after_read: round(pmemNoBalloon.after_read.pss_mib_per_vm - pmem.after_read.pss_mib_per_vm) },
     };
     const text = `${JSON.stringify(out, null, 2)}\n`;
     writeFileSync(path.join(repoRoot(), 'bench/results-microvm-density.json'), text);

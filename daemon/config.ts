@@ -165,6 +165,8 @@ const FileConfig = z
         kvm_probe_timeout_s: z.number().positive().optional(),
         tcg_tb_mib: z.number().int().min(16).optional(),
         thp: z.boolean().optional(),
+        pmem: z.boolean().optional(),
+        balloon: z.boolean().optional(),
         vmm_mount_namespace: z.boolean().optional(),
         vmm_unprivileged: z.boolean().optional(),
         vmm_seccomp: z.boolean().optional(),
@@ -219,6 +221,21 @@ export interface VmConfig {
    * faster with them.
    */
   thp: boolean;
+  /**
+   * DAX sharing of image layers (`pmem`; default true): a microVM maps each read-only
+   * EROFS layer as persistent memory backed by one shared host file (a 2 MiB-aligned copy
+   * per layer digest, `<root>/vm/pmem/`), and the guest mounts it `dax=always`, so the
+   * layer's bytes live once in the host page cache for all VMs instead of once per guest
+   * page cache. false, or a VM whose memory map cannot take it: layers are virtio-blk
+   * disks (docs/ARCHITECTURE.md "The microvm tier").
+   */
+  pmem: boolean;
+  /**
+   * virtio-balloon with free-page reporting (`balloon`; default true): the guest reports
+   * pages it freed (in 4 MiB blocks, the kernel's pageblock order) and QEMU discards them,
+   * so memory the guest touched once (boot, a finished build) goes back to the host.
+   */
+  balloon: boolean;
   /**
    * Confinement of every VMM (`vmm_mount_namespace`, `vmm_unprivileged`, `vmm_seccomp`;
    * each default true; docs/SECURITY.md "VMM confinement"): a mount namespace holding only
@@ -547,6 +564,8 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       kvmProbeTimeoutMs: Math.round((fc.vm?.kvm_probe_timeout_s ?? 10) * 1000),
       tcgTbMiB: fc.vm?.tcg_tb_mib ?? 128,
       thp: fc.vm?.thp ?? false,
+      pmem: fc.vm?.pmem ?? true,
+      balloon: fc.vm?.balloon ?? true,
       confine: { mountNamespace: fc.vm?.vmm_mount_namespace ?? true, unprivileged: fc.vm?.vmm_unprivileged ?? true, seccomp: fc.vm?.vmm_seccomp ?? true },
       consoleLogBytes: fc.vm?.console_log_bytes ?? 1024 * 1024,
       disks: Object.fromEntries(Object.entries(fc.vm?.disks ?? {}).map(([name, d]) => [name, {

@@ -13,7 +13,8 @@ import {
   S_IFCHR, S_IFDIR, S_IFLNK, S_IFREG, buildInitramfs, cpioNewc, initScript, isStaticElf, parseCpioNewc,
 } from '../../daemon/drivers/microvm/initramfs.js';
 import { indexModules, kernelRelease, moduleName, parseModinfo, parseSoftdepPre, resolveModules } from '../../daemon/drivers/microvm/kmod.js';
-import { guestCmdline, qemuArgs } from '../../daemon/drivers/microvm/qemu.js';
+import { guestCmdline, pmemLayout, qemuArgs } from '../../daemon/drivers/microvm/qemu.js';
+import { pmemFileBytes } from '../../daemon/drivers/microvm/driver.js';
 import { DsecError } from '../../daemon/errors.js';
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-initramfs-test-'));
@@ -227,6 +228,10 @@ describe('initramfs builder', () => {
     expect(s.startsWith('#!/bin/sh\n')).toBe(true);
     expect(s).toMatch(/fail\(\) \{\n {2}echo "dsec-init: FATAL: \$\*"\n {2}sync\n {2}reboot -f/);
     expect(s).toContain('mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work,index=off,redirect_dir=off,metacopy=off" /newroot');
+    // dsec.pmem=1: layer i is /dev/pmem<i>, mounted erofs with DAX; otherwise the disk with serial l<i>.
+    expect(s).toContain('dsec.pmem=1) pmem=1 ;;');
+    expect(s).toContain('mount -t erofs -o ro,dax=always "/dev/pmem$i" "/l/$i"');
+    expect(s).toContain('mount -t erofs -o ro "$dev" "/l/$i"');
   });
 });
 
@@ -256,6 +261,45 @@ describe('QEMU command line', () => {
     expect(a.some((x) => x.includes('-netdev') || x.includes('virtio-net'))).toBe(false);
     expect(after('-append')[0]).toBe(guestCmdline(spec));
     expect(guestCmdline(spec)).toContain('tsc_early_khz=2600000 tsc=reliable dsec.layers=2 dsec.hostname=abc');
+  });
+  it('pmem: layers as file-backed NUMA nodes between the RAM and a tail for the initramfs, memmap= ranges, pcie=on, no layer disks', () => {
+    const MiB = 1024 * 1024;
+    const layers = [{ file: '/r/vm/pmem/aa.img', sizeBytes: 4 * MiB }, { file: '/r/vm/pmem/bb.img', sizeBytes: 6 * MiB }];
+    const pm = pmemLayout(512, layers, 7 * MiB)!;
+    // Tail: initramfs rounded up to 2 MiB (8) plus 8 MiB; RAM 512 - 16 = 496 MiB.
+    expect(pm.nodes).toEqual([
+      { id: 'ram0', sizeBytes: 496 * MiB, file: null },
+      { id: 'pm0', sizeBytes: 4 * MiB, file: '/r/vm/pmem/aa.img' },
+      { id: 'pm1', sizeBytes: 6 * MiB, file: '/r/vm/pmem/bb.img' },
+      { id: 'ram1', sizeBytes: 16 * MiB, file: null },
+    ]);
+    expect(pm.starts).toEqual([496 * MiB, 500 * MiB]);
+    // Each layer's data as persistent memory, its last 2 MiB reserved (keeps the two regions apart).
+    expect(pm.cmdline).toEqual(['memmap=2M!496M', 'memmap=2M$498M', 'memmap=4M!500M', 'memmap=2M$504M']);
+    expect(pm.totalMiB).toBe(522);
+    const a = qemuArgs({ ...spec, pmem: pm, balloon: true });
+    const after = (flag: string) => a.filter((_, i) => a[i - 1] === flag);
+    expect(after('-M')).toEqual(['microvm,pit=on,pic=on,rtc=on,isa-serial=on,pcie=on']);
+    expect(after('-m')).toEqual(['522M']);
+    expect(after('-object')).toContain(`memory-backend-file,id=pm0,size=${4 * MiB},mem-path=/r/vm/pmem/aa.img,share=on,readonly=on,discard-data=off`);
+    expect(after('-numa')).toEqual(['node,nodeid=0,memdev=ram0', 'node,nodeid=1,memdev=pm0', 'node,nodeid=2,memdev=pm1', 'node,nodeid=3,memdev=ram1']);
+    expect(after('-drive').map((x) => x.split(',')[0])).toEqual(['id=rw']);
+    expect(after('-device')).toContain('virtio-balloon-device,free-page-reporting=on');
+    expect(after('-append')[0]).toContain('memmap=2M!496M memmap=2M$498M memmap=4M!500M memmap=2M$504M dsec.pmem=1 dsec.layers=2');
+    // Without pmem: no NUMA nodes, no pcie, no balloon unless asked.
+    const plain = qemuArgs(spec);
+    expect(plain).not.toContain('-numa');
+    expect(plain.join(' ')).not.toMatch(/pcie|balloon|memmap/);
+  });
+  it('pmem does not fit: RAM plus layers past 3 GiB, a guest too small for the tail, an unaligned layer', () => {
+    const MiB = 1024 * 1024;
+    expect(pmemLayout(3000, [{ file: '/x', sizeBytes: 100 * MiB }], 7 * MiB)).toBeNull();
+    expect(pmemLayout(2048, [{ file: '/x', sizeBytes: 100 * MiB }], 7 * MiB)).not.toBeNull();
+    expect(pmemLayout(64, [{ file: '/x', sizeBytes: 4 * MiB }], 7 * MiB)).toBeNull();
+    expect(pmemLayout(512, [{ file: '/x', sizeBytes: 3 * MiB }], 7 * MiB)).toBeNull();
+    expect(pmemFileBytes(1)).toBe(4 * MiB);
+    expect(pmemFileBytes(2 * MiB)).toBe(4 * MiB);
+    expect(pmemFileBytes(2 * MiB + 1)).toBe(6 * MiB);
   });
   it('KVM: host CPU, no TSC hints', () => {
     const a = qemuArgs({ ...spec, accel: 'kvm' });

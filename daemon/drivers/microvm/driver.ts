@@ -1,7 +1,7 @@
 /**
  * The `microvm` backend: one QEMU `-M microvm` VM per sandbox, booting the guest kernel
- * with dsec's initramfs (initramfs.ts), the image's EROFS layers as read-only virtio-blk
- * disks under an overlay inside the guest, the writable layer on a per-VM ext4 disk
+ * with dsec's initramfs (initramfs.ts), the image's EROFS layers (DAX persistent memory,
+ * or read-only virtio-blk disks) under an overlay inside the guest, the writable layer on a per-VM ext4 disk
  * (`disk.raw`, sparse), and the same agent as PID 1 of the guest's root, reached through a
  * stream multiplexer over one virtio-serial port (vmux.ts, native/agent/vmux.c).
  *
@@ -20,6 +20,11 @@
  * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
  * extends this driver through its protected hooks (qemuCommand, makeDisk, bootGuest, ...).
  *
+ * Layers go in as DAX persistent memory backed by one shared, 2 MiB-aligned copy per
+ * layer digest (`[vm] pmem`; {@link MicrovmDriver.pmemFor}, qemu.ts pmemLayout), or as
+ * read-only virtio-blk disks; a virtio-balloon with free-page reporting (`[vm] balloon`)
+ * returns the pages the guest frees.
+ *
  * Machine snapshots ({@link MicrovmDriver.snapshotMachine}): the VM is stopped (QMP
  * `stop`, which drains and flushes its disks), its writable disk copied (a reflink where
  * the filesystem has them) and its RAM and device state streamed by QMP `migrate` to a
@@ -31,13 +36,13 @@
  * and feeds it the stream through `migrate-incoming` on a socket in its own dir; the
  * guest resumes where it stopped and dsecd's new mux session takes over the agent port.
  *
- * Not built yet (issue 9, later steps): pmem/DAX sharing of layers, the balloon.
- * `withWritableLayer` (commit, filesystem snapshots) answers FailedPrecondition: the
- * writable layer is an ext4 image, not a host directory.
+ * Not built yet: pruning of the pmem copies. `withWritableLayer` (commit, filesystem
+ * snapshots) answers FailedPrecondition: the writable layer is an ext4 image, not a
+ * host directory.
  */
 import { accessSync, constants as fsConstants, createReadStream, createWriteStream, readFileSync, readlinkSync, statSync } from 'node:fs';
 import { createHash, randomBytes } from 'node:crypto';
-import { chmod, chown, mkdir, open, readFile, readdir, rename, rm, stat, writeFile } from 'node:fs/promises';
+import { chmod, chown, copyFile, mkdir, open, readFile, readdir, rename, rm, stat, truncate, writeFile } from 'node:fs/promises';
 import net from 'node:net';
 import path from 'node:path';
 import { Transform } from 'node:stream';
@@ -68,7 +73,7 @@ import { extractPvhKernel, kernelRelease } from './kmod.js';
 import { QmpClient } from './qmp.js';
 import {
   MICROVM_MAX_LAYERS, MICROVM_MIN_MEMORY_BYTES, hostTscKhz, isVmmOf, probeKvmCached, cachedKvmVerdict, qemuArgs, qemuRuntimePaths, spawnVmm, tailFile, vmPaths,
-  vmmOfDir, vmmOverheadBytes, type Accel, type KvmVerdict, type VmmConfinement,
+  vmmOfDir, vmmOverheadBytes, pmemLayout, alignUp, PMEM_ALIGN_BYTES, type Accel, type KvmVerdict, type VmmConfinement, type PmemLayer, type PmemLayout,
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
@@ -145,6 +150,8 @@ export class MicrovmDriver implements SandboxDriver {
   private readonly qmps = new Map<string, Promise<QmpClient>>();
   /** Layer digests each live microVM has attached (the blob cache must not evict them). */
   private readonly blobs = new Map<string, string[]>();
+  /** Per VM: the persistent-memory layout of its current boot (null: layers are disks). */
+  protected readonly pmemLayouts = new Map<string, PmemLayout | null>();
   protected platformP: Promise<Platform> | null = null;
   /**
    * Per VM: whether its vCPUs should run: what the last successful `stop`/`cont` asked
@@ -366,11 +373,14 @@ export class MicrovmDriver implements SandboxDriver {
     const paths = vmPaths(dir);
     const plat = restore ? await this.restorePlatform(restore) : await this.platform();
     const layers: string[] = [];
-    this.blobs.set(sb.id, this.attachedLayers(sb));
-    for (const dg of this.attachedLayers(sb)) layers.push(await this.d.blobPath(dg));
+    const digests = this.attachedLayers(sb);
+    this.blobs.set(sb.id, digests);
+    for (const dg of digests) layers.push(await this.d.blobPath(dg));
     for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
+    const pmem = await this.pmemFor(sb, plat, digests, layers, guestMiB);
+    this.pmemLayouts.set(sb.id, pmem);
     await this.d.cgroups.create(sb.id, {
       cpuQuotaUs: Math.max(1000, Math.round(sb.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US,
       cpuShares: sb.priority === 'batch' ? BATCH_CPU_SHARES : null,
@@ -385,10 +395,11 @@ export class MicrovmDriver implements SandboxDriver {
     const args = [...await this.qemuCommand(sb, plat, layers, guestMiB), ...(restore ? ['-incoming', 'defer'] : [])];
     const spec: MachineSpec = {
       accel: plat.accel, memoryMiB: guestMiB, vcpus: Math.max(1, Math.ceil(sb.cpus)), kernel: plat.kernel, initrd: plat.initramfs.path,
-      tscKhz: plat.tscKhz, layers: this.attachedLayers(sb),
+      tscKhz: plat.tscKhz, layers: digests,
     };
     await writeFile(paths.machine, JSON.stringify(spec), { mode: 0o600 });
-    const confine = await this.confinement(sb, plat, layers);
+    // With pmem the VMM maps the aligned copies, never the blobs.
+    const confine = await this.confinement(sb, plat, pmem ? pmem.nodes.flatMap((n) => (n.file ? [n.file] : [])) : layers);
     let child: ChildProcess;
     try {
       child = spawnVmm({
@@ -457,6 +468,56 @@ export class MicrovmDriver implements SandboxDriver {
     }
   }
 
+  /**
+   * The persistent-memory layout of one boot ({@link pmemLayout}), or null when its layers
+   * go in as disks: `[vm] pmem = false`, a backend other than microvm, no layers, or RAM
+   * plus layers beyond what microvm maps below 4 GiB. Makes the aligned layer copies it
+   * needs ({@link pmemCopy}).
+   */
+  protected async pmemFor(sb: SandboxRecord, plat: Platform, digests: string[], blobs: string[], guestMiB: number): Promise<PmemLayout | null> {
+    if (!this.d.vm.pmem || this.backend !== 'microvm' || digests.length === 0) return null;
+    const sizes = await Promise.all(blobs.map(async (b) => (await stat(b)).size));
+    const fits = pmemLayout(guestMiB, sizes.map((n) => ({ file: '', sizeBytes: pmemFileBytes(n) })), plat.initramfs.sizeBytes);
+    if (!fits) {
+      this.d.log.info({ id: sb.id, guestMiB, layerBytes: sizes }, 'guest RAM plus layers exceed what microvm maps below 4 GiB: layers go in as disks');
+      return null;
+    }
+    const files: PmemLayer[] = [];
+    for (let i = 0; i < digests.length; i++) files.push({ file: await this.pmemCopy(digests[i], blobs[i], sizes[i]), sizeBytes: pmemFileBytes(sizes[i]) });
+    return pmemLayout(guestMiB, files, plat.initramfs.sizeBytes);
+  }
+
+  /**
+   * The 2 MiB-aligned copy of one layer blob that VMs map as persistent memory:
+   * `<root>/vm/pmem/<digest hex>.img`, the blob's bytes then zeros up to
+   * {@link pmemFileBytes} (sparse), mode 0644 (an unprivileged VMM opens it; it holds an
+   * image layer, nothing secret). Made once per digest (a reflink where the filesystem
+   * can, else a copy; written under a temp name and renamed) and shared by every VM of the
+   * layer, so the host page cache holds its bytes once.
+   * @throws Error from the filesystem (no space, …).
+   */
+  protected pmemCopy(digest: string, blob: string, blobBytes: number): Promise<string> {
+    const file = path.join(this.d.root, 'vm', 'pmem', `${digest.replace(/^sha256:/, '')}.img`);
+    let p = pmemInflight.get(file);
+    if (!p) {
+      p = (async () => {
+        const want = pmemFileBytes(blobBytes);
+        const have = await stat(file).catch(() => null);
+        if (have?.isFile() && have.size === want) return file;
+        await mkdir(path.dirname(file), { recursive: true, mode: 0o700 });
+        const tmp = `${file}.tmp${process.pid}`;
+        await copyFile(blob, tmp, fsConstants.COPYFILE_FICLONE);
+        await truncate(tmp, want);
+        await chmod(tmp, 0o644);
+        await rename(tmp, file);
+        this.d.log.info({ digest, file, bytes: want }, 'made the aligned pmem copy of a layer');
+        return file;
+      })().finally(() => pmemInflight.delete(file));
+      pmemInflight.set(file, p);
+    }
+    return p;
+  }
+
   /** Kernel modules of the guest's initramfs (the vm tier adds the PCI transport). */
   protected guestModules(): readonly string[] {
     return GUEST_MODULES;
@@ -477,6 +538,7 @@ export class MicrovmDriver implements SandboxDriver {
     return qemuArgs({
       id: sb.id, dir: this.dir(sb.id), kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
       vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
+      pmem: this.pmemLayouts.get(sb.id) ?? null, balloon: this.d.vm.balloon,
     });
   }
 
@@ -711,6 +773,7 @@ export class MicrovmDriver implements SandboxDriver {
     await this.killVmm(sb.id, pid);
     await this.dropConnections(sb.id);
     this.blobs.delete(sb.id);
+    this.pmemLayouts.delete(sb.id);
     await this.d.cgroups.remove(sb.id);
     const p = vmPaths(dir);
     for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, p.migrate]) await rm(f, { force: true });
@@ -721,6 +784,7 @@ export class MicrovmDriver implements SandboxDriver {
     fp.hit('destroy.after-kill');
     await this.dropConnections(sb.id);
     this.blobs.delete(sb.id);
+    this.pmemLayouts.delete(sb.id);
     fp.hit('destroy.after-runtime');
     fp.hit('destroy.after-rootfs');
     await this.d.cgroups.killAll(sb.id).catch(() => {});
@@ -880,7 +944,7 @@ export class MicrovmDriver implements SandboxDriver {
       memory_before_bytes: before.memoryBytes, memory_after_bytes: after.memoryBytes,
       file_before_bytes: before.memoryCacheBytes, file_after_bytes: after.memoryCacheBytes,
       anon_bytes: after.memoryAnonBytes, reclaimed_bytes: Math.max(0, before.memoryBytes - after.memoryBytes), swap,
-      note: `the VM's vCPUs are stopped (QMP stop); the VMM's page cache was reclaimed; guest RAM is QEMU's anonymous memory${swap ? ', swapped out under pressure' : ' and stays resident (no swap on this host; the balloon is not built yet)'}`,
+      note: `the VM's vCPUs are stopped (QMP stop); the VMM's page cache was reclaimed; guest RAM is QEMU's anonymous memory${swap ? ', swapped out under pressure' : ' and stays resident (no swap on this host; free-page reporting returns only what the guest frees)'}`,
     };
   }
 
@@ -1137,6 +1201,14 @@ export class MicrovmDriver implements SandboxDriver {
   async close(): Promise<void> {
     for (const id of new Set([...this.agents.keys(), ...this.endpoints.keys(), ...this.qmps.keys()])) await this.dropConnections(id);
   }
+}
+
+/** Aligned pmem copies being made, by file (one copy per digest at a time). */
+const pmemInflight = new Map<string, Promise<string>>();
+
+/** Size of a layer's pmem copy for a blob of `blobBytes`: rounded up to 2 MiB, plus the 2 MiB reserved hole that keeps adjacent layers apart (qemu.ts pmemLayout). */
+export function pmemFileBytes(blobBytes: number): number {
+  return alignUp(Math.max(1, blobBytes), PMEM_ALIGN_BYTES) + PMEM_ALIGN_BYTES;
 }
 
 function sleep(ms: number): Promise<void> {

@@ -21,9 +21,13 @@
  *      the kernel command line are passed to `insmod virtio_mmio` (module parameters on
  *      the command line are applied by modprobe, not by the kernel, for a module);
  *   3. waits for the disks by their virtio-blk serial: `l0`…`l<N-1>` the image's EROFS
- *      layers (read-only, lowest first), `rw` the writable disk (ext4, formatted by
- *      dsecd), and for the virtio-serial ports `dsec.agent` (the mux) and `dsec.log`;
- *   4. mounts every layer read-only, the writable disk, and an overlay of them on
+ *      layers (read-only, lowest first) — or, with `dsec.pmem=1`, for `/dev/pmem0`…
+ *      `/dev/pmem<N-1>` (the layers as persistent memory, qemu.ts pmemLayout) —, `rw` the
+ *      writable disk (ext4, formatted by dsecd), and for the virtio-serial ports
+ *      `dsec.agent` (the mux) and `dsec.log`;
+ *   4. mounts every layer read-only (a pmem layer with `dax=always`: file reads and
+ *      mappings go straight to the host's shared pages, no guest page cache), the
+ *      writable disk, and an overlay of them on
  *      /newroot (upper/work dirs on the writable disk; the container tier's options);
  *   5. moves /dev, /proc, /sys into the new root, mounts devpts and /dev/shm, copies the
  *      agent to /dev/.dsec-agent (devtmpfs: never the writable layer, as in containers),
@@ -43,16 +47,18 @@ import { failedPrecondition } from '../../errors.js';
 import { builtinModules, indexModules, moduleName, readModuleFile, resolveModules, type KernelModule } from './kmod.js';
 
 /** Bumped whenever the archive layout or the init script's contract changes. */
-export const INITRAMFS_BUILDER_VERSION = 2;
+export const INITRAMFS_BUILDER_VERSION = 3;
 
 /**
  * Modules the guest needs, beyond what Debian's kernel has built in: the virtio-mmio
  * transport and rings, the console (virtio-serial ports: the agent mux and log), block
  * devices (layers and the writable disk), EROFS (layers), overlayfs (the rootfs), ext4
  * (the writable disk) and crc32c (ext4 and jbd2 metadata checksums; a soft dependency
- * that is not pulled in by `depends=`).
+ * that is not pulled in by `depends=`); then the layers as persistent memory (nd_e820 serves
+ * the `memmap=…!…` ranges, nd_pmem makes them DAX-capable /dev/pmemN; libnvdimm comes as
+ * their dependency; qemu.ts pmemLayout) and virtio_balloon (free-page reporting).
  */
-export const GUEST_MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay', 'crc32c_generic', 'ext4'] as const;
+export const GUEST_MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay', 'crc32c_generic', 'ext4', 'nd_e820', 'nd_pmem', 'virtio_balloon'] as const;
 
 /** Busybox applets `/init` calls by name: symlinks to /bin/busybox in the archive. */
 const APPLETS = ['sh', 'mount', 'umount', 'insmod', 'mkdir', 'ln', 'cp', 'chmod', 'sleep', 'switch_root', 'reboot', 'sync', 'hostname', 'ip', 'cat'];
@@ -201,6 +207,7 @@ mount -t devtmpfs -o nosuid devtmpfs /dev || fail "mount /dev"
 
 mmio=""
 layers=0
+pmem=0
 probe=0
 host=dsec
 root=""
@@ -212,6 +219,7 @@ for a in $(cat /proc/cmdline); do
   case "$a" in
     virtio_mmio.device=*) mmio="$mmio device=\${a#virtio_mmio.device=}" ;;
     dsec.layers=*) layers="\${a#dsec.layers=}" ;;
+    dsec.pmem=1) pmem=1 ;;
     dsec.hostname=*) host="\${a#dsec.hostname=}" ;;
     dsec.probe=1) probe=1 ;;
     dsec.root=*) root="\${a#dsec.root=}" ;;
@@ -252,10 +260,16 @@ else
   i=0
   lower=""
   while [ "$i" -lt "$layers" ]; do
-    wait_for "layer disk l$i" "dev_by_serial l$i >/dev/null"
-    dev=$(dev_by_serial "l$i")
     mkdir -p "/l/$i"
-    mount -t erofs -o ro "$dev" "/l/$i" || fail "mount layer $i ($dev) as erofs"
+    if [ "$pmem" = 1 ]; then
+      # Regions are numbered in address order, which is layer order (qemu.ts pmemLayout).
+      wait_for "layer pmem$i" "[ -b /dev/pmem$i ]"
+      mount -t erofs -o ro,dax=always "/dev/pmem$i" "/l/$i" || fail "mount layer $i (/dev/pmem$i) as erofs with dax"
+    else
+      wait_for "layer disk l$i" "dev_by_serial l$i >/dev/null"
+      dev=$(dev_by_serial "l$i")
+      mount -t erofs -o ro "$dev" "/l/$i" || fail "mount layer $i ($dev) as erofs"
+    fi
     lower="/l/$i\${lower:+:$lower}"
     i=$((i + 1))
   done

@@ -981,6 +981,7 @@ export class MicrovmDriver implements SandboxDriver {
   private async incoming(sb: SandboxRecord, ctx: BootContext, r: MachineRestore): Promise<void> {
     const sock = vmPaths(this.dir(sb.id)).migrate;
     const qmpOpts = { timeoutMs: this.d.vm.qmpTimeoutMs };
+    await ctx.step(ctx.qmp.execute('migrate-set-capabilities', { capabilities: IGNORE_SHARED }, qmpOpts));
     await ctx.step(ctx.qmp.execute('migrate-incoming', { uri: `unix:${sock}` }, qmpOpts));
     // QEMU listens once migrate-incoming has answered.
     const conn = await ctx.step(connectUnix(sock));
@@ -1116,6 +1117,7 @@ export class MicrovmDriver implements SandboxDriver {
       const owner = procOwner(sb.initPid!);
       if (owner) await chown(sock, owner.uid, owner.gid);
       await chmod(sock, 0o600);
+      await this.qmpRun(sb, 'migrate-set-capabilities', { capabilities: IGNORE_SHARED });
       await this.qmpRun(sb, 'migrate-set-parameters', { 'max-bandwidth': MIGRATE_MAX_BANDWIDTH });
       await this.qmpRun(sb, 'migrate', { uri: `unix:${sock}` });
       const deadline = Date.now() + MIGRATE_TIMEOUT_MS;
@@ -1210,6 +1212,15 @@ const pmemInflight = new Map<string, Promise<string>>();
 export function pmemFileBytes(blobBytes: number): number {
   return alignUp(Math.max(1, blobBytes), PMEM_ALIGN_BYTES) + PMEM_ALIGN_BYTES;
 }
+
+/**
+ * Migration capability set on both ends of a machine snapshot: RAM blocks backed by a
+ * shared file (`share=on`: the pmem layers' aligned copies) are neither written to the
+ * state nor loaded from it; the restoring QEMU maps the same read-only copy. Without it
+ * the stream would carry every layer, and loading it would write into the read-only
+ * mapping (QEMU dies of SIGSEGV).
+ */
+const IGNORE_SHARED = [{ capability: 'x-ignore-shared', state: true }];
 
 function sleep(ms: number): Promise<void> {
   return new Promise((r) => setTimeout(r, ms));

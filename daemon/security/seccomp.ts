@@ -303,17 +303,56 @@ export function reloadProfile(path: string = defaultProfilePath()): SeccompProfi
 let loadedFrom: { file: string; sha256: string } | null = null;
 
 /**
- * The profile in force: its file, the sha256 of its text and how many syscall names it
- * denies (loads the default one if none was loaded yet).
+ * Syscalls a profile should deny unconditionally for dsec's isolation claims to hold
+ * (docs/SECURITY.md): kernel attack surface any uid reaches (bpf, userfaultfd,
+ * perf_event_open, io_uring, keyrings), the mount family, kernel replacement and
+ * modules, file handles, and reading other processes. A profile may lack some (an
+ * operator's choice: e.g. allowing ptrace for debuggers): it is loaded, with a warning
+ * naming what is missing ({@link profileInfo}).
  */
-export function profileInfo(): { file: string; sha256: string; denied: number } {
+export const CORE_DENIALS = [
+  'bpf', 'mount', 'umount2', 'move_mount', 'open_tree', 'fsopen', 'fsmount', 'fspick', 'pivot_root',
+  'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module',
+  'keyctl', 'add_key', 'request_key', 'open_by_handle_at', 'userfaultfd', 'perf_event_open',
+  'io_uring_setup', 'ptrace', 'process_vm_readv', 'process_vm_writev', 'setns',
+] as const;
+
+/** The {@link CORE_DENIALS} names `p` does not deny unconditionally (no rule without args whose action is not ALLOW/LOG). */
+export function missingCoreDenials(p: SeccompProfile): string[] {
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG' && !r.args?.length).flatMap((r) => r.names));
+  return CORE_DENIALS.filter((n) => !denied.has(n));
+}
+
+/** What {@link profileInfo} reports. */
+export interface ProfileInfo {
+  /** The data file the profile in force was loaded from. */
+  file: string;
+  /** sha256 of its text as loaded, hex. */
+  sha256: string;
+  /** Distinct syscall names denied by some rule (unconditionally or by argument). */
+  denied: number;
+  /** {@link CORE_DENIALS} names the profile does not deny unconditionally; empty for the shipped default. */
+  missing_core: string[];
+  /** Human-readable warnings (one when `missing_core` is not empty). */
+  warnings: string[];
+}
+
+/**
+ * The profile in force: its file, the sha256 of its text, how many syscall names it
+ * denies and which core denials it lacks (loads the default one if none was loaded yet).
+ */
+export function profileInfo(): ProfileInfo {
   const p = defaultProfile();
   if (!loadedFrom) {
     const f = defaultProfilePath();
     loadedFrom = { file: f, sha256: createHash('sha256').update(readFileSync(f)).digest('hex') };
   }
-  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW').flatMap((r) => r.names)).size;
-  return { ...loadedFrom, denied };
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG').flatMap((r) => r.names)).size;
+  const missing = missingCoreDenials(p);
+  const warnings = missing.length
+    ? [`seccomp profile ${loadedFrom.file} does not deny ${missing.length} of the ${CORE_DENIALS.length} core syscalls: ${missing.join(', ')}; sandboxes can call them`]
+    : [];
+  return { ...loadedFrom, denied, missing_core: missing, warnings };
 }
 
 /** Every syscall name the profile denies unconditionally (for reports and tests). */

@@ -137,13 +137,31 @@ export type SeccompProfile = z.infer<typeof SeccompProfileSchema>;
 export type SeccompRule = z.infer<typeof Rule>;
 
 /**
+ * Syscalls an override may not deny: what runc's init (between installing the filter and
+ * exec'ing the agent: the Go runtime's futex, signals, memory) and the agent (exec of
+ * every command, its epoll loop over pipes and its socket, reaping children) cannot run
+ * without. Denying one would make every start fail with an opaque runtime error; the
+ * sandbox could not run anything. Not exhaustive (a sandbox that denies `openat` breaks
+ * its own programs, which is its business), but it covers the calls that break the
+ * sandbox itself rather than what runs in it.
+ */
+export const RUNTIME_SYSCALLS: ReadonlySet<string> = new Set([
+  'execve', 'execveat', 'exit', 'exit_group', 'rt_sigreturn', 'rt_sigaction', 'rt_sigprocmask', 'sigaltstack', 'futex',
+  'mmap', 'munmap', 'mprotect', 'brk', 'read', 'write', 'close', 'clone', 'wait4', 'waitid',
+  'epoll_create1', 'epoll_ctl', 'epoll_wait', 'epoll_pwait', 'recvmsg', 'sendmsg', 'fcntl', 'dup2', 'dup3', 'pipe2',
+]);
+
+/**
  * Per-image or per-sandbox change to the default profile. `allow`: drop every denial of
  * these syscalls (all rules naming them, including argument-conditioned ones: allowing
- * `ioctl` lifts every ioctl denial). `deny`: add an unconditional EPERM denial.
+ * `ioctl` lifts every ioctl denial). `deny`: add an unconditional EPERM denial; names in
+ * {@link RUNTIME_SYSCALLS} are refused (InvalidArgument at the API).
  */
 export const SeccompOverrideSchema = z.object({
   allow: z.array(SyscallName).max(512).optional(),
-  deny: z.array(SyscallName).max(512).optional(),
+  deny: z.array(SyscallName.superRefine((n, ctx) => {
+    if (RUNTIME_SYSCALLS.has(n)) ctx.addIssue({ code: 'custom', message: `${n} cannot be denied: runc's init and the sandbox agent need it (the sandbox could not start or run anything)` });
+  })).max(512).optional(),
 }).strict();
 export type SeccompOverride = z.infer<typeof SeccompOverrideSchema>;
 

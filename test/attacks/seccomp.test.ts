@@ -196,6 +196,11 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     check(await run()); // the spec is rebuilt from the stored override
     await d.client.deleteSandbox(sb.id, { force: true });
     await expect(d.client.createSandbox({ image: 'busybox', seccomp: { allow: ['Not A Syscall'] } })).rejects.toMatchObject({ code: 'InvalidArgument' });
+    // Denying what the runtime needs is the caller's mistake, said as such (not a failed start).
+    await expect(d.client.createSandbox({ image: 'busybox', seccomp: { deny: ['execve'] } })).rejects.toMatchObject({ code: 'InvalidArgument', message: expect.stringMatching(/execve cannot be denied/) });
+    const cli = await runCli(d, ['create', '--seccomp-deny', 'execve']);
+    expect(cli.code).not.toBe(0);
+    expect(cli.stderr).toMatch(/execve cannot be denied/);
   }, 120_000);
 
   it('an fncall call: the same denials (runc filter plus the agent\'s own), ordinary programs run', async () => {

@@ -36,6 +36,13 @@
  *   from reaching anything outside: a task's grader may run in the same sandbox, at the
  *   same uid, and must not have its memory read. An image that needs gdb or strace gets
  *   `allow: ["ptrace"]`.
+ * - **Socket families** are checked on socket's argument 0: AF_VSOCK and every family
+ *   from 39 up (SCMP_CMP_GE on all 64 bits, so high bits cannot hide one), and a list of
+ *   unused, module-loaded families (MASKED_EQ on the low 32 bits: the kernel reads an
+ *   int). vsock is not per network namespace, and the eBPF sock_create hook sees only
+ *   inet sockets. On i386 libseccomp turns these rules into socketcall(SYS_SOCKET)
+ *   without the family (its arguments are in memory), which denies socket() through
+ *   socketcall outright; the direct i386 socket syscall gets the family checks.
  * - **Nested user namespaces** (unshare/clone with CLONE_NEWUSER) and setns are denied;
  *   clone3 returns ENOSYS (its flags are in memory, which seccomp cannot read), so libc
  *   falls back to clone, whose flags are checked.

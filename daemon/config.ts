@@ -474,6 +474,12 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
   if ((pool.base ?? 2 ** 31) + (pool.size ?? 2 ** 30) > 2 ** 32 - 1) {
     throw invalidArgument(`config ${file}: uid_pool base + size must stay below 2^32-1 (4294967295), the largest valid uid`);
   }
+  // The TTL clamp is [ttl_min_s, ttl_max_s]: a minimum above the maximum has no meaning
+  // (which bound wins would be an accident of the code), so it is refused.
+  const ttlMin = fc.network?.ttl_min_s ?? 30, ttlMax = fc.network?.ttl_max_s ?? 3600;
+  if (ttlMin > ttlMax) {
+    throw invalidArgument(`config ${file}: network.ttl_min_s (${ttlMin}) must not exceed network.ttl_max_s (${ttlMax}${fc.network?.ttl_max_s === undefined ? ', the default' : ''})`);
+  }
   const builder = { enabled: fc.builder?.enabled ?? true, base: fc.builder?.base ?? DEFAULT_BUILDER_RANGE.base, size: fc.builder?.size ?? DEFAULT_BUILDER_RANGE.size };
   try {
     if (builder.enabled) checkBuilderRange(builder, { base: pool.base ?? 2 ** 31, size: pool.size ?? 2 ** 30 });
@@ -539,8 +545,8 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       upstreamDns: fc.network?.upstream_dns ?? ['10.0.2.3'],
       hostResolvers: fc.network?.host_resolvers ?? null,
       policyDir: path.resolve(fc.network?.policy_dir ?? '/etc/dsec/network-policies'),
-      ttlMinS: fc.network?.ttl_min_s ?? 30,
-      ttlMaxS: Math.max(fc.network?.ttl_max_s ?? 3600, fc.network?.ttl_min_s ?? 30),
+      ttlMinS: ttlMin,
+      ttlMaxS: ttlMax,
     },
     images: {
       store: path.resolve(fc.images?.store ?? path.join(root, 'images')),

@@ -52,7 +52,7 @@ import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
-import { profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
+import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
 import { UpperStore } from './storage/store.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
@@ -211,7 +211,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     } catch (e) {
       throw invalidArgument((e as Error).message);
     }
-    return profileInfo();
+    const info = profileInfo();
+    for (const w of info.warnings) log.warn({ file: info.file, missing_core: info.missing_core }, w);
+    return info;
   };
   loadSeccomp();
   const agentSource = agentBinaryPath();
@@ -467,7 +469,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         seccompInfo: () => profileInfo(),
         reloadSeccomp: () => {
           const info = loadSeccomp();
-          repo.event('security.seccomp_reloaded', null, `${info.file} sha256=${info.sha256.slice(0, 12)} denied=${info.denied}`);
+          repo.event('security.seccomp_reloaded', null, `${info.file} sha256=${info.sha256.slice(0, 12)} denied=${info.denied}${info.missing_core.length ? ` missing_core=${info.missing_core.join(',')}` : ''}`);
           return info;
         },
       },
@@ -512,7 +514,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
-            seccomp: { enforced: true, detail: `profile ${profileInfo().file} (sha256 ${profileInfo().sha256.slice(0, 12)}, ${profileInfo().denied} syscalls denied) on every container sandbox and fncall worker; the shipped default denies bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, nested user namespaces and XFS_IOC_SWAPEXT and other swap/freeze/shutdown ioctls` },
+            seccomp: ((i) => ({
+              enforced: i.denied > 0,
+              detail: `profile ${i.file} (sha256 ${i.sha256.slice(0, 12)}) on every container sandbox and fncall worker: `
+                + (i.denied === 0 ? 'it denies no syscall'
+                  : `${i.denied} syscalls denied; ${i.missing_core.length ? `lacks core denials: ${i.missing_core.join(', ')}` : `includes every core denial (${CORE_DENIALS.length}: bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, setns)`}`),
+            }))(profileInfo()),
             seccomp_denial_counting: seccompMonitor?.available
               ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
               : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },

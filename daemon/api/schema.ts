@@ -214,6 +214,8 @@ export const SeccompProfileInfo = z.object({
   file: z.string().describe('The profile data file ([security] seccomp_profile).'),
   sha256: z.string().describe('sha256 of the file as loaded, hex.'),
   denied: z.number().int().describe('Distinct syscall names the profile denies (unconditionally or by argument).'),
+  missing_core: z.array(z.string()).describe('Core syscalls (bpf, the mount family, keyctl, ptrace, ...) the profile does not deny unconditionally; empty for the shipped default.'),
+  warnings: z.array(z.string()).describe('Warnings about the profile, e.g. missing core denials; empty when none.'),
 });
 export type SeccompProfileInfo = z.infer<typeof SeccompProfileInfo>;
 

@@ -3,8 +3,9 @@
  * wire format): read a query's question, answer it with an error code, read the A/AAAA
  * and CNAME records and TTLs of an upstream answer, change a message's id, and build
  * queries and address answers (the latter for tests' fake upstreams). A forwarded
- * query or answer is passed through as the bytes it came as; only what dsec decides on
- * is decoded.
+ * query is rebuilt from its question alone ({@link upstreamQuery}) and the upstream's
+ * answer is mapped back to the client's id and question ({@link clientAnswer}); the
+ * answer's records pass through as the bytes they came as.
  *
  * Every parser throws {@link DnsFormatError} on a message the library cannot decode
  * (too short, truncated, a compression-pointer loop, an unknown label type), so the
@@ -98,6 +99,60 @@ export function buildError(query: Buffer, rcode: number = RCODE.REFUSED): Buffer
   return dnsPacket.encode({
     type: 'response', id: p.id, flags: QR | (opcode << 11) | (p.flags & RD) | RA | (rcode & 0xf), questions: [p.questions[0]],
   });
+}
+
+/** ASCII-lowercases the name of a wire question (all but its last 4 bytes, type and class) in place; length bytes (<= 63) are below 'A'. */
+function lowerName(q: Buffer): Buffer {
+  for (let i = 0; i < q.length - 4; i++) if (q[i] >= 0x41 && q[i] <= 0x5a) q[i] += 0x20;
+  return q;
+}
+
+/**
+ * The query dsec sends upstream for a client's `query`: built from its first question
+ * only, with a new `id`, flags RD alone, the name lowercased, and no answer, authority
+ * or additional records (no EDNS). Nothing the client chose besides the question's
+ * name, type and class reaches the upstream: not its id, the case of its name (0x20
+ * bits), its flags, EDNS options, extra records or trailing bytes (each a covert
+ * channel to whoever watches the upstream's traffic).
+ * @param id 0-65535, random per query (the answer must echo it).
+ * @returns the message, and the question's length in bytes (name, type, class), which
+ *   {@link clientAnswer} needs.
+ * @throws DnsFormatError when the query has no question, or its question does not
+ *   survive a decode/encode round trip byte for byte up to case (a compressed name, a
+ *   label holding a dot or bytes that are not UTF-8): such a name could not be mapped
+ *   back safely.
+ */
+export function upstreamQuery(query: Buffer, id: number): { msg: Buffer; questionBytes: number } {
+  const p = decode(query);
+  const q = p.questions?.[0];
+  if (!q) throw new DnsFormatError('no question');
+  const msg = dnsPacket.encode({ type: 'query', id: id & 0xffff, flags: RD, questions: [{ type: q.type, class: q.class, name: q.name.toLowerCase() } as dnsPacket.Question] });
+  const len = msg.length - HEADER;
+  const theirs = lowerName(Buffer.from(query.subarray(HEADER, HEADER + len)));
+  lowerName(msg.subarray(HEADER));
+  if (theirs.length !== len || !theirs.equals(msg.subarray(HEADER))) throw new DnsFormatError('the question does not re-encode to the same bytes');
+  return { msg, questionBytes: len };
+}
+
+/**
+ * The upstream's `answer` to {@link upstreamQuery}`(query, id)` as the client gets it:
+ * the client's id, its RD bit and its question bytes (its own case) in place of the
+ * upstream's; flags, counts and records as the upstream sent them (compression
+ * pointers into the question stay valid: it has the same length and labels).
+ * @throws DnsFormatError when `answer` is not a response to that query: shorter than
+ *   header and question, another id, QR clear, not exactly one question, or another
+ *   question (compared up to case).
+ */
+export function clientAnswer(answer: Buffer, query: Buffer, up: { msg: Buffer; questionBytes: number }): Buffer {
+  const end = HEADER + up.questionBytes;
+  if (answer.length < end) throw new DnsFormatError('answer shorter than header and question');
+  if (answer.readUInt16BE(0) !== up.msg.readUInt16BE(0)) throw new DnsFormatError('answer id does not match the query');
+  if (!(answer.readUInt16BE(2) & QR) || answer.readUInt16BE(4) !== 1) throw new DnsFormatError('not a response to one question');
+  if (!lowerName(Buffer.from(answer.subarray(HEADER, end))).equals(up.msg.subarray(HEADER, end))) throw new DnsFormatError('answer is for another question');
+  const out = Buffer.concat([answer.subarray(0, HEADER), query.subarray(HEADER, end), answer.subarray(end)]);
+  out.writeUInt16BE(query.readUInt16BE(0), 0);
+  out.writeUInt16BE((answer.readUInt16BE(2) & ~RD) | (query.readUInt16BE(2) & RD), 2);
+  return out;
 }
 
 /** A copy of `msg` with its id replaced. */

@@ -338,12 +338,17 @@ export class SandboxNetworking {
   }
 
   /**
-   * Extra denials of open mode: DNS (53) and DNS over TLS (853) anywhere but the
-   * resolver (which the programs allow before any deny), so deny-host rules cannot be
-   * sidestepped by asking another server.
+   * Extra denials of open and allow mode: DNS (53) and DNS over TLS (853), TCP and UDP,
+   * anywhere but the resolver (which the programs allow before any deny, and deny wins
+   * over allow). Open mode: deny-host rules cannot be sidestepped by asking another
+   * server. Allow mode: a broad rule (0.0.0.0/0) does not open DNS to other servers
+   * either, so every name a sandbox looks up goes through the resolver, which forwards
+   * only allowed names and only their question (daemon/net/resolver-child.ts): no
+   * tunnel through queries to a server of the sandbox's choosing. A rule naming port 53
+   * or 853 explicitly gets no exception: DNS is the resolver's.
    */
   private extraDeny(mode: 'none' | 'allow' | 'open'): { prefix: Prefix; ports: PortRange[] }[] {
-    if (mode !== 'open') return [];
+    if (mode === 'none') return [];
     const ports = [{ lo: 53, hi: 53, protos: PROTO_ANY }, { lo: 853, hi: 853, protos: PROTO_ANY }];
     return ['0.0.0.0/0', '::/0'].map((p) => ({ prefix: parsePrefix(p), ports }));
   }

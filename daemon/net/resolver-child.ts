@@ -5,7 +5,9 @@
  * it asks dsecd, which identifies the sandbox by the source address and answers refuse
  * or forward. A refused question is answered REFUSED here and never leaves the process,
  * so a name that is not allowed cannot carry data out. A forwarded one goes to the
- * upstream (UDP, or TCP for TCP clients), and when dsecd asked for it, the answer's
+ * upstream (UDP, or TCP for TCP clients) as a query rebuilt from the question alone
+ * (new random id, lowercased name, no EDNS or other records: dnswire.upstreamQuery),
+ * and the answer is mapped back to the client's id and question; and when dsecd asked for it, the answer's
  * addresses are reported and the answer is held until dsecd confirms they are in the
  * sandbox's egress maps: a client can never learn an address before it may connect.
  *
@@ -18,7 +20,8 @@
  */
 import dgram from 'node:dgram';
 import net from 'node:net';
-import { buildError, parseAnswer, parseQuestion, RCODE } from './dnswire.js';
+import { randomInt } from 'node:crypto';
+import { buildError, clientAnswer, parseAnswer, parseQuestion, RCODE, upstreamQuery } from './dnswire.js';
 import type { ParentToChild, ChildToParent, VerdictMsg } from './resolver-ipc.js';
 
 /** How long one upstream gets to answer before the next is tried: 2 s (libc's default timeout is 5 s per attempt). */
@@ -107,13 +110,27 @@ async function handle(query: Buffer, src: string, tcp: boolean): Promise<Buffer 
     return query.length >= 12 ? Buffer.concat([query.subarray(0, 2), Buffer.from([0x80, RCODE.FORMERR, 0, 0, 0, 0, 0, 0, 0, 0])]) : null;
   }
   if (q.response) return null;
-  if (q.opcode !== 0 || q.qdcount !== 1) return buildError(query, RCODE.REFUSED);
+  // Class IN only: other classes (CHAOS version.bind and the like) are no sandbox's
+  // business, and each class value would be one more field a client picks.
+  if (q.opcode !== 0 || q.qdcount !== 1 || q.qclass !== 1) return buildError(query, RCODE.REFUSED);
+  let up;
+  try {
+    up = upstreamQuery(query, randomInt(0, 0x10000));
+  } catch {
+    return buildError(query, RCODE.REFUSED);
+  }
   const n = ++seq;
   const v = (await ask({ t: 'query', n, src, name: q.name, type: q.type })) as VerdictMsg | null;
   if (!v) return buildError(query, RCODE.SERVFAIL);
   if (v.action === 'refuse') return buildError(query, RCODE.REFUSED);
-  const ans = tcp ? await forwardTcp(query) : await forwardUdp(query);
-  if (!ans) return buildError(query, RCODE.SERVFAIL);
+  const raw = tcp ? await forwardTcp(up.msg) : await forwardUdp(up.msg);
+  if (!raw) return buildError(query, RCODE.SERVFAIL);
+  let ans: Buffer;
+  try {
+    ans = clientAnswer(raw, query, up);
+  } catch {
+    return buildError(query, RCODE.SERVFAIL);
+  }
   if (v.report) {
     let parsed;
     try {

@@ -23,7 +23,7 @@
  *   { "description": "...", "mode": "allow" | "open",
  *     "allow": [EgressRule...], "deny": [EgressRule...] }
  */
-import { existsSync, readdirSync, readFileSync } from 'node:fs';
+import { closeSync, constants as fsc, existsSync, fstatSync, openSync, readdirSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
@@ -107,12 +107,24 @@ export function readPolicyDirs(dirs: readonly string[]): { policies: Map<string,
     }
     for (const f of names) {
       const file = path.join(dir, f);
+      // Policy files are regular files of the directory itself: a symbolic link is
+      // refused unread (O_NOFOLLOW: ELOOP), so a link to a file elsewhere (a secret)
+      // cannot be read and quoted back in a parse error.
       let text: string;
+      let fd = -1;
       try {
-        text = readFileSync(file, 'utf8');
+        fd = openSync(file, fsc.O_RDONLY | fsc.O_NOFOLLOW | fsc.O_NONBLOCK);
+        if (!fstatSync(fd).isFile()) {
+          problems.push({ file, message: 'not a regular file; policy files must be regular files in the policy directory' });
+          continue;
+        }
+        text = readFileSync(fd, 'utf8');
       } catch (e) {
-        problems.push({ file, message: `cannot read: ${(e as Error).message}` });
+        const code = (e as NodeJS.ErrnoException).code;
+        problems.push({ file, message: code === 'ELOOP' ? 'a symbolic link; policy files must be regular files in the policy directory (links are not followed)' : `cannot read: ${(e as Error).message}` });
         continue;
+      } finally {
+        if (fd >= 0) closeSync(fd);
       }
       const p = parsePolicyFile(file, text);
       if ('message' in p) problems.push(p);
@@ -180,7 +192,11 @@ export class PolicySet {
     const r = readPolicyDirs(this.dirs);
     const problems = [...r.problems];
     for (const name of inUse) {
-      if (this.current.has(name) && !r.policies.has(name)) problems.push({ file: this.current.get(name)!.file, message: `policy ${name} is in use by a sandbox but its file is gone; restore it or change those sandboxes' network first` });
+      if (!this.current.has(name) || r.policies.has(name)) continue;
+      const file = this.current.get(name)!.file;
+      // A file with a problem of its own is there but invalid (its problem is listed); only a missing one is gone.
+      if (problems.some((p) => p.file === file)) problems.push({ file, message: `policy ${name} is in use by a sandbox and its file is invalid (see above); fix it, the version loaded before stays in force` });
+      else problems.push({ file, message: `policy ${name} is in use by a sandbox but its file is gone; restore it or change those sandboxes' network first` });
     }
     if (problems.length) {
       throw invalidArgument(`network policy reload refused, the policies loaded before stay in force: ${problems.map((p) => `${p.file}: ${p.message}`).join('; ')}`);

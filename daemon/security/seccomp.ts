@@ -36,6 +36,13 @@
  *   from reaching anything outside: a task's grader may run in the same sandbox, at the
  *   same uid, and must not have its memory read. An image that needs gdb or strace gets
  *   `allow: ["ptrace"]`.
+ * - **Socket families** are checked on socket's argument 0: AF_VSOCK and every family
+ *   from 39 up (SCMP_CMP_GE on all 64 bits, so high bits cannot hide one), and a list of
+ *   unused, module-loaded families (MASKED_EQ on the low 32 bits: the kernel reads an
+ *   int). vsock is not per network namespace, and the eBPF sock_create hook sees only
+ *   inet sockets. On i386 libseccomp turns these rules into socketcall(SYS_SOCKET)
+ *   without the family (its arguments are in memory), which denies socket() through
+ *   socketcall outright; the direct i386 socket syscall gets the family checks.
  * - **Nested user namespaces** (unshare/clone with CLONE_NEWUSER) and setns are denied;
  *   clone3 returns ENOSYS (its flags are in memory, which seccomp cannot read), so libc
  *   falls back to clone, whose flags are checked.
@@ -137,13 +144,31 @@ export type SeccompProfile = z.infer<typeof SeccompProfileSchema>;
 export type SeccompRule = z.infer<typeof Rule>;
 
 /**
+ * Syscalls an override may not deny: what runc's init (between installing the filter and
+ * exec'ing the agent: the Go runtime's futex, signals, memory) and the agent (exec of
+ * every command, its epoll loop over pipes and its socket, reaping children) cannot run
+ * without. Denying one would make every start fail with an opaque runtime error; the
+ * sandbox could not run anything. Not exhaustive (a sandbox that denies `openat` breaks
+ * its own programs, which is its business), but it covers the calls that break the
+ * sandbox itself rather than what runs in it.
+ */
+export const RUNTIME_SYSCALLS: ReadonlySet<string> = new Set([
+  'execve', 'execveat', 'exit', 'exit_group', 'rt_sigreturn', 'rt_sigaction', 'rt_sigprocmask', 'sigaltstack', 'futex',
+  'mmap', 'munmap', 'mprotect', 'brk', 'read', 'write', 'close', 'clone', 'wait4', 'waitid',
+  'epoll_create1', 'epoll_ctl', 'epoll_wait', 'epoll_pwait', 'recvmsg', 'sendmsg', 'fcntl', 'dup2', 'dup3', 'pipe2',
+]);
+
+/**
  * Per-image or per-sandbox change to the default profile. `allow`: drop every denial of
  * these syscalls (all rules naming them, including argument-conditioned ones: allowing
- * `ioctl` lifts every ioctl denial). `deny`: add an unconditional EPERM denial.
+ * `ioctl` lifts every ioctl denial). `deny`: add an unconditional EPERM denial; names in
+ * {@link RUNTIME_SYSCALLS} are refused (InvalidArgument at the API).
  */
 export const SeccompOverrideSchema = z.object({
   allow: z.array(SyscallName).max(512).optional(),
-  deny: z.array(SyscallName).max(512).optional(),
+  deny: z.array(SyscallName.superRefine((n, ctx) => {
+    if (RUNTIME_SYSCALLS.has(n)) ctx.addIssue({ code: 'custom', message: `${n} cannot be denied: runc's init and the sandbox agent need it (the sandbox could not start or run anything)` });
+  })).max(512).optional(),
 }).strict();
 export type SeccompOverride = z.infer<typeof SeccompOverrideSchema>;
 
@@ -303,17 +328,56 @@ export function reloadProfile(path: string = defaultProfilePath()): SeccompProfi
 let loadedFrom: { file: string; sha256: string } | null = null;
 
 /**
- * The profile in force: its file, the sha256 of its text and how many syscall names it
- * denies (loads the default one if none was loaded yet).
+ * Syscalls a profile should deny unconditionally for dsec's isolation claims to hold
+ * (docs/SECURITY.md): kernel attack surface any uid reaches (bpf, userfaultfd,
+ * perf_event_open, io_uring, keyrings), the mount family, kernel replacement and
+ * modules, file handles, and reading other processes. A profile may lack some (an
+ * operator's choice: e.g. allowing ptrace for debuggers): it is loaded, with a warning
+ * naming what is missing ({@link profileInfo}).
  */
-export function profileInfo(): { file: string; sha256: string; denied: number } {
+export const CORE_DENIALS = [
+  'bpf', 'mount', 'umount2', 'move_mount', 'open_tree', 'fsopen', 'fsmount', 'fspick', 'pivot_root',
+  'kexec_load', 'kexec_file_load', 'init_module', 'finit_module', 'delete_module',
+  'keyctl', 'add_key', 'request_key', 'open_by_handle_at', 'userfaultfd', 'perf_event_open',
+  'io_uring_setup', 'ptrace', 'process_vm_readv', 'process_vm_writev', 'setns',
+] as const;
+
+/** The {@link CORE_DENIALS} names `p` does not deny unconditionally (no rule without args whose action is not ALLOW/LOG). */
+export function missingCoreDenials(p: SeccompProfile): string[] {
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG' && !r.args?.length).flatMap((r) => r.names));
+  return CORE_DENIALS.filter((n) => !denied.has(n));
+}
+
+/** What {@link profileInfo} reports. */
+export interface ProfileInfo {
+  /** The data file the profile in force was loaded from. */
+  file: string;
+  /** sha256 of its text as loaded, hex. */
+  sha256: string;
+  /** Distinct syscall names denied by some rule (unconditionally or by argument). */
+  denied: number;
+  /** {@link CORE_DENIALS} names the profile does not deny unconditionally; empty for the shipped default. */
+  missing_core: string[];
+  /** Human-readable warnings (one when `missing_core` is not empty). */
+  warnings: string[];
+}
+
+/**
+ * The profile in force: its file, the sha256 of its text, how many syscall names it
+ * denies and which core denials it lacks (loads the default one if none was loaded yet).
+ */
+export function profileInfo(): ProfileInfo {
   const p = defaultProfile();
   if (!loadedFrom) {
     const f = defaultProfilePath();
     loadedFrom = { file: f, sha256: createHash('sha256').update(readFileSync(f)).digest('hex') };
   }
-  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW').flatMap((r) => r.names)).size;
-  return { ...loadedFrom, denied };
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG').flatMap((r) => r.names)).size;
+  const missing = missingCoreDenials(p);
+  const warnings = missing.length
+    ? [`seccomp profile ${loadedFrom.file} does not deny ${missing.length} of the ${CORE_DENIALS.length} core syscalls: ${missing.join(', ')}; sandboxes can call them`]
+    : [];
+  return { ...loadedFrom, denied, missing_core: missing, warnings };
 }
 
 /** Every syscall name the profile denies unconditionally (for reports and tests). */

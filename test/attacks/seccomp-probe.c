@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 #include <sys/syscall.h>
+#include <sys/socket.h>
 
 static const char *ename(int e)
 {
@@ -48,6 +49,15 @@ struct swapext {
 	char sx_pad[16];
 	char sx_stat[128]; /* struct xfs_bstat of the target before the copy */
 };
+
+/* socket(family, SOCK_STREAM or SOCK_DGRAM, 0), closed at once: creating it is all a probe does (nothing connects). */
+static long socket_probe(unsigned long family, int type)
+{
+	long fd = syscall(SYS_socket, family, type, 0);
+	if (fd >= 0)
+		close((int)fd);
+	return fd;
+}
 
 static long ioctl_probe(unsigned long cmd)
 {
@@ -131,6 +141,20 @@ int main(int argc, char **argv)
 		rc = syscall(SYS_syslog, 10 /* SYSLOG_ACTION_SIZE_BUFFER */, NULL, 0);
 	else if (!strcmp(n, "settimeofday"))
 		rc = syscall(SYS_settimeofday, NULL, NULL);
+	else if (!strcmp(n, "vsock")) /* AF_VSOCK = 40: not per network namespace */
+		rc = socket_probe(40, SOCK_STREAM);
+	else if (!strcmp(n, "vsock_hibits")) /* the kernel reads the family as an int */
+		rc = socket_probe(0x100000000UL | 40, SOCK_STREAM);
+	else if (!strcmp(n, "socket_tipc")) /* AF_TIPC = 30 */
+		rc = socket_probe(30, SOCK_DGRAM);
+	else if (!strcmp(n, "socket_rds")) /* AF_RDS = 21 */
+		rc = socket_probe(21, SOCK_SEQPACKET);
+	else if (!strcmp(n, "socket_unix")) /* control */
+		rc = socket_probe(AF_UNIX, SOCK_STREAM);
+	else if (!strcmp(n, "socket_inet")) /* control */
+		rc = socket_probe(AF_INET, SOCK_DGRAM);
+	else if (!strcmp(n, "socket_netlink")) /* control */
+		rc = socket_probe(AF_NETLINK, SOCK_DGRAM);
 	else if (!strcmp(n, "XFS_IOC_SWAPEXT"))
 		rc = ioctl_probe(0xc0c0586dUL);
 	else if (!strcmp(n, "XFS_IOC_SWAPEXT_HIBITS")) /* the kernel truncates cmd to 32 bits */

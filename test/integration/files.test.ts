@@ -137,5 +137,22 @@ describe.skipIf(!IS_ROOT)('files', () => {
     const bad = await req('PUT', '/archive?path=/copy', Buffer.concat(chunks), { type: 'application/x-tar' });
     expect(bad.status).toBe(400);
     expect((await d.client.exec(sb, { argv: ['ls', '/evil', '/copy/evil'] })).exit_code).not.toBe(0);
+
+    // Refused midway: the entries written before the bad one (a symlink, a directory and
+    // a file in it) are removed again; what was there before stays.
+    const mid = tarStream.pack();
+    mid.entry({ name: 'planted', type: 'symlink', linkname: '/etc' });
+    mid.entry({ name: 'newdir', type: 'directory' });
+    mid.entry({ name: 'newdir/f', type: 'file' }, 'data');
+    mid.entry({ name: 'x', type: 'directory' });
+    mid.entry({ name: 'dev', type: 'character-device', devmajor: 1, devminor: 3 });
+    mid.finalize();
+    const midChunks: Buffer[] = [];
+    for await (const c of mid) midChunks.push(c as Buffer);
+    const refused = await req('PUT', '/archive?path=/copy', Buffer.concat(midChunks), { type: 'application/x-tar' });
+    expect(refused.status).toBe(400);
+    expect(json(refused)).toMatchObject({ error: { code: 'InvalidArgument' } });
+    const left = await d.client.exec(sb, { argv: ['sh', '-c', 'ls -A /copy; ls -A /copy/x'] });
+    expect(left.stdout.toString()).toBe('x\n1\nlink\ny\n');
   });
 });

@@ -120,6 +120,25 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
     }
   });
 
+  it('direct DNS (53 and 853, TCP and UDP) reaches only the resolver, in allow mode with 0.0.0.0/0 as in open mode; AF_VSOCK is refused in both', async () => {
+    const want = { allow: ['rcode=5'], open: ['rcode=0', `A ${NET.other}`] };
+    for (const network of [{ mode: 'allow' as const, allow: [{ cidr: '0.0.0.0/0' }, { cidr: '::/0' }] }, { mode: 'open' as const }]) {
+      const sb = await d.client.createSandbox({ network });
+      try {
+        // Without the denial: udp 53 is sent ("ok"), tcp 53 and 853 are refused by the host (ECONNREFUSED).
+        const out = await probeIn(d, sb.id, [
+          `/tmp/p tcp ${NET.other} 443`, `/tmp/p udp ${NET.dns} 53`, `/tmp/p tcp ${NET.dns} 53`, `/tmp/p udp ${NET.dns} 853`, `/tmp/p tcp ${NET.other} 853`,
+          `/tmp/p dns ${GW} other.example`, '/tmp/p sock 40 stream 0',
+        ].join('; '));
+        // The resolver still answers (allow mode refuses a name no host rule names: rcode 5).
+        // AF_VSOCK (40), which no egress program sees, is refused by seccomp in these modes too.
+        expect(out, network.mode).toEqual(['ok other-https', 'EPERM', 'EPERM', 'EPERM', 'EPERM', ...want[network.mode], 'EPERM']);
+      } finally {
+        await d.client.deleteSandbox(sb.id, { force: true });
+      }
+    }
+  });
+
   it('host rules: dsecd resolves exact names; the resolver answers allowed names (wildcards too, pinned before the answer) and refuses the rest without forwarding', async () => {
     const before = upstream.lines.length;
     const sb = await d.client.createSandbox({ network: { mode: 'allow', allow: [{ host: 'pypi.org', ports: [443] }, { host: '*.pythonhosted.org', ports: [443] }] } });

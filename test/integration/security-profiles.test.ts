@@ -51,6 +51,8 @@ describe.skipIf(!IS_ROOT)('seccomp profile as a data file: validation and reload
     expect(info.file).toBe(profile);
     expect(info.sha256).toMatch(/^[0-9a-f]{64}$/);
     expect(info.denied).toBeGreaterThan(30);
+    expect(info.missing_core).toEqual([]);
+    expect(info.warnings).toEqual([]);
     const sb = await d.client.createSandbox({ image: 'busybox' });
     expect(await kcmp(sb.id)).toBe('kcmp ok');
     await d.client.deleteSandbox(sb.id, { force: true });
@@ -95,6 +97,48 @@ describe.skipIf(!IS_ROOT)('seccomp profile as a data file: validation and reload
     const third = await d.client.createSandbox({ image: 'busybox' });
     expect(await kcmp(third.id)).toBe('kcmp ok');
     for (const id of [old.id, fresh.id, third.id]) await d.client.deleteSandbox(id, { force: true });
+  });
+
+  it('a profile lacking core denials is loaded with a warning; host info and inspect say what the filter in force denies', async () => {
+    type Defences = Record<string, { enforced: boolean; detail: string }>;
+    const hostSeccomp = async () => ((await d.client.hostInfo()) as unknown as { defences: Defences }).defences.seccomp;
+    // No rules at all.
+    writeFileSync(profile, JSON.stringify({ defaultAction: 'SCMP_ACT_ALLOW', architectures: ['SCMP_ARCH_X86_64'], syscalls: [] }));
+    const empty = await d.client.reloadSeccompProfile();
+    expect(empty.denied).toBe(0);
+    expect(empty.missing_core).toContain('bpf');
+    expect(empty.missing_core).toContain('mount');
+    expect(empty.warnings).toHaveLength(1);
+    expect(empty.warnings[0]).toMatch(new RegExp(`^seccomp profile ${profile.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} does not deny 25 of the 25 core syscalls: bpf, mount,`));
+    expect(d.stderr).toContain('does not deny 25 of the 25 core syscalls');
+    expect(await hostSeccomp()).toEqual({ enforced: false, detail: `profile ${profile} (sha256 ${empty.sha256.slice(0, 12)}) on every container sandbox and fncall worker: it denies no syscall` });
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    expect((await d.client.getSandbox(sb.id)).defences!.seccomp).toEqual({ enforced: false, detail: 'a seccomp filter from seccomp.json that denies no syscall (no denying rules)' });
+    await d.client.deleteSandbox(sb.id, { force: true });
+    // `dsec host reload` prints the warning (and succeeds: the profile is valid).
+    const cli = await runCli(d, ['host', 'reload']);
+    expect(cli.stdout).toMatch(/seccomp: .* 0 syscalls denied\)/);
+    expect(cli.stderr).toMatch(/dsec: warning: seccomp profile .* does not deny 25 of the 25 core syscalls/);
+
+    // The shipped profile without ptrace: one core denial missing, named everywhere.
+    const noPtrace = JSON.parse(shipped);
+    for (const r of noPtrace.syscalls) r.names = r.names.filter((n: string) => n !== 'ptrace');
+    writeFileSync(profile, JSON.stringify(noPtrace));
+    const lax = await d.client.reloadSeccompProfile();
+    expect(lax.missing_core).toEqual(['ptrace']);
+    expect((await hostSeccomp()).detail).toMatch(/syscalls denied; lacks core denials: ptrace$/);
+    const sb2 = await d.client.createSandbox({ image: 'busybox' });
+    const def = (await d.client.getSandbox(sb2.id)).defences!.seccomp;
+    expect(def.enforced).toBe(true);
+    expect(def.detail).toMatch(/^\d+ rules from seccomp\.json, denying \d+ syscalls \(\d+ unconditionally\); denials answered and counted by the seccomp monitor; lacks core denials: ptrace$/);
+    await d.client.deleteSandbox(sb2.id, { force: true });
+
+    // The shipped profile: no warning, and host info says so.
+    writeFileSync(profile, shipped);
+    const ok = await d.client.reloadSeccompProfile();
+    expect(ok.warnings).toEqual([]);
+    expect(await hostSeccomp()).toMatchObject({ enforced: true });
+    expect((await hostSeccomp()).detail).toMatch(/\d+ syscalls denied; includes every core denial \(25:/);
   });
 
   it('dsecd refuses to start on a malformed profile, naming the file', async () => {

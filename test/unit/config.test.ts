@@ -33,6 +33,21 @@ describe('config', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+  it('refuses network.ttl_min_s above ttl_max_s (given or default)', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+    try {
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, '[network]\nttl_min_s = 600\nttl_max_s = 60\n');
+      expect(() => loadConfig({ config: f, env: {} })).toThrow(/network\.ttl_min_s \(600\) must not exceed network\.ttl_max_s \(60\)/);
+      writeFileSync(f, '[network]\nttl_min_s = 7200\n');
+      expect(() => loadConfig({ config: f, env: {} })).toThrow(/ttl_max_s \(3600, the default\)/);
+      writeFileSync(f, '[network]\nttl_min_s = 60\nttl_max_s = 60\n');
+      expect(loadConfig({ config: f, env: {} }).network).toMatchObject({ ttlMinS: 60, ttlMaxS: 60 });
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
   it('derives distinct instance names from roots', () => {
     expect(instanceNameFor('/var/lib/dsec')).toBe('default');
     const a = instanceNameFor('/tmp/a/dsec');

@@ -1,4 +1,4 @@
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
@@ -193,8 +193,26 @@ describe('network policy files', () => {
     writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '198.51.100.0/24' }] }));
     expect(s.reload(new Set())).toEqual({ changed: ['p'], loaded: ['p'], shadowed: [], warnings: [] });
     expect(s.require('p').allow).toEqual([{ cidr: '198.51.100.0/24' }]);
+    // In use and malformed: the file is there, and the refusal says it is invalid, not gone.
+    writeFileSync(path.join(dir, 'p.json'), '{ "mode": ');
+    let msg = '';
+    try { s.reload(new Set(['p'])); } catch (e) { msg = (e as Error).message; }
+    expect(msg).toMatch(/p\.json: not JSON/);
+    expect(msg).toMatch(/policy p is in use by a sandbox and its file is invalid/);
+    expect(msg).not.toMatch(/gone/);
     rmSync(path.join(dir, 'p.json'));
-    expect(() => s.reload(new Set(['p']))).toThrow(/in use by a sandbox/);
+    expect(() => s.reload(new Set(['p']))).toThrow(/policy p is in use by a sandbox but its file is gone/);
+    writeFileSync(path.join(dir, 'p.json'), JSON.stringify({ mode: 'allow', allow: [{ cidr: '198.51.100.0/24' }] }));
+    // A symbolic link to a file elsewhere is refused unread: nothing of its content is quoted.
+    const secret = path.join(mkdtempSync(path.join(os.tmpdir(), 'dsec-secret-')), 'shadow');
+    writeFileSync(secret, 'root:TOPSECRETHASH:19000:0:99999:7:::\n');
+    symlinkSync(secret, path.join(dir, 'leak.json'));
+    try { s.reload(new Set()); msg = ''; } catch (e) { msg = (e as Error).message; }
+    expect(msg).toMatch(/leak\.json: a symbolic link; policy files must be regular files/);
+    expect(msg).not.toContain('TOPSECRET');
+    expect(msg).not.toContain('root:');
+    rmSync(path.join(dir, 'leak.json'));
+    rmSync(path.dirname(secret), { recursive: true });
     expect(() => s.require('nope')).toThrow(/unknown network policy "nope"; loaded: p/);
   });
 });

@@ -86,6 +86,13 @@ describe('seccomp default profile', () => {
     expect(SeccompOverrideSchema.safeParse({ allow: ['ptrac'] }).success).toBe(false);
     expect(SeccompOverrideSchema.safeParse({ deny: ['nosuchcall'] }).success).toBe(false);
     expect(SeccompOverrideSchema.safeParse({ allow: ['ptrace'], deny: ['stime', 'kcmp'] }).success).toBe(true);
+    // What runc's init and the agent need cannot be denied: refused with the reason, not a failed start.
+    for (const n of ['execve', 'execveat', 'exit_group', 'futex', 'read']) {
+      const r = SeccompOverrideSchema.safeParse({ deny: ['kcmp', n] });
+      expect(r.success, n).toBe(false);
+      expect(r.error!.issues[0]).toMatchObject({ path: ['deny', 1], message: `${n} cannot be denied: runc's init and the sandbox agent need it (the sandbox could not start or run anything)` });
+    }
+    expect(SeccompOverrideSchema.safeParse({ allow: ['execve'] }).success).toBe(true);
     expect(knownSyscalls()?.has('io_uring_setup')).toBe(true);
   });
 

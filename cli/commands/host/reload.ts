@@ -29,6 +29,7 @@ export function register(parent: Command, ctx: Ctx): Command {
       if (ctx.json) writeJson(ctx.io.stdout, { seccomp, network });
       else {
         ctx.out('ok' in seccomp ? `seccomp: ${seccomp.ok.file} (sha256 ${seccomp.ok.sha256.slice(0, 12)}, ${seccomp.ok.denied} syscalls denied)\n` : `seccomp: refused, the profile in force stays: ${seccomp.error}\n`);
+        if ('ok' in seccomp) for (const w of seccomp.ok.warnings ?? []) ctx.err(`dsec: warning: ${w}\n`);
         ctx.out('ok' in network ? `network policies: ${network.ok.loaded.join(', ') || 'none'} (changed: ${network.ok.changed.join(', ') || 'none'})\n` : `network policies: refused, the loaded ones stay: ${network.error}\n`);
       }
       const refused = ['seccomp', 'network'].filter((k, i) => 'error' in [seccomp, network][i]);

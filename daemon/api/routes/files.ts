@@ -284,6 +284,16 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     let entries = 0;
     let bytes = 0;
     let failure: Error | null = null;
+    // Paths this upload created (not there before it), in order: removed again, last
+    // first, when the archive is refused midway, so a refused archive leaves no
+    // entries of its own behind (a symlink planted before the bad entry, say). What it
+    // overwrote stays overwritten (no copy is kept), and a directory that gained
+    // entries from elsewhere in the meantime is left.
+    const created: string[] = [];
+    const isNew = (p: string) => a.stat(p, { user: u, nofollow: true }).then(() => false, (e: DsecError) => {
+      if (e.kind === 'NotFound') return true;
+      throw e;
+    });
     extract.on('entry', (h, stream, next) => {
       const run = async () => {
         const rel = safeEntryName(h.name);
@@ -292,6 +302,10 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
           return;
         }
         const target = path.posix.join(q.path, rel);
+        if (!['directory', 'file', 'contiguous-file', 'symlink'].includes(h.type ?? '')) {
+          throw invalidArgument(`archive entry ${JSON.stringify(h.name)} is a ${h.type}; only files, directories and symlinks can be extracted`);
+        }
+        if (await isNew(target)) created.push(target);
         const mode = (h.mode ?? 0o644) & 0o7777;
         if (h.type === 'directory') {
           await a.mkdir(target, { user: u, mode, parents: true }).catch((e: DsecError) => {
@@ -325,6 +339,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         await pipeline(pass, extract);
       } catch (e) {
         body.unpipe(pass);
+        for (const p of created.reverse()) await a.remove(p, { user: u }).catch(() => undefined);
         throw failure ?? (e instanceof DsecError ? e : invalidArgument(`not a valid tar stream: ${(e as Error).message}`));
       }
     });

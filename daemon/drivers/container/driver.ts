@@ -40,7 +40,7 @@ import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
-import { profileInfo, type SeccompOverride } from '../../security/seccomp.js';
+import { CORE_DENIALS, profileInfo, type SeccompOverride } from '../../security/seccomp.js';
 import type { UpperStore } from '../../storage/store.js';
 import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
 import type { DefenceStatus } from '../../api/schema.js';
@@ -223,13 +223,25 @@ export class ContainerDriver implements SandboxDriver {
     const ov = (o: SeccompOverride | null | undefined) => (o ? [o.allow?.length ? `allow ${o.allow.join(',')}` : '', o.deny?.length ? `deny ${o.deny.join(',')}` : ''].filter(Boolean).join(' ') : '');
     const imageOv = ov(sb.imageConfig.security?.seccomp), sandboxOv = ov(sb.seccomp);
     const prof = profileInfo();
-    const seccomp: DefenceStatus = sc?.syscalls?.length
-      ? {
-        enforced: true,
-        detail: `${sc.syscalls.length} rules from ${path.basename(prof.file)}${imageOv ? `; image override: ${imageOv}` : ''}${sandboxOv ? `; sandbox override: ${sandboxOv}` : ''}; `
-          + (sc.listenerPath ? 'denials answered and counted by the seccomp monitor' : 'denials not counted (the seccomp monitor was not reachable when the sandbox started)'),
-      }
-      : { enforced: false, detail: 'the spec has no seccomp filter' };
+    // runc installs a filter whenever the spec has linux.seccomp, even with no rules; say
+    // what the one this sandbox got denies (names counted once across rules, whether a
+    // rule is unconditional or conditioned on arguments).
+    const rules = (sc?.syscalls ?? []) as Array<{ names: string[]; action: string; args?: unknown[] }>;
+    const denying = rules.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG');
+    const names = new Set(denying.flatMap((r) => r.names));
+    const always = new Set(denying.filter((r) => !r.args?.length).flatMap((r) => r.names));
+    const coreLacking = CORE_DENIALS.filter((n) => !always.has(n));
+    const overrides = `${imageOv ? `; image override: ${imageOv}` : ''}${sandboxOv ? `; sandbox override: ${sandboxOv}` : ''}`;
+    const seccomp: DefenceStatus = !sc
+      ? { enforced: false, detail: 'the spec has no seccomp filter' }
+      : names.size === 0
+        ? { enforced: false, detail: `a seccomp filter from ${path.basename(prof.file)}${overrides} that denies no syscall (no denying rules)` }
+        : {
+          enforced: true,
+          detail: `${rules.length} rules from ${path.basename(prof.file)}, denying ${names.size} syscalls (${always.size} unconditionally)${overrides}; `
+            + (sc.listenerPath ? 'denials answered and counted by the seccomp monitor' : 'denials not counted (the seccomp monitor was not reachable when the sandbox started)')
+            + (coreLacking.length ? `; lacks core denials: ${coreLacking.join(', ')}` : ''),
+        };
     const m = spec.linux?.uidMappings?.[0];
     const caps = spec.process?.capabilities?.bounding ?? [];
     const lacking = ['CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_NET_ADMIN', 'CAP_NET_RAW', 'CAP_SYS_MODULE', 'CAP_BPF'].filter((c) => !caps.includes(c));

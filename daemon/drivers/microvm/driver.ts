@@ -63,6 +63,8 @@ import {
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
+import { buildGuestConfinement, readGuestConfinement } from './confine.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../security/filesystem.js';
 
 /** How long stop waits for QEMU to exit after `quit` before SIGKILL: 5 s. */
 const QUIT_WAIT_MS = 5_000;
@@ -84,6 +86,11 @@ export interface MicrovmDriverDeps {
   launcher: string;
   vm: VmConfig;
   log: Logger;
+  /**
+   * `[filesystem]` of the config: the filesystem options of a sandbox row that has none
+   * (as for containers); default {@link DEFAULT_FILESYSTEM}.
+   */
+  filesystemDefaults?: ResolvedFilesystem;
 }
 
 /** What one boot's steps get (see {@link MicrovmDriver.bootGuest}). */
@@ -323,7 +330,7 @@ export class MicrovmDriver implements SandboxDriver {
     const digests = this.attachedLayers(sb);
     this.blobs.set(sb.id, digests);
     for (const dg of digests) layers.push(await this.d.blobPath(dg));
-    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid]) await rm(f, { force: true });
+    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, this.confinementFile(sb.id)]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
     const pmem = await this.pmemFor(sb, plat, digests, layers, guestMiB);
@@ -541,8 +548,41 @@ export class MicrovmDriver implements SandboxDriver {
    * each raced by `ctx.step` against QEMU's exit and the boot deadline.
    */
   protected async bootGuest(sb: SandboxRecord, ctx: BootContext): Promise<void> {
-    await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
-    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    const session = await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
+    const client = await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    if (this.backend === 'microvm') await ctx.step(this.confineGuest(sb, client, session));
+  }
+
+  /** `<sandbox dir>/guest-confinement.json`: what the running guest's agent applied (confine.ts). */
+  protected confinementFile(id: string): string {
+    return path.join(this.dir(id), 'guest-confinement.json');
+  }
+
+  /** The filesystem options in force for `sb` (resolved at create; older rows: now), as for containers. */
+  protected filesystemOf(sb: SandboxRecord): ResolvedFilesystem {
+    return resolveFilesystem(sb.filesystem, sb.imageConfig.security, this.d.filesystemDefaults ?? DEFAULT_FILESYSTEM);
+  }
+
+  /**
+   * Plans and sends the confinement of the guest's commands (confine.ts), then records it.
+   * The guest agent refuses every exec until it has applied this, so a failure here
+   * fails the boot. @throws DsecError FailedPrecondition (options the image cannot
+   * honour, no syscall table), Internal (the agent refused: errno).
+   */
+  private async confineGuest(sb: SandboxRecord, client: AgentClient, session: { op: (op: GuestOp, arg?: Buffer, timeoutMs?: number) => Promise<number> }): Promise<void> {
+    let c;
+    try {
+      c = await buildGuestConfinement({
+        fs: this.filesystemOf(sb), imageSeccomp: sb.imageConfig.security?.seccomp ?? undefined, sandboxSeccomp: sb.seccomp ?? undefined,
+      }, client);
+    } catch (e) {
+      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e });
+      throw e;
+    }
+    const abi = await session.op(GuestOp.CONFINE, c.payload, 60_000);
+    const rec = c.record(abi);
+    await writeFile(this.confinementFile(sb.id), JSON.stringify(rec), { mode: 0o600 });
+    this.d.log.info({ id: sb.id, binds: rec.plan.binds.length, rules: rec.seccomp.rules, landlockAbi: abi }, 'guest commands confined');
   }
 
   /**
@@ -705,7 +745,7 @@ export class MicrovmDriver implements SandboxDriver {
     this.pmemLayouts.delete(sb.id);
     await this.d.cgroups.remove(sb.id);
     const p = vmPaths(dir);
-    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid]) await rm(f, { force: true });
+    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, this.confinementFile(sb.id)]) await rm(f, { force: true });
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
@@ -786,6 +826,44 @@ export class MicrovmDriver implements SandboxDriver {
    * seccomp mode and filter count (/proc/<pid>/status). Nothing is taken from the config.
    */
   async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    return { ...this.vmmDefences(sb), ...this.guestDefences(sb) };
+  }
+
+  /**
+   * The in-guest defences of `sb` (readonly_paths, capabilities, no_new_privileges,
+   * seccomp, landlock), from the record the current boot wrote after the guest agent
+   * applied them (confine.ts); nothing is taken from the request. The vm tier confines
+   * nothing inside its guest and says so.
+   */
+  protected guestDefences(sb: SandboxRecord): Record<string, DefenceStatus> {
+    const names = ['readonly_paths', 'capabilities', 'no_new_privileges', 'seccomp', 'landlock'] as const;
+    const all = (d: DefenceStatus) => Object.fromEntries(names.map((n) => [n, d])) as Record<string, DefenceStatus>;
+    if (this.backend !== 'microvm') {
+      return all({ enforced: false, detail: 'vm tier: commands run as root of the guest with every capability, no seccomp filter and a writable root; the guest kernel (and the VMM confinement) is the only boundary' });
+    }
+    const rec = sb.state === 'running' || sb.state === 'paused' ? readGuestConfinement(this.confinementFile(sb.id)) : null;
+    const fs = this.filesystemOf(sb);
+    if (!rec) return all({ enforced: false, detail: sb.state === 'running' || sb.state === 'paused' ? 'no confinement record for the running guest (it was not applied at this boot)' : `sandbox is ${sb.state}; applied by the guest agent at its next boot` });
+    const rw = rec.plan.binds.filter((b) => !b.readonly).map((b) => b.path);
+    const ro = rec.plan.binds.filter((b) => b.readonly).map((b) => b.path);
+    const lacking = ['CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_NET_ADMIN', 'CAP_SYS_MODULE', 'CAP_SYS_RAWIO', 'CAP_SYS_BOOT', 'CAP_SYS_TIME', 'CAP_BPF'].filter((c) => !rec.caps.includes(c));
+    return {
+      readonly_paths: rec.plan.readonlyRoot
+        ? { enforced: true, detail: `in the guest: root mount read-only (readonly_paths ${fs.readonly_paths.join(' ')}); read-write binds: ${rw.join(' ') || 'nothing'}${ro.length ? `; read-only below those: ${ro.join(' ')}` : ''}` }
+        : { enforced: false, detail: 'off for this sandbox (readonly_paths []): the guest root is read-write' },
+      capabilities: { enforced: true, detail: `every guest command: bounding/effective/permitted set ${rec.caps.length} capabilities (CapEff ${rec.capMaskHex}); without ${lacking.join(', ')}; the guest agent itself keeps all` },
+      no_new_privileges: { enforced: true, detail: 'set on every guest command' },
+      seccomp: { enforced: true, detail: `every guest command: ${rec.seccomp.rules} x86-64 rules from the profile and overrides, EPERM for ${rec.seccomp.denied.length} syscalls (${rec.seccomp.denied.slice(0, 12).join(', ')}${rec.seccomp.denied.length > 12 ? ', ...' : ''}), by argument: ${rec.seccomp.conditional.join(', ') || 'none'}; other ABIs (i386, x32) kill the process; denials not counted` },
+      landlock: !rec.landlock.asked
+        ? { enforced: false, detail: 'off for this sandbox (filesystem.landlock false)' }
+        : rec.landlock.abi > 0
+          ? { enforced: true, detail: `Landlock ABI ${rec.landlock.abi} on every guest command: read and execute everywhere, every right on ${rec.plan.writable.length} writable path(s), file writes and terminal ioctls only under /dev` }
+          : { enforced: false, detail: 'asked for, but the guest kernel has no Landlock (not in its lsm= list): guest commands run without it' },
+    };
+  }
+
+  /** The VMM's confinement (see {@link defences}). */
+  private vmmDefences(sb: SandboxRecord): Record<string, DefenceStatus> {
     const pid = sb.initPid;
     if (pid === null || !isVmmOf(pid, this.dir(sb.id))) {
       const none = { enforced: false, detail: 'the VMM is not running' };

@@ -47,7 +47,7 @@ import { failedPrecondition } from '../../errors.js';
 import { builtinModules, indexModules, moduleName, readModuleFile, resolveModules, type KernelModule } from './kmod.js';
 
 /** Bumped whenever the archive layout or the init script's contract changes. */
-export const INITRAMFS_BUILDER_VERSION = 3;
+export const INITRAMFS_BUILDER_VERSION = 4;
 
 /**
  * Modules the guest needs, beyond what Debian's kernel has built in: the virtio-mmio
@@ -306,12 +306,15 @@ while [ "$i" -lt "$layers" ]; do
   i=$((i + 1))
 done
 [ -n "$root" ] || umount -l /rw
+# microvm: the agent refuses commands until dsecd sent their confinement (confine.ts); the vm tier's root disk is the guest's own.
+confine=--guest-confine
+[ -n "$root" ] && confine=""
 hostname "$host"
 ip link set lo up
 echo "dsec-init: starting the agent"
 log=/newroot/dev/virtio-ports/${LOG_PORT}
 [ -e "$log" ] || log=/newroot/dev/console
-exec switch_root /newroot /dev/.dsec-agent --vmux /dev/virtio-ports/${AGENT_PORT} </newroot/dev/null >"$log" 2>&1
+exec switch_root /newroot /dev/.dsec-agent --vmux /dev/virtio-ports/${AGENT_PORT} $confine </newroot/dev/null >"$log" 2>&1
 `;
 }
 

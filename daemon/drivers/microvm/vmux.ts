@@ -76,6 +76,12 @@ export enum GuestOp {
   PROCS = 3,
   /** clock_settime(CLOCK_REALTIME) to the given ns since the epoch (after a pause). Result 0 or -errno. */
   SET_TIME = 4,
+  /**
+   * The confinement of the guest's commands (daemon/drivers/microvm/confine.ts
+   * confinePayload; native/agent/agent.c guest_confine), once per boot. Result: the
+   * Landlock ABI the commands get (0: none), or -errno (nothing runs then).
+   */
+  CONFINE = 5,
 }
 
 /** One decoded frame. */

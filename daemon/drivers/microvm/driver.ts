@@ -15,6 +15,11 @@
  * QMP and rebinds agent.sock; the next agent connection opens a new mux session, and the
  * guest drops the previous dsecd's streams (their execs end as after a lost connection).
  *
+ * Inside the guest, every command is confined like a container process (confine.ts: the
+ * filesystem plan as read-only mounts, Docker's capability set, no_new_privs, the seccomp
+ * profile, Landlock), sent by {@link MicrovmDriver.bootGuest} at every boot before any
+ * command can run; the vm tier confines nothing inside its guest.
+ *
  * The VMM is confined by the launcher ({@link MicrovmDriver.confinement}: a mount namespace
  * holding only what QEMU needs, the sandbox's own host uid, dsec's seccomp filter below
  * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)

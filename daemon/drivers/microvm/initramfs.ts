@@ -34,8 +34,10 @@
  *      lazily unmounts its own layer and disk mounts (the overlay holds private clones),
  *      brings up loopback, sets the hostname;
  *   6. `switch_root`s into /newroot and runs the agent as PID 1 of the guest's root:
- *      `/dev/.dsec-agent --vmux /dev/virtio-ports/dsec.agent`, its stderr on the
- *      `dsec.log` port (the host's agent.log).
+ *      `/dev/.dsec-agent --vmux /dev/virtio-ports/dsec.agent --guest-confine`, its stderr
+ *      on the `dsec.log` port (the host's agent.log). `--guest-confine` (microvm only, not
+ *      a vm tier root disk): the agent runs no command until dsecd sent the confinement
+ *      of commands (confine.ts: read-only paths, capabilities, seccomp, Landlock).
  * Any failure prints `dsec-init: FATAL: …` on the console and reboots, which ends QEMU
  * (`-no-reboot`), so a broken boot fails fast with the reason in the console log.
  * With `dsec.probe=1` on the command line it stops after step 2 (the KVM probe boot).

@@ -228,6 +228,10 @@ describe('initramfs builder', () => {
     expect(s.startsWith('#!/bin/sh\n')).toBe(true);
     expect(s).toMatch(/fail\(\) \{\n {2}echo "dsec-init: FATAL: \$\*"\n {2}sync\n {2}reboot -f/);
     expect(s).toContain('mount -t overlay overlay -o "lowerdir=$lower,upperdir=/rw/upper,workdir=/rw/work,index=off,redirect_dir=off,metacopy=off" /newroot');
+    // dsec.pmem=1: layer i is /dev/pmem<i>, mounted erofs with DAX; otherwise the disk with serial l<i>.
+    expect(s).toContain('dsec.pmem=1) pmem=1 ;;');
+    expect(s).toContain('mount -t erofs -o ro,dax=always "/dev/pmem$i" "/l/$i"');
+    expect(s).toContain('mount -t erofs -o ro "$dev" "/l/$i"');
   });
 });
 

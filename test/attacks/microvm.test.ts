@@ -291,7 +291,10 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
   it('network allow and open are refused for a microvm (the guest has only loopback)', async () => {
     for (const mode of ['allow', 'open'] as const) {
       await expect(d.client.createSandbox({ image: 'busybox', backend: 'microvm', network: { mode } })).rejects.toThrow(/no network yet.*mode none/);
+      // Nor can a running microVM be switched to it (the update path of the same check).
+      await expect(d.client.setNetwork(attacker, { mode })).rejects.toThrow(/no network yet.*mode none/);
     }
+    expect((await d.client.getSandbox(attacker)).network ?? null).toBeNull();
   });
 
   it('a memory bomb and a fork bomb stay inside the guest: QEMU keeps within its cgroup, the neighbour keeps working, a restart recovers the guest', async () => {

@@ -231,6 +231,9 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
           'unshare -m true; echo unshare_m=$?',
           'unshare -U true; echo unshare_u=$?',
           'mknod /tmp/sda b 8 0; echo mknod=$?',
+          // The guest agent (pid 1, every capability, non-dumpable) is out of reach without CAP_SYS_PTRACE.
+          'cat /proc/1/environ >/dev/null; echo environ=$?',
+          'readlink /proc/1/fd/0; echo agentfd=$?',
         ].join('\n')],
         stdin: probe,
       });
@@ -247,6 +250,8 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
       expect(out).toMatch(/unshare_m=[1-9]/);
       expect(out).toMatch(/unshare_u=[1-9]/);
       expect(out).toMatch(/mknod=0/); // CAP_MKNOD is in Docker's set, as in a container
+      expect(out).toMatch(/environ=[1-9]/);
+      expect(out).toMatch(/agentfd=[1-9]/);
     } finally {
       rmSync(tmp, { recursive: true, force: true });
     }

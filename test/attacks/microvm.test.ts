@@ -71,7 +71,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     if (sentinelDir) rmSync(sentinelDir, { recursive: true, force: true });
   });
 
-  it('the layers are shared read-only persistent memory: overwriting /bin/busybox changes only the VM\'s own writable disk; writing /dev/pmem0 changes nothing on the host', async () => {
+  it('the layers are shared read-only persistent memory: /bin/busybox cannot be replaced (read-only in the guest); writing /dev/pmem0 changes nothing on the host', async () => {
     const pmemDir = path.join(d.root, 'vm', 'pmem');
     const copies = readdirSync(pmemDir).filter((f) => f.endsWith('.img')).map((f) => path.join(pmemDir, f));
     expect(copies.length).toBeGreaterThan(0);

@@ -321,7 +321,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     // microVMs attach layer blob files as disks: verified (or cached) like a blob before its first mount.
     microvm = new MicrovmDriver({
       root: config.root, cgroups, agentBinary, launcher: vmmLauncherPath(), vm: config.vm, log: log.child({ component: 'microvm' }),
-      blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)),
+      blobPath: (dg) => (cache ? cache.ensure(dg) : images.prepareForMount(dg)), filesystemDefaults: config.filesystem,
     });
     if (!opts.purge) await microvm.init();
     // Full VMs (q35): the microvm tier's VMM lifecycle, booting a disk composed from the image's layers (as the builder) or a registered one.
@@ -508,15 +508,23 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             kvm: await microvm.accelInfo(),
           },
           defences: {
-            user_namespace: { enforced: true, detail: 'each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
-            capabilities: { enforced: true, detail: 'Docker default set; no CAP_SYS_PTRACE, CAP_SYS_ADMIN' },
-            no_new_privileges: { enforced: true, detail: 'set on every sandbox process' },
+            // Entries without a tier in their detail are the container tier's (container and fncall); the microvm and vm tiers have their own entries below.
+            user_namespace: { enforced: true, detail: 'container/fncall: each sandbox has its own uid/gid range; root inside is an unprivileged uid outside' },
+            capabilities: { enforced: true, detail: 'container/fncall: Docker default set; no CAP_SYS_PTRACE, CAP_SYS_ADMIN' },
+            no_new_privileges: { enforced: true, detail: 'container/fncall: set on every sandbox process' },
+            microvm_guest: {
+              enforced: true,
+              detail: 'microvm tier, inside the guest (the guest agent applies it at every boot, before any command runs; per sandbox in `dsec inspect`): readonly_paths/writable_paths as for containers (read-only root mount, read-write binds), '
+                + 'every command with Docker\'s default capability set (bounding, effective, permitted), no_new_privs, and a seccomp filter of the profile\'s x86-64 rules (EPERM; other ABIs killed; denials not counted), Landlock on the writable paths where the guest kernel has it; '
+                + 'not in the guest: user namespace (commands run as guest root; the VMM runs as the sandbox\'s host uid), AppArmor, denial counting, networking (mode none only)',
+            },
+            vm_guest: { enforced: false, detail: 'vm tier: nothing is confined inside the guest (root with every capability, writable root, no seccomp); the guest kernel and the VMM confinement are the boundary; networking: mode none only' },
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
             seccomp: ((i) => ({
               enforced: i.denied > 0,
-              detail: `profile ${i.file} (sha256 ${i.sha256.slice(0, 12)}) on every container sandbox and fncall worker: `
+              detail: `profile ${i.file} (sha256 ${i.sha256.slice(0, 12)}) on every container sandbox and fncall worker (microvm: see microvm_guest): `
                 + (i.denied === 0 ? 'it denies no syscall'
                   : `${i.denied} syscalls denied; ${i.missing_core.length ? `lacks core denials: ${i.missing_core.join(', ')}` : `includes every core denial (${CORE_DENIALS.length}: bpf, the mount family, kexec, modules, keyrings, open_by_handle_at, userfaultfd, perf_event_open, io_uring, ptrace, setns)`}`),
             }))(profileInfo()),
@@ -524,8 +532,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
               ? { enforced: true, detail: `denials answered EPERM and counted per sandbox by the seccomp monitor (pid ${monitorPid(path.join(config.root, 'seccomp')) ?? '?'}; SCMP_ACT_NOTIFY): seccomp.denied events, seccomp_denials in stats` }
               : { enforced: false, detail: `seccomp monitor not reachable (${seccompMonitor?.reason ?? 'not started'}): new sandboxes get plain EPERM rules, uncounted` },
             apparmor: container.apparmorStatus(),
-            landlock: container.landlockStatus(),
-            readonly_paths: container.readonlyPathsStatus(),
+            landlock: withTiers(container.landlockStatus(), 'microvm: applied in the guest where the guest kernel has Landlock (see each sandbox\'s defences); vm: not applied'),
+            readonly_paths: withTiers(container.readonlyPathsStatus(), 'microvm: the same plan, enforced in the guest by read-only mounts; vm: not enforced'),
             ...network.hostDefences(),
             disk_quota: storage.status(),
             builder_identity: builder
@@ -654,4 +662,9 @@ export async function main(argv: string[]): Promise<number> {
   await daemon.close();
   log.flush();
   return 0;
+}
+
+/** A container-tier host defence with the other tiers' caveat appended (`dsec host info`). */
+function withTiers(d: { enforced: boolean; detail: string }, others: string): { enforced: boolean; detail: string } {
+  return { enforced: d.enforced, detail: `container/fncall: ${d.detail}; ${others}` };
 }

@@ -193,7 +193,7 @@ export class SandboxManager {
       // A backend may own a kind of reference (the vm tier's `disk:NAME`); else the image store resolves it.
       const own = await this.driver(req.backend).resolveImage?.(req.image);
       const image = own ? null : await this.d.images.get(req.image);
-      const network = await this.settleNetwork(req.network);
+      const network = await this.settleNetwork(req.network, req.backend);
       const src = own ? { image: own.image, layers: own.layers, config: own.config, snapshotId: null }
         : { image: `${image!.name}:${image!.tag}`, layers: image!.layers, config: image!.config, snapshotId: null };
       const settled = { ...req, network, disk_bytes: disk ?? undefined };
@@ -282,7 +282,7 @@ export class SandboxManager {
   async shellKeyOf(entry: WarmPoolEntry): Promise<{ key: string; image: string }> {
     const m = await this.d.images.get(entry.image);
     const src: SandboxSource = { image: `${m.name}:${m.tag}`, layers: m.layers, config: m.config, snapshotId: null };
-    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network });
+    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network }, 'container');
     const disk = this.diskQuota(undefined, undefined);
     return { key: this.requestKey({ backend: 'container', image: entry.image, network, disk_bytes: disk ?? undefined }, src)!, image: src.image };
   }
@@ -296,7 +296,7 @@ export class SandboxManager {
   async createShell(entry: WarmPoolEntry, key: string): Promise<SandboxRecord> {
     const m = await this.d.images.get(entry.image);
     const src: SandboxSource = { image: `${m.name}:${m.tag}`, layers: m.layers, config: m.config, snapshotId: null };
-    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network });
+    const network = entry.network === 'none' ? undefined : await this.settleNetwork({ mode: entry.network }, 'container');
     const disk = this.diskQuota(undefined, undefined);
     return this.createFrom({ backend: 'container', image: entry.image, labels: { [POOL_LABEL]: key }, network, disk_bytes: disk ?? undefined }, src, { shell: true });
   }
@@ -304,16 +304,22 @@ export class SandboxManager {
   /**
    * Validates a requested network and settles its mode (daemon/net/network.ts); null for
    * mode none, which is what a sandbox without a network has.
-   * @throws DsecError InvalidArgument (bad rules, unknown policy), FailedPrecondition
-   *   (allow/open where networking is unavailable).
+   * @param backend the sandbox's tier: a microvm or vm has no network device yet (its
+   *   guest has only loopback), so only mode none is accepted there.
+   * @throws DsecError InvalidArgument (bad rules, unknown policy, allow/open for a
+   *   microvm or vm), FailedPrecondition (allow/open where networking is unavailable).
    */
-  private async settleNetwork(spec: NetworkSpec | null | undefined): Promise<NetworkSpec | undefined> {
+  private async settleNetwork(spec: NetworkSpec | null | undefined, backend: Backend): Promise<NetworkSpec | undefined> {
     if (!spec) return undefined;
+    const vmTier = backend === 'microvm' || backend === 'vm';
+    const refuseVm = (mode: string) => invalidArgument(`network mode ${mode} is not available for backend ${backend}: microVMs and VMs have no network yet (the guest has only loopback); use network mode none (the default)`);
+    if (vmTier && (spec.mode ?? 'none') !== 'none') throw refuseVm(spec.mode!);
     const settled = this.d.network
       ? await this.d.network.settle(spec)
       : (spec.mode ?? 'none') === 'none' && !spec.policy && !spec.allow?.length && !spec.deny?.length
         ? { ...spec, mode: 'none' as const }
         : (() => { throw failedPrecondition('this dsecd has no sandbox networking; use network mode none (the default)'); })();
+    if (vmTier && settled.mode !== 'none') throw refuseVm(String(settled.mode));
     return settled.mode === 'none' ? undefined : settled;
   }
 
@@ -326,7 +332,7 @@ export class SandboxManager {
   async setNetwork(id: string, spec: NetworkSpec): Promise<SandboxRecord> {
     return this.mutex.run(id, async () => {
       const sb = this.d.repo.get(id);
-      const next = (await this.settleNetwork(spec)) ?? null;
+      const next = (await this.settleNetwork(spec, sb.backend)) ?? null;
       const from = sb.network?.mode ?? 'none', to = next?.mode ?? 'none';
       if ((from === 'none') !== (to === 'none')) {
         throw failedPrecondition(`sandbox ${id} has network mode ${from}; it cannot become ${to} while it exists (${from === 'none' ? 'it has no veth or egress programs' : 'its network namespace keeps its veth'}). `
@@ -1170,7 +1176,7 @@ export class SandboxManager {
   async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
     const snap = await this.checkSnapshot(ref);
     const creq = this.restoreRequest(snap, req);
-    creq.network = await this.settleNetwork(creq.network);
+    creq.network = await this.settleNetwork(creq.network, creq.backend);
     this.checkLimits(creq);
     const disk = this.diskQuota(req.disk_bytes, snap.diskBytes);
     if (disk === null) delete creq.disk_bytes;

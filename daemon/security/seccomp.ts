@@ -104,6 +104,28 @@ export function knownSyscalls(): Set<string> | null {
   return known;
 }
 
+let x86_64Numbers: Map<string, number> | null | undefined;
+
+/**
+ * x86-64 syscall numbers by name, from the same table as {@link knownSyscalls}
+ * (native/seccomp-monitor/syscalls.json, built from the kernel headers' unistd_64.h):
+ * what a microVM guest's filter is built from (daemon/drivers/microvm/confine.ts).
+ * Null when the table is not built.
+ */
+export function syscallNumbersX86_64(): Map<string, number> | null {
+  if (x86_64Numbers === undefined) {
+    x86_64Numbers = null;
+    for (const u of [new URL('../../native/seccomp-monitor/syscalls.json', import.meta.url), new URL('../../../native/seccomp-monitor/syscalls.json', import.meta.url)]) {
+      try {
+        const t = JSON.parse(readFileSync(fileURLToPath(u), 'utf8')) as { x86_64: Record<string, string> };
+        x86_64Numbers = new Map(Object.entries(t.x86_64).map(([nr, name]) => [name, Number(nr)]));
+        break;
+      } catch { /* next */ }
+    }
+  }
+  return x86_64Numbers;
+}
+
 /**
  * A syscall name: its form, and that some x86 ABI has it. A misspelt name would make a
  * denial silently vanish (libseccomp skips names it cannot resolve), so it is refused.

@@ -1825,12 +1825,237 @@ static int landlock_self_setup(void)
 	return 0;
 }
 
+/* ---- guest confinement (microvm tier) ------------------------------------------------ */
+
+/*
+ * Inside a microVM the agent is the guest's PID 1, root with every capability, and it
+ * keeps them: it mounts (the read-only paths below), runs file operations for dsecd and
+ * reaps. What it starts is confined like a container sandbox's processes
+ * (docs/SECURITY.md "The microvm tier: inside the guest"). With --guest-confine the agent
+ * refuses every exec until dsecd has sent the confinement (vmux op CONFINE, once per
+ * boot; guest_confine below), so no command ever runs unconfined.
+ *
+ * The CONFINE payload is text, one directive a line (dsecd: daemon/drivers/microvm/confine.ts):
+ *   mkdir PATH              a writable_paths directory the image lacks (mode 0755, root)
+ *   bind PATH ro|rw         a bind of PATH onto itself, read-only or read-write, in order
+ *   rootro                  make the root mount read-only (after the binds)
+ *   caps MASK               decimal: the capabilities commands keep (bounding, effective,
+ *                           permitted, inheritable; ambient cleared)
+ *   rule NR ERRNO [ARG MASK DATUM [GE]]
+ *                           x86-64 syscall NR fails with ERRNO, unconditionally or when
+ *                           (low 32 bits of argument ARG & MASK) == DATUM, or with GE 1
+ *                           when the whole 64-bit argument >= DATUM
+ *   landlock 0|1            restrict commands with Landlock on the writable places
+ *   writable PATH           a writable place (Landlock: every right)
+ * Every command then gets, in its forked child before execve: Landlock (when asked and the
+ * guest kernel has it), the bounding set and capabilities reduced to MASK, no_new_privs,
+ * and the seccomp filter built from the rules (any ABI but x86-64 kills the process:
+ * i386 and x32 numbers differ and are not in the table).
+ */
+#define GC_MAX_RULES 512
+#define GC_MAX_MOUNTS 256
+
+struct gc_rule {
+	uint32_t nr, err;
+	int arg; /* -1: unconditional */
+	uint32_t mask, datum;
+	int ge; /* 1: the whole 64-bit argument >= datum (mask unused); 0: (low word & mask) == datum */
+};
+
+static struct {
+	int required; /* --guest-confine */
+	int applied;
+	uint64_t caps;
+	int landlock;
+	int nwritable;
+	char *writable[LL_MAX_WRITABLE];
+	struct sock_filter *filter;
+	unsigned short flen;
+} g_gc;
+
+/* The seccomp program of `rules` (see the comment above); NULL on ENOMEM or too many. */
+static struct sock_filter *gc_build_filter(const struct gc_rule *rules, int n, unsigned short *len)
+{
+	size_t cap = 8 + (size_t)n * 8;
+	if (cap > 4096)
+		return NULL;
+	struct sock_filter *f = calloc(cap, sizeof *f);
+	if (!f)
+		return NULL;
+	size_t i = 0;
+	f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch));
+	f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 1, 0);
+	f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+	f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+	f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, 0x40000000u, 0, 1); /* x32 */
+	f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_KILL_PROCESS);
+	for (int k = 0; k < n; k++) {
+		const struct gc_rule *r = &rules[k];
+		uint32_t ret = SECCOMP_RET_ERRNO | (r->err & SECCOMP_RET_DATA);
+		if (r->arg < 0) {
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, r->nr, 0, 1);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ret);
+		} else if (r->ge) {
+			/* 64-bit unsigned >= datum: any high bit set is >= it; else compare the low word. */
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, r->nr, 0, 7);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args) + 8u * (unsigned)r->arg + 4u);
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 0, 1, 0);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ret);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args) + 8u * (unsigned)r->arg);
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, r->datum, 0, 1);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ret);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+		} else {
+			/* A is nr on entry and on every way out. Low word first: x86-64 is little-endian. */
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, r->nr, 0, 5);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, args) + 8u * (unsigned)r->arg);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_ALU | BPF_AND | BPF_K, r->mask);
+			f[i++] = (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, r->datum, 0, 1);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, ret);
+			f[i++] = (struct sock_filter)BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr));
+		}
+	}
+	f[i++] = (struct sock_filter)BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW);
+	*len = (unsigned short)i;
+	return f;
+}
+
+/* The vmux op CONFINE (once per boot): applies the mounts, keeps the rest for every
+ * command. Returns the Landlock ABI the commands get (0: none), or -errno; on failure no
+ * exec is ever started (g_gc.applied stays 0). */
+static int32_t guest_confine(const unsigned char *p, uint32_t len)
+{
+	if (g_gc.applied)
+		return -EALREADY;
+	char *text = xstrndup((const char *)p, len);
+	static struct gc_rule rules[GC_MAX_RULES];
+	int nrules = 0, rc = 0;
+	uint64_t caps = 0;
+	int have_caps = 0, landlock = 0;
+	for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+		char *arg = strchr(line, ' ');
+		if (arg)
+			*arg++ = 0;
+		if (strcmp(line, "mkdir") == 0 && arg && arg[0] == '/') {
+			if (mkdir(arg, 0755) < 0 && errno != EEXIST) {
+				rc = -errno;
+				logf_("confine: mkdir %s: %s", arg, strerror(errno));
+				break;
+			}
+			struct stat st;
+			if (lstat(arg, &st) < 0 || !S_ISDIR(st.st_mode)) {
+				rc = -ENOTDIR;
+				logf_("confine: %s is not a directory", arg);
+				break;
+			}
+		} else if (strcmp(line, "bind") == 0 && arg) {
+			char *mode = strrchr(arg, ' ');
+			if (!mode || arg[0] != '/') {
+				rc = -EINVAL;
+				break;
+			}
+			*mode++ = 0;
+			if (mount(arg, arg, NULL, MS_BIND, NULL) < 0 ||
+			    (strcmp(mode, "ro") == 0 && mount(NULL, arg, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0)) {
+				rc = -errno;
+				logf_("confine: bind %s %s: %s", arg, mode, strerror(errno));
+				break;
+			}
+		} else if (strcmp(line, "rootro") == 0) {
+			if (mount(NULL, "/", NULL, MS_REMOUNT | MS_BIND | MS_RDONLY, NULL) < 0) {
+				rc = -errno;
+				logf_("confine: remount / read-only: %s", strerror(errno));
+				break;
+			}
+		} else if (strcmp(line, "caps") == 0 && arg) {
+			caps = strtoull(arg, NULL, 10);
+			have_caps = 1;
+		} else if (strcmp(line, "rule") == 0 && arg && nrules < GC_MAX_RULES) {
+			struct gc_rule *r = &rules[nrules];
+			unsigned long long nr, err, a, mask, datum, ge = 0;
+			int k = sscanf(arg, "%llu %llu %llu %llu %llu %llu", &nr, &err, &a, &mask, &datum, &ge);
+			if ((k != 2 && k != 5 && k != 6) || nr >= 0x40000000u || err > 4095 || (k >= 5 && (a > 5 || mask > 0xffffffffu || datum > 0xffffffffu)) || ge > 1) {
+				rc = -EINVAL;
+				break;
+			}
+			*r = (struct gc_rule){ .nr = (uint32_t)nr, .err = (uint32_t)err, .arg = k >= 5 ? (int)a : -1, .mask = (uint32_t)(k >= 5 ? mask : 0), .datum = (uint32_t)(k >= 5 ? datum : 0), .ge = (int)ge };
+			nrules++;
+		} else if (strcmp(line, "landlock") == 0 && arg) {
+			landlock = strcmp(arg, "1") == 0;
+		} else if (strcmp(line, "writable") == 0 && arg && arg[0] == '/' && g_gc.nwritable < LL_MAX_WRITABLE) {
+			g_gc.writable[g_gc.nwritable++] = xstrndup(arg, strlen(arg));
+		} else {
+			rc = -EINVAL;
+			logf_("confine: bad directive %s", line);
+			break;
+		}
+	}
+	free(text);
+	if (rc == 0 && !have_caps)
+		rc = -EINVAL;
+	if (rc == 0 && !(g_gc.filter = gc_build_filter(rules, nrules, &g_gc.flen)))
+		rc = -E2BIG;
+	if (rc < 0)
+		return rc;
+	g_gc.caps = caps;
+	g_gc.landlock = landlock && g_landlock_abi > 0;
+	g_gc.applied = 1;
+	logf_("confine: commands keep capabilities %#llx, %d seccomp rule(s), landlock %s", (unsigned long long)caps, nrules,
+	      g_gc.landlock ? "on" : landlock ? "asked, but the guest kernel has none" : "off");
+	return g_gc.landlock ? g_landlock_abi : 0;
+}
+
+/* In the forked child, before the user switch: Landlock, then the capability sets. */
+static void gc_child_caps(int errfd)
+{
+	if (g_gc.landlock) {
+		char err[PATH_MAX + 64];
+		if (landlock_apply((const char *const *)g_gc.writable, g_gc.nwritable, err, sizeof err) < 0)
+			child_fail(errfd, ST_SETUP, errno ? errno : EPERM);
+	}
+	for (int cap = 0; cap < 64; cap++) {
+		if (g_gc.caps >> cap & 1)
+			continue;
+		if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) < 0) {
+			if (errno == EINVAL)
+				break; /* past the kernel's last capability */
+			child_fail(errfd, ST_SETUP, errno);
+		}
+	}
+	if (prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) < 0 && errno != EINVAL)
+		child_fail(errfd, ST_SETUP, errno);
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2];
+	if (syscall(SYS_capget, &h, d) < 0)
+		child_fail(errfd, ST_SETUP, errno);
+	for (int w = 0; w < 2; w++) {
+		uint32_t keep = (uint32_t)(g_gc.caps >> (32 * w));
+		d[w].effective &= keep;
+		d[w].permitted &= keep;
+		d[w].inheritable &= keep;
+	}
+	if (syscall(SYS_capset, &h, d) < 0)
+		child_fail(errfd, ST_SETUP, errno);
+}
+
+/* In the forked child, after the user switch: no_new_privs and the seccomp filter. */
+static void gc_child_filter(int errfd)
+{
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		child_fail(errfd, ST_SETUP, errno);
+	struct sock_fprog prog = { .len = g_gc.flen, .filter = g_gc.filter };
+	if (syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog) < 0)
+		child_fail(errfd, ST_SETUP, errno);
+}
+
 /* The second half: working directory, user, limits, fds, execve. */
 static void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
 {
 	child_reset_signals();
 	if (chdir(r->cwd) < 0)
 		child_fail(errfd, ST_CHDIR, errno);
+	if (g_gc.applied)
+		gc_child_caps(errfd);
 	child_set_user(r->user, errfd);
 
 	/* The agent's raised fd limit is not the sandbox's business. */
@@ -1840,6 +2065,8 @@ static void __attribute__((noreturn)) child_run(const struct exec_req *r, int er
 	cloexec_from(3);
 	if (g_worker_filter && worker_filter_install() < 0)
 		child_fail(errfd, ST_SETUP, errno);
+	if (g_gc.applied)
+		gc_child_filter(errfd);
 	child_exec(r->argv, child_env_with_home(r->envp), errfd);
 	_exit(127);
 }
@@ -2483,6 +2710,12 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	if (exec_malformed(c, stream, nargv == 0, "at least one ARGV field is required") ||
 	    exec_malformed(c, stream, r.nscratch && !r.isolate, "SCRATCH needs ISOLATE"))
 		return;
+	if (g_gc.required && !g_gc.applied) {
+		static const char msg[] = "guest: the confinement of commands is not applied yet (dsecd sends it at boot); no exec runs unconfined";
+		logf_("conn=%u stream=%u %s", c->id, stream, msg);
+		send_errno_frame(c, F_EXEC_ERROR, stream, EAGAIN, msg, sizeof msg - 1);
+		return;
+	}
 	if (r.isolate && !g_isolate) {
 		char msg[256];
 		snprintf(msg, sizeof msg, "isolate: unavailable in this sandbox: %s", g_isolate_why);
@@ -4214,7 +4447,7 @@ static int sock_opt(int fd, int opt)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: " AGENT_NAME " (--listen-fd N | --vmux PORT | --vmux-fd N) [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...]\n"
+	fprintf(stderr, "usage: " AGENT_NAME " (--listen-fd N | --vmux PORT | --vmux-fd N) [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...] [--guest-confine]\n"
 			"  --listen-fd N: an inherited, listening AF_UNIX SOCK_STREAM socket\n"
 			"  --vmux PORT: a VM guest: serve the stream mux on this virtio-serial port (e.g. /dev/virtio-ports/dsec.agent)\n"
 			"  --vmux-fd N: the stream mux on an inherited fd (tests: a socketpair end)\n"
@@ -4223,6 +4456,7 @@ static void usage(void)
 			"  --worker: an fncall worker: keep CAP_SYS_ADMIN for isolated execs only (dropped from the bounding set)\n"
 			"  --landlock: restrict file access with Landlock (the agent at start; a worker: each isolated call)\n"
 			"  --writable PATH: a place Landlock leaves fully writable, repeatable (absolute, at most %d)\n"
+			"  --guest-confine: (a microVM guest) refuse execs until dsecd sent the confinement of commands (vmux op CONFINE)\n"
 			"  --landlock-abi: print {\"abi\":N} (N = 0: no Landlock, with \"reason\") and exit\n", LL_MAX_WRITABLE);
 }
 
@@ -4383,6 +4617,10 @@ int main(int argc, char **argv)
 			core_sched = 1;
 			continue;
 		}
+		if (strcmp(a, "--guest-confine") == 0) {
+			g_gc.required = 1;
+			continue;
+		}
 		if (strcmp(a, "--worker") == 0) {
 			worker = 1;
 			continue;
@@ -4536,6 +4774,7 @@ int main(int argc, char **argv)
 	if (lfd < 0) {
 		/* A VM guest: connections are the streams of the mux on the port (vmux.c). */
 		int vfd = vmux_open(vmux_path, (int)vmux_fd, conn_adopt, logf_);
+		vmux_set_confine(guest_confine);
 		if (vfd < 0)
 			return 1;
 		if (watch_add(&g_vmux_w, W_VMUX, vfd, NULL, EPOLLIN) < 0) {

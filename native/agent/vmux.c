@@ -80,7 +80,7 @@
 #define INBUF_CAP (2 * (MUX_HDR + MUX_MAX_PAYLOAD))
 
 enum { T_HELLO = 1, T_HELLO_ACK = 2, T_OPEN = 3, T_DATA = 4, T_CREDIT = 5, T_CLOSE = 6, T_OP = 7, T_OP_REPLY = 8 };
-enum { OP_SYNC = 1, OP_KILL_ALL = 2, OP_PROCS = 3, OP_SET_TIME = 4, OP_RESEED = 5 };
+enum { OP_SYNC = 1, OP_KILL_ALL = 2, OP_PROCS = 3, OP_SET_TIME = 4, OP_RESEED = 5, OP_CONFINE = 6 };
 enum { K_PORT = 1, K_TIMER, K_STREAM };
 
 struct mchunk {
@@ -124,6 +124,7 @@ static struct {
 	uint64_t skipped; /* bytes skipped while resynchronising, since the last valid frame */
 	vmux_adopt_fn adopt;
 	vmux_log_fn log;
+	vmux_confine_fn confine;
 } M = { .ep = -1, .port = -1, .tfd = -1, .port_kind = K_PORT, .timer_kind = K_TIMER };
 
 /* ---- CRC-32 (IEEE 802.3, reflected 0xEDB88320; zlib's crc32), slicing by 8 ------------ */
@@ -662,6 +663,10 @@ static void on_op(const unsigned char *p, uint32_t len)
 		close(fd);
 		break;
 	}
+	case OP_CONFINE:
+		/* The confinement of the guest's commands (agent.c guest_confine): only as init. */
+		res = getpid() != 1 ? -EPERM : M.confine ? M.confine(p + 6, len - 6) : -ENOSYS;
+		break;
 	default:
 		res = -ENOSYS;
 	}
@@ -866,6 +871,11 @@ int vmux_open(const char *path, int fd, vmux_adopt_fn adopt, vmux_log_fn log)
 	}
 	port_update_events();
 	return M.ep;
+}
+
+void vmux_set_confine(vmux_confine_fn fn)
+{
+	M.confine = fn;
 }
 
 void vmux_run(void)

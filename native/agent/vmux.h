@@ -12,6 +12,8 @@
 #ifndef DSEC_VMUX_H
 #define DSEC_VMUX_H
 
+#include <stdint.h>
+
 /* Serve fd (AF_UNIX SOCK_STREAM, non-blocking, close-on-exec) as an accepted connection.
  * Returns 0, or -1 when it cannot (the callee then has closed fd). */
 typedef int (*vmux_adopt_fn)(int fd);
@@ -22,6 +24,12 @@ typedef void (*vmux_log_fn)(const char *fmt, ...) __attribute__((format(printf, 
  * is NULL, on the inherited fd `fd` (tests: a socketpair end). Returns an fd to watch for
  * EPOLLIN (never blocks), or -1 with the reason logged. */
 int vmux_open(const char *path, int fd, vmux_adopt_fn adopt, vmux_log_fn log);
+
+/* Handler of the op CONFINE (the confinement of the guest's commands, agent.c
+ * guest_confine): gets the op's argument bytes, returns its result (>= 0, or -errno).
+ * Without one, CONFINE answers -ENOSYS. */
+typedef int32_t (*vmux_confine_fn)(const unsigned char *p, uint32_t len);
+void vmux_set_confine(vmux_confine_fn fn);
 
 /* Handles every event that is ready on the mux (port, streams, reconnect timer); never
  * blocks. Call when the fd from vmux_open() is readable. */

@@ -2,10 +2,14 @@
  * The attack suite against the microvm tier (real QEMU `-M microvm`, TCG here): the attacks
  * of test/attacks/*.test.ts that apply to a VM, run as root inside the guest.
  *
- * Policy (docs/SECURITY.md "The microvm tier"): inside a microVM the guest kernel is the
- * boundary. The agent runs commands as guest root with every capability, so mounting,
- * sysctls or raw devices are the guest's own business; what must hold is that nothing
- * of it reaches the host: the image's layers (shared by every VM as read-only persistent
+ * Policy (docs/SECURITY.md "The microvm tier"): two boundaries. Inside the guest, every
+ * command is confined like a container sandbox's process (the guest agent applies it at
+ * boot, before any command runs): the image's system paths are read-only mounts
+ * (readonly_paths; writable_paths stay writable), the capability sets are Docker's
+ * default, no_new_privs is set, the seccomp profile's denials answer EPERM, and Landlock
+ * restricts writes where the guest kernel has it. The agent itself stays guest root with
+ * every capability. Below that, the guest kernel is the boundary: nothing a command does
+ * reaches the host: the image's layers (shared by every VM as read-only persistent
  * memory) stay byte for byte what they were, no host file, socket, process or address is
  * reachable, the VM's memory, disk and threads stay within what its cgroup and disk file
  * allow, QEMU stays confined, and a neighbouring microVM keeps working after each attack.
@@ -20,7 +24,8 @@ import { existsSync, mkdtempSync, readFileSync, readdirSync, rmSync, statSync, w
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { IS_ROOT, TestDaemon } from '../integration/harness.js';
+import { execa } from 'execa';
+import { IS_ROOT, REPO, TestDaemon } from '../integration/harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
 const HAS_KERNEL = existsSync('/usr/local/lib/dsec/guest/vmlinuz');
@@ -50,13 +55,13 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
 
   /** The neighbour microVM still runs commands (asserted after every attack). */
   async function neighbourAlive(): Promise<void> {
-    expect((await sh(neighbour, 'echo alive; cat /etc/neighbour-mark')).out).toBe('alive\nmine\n');
+    expect((await sh(neighbour, 'echo alive; cat /root/neighbour-mark')).out).toBe('alive\nmine\n');
   }
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 93, config: '[vm]\naccel = "tcg"\n' });
     neighbour = (await d.client.createSandbox({ image: 'busybox', backend: 'microvm', memory_bytes: 192 * MiB })).id;
-    await sh(neighbour, 'echo mine > /etc/neighbour-mark');
+    await sh(neighbour, 'echo mine > /root/neighbour-mark');
     attacker = (await d.client.createSandbox({ image: 'busybox', backend: 'microvm', memory_bytes: 192 * MiB })).id;
     sentinelDir = mkdtempSync('/tmp/dsec-microvm-attack-');
     writeFileSync(path.join(sentinelDir, 'secret'), 'host secret\n');
@@ -66,7 +71,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     if (sentinelDir) rmSync(sentinelDir, { recursive: true, force: true });
   });
 
-  it('the layers are shared read-only persistent memory: overwriting /bin/busybox changes only the VM\'s own writable disk; writing /dev/pmem0 changes nothing on the host', async () => {
+  it('the layers are shared read-only persistent memory: /bin/busybox cannot be replaced (read-only in the guest); writing /dev/pmem0 changes nothing on the host', async () => {
     const pmemDir = path.join(d.root, 'vm', 'pmem');
     const copies = readdirSync(pmemDir).filter((f) => f.endsWith('.img')).map((f) => path.join(pmemDir, f));
     expect(copies.length).toBeGreaterThan(0);
@@ -81,26 +86,28 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     const inside = await sh(attacker, 'ls -d /sys/block/pmem* | wc -l; cat /sys/block/pmem0/queue/dax; grep -c "^overlay / overlay" /proc/mounts');
     expect(inside.out).toBe(`${blobs.length}\n1\n1\n`);
 
-    // Guest root replaces the shell (copy-up into its writable disk), remounts the layer rw, writes the raw device.
+    // Guest root tries to replace the shell, mount the layer rw, and writes the raw device.
     const r = await sh(attacker, [
       // The running busybox cannot be written in place (ETXTBSY): move it aside and put a changed copy at its path.
       'mv /bin/busybox /bin/busybox.old && cat /bin/busybox.old > /bin/busybox && echo evil >> /bin/busybox && chmod 755 /bin/busybox; echo replace=$?',
-      'mkdir -p /mnt/l && mount -t erofs /dev/pmem0 /mnt/l && echo pwned > /mnt/l/pwned; echo lowerwrite=$?',
+      'mkdir -p /tmp/l && mount -t erofs /dev/pmem0 /tmp/l && echo pwned > /tmp/l/pwned; echo lowerwrite=$?',
       'dd if=/dev/zero of=/dev/pmem0 bs=4096 count=16 conv=notrunc 2>/dev/null; echo dd=$?',
-      'sync; echo 3 > /proc/sys/vm/drop_caches; dd if=/dev/pmem0 bs=4096 count=1 iflag=direct 2>/dev/null | md5sum',
+      'sync; dd if=/dev/pmem0 bs=4096 count=1 iflag=direct 2>/dev/null | md5sum',
       'sync',
     ].join('; '));
-    expect(r.out).toMatch(/replace=0/); // its own upper layer: the guest kernel allows it
-    // A second mount of the layer is refused (busy), and EROFS has no write support anyway.
+    // /bin is a read-only mount in the guest (readonly_paths): even guest root cannot move or replace it.
+    expect(r.out).toMatch(/replace=[1-9]/);
+    expect(r.out).toMatch(/Read-only file system/);
+    // mount is denied (no CAP_SYS_ADMIN, seccomp), and EROFS has no write support anyway.
     expect(r.out).toMatch(/lowerwrite=[1-9]/);
-    // The raw write "succeeds" in the guest, but the range is ROM to it: the first block reads back as the layer's.
-    expect(r.out).toMatch(/dd=0/);
+    // Whether or not the raw write "succeeds" in the guest, the range is ROM to it: the first block reads back as the layer's.
+    expect(r.out).toMatch(/dd=\d/);
     const first = createHash('md5').update(readFileSync(copies.find((f) => f.includes(blobs[0].replace(/^sha256:/, '')))!).subarray(0, 4096)).digest('hex');
     expect(r.out).toContain(`${first}  -`);
     // The host's layer copies are byte for byte what they were.
     for (const f of copies) expect(sha256(f)).toBe(before.get(f));
-    // The attacker sees its own changed copy; the neighbour, mapping the same pages, still has the real busybox.
-    expect((await sh(attacker, 'tail -c 5 /bin/busybox')).out).toBe('evil\n');
+    // Both guests, mapping the same pages, still have the real busybox.
+    expect((await sh(attacker, 'sha256sum /bin/busybox')).out).toBe(neighbourSum);
     expect((await sh(neighbour, 'sha256sum /bin/busybox')).out).toBe(neighbourSum);
     await neighbourAlive();
   }, 900_000);
@@ -129,23 +136,25 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
     await neighbourAlive();
   });
 
-  it('guest root may mount and set sysctls inside: the host\'s mount table and sysctls are unchanged, QEMU stays confined', async () => {
+  it('guest root can neither mount nor set sysctls: the host\'s mount table and sysctls are unchanged, QEMU stays confined', async () => {
     const mountsBefore = hostMounts();
     const overcommit = readFileSync('/proc/sys/vm/overcommit_memory', 'utf8');
     const swappiness = readFileSync('/proc/sys/vm/swappiness', 'utf8');
     const r = await sh(attacker, [
-      'mkdir -p /mnt/x && mount -t tmpfs t /mnt/x; echo mount=$?',
-      'mount -t proc p /mnt/x 2>/dev/null; echo proc=$?',
+      'mkdir -p /tmp/x && mount -t tmpfs t /tmp/x; echo mount=$?',
+      'mount -t proc p /tmp/x 2>/dev/null; echo proc=$?',
       `v=$(cat /proc/sys/vm/overcommit_memory); echo $(( (v + 1) % 3 )) > /proc/sys/vm/overcommit_memory; echo sysctl=$?`,
       'echo 7 > /proc/sys/vm/swappiness; echo swap=$?',
     ].join('; '));
-    // The guest kernel is the boundary: all of this is allowed in the guest.
-    expect(r.out).toMatch(/mount=0/);
-    expect(r.out).toMatch(/sysctl=0/);
+    // Confined like a container: no CAP_SYS_ADMIN, mount denied by seccomp, /proc/sys a read-only mount.
+    expect(r.out).toMatch(/mount=[1-9]/);
+    expect(r.out).toMatch(/proc=[1-9]/);
+    expect(r.out).toMatch(/sysctl=[1-9]/);
+    expect(r.out).toMatch(/swap=[1-9]/);
     expect(readFileSync('/proc/sys/vm/overcommit_memory', 'utf8')).toBe(overcommit);
     expect(readFileSync('/proc/sys/vm/swappiness', 'utf8')).toBe(swappiness);
     const after = hostMounts();
-    expect(after.filter((m) => m.startsWith('/mnt/x'))).toEqual([]);
+    expect(after.filter((m) => m.startsWith('/tmp/x'))).toEqual([]);
     expect(after.filter((m) => !mountsBefore.includes(m) && m.startsWith('/mnt'))).toEqual([]);
     // The VMM: its own mount namespace, an unprivileged uid, seccomp filters, as the kernel reports them.
     const got = await d.client.getSandbox(attacker);
@@ -180,6 +189,117 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('attacks against a microvm
       srv.close();
     }
     await neighbourAlive();
+  });
+
+  it('system paths are read-only in the guest: overwriting /bin/sh and /etc/passwd fails, a later command runs the real /bin/sh', async () => {
+    const r = await sh(attacker, [
+      'printf "#!/bin/busybox sh\\necho HIJACKED\\n" > /tmp/evil && chmod 755 /tmp/evil; echo evil=$?',
+      'cp /tmp/evil /bin/sh; echo cp=$?',
+      'rm -f /bin/sh; echo rm=$?',
+      'mv /tmp/evil /bin/sh; echo mv=$?',
+      'echo "evil::0:0::/:/bin/sh" >> /etc/passwd; echo passwd=$?',
+      'touch /usr/bin/x; echo usr=$?',
+      'mkdir /newtop; echo top=$?',
+      'echo mine > /root/x && cat /root/x; echo root=$?',
+      'grep -c evil /etc/passwd',
+    ].join('; '));
+    expect(r.out).toMatch(/evil=0/);
+    for (const k of ['cp', 'rm', 'mv', 'passwd', 'usr', 'top']) expect(r.out).toMatch(new RegExp(`${k}=[1-9]`));
+    expect(r.out).toMatch(/Read-only file system/);
+    expect(r.out).toMatch(/mine\nroot=0/); // /root: a writable top-level directory
+    expect(r.out.trim().split('\n').at(-1)).toBe('0');
+    // A later "grader" command gets the image's shell.
+    const later = await d.client.exec(attacker, { argv: ['/bin/sh', '-c', 'echo real-shell'] });
+    expect(later.stdout.toString()).toBe('real-shell\n');
+    const got = await d.client.getSandbox(attacker);
+    expect(got.defences).toMatchObject({ readonly_paths: { enforced: true }, capabilities: { enforced: true }, no_new_privileges: { enforced: true }, seccomp: { enforced: true } });
+    expect(got.defences!.readonly_paths.detail).toMatch(/read-write binds: .*\/root/);
+    await neighbourAlive();
+  });
+
+  it('guest commands run with Docker\'s default capabilities, no_new_privs and the seccomp profile: mount, unshare, bpf, io_uring fail with EPERM', async () => {
+    const tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-microvm-probe-'));
+    try {
+      await execa('gcc', ['-static', '-O1', '-o', path.join(tmp, 'probe'), path.join(REPO, 'test/attacks/seccomp-probe.c')]);
+      const probe = readFileSync(path.join(tmp, 'probe'));
+      const probes = ['mount', 'umount2', 'bpf', 'unshare_user', 'clone_user', 'setns', 'io_uring_setup', 'userfaultfd', 'keyctl', 'perf_event_open', 'ptrace', 'TIOCSTI', 'init_module', 'kexec_load'];
+      const r = await d.client.exec(attacker, {
+        argv: ['sh', '-c', [
+          'cat > /tmp/probe && chmod +x /tmp/probe || exit 99',
+          `for n in ${probes.join(' ')} getpid clone3; do /tmp/probe $n; done`,
+          'grep -E "^(CapEff|CapPrm|CapBnd|CapAmb|NoNewPrivs|Seccomp):" /proc/self/status',
+          'unshare -m true; echo unshare_m=$?',
+          'unshare -U true; echo unshare_u=$?',
+          'mknod /tmp/sda b 8 0; echo mknod=$?',
+          // The guest agent (pid 1, every capability, non-dumpable) is out of reach without CAP_SYS_PTRACE.
+          'cat /proc/1/environ >/dev/null; echo environ=$?',
+          'readlink /proc/1/fd/0; echo agentfd=$?',
+        ].join('\n')],
+        stdin: probe,
+      });
+      const out = r.stdout.toString() + r.stderr.toString();
+      const lines = new Map(out.split('\n').map((l) => l.split(/\s+/)).filter((p) => p.length >= 2).map((p) => [p[0], p[1]]));
+      expect(probes.filter((n) => lines.get(n) !== 'EPERM').map((n) => `${n}=${lines.get(n)}`), out).toEqual([]);
+      expect(lines.get('getpid')).toBe('ok');
+      expect(lines.get('clone3')).toBe('ENOSYS');
+      // Docker's default set (CAP_CHOWN ... CAP_SETFCAP, without CAP_SYS_ADMIN and the rest): a80425fb.
+      for (const k of ['CapEff:', 'CapPrm:', 'CapBnd:']) expect(lines.get(k), out).toBe('00000000a80425fb');
+      expect(lines.get('CapAmb:')).toBe('0000000000000000');
+      expect(lines.get('NoNewPrivs:')).toBe('1');
+      expect(lines.get('Seccomp:')).toBe('2');
+      expect(out).toMatch(/unshare_m=[1-9]/);
+      expect(out).toMatch(/unshare_u=[1-9]/);
+      expect(out).toMatch(/mknod=0/); // CAP_MKNOD is in Docker's set, as in a container
+      expect(out).toMatch(/environ=[1-9]/);
+      expect(out).toMatch(/agentfd=[1-9]/);
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
+    }
+    await neighbourAlive();
+  }, 300_000);
+
+  it('writable_paths are writable in the guest, below a read-only path too; Landlock applies where the guest kernel has it', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', backend: 'microvm', memory_bytes: 160 * MiB, filesystem: { writable_paths: ['/work', '/usr/local'] } });
+    try {
+      const r = await sh(sb.id, [
+        'echo w > /work/f && cat /work/f; echo work=$?',
+        'mkdir -p /usr/local/bin && echo l > /usr/local/bin/t; echo local=$?',
+        'echo u > /usr/bin/t; echo usr=$?',
+        'touch /dev/evil; echo devnode=$?',
+        // The guest kernel's Landlock ABI, asked independently of dsec's record (the agent binary's probe mode).
+        '/dev/.dsec-agent --landlock-abi; echo',
+      ].join('; '));
+      expect(r.out).toMatch(/w\nwork=0/);
+      expect(r.out).toMatch(/local=0/);
+      expect(r.out).toMatch(/usr=[1-9]/);
+      const got = await d.client.getSandbox(sb.id);
+      expect(got.defences!.readonly_paths.detail).toMatch(/\/work/);
+      expect(got.defences!.readonly_paths.detail).toMatch(/\/usr\/local/);
+      // Landlock: only file writes under /dev, no new entries there (devtmpfs is a writable mount otherwise).
+      console.log(`microvm guest landlock: ${got.defences!.landlock.detail}`);
+      // Where the guest kernel has Landlock, commands must run under it: the devnode write shows it acts.
+      const abi = Number(/\{"abi":(\d+)/.exec(r.out)?.[1] ?? 'NaN');
+      expect(abi, r.out).toBeGreaterThanOrEqual(0);
+      if (abi > 0) {
+        expect(r.out).toMatch(/devnode=[1-9]/);
+        expect(got.defences!.landlock.enforced).toBe(true);
+      } else {
+        expect(got.defences!.landlock).toMatchObject({ enforced: false });
+        expect(got.defences!.landlock.detail).toMatch(/no Landlock/);
+      }
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+    await neighbourAlive();
+  }, 600_000);
+
+  it('network allow and open are refused for a microvm (the guest has only loopback)', async () => {
+    for (const mode of ['allow', 'open'] as const) {
+      await expect(d.client.createSandbox({ image: 'busybox', backend: 'microvm', network: { mode } })).rejects.toThrow(/no network yet.*mode none/);
+      // Nor can a running microVM be switched to it (the update path of the same check).
+      await expect(d.client.setNetwork(attacker, { mode })).rejects.toThrow(/no network yet.*mode none/);
+    }
+    expect((await d.client.getSandbox(attacker)).network ?? null).toBeNull();
   });
 
   it('a memory bomb and a fork bomb stay inside the guest: QEMU keeps within its cgroup, the neighbour keeps working, a restart recovers the guest', async () => {

@@ -106,6 +106,10 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots
     const firstExecMs = performance.now() - t3;
     // The very process of the source, resumed: same pid, same program, alive.
     expect(await sh(r.id, `kill -0 ${guestPid} && cat /proc/${guestPid}/cmdline | tr '\\0' ' '`)).toBe('sleep 1000 ');
+    // The guest's confinement came with its RAM: system paths stay read-only, and inspect says so.
+    expect(await sh(r.id, 'echo x > /bin/sh-hijack 2>&1 || echo refused')).toMatch(/refused/);
+    const defences = (await d.client.getSandbox(r.id)).defences as Record<string, { enforced: boolean }>;
+    expect(defences.readonly_paths?.enforced).toBe(true);
     // The new VM's QEMU was started to receive a migration and is this sandbox's.
     expect(readFileSync(`/proc/${r.init_pid}/cmdline`, 'utf8').split('\0')).toEqual(expect.arrayContaining(['-incoming', 'defer']));
     expect(await (await d.cgroups()).pids(r.id)).toContain(r.init_pid);

@@ -152,7 +152,8 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm sandboxes', () =>
   });
 
   it('stop/start keeps the writable layer on the disk', async () => {
-    await d.client.exec(id, { argv: ['sh', '-c', 'echo kept > /state; mkdir -p /srv/x; echo deep > /srv/x/f'] });
+    // /root and /var: writable top-level directories of the image (the root itself is read-only in the guest).
+    await d.client.exec(id, { argv: ['sh', '-c', 'echo kept > /root/state; mkdir -p /var/x; echo deep > /var/x/f'] });
     const stopped = await d.client.stopSandbox(id);
     expect(stopped).toMatchObject({ state: 'stopped', init_pid: null });
     expect(procsMentioning(path.join(d.root, 'sandboxes', id))).toEqual([]);
@@ -160,8 +161,11 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm sandboxes', () =>
     expect((await rejection(d.client.exec(id, { argv: ['true'] }))).code).toBe('FailedPrecondition');
     const started = await d.client.startSandbox(id);
     expect(started.state).toBe('running');
-    const r = await d.client.exec(id, { argv: ['cat', '/state', '/srv/x/f', '/root/in.bin'] });
+    const r = await d.client.exec(id, { argv: ['cat', '/root/state', '/var/x/f', '/root/in.bin'] });
     expect(r.stdout.toString().startsWith('kept\ndeep\n')).toBe(true);
+    // The new boot confined its commands again: read-only /bin, no_new_privs.
+    const c = await d.client.exec(id, { argv: ['sh', '-c', 'touch /bin/x; echo bin=$?; grep NoNewPrivs /proc/self/status'] });
+    expect(c.stdout.toString()).toMatch(/bin=1\nNoNewPrivs:\s+1\n/);
   });
 
   it('survives kill -9 of dsecd: the VM is adopted, execs work, the old streams are dropped in the guest', async () => {
@@ -179,6 +183,9 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm sandboxes', () =>
     // dsecd's streams and killed their (non-detached) execs, as for a dropped socket.
     expect((await d.client.exec(id, { argv: ['cat', '/tmp/marker'] })).stdout.toString()).toBe('marker\n');
     expect((await d.client.exec(id, { argv: alive })).exit_code).toBe(1);
+    // The adopted guest keeps its confinement, and the new dsecd reports it.
+    expect((await d.client.exec(id, { argv: ['grep', 'NoNewPrivs', '/proc/self/status'] })).stdout.toString()).toMatch(/NoNewPrivs:\s+1/);
+    expect(after.defences).toMatchObject({ readonly_paths: { enforced: true }, seccomp: { enforced: true } });
   });
 
   it('a microVM that no store row accounts for is killed and removed at start', async () => {

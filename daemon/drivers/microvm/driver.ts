@@ -15,6 +15,11 @@
  * QMP and rebinds agent.sock; the next agent connection opens a new mux session, and the
  * guest drops the previous dsecd's streams (their execs end as after a lost connection).
  *
+ * Inside the guest, every command is confined like a container process (confine.ts: the
+ * filesystem plan as read-only mounts, Docker's capability set, no_new_privs, the seccomp
+ * profile, Landlock), sent by {@link MicrovmDriver.bootGuest} at every boot before any
+ * command can run; the vm tier confines nothing inside its guest.
+ *
  * The VMM is confined by the launcher ({@link MicrovmDriver.confinement}: a mount namespace
  * holding only what QEMU needs, the sandbox's own host uid, dsec's seccomp filter below
  * QEMU's `-sandbox`; docs/SECURITY.md "VMM confinement"). The vm tier (daemon/drivers/vm)
@@ -77,6 +82,8 @@ import {
 } from './qemu.js';
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
+import { buildGuestConfinement, readGuestConfinement } from './confine.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../security/filesystem.js';
 
 /** How long stop waits for QEMU to exit after `quit` before SIGKILL: 5 s. */
 const QUIT_WAIT_MS = 5_000;
@@ -119,6 +126,11 @@ export interface MicrovmDriverDeps {
   launcher: string;
   vm: VmConfig;
   log: Logger;
+  /**
+   * `[filesystem]` of the config: the filesystem options of a sandbox row that has none
+   * (as for containers); default {@link DEFAULT_FILESYSTEM}.
+   */
+  filesystemDefaults?: ResolvedFilesystem;
 }
 
 /** What one boot's steps get (see {@link MicrovmDriver.bootGuest}). */
@@ -376,7 +388,7 @@ export class MicrovmDriver implements SandboxDriver {
     const digests = this.attachedLayers(sb);
     this.blobs.set(sb.id, digests);
     for (const dg of digests) layers.push(await this.d.blobPath(dg));
-    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate]) await rm(f, { force: true });
+    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate, this.confinementFile(sb.id)]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
     const pmem = await this.pmemFor(sb, plat, digests, layers, guestMiB);
@@ -606,8 +618,41 @@ export class MicrovmDriver implements SandboxDriver {
    * each raced by `ctx.step` against QEMU's exit and the boot deadline.
    */
   protected async bootGuest(sb: SandboxRecord, ctx: BootContext): Promise<void> {
-    await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
-    await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    const session = await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
+    const client = await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    if (this.backend === 'microvm') await ctx.step(this.confineGuest(sb, client, session));
+  }
+
+  /** `<sandbox dir>/guest-confinement.json`: what the running guest's agent applied (confine.ts). */
+  protected confinementFile(id: string): string {
+    return path.join(this.dir(id), 'guest-confinement.json');
+  }
+
+  /** The filesystem options in force for `sb` (resolved at create; older rows: now), as for containers. */
+  protected filesystemOf(sb: SandboxRecord): ResolvedFilesystem {
+    return resolveFilesystem(sb.filesystem, sb.imageConfig.security, this.d.filesystemDefaults ?? DEFAULT_FILESYSTEM);
+  }
+
+  /**
+   * Plans and sends the confinement of the guest's commands (confine.ts), then records it.
+   * The guest agent refuses every exec until it has applied this, so a failure here
+   * fails the boot. @throws DsecError FailedPrecondition (options the image cannot
+   * honour, no syscall table), Internal (the agent refused: errno).
+   */
+  private async confineGuest(sb: SandboxRecord, client: AgentClient, session: { op: (op: GuestOp, arg?: Buffer, timeoutMs?: number) => Promise<number> }): Promise<void> {
+    let c;
+    try {
+      c = await buildGuestConfinement({
+        fs: this.filesystemOf(sb), imageSeccomp: sb.imageConfig.security?.seccomp ?? undefined, sandboxSeccomp: sb.seccomp ?? undefined,
+      }, client);
+    } catch (e) {
+      if (e instanceof DsecError) throw new DsecError(e.kind, `sandbox ${sb.id}: ${e.message}`, { cause: e });
+      throw e;
+    }
+    const abi = await session.op(GuestOp.CONFINE, c.payload, 60_000);
+    const rec = c.record(abi);
+    await writeFile(this.confinementFile(sb.id), JSON.stringify(rec), { mode: 0o600 });
+    this.d.log.info({ id: sb.id, binds: rec.plan.binds.length, rules: rec.seccomp.rules, landlockAbi: abi }, 'guest commands confined');
   }
 
   /**
@@ -776,7 +821,7 @@ export class MicrovmDriver implements SandboxDriver {
     this.pmemLayouts.delete(sb.id);
     await this.d.cgroups.remove(sb.id);
     const p = vmPaths(dir);
-    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, p.migrate]) await rm(f, { force: true });
+    for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, p.migrate, this.confinementFile(sb.id)]) await rm(f, { force: true });
   }
 
   async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
@@ -857,6 +902,44 @@ export class MicrovmDriver implements SandboxDriver {
    * seccomp mode and filter count (/proc/<pid>/status). Nothing is taken from the config.
    */
   async defences(sb: SandboxRecord): Promise<Record<string, DefenceStatus>> {
+    return { ...this.vmmDefences(sb), ...this.guestDefences(sb) };
+  }
+
+  /**
+   * The in-guest defences of `sb` (readonly_paths, capabilities, no_new_privileges,
+   * seccomp, landlock), from the record the current boot wrote after the guest agent
+   * applied them (confine.ts); nothing is taken from the request. The vm tier confines
+   * nothing inside its guest and says so.
+   */
+  protected guestDefences(sb: SandboxRecord): Record<string, DefenceStatus> {
+    const names = ['readonly_paths', 'capabilities', 'no_new_privileges', 'seccomp', 'landlock'] as const;
+    const all = (d: DefenceStatus) => Object.fromEntries(names.map((n) => [n, d])) as Record<string, DefenceStatus>;
+    if (this.backend !== 'microvm') {
+      return all({ enforced: false, detail: 'vm tier: commands run as root of the guest with every capability, no seccomp filter and a writable root; the guest kernel (and the VMM confinement) is the only boundary' });
+    }
+    const rec = sb.state === 'running' || sb.state === 'paused' ? readGuestConfinement(this.confinementFile(sb.id)) : null;
+    const fs = this.filesystemOf(sb);
+    if (!rec) return all({ enforced: false, detail: sb.state === 'running' || sb.state === 'paused' ? 'no confinement record for the running guest (it was not applied at this boot)' : `sandbox is ${sb.state}; applied by the guest agent at its next boot` });
+    const rw = rec.plan.binds.filter((b) => !b.readonly).map((b) => b.path);
+    const ro = rec.plan.binds.filter((b) => b.readonly).map((b) => b.path);
+    const lacking = ['CAP_SYS_ADMIN', 'CAP_SYS_PTRACE', 'CAP_NET_ADMIN', 'CAP_SYS_MODULE', 'CAP_SYS_RAWIO', 'CAP_SYS_BOOT', 'CAP_SYS_TIME', 'CAP_BPF'].filter((c) => !rec.caps.includes(c));
+    return {
+      readonly_paths: rec.plan.readonlyRoot
+        ? { enforced: true, detail: `in the guest: root mount read-only (readonly_paths ${fs.readonly_paths.join(' ')}); read-write binds: ${rw.join(' ') || 'nothing'}${ro.length ? `; read-only below those: ${ro.join(' ')}` : ''}` }
+        : { enforced: false, detail: 'off for this sandbox (readonly_paths []): the guest root is read-write' },
+      capabilities: { enforced: true, detail: `every guest command: bounding/effective/permitted set ${rec.caps.length} capabilities (CapEff ${rec.capMaskHex}); without ${lacking.join(', ')}; the guest agent itself keeps all` },
+      no_new_privileges: { enforced: true, detail: 'set on every guest command' },
+      seccomp: { enforced: true, detail: `every guest command: ${rec.seccomp.rules} x86-64 rules from the profile and overrides, EPERM for ${rec.seccomp.denied.length} syscalls (${rec.seccomp.denied.slice(0, 12).join(', ')}${rec.seccomp.denied.length > 12 ? ', ...' : ''}), by argument: ${rec.seccomp.conditional.join(', ') || 'none'}; other ABIs (i386, x32) kill the process; denials not counted` },
+      landlock: !rec.landlock.asked
+        ? { enforced: false, detail: 'off for this sandbox (filesystem.landlock false)' }
+        : rec.landlock.abi > 0
+          ? { enforced: true, detail: `Landlock ABI ${rec.landlock.abi} on every guest command: read and execute everywhere, every right on ${rec.plan.writable.length} writable path(s), file writes and terminal ioctls only under /dev` }
+          : { enforced: false, detail: 'asked for, but the guest kernel has no Landlock (not in its lsm= list): guest commands run without it' },
+    };
+  }
+
+  /** The VMM's confinement (see {@link defences}). */
+  private vmmDefences(sb: SandboxRecord): Record<string, DefenceStatus> {
     const pid = sb.initPid;
     if (pid === null || !isVmmOf(pid, this.dir(sb.id))) {
       const none = { enforced: false, detail: 'the VMM is not running' };
@@ -1012,6 +1095,9 @@ export class MicrovmDriver implements SandboxDriver {
     await s.op(GuestOp.SET_TIME, u64(BigInt(Date.now()) * 1_000_000n))
       .catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'setting the guest clock after a restore failed'));
     await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
+    // The resumed guest's commands are confined as the source's were (its agent's state
+    // came with the RAM); no record means the source was not confined, and inspect says so.
+    if (this.backend === 'microvm') await copyFile(path.join(r.dir, GUEST_CONFINEMENT_FILE), this.confinementFile(sb.id)).catch(() => {});
   }
 
   /**
@@ -1053,6 +1139,9 @@ export class MicrovmDriver implements SandboxDriver {
     try {
       // QMP stop has drained and flushed the disks: the file is what the guest's RAM expects.
       disk = await copyDisk(this.writableDisk(sb.id), path.join(dir, MACHINE_DISK_FILE));
+      // The guest's confinement is part of its RAM state: a restore resumes it as applied,
+      // so the record of what was applied travels with the snapshot.
+      if (this.backend === 'microvm') await copyFile(this.confinementFile(sb.id), path.join(dir, GUEST_CONFINEMENT_FILE)).catch(() => {});
       state = await this.migrateOut(sb, path.join(dir, MACHINE_STATE_FILE));
       failed = false;
     } finally {
@@ -1220,6 +1309,9 @@ export function pmemFileBytes(blobBytes: number): number {
  * the stream would carry every layer, and loading it would write into the read-only
  * mapping (QEMU dies of SIGSEGV).
  */
+/** The copy of the source's `guest-confinement.json` in a machine snapshot's dir. */
+const GUEST_CONFINEMENT_FILE = 'guest-confinement.json';
+
 const IGNORE_SHARED = [{ capability: 'x-ignore-shared', state: true }];
 
 function sleep(ms: number): Promise<void> {

@@ -34,8 +34,10 @@
  *      lazily unmounts its own layer and disk mounts (the overlay holds private clones),
  *      brings up loopback, sets the hostname;
  *   6. `switch_root`s into /newroot and runs the agent as PID 1 of the guest's root:
- *      `/dev/.dsec-agent --vmux /dev/virtio-ports/dsec.agent`, its stderr on the
- *      `dsec.log` port (the host's agent.log).
+ *      `/dev/.dsec-agent --vmux /dev/virtio-ports/dsec.agent --guest-confine`, its stderr
+ *      on the `dsec.log` port (the host's agent.log). `--guest-confine` (microvm only, not
+ *      a vm tier root disk): the agent runs no command until dsecd sent the confinement
+ *      of commands (confine.ts: read-only paths, capabilities, seccomp, Landlock).
  * Any failure prints `dsec-init: FATAL: …` on the console and reboots, which ends QEMU
  * (`-no-reboot`), so a broken boot fails fast with the reason in the console log.
  * With `dsec.probe=1` on the command line it stops after step 2 (the KVM probe boot).
@@ -47,7 +49,7 @@ import { failedPrecondition } from '../../errors.js';
 import { builtinModules, indexModules, moduleName, readModuleFile, resolveModules, type KernelModule } from './kmod.js';
 
 /** Bumped whenever the archive layout or the init script's contract changes. */
-export const INITRAMFS_BUILDER_VERSION = 3;
+export const INITRAMFS_BUILDER_VERSION = 4;
 
 /**
  * Modules the guest needs, beyond what Debian's kernel has built in: the virtio-mmio
@@ -306,12 +308,15 @@ while [ "$i" -lt "$layers" ]; do
   i=$((i + 1))
 done
 [ -n "$root" ] || umount -l /rw
+# microvm: the agent refuses commands until dsecd sent their confinement (confine.ts); the vm tier's root disk is the guest's own.
+confine=--guest-confine
+[ -n "$root" ] && confine=""
 hostname "$host"
 ip link set lo up
 echo "dsec-init: starting the agent"
 log=/newroot/dev/virtio-ports/${LOG_PORT}
 [ -e "$log" ] || log=/newroot/dev/console
-exec switch_root /newroot /dev/.dsec-agent --vmux /dev/virtio-ports/${AGENT_PORT} </newroot/dev/null >"$log" 2>&1
+exec switch_root /newroot /dev/.dsec-agent --vmux /dev/virtio-ports/${AGENT_PORT} $confine </newroot/dev/null >"$log" 2>&1
 `;
 }
 

@@ -78,6 +78,12 @@ export enum GuestOp {
   SET_TIME = 4,
   /** Mix the given 16-256 host random bytes into the guest's pool as entropy and reseed its CRNG (after a restore). Result 0 or -errno. */
   RESEED = 5,
+  /**
+   * The confinement of the guest's commands (daemon/drivers/microvm/confine.ts
+   * confinePayload; native/agent/agent.c guest_confine), once per boot. Result: the
+   * Landlock ABI the commands get (0: none), or -errno (nothing runs then).
+   */
+  CONFINE = 6,
 }
 
 /** One decoded frame. */

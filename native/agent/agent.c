@@ -2010,7 +2010,7 @@ static void gc_child_caps(int errfd)
 {
 	if (g_gc.landlock) {
 		char err[PATH_MAX + 64];
-		if (landlock_apply((const char *const *)g_gc.writable, g_gc.nwritable, err, sizeof err) < 0)
+		if (landlock_apply((const char *const *)g_gc.writable, g_gc.nwritable, 0, err, sizeof err) < 0)
 			child_fail(errfd, ST_SETUP, errno ? errno : EPERM);
 	}
 	for (int cap = 0; cap < 64; cap++) {

@@ -40,7 +40,7 @@ import {
   PROTO_ANY, type CompiledEgress, type DenialCounters, type EffectiveNetwork, type PortRange,
 } from '../security/egress.js';
 import type { PolicySet } from '../security/egress-policy.js';
-import { addressForSlot, formatAddr, formatPrefix, parseAddr, parsePrefix, parseSubnet, type Prefix, type Subnet } from './addr.js';
+import { addressForSlot, formatAddr, parseAddr, parsePrefix, parseSubnet, type Prefix, type Subnet } from './addr.js';
 import { HostNames } from './hostnames.js';
 import { InstanceNetwork, SLIRP } from './instance.js';
 import { SandboxResolver } from './resolver.js';

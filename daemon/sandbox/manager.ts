@@ -19,7 +19,7 @@ import type { Backend, CreateSandboxRequest, DefenceStatus, ExecRequest, ExecRes
 import path from 'node:path';
 import { ExecRegistry, type ExecSession } from './execs.js';
 import type { DaemonConfig } from '../config.js';
-import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, notFound, resourceExhausted, unimplemented, wrap } from '../errors.js';
+import { conflict, DsecError, failedPrecondition, invalidArgument, isDsecError, resourceExhausted, unimplemented, wrap } from '../errors.js';
 import os, { constants as osConstants } from 'node:os';
 
 const { ENOENT, E2BIG } = osConstants.errno;

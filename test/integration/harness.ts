@@ -416,3 +416,25 @@ export function loopDevicesUnder(prefix: string): string[] {
   }
   return out.sort();
 }
+
+/** True while `pid` exists and is not a zombie (a reparented process may wait for its reaper: PID 1 here reaps late). */
+export function alive(pid: number): boolean {
+  try {
+    const st = readFileSync(`/proc/${pid}/stat`, 'utf8');
+    return !/^[ZX]$/.test(st.slice(st.lastIndexOf(')') + 2).split(' ')[0]);
+  } catch {
+    return false;
+  }
+}
+
+/** Pids of live (not zombie) processes, other than this one, whose command line contains `needle` (e.g. a QEMU of a test root). */
+export function procsMentioning(needle: string): number[] {
+  const out: number[] = [];
+  for (const p of readdirSync('/proc')) {
+    if (!/^\d+$/.test(p) || Number(p) === process.pid || !alive(Number(p))) continue;
+    try {
+      if (readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(needle)) out.push(Number(p));
+    } catch { /* gone */ }
+  }
+  return out;
+}

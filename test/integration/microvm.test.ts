@@ -9,36 +9,14 @@
  * Timings are printed for the report, never asserted.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, readFileSync, readdirSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { IS_ROOT, TestDaemon, rejection } from './harness.js';
+import { IS_ROOT, TestDaemon, alive, procsMentioning, rejection } from './harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
 const HAS_KERNEL = existsSync('/usr/local/lib/dsec/guest/vmlinuz');
-
-/** Pids of processes whose command line mentions `needle` (QEMU of a test root). */
-function procsMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p) || Number(p) === process.pid || !alive(Number(p))) continue;
-    try {
-      if (readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(needle)) out.push(Number(p));
-    } catch { /* gone */ }
-  }
-  return out;
-}
-
-/** True while `pid` exists and is not a zombie (a reparented QEMU may wait for its reaper). */
-function alive(pid: number): boolean {
-  try {
-    const st = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return !/^[ZX]$/.test(st.slice(st.lastIndexOf(')') + 2).split(' ')[0]);
-  } catch {
-    return false;
-  }
-}
 
 /** Reads a Readable to a Buffer. */
 async function slurp(r: NodeJS.ReadableStream): Promise<Buffer> {

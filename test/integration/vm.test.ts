@@ -20,33 +20,11 @@ import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
 import pty from 'node-pty';
-import { IS_ROOT, REPO, TestDaemon, rejection, runCli } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, alive, procsMentioning, rejection, runCli } from './harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64') && existsSync('/usr/share/seabios/bios-256k.bin');
 const HAS_KERNEL = existsSync('/usr/local/lib/dsec/guest/vmlinuz');
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
-
-/** True while `pid` exists and is not a zombie. */
-function alive(pid: number): boolean {
-  try {
-    const st = readFileSync(`/proc/${pid}/stat`, 'utf8');
-    return !/^[ZX]$/.test(st.slice(st.lastIndexOf(')') + 2).split(' ')[0]);
-  } catch {
-    return false;
-  }
-}
-
-/** Pids of live processes whose command line mentions `needle`. */
-function procsMentioning(needle: string): number[] {
-  const out: number[] = [];
-  for (const p of readdirSync('/proc')) {
-    if (!/^\d+$/.test(p) || Number(p) === process.pid || !alive(Number(p))) continue;
-    try {
-      if (readFileSync(`/proc/${p}/cmdline`, 'utf8').includes(needle)) out.push(Number(p));
-    } catch { /* gone */ }
-  }
-  return out;
-}
 
 async function slurp(r: NodeJS.ReadableStream): Promise<Buffer> {
   const parts: Buffer[] = [];

@@ -111,7 +111,7 @@ describe.skipIf(!IS_ROOT)('seccomp profile as a data file: validation and reload
     expect(empty.warnings).toHaveLength(1);
     expect(empty.warnings[0]).toMatch(new RegExp(`^seccomp profile ${profile.replace(/[.*+?^${}()|[\]\\/]/g, '\\$&')} does not deny 25 of the 25 core syscalls: bpf, mount,`));
     expect(d.stderr).toContain('does not deny 25 of the 25 core syscalls');
-    expect(await hostSeccomp()).toEqual({ enforced: false, detail: `profile ${profile} (sha256 ${empty.sha256.slice(0, 12)}) on every container sandbox and fncall worker: it denies no syscall` });
+    expect(await hostSeccomp()).toEqual({ enforced: false, detail: `profile ${profile} (sha256 ${empty.sha256.slice(0, 12)}) on every container sandbox and fncall worker (microvm: see microvm_guest): it denies no syscall` });
     const sb = await d.client.createSandbox({ image: 'busybox' });
     expect((await d.client.getSandbox(sb.id)).defences!.seccomp).toEqual({ enforced: false, detail: 'a seccomp filter from seccomp.json that denies no syscall (no denying rules)' });
     await d.client.deleteSandbox(sb.id, { force: true });

@@ -2078,6 +2078,71 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 	child_run(r, errfd);
 }
 
+/*
+ * Every command starts at oom_score_adj EXEC_OOM_SCORE_ADJ (or the agent's own value if
+ * that is higher); the agent stays where dsecd started it (normally 0). A memory
+ * cgroup's OOM kill takes the process with the largest badness, RSS + adj/1000 x the
+ * cgroup's limit. When the charge is in no process's RSS (tmpfs or memfd pages), or a
+ * second OOM comes while the first victim's memory is still being freed, the agent
+ * (about 1 MiB resident, more than `head` or `sh`) was the next choice at equal adj and
+ * the whole sandbox failed (seen in CI: dmesg showed `sh`, then `.dsec-agent` killed).
+ * At +500 a command outranks any agent smaller than half the cgroup's limit.
+ *
+ * How: the value is copied at fork, so the agent raises its own just before fork() and
+ * lowers it back right after, through an fd opened at start (oom_adj_open): a command
+ * cannot set its own, since Landlock denies writes under /proc to everything the agent
+ * starts, and the agent cannot open a child's file for the same reason. Lowering back
+ * needs no privilege because it never goes below the agent's starting value (the
+ * kernel's oom_score_adj_min). Lowering the agent instead would need CAP_SYS_RESOURCE
+ * in the host's user namespace, which some hosts (this one) do not grant, and would let
+ * commands lower themselves as far. For the length of one fork() the agent is at +500
+ * too; an OOM kill in exactly that window may still take it. A command may lower
+ * itself back to the agent's value, which only hurts its own sandbox. On the host the
+ * same value puts sandbox commands ahead of host daemons in a global OOM, the order an
+ * operator wants. Without /proc at start (a guest before its mounts) nothing changes.
+ */
+#define EXEC_OOM_SCORE_ADJ 500
+static int g_oom_fd = -1;   /* the agent's /proc/self/oom_score_adj, or -1 */
+static int g_oom_base;      /* the agent's own value at start */
+static char g_oom_base_s[16];
+static char g_oom_exec_s[16];
+
+/* At start, before Landlock. */
+static void oom_adj_open(void)
+{
+	int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+	if (fd < 0)
+		return;
+	char buf[16] = { 0 };
+	if (pread(fd, buf, sizeof buf - 1, 0) <= 0) {
+		close(fd);
+		return;
+	}
+	g_oom_base = atoi(buf);
+	if (g_oom_base >= EXEC_OOM_SCORE_ADJ) {
+		close(fd); /* commands inherit a value already as high */
+		return;
+	}
+	snprintf(g_oom_base_s, sizeof g_oom_base_s, "%d", g_oom_base);
+	snprintf(g_oom_exec_s, sizeof g_oom_exec_s, "%d", EXEC_OOM_SCORE_ADJ);
+	g_oom_fd = fd;
+}
+
+/* `raise`: 1 just before fork(), 0 right after it in the agent. */
+static void oom_adj_for_fork(int raise)
+{
+	if (g_oom_fd < 0)
+		return;
+	const char *v = raise ? g_oom_exec_s : g_oom_base_s;
+	if (pwrite(g_oom_fd, v, strlen(v), 0) < 0) {
+		/* Stop adjusting: commands start at the agent's value from here on (and if
+		 * lowering failed, the agent stays at the commands' value). */
+		logf_("oom_score_adj: write %s: %s; no longer adjusted", v, strerror(errno));
+		close(g_oom_fd);
+		g_oom_fd = -1;
+	}
+}
+
 /* ---- isolated execs: the namespace init --------------------------------------------- */
 
 /*
@@ -2797,7 +2862,10 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	int clone_failed = 0;
 	if (!err) {
 		e->t0_ns = mono_ns();
+		oom_adj_for_fork(1);
 		pid = r.isolate ? clone_isolated() : fork();
+		if (pid != 0)
+			oom_adj_for_fork(0);
 		if (pid < 0) {
 			err = errno;
 			clone_failed = r.isolate;
@@ -4679,6 +4747,7 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	g_is_pid1 = getpid() == 1;
+	oom_adj_open();
 
 	/* fds 0-2 must be open so no pipe or socket of ours ever lands on them. */
 	for (int fd = 0; fd < 3; fd++)

@@ -119,6 +119,27 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     }
   });
 
+  it('the OOM killer takes a command, never the agent, even when the charge is in no process (tmpfs pages)', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', memory_bytes: 32 * 1024 * 1024 });
+    try {
+      // The agent (init) keeps dsecd's value; what it starts runs at EXEC_OOM_SCORE_ADJ.
+      const adj = await d.client.exec(sb.id, { argv: ['sh', '-c', 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj'] });
+      expect(adj.stdout.toString()).toBe('0\n500\n');
+      // Pages of an unlinked tmpfs file are charged to the cgroup but are in no process's
+      // RSS, so the OOM killer picks by RSS alone among equals: at equal adj the agent
+      // (~1 MiB resident) outranks `sh` and `head`, and the sandbox fails. The pages go
+      // with the last process holding the file, so the cgroup recovers by itself.
+      await d.client.exec(sb.id, {
+        argv: ['sh', '-c', 'exec 3<>/dev/shm/fill; rm /dev/shm/fill; head -c 64000000 /dev/zero >&3; echo survived'],
+      });
+      expect((await d.client.sandboxStats(sb.id)).oom_kills).toBeGreaterThan(0);
+      expect((await d.client.getSandbox(sb.id)).state).toBe('running');
+      expect((await d.client.exec(sb.id, { argv: ['echo', 'alive'] })).stdout.toString()).toBe('alive\n');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
   it('a fork bomb stops at the pids limit and the sandbox recovers', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', pids: 32 });
     try {

@@ -41,9 +41,9 @@ export async function tempDaemon(prefix: string, pool: { base: number; size: num
   const socket = path.join(root, 'dsecd.sock');
   const dsecd = path.join(repoRoot(), 'bin/dsecd');
   const args = ['--root', root, '--socket', socket, '--config', cfg];
-  // bin/dsecd's own shebang flag is repeated when node is named explicitly.
+  // bin/dsecd's own shebang flag and environment are repeated when node is named explicitly.
   const proc = spawn(opts.nodeArgs ? process.execPath : dsecd, opts.nodeArgs ? [...opts.nodeArgs, '--max-semi-space-size=2', dsecd, ...args] : args, {
-    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, DSEC_LOG_LEVEL: 'warn', ...(opts.env ?? {}) },
+    stdio: ['ignore', 'ignore', 'inherit'], env: { ...process.env, UV_THREADPOOL_SIZE: '16', DSEC_LOG_LEVEL: 'warn', ...(opts.env ?? {}) },
   });
   const client = new DsecClient({ socketPath: socket, timeoutMs: 120_000 });
   const deadline = Date.now() + 60_000;

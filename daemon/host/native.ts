@@ -15,8 +15,11 @@
  * the failing call and `path` the path it was given; the message names both. Use
  * {@link errnoCode} to read the code.
  *
- * All calls are synchronous: each is one or a few syscalls (tens of microseconds; a
- * userns costs one short-lived clone, ~0.15 ms here), cheaper than a thread hop.
+ * All calls but {@link unmountAllAsync} are synchronous: each is one or a few syscalls
+ * (tens of microseconds; a userns costs one short-lived clone, ~0.15 ms here), cheaper
+ * than a thread hop. Unmounting is the exception: each umount2 of an overlay or EROFS
+ * mount waits for an RCU grace period (a millisecond or more on a loaded host), so the
+ * lifecycle paths unmount on the libuv threadpool.
  */
 import { existsSync } from 'node:fs';
 import { createRequire } from 'node:module';
@@ -55,6 +58,7 @@ interface NativeAddon {
   schedCoreProbe(): number;
   schedIdleProbe(): number;
   openTreeIdmapped(src: string, inner: number, outer: number, count: number, readonly: boolean): number;
+  unmountAllAsync(target: string): Promise<number>;
   constants: NativeConstants;
 }
 
@@ -317,4 +321,16 @@ export function unmountAll(target: string): number {
     n++;
   }
   return n;
+}
+
+/**
+ * {@link unmountAll} on the libuv threadpool: the same loop (unmount, lazily detach a busy
+ * mount, stop when `target` is no longer a mount point or is missing), so the event loop
+ * does not wait for the kernel's RCU grace period of each umount2. Resolves with how many
+ * mounts were removed; safe when nothing is mounted at `target` or it does not exist.
+ * Rejects with an errno-coded Error (`syscall` "statx" or "umount2") on other errors, and
+ * with code EBUSY when `target` is still a mount point after 64 unmounts.
+ */
+export function unmountAllAsync(target: string): Promise<number> {
+  return addon().unmountAllAsync(target);
 }

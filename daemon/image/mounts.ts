@@ -150,7 +150,7 @@ export class LayerMounts {
         return;
       }
       this.refs.delete(digest);
-      native.unmountAll(dir);
+      await native.unmountAllAsync(dir);
       await rmdir(dir).catch((e: NodeJS.ErrnoException) => {
         if (e.code !== 'ENOENT') throw e;
       });

@@ -157,11 +157,11 @@ async function unmountLowers(lowerDir: string): Promise<void> {
     if ((e as NodeJS.ErrnoException).code === 'ENOENT') return;
     throw e;
   }
-  for (const n of names) {
+  await Promise.all(names.map(async (n) => {
     const p = join(lowerDir, n);
-    native.unmountAll(p);
+    await native.unmountAllAsync(p);
     await rmdirIfPresent(p);
-  }
+  }));
   await rmdirIfPresent(lowerDir);
 }
 
@@ -184,7 +184,7 @@ async function rmdirIfPresent(p: string): Promise<void> {
 export async function teardownRootfs(dir: string): Promise<void> {
   dir = resolve(dir);
   const rootfs = join(dir, 'rootfs');
-  native.unmountAll(rootfs);
+  await native.unmountAllAsync(rootfs);
   await rmdirIfPresent(rootfs);
   await unmountLowers(join(dir, 'lower'));
 }

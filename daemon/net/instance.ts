@@ -27,13 +27,14 @@
  * - Sysctls (`ip_forward`, IPv6 off) and the nft table are written inside the namespace
  *   only; the host's sysctls, routes, interfaces and firewall are never read for writing.
  *
- * Every external command is one execa call with an argument array; `ip -batch` runs many
- * changes in one process.
+ * Every external command is one call with an argument array (daemon/host/spawn.ts: no
+ * fork of dsecd); `ip -batch` runs many changes in one process. slirp4netns, which
+ * outlives the call and hands back a pipe, is started with child_process.
  */
 import { closeSync, existsSync, mkdirSync, openSync, readFileSync, writeFileSync } from 'node:fs';
 import { spawn } from 'node:child_process';
 import path from 'node:path';
-import { execa } from 'execa';
+import { spawnNative } from '../host/spawn.js';
 import type { Logger } from 'pino';
 import { internal, unavailable } from '../errors.js';
 import { procStartTime } from '../host/proc.js';
@@ -68,9 +69,10 @@ export function netnsPath(name: string): string {
 
 /** Runs a command, throwing Internal with its stderr on failure. */
 export async function run(cmd: string, args: string[], input?: string): Promise<string> {
-  const r = await execa(cmd, args, { reject: false, ...(input !== undefined ? { input } : { stdin: 'ignore' }) });
-  if (r.failed) throw internal(`${cmd} ${args.join(' ')} failed: ${String(r.stderr || r.message).trim()}`);
-  return String(r.stdout);
+  const r = await spawnNative(cmd, args, { ...(input !== undefined ? { input } : {}), timeoutMs: 60_000 })
+    .catch((e: Error) => ({ exitCode: null, signal: null, stdout: '', stderr: e.message, timedOut: false }));
+  if (r.exitCode !== 0) throw internal(`${cmd} ${args.join(' ')} failed: ${(r.stderr || (r.timedOut ? 'timed out after 60 s' : `killed by ${r.signal}`)).trim()}`);
+  return r.stdout.replace(/\n$/, '');
 }
 
 /** The nft ruleset of the instance netns (replaced whole, atomically, by {@link InstanceNetwork.ensure}). */

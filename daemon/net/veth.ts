@@ -14,7 +14,7 @@
  * so a restarted sandbox gets the same ones and neighbour caches stay right. Deleting
  * the bridge end deletes the pair; the pair also dies with the sandbox's netns.
  */
-import { execa } from 'execa';
+import { spawnNative } from '../host/spawn.js';
 import { internal } from '../errors.js';
 import { formatAddr, type Subnet } from './addr.js';
 import { BRIDGE, run } from './instance.js';
@@ -63,9 +63,9 @@ export function attachBatches(subnet: Subnet, slot: number, addr: Buffer, pid: n
  */
 export async function attachVeth(netns: string, subnet: Subnet, slot: number, addr: Buffer, pid: number): Promise<void> {
   const b = attachBatches(subnet, slot, addr, pid);
-  const r = await execa('ip', ['-n', netns, '-batch', '-'], { input: b.instance, reject: false });
-  if (r.failed) {
-    if (!/File exists/.test(String(r.stderr))) throw internal(`plugging sandbox veth ${vethName(slot)} into ${netns}: ${String(r.stderr || r.message).trim()}`);
+  const r = await spawnNative('ip', ['-n', netns, '-batch', '-'], { input: b.instance, timeoutMs: 60_000 });
+  if (r.exitCode !== 0) {
+    if (!/File exists/.test(r.stderr)) throw internal(`plugging sandbox veth ${vethName(slot)} into ${netns}: ${(r.stderr || `ip exited with ${r.exitCode ?? r.signal}`).trim()}`);
     await detachVeth(netns, slot);
     await run('ip', ['-n', netns, '-batch', '-'], b.instance);
   }
@@ -74,8 +74,8 @@ export async function attachVeth(netns: string, subnet: Subnet, slot: number, ad
 
 /** Removes a slot's veth pair; a missing one is fine. Safe to call twice. */
 export async function detachVeth(netns: string, slot: number): Promise<void> {
-  const r = await execa('ip', ['-n', netns, 'link', 'del', vethName(slot)], { reject: false, stdin: 'ignore' });
-  if (r.failed && !/Cannot find device|does not exist/.test(String(r.stderr))) throw internal(`removing sandbox veth ${vethName(slot)} from ${netns}: ${String(r.stderr || r.message).trim()}`);
+  const r = await spawnNative('ip', ['-n', netns, 'link', 'del', vethName(slot)], { timeoutMs: 60_000 });
+  if (r.exitCode !== 0 && !/Cannot find device|does not exist/.test(r.stderr)) throw internal(`removing sandbox veth ${vethName(slot)} from ${netns}: ${(r.stderr || `ip exited with ${r.exitCode ?? r.signal}`).trim()}`);
 }
 
 /** Bridge ports of the instance netns: slot and operational state of each `v<slot>`. */
@@ -89,8 +89,8 @@ export async function listVeths(netns: string): Promise<{ slot: number; up: bool
  * adopt to decide whether the veth must be redone.
  */
 export async function sandboxLinkOk(pid: number, addr: Buffer): Promise<boolean> {
-  const r = await execa('nsenter', ['-t', String(pid), '-n', '--', 'ip', '-j', 'addr', 'show', 'dev', 'eth0'], { reject: false, stdin: 'ignore' });
-  if (r.failed) return false;
-  const l = (JSON.parse(String(r.stdout) || '[]') as { flags: string[]; addr_info?: { local: string }[] }[])[0];
+  const r = await spawnNative('nsenter', ['-t', String(pid), '-n', '--', 'ip', '-j', 'addr', 'show', 'dev', 'eth0'], { timeoutMs: 60_000 });
+  if (r.exitCode !== 0) return false;
+  const l = (JSON.parse(r.stdout.trim() || '[]') as { flags: string[]; addr_info?: { local: string }[] }[])[0];
   return !!l && l.flags.includes('UP') && !!l.addr_info?.some((a) => a.local === formatAddr(addr));
 }

@@ -24,15 +24,18 @@
  *   schedIdleProbe() -> 0 | errno                     -- sched_setscheduler(SCHED_IDLE)
  *       on a short-lived thread of its own (policies are per thread), so the caller's
  *       threads keep their policy. Never throws.
+ *   unmountAllAsync(target) -> Promise<number>          -- the unmount loop of
+ *       daemon/host/native.ts unmountAll, run on the libuv threadpool (each umount2 of an
+ *       overlay waits for an RCU grace period; see below)
  *   constants: { MS_*, MNT_* } used by the TypeScript wrappers.
  *
  * Every failure throws an Error whose `code` is the errno name (e.g. "ENOENT"), with
  * `errno` (number), `syscall` and `path` properties and a message naming the syscall and
  * the path, like Node's own fs errors.
  *
- * All calls are synchronous and short (a mount or an idmap setup is tens of
- * microseconds; userns() clones one helper, well under a millisecond), so they run on the JS
- * thread rather than a worker.
+ * All calls but unmountAllAsync are synchronous and short (a mount or an idmap setup is
+ * tens of microseconds; userns() clones one helper, well under a millisecond), so they
+ * run on the JS thread rather than a worker. spawn.c adds spawn/spawnKill.
  *
  * Headers: only <linux/mount.h> is included for the mount API (never together with
  * <sys/mount.h>, which conflicts with it on glibc 2.36), and syscalls go through
@@ -593,6 +596,114 @@ static napi_value js_sched_idle_probe(napi_env env, napi_callback_info info) {
   return make_int(env, result);
 }
 
+/* ---------- unmountAllAsync: the unmount loop of daemon/host/native.ts on the threadpool ---------- */
+
+/* Each umount2 of an overlay or EROFS mount waits for an RCU grace period in the kernel
+ * (a millisecond or more under load), so a teardown that unmounts on the JS thread stalls
+ * every request behind it. This runs the same loop as the synchronous unmountAll on the
+ * libuv threadpool. */
+struct unmount_work {
+  char target[PATH_BUF];
+  napi_async_work work;
+  napi_deferred deferred;
+  int count;       /* mounts removed */
+  int err;         /* errno of the failing step, 0 on success */
+  const char *step; /* the failing syscall */
+};
+
+/* 1 mount root, 0 not (or missing), -1 with errno for another statx failure. */
+static int mount_root_or_missing(const char *path) {
+  struct statx stx;
+  memset(&stx, 0, sizeof stx);
+  if (syscall(SYS_statx, AT_FDCWD, path, AT_SYMLINK_NOFOLLOW | AT_NO_AUTOMOUNT, 0, &stx) < 0)
+    return errno == ENOENT || errno == ENOTDIR ? 0 : -1;
+  if (!(stx.stx_attributes_mask & STATX_ATTR_MOUNT_ROOT)) {
+    errno = ENOTSUP;
+    return -1;
+  }
+  return (stx.stx_attributes & STATX_ATTR_MOUNT_ROOT) != 0;
+}
+
+static void unmount_execute(napi_env env, void *data) {
+  (void)env;
+  struct unmount_work *w = data;
+  for (;;) {
+    int m = mount_root_or_missing(w->target);
+    if (m < 0) {
+      w->err = errno;
+      w->step = "statx";
+      return;
+    }
+    if (m == 0) return;
+    if (w->count >= 64) {
+      w->err = EBUSY;
+      w->step = "umount2 (still mounted after 64 unmounts)";
+      return;
+    }
+    if (syscall(SYS_umount2, w->target, 0) < 0) {
+      int e = errno;
+      if (e == EBUSY) {
+        if (syscall(SYS_umount2, w->target, MNT_DETACH) < 0) {
+          w->err = errno;
+          w->step = "umount2";
+          return;
+        }
+      } else if (e == EINVAL || e == ENOENT) {
+        return;
+      } else {
+        w->err = e;
+        w->step = "umount2";
+        return;
+      }
+    }
+    w->count++;
+  }
+}
+
+static void unmount_complete(napi_env env, napi_status status, void *data) {
+  struct unmount_work *w = data;
+  if (status != napi_ok && !w->err) {
+    w->err = ECANCELED;
+    w->step = "umount2";
+  }
+  if (w->err) {
+    /* throw_errno builds the error and throws it: take it back as the rejection value. */
+    throw_errno(env, w->err, w->step, w->target);
+    napi_value e;
+    napi_get_and_clear_last_exception(env, &e);
+    napi_reject_deferred(env, w->deferred, e);
+  } else {
+    napi_resolve_deferred(env, w->deferred, make_int(env, w->count));
+  }
+  napi_delete_async_work(env, w->work);
+  free(w);
+}
+
+/* unmountAllAsync(target) -> Promise<number>: see daemon/host/native.ts unmountAllAsync. */
+static napi_value js_unmount_all_async(napi_env env, napi_callback_info info) {
+  napi_value argv[1];
+  if (get_args(env, info, 1, argv) != 0) return NULL;
+  struct unmount_work *w = calloc(1, sizeof *w);
+  if (!w) {
+    throw_errno(env, ENOMEM, "unmountAllAsync", NULL);
+    return NULL;
+  }
+  if (get_string(env, argv[0], w->target, sizeof w->target, "target") != 0) {
+    free(w);
+    return NULL;
+  }
+  napi_value promise, name;
+  napi_create_string_utf8(env, "dsec-unmount", NAPI_AUTO_LENGTH, &name);
+  if (napi_create_promise(env, &w->deferred, &promise) != napi_ok ||
+      napi_create_async_work(env, NULL, name, unmount_execute, unmount_complete, w, &w->work) != napi_ok ||
+      napi_queue_async_work(env, w->work) != napi_ok) {
+    free(w);
+    napi_throw_error(env, NULL, "queueing the unmount failed");
+    return NULL;
+  }
+  return promise;
+}
+
 /* ---------- module init ---------- */
 
 static int set_u32(napi_env env, napi_value obj, const char *name, uint32_t v) {
@@ -614,10 +725,12 @@ static napi_value init(napi_env env, napi_value exports) {
       {"peerCred", NULL, js_peer_cred, NULL, NULL, NULL, napi_enumerable, NULL},
       {"schedCoreProbe", NULL, js_sched_core_probe, NULL, NULL, NULL, napi_enumerable, NULL},
       {"schedIdleProbe", NULL, js_sched_idle_probe, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"unmountAllAsync", NULL, js_unmount_all_async, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
   /* Functions of the other source files (each documents its own). */
-  if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0 || dsec_builder_init(env, exports) != 0) return NULL;
+  if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0 || dsec_builder_init(env, exports) != 0 ||
+      dsec_spawn_init(env, exports) != 0) return NULL;
 
   napi_value c;
   if (napi_create_object(env, &c) != napi_ok) return NULL;

@@ -31,4 +31,6 @@ int dsec_bpf_init(napi_env env, napi_value exports);
 int dsec_fs_init(napi_env env, napi_value exports);
 /* builder.c: detached idmapped views of trees for the builder identity. */
 int dsec_builder_init(napi_env env, napi_value exports);
+/* spawn.c: child processes through posix_spawn, reaped by a thread of the addon's own. */
+int dsec_spawn_init(napi_env env, napi_value exports);
 #endif

@@ -1,14 +1,19 @@
 /**
- * The OCI runtime binary (runc or crun), invoked through execa with argument arrays.
- * Its state dir (`--root`) is per instance, so two dsecd instances never see each
- * other's containers. Used for create/start/stop/delete only: exec goes through the
- * in-sandbox agent, never through a runtime binary per call.
+ * The OCI runtime binary (runc or crun), invoked with argument arrays. Its state dir
+ * (`--root`) is per instance, so two dsecd instances never see each other's containers.
+ * Used for create/start/stop/delete only: exec goes through the in-sandbox agent, never
+ * through a runtime binary per call.
+ *
+ * Every call on a sandbox's lifecycle path goes through {@link spawnNative}
+ * (posix_spawn from the native addon), not child_process: a fork of dsecd blocks its event
+ * loop 10-15 ms per call here, which made these spawns the largest share of dsecd's CPU
+ * under a creation burst (daemon/host/spawn.ts).
  */
 import { execa } from 'execa';
-import { spawn } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { internal, unavailable } from '../../errors.js';
+import { spawnNative } from '../../host/spawn.js';
 
 /** Which runtime and why it was chosen. */
 export interface RuntimeInfo {
@@ -84,18 +89,14 @@ export class OciRuntime {
    * @throws DsecError Internal with the runtime's own error text.
    */
   async run(id: string, bundle: string, opts: { pidFile: string; logFile: string; stdioFd: number; extraFd: number }): Promise<number> {
-    // child_process.spawn rather than execa: it passes an inherited fd at an index above 2 as is.
     const args = [...this.base(), '--log', opts.logFile, '--log-format', 'json', 'run', '--detach', '--bundle', bundle,
       '--pid-file', opts.pidFile, '--preserve-fds', '1', id];
     // The container's stdio is the runtime's own (--detach passes it through), so the
     // runtime's stderr must be the log file too: a pipe here would stay open as long as
     // the sandbox lives. Its error text is read back from the logs on failure.
-    const res = await new Promise<{ code: number | null; stderr: string }>((resolve) => {
-      const child = spawn(this.info.path, args, { stdio: ['ignore', opts.stdioFd, opts.stdioFd, opts.extraFd] });
-      const t = setTimeout(() => child.kill('SIGKILL'), 60_000);
-      child.on('error', (e) => { clearTimeout(t); resolve({ code: -1, stderr: e.message }); });
-      child.on('exit', (code) => { clearTimeout(t); resolve({ code, stderr: '' }); });
-    });
+    const r = await spawnNative(this.info.path, args, { fds: { 1: opts.stdioFd, 2: opts.stdioFd, 3: opts.extraFd }, timeoutMs: 60_000, maxOutputBytes: 0 })
+      .catch((e: Error) => ({ exitCode: -1, signal: null, stderr: e.message, timedOut: false }));
+    const res = { code: r.exitCode, stderr: r.timedOut ? 'timed out after 60 s' : r.signal ? `killed by ${r.signal}` : r.stderr };
     if (res.code !== 0) {
       throw internal(`${this.info.name} run ${id} failed: ${await this.explain(res.stderr, opts.logFile)}`);
     }
@@ -106,7 +107,7 @@ export class OciRuntime {
 
   /** `delete --force`: kills every process and removes runtime state and cgroups. Safe when the container does not exist. */
   async deleteForce(id: string): Promise<void> {
-    const r = await execa(this.info.path, [...this.base(), 'delete', '--force', id], { reject: false, timeout: 60_000 });
+    const r = await spawnNative(this.info.path, [...this.base(), 'delete', '--force', id], { timeoutMs: 60_000 });
     if (r.exitCode !== 0 && !/does not exist|not found|no such file/i.test(`${r.stderr}`)) {
       throw internal(`${this.info.name} delete ${id} failed: ${String(r.stderr).trim()}`);
     }
@@ -114,12 +115,12 @@ export class OciRuntime {
 
   /** `kill ID SIGNAL` (to init). Errors are ignored when the container is gone. */
   async kill(id: string, signal = 'KILL'): Promise<void> {
-    await execa(this.info.path, [...this.base(), 'kill', id, signal], { reject: false, timeout: 30_000 });
+    await spawnNative(this.info.path, [...this.base(), 'kill', id, signal], { timeoutMs: 30_000, maxOutputBytes: 0 });
   }
 
   /** `state ID`, or null when the runtime does not know the container. */
   async state(id: string): Promise<RuntimeState | null> {
-    const r = await execa(this.info.path, [...this.base(), 'state', id], { reject: false, timeout: 30_000 });
+    const r = await spawnNative(this.info.path, [...this.base(), 'state', id], { timeoutMs: 30_000 });
     if (r.exitCode !== 0) return null;
     const j = JSON.parse(String(r.stdout));
     return { id: j.id, status: j.status, pid: j.pid };
@@ -128,7 +129,7 @@ export class OciRuntime {
   /** Ids of every container in this state dir. */
   async list(): Promise<RuntimeState[]> {
     if (!existsSync(this.stateDir)) return [];
-    const r = await execa(this.info.path, [...this.base(), 'list', '--format', 'json'], { reject: false, timeout: 30_000 });
+    const r = await spawnNative(this.info.path, [...this.base(), 'list', '--format', 'json'], { timeoutMs: 30_000, maxOutputBytes: 64 << 20 });
     if (r.exitCode !== 0) return [];
     const arr = JSON.parse(String(r.stdout) || 'null') as { id: string; status: string; pid: number }[] | null;
     return (arr ?? []).map((j) => ({ id: j.id, status: j.status, pid: j.pid }));

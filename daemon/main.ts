@@ -446,6 +446,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         });
       },
       userCreatesInFlight: () => manager.userCreatesInFlight,
+      msSinceUserCreate: () => manager.msSinceUserCreate,
     }, config.pool, log.child({ component: 'warm-pool' }));
     manager.attachPool(warm);
     const metrics = new Metrics(() => repo.countByState(), () => manager.execs.countByState(), () => warm.stats());

@@ -153,6 +153,8 @@ export class SandboxManager {
   private pool: WarmPools | null = null;
   /** User creates in flight (not pool fills): warm-pool refill waits while there are any. */
   private userCreates = 0;
+  /** performance.now() when a user create last started or ended; -Infinity: never. */
+  private lastUserCreate = -Infinity;
 
   constructor(private readonly d: ManagerDeps) {
     this.execs = new ExecRegistry({ spoolDir: (sid) => path.join(d.config.root, 'sandboxes', sid, 'execs') });
@@ -166,6 +168,11 @@ export class SandboxManager {
   /** User creates in flight now (see {@link WarmPools}: refill is low priority). */
   get userCreatesInFlight(): number {
     return this.userCreates;
+  }
+
+  /** Ms since a user create last started or ended (Infinity when none has run): warm-pool refill waits for a quiet moment. */
+  get msSinceUserCreate(): number {
+    return performance.now() - this.lastUserCreate;
   }
 
   private driver(backend: Backend): SandboxDriver {
@@ -186,6 +193,7 @@ export class SandboxManager {
     }
     this.driver(req.backend);
     this.userCreates += 1;
+    this.lastUserCreate = performance.now();
     try {
       this.checkLimits(req);
       this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
@@ -204,6 +212,7 @@ export class SandboxManager {
       return await this.createFrom(settled, src);
     } finally {
       this.userCreates -= 1;
+      this.lastUserCreate = performance.now();
     }
   }
 

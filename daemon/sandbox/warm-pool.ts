@@ -17,8 +17,9 @@
  * creation time are the request's (daemon/sandbox/manager.ts `claim`).
  *
  * Refill is low priority: a pool below its count creates shells in the background, at
- * most {@link WarmPoolConfig.fillConcurrency} at a time, and only while no user create is
- * in flight, so a burst is never slowed by its own refill.
+ * most {@link WarmPoolConfig.fillConcurrency} at a time, and only once no user create is
+ * in flight and none has started or ended for {@link QUIET_MS}, so a burst is never slowed
+ * by its own refill (between two creates of a burst there is at most an exec).
  *
  * Restart safety: a shell is claimed by one row update (its labels become the request's),
  * so after a crash every row is either a user sandbox (adopted) or a shell, and shells of a
@@ -102,10 +103,19 @@ export interface ShellHost {
   destroyShell(id: string): Promise<void>;
   /** User creates in flight (refill waits while there are any). */
   userCreatesInFlight(): number;
+  /** Ms since a user create last started or ended (refill waits for {@link QUIET_MS} of quiet); Infinity when none ever ran. */
+  msSinceUserCreate(): number;
 }
 
 /** How long refill waits between looks at a busy host: 20 ms. */
 const BUSY_POLL_MS = 20;
+/**
+ * Quiet time after the last user create before refill starts: 50 ms. The creates of a
+ * burst follow each other within milliseconds (a client at concurrency C issues its next
+ * create right after one exec), so 50 ms without one means the burst is over; a steady
+ * trickle of up to ~15 creates/s still leaves room to refill between them.
+ */
+export const QUIET_MS = 50;
 /** Back-off after a failed fill: 1 s, doubling to 30 s. */
 const FILL_BACKOFF_MS = [1000, 30_000] as const;
 
@@ -216,6 +226,11 @@ export class WarmPools {
     if (this.closed) return;
     if (this.host.userCreatesInFlight() > 0) {
       this.schedule(BUSY_POLL_MS);
+      return;
+    }
+    const quiet = this.host.msSinceUserCreate();
+    if (quiet < QUIET_MS) {
+      this.schedule(Math.max(1, Math.ceil(QUIET_MS - quiet)));
       return;
     }
     let later = Infinity;

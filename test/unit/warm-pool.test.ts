@@ -1,7 +1,7 @@
 /** WarmPools (daemon/sandbox/warm-pool.ts) against a fake host: fill, claim, low-priority refill, stale keys, close. */
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
-import { shellKey, WarmPools, type ShellHost, type WarmPoolEntry } from '../../daemon/sandbox/warm-pool.js';
+import { QUIET_MS, shellKey, WarmPools, type ShellHost, type WarmPoolEntry } from '../../daemon/sandbox/warm-pool.js';
 import type { SandboxRecord } from '../../daemon/sandbox/repo.js';
 import { loadConfig } from '../../daemon/config.js';
 import { mkdtempSync, writeFileSync } from 'node:fs';
@@ -18,6 +18,8 @@ function fakeHost() {
     concurrent: 0,
     maxConcurrent: 0,
     fail: false,
+    /** performance.now() of the last user create (start or end); -Infinity: none. */
+    lastCreate: -Infinity,
   };
   let n = 0;
   const host: ShellHost = {
@@ -36,6 +38,7 @@ function fakeHost() {
       h.destroyed.push(id);
     },
     userCreatesInFlight: () => h.busy,
+    msSinceUserCreate: () => performance.now() - h.lastCreate,
   };
   return { h, host };
 }
@@ -74,6 +77,22 @@ describe('WarmPools', () => {
     expect(h.made).toEqual([]);
     h.busy = 0;
     await until(() => p.stats()[0].ready === 2);
+    await p.close();
+  });
+
+  it('waits for a quiet moment after the last user create before refilling', async () => {
+    const { h, host } = fakeHost();
+    const p = new WarmPools(host, { entries: [{ image: 'busybox', size: 2, network: 'none' }], fillConcurrency: 2 }, log);
+    // A burst: a create ends every 10 ms for 200 ms, with none in flight in between.
+    const burst = setInterval(() => { h.lastCreate = performance.now(); }, 10);
+    h.lastCreate = performance.now();
+    p.start();
+    await new Promise((r) => setTimeout(r, 200));
+    expect(h.made).toEqual([]);
+    clearInterval(burst);
+    const ended = performance.now();
+    await until(() => p.stats()[0].ready === 2);
+    expect(performance.now() - ended).toBeGreaterThanOrEqual(QUIET_MS - 1);
     await p.close();
   });
 

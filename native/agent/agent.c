@@ -1096,6 +1096,10 @@ static struct exec *exec_by_pid(pid_t pid)
 	return NULL;
 }
 
+static pid_t g_oomh_pid;
+static void oom_helper_gone(pid_t pid, int status);
+static void oom_wait_raised(void);
+
 static void reap_all(void)
 {
 	for (;;) {
@@ -1108,6 +1112,8 @@ static void reap_all(void)
 		struct exec *e = exec_by_pid(pid);
 		if (e)
 			exec_on_reaped(e, status);
+		else if (pid == g_oomh_pid)
+			oom_helper_gone(pid, status);
 		else
 			logf_("reaped orphan pid=%d status=0x%x", (int)pid, status);
 	}
@@ -2051,6 +2057,7 @@ static void gc_child_filter(int errfd)
 /* The second half: working directory, user, limits, fds, execve. */
 static void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
 {
+	oom_wait_raised();
 	child_reset_signals();
 	if (chdir(r->cwd) < 0)
 		child_fail(errfd, ST_CHDIR, errno);
@@ -2088,58 +2095,157 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
  * the whole sandbox failed (seen in CI: dmesg showed `sh`, then `.dsec-agent` killed).
  * At +500 a command outranks any agent smaller than half the cgroup's limit.
  *
- * How: the value is copied at fork, so the agent raises its own just before fork() and
- * lowers it back right after, through an fd opened at start (oom_adj_open): a command
- * cannot set its own, since Landlock denies writes under /proc to everything the agent
- * starts, and the agent cannot open a child's file for the same reason. Lowering back
- * needs no privilege because it never goes below the agent's starting value (the
- * kernel's oom_score_adj_min). Lowering the agent instead would need CAP_SYS_RESOURCE
- * in the host's user namespace, which some hosts (this one) do not grant, and would let
- * commands lower themselves as far. For the length of one fork() the agent is at +500
- * too; an OOM kill in exactly that window may still take it. A command may lower
- * itself back to the agent's value, which only hurts its own sandbox. On the host the
+ * How: a command cannot raise its own value, since Landlock denies writes under /proc to
+ * everything the agent starts, and the agent cannot write a child's file for the same
+ * reason. Raising the agent's own value around fork() (children copy it) left the agent
+ * at +500 for the length of each fork, and a fork while an earlier command's orphan kept
+ * the cgroup at its limit made the fork's own allocation kill the agent (seen in CI:
+ * `.dsec-agent invoked oom-killer ... oom_score_adj=500`, then the agent killed). So a
+ * helper process does it: forked once at start, before Landlock (oom_helper_start), it
+ * reads child pids from a socketpair only the agent holds and raises each one's value
+ * (raising needs no privilege). After each fork the agent sends the child's pid; the
+ * child waits, at most OOM_RAISE_WAIT_MS, until its own value reads raised (reading
+ * /proc/self is allowed), then execs, so every command starts raised. The agent's own
+ * value never changes. A command may lower itself back to the agent's value (not below:
+ * the kernel's oom_score_adj_min), or kill the helper (same uid; it is not dumpable, so
+ * it cannot be ptraced), which only hurts its own sandbox: from then on commands start
+ * at the agent's value, as they do when the helper could not be started. On the host the
  * same value puts sandbox commands ahead of host daemons in a global OOM, the order an
  * operator wants. Without /proc at start (a guest before its mounts) nothing changes.
  */
 #define EXEC_OOM_SCORE_ADJ 500
-static int g_oom_fd = -1;   /* the agent's /proc/self/oom_score_adj, or -1 */
-static int g_oom_base;      /* the agent's own value at start */
-static char g_oom_base_s[16];
-static char g_oom_exec_s[16];
+/* How long a child waits for the helper to raise it before it execs anyway: 20 ms, far
+ * beyond the helper's ~0.1 ms on an idle host, short enough to be harmless if it died. */
+#define OOM_RAISE_WAIT_MS 20
+static int g_oom_enabled;   /* commands are to start raised (the agent's value is lower) */
+static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, or -1 */
+/* g_oomh_pid (declared above reap_all): the helper's pid, 0 when none */
+static int g_oom_child_wait; /* set in a child forked while the helper was up */
 
-/* At start, before Landlock. */
+/* At start: the agent's own value decides whether commands are raised at all. */
 static void oom_adj_open(void)
 {
-	int fd = open("/proc/self/oom_score_adj", O_RDWR | O_CLOEXEC);
+	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return;
 	char buf[16] = { 0 };
-	if (pread(fd, buf, sizeof buf - 1, 0) <= 0) {
-		close(fd);
+	ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+	close(fd);
+	if (n <= 0)
 		return;
-	}
-	g_oom_base = atoi(buf);
-	if (g_oom_base >= EXEC_OOM_SCORE_ADJ) {
-		close(fd); /* commands inherit a value already as high */
-		return;
-	}
-	snprintf(g_oom_base_s, sizeof g_oom_base_s, "%d", g_oom_base);
-	snprintf(g_oom_exec_s, sizeof g_oom_exec_s, "%d", EXEC_OOM_SCORE_ADJ);
-	g_oom_fd = fd;
+	g_oom_enabled = atoi(buf) < EXEC_OOM_SCORE_ADJ; /* else commands inherit a value already as high */
 }
 
-/* `raise`: 1 just before fork(), 0 right after it in the agent. */
-static void oom_adj_for_fork(int raise)
+/* The helper: raise every pid read from fd 3 to EXEC_OOM_SCORE_ADJ, until the agent is gone. */
+static void __attribute__((noreturn)) oom_helper_main(void)
 {
-	if (g_oom_fd < 0)
+	char v[16];
+	int vlen = snprintf(v, sizeof v, "%d", EXEC_OOM_SCORE_ADJ);
+	for (;;) {
+		int32_t pid;
+		ssize_t n = read(3, &pid, sizeof pid);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n != (ssize_t)sizeof pid)
+			_exit(0); /* the agent closed its end */
+		if (pid <= 0)
+			continue;
+		char path[48];
+		snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int)pid);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd < 0)
+			continue; /* it exited already */
+		if (write(fd, v, (size_t)vlen) < 0) { /* raced its exit: nothing to do */ }
+		close(fd);
+	}
+}
+
+/* At start, before Landlock and before serving: fork the helper (see above). */
+static void oom_helper_start(void)
+{
+	if (!g_oom_enabled)
 		return;
-	const char *v = raise ? g_oom_exec_s : g_oom_base_s;
-	if (pwrite(g_oom_fd, v, strlen(v), 0) < 0) {
-		/* Stop adjusting: commands start at the agent's value from here on (and if
-		 * lowering failed, the agent stays at the commands' value). */
-		logf_("oom_score_adj: write %s: %s; no longer adjusted", v, strerror(errno));
-		close(g_oom_fd);
-		g_oom_fd = -1;
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
+		logf_("oom_score_adj helper: socketpair: %s; commands start at the agent's value", strerror(errno));
+		return;
+	}
+	pid_t agent = getpid();
+	pid_t pid = fork();
+	if (pid < 0) {
+		logf_("oom_score_adj helper: fork: %s; commands start at the agent's value", strerror(errno));
+		close(sv[0]);
+		close(sv[1]);
+		return;
+	}
+	if (pid == 0) {
+		prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+		if (getppid() != agent)
+			_exit(0);
+		prctl(PR_SET_NAME, "dsec-oom-adj", 0, 0, 0);
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+		/* Only its socket (as fd 3) and the agent's log (stderr) stay open. */
+		if (dup2(sv[1], 3) < 0)
+			_exit(1);
+		syscall(SYS_close_range, 4u, ~0u, 0u);
+		sigset_t none;
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		oom_helper_main();
+	}
+	close(sv[1]);
+	set_nonblock(sv[0]);
+	g_oomh_fd = sv[0];
+	g_oomh_pid = pid;
+}
+
+/* In the agent, right after fork(): ask the helper to raise `child`. */
+static void oom_raise_child(pid_t child)
+{
+	if (g_oomh_fd < 0)
+		return;
+	int32_t p = (int32_t)child;
+	if (send(g_oomh_fd, &p, sizeof p, MSG_NOSIGNAL) != (ssize_t)sizeof p && errno != EAGAIN) {
+		logf_("oom_score_adj helper: send: %s; commands start at the agent's value from now on", strerror(errno));
+		close(g_oomh_fd);
+		g_oomh_fd = -1;
+	}
+}
+
+/* The helper was reaped: stop using it. */
+static void oom_helper_gone(pid_t pid, int status)
+{
+	if (pid != g_oomh_pid || !g_oomh_pid)
+		return;
+	logf_("oom_score_adj helper pid=%d exited (status 0x%x); commands start at the agent's value from now on", (int)pid, status);
+	if (g_oomh_fd >= 0)
+		close(g_oomh_fd);
+	g_oomh_fd = -1;
+	g_oomh_pid = 0;
+}
+
+/* In a child, before it execs (or forks its command): wait until the helper raised it. */
+static void oom_wait_raised(void)
+{
+	if (!g_oom_child_wait)
+		return;
+	g_oom_child_wait = 0; /* once per child (an isolated call's command inherits it) */
+	uint64_t until = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
+	for (int i = 0;; i++) {
+		int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
+		if (fd < 0)
+			return;
+		char buf[16] = { 0 };
+		ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
+		close(fd);
+		if (n <= 0 || atoi(buf) >= EXEC_OOM_SCORE_ADJ || mono_ns() >= until)
+			return;
+		if (i < 8) {
+			sched_yield();
+		} else {
+			struct timespec ts = { 0, 50000 };
+			nanosleep(&ts, NULL);
+		}
 	}
 }
 
@@ -2370,6 +2476,8 @@ ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd
 	 * sockets and pipes (another exec's stdin would never see EOF). */
 	close_all_but(errfd, statusfd);
 	iso_setup(r, errfd);
+	/* The helper raises this init (the pid the agent saw); the command inherits it. */
+	oom_wait_raised();
 	pid_t cmd = vfork();
 	if (cmd < 0)
 		iso_fail(errfd, errno, "fork");
@@ -2862,10 +2970,10 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	int clone_failed = 0;
 	if (!err) {
 		e->t0_ns = mono_ns();
-		oom_adj_for_fork(1);
+		g_oom_child_wait = g_oomh_fd >= 0;
 		pid = r.isolate ? clone_isolated() : fork();
-		if (pid != 0)
-			oom_adj_for_fork(0);
+		if (pid > 0)
+			oom_raise_child(pid);
 		if (pid < 0) {
 			err = errno;
 			clone_failed = r.isolate;
@@ -4856,6 +4964,8 @@ int main(int argc, char **argv)
 		logf_("fatal: --worker: isolated execs are unavailable: %s", g_isolate_why);
 		return 1;
 	}
+	/* Before Landlock: the helper must be free to write other processes' /proc files. */
+	oom_helper_start();
 	/* Landlock last, once everything the agent opens for itself is open: from here on
 	 * the agent (ordinary sandbox) or each isolated call (worker) is restricted. */
 	landlock_probe(); /* also without --landlock: HELLO reports the kernel's ABI either way */

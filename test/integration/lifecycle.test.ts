@@ -140,6 +140,46 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     }
   });
 
+  it('orphans allocating at the cgroup limit are what the next exec fork kills, never the agent; killing the helper only lowers commands', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', memory_bytes: 32 * 1024 * 1024 });
+    try {
+      const init = (await d.client.getSandbox(sb.id)).init_pid;
+      // Background loops keep the cgroup at its limit after the exec returned: each `head`
+      // fills an unlinked tmpfs file (the charge is in no process) until it is OOM-killed,
+      // and the next one starts. Every fork of the agent then allocates in a full cgroup:
+      // the victim must be a command (+500: a loop, or the new command itself), never the
+      // agent. An agent that raised itself to +500 around each fork would be, larger than
+      // `head` or `sh`, the first choice in that window (the sandbox failed within a few execs).
+      await d.client.exec(sb.id, {
+        argv: ['sh', '-c', 'for i in 1 2; do (exec 3<>/dev/shm/fill$i; rm /dev/shm/fill$i; while :; do head -c 64000000 /dev/zero >&3; done) >/dev/null 2>&1 & echo $! >> /tmp/loops; done'],
+      });
+      for (let i = 0; i < 20; i++) {
+        // Throws once the agent is gone (the sandbox is failed); the command itself may be
+        // the victim, which is the kernel's choice among equals.
+        await d.client.exec(sb.id, { argv: ['echo', `alive ${i}`] });
+      }
+      expect((await d.client.sandboxStats(sb.id)).oom_kills).toBeGreaterThan(0);
+      expect(await d.client.getSandbox(sb.id)).toMatchObject({ state: 'running', init_pid: init });
+      // Stop the loops; their last `head` dies at its next OOM or write, which frees the files.
+      for (let i = 0; i < 20; i++) {
+        const k = await d.client.exec(sb.id, { argv: ['sh', '-c', 'kill -9 $(cat /tmp/loops) 2>/dev/null; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = head ] && kill -9 ${p#/proc/}; done; ps -o comm | grep -c "^head$"'] });
+        if (k.stdout.toString().trim() === '0') break;
+      }
+      expect((await d.client.exec(sb.id, { argv: ['echo', 'alive'] })).stdout.toString()).toBe('alive\n');
+      const adj = await d.client.exec(sb.id, { argv: ['sh', '-c', 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = dsec-oom-adj ] && echo ${p#/proc/}; done'] });
+      const [agentAdj, cmdAdj, helper] = adj.stdout.toString().trim().split('\n');
+      expect([agentAdj, cmdAdj]).toEqual(['0', '500']);
+      // The helper is the agent's, not the sandbox's to need: killing it leaves commands at
+      // the agent's value and the sandbox working.
+      await d.client.exec(sb.id, { argv: ['kill', '-9', helper] });
+      const after = await d.client.exec(sb.id, { argv: ['cat', '/proc/self/oom_score_adj'] });
+      expect(after.stdout.toString()).toBe('0\n');
+      expect((await d.client.getSandbox(sb.id)).state).toBe('running');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
   it('a fork bomb stops at the pids limit and the sandbox recovers', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', pids: 32 });
     try {

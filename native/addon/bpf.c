@@ -35,6 +35,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -198,7 +200,14 @@ static napi_value js_object_open(napi_env env, napi_callback_info info) {
       return NULL;
     }
   }
+  /* The verifier gives up with EAGAIN when a signal is pending for the loading thread
+   * (seen with node --cpu-prof: SIGPROF several times a millisecond); blocked for the
+   * length of the load, signals stay pending and are delivered right after. */
+  sigset_t all, old;
+  sigfillset(&all);
+  pthread_sigmask(SIG_BLOCK, &all, &old);
   int rc = bpf_object__load(obj);
+  pthread_sigmask(SIG_SETMASK, &old, NULL);
   if (rc) {
     bpf_object__close(obj);
     throw_libbpf(env, -rc, "bpf_object__load", path);

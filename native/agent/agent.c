@@ -2095,18 +2095,20 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
  * the whole sandbox failed (seen in CI: dmesg showed `sh`, then `.dsec-agent` killed).
  * At +500 a command outranks any agent smaller than half the cgroup's limit.
  *
- * How: a command cannot raise its own value, since Landlock denies writes under /proc to
- * everything the agent starts, and the agent cannot write a child's file for the same
- * reason. Raising the agent's own value around fork() (children copy it) left the agent
+ * How: right after each fork the child's value is raised, and the child waits, at most
+ * OOM_RAISE_WAIT_MS, until its own value reads raised (reading /proc/self is allowed)
+ * before it execs, so every command starts raised; the agent's own value never changes.
+ * An agent that does not restrict itself with Landlock (an fncall worker, where each
+ * isolated call is restricted instead; --landlock off; a kernel without it) writes the
+ * child's /proc/<pid>/oom_score_adj itself. A Landlocked one cannot: Landlock denies it
+ * writes under /proc, as it does every command it starts. Raising the agent's own value around fork() (children copy it) left the agent
  * at +500 for the length of each fork, and a fork while an earlier command's orphan kept
  * the cgroup at its limit made the fork's own allocation kill the agent (seen in CI:
  * `.dsec-agent invoked oom-killer ... oom_score_adj=500`, then the agent killed). So a
  * helper process does it: forked once at start, before Landlock (oom_helper_start), it
  * reads child pids from a socketpair only the agent holds and raises each one's value
- * (raising needs no privilege). After each fork the agent sends the child's pid; the
- * child waits, at most OOM_RAISE_WAIT_MS, until its own value reads raised (reading
- * /proc/self is allowed), then execs, so every command starts raised. The agent's own
- * value never changes. A command may lower itself back to the agent's value (not below:
+ * (raising needs no privilege); after each fork the agent sends it the child's pid. It
+ * is one more process in the sandbox (~100 KiB of its own). A command may lower itself back to the agent's value (not below:
  * the kernel's oom_score_adj_min), or kill the helper (same uid; it is not dumpable, so
  * it cannot be ptraced), which only hurts its own sandbox: from then on commands start
  * at the agent's value, as they do when the helper could not be started. On the host the
@@ -2118,6 +2120,7 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
  * beyond the helper's ~0.1 ms on an idle host, short enough to be harmless if it died. */
 #define OOM_RAISE_WAIT_MS 20
 static int g_oom_enabled;   /* commands are to start raised (the agent's value is lower) */
+static int g_oom_direct;    /* the agent is not Landlocked: it writes each child's value itself */
 static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, or -1 */
 /* g_oomh_pid (declared above reap_all): the helper's pid, 0 when none */
 static int g_oom_child_wait; /* set in a child forked while the helper was up */
@@ -2160,11 +2163,17 @@ static void __attribute__((noreturn)) oom_helper_main(void)
 	}
 }
 
-/* At start, before Landlock and before serving: fork the helper (see above). */
-static void oom_helper_start(void)
+/* At start, before Landlock and before serving. An agent that will not restrict itself
+ * with Landlock (an fncall worker, --landlock off, a kernel without it) writes each
+ * child's value itself; only a Landlocked one needs the helper (see above). */
+static void oom_helper_start(int agent_landlocked)
 {
 	if (!g_oom_enabled)
 		return;
+	if (!agent_landlocked) {
+		g_oom_direct = 1;
+		return;
+	}
 	int sv[2];
 	if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sv) < 0) {
 		logf_("oom_score_adj helper: socketpair: %s; commands start at the agent's value", strerror(errno));
@@ -2199,9 +2208,22 @@ static void oom_helper_start(void)
 	g_oomh_pid = pid;
 }
 
-/* In the agent, right after fork(): ask the helper to raise `child`. */
+/* In the agent, right after fork(): raise `child`, or ask the helper to. */
 static void oom_raise_child(pid_t child)
 {
+	if (g_oom_direct) {
+		char path[48], v[16];
+		snprintf(path, sizeof path, "/proc/%d/oom_score_adj", (int)child);
+		int vlen = snprintf(v, sizeof v, "%d", EXEC_OOM_SCORE_ADJ);
+		int fd = open(path, O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, v, (size_t)vlen) < 0) {
+			logf_("oom_score_adj: %s: %s; commands start at the agent's value from now on", path, strerror(errno));
+			g_oom_direct = 0;
+		}
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
 	if (g_oomh_fd < 0)
 		return;
 	int32_t p = (int32_t)child;
@@ -2970,7 +2992,7 @@ static void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p,
 	int clone_failed = 0;
 	if (!err) {
 		e->t0_ns = mono_ns();
-		g_oom_child_wait = g_oomh_fd >= 0;
+		g_oom_child_wait = g_oomh_fd >= 0 || g_oom_direct;
 		pid = r.isolate ? clone_isolated() : fork();
 		if (pid > 0)
 			oom_raise_child(pid);
@@ -4964,11 +4986,11 @@ int main(int argc, char **argv)
 		logf_("fatal: --worker: isolated execs are unavailable: %s", g_isolate_why);
 		return 1;
 	}
-	/* Before Landlock: the helper must be free to write other processes' /proc files. */
-	oom_helper_start();
 	/* Landlock last, once everything the agent opens for itself is open: from here on
 	 * the agent (ordinary sandbox) or each isolated call (worker) is restricted. */
 	landlock_probe(); /* also without --landlock: HELLO reports the kernel's ABI either way */
+	/* Before Landlock: the helper must be free to write other processes' /proc files. */
+	oom_helper_start(g_landlock && !worker && g_landlock_abi);
 	if (g_landlock) {
 		if (worker) {
 			if (g_landlock_abi) {

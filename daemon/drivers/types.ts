@@ -207,7 +207,7 @@ export interface SandboxDriver {
    * The kernel's limit counters of a running sandbox (OOM kills, forks refused at the
    * pids limit), cheap enough for a periodic sweep; null when it has none.
    */
-  limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
+  limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
   /**
    * Sets the CPU (cores), memory (bytes) and pids limits of a running sandbox of the
    * `latency` priority class, as its create would have (claiming a warm-pool shell,

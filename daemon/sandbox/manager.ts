@@ -29,6 +29,7 @@ import type { AgentClient } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packWritableLayer } from '../image/commit.js';
 import { procStartTime, signalName } from '../host/proc.js';
+import { watchExit, type ExitWatch } from '../host/pidwatch.js';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
 import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from './repo.js';
@@ -490,6 +491,7 @@ export class SandboxManager {
         throw e instanceof DsecError ? e : wrap(e, `create sandbox ${id}`);
       }
       const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start });
+      this.watchInit(id, init.pid, init.start);
       if (opts.shell) return done;
       this.d.failpoints.hit('create.after-ack');
       this.d.repo.event('sandbox.created', done);
@@ -631,6 +633,7 @@ export class SandboxManager {
         throw e instanceof DsecError ? e : wrap(e, `start sandbox ${id}`);
       }
       const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start, error: null });
+      this.watchInit(id, init.pid, init.start);
       this.d.repo.event('sandbox.started', done);
       return done;
     });
@@ -1247,6 +1250,8 @@ export class SandboxManager {
   private readonly startedAt = Date.now();
   /** Limit counters last seen per running sandbox (see {@link watchLimits}). */
   private readonly limitsSeen = new Map<string, { oomKills: number; pidsLimitHits: number }>();
+  /** Exit watches of the inits of running sandboxes, by sandbox id ({@link checkLiveness}). */
+  private readonly initWatches = new Map<string, { pid: number; start: number; watch: ExitWatch }>();
 
   /**
    * Turns the kernel's limit counters into events: `sandbox.oom` when the OOM killer
@@ -1258,41 +1263,99 @@ export class SandboxManager {
   async watchLimits(): Promise<ApiEvent[]> {
     const out: ApiEvent[] = [];
     const live = new Set<string>();
-    for (const sb of this.d.repo.all()) {
-      if (sb.state !== 'running') continue;
-      const drv = this.d.drivers.get(sb.backend);
-      const c = await drv?.limitCounters(sb).catch(() => null);
+    let n = 0;
+    for (const r of this.d.repo.runningIds()) {
+      // The counters are read synchronously (cgroupfs): let requests in every 100 sandboxes.
+      if (++n % 100 === 0) await new Promise((res) => setImmediate(res));
+      const drv = this.d.drivers.get(r.backend);
+      const c = await drv?.limitCounters({ id: r.id, state: 'running' }).catch(() => null);
       if (!c) continue;
-      live.add(sb.id);
+      live.add(r.id);
       // A sandbox created by this dsecd started from zero (its cgroup is new); one adopted
       // at start may have counts from before, which a previous dsecd reported.
-      const prev = this.limitsSeen.get(sb.id) ?? (sb.createdAt >= this.startedAt ? { oomKills: 0, pidsLimitHits: 0 } : undefined);
-      this.limitsSeen.set(sb.id, c);
-      if (!prev) continue;
+      const prev = this.limitsSeen.get(r.id) ?? (r.createdAt >= this.startedAt ? { oomKills: 0, pidsLimitHits: 0 } : undefined);
+      this.limitsSeen.set(r.id, c);
+      if (!prev || (c.oomKills <= prev.oomKills && c.pidsLimitHits <= prev.pidsLimitHits)) continue;
+      const sb = this.d.repo.find(r.id);
+      if (!sb) continue;
       if (c.oomKills > prev.oomKills) {
-        const n = c.oomKills - prev.oomKills;
-        out.push(this.d.repo.event('sandbox.oom', sb, `the OOM killer killed ${n} process${n > 1 ? 'es' : ''} at the memory limit of ${sb.memoryBytes} bytes; ${c.oomKills} in all`));
+        const k = c.oomKills - prev.oomKills;
+        out.push(this.d.repo.event('sandbox.oom', sb, `the OOM killer killed ${k} process${k > 1 ? 'es' : ''} at the memory limit of ${r.memoryBytes} bytes; ${c.oomKills} in all`));
       }
       if (c.pidsLimitHits > prev.pidsLimitHits) {
-        const n = c.pidsLimitHits - prev.pidsLimitHits;
-        out.push(this.d.repo.event('sandbox.pids_limit', sb, `${n} fork${n > 1 ? 's' : ''} refused at the pids limit of ${sb.pids}; ${c.pidsLimitHits} in all`));
+        const k = c.pidsLimitHits - prev.pidsLimitHits;
+        out.push(this.d.repo.event('sandbox.pids_limit', sb, `${k} fork${k > 1 ? 's' : ''} refused at the pids limit of ${r.pids}; ${c.pidsLimitHits} in all`));
       }
     }
     for (const id of this.limitsSeen.keys()) if (!live.has(id)) this.limitsSeen.delete(id);
     return out;
   }
 
+  /**
+   * Keeps an exit watch (daemon/host/pidwatch.ts) on the init of every running sandbox
+   * that no operation is acting on, so an init that dies on its own (killed from outside,
+   * crashed) is handled when it happens ({@link onInitExit}). Called by the reaper every
+   * few seconds and after each start: it watches inits it does not watch yet (a create,
+   * start, restore or adopt since the last call), drops watches of sandboxes no longer
+   * running, and handles an init found already gone. Costs one three-column query plus
+   * one pidfd per new init; nothing per sandbox that is already watched.
+   * @returns ids of sandboxes found dead by this call (others are reported as they die).
+   */
   async checkLiveness(): Promise<string[]> {
     const dead: string[] = [];
-    for (const sb of this.d.repo.all()) {
-      if (sb.state !== 'running' || sb.desired !== null || sb.initPid === null) continue;
-      if (procStartTime(sb.initPid) === sb.initStart) continue;
-      const drv = this.d.drivers.get(sb.backend);
-      if (!drv || (await drv.isAlive(sb))) continue;
-      await this.markDead(sb.id);
-      dead.push(sb.id);
+    const seen = new Set<string>();
+    for (const r of this.d.repo.runningInits()) {
+      seen.add(r.id);
+      const w = this.initWatches.get(r.id);
+      if (w && w.pid === r.initPid && w.start === r.initStart) continue;
+      if (!this.watchInit(r.id, r.initPid, r.initStart) && (await this.onInitExit(r.id, r.initPid, r.initStart))) dead.push(r.id);
+    }
+    for (const [id, w] of this.initWatches) {
+      if (seen.has(id)) continue;
+      w.watch.cancel();
+      this.initWatches.delete(id);
     }
     return dead;
+  }
+
+  /**
+   * Starts watching init `pid` (start time `start`) of sandbox `id`, replacing a watch of
+   * an earlier init. False when that init is not running now (nothing is watched).
+   */
+  private watchInit(id: string, pid: number, start: number): boolean {
+    const old = this.initWatches.get(id);
+    if (old && old.pid === pid && old.start === start) return true;
+    old?.watch.cancel();
+    this.initWatches.delete(id);
+    let w: ExitWatch | null;
+    try {
+      w = watchExit(pid, start, () => {
+        if (this.initWatches.get(id)?.watch === w) this.initWatches.delete(id);
+        void this.onInitExit(id, pid, start).catch((e) => this.d.log.error({ err: e, id }, 'handling an init exit failed'));
+      });
+    } catch (e) {
+      // No pidfd (fd exhaustion): the next sweep tries again; until then the exit is noticed there.
+      this.d.log.warn({ err: e, id }, 'cannot watch the sandbox init');
+      return procStartTime(pid) === start;
+    }
+    if (!w) return false;
+    this.initWatches.set(id, { pid, start, watch: w });
+    return true;
+  }
+
+  /**
+   * Init `pid` of sandbox `id` exited (or was found gone): when the row still records it
+   * as the init of a running sandbox no operation is acting on, and the driver agrees the
+   * sandbox is dead, the sandbox becomes `failed` ({@link markDead}). True when it did.
+   */
+  private async onInitExit(id: string, pid: number, start: number): Promise<boolean> {
+    const sb = this.d.repo.find(id);
+    if (!sb || sb.state !== 'running' || sb.desired !== null || sb.initPid !== pid || sb.initStart !== start) return false;
+    if (procStartTime(pid) === start) return false;
+    const drv = this.d.drivers.get(sb.backend);
+    if (!drv || (await drv.isAlive(sb))) return false;
+    await this.markDead(id);
+    return true;
   }
 
   /**

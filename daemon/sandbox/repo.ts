@@ -232,6 +232,26 @@ export class SandboxRepo {
     return (this.stmt('SELECT DISTINCT j.value d FROM sandboxes, json_each(sandboxes.image_layers) j').all() as { d: string }[]).map((r) => r.d);
   }
 
+  /**
+   * The recorded init of every running sandbox no operation is acting on (state
+   * `running`, no desired state, an init pid): id, backend, pid and start time (clock
+   * ticks, field 22 of /proc/PID/stat). Three columns, not whole rows: the liveness sweep
+   * reads it every few seconds, at any number of sandboxes.
+   */
+  runningInits(): { id: string; backend: Backend; initPid: number; initStart: number }[] {
+    return this.stmt(`SELECT id, backend, init_pid initPid, init_start initStart FROM sandboxes
+      WHERE state = 'running' AND desired IS NULL AND init_pid IS NOT NULL AND init_start IS NOT NULL`).all() as { id: string; backend: Backend; initPid: number; initStart: number }[];
+  }
+
+  /**
+   * Running sandboxes by id and backend (for the limit counters sweep), without decoding
+   * whole rows.
+   */
+  runningIds(): { id: string; backend: Backend; createdAt: number; memoryBytes: number; pids: number }[] {
+    return this.stmt(`SELECT id, backend, created_at createdAt, memory_bytes memoryBytes, pids FROM sandboxes WHERE state = 'running'`)
+      .all() as { id: string; backend: Backend; createdAt: number; memoryBytes: number; pids: number }[];
+  }
+
   /** Number of ranges in the pool. */
   get poolRanges(): number {
     return Math.floor(this.pool.size / this.pool.rangeSize);

@@ -38,6 +38,10 @@
  * waiting for the child to be scheduled: ~6 ms per runtime spawn under a creation burst
  * here, which stays off the event loop this way.
  *
+ *   pidWatch(pid) -> [Promise<true>, handle] | null, pidUnwatch(handle) -> boolean
+ *     the exit of any process (sandbox inits: daemon/host/pidwatch.ts), through a pidfd on
+ *     the same thread's epoll; see js_pid_watch.
+ *
  * Signals: the child starts with every signal at its default action and none blocked
  * (Node ignores SIGPIPE, and an ignored signal would otherwise survive the exec).
  *
@@ -93,6 +97,9 @@ extern char **environ;
  * reaps it; the JS thread completes it. Fields marked (mu) are shared under the spawner's
  * mutex; the rest belong to whichever thread holds the job at the time. */
 struct job {
+  int watch;          /* a pidWatch of a process that is not our child (no spawn, no reap) */
+  int canceled;       /* (mu) pidUnwatch came first: the exit is not reported */
+  int fired;          /* (mu) the exit was seen: pidUnwatch is too late */
   struct job *next;   /* queue of jobs to start */
   char *file;
   char **argv, **envp;
@@ -121,6 +128,7 @@ struct spawner {
   int stopping;       /* (mu) */
   pthread_mutex_t mu;
   struct job *queue, *queue_tail; /* (mu) jobs to start, oldest first */
+  struct job *unwatched;          /* (mu) watches stopped, handed back by the spawner thread */
   napi_threadsafe_function tsfn;
   unsigned pending; /* spawned, not yet completed on the JS thread (JS thread only) */
 };
@@ -296,6 +304,18 @@ static void *spawner_main(void *arg) {
         }
         continue;
       }
+      if (j->watch) {
+        pthread_mutex_lock(&sp->mu);
+        int report = !j->canceled;
+        if (report) {
+          j->fired = 1;
+          epoll_ctl(sp->epfd, EPOLL_CTL_DEL, j->pidfd, NULL);
+        }
+        pthread_mutex_unlock(&sp->mu);
+        if (report)
+          napi_call_threadsafe_function(sp->tsfn, j, napi_tsfn_blocking);
+        continue;
+      }
       siginfo_t si;
       memset(&si, 0, sizeof si);
       int rc;
@@ -303,6 +323,17 @@ static void *spawner_main(void *arg) {
       while (rc < 0 && errno == EINTR);
       epoll_ctl(sp->epfd, EPOLL_CTL_DEL, j->pidfd, NULL);
       finish(sp, j, &si, rc);
+    }
+    /* Stopped watches go back to the JS thread (which frees them) only now: an event of
+     * theirs fetched before the stop was in this batch at the latest. */
+    pthread_mutex_lock(&sp->mu);
+    struct job *u = sp->unwatched;
+    sp->unwatched = NULL;
+    pthread_mutex_unlock(&sp->mu);
+    while (u) {
+      struct job *next = u->next;
+      napi_call_threadsafe_function(sp->tsfn, u, napi_tsfn_blocking);
+      u = next;
     }
   }
 }
@@ -323,7 +354,14 @@ static void complete_js(napi_env env, napi_value js_cb, void *context, void *dat
   (void)js_cb;
   struct spawner *sp = context;
   struct job *j = data;
-  if (env) {
+  if (j->watch) {
+    /* An exit report resolves the promise; a stopped watch's never settles. */
+    if (env && !j->canceled) {
+      napi_value t;
+      napi_get_boolean(env, true, &t);
+      napi_resolve_deferred(env, j->deferred, t);
+    }
+  } else if (env) {
     if (j->spawn_err) {
       /* throw_errno builds the usual errno-coded Error: take it back as the rejection. */
       throw_errno(env, j->spawn_err, "posix_spawn", j->file);
@@ -628,6 +666,103 @@ fail:
   return NULL;
 }
 
+/* pidWatch(pid) -> [Promise<true>, handle] | null: the promise resolves once process `pid`
+ * (any process, not only our children) has exited, seen through a pidfd on the spawner
+ * thread's epoll; nothing is reaped. null when there is no such process now (ESRCH).
+ * Watches do not keep the event loop alive. The caller checks that the pidfd names the
+ * process it means (a start time read after this returns) and unwatches otherwise. */
+static napi_value js_pid_watch(napi_env env, napi_callback_info info) {
+  napi_value a[1];
+  if (get_args(env, info, 1, a) != 0) return NULL;
+  struct spawner *sp = spawner(env);
+  if (!sp) return NULL;
+  int32_t pid;
+  if (napi_get_value_int32(env, a[0], &pid) != napi_ok || pid <= 0) {
+    throw_type(env, "pid must be a positive integer");
+    return NULL;
+  }
+  napi_value result;
+  int fd = (int)syscall(SYS_pidfd_open, pid, 0);
+  if (fd < 0) {
+    if (errno == ESRCH) {
+      napi_get_null(env, &result);
+      return result;
+    }
+    char what[32];
+    snprintf(what, sizeof what, "pid %d", (int)pid);
+    throw_errno(env, errno, "pidfd_open", what);
+    return NULL;
+  }
+  fcntl(fd, F_SETFD, FD_CLOEXEC);
+  struct job *j = calloc(1, sizeof *j);
+  if (!j) {
+    close(fd);
+    throw_errno(env, ENOMEM, "pidWatch", NULL);
+    return NULL;
+  }
+  for (int i = 0; i < MAX_CHILD_FD; i++) j->tmp[i] = -1;
+  j->out_fd = j->err_fd = -1;
+  j->watch = 1;
+  j->pid = pid;
+  j->pidfd = fd;
+  napi_value promise, handle;
+  if (napi_create_promise(env, &j->deferred, &promise) != napi_ok) {
+    free_job(j);
+    napi_throw_error(env, NULL, "napi_create_promise failed");
+    return NULL;
+  }
+  j->refs = 2; /* the handle, and the exit report or the unwatch */
+  napi_create_external(env, j, handle_finalize, NULL, &handle);
+  struct epoll_event ev = {.events = EPOLLIN, .data.ptr = j};
+  if (epoll_ctl(sp->epfd, EPOLL_CTL_ADD, fd, &ev) != 0) {
+    int e = errno;
+    j->canceled = 1;
+    close_job(j);
+    j->refs--;
+    throw_errno(env, e, "epoll_ctl", NULL);
+    return NULL;
+  }
+  napi_create_array_with_length(env, 2, &result);
+  napi_set_element(env, result, 0, promise);
+  napi_set_element(env, result, 1, handle);
+  return result;
+}
+
+/* pidUnwatch(handle) -> boolean: stop watching; false when the exit was already seen (its
+ * report is on its way) or the watch was already stopped. A stopped watch's promise never
+ * settles. */
+static napi_value js_pid_unwatch(napi_env env, napi_callback_info info) {
+  napi_value a[1];
+  if (get_args(env, info, 1, a) != 0) return NULL;
+  struct job *j;
+  if (napi_get_value_external(env, a[0], (void **)&j) != napi_ok || !j || !j->watch) {
+    throw_type(env, "handle must be the handle pidWatch returned");
+    return NULL;
+  }
+  struct spawner *sp = g_sp;
+  int stopped = 0;
+  if (sp) {
+    pthread_mutex_lock(&sp->mu);
+    if (!j->fired && !j->canceled) {
+      /* The spawner thread may hold an event of this watch fetched before the DEL: the
+       * job goes back through it (end of its batch) and is released on this thread. */
+      j->canceled = 1;
+      epoll_ctl(sp->epfd, EPOLL_CTL_DEL, j->pidfd, NULL);
+      j->next = sp->unwatched;
+      sp->unwatched = j;
+      stopped = 1;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    if (stopped) {
+      uint64_t one = 1;
+      if (write(sp->wakefd, &one, sizeof one) < 0) { /* EAGAIN: a wake is pending already */ }
+    }
+  }
+  napi_value r;
+  napi_get_boolean(env, stopped, &r);
+  return r;
+}
+
 static napi_value js_spawn_kill(napi_env env, napi_callback_info info) {
   napi_value a[2];
   if (get_args(env, info, 2, a) != 0) return NULL;
@@ -660,6 +795,8 @@ int dsec_spawn_init(napi_env env, napi_value exports) {
   napi_property_descriptor fns[] = {
       {"spawn", NULL, js_spawn, NULL, NULL, NULL, napi_enumerable, NULL},
       {"spawnKill", NULL, js_spawn_kill, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"pidWatch", NULL, js_pid_watch, NULL, NULL, NULL, napi_enumerable, NULL},
+      {"pidUnwatch", NULL, js_pid_unwatch, NULL, NULL, NULL, napi_enumerable, NULL},
   };
   return napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) == napi_ok ? 0 : -1;
 }

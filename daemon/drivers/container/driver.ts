@@ -622,7 +622,7 @@ export class ContainerDriver implements SandboxDriver {
       pidsLimitHits: st.pidsLimitHits, seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };
   }
 
-  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+  async limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }

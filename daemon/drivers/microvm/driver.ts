@@ -970,7 +970,7 @@ export class MicrovmDriver implements SandboxDriver {
     };
   }
 
-  async limitCounters(sb: SandboxRecord): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
+  async limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }

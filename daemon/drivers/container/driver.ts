@@ -123,6 +123,8 @@ export function hostHasSwap(): boolean {
 export class ContainerDriver implements SandboxDriver {
   readonly backend = 'container' as const;
   private readonly agents = new Map<string, Promise<AgentClient>>();
+  /** Set by {@link close}: no agent connection is made any more. */
+  private closed = false;
   /** Memory-cgroup OOM kill count after the last isolated call, per fncall worker (see exec). */
   private readonly oomSeen = new Map<string, number>();
   /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
@@ -457,11 +459,20 @@ export class ContainerDriver implements SandboxDriver {
     return { pid, start };
   }
 
-  /** The sandbox's agent connection, connecting (and caching) on first use. */
+  /**
+   * The sandbox's agent connection, connecting (and caching) on first use.
+   * @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down).
+   */
   private agent(id: string, timeoutMs = 5_000): Promise<AgentClient> {
+    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
     let p = this.agents.get(id);
     if (!p) {
       p = AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs }).then((c) => {
+        // A connection that completes after close() would keep dsecd's event loop alive.
+        if (this.closed) {
+          c.close();
+          throw unavailable('dsecd is shutting down');
+        }
         c.onLost(() => {
           if (this.agents.get(id) === p) this.agents.delete(id);
         });
@@ -757,7 +768,13 @@ export class ContainerDriver implements SandboxDriver {
     }
   }
 
+  /**
+   * Closes every agent connection; from here on no new one is made (a create or exec
+   * still in flight when dsecd shuts down fails Unavailable instead of keeping the
+   * process alive). Safe to call twice.
+   */
   async close(): Promise<void> {
+    this.closed = true;
     for (const id of [...this.agents.keys()]) await this.dropAgent(id);
   }
 

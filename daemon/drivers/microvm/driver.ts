@@ -159,6 +159,8 @@ export class MicrovmDriver implements SandboxDriver {
   readonly backend: 'microvm' | 'vm' = 'microvm';
   private readonly endpoints = new Map<string, VmEndpoint>();
   private readonly agents = new Map<string, Promise<AgentClient>>();
+  /** Set by {@link close}: no connection to a VM is made any more. */
+  private closed = false;
   private readonly qmps = new Map<string, Promise<QmpClient>>();
   /** Layer digests each live microVM has attached (the blob cache must not evict them). */
   private readonly blobs = new Map<string, string[]>();
@@ -290,7 +292,9 @@ export class MicrovmDriver implements SandboxDriver {
     return file;
   }
 
+  /** @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down). */
   protected endpoint(id: string): VmEndpoint {
+    if (this.closed) throw unavailable('dsecd is shutting down');
     let ep = this.endpoints.get(id);
     if (!ep) {
       ep = new VmEndpoint({ dir: this.dir(id), what: `sandbox ${id}`, log: this.d.log });
@@ -702,9 +706,17 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError Unavailable (QEMU not running), DeadlineExceeded (QMP stopped answering).
    */
   private qmp(id: string): Promise<QmpClient> {
+    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
     let p = this.qmps.get(id);
     if (!p) {
-      p = QmpClient.connect(vmPaths(this.dir(id)).qmp, { timeoutMs: this.d.vm.qmpTimeoutMs });
+      p = QmpClient.connect(vmPaths(this.dir(id)).qmp, { timeoutMs: this.d.vm.qmpTimeoutMs }).then((c) => {
+        // A connection that completes after close() would keep dsecd's event loop alive.
+        if (this.closed) {
+          c.close();
+          throw unavailable('dsecd is shutting down');
+        }
+        return c;
+      });
       const mine = p;
       this.qmps.set(id, p);
       p.then((c) => c.onClose(() => { if (this.qmps.get(id) === mine) this.qmps.delete(id); }), () => { if (this.qmps.get(id) === mine) this.qmps.delete(id); });
@@ -767,9 +779,15 @@ export class MicrovmDriver implements SandboxDriver {
 
   /** The sandbox's cached agent connection (over the mux), connecting on first use. */
   protected agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
+    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
     let p = this.agents.get(id);
     if (!p) {
       p = AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs }).then((c) => {
+        // A connection that completes after close() would keep dsecd's event loop alive.
+        if (this.closed) {
+          c.close();
+          throw unavailable('dsecd is shutting down');
+        }
         c.onLost(() => {
           if (this.agents.get(id) === p) this.agents.delete(id);
         });
@@ -1289,7 +1307,13 @@ export class MicrovmDriver implements SandboxDriver {
     throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);
   }
 
+  /**
+   * Closes dsecd's connections to every VM; from here on no new one is made (an operation
+   * still in flight when dsecd shuts down fails Unavailable instead of keeping the process
+   * alive). The VMs are not touched. Safe to call twice.
+   */
   async close(): Promise<void> {
+    this.closed = true;
     for (const id of new Set([...this.agents.keys(), ...this.endpoints.keys(), ...this.qmps.keys()])) await this.dropConnections(id);
   }
 }

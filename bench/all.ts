@@ -23,8 +23,11 @@
  *             work); peers `runc state` and `podman inspect`.
  *
  * Usage: node dist/bench/all.js [--quick] [--only burst,exec,...] [--n 1000] [--podman-n 100]
- *   [--concurrency 16] [--no-podman] [--no-doc] [--cpu-prof DIR] [--merge]
- * --quick: N 100, podman 20, fewer repeats (a functional check, not numbers to publish).
+ *   [--concurrency 16] [--density-n 5000] [--density-budget-mib 10240] [--no-podman]
+ *   [--no-doc] [--cpu-prof DIR] [--merge] [--note TEXT]
+ * --quick: N 100, density 100, podman 20, fewer repeats (a functional check, not numbers
+ * to publish). Each run also records how fast the host spawns a process at its start and
+ * end (host.spawn_true_ms_*): runs on different days differ several-fold on a shared VM.
  * --cpu-prof DIR: the dsecd of the burst runs under `node --cpu-prof` (profiles in DIR).
  */
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
@@ -35,6 +38,7 @@ import { Command } from 'commander';
 import { execa } from 'execa';
 import { prepareBusyboxTree } from '../daemon/image/builtin.js';
 import { repoRoot } from '../daemon/main.js';
+import { spawnNative } from '../daemon/host/spawn.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 
 const r2 = (x: number) => Math.round(x * 100) / 100;
@@ -64,6 +68,22 @@ async function pool(n: number, c: number, fn: (i: number) => Promise<void>): Pro
     while (next < n) await fn(next++);
   }));
   return (performance.now() - t0) / 1000;
+}
+
+/**
+ * How fast this host starts a process right now: p50 of 200 sequential posix_spawn +
+ * wait of `/bin/true`, ms. Process creation (fork, exec, page faults) is what every peer
+ * and most of dsec's own paths are made of, and on a shared VM it varies several-fold
+ * from one day to the next, so it is recorded with each run to compare runs by.
+ */
+async function spawnTrueMs(): Promise<number> {
+  const xs: number[] = [];
+  for (let i = 0; i < 200; i++) {
+    const s = performance.now();
+    await spawnNative('/bin/true', []);
+    xs.push(performance.now() - s);
+  }
+  return r2(percentile(xs, 50));
 }
 
 /** MemAvailable of /proc/meminfo, bytes. */
@@ -244,7 +264,9 @@ async function exec(o: Opts, tree: string, res: Record<string, unknown>): Promis
 async function density(o: Opts, tree: string, res: Record<string, unknown>): Promise<void> {
   const n = Number(o.densityN), budget = Number(o.densityBudgetMib) * 1024 * 1024, c = Number(o.concurrency);
   const out: Record<string, unknown> = {};
-  const d = await daemon('density');
+  // Admission counts CPU limits: by default 1,000 cores of limits per host core, so this
+  // 2-core host admits 2,000 one-core sandboxes; the density run raises the ratio to fit n.
+  const d = await daemon('density', `[admission]\ncpu_overcommit = ${Math.max(1000, Math.ceil((n + 100) / os.cpus().length))}\n`);
   try {
     const w = await d.client.createSandbox({ image: 'busybox' });
     await d.client.deleteSandbox(w.id, { force: true });
@@ -407,7 +429,7 @@ function table(res: Record<string, any>): string {
   const L: string[] = [];
   const ms = (x?: { p50: number; p99: number }) => (x ? `${x.p50} / ${x.p99} ms` : 'not run');
   const ratio = (a?: number, b?: number) => (a && b ? `${r2(a / b)}×` : '');
-  L.push(`Run of ${res.date} (${res.quick ? '--quick' : 'full'}), ${res.host.cores} cores, ${Math.round(res.host.memory_bytes / 2 ** 30)} GiB, kernel ${res.host.kernel}; ${res.host.note}.`);
+  L.push(`Run of ${res.date} (${res.quick ? '--quick' : 'full'}), ${res.host.cores} cores, ${Math.round(res.host.memory_bytes / 2 ** 30)} GiB, kernel ${res.host.kernel}; ${res.host.note}. Host speed: spawning \`/bin/true\` took ${res.host.spawn_true_ms_at_start ?? '?'} ms (p50) at the start and ${res.host.spawn_true_ms_at_end ?? '?'} ms at the end.`);
   L.push('Command: `' + res.command + '`.', '');
   L.push('| what | target | dsec | peer | peer / dsec |', '|---|---|---|---|---|');
   const b = res.burst;
@@ -461,8 +483,8 @@ async function main(): Promise<void> {
     .option('--n <n>', 'creations in the burst', '1000')
     .option('--podman-n <n>', 'podman containers in the burst and density peers', '100')
     .option('--concurrency <c>', 'creates in flight in the burst and density runs', '16')
-    .option('--density-n <n>', 'most sandboxes in the density run', '1000')
-    .option('--density-budget-mib <m>', 'stop the density run once host memory fell by this much', '4096')
+    .option('--density-n <n>', 'most sandboxes in the density run (DESIGN.md §6: 5,000)', '5000')
+    .option('--density-budget-mib <m>', 'stop the density run once host memory fell by this much', '10240')
     .option('--no-podman', 'skip the podman peers')
     .option('--no-doc', 'do not rewrite docs/BENCHMARKS.md')
     .option('--cpu-prof <dir>', 'run the burst dsecd under node --cpu-prof, profiles into DIR')
@@ -473,13 +495,16 @@ async function main(): Promise<void> {
   if (o.quick) {
     if (o.n === '1000') o.n = '100';
     if (o.podmanN === '100') o.podmanN = '20';
-    if (o.densityN === '1000') o.densityN = '100';
+    if (o.densityN === '5000') o.densityN = '100';
   }
   const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status').split(','));
   const res: Record<string, unknown> = {
     bench: 'all', date: new Date().toISOString().slice(0, 16).replace('T', ' ') + ' UTC', quick: o.quick,
     command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
-    host: { cores: os.cpus().length, memory_bytes: os.totalmem(), kernel: os.release(), loadavg_at_start: os.loadavg().map(r2), note: o.note },
+    host: {
+      cores: os.cpus().length, memory_bytes: os.totalmem(), kernel: os.release(), loadavg_at_start: os.loadavg().map(r2), note: o.note,
+      spawn_true_ms_at_start: await spawnTrueMs(),
+    },
   };
   const tree = mkdtempSync('/tmp/dsec-bench-tree-');
   try {
@@ -494,6 +519,7 @@ async function main(): Promise<void> {
     rmSync(tree, { recursive: true, force: true });
   }
   (res.host as Record<string, unknown>).loadavg_at_end = os.loadavg().map(r2);
+  (res.host as Record<string, unknown>).spawn_true_ms_at_end = await spawnTrueMs();
   if (o.merge) {
     const prev = JSON.parse(readFileSync(path.join(repoRoot(), 'bench/results-all.json'), 'utf8')) as Record<string, unknown>;
     for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status']) if (!(k in res) && k in prev) res[k] = prev[k];

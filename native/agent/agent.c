@@ -2125,18 +2125,27 @@ static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, 
 /* g_oomh_pid (declared above reap_all): the helper's pid, 0 when none */
 static int g_oom_child_wait; /* set in a child forked while the helper was up */
 
-/* At start: the agent's own value decides whether commands are raised at all. */
-static void oom_adj_open(void)
+/* This process's oom_score_adj into *v: 0, or -1 when /proc cannot tell (not mounted). */
+static int own_oom_adj(int *v)
 {
 	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
-		return;
+		return -1;
 	char buf[16] = { 0 };
 	ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
 	close(fd);
 	if (n <= 0)
-		return;
-	g_oom_enabled = atoi(buf) < EXEC_OOM_SCORE_ADJ; /* else commands inherit a value already as high */
+		return -1;
+	*v = atoi(buf);
+	return 0;
+}
+
+/* At start: the agent's own value decides whether commands are raised at all. */
+static void oom_adj_open(void)
+{
+	int v;
+	if (own_oom_adj(&v) == 0)
+		g_oom_enabled = v < EXEC_OOM_SCORE_ADJ; /* else commands inherit a value already as high */
 }
 
 /* The helper: raise every pid read from fd 3 to EXEC_OOM_SCORE_ADJ, until the agent is gone. */
@@ -2254,13 +2263,8 @@ static void oom_wait_raised(void)
 	g_oom_child_wait = 0; /* once per child (an isolated call's command inherits it) */
 	uint64_t until = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
 	for (int i = 0;; i++) {
-		int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
-		if (fd < 0)
-			return;
-		char buf[16] = { 0 };
-		ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
-		close(fd);
-		if (n <= 0 || atoi(buf) >= EXEC_OOM_SCORE_ADJ || mono_ns() >= until)
+		int v;
+		if (own_oom_adj(&v) < 0 || v >= EXEC_OOM_SCORE_ADJ || mono_ns() >= until)
 			return;
 		if (i < 8) {
 			sched_yield();

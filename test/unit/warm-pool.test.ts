@@ -4,7 +4,7 @@ import { describe, expect, it } from 'vitest';
 import { QUIET_MS, shellKey, WarmPools, type ShellHost, type WarmPoolEntry } from '../../daemon/sandbox/warm-pool.js';
 import type { SandboxRecord } from '../../daemon/sandbox/repo.js';
 import { loadConfig } from '../../daemon/config.js';
-import { mkdtempSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 
@@ -126,14 +126,18 @@ describe('WarmPools', () => {
 
   it('[pool] config: off by default; entries parsed with network none by default', () => {
     const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-pool-cfg-'));
-    const f = path.join(dir, 'c.toml');
-    writeFileSync(f, '');
-    expect(loadConfig({ config: f, root: dir, env: {} }).pool).toEqual({ entries: [], fillConcurrency: 2 });
-    writeFileSync(f, '[pool]\nfill_concurrency = 3\n[[pool.entries]]\nimage = "busybox"\nsize = 8\n[[pool.entries]]\nimage = "judge:bookworm"\nsize = 2\nnetwork = "allow"\n');
-    expect(loadConfig({ config: f, root: dir, env: {} }).pool).toEqual({
-      fillConcurrency: 3, entries: [{ image: 'busybox', size: 8, network: 'none' }, { image: 'judge:bookworm', size: 2, network: 'allow' }],
-    });
-    writeFileSync(f, '[pool]\n[[pool.entries]]\nimage = "busybox"\nsize = 5000\n');
-    expect(() => loadConfig({ config: f, root: dir, env: {} })).toThrow(/size/);
+    try {
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, '');
+      expect(loadConfig({ config: f, root: dir, env: {} }).pool).toEqual({ entries: [], fillConcurrency: 2 });
+      writeFileSync(f, '[pool]\nfill_concurrency = 3\n[[pool.entries]]\nimage = "busybox"\nsize = 8\n[[pool.entries]]\nimage = "judge:bookworm"\nsize = 2\nnetwork = "allow"\n');
+      expect(loadConfig({ config: f, root: dir, env: {} }).pool).toEqual({
+        fillConcurrency: 3, entries: [{ image: 'busybox', size: 8, network: 'none' }, { image: 'judge:bookworm', size: 2, network: 'allow' }],
+      });
+      writeFileSync(f, '[pool]\n[[pool.entries]]\nimage = "busybox"\nsize = 5000\n');
+      expect(() => loadConfig({ config: f, root: dir, env: {} })).toThrow(/size/);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
   });
 });

@@ -26,7 +26,9 @@
  *   [--concurrency 16] [--density-n 5000] [--density-budget-mib 10240] [--no-podman]
  *   [--no-doc] [--cpu-prof DIR] [--merge] [--note TEXT]
  * --quick: N 100, density 100, podman 20, fewer repeats (a functional check, not numbers
- * to publish). Each run also records how fast the host spawns a process at its start and
+ * to publish). The published pair, bench/results-all.json and the table in
+ * docs/BENCHMARKS.md, is written only by a run that is neither --quick nor --no-doc; other
+ * runs write their JSON to bench/results-all.local.json (not tracked). Each run also records how fast the host spawns a process at its start and
  * end (host.spawn_true_ms_*): runs on different days differ several-fold on a shared VM.
  * --cpu-prof DIR: the dsecd of the burst runs under `node --cpu-prof` (profiles in DIR).
  */
@@ -424,20 +426,29 @@ async function status(o: Opts, tree: string, res: Record<string, unknown>): Prom
   res.status = out;
 }
 
+/** The podman burst peer when it ran (absent with --no-podman). */
+function b0(p: unknown): boolean {
+  return !!p && typeof p === 'object' && 'create_to_first_exec_ms' in p;
+}
+
 /** Markdown of the results, for docs/BENCHMARKS.md. */
 function table(res: Record<string, any>): string {
   const L: string[] = [];
   const ms = (x?: { p50: number; p99: number }) => (x ? `${x.p50} / ${x.p99} ms` : 'not run');
   const ratio = (a?: number, b?: number) => (a && b ? `${r2(a / b)}×` : '');
+  const ratioUp = (a?: number, b?: number) => (a && b ? `${r2(a / b)}× (dsec / peer)` : '');
+  const pm = b0(res.burst?.podman);
+  // A MemAvailable drop below zero means the host freed more than the run used: noise at that count.
+  const mib = (v?: number) => (v === undefined ? '-' : v < 0 ? `${v} MiB (MemAvailable rose: noise at this count)` : `${v} MiB`);
   L.push(`Run of ${res.date} (${res.quick ? '--quick' : 'full'}), ${res.host.cores} cores, ${Math.round(res.host.memory_bytes / 2 ** 30)} GiB, kernel ${res.host.kernel}; ${res.host.note}. Host speed: spawning \`/bin/true\` took ${res.host.spawn_true_ms_at_start ?? '?'} ms (p50) at the start and ${res.host.spawn_true_ms_at_end ?? '?'} ms at the end.`);
   L.push('Command: `' + res.command + '`.', '');
   L.push('| what | target | dsec | peer | peer / dsec |', '|---|---|---|---|---|');
   const b = res.burst;
   if (b) {
-    L.push(`| burst of ${b.pool_empty.n} at C=${b.pool_empty.concurrency}, pool empty: create→first exec p50 / p99 | ≤ 30 / ≤ 200 ms | ${ms(b.pool_empty.create_to_first_exec_ms)} | podman run -d + exec (${b.podman?.n ?? 0}): ${ms(b.podman?.create_to_first_exec_ms)} | ${ratio(b.podman?.create_to_first_exec_ms.p50, b.pool_empty.create_to_first_exec_ms.p50)} |`);
-    L.push(`| same, ready/s | ≥ 100 /s | ${b.pool_empty.ready_per_s} /s | ${b.podman?.ready_per_s ?? '-'} /s | ${ratio(b.pool_empty.ready_per_s, b.podman?.ready_per_s)} (dsec / peer) |`);
-    L.push(`| burst of ${b.pool_prefilled.n}, pool pre-filled (${b.pool_prefilled.claimed} claimed, ${b.pool_prefilled.misses} misses; fill took ${b.pool_prefilled.pool_fill_s} s): create→first exec p50 / p99 | ≤ 30 / ≤ 200 ms | ${ms(b.pool_prefilled.create_to_first_exec_ms)} | ${ms(b.podman?.create_to_first_exec_ms)} | ${ratio(b.podman?.create_to_first_exec_ms.p50, b.pool_prefilled.create_to_first_exec_ms.p50)} |`);
-    L.push(`| same, ready/s | ≥ 100 /s | ${b.pool_prefilled.ready_per_s} /s | ${b.podman?.ready_per_s ?? '-'} /s | ${ratio(b.pool_prefilled.ready_per_s, b.podman?.ready_per_s)} (dsec / peer) |`);
+    L.push(`| burst of ${b.pool_empty.n} at C=${b.pool_empty.concurrency}, pool empty: create→first exec p50 / p99 | ≤ 30 / ≤ 200 ms | ${ms(b.pool_empty.create_to_first_exec_ms)} | ${pm ? `podman run -d + exec (${b.podman.n}): ${ms(b.podman.create_to_first_exec_ms)}` : 'podman: not run'} | ${ratio(b.podman?.create_to_first_exec_ms.p50, b.pool_empty.create_to_first_exec_ms.p50)} |`);
+    L.push(`| same, ready/s | ≥ 100 /s | ${b.pool_empty.ready_per_s} /s | ${pm ? `${b.podman.ready_per_s} /s` : '-'} | ${ratioUp(b.pool_empty.ready_per_s, b.podman?.ready_per_s)} |`);
+    L.push(`| burst of ${b.pool_prefilled.n}, pool pre-filled (${b.pool_prefilled.claimed} claimed, ${b.pool_prefilled.misses} misses; fill took ${b.pool_prefilled.pool_fill_s} s): create→first exec p50 / p99 | ≤ 30 / ≤ 200 ms | ${ms(b.pool_prefilled.create_to_first_exec_ms)} | ${pm ? ms(b.podman.create_to_first_exec_ms) : '-'} | ${ratio(b.podman?.create_to_first_exec_ms.p50, b.pool_prefilled.create_to_first_exec_ms.p50)} |`);
+    L.push(`| same, ready/s | ≥ 100 /s | ${b.pool_prefilled.ready_per_s} /s | ${pm ? `${b.podman.ready_per_s} /s` : '-'} | ${ratioUp(b.pool_prefilled.ready_per_s, b.podman?.ready_per_s)} |`);
     L.push(`| destroy (bulk, after the empty-pool burst), per sandbox | | ${b.destroy.per_sandbox_ms} ms | podman rm -f: ${b.podman?.destroy_per_container_ms ?? '-'} ms | |`);
   }
   const e = res.exec;
@@ -447,7 +458,7 @@ function table(res: Record<string, any>): string {
   }
   const dn = res.density;
   if (dn) {
-    L.push(`| idle sandboxes: host memory each, MemAvailable drop over ${dn.dsec.sandboxes} sandboxes (all answer exec: ${dn.dsec.all_answer_exec}) | ≥ 5,000 at ≤ 2 MiB each | ${dn.dsec.host_mem_per_sandbox_mib} MiB | podman (${dn.podman?.containers ?? 0}): ${dn.podman?.host_mem_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.host_mem_per_container_mib, dn.dsec.host_mem_per_sandbox_mib)} |`);
+    L.push(`| idle sandboxes: host memory each, MemAvailable drop over ${dn.dsec.sandboxes} sandboxes (all answer exec: ${dn.dsec.all_answer_exec}) | ≥ 5,000 at ≤ 2 MiB each | ${mib(dn.dsec.host_mem_per_sandbox_mib)} | ${dn.podman ? `podman (${dn.podman.containers}): ${mib(dn.podman.host_mem_per_container_mib)}` : 'podman: not run'} | ${ratio(dn.podman?.host_mem_per_container_mib, dn.dsec.host_mem_per_sandbox_mib)} |`);
     L.push(`| same, accounted per process: cgroup charge + dsecd RSS growth (podman: cgroup + conmon RSS) | ≤ 2 MiB | ${dn.dsec.accounted_per_sandbox_mib} MiB (cgroup ${dn.dsec.cgroup_charge_per_sandbox_mib} MiB, dsecd +${dn.dsec.dsecd_rss_growth_per_sandbox_kib} KiB) | ${dn.podman?.accounted_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.accounted_per_container_mib, dn.dsec.accounted_per_sandbox_mib)} |`);
   }
   const p = res.pause;
@@ -456,7 +467,7 @@ function table(res: Record<string, any>): string {
     L.push(`| resume, p50 / p99 | ≤ 20 ms | ${ms(p.dsec.resume_ms)} | podman unpause: ${ms(p.podman?.resume_ms)} | ${ratio(p.podman?.resume_ms.p50, p.dsec.resume_ms.p50)} |`);
   }
   const f = res.fncall;
-  if (f) L.push(`| fncall \`/bin/true\`, C=${f.concurrency} (POST /v1/run; batch of 100) | ≥ 1,000 calls/s | ${f.dsec_run_calls_per_s} /s; batch ${f.dsec_batch_calls_per_s} /s | bwrap: ${f.bwrap_calls_per_s} /s | ${ratio(f.dsec_run_calls_per_s, f.bwrap_calls_per_s)} (dsec / peer) |`);
+  if (f) L.push(`| fncall \`/bin/true\`, C=${f.concurrency} (POST /v1/run; batch of 100) | ≥ 1,000 calls/s | ${f.dsec_run_calls_per_s} /s; batch ${f.dsec_batch_calls_per_s} /s | bwrap: ${f.bwrap_calls_per_s} /s | ${ratioUp(f.dsec_run_calls_per_s, f.bwrap_calls_per_s)} |`);
   const s = res.status;
   if (s) {
     L.push(`| status call GET /v1/sandboxes/{id}, p50 / p99 | | ${ms(s.dsec_get_sandbox_ms)} (GET /v1/version ${ms(s.dsec_version_ms)}) | runc state: ${ms(s.runc_state_ms)} | ${ratio(s.runc_state_ms?.p50, s.dsec_get_sandbox_ms.p50)} |`);
@@ -486,7 +497,7 @@ async function main(): Promise<void> {
     .option('--density-n <n>', 'most sandboxes in the density run (DESIGN.md §6: 5,000)', '5000')
     .option('--density-budget-mib <m>', 'stop the density run once host memory fell by this much', '10240')
     .option('--no-podman', 'skip the podman peers')
-    .option('--no-doc', 'do not rewrite docs/BENCHMARKS.md')
+    .option('--no-doc', 'do not rewrite docs/BENCHMARKS.md or bench/results-all.json (JSON goes to bench/results-all.local.json; --quick implies it)')
     .option('--cpu-prof <dir>', 'run the burst dsecd under node --cpu-prof, profiles into DIR')
     .option('--merge', 'keep the sections of bench/results-all.json that this run does not measure (with --only)', false)
     .option('--note <text>', 'host conditions, printed with the table', 'shared host, other work running')
@@ -526,10 +537,13 @@ async function main(): Promise<void> {
     res.command = `${prev.command as string}; then ${res.command as string}`;
   }
   const text = JSON.stringify(res, null, 2);
-  writeFileSync(path.join(repoRoot(), 'bench/results-all.json'), text + '\n');
+  // Quick numbers are not to be published, and the JSON and the table are published together.
+  const publish = o.doc && !o.quick;
+  const out = path.join(repoRoot(), publish ? 'bench/results-all.json' : 'bench/results-all.local.json');
+  writeFileSync(out, text + '\n');
   const md = table(res);
-  if (o.doc) writeDoc(md);
-  process.stdout.write(`${text}\n\n${md}\n`);
+  if (publish) writeDoc(md);
+  process.stdout.write(`${text}\n\n${md}\n\nwrote ${path.relative(repoRoot(), out)}${publish ? ' and docs/BENCHMARKS.md' : ' (not published: --quick or --no-doc)'}\n`);
 }
 
 main().catch((e) => {

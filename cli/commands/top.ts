@@ -13,7 +13,7 @@
  * back to the host block of GET /v1/stats.
  */
 import os from 'node:os';
-import type { Command } from 'commander';
+import { Option, type Command } from 'commander';
 import type { StatsResponse } from '../../sdk/index.js';
 import { TOP_SORTS, hostFromStats, renderTopHeader, renderTopRows, renderTopTable, topRowJson, type TopHost, type TopSort } from '../ui/top-rows.js';
 import type { Ctx } from '../util/context.js';
@@ -73,7 +73,7 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('--once', 'print one table (two samples one interval apart) and exit')
     .option('--sort <key>', `sort by ${TOP_SORTS.join(', ')}`, flag('--sort', parseSort), 'cpu' as TopSort)
     .option('--filter <f>', 'only sandboxes matching k=v (a label, or state/image/id) or containing the text')
-    .option('--interval <dur>', 'time between samples (default 1s)', flag('--interval', parseInterval), 1000)
+    .addOption(new Option('--interval <dur>', 'time between samples').argParser(flag('--interval', parseInterval)).default(1000, '1s'))
     .action(async (opts: TopOptions) => {
       const client = ctx.client();
       const interactive = !opts.once && !ctx.json && ctx.io.stdout.isTTY === true;

@@ -37,7 +37,8 @@ export function leaseState(lease: Lease, now = Date.now()): 'active' | 'lapsed' 
 /** When the lease expires, relative to `now`: `9m` ahead, `3m ago` once past. */
 function expiresIn(lease: Lease, now: number): string {
   const left = lease.expires_at - now;
-  return left > 0 ? formatAge(left) : `${formatAge(-left)} ago`;
+  // Time left rounds up (a fresh 2 s lease reads "2s"); time since expiry rounds down.
+  return left > 0 ? formatAge(Math.ceil(left / 1000) * 1000) : `${formatAge(-left)} ago`;
 }
 
 /** `job a: lease active, expires in 10m (ttl 10m), 3 sandboxes`: the line of `job lease` and `job renew`. */

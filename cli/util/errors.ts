@@ -189,7 +189,9 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       return LOG_HINT;
     case 'Unimplemented':
       if (image || layer) return 'this dsecd does not support that yet; upgrade dsecd';
-      if (verb === 'snapshot create') return "process snapshots need CRIU working on dsecd's host (`criu check`); drop --process for a filesystem snapshot";
+      // The CRIU hint only for process checkpoints; other snapshots dsecd cannot take depend on the backend.
+      if (verb === 'snapshot create' && /CRIU|process checkpoint/i.test(d.message ?? '')) return "process snapshots need CRIU working on dsecd's host (`criu check`); drop --process for a filesystem snapshot";
+      if (verb === 'snapshot create') return 'snapshots are built for container and microvm sandboxes (docs/TRAJECTORIES.md); `dsec commit` needs a container';
       return '`dsec host info` lists which backends this host supports';
     case 'DeadlineExceeded':
       return 'dsecd is overloaded or the command ran too long; retry, or raise --timeout';

@@ -47,7 +47,10 @@ export const LIMITS = {
 const envSize = (e: Record<string, string>) => Object.entries(e).reduce((n, [k, v]) => n + k.length + v.length + 2, 0);
 
 /** Label keys and values: Kubernetes-like, so selectors stay unambiguous (no `,` or `=`). */
-const labelKey = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'label key must match [A-Za-z0-9][A-Za-z0-9._/-]{0,62}');
+const labelKey = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/, 'label key must match [A-Za-z0-9][A-Za-z0-9._/-]{0,62}')
+  // dsecd's own labels (`dsec.pool` marks a warm-pool shell, kept out of listings and
+  // admission; `dsec.fork` names a fork) mean something only when dsecd sets them.
+  .refine((k) => !k.startsWith('dsec.'), 'label keys starting with "dsec." are reserved for dsecd');
 const labelValue = z.string().regex(/^[A-Za-z0-9._/-]{0,63}$/, 'label value must match [A-Za-z0-9._/-]{0,63}');
 const envKey = z.string().regex(/^[A-Za-z_][A-Za-z0-9_]*$/, 'env names must match [A-Za-z_][A-Za-z0-9_]*');
 const envValue = z.string().refine((s) => !s.includes('\0'), 'env values must not contain NUL');

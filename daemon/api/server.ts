@@ -72,9 +72,11 @@ export const BODY_LIMIT_BYTES = 32 * 1024 * 1024;
 /**
  * Parses `input` with `schema`, turning zod issues into one InvalidArgument message
  * such as `memory_bytes: Too small: expected number to be >=4194304; unknown field "foo"`.
+ * An absent body (`undefined`: the request had none) parses as `{}`; a JSON `null` is
+ * parsed as given, so a route whose schema is an object refuses it.
  */
 export function parseWith<S extends z.ZodType>(schema: S, input: unknown, what: string): z.infer<S> {
-  const r = schema.safeParse(input ?? {});
+  const r = schema.safeParse(input === undefined ? {} : input);
   if (r.success) return r.data;
   const msg = r.error.issues
     .map((i) => {

@@ -159,7 +159,11 @@ export const SeccompProfileSchema = z.object({
   // dsec's model is "allow by default, deny a reviewed list": a profile that kills or
   // fails every other call would stop runc's init and the agent before any sandbox runs.
   defaultAction: z.enum(['SCMP_ACT_ALLOW', 'SCMP_ACT_LOG'], { message: 'defaultAction must be SCMP_ACT_ALLOW (or SCMP_ACT_LOG): dsec profiles allow by default and deny a list; a default that denies would stop runc\'s init and the agent' }),
-  architectures: z.array(z.enum(['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32'])).min(1),
+  // Required, as in OCI: a filter covers only the ABIs listed, and a syscall made through an
+  // ABI left out (i386's int 0x80, x32) is not filtered at all.
+  architectures: z.array(z.enum(['SCMP_ARCH_X86_64', 'SCMP_ARCH_X86', 'SCMP_ARCH_X32']), {
+    error: (iss) => (iss.input === undefined ? 'architectures is required: the ABIs the filter covers, normally ["SCMP_ARCH_X86_64", "SCMP_ARCH_X86", "SCMP_ARCH_X32"] (an ABI left out is not filtered at all)' : undefined),
+  }).min(1),
   syscalls: z.array(Rule),
 }).strict();
 export type SeccompProfile = z.infer<typeof SeccompProfileSchema>;

@@ -58,6 +58,10 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     ['too many labels', 'POST', '/v1/sandboxes', JSON.stringify({ labels: Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`k${i}`, 'v'])) }), 400, 'InvalidArgument'],
     ['env too large', 'POST', '/v1/sandboxes', JSON.stringify({ env: { BIG: 'x'.repeat(200_000) } }), 400, 'InvalidArgument'],
     ['PUT on a resource', 'PUT', '/v1/sandboxes', '{}', 405, 'InvalidArgument'],
+    ['a null body', 'POST', '/v1/sandboxes', 'null', 400, 'InvalidArgument'],
+    // A `dsec.pool` label would hide the sandbox from listings and admission as a warm-pool shell.
+    ['a reserved dsec.pool label', 'POST', '/v1/sandboxes', JSON.stringify({ labels: { 'dsec.pool': 'x' } }), 400, 'InvalidArgument'],
+    ['a reserved dsec.fork label', 'POST', '/v1/sandboxes', JSON.stringify({ labels: { 'dsec.fork': 'fork-0000000000000000' } }), 400, 'InvalidArgument'],
   ];
   it.each(cases)('%s -> %s %s answers %i %s', async (_name, method, url, body, status, code) => {
     const before = await d.traces();

@@ -154,6 +154,10 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('vm sandboxes (q35)', () =
     expect(existsSync(path.join(d.root, 'sandboxes', id, 'disk.qcow2'))).toBe(true);
     expect((await d.client.startSandbox(id)).state).toBe('running');
     expect((await d.client.exec(id, { argv: ['cat', '/state'] })).stdout.toString()).toBe('kept\n');
+    // Commit names this tier and its qcow2 disk (not the microvm's ext4 disk).
+    const c = await rejection(d.client.commit(id, { image: 'vmcommit:1' }));
+    expect(c.code).toBe('FailedPrecondition');
+    expect(c.message).toMatch(new RegExp(`is a vm: its writable layer is the qcow2 disk \\S*${id}/disk\\.qcow2`));
   });
 
   it('the console log of an agent VM holds the boot; kill -9 of dsecd: the VM and its console are adopted', async () => {

@@ -184,6 +184,13 @@ describe('dsec snapshot', () => {
     expect(n.err).not.toMatch(STACK);
   });
 
+  it('a backend that takes no snapshots gets a hint about backends, not CRIU', async () => {
+    routes['POST /v1/sandboxes/:id/snapshot'] = (_req, res) => json(res, 501, { error: { code: 'Unimplemented', message: 'snapshots of vm sandboxes are not built yet' } });
+    const r = await dsec(['snapshot', ID, 'base']);
+    expect(r.code).toBe(125);
+    expect(r.err).toBe('dsec: snapshots of vm sandboxes are not built yet (Unimplemented)\nhint: snapshots are built for container and microvm sandboxes (docs/TRAJECTORIES.md); `dsec commit` needs a container\n');
+  });
+
   it('`snapshot --help` lists the subcommands; a missing id is one usage line', async () => {
     const h = await dsec(['snapshot', '--help']);
     expect(h.code).toBe(0);

@@ -76,6 +76,8 @@ describe('seccomp default profile', () => {
     badName.syscalls[0].names = ['Mount; rm'];
     expect(() => parseProfile(JSON.stringify(badName), 'p.json')).toThrow(/syscall name/);
     expect(() => parseProfile(JSON.stringify({ ...JSON.parse(good), architectures: ['SCMP_ARCH_ARM'] }), 'p.json')).toThrow(SeccompProfileError);
+    // The smallest profile a user would write first: the missing field is named with what to put there.
+    expect(() => parseProfile(JSON.stringify({ defaultAction: 'SCMP_ACT_ALLOW', syscalls: [] }), 'p.json')).toThrow(/p\.json: architectures: architectures is required: .*SCMP_ARCH_X86_64/);
     // A misspelt name would make its denial vanish (libseccomp skips what it cannot resolve).
     const typo = JSON.parse(good);
     typo.syscalls[0].names = ['keyctll'];

@@ -1304,7 +1304,9 @@ export class MicrovmDriver implements SandboxDriver {
   private readonly verifiedStates = new Map<string, string>();
 
   async withWritableLayer<T>(sb: SandboxRecord, _fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T> {
-    throw failedPrecondition(`sandbox ${sb.id} is a microvm: its writable layer is the ext4 disk ${vmPaths(this.dir(sb.id)).disk}, not a host directory; commit and filesystem snapshots of microvm sandboxes are not built yet`);
+    const p = vmPaths(this.dir(sb.id));
+    const disk = sb.backend === 'vm' ? `qcow2 disk ${p.qcow}` : `ext4 disk ${p.disk}`;
+    throw failedPrecondition(`sandbox ${sb.id} is a ${sb.backend}: its writable layer is the ${disk}, not a host directory; commit and filesystem snapshots of ${sb.backend} sandboxes are not built yet`);
   }
 
   /**

@@ -65,7 +65,10 @@ export const DEFAULT_STOP_GRACE_MS = 10_000;
 
 /** What {@link SandboxManager.reconcile} found and did at start. */
 export interface ReconcileReport {
+  /** User sandboxes found alive and adopted. */
   adopted: string[];
+  /** Warm-pool shells of the previous dsecd found alive; main destroys them right after (never adopted). */
+  shells: string[];
   rolledBack: string[];
   finished: string[];
   failed: string[];
@@ -1380,7 +1383,7 @@ export class SandboxManager {
    * crash). Safe to run on a clean host and to run twice.
    */
   async reconcile(): Promise<ReconcileReport> {
-    const rep: ReconcileReport = { adopted: [], rolledBack: [], finished: [], failed: [], orphans: [] };
+    const rep: ReconcileReport = { adopted: [], shells: [], rolledBack: [], finished: [], failed: [], orphans: [] };
     const fp = new Failpoints(undefined);
     for (const sb of this.d.repo.all()) {
       const drv = this.d.drivers.get(sb.backend);
@@ -1414,7 +1417,7 @@ export class SandboxManager {
             if (sb.desired === 'paused' && sb.state === 'running') await drv.resume(sb).catch(() => {});
             if (sb.desired === 'running' && sb.state === 'paused') await drv.pause(sb).catch(() => {});
             if (sb.desired) this.d.repo.setDesired(sb.id, null);
-            rep.adopted.push(sb.id);
+            (isPoolShell(sb) ? rep.shells : rep.adopted).push(sb.id);
           } else {
             await drv.stop(sb, fp);
             const f = this.d.repo.transition(sb.id, 'failed', { initPid: null, initStart: null, error: 'init exited while dsecd was not running' });

@@ -142,7 +142,11 @@ describe.skipIf(!IS_ROOT)('warm pools', () => {
     const old = await shellIds();
     // SIGKILL: the shells stay on the host until the next start destroys them.
     await d.kill9();
-    await d.launch();
+    await d.launch({ DSEC_LOG_LEVEL: 'info' });
+    // The start's report names the user sandbox as adopted and the shells apart (they are destroyed, not adopted).
+    const rep = JSON.parse(d.stderr.split('\n').find((l) => l.includes('"reconciled store with host"'))!);
+    expect(rep.adopted).toEqual([keep.id]);
+    expect([...rep.shells].sort()).toEqual([...old].sort());
     const now = (await d.traces()).rows;
     for (const id of old) expect(now).not.toContain(id);
     expect(now).toContain(keep.id);

@@ -2116,9 +2116,13 @@ child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
  * operator wants. Without /proc at start (a guest before its mounts) nothing changes.
  */
 #define EXEC_OOM_SCORE_ADJ 500
-/* How long a child waits for the helper to raise it before it execs anyway: 20 ms, far
- * beyond the helper's ~0.1 ms on an idle host, short enough to be harmless if it died. */
-#define OOM_RAISE_WAIT_MS 20
+/* How long a child waits for the helper to raise it before it execs anyway: 1 s. The
+ * helper takes ~0.1 ms on an idle host, but it is one more runnable process in the
+ * sandbox's cgroup, and on a loaded host (two test files running beside each other on 2
+ * cores) it was seen to need more than 20 ms. The wait ends as soon as the value reads
+ * raised; the bound is only paid in full when the helper died and the agent has not yet
+ * reaped it (from then on no child waits). */
+#define OOM_RAISE_WAIT_MS 1000
 static int g_oom_enabled;   /* commands are to start raised (the agent's value is lower) */
 static int g_oom_direct;    /* the agent is not Landlocked: it writes each child's value itself */
 static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, or -1 */

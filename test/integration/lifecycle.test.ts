@@ -6,6 +6,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync, statSync, readdirSync } from 'node:fs';
 import path from 'node:path';
 import { IS_ROOT, TestDaemon, runCli } from './harness.js';
+import { waitFor } from '../fixtures/agent.js';
 
 describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
   let d: TestDaemon;
@@ -119,6 +120,19 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
     }
   });
 
+  /**
+   * Waits until the sandbox's memory charge is below half its limit. The pages of an
+   * unlinked tmpfs file are freed when its last holder's reference is dropped, which the
+   * kernel may defer (a reference dropped by the OOM reaper or in a kernel thread goes
+   * through delayed fput), so on a loaded host the cgroup can still be full when the exec
+   * that freed it has returned, and the next command would be the OOM victim. A hang
+   * detector bounds the wait, not a timing check.
+   */
+  async function chargeFreed(id: string): Promise<void> {
+    const limit = (await d.client.sandboxStats(id)).memory_limit_bytes!;
+    await waitFor('the sandbox memory charge to fall below half its limit', async () => (await d.client.sandboxStats(id)).memory_bytes! < limit / 2, 60_000);
+  }
+
   it('the OOM killer takes a command, never the agent, even when the charge is in no process (tmpfs pages)', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', memory_bytes: 32 * 1024 * 1024 });
     try {
@@ -134,6 +148,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
       });
       expect((await d.client.sandboxStats(sb.id)).oom_kills).toBeGreaterThan(0);
       expect((await d.client.getSandbox(sb.id)).state).toBe('running');
+      await chargeFreed(sb.id);
       expect((await d.client.exec(sb.id, { argv: ['echo', 'alive'] })).stdout.toString()).toBe('alive\n');
     } finally {
       await d.client.deleteSandbox(sb.id, { force: true });
@@ -165,6 +180,7 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
         const k = await d.client.exec(sb.id, { argv: ['sh', '-c', 'kill -9 $(cat /tmp/loops) 2>/dev/null; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = head ] && kill -9 ${p#/proc/}; done; ps -o comm | grep -c "^head$"'] });
         if (k.stdout.toString().trim() === '0') break;
       }
+      await chargeFreed(sb.id);
       expect((await d.client.exec(sb.id, { argv: ['echo', 'alive'] })).stdout.toString()).toBe('alive\n');
       const adj = await d.client.exec(sb.id, { argv: ['sh', '-c', 'cat /proc/1/oom_score_adj /proc/self/oom_score_adj; for p in /proc/[0-9]*; do [ "$(cat $p/comm 2>/dev/null)" = dsec-oom-adj ] && echo ${p#/proc/}; done'] });
       const [agentAdj, cmdAdj, helper] = adj.stdout.toString().trim().split('\n');

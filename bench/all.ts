@@ -28,8 +28,9 @@
  * --quick: N 100, density 100, podman 20, fewer repeats (a functional check, not numbers
  * to publish). The published pair, bench/results-all.json and the table in
  * docs/BENCHMARKS.md, is written only by a run that is neither --quick nor --no-doc; other
- * runs write their JSON to bench/results-all.local.json (not tracked). Each run also records how fast the host spawns a process at its start and
- * end (host.spawn_true_ms_*): runs on different days differ several-fold on a shared VM.
+ * runs write their JSON to bench/results-all.local.json (not tracked). Each run also
+ * records how fast the host spawns a process at its start and end
+ * (host.spawn_true_ms_*): runs on different days differ several-fold on a shared VM.
  * --cpu-prof DIR: the dsecd of the burst runs under `node --cpu-prof` (profiles in DIR).
  */
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
@@ -426,18 +427,13 @@ async function status(o: Opts, tree: string, res: Record<string, unknown>): Prom
   res.status = out;
 }
 
-/** The podman burst peer when it ran (absent with --no-podman). */
-function b0(p: unknown): boolean {
-  return !!p && typeof p === 'object' && 'create_to_first_exec_ms' in p;
-}
-
 /** Markdown of the results, for docs/BENCHMARKS.md. */
 function table(res: Record<string, any>): string {
   const L: string[] = [];
   const ms = (x?: { p50: number; p99: number }) => (x ? `${x.p50} / ${x.p99} ms` : 'not run');
   const ratio = (a?: number, b?: number) => (a && b ? `${r2(a / b)}×` : '');
   const ratioUp = (a?: number, b?: number) => (a && b ? `${r2(a / b)}× (dsec / peer)` : '');
-  const pm = b0(res.burst?.podman);
+  const pm = res.burst?.podman !== undefined; // the podman burst peer ran (not --no-podman)
   // A MemAvailable drop below zero means the host freed more than the run used: noise at that count.
   const mib = (v?: number) => (v === undefined ? '-' : v < 0 ? `${v} MiB (MemAvailable rose: noise at this count)` : `${v} MiB`);
   L.push(`Run of ${res.date} (${res.quick ? '--quick' : 'full'}), ${res.host.cores} cores, ${Math.round(res.host.memory_bytes / 2 ** 30)} GiB, kernel ${res.host.kernel}; ${res.host.note}. Host speed: spawning \`/bin/true\` took ${res.host.spawn_true_ms_at_start ?? '?'} ms (p50) at the start and ${res.host.spawn_true_ms_at_end ?? '?'} ms at the end.`);

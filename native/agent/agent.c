@@ -2129,7 +2129,7 @@ static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, 
 /* g_oomh_pid (declared above reap_all): the helper's pid, 0 when none */
 static int g_oom_child_wait; /* set in a child forked while the helper was up */
 
-/* This process's oom_score_adj into *v: 0, or -1 when /proc cannot tell (not mounted). */
+/* Reads this process's oom_score_adj into *v. Returns 0, or -1 when /proc cannot tell (not mounted). */
 static int own_oom_adj(int *v)
 {
 	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);

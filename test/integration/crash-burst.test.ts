@@ -147,19 +147,24 @@ describe.skipIf(!IS_ROOT)(`SIGKILL in the middle of a burst of ${N} creations`, 
   }
 
   // No wall-clock bound on the burst itself: the timeout only stops a hung run (1,000 creates and destroys on a shared 2-core host).
-  it('loses no acknowledged sandbox and leaks nothing', { timeout: 1_800_000 }, async () => {
-    // Workers keep creating until the kill begins, so creates are in flight when it lands.
-    let killed = false;
-    const first = burst(N, () => killed);
-    // Kill as soon as KILL_AFTER are acknowledged, with the rest of the burst still in flight.
-    await new Promise<void>((resolve) => {
+  /** Resolves once at least `n` creates have been acknowledged to this client (checked every 5 ms). */
+  function untilAcked(n: number): Promise<void> {
+    return new Promise<void>((resolve) => {
       const t = setInterval(() => {
-        if (acked.size >= KILL_AFTER) {
+        if (acked.size >= n) {
           clearInterval(t);
           resolve();
         }
       }, 5);
     });
+  }
+
+  it('loses no acknowledged sandbox and leaks nothing', { timeout: 1_800_000 }, async () => {
+    // Workers keep creating until the kill begins, so creates are in flight when it lands.
+    let killed = false;
+    const first = burst(N, () => killed);
+    // Kill as soon as KILL_AFTER are acknowledged, with the rest of the burst still in flight.
+    await untilAcked(KILL_AFTER);
     killed = true;
     await d.kill9();
     const { failed } = await first;
@@ -207,14 +212,7 @@ describe.skipIf(!IS_ROOT)(`SIGKILL in the middle of a burst of ${N} creations`, 
     acked.clear();
     let stopping = false;
     const run = burst(200, () => stopping);
-    await new Promise<void>((resolve) => {
-      const t = setInterval(() => {
-        if (acked.size >= 40) {
-          clearInterval(t);
-          resolve();
-        }
-      }, 5);
-    });
+    await untilAcked(40);
     stopping = true;
     // The client goes away with the creates in flight (as a benchmark or an RL driver that
     // is itself stopped): dsecd then considers those requests done, and they run on while

@@ -44,6 +44,7 @@ import { CORE_DENIALS, profileInfo, type SeccompOverride } from '../../security/
 import type { UpperStore } from '../../storage/store.js';
 import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
 import type { DefenceStatus } from '../../api/schema.js';
+import { refuseAfterClose, shuttingDown } from '../shutdown.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -464,15 +465,10 @@ export class ContainerDriver implements SandboxDriver {
    * @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down).
    */
   private agent(id: string, timeoutMs = 5_000): Promise<AgentClient> {
-    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
+    if (this.closed) return Promise.reject(shuttingDown());
     let p = this.agents.get(id);
     if (!p) {
-      p = AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs }).then((c) => {
-        // A connection that completes after close() would keep dsecd's event loop alive.
-        if (this.closed) {
-          c.close();
-          throw unavailable('dsecd is shutting down');
-        }
+      p = refuseAfterClose(() => this.closed, AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs })).then((c) => {
         c.onLost(() => {
           if (this.agents.get(id) === p) this.agents.delete(id);
         });

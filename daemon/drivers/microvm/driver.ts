@@ -84,6 +84,7 @@ import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
 import { buildGuestConfinement, readGuestConfinement } from './confine.js';
 import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../security/filesystem.js';
+import { refuseAfterClose, shuttingDown } from '../shutdown.js';
 
 /** How long stop waits for QEMU to exit after `quit` before SIGKILL: 5 s. */
 const QUIT_WAIT_MS = 5_000;
@@ -294,7 +295,7 @@ export class MicrovmDriver implements SandboxDriver {
 
   /** @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down). */
   protected endpoint(id: string): VmEndpoint {
-    if (this.closed) throw unavailable('dsecd is shutting down');
+    if (this.closed) throw shuttingDown();
     let ep = this.endpoints.get(id);
     if (!ep) {
       ep = new VmEndpoint({ dir: this.dir(id), what: `sandbox ${id}`, log: this.d.log });
@@ -706,17 +707,10 @@ export class MicrovmDriver implements SandboxDriver {
    * @throws DsecError Unavailable (QEMU not running), DeadlineExceeded (QMP stopped answering).
    */
   private qmp(id: string): Promise<QmpClient> {
-    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
+    if (this.closed) return Promise.reject(shuttingDown());
     let p = this.qmps.get(id);
     if (!p) {
-      p = QmpClient.connect(vmPaths(this.dir(id)).qmp, { timeoutMs: this.d.vm.qmpTimeoutMs }).then((c) => {
-        // A connection that completes after close() would keep dsecd's event loop alive.
-        if (this.closed) {
-          c.close();
-          throw unavailable('dsecd is shutting down');
-        }
-        return c;
-      });
+      p = refuseAfterClose(() => this.closed, QmpClient.connect(vmPaths(this.dir(id)).qmp, { timeoutMs: this.d.vm.qmpTimeoutMs }));
       const mine = p;
       this.qmps.set(id, p);
       p.then((c) => c.onClose(() => { if (this.qmps.get(id) === mine) this.qmps.delete(id); }), () => { if (this.qmps.get(id) === mine) this.qmps.delete(id); });
@@ -777,17 +771,15 @@ export class MicrovmDriver implements SandboxDriver {
     })();
   }
 
-  /** The sandbox's cached agent connection (over the mux), connecting on first use. */
+  /**
+   * The sandbox's cached agent connection (over the mux), connecting on first use.
+   * @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down).
+   */
   protected agent(id: string, timeoutMs = 10_000): Promise<AgentClient> {
-    if (this.closed) return Promise.reject(unavailable('dsecd is shutting down'));
+    if (this.closed) return Promise.reject(shuttingDown());
     let p = this.agents.get(id);
     if (!p) {
-      p = AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs }).then((c) => {
-        // A connection that completes after close() would keep dsecd's event loop alive.
-        if (this.closed) {
-          c.close();
-          throw unavailable('dsecd is shutting down');
-        }
+      p = refuseAfterClose(() => this.closed, AgentClient.connect(vmPaths(this.dir(id)).agentSock, { timeoutMs })).then((c) => {
         c.onLost(() => {
           if (this.agents.get(id) === p) this.agents.delete(id);
         });

@@ -48,7 +48,8 @@ const r2 = (x: number) => Math.round(x * 100) / 100;
 
 /**
  * Uid pool of the benchmark dsecds: 2^27 ids from 2^29, in ranges of 16,384 (8,192
- * sandboxes): below every test slot, builder range and the default pool.
+ * sandboxes): below every slot's pool and builder range (test/fixtures/slots.ts) and the
+ * default pool. Their builder ranges come from the slot each leases (bench/lib.ts).
  */
 const POOL = { base: 2 ** 29, size: 2 ** 27 };
 const RANGE = 16_384;

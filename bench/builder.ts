@@ -17,7 +17,7 @@
  * Needs root, a cached Debian tree (`dsec image bootstrap debian` once) and zstd.
  * Usage: node dist/bench/builder.js [--reps 3] [--builder-base N]
  * `--builder-base` adds a `[builder]` table (base N, 16 slots) to the temporary dsecd's
- * config; without it the daemon uses its defaults.
+ * config; without it the daemon uses the builder range of the slot it leased (bench/lib.ts).
  */
 import { readdirSync, statSync } from 'node:fs';
 import path from 'node:path';
@@ -27,13 +27,6 @@ import { execa } from 'execa';
 import { DEFAULT_BOOTSTRAP_CACHE_DIR } from '../daemon/image/bootstrap.js';
 import { percentile, tempDaemon } from './lib.js';
 
-/**
- * The uid pool of the temporary dsecd: 16 Mi ids at 768 Mi, clear of the default pool,
- * every test slot's pool and builder range (test/integration/harness.ts) and the default
- * builder range, so the benchmark can run beside tests. A `--builder-base` of 784 Mi
- * (822083584) is clear of them too.
- */
-const POOL = { base: 3 * 2 ** 28, size: 2 ** 24 };
 
 async function main(): Promise<void> {
   const opts = new Command('builder')
@@ -50,7 +43,7 @@ async function main(): Promise<void> {
   const bytes = lines.reduce((s, l) => s + Number(l.split(/\s+/)[2] || 0), 0);
 
   const extra = opts.builderBase ? `[builder]\nbase = ${Number(opts.builderBase)}\nsize = ${16 * 65536}\n` : '';
-  const d = await tempDaemon('dsec-bench-builder-', POOL, extra);
+  const d = await tempDaemon('dsec-bench-builder-', null, extra);
   const time = async (fn: (i: number) => Promise<unknown>): Promise<number> => {
     const xs: number[] = [];
     for (let i = 0; i < reps; i++) {

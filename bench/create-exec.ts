@@ -43,7 +43,7 @@ async function main(): Promise<void> {
   const c = Number(opts.concurrency);
   const k = Number(opts.execRepeats);
 
-  const d = opts.socket ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {}, root: '' } : await tempDaemon('dsec-bench-', { base: 3 * 2 ** 30 + 30 * 2 ** 25, size: 2 ** 25 });
+  const d = opts.socket ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {}, root: '' } : await tempDaemon('dsec-bench-', null);
   const firstExec: number[] = [];
   const execLat: number[] = [];
   const destroyLat: number[] = [];

@@ -147,7 +147,7 @@ async function main(): Promise<void> {
   const ps0 = (m: Record<string, RunResult>) => Object.keys(m).length > 0;
 
   // Pool above the test slots' and create-exec's (slot 30): 16 Mi ids at 3 GiB + 31 × 32 Mi.
-  const d = await tempDaemon('dsec-bench-fncall-', { base: 3 * 2 ** 30 + 31 * 2 ** 25, size: 2 ** 24 });
+  const d = await tempDaemon('dsec-bench-fncall-', null);
   const result: Record<string, unknown> = {
     bench: 'fncall-agent',
     argv,

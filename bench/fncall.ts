@@ -88,7 +88,7 @@ async function main(): Promise<void> {
   const peerCalls = Number(opts.peerCalls);
   const levels = opts.concurrency.split(',').map(Number);
   // Slot 30's pool (create-exec's): benchmarks never run beside each other.
-  const d = await tempDaemon('dsec-bench-fncall-', { base: 3 * 2 ** 30 + 30 * 2 ** 25, size: 2 ** 25 }, `[fncall]\nmax_workers = ${Math.max(...levels)}\nmin_idle = ${Math.max(...levels)}\n`);
+  const d = await tempDaemon('dsec-bench-fncall-', null, `[fncall]\nmax_workers = ${Math.max(...levels)}\nmin_idle = ${Math.max(...levels)}\n`);
   const trees: string[] = [];
   const mounts: string[] = [];
   const result: Record<string, unknown> = { bench: 'fncall', host: { cores: os.cpus().length, kernel: os.release() }, calls, peer_calls: peerCalls };

@@ -23,7 +23,7 @@
  * host: other processes move it too).
  *
  * Usage (root; QEMU and the guest kernel installed): node dist/bench/microvm-density.js [--n 8]
- * It leases a uid-pool slot as the tests do (test/integration/harness.ts), so it runs beside them.
+ * Its dsecds lease id-range slots as the tests' do (bench/lib.ts tempDaemon), so it runs beside them.
  */
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { randomBytes } from 'node:crypto';
@@ -38,31 +38,6 @@ const MiB = 1024 * 1024;
 const DATA_BYTES = 64 * MiB;
 const SETTLE_MS = 15_000;
 const round = (x: number) => Math.round(x * 10) / 10;
-
-/** Test slot leases (test/integration/harness.ts leaseSlot: one O_EXCL file per slot holding the pid). */
-const SLOT_DIR = '/tmp/dsec-test-slots';
-function leaseSlot(): number {
-  mkdirSync(SLOT_DIR, { recursive: true });
-  for (let s = 0; s < 119; s++) {
-    const f = path.join(SLOT_DIR, String(s));
-    try {
-      writeFileSync(f, `${process.pid}\n`, { flag: 'wx' });
-      return s;
-    } catch {
-      let pid = 0;
-      try { pid = Number(readFileSync(f, 'utf8').trim()); } catch { /* released meanwhile */ }
-      try { if (pid > 0) { process.kill(pid, 0); continue; } } catch { /* dead */ }
-      rmSync(f, { force: true });
-      s--;
-    }
-  }
-  throw new Error('no free test uid-pool slot');
-}
-/** Pool and builder range of a slot (harness.ts uidPoolForSlot, builderRangeForSlot). */
-function slotConfig(s: number): { pool: { base: number; size: number }; builderToml: string } {
-  const base = s < 63 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 63) * 2 ** 24;
-  return { pool: { base, size: 2 ** 24 }, builderToml: `[builder]\nbase = ${2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20}\nsize = ${2 ** 20}\n` };
-}
 
 /** One `key:  N kB` field of a /proc file, in bytes (0 when absent). */
 function kbField(text: string, key: string): number {
@@ -97,9 +72,8 @@ function phase(n: number, m: { pss: number; rss: number; cgroup: number }, avail
 }
 
 /** One run: a fresh dsecd with `pmem`, the bench image, N VMs, the two phases. */
-async function run(pmem: boolean, balloon: boolean, n: number, dataDir: string, slot: number) {
-  const t = slotConfig(slot);
-  const d = await tempDaemon('dsec-bench-vmdens-', t.pool, `${t.builderToml}[vm]\naccel = "tcg"\npmem = ${pmem}\nballoon = ${balloon}\n`);
+async function run(pmem: boolean, balloon: boolean, n: number, dataDir: string) {
+  const d = await tempDaemon('dsec-bench-vmdens-', null, `[vm]\naccel = "tcg"\npmem = ${pmem}\nballoon = ${balloon}\n`);
   const ids: string[] = [];
   try {
     await d.client.importImage({ type: 'dir', path: dataDir, base: 'busybox', image: 'bench-density:1' });
@@ -134,11 +108,10 @@ async function main() {
   const dataDir = mkdtempSync('/tmp/dsec-bench-vmdens-data-');
   mkdirSync(path.join(dataDir, 'opt/data'), { recursive: true });
   writeFileSync(path.join(dataDir, 'opt/data/blob'), randomBytes(DATA_BYTES));
-  const slot = leaseSlot();
   try {
-    const blk = await run(false, true, n, dataDir, slot);
-    const pmem = await run(true, true, n, dataDir, slot);
-    const pmemNoBalloon = await run(true, false, n, dataDir, slot);
+    const blk = await run(false, true, n, dataDir);
+    const pmem = await run(true, true, n, dataDir);
+    const pmemNoBalloon = await run(true, false, n, dataDir);
     const out = {
       n,
       image: { base: 'busybox', extra_layer: '/opt/data/blob, 64 MiB of random bytes', data_bytes: DATA_BYTES },
@@ -155,7 +128,6 @@ async function main() {
     process.stdout.write(text);
   } finally {
     rmSync(dataDir, { recursive: true, force: true });
-    rmSync(path.join(SLOT_DIR, String(slot)), { force: true });
   }
 }
 

@@ -27,7 +27,7 @@ async function main(): Promise<void> {
   const creates = arg('--creates', 40);
   const execs = arg('--execs', 300);
   // A pool at 512 MiB, below the test slots (1 GiB and up) and the other benchmarks' pools.
-  const d = await tempDaemon('dsec-bench-net-', { base: 2 ** 29, size: 2 ** 24 });
+  const d = await tempDaemon('dsec-bench-net-', null);
   try {
     const warm = await d.client.createSandbox({ network: MODES.open });
     await d.client.deleteSandbox(warm.id, { force: true });

@@ -36,12 +36,6 @@ import { readSchedPolicy, SCHED_POLICY } from '../daemon/host/sched.js';
 const round = (x: number) => Math.round(x * 1000) / 1000;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
-/**
- * Uid pool of the throwaway daemon: the 32 Mi ids above the test slots (0..29) and the
- * create-exec bench (30), less one range so base + size stays below 2^32 − 1.
- */
-const POOL = { base: 3 * 2 ** 30 + 31 * 2 ** 25, size: 2 ** 25 - 65536 };
-
 
 /** Host pids whose parent is `ppid` and whose command line contains `needle`. */
 function childrenMatching(ppid: number, needle: string): number[] {
@@ -173,7 +167,7 @@ async function main(): Promise<void> {
 
   const d: { client: DsecClient; stop: () => Promise<void>; pid?: number } = opts.socket
     ? { client: new DsecClient({ socketPath: opts.socket }), stop: async () => {} }
-    : await tempDaemon('dsec-bench-prio-', POOL);
+    : await tempDaemon('dsec-bench-prio-', null);
   const client = d.client;
   const cleanup: (() => Promise<void>)[] = [];
   const live: number[] = [];

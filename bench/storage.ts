@@ -29,9 +29,6 @@ import pino from 'pino';
 import { UpperStore, type StorageConfig } from '../daemon/storage/store.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 
-/** Uid pools of test slots 30 and 31 at DSEC_TEST_SLOT_OFFSET=90 (test/integration/harness.ts). */
-const POOL = { base: 2 ** 30 + 62 * 2 ** 24, size: 2 ** 24 };
-const POOL2 = { base: 2 ** 30 + 63 * 2 ** 24, size: 2 ** 24 };
 const round = (x: number) => Math.round(x * 100) / 100;
 const stats = (xs: number[]) => ({ p50: round(percentile(xs, 50)), p99: round(percentile(xs, 99)) });
 
@@ -100,8 +97,8 @@ async function largeTree(d: TempDaemon, files: number) {
  * then the large-tree destroy on each.
  */
 async function sandboxes(n: number, files: number) {
-  const host = await tempDaemon('dsec-bench-store-', POOL, '[storage]\nupper_fs = "host"\n');
-  const auto = await tempDaemon('dsec-bench-store-', POOL2);
+  const host = await tempDaemon('dsec-bench-store-', null, '[storage]\nupper_fs = "host"\n');
+  const auto = await tempDaemon('dsec-bench-store-', null);
   try {
     const m = { host: { create: [] as number[], destroy: [] as number[] }, auto: { create: [] as number[], destroy: [] as number[] } };
     for (let i = 0; i < n; i++) {

@@ -4,13 +4,13 @@
  * sandbox leaves traces (mountinfo, every cgroup hierarchy, runtime state, sandbox
  * dirs, store rows).
  *
- * Each test daemon leases a uid-pool slot of its own at start ({@link leaseSlot}), so
- * parallel files get disjoint uid pools and builder ranges (dsecd refuses overlapping
- * ranges of live instances). The `slot` a test passes is only a label in its temp
- * root's name.
+ * Each test daemon leases a uid-pool slot of its own at start (test/fixtures/slots.ts,
+ * shared with the benchmarks' daemons), so parallel files get disjoint uid pools and
+ * builder ranges (dsecd refuses overlapping ranges of live instances). The `slot` a test
+ * passes is only a label in its temp root's name.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import Database from 'better-sqlite3';
@@ -18,81 +18,14 @@ import { expect } from 'vitest';
 import { DsecClient, isDsecApiError, type DsecApiError } from '../../sdk/client.js';
 import { detectCgroups, type CgroupManager } from '../../daemon/host/cgroups/index.js';
 import { instanceNameFor } from '../../daemon/config.js';
+import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
+
+export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 /** Repository root. */
 export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
 /** True when running as root (integration tests need it). */
 export const IS_ROOT = process.getuid?.() === 0;
-
-/** Number of uid-pool slots test daemons lease from (see {@link leaseSlot}). */
-export const SLOTS = 119;
-
-/**
- * Uid pool of slot `s` (0..118): 16 Mi ids (256 ranges of 65,536), away from the default
- * pool (2^31 .. 2^31+2^30). Slots 0-62 lie above 3 GiB (a 64th would end at 2^32, past
- * the largest uid dsecd accepts), 63-118 above 1 GiB, ending where the builder ranges begin.
- */
-export function uidPoolForSlot(s: number): { base: number; size: number } {
-  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
-  return { base: s < 63 ? 3 * 2 ** 30 + s * 2 ** 24 : 2 ** 30 + (s - 63) * 2 ** 24, size: 2 ** 24 };
-}
-
-/**
- * Builder range (daemon/host/builder.ts) of slot `s` (0..118): 1 Mi ids (16 builder
- * slots), packed into the gap between the slots' uid pools (which end at 2^30 + 56 * 2^24)
- * and the default builder range (which starts at 2^31 - 2^20), so it overlaps no test
- * pool, no other slot's builder range, the default pool or the default builder range
- * (test/unit/builder.test.ts checks every pair).
- */
-export function builderRangeForSlot(s: number): { base: number; size: number } {
-  if (!Number.isInteger(s) || s < 0 || s >= SLOTS) throw new Error(`slot ${s} out of range`);
-  return { base: 2 ** 30 + 56 * 2 ** 24 + s * 2 ** 20, size: 2 ** 20 };
-}
-
-/** Where slot leases live: one file per leased slot, holding the leasing process's pid. */
-const SLOT_DIR = '/tmp/dsec-test-slots';
-
-/**
- * Leases a free uid-pool slot for one test daemon, so test files running in parallel
- * (and several checkouts of this repository on one host) never give two live dsecd
- * instances overlapping pools, which dsecd refuses. A lease is a file created with
- * O_EXCL; one whose process is gone is taken over. Released by {@link releaseSlot}.
- * @throws Error when all {@link SLOTS} slots are leased by live processes.
- */
-export function leaseSlot(): number {
-  mkdirSync(SLOT_DIR, { recursive: true });
-  for (let s = 0; s < SLOTS; s++) {
-    const f = path.join(SLOT_DIR, String(s));
-    try {
-      writeFileSync(f, `${process.pid}\n`, { flag: 'wx' });
-      return s;
-    } catch {
-      let pid = 0;
-      try {
-        pid = Number(readFileSync(f, 'utf8').trim());
-      } catch { /* raced with a release */ }
-      let alive = pid > 0;
-      try {
-        if (alive) process.kill(pid, 0);
-      } catch {
-        alive = false;
-      }
-      if (!alive) {
-        rmSync(f, { force: true });
-        s--; // try the same slot again
-      }
-    }
-  }
-  throw new Error(`all ${SLOTS} test uid-pool slots are leased by live processes (${SLOT_DIR})`);
-}
-
-/** Releases a slot leased by this process. Safe to call twice. */
-export function releaseSlot(s: number): void {
-  const f = path.join(SLOT_DIR, String(s));
-  try {
-    if (Number(readFileSync(f, 'utf8').trim()) === process.pid) rmSync(f, { force: true });
-  } catch { /* not leased */ }
-}
 
 /** Options of {@link TestDaemon.start}. */
 export interface StartOptions {

@@ -12,8 +12,7 @@
 import { procStartTime } from './host/proc.js';
 import { FNCALL_WORKER_LABEL, FncallPools } from './fncall/pool.js';
 import { Command } from 'commander';
-import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
-import { createHash } from 'node:crypto';
+import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
@@ -50,6 +49,8 @@ import { SandboxNetworking, builtinDeny } from './net/network.js';
 import { parseSubnet } from './net/addr.js';
 import { PolicySet, shippedPolicyDir } from './security/egress-policy.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
+import { SandboxFiles } from './host/sandbox-files.js';
+import { overlayLayerNaming } from './image/rootfs.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
@@ -79,24 +80,20 @@ export function vmmLauncherPath(): string {
 }
 
 /**
- * Copies the agent binary into `<root>/bin/dsec-agent-<sha256 prefix>` (mode 0555) and
- * returns that path. Sandboxes bind-mount this private copy, so rebuilding or upgrading
- * the source tree never changes the binary under a running sandbox or a create in flight.
+ * Host info's `mount_table_paths_hidden`: whether a container sandbox's mount table
+ * (/proc/self/mountinfo) names host paths. Enforced where sandbox overlays are mounted
+ * from fds (daemon/image/rootfs.ts); before this process mounted one, predicted from the
+ * kernel release (6.15 takes detached layer clones as fds).
  */
-export function installAgent(source: string, root: string): string {
-  const bytes = readFileSync(source);
-  const hash = createHash('sha256').update(bytes).digest('hex').slice(0, 16);
-  const dir = path.join(root, 'bin');
-  mkdirSync(dir, { recursive: true, mode: 0o711 });
-  chmodSync(dir, 0o711);
-  const dest = path.join(dir, `dsec-agent-${hash}`);
-  if (!existsSync(dest)) {
-    const tmp = `${dest}.tmp${process.pid}`;
-    writeFileSync(tmp, bytes, { mode: 0o555 });
-    chmodSync(tmp, 0o555);
-    renameSync(tmp, dest);
-  }
-  return dest;
+function mountTableStatus(): { enforced: boolean; detail: string } {
+  const still = 'still visible: the host uid/gid base of the sandbox\'s range (tmpfs uid= options; also /proc/self/uid_map), device numbers, the host devtmpfs\'s size, and the host\'s block device names through /sys/block and /proc/partitions (docs/SECURITY.md "What a sandbox sees of the host\'s mounts")';
+  const hidden = 'container sandboxes\' /proc/self/mountinfo names no host path: the root overlay is mounted from fds of detached layer clones (lowerdir+=/, upperdir=/upper), the agent and resolv.conf are bound from the instance\'s tmpfs (source "dsec")';
+  const n = overlayLayerNaming();
+  if (n.naming === 'hidden') return { enforced: true, detail: `${hidden}; ${still}` };
+  if (n.naming === 'host-paths') return { enforced: false, detail: `this kernel refused overlay layers as fds (${n.reason}): the root overlay's options show the host paths of its layers and writable layer; the agent and resolv.conf are bound from the instance's tmpfs` };
+  const [major, minor] = os.release().split('.').map((x) => parseInt(x, 10));
+  const able = major > 6 || (major === 6 && minor >= 15);
+  return { enforced: able, detail: `no sandbox root mounted yet by this dsecd; kernel ${os.release()} ${able ? 'takes' : 'predates'} overlay layers as fds of detached clones (6.15)${able ? `: ${hidden}; ${still}` : ': the root overlay\'s options will show host paths'}` };
 }
 
 /** A started daemon, as tests and the entry point hold it. */
@@ -231,11 +228,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
   chmodSync(dbFile, 0o600);
   for (const f of [`${dbFile}-wal`, `${dbFile}-shm`]) if (existsSync(f)) chmodSync(f, 0o600);
   assertTraversable(config.root);
-  const agentBinary = installAgent(agentSource, config.root);
 
   const reg: InstanceRegistration = registerInstance(config);
   let cgroups: CgroupManager | undefined;
   try {
+    // The agent (and networked sandboxes' resolv.conf) are bound into sandboxes from a
+    // tmpfs of the instance's own, so their mount entries name no host path.
+    const sandboxFiles = SandboxFiles.open(config.root);
+    const agentBinary = sandboxFiles.installAgent(agentSource);
     // Refuse a busy socket before creating anything on the host.
     if (!opts.purge) await claimSocket(config.socket);
     cgroups = await detectCgroups({ instance: config.instance });
@@ -296,7 +296,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     for (const w of policies.report().warnings) log.warn({ policy: w.policy, file: w.file }, `network policy ${w.policy}: ${w.message}`);
     const cg2 = cgroups.parents.unified;
     const network = new SandboxNetworking({
-      config: config.network, root: config.root, instance: config.instance, uidPool: config.uidPool, policies,
+      config: config.network, root: config.root, instance: config.instance, uidPool: config.uidPool, policies, sandboxFiles,
       cgroup2Dir: (id) => path.join(cg2 ?? '/nonexistent-cgroup2', id), bpfBuildDir: path.join(repoRoot(), BPF_BUILD_RELATIVE),
       event: (id, type, message) => { repo.event(type, id === null ? null : repo.find(id) ?? null, message); },
       log: log.child({ component: 'network' }),
@@ -394,13 +394,14 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await images.syncLeases([]);
       await network.purge();
       await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
+      await sandboxFiles.remove();
       await container.close();
       await microvm.close();
       await vm.close();
       db.close();
       reg.release();
       SeccompMonitor.stop(path.join(config.root, 'seccomp'));
-      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers and the writable-layer store unmounted (its image removed), cgroup parents removed');
+      log.info({ instance: config.instance }, 'purged: every sandbox destroyed, layers, the writable-layer store (its image removed) and the sandbox-files tmpfs unmounted, cgroup parents removed');
       return { config, log, async close() {} };
     }
     // fncall workers are stateless and never adopted: the ones a previous dsecd left are destroyed.
@@ -521,6 +522,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             },
             vm_guest: { enforced: false, detail: 'vm tier: nothing is confined inside the guest (root with every capability, writable root, no seccomp); the guest kernel and the VMM confinement are the boundary; networking: mode none only' },
             agent_endpoint_hidden: { enforced: true, detail: 'agent socket is an inherited fd; not a path in the sandbox' },
+            mount_table_paths_hidden: mountTableStatus(),
             sched_idle: { enforced: schedIdle.available, detail: `batch sandboxes run as SCHED_IDLE with minimal CPU shares: ${schedIdle.reason}` },
             core_scheduling: { enforced: coreSched.available, detail: coreSched.reason },
             seccomp: ((i) => ({

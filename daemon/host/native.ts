@@ -59,6 +59,7 @@ interface NativeAddon {
   schedIdleProbe(): number;
   openTreeIdmapped(src: string, inner: number, outer: number, count: number, readonly: boolean): number;
   unmountAllAsync(target: string): Promise<number>;
+  mountOverlayAsync(target: string, lowers: string[], nsfd: number, layerDir: string, upperName: string, workName: string, options: string[]): Promise<void>;
   constants: NativeConstants;
 }
 
@@ -184,6 +185,27 @@ export function userns(uidBase: number, gidBase: number, count: number): number 
  */
 export function idmapMountFd(src: string, dst: string, nsfd: number, readonly: boolean): void {
   addon().idmapMountFd(src, dst, nsfd, readonly);
+}
+
+/**
+ * Mounts overlayfs at `target` (an existing directory) from file descriptors, so that the
+ * mount table names no host path (native/addon/overlay.c): each of `lowers` (TOP layer
+ * first; at most 500) is cloned detached, idmapped through `nsfd` (from {@link userns})
+ * and read-only, and given as `lowerdir+`; `layerDir/upperName` and `layerDir/workName`
+ * (one filesystem) are given as `upperdir` and `workdir` through a detached clone of
+ * `layerDir`. /proc/<pid>/mountinfo then shows `lowerdir+=/` per layer and
+ * `upperdir=/<upperName>,workdir=/<workName>`. `options` are further `key=value` overlay
+ * options (a bare `key` is a flag). Runs on the libuv threadpool (closing the detached
+ * clones waits for RCU grace periods).
+ * Rejects with an errno-coded Error whose `syscall` names the step (`open_tree`,
+ * `mount_setattr`, `fsopen`, `fsconfig` (an option, named in `path`), `fsconfig:lowerdir+`,
+ * `fsconfig:upperdir`, `fsconfig:workdir`, `fsconfig:create`, `fsmount`, `move_mount`)
+ * and whose `kernelLog`, when present, is overlayfs's own message. A kernel older than
+ * 6.13 (no fd layers: EINVAL at `fsconfig:lowerdir+`) or 6.15 (no detached layers:
+ * EINVAL at `fsconfig:create`) cannot do this; callers fall back to path options.
+ */
+export function mountOverlayAsync(target: string, lowers: string[], nsfd: number, layerDir: string, upperName: string, workName: string, options: string[]): Promise<void> {
+  return addon().mountOverlayAsync(target, lowers, nsfd, layerDir, upperName, workName, options);
 }
 
 /**

@@ -4,23 +4,33 @@
  *
  * Layout inside a sandbox directory `<dir>`:
  *
- *   lower/<i>   layer i (0 = base) of the image, an idmapped read-only clone of the blob
- *               mount: id N in the layer shows as `uidBase + N` / `gidBase + N`. Only
- *               present while prepareRootfs runs unless `keepLowerMounts` is set (see below).
  *   upper/      the sandbox's writable layer (survives stop/start; removed only by
  *               removeSandboxDir). Owned uidBase:gidBase, i.e. root inside the sandbox.
  *   work/       overlayfs's work dir (same filesystem as upper/).
  *               Both may live elsewhere instead: in the writable-layer store
  *               (daemon/storage/store.ts), passed as PrepareRootfsOptions.upper/work.
  *   rootfs/     the overlay mount: what runc gets as the container's root.
+ *   lower/<i>   only on kernels that cannot take layers as file descriptors (below), and
+ *               only while prepareRootfs runs unless `keepLowerMounts` is set: layer i
+ *               (0 = base) attached as an idmapped read-only clone of the blob mount.
  *
- * Why the lowers are detached after the overlay is mounted: overlayfs takes its own
- * private clones of every layer mount when it is mounted (clone_private_mount), so the
- * lower/<i> mounts are no longer needed and unmounting them does not affect the overlay.
- * Keeping them would add one mount per layer per sandbox to the host mount table, which
- * every new mount namespace (each runc container start) copies, and which every reader of
- * /proc/self/mountinfo walks — at thousands of sandboxes that costs real time. So by
- * default each sandbox leaves exactly one mount behind: rootfs/.
+ * Each layer is an idmapped read-only clone of its blob mount: id N in the layer shows as
+ * `uidBase + N` / `gidBase + N`. The overlay is mounted from file descriptors
+ * (native.mountOverlayAsync, Linux 6.15+): the layer clones and a clone of the upper's
+ * parent are never attached anywhere, and overlayfs records each layer by its path inside
+ * its detached clone, so the sandbox's /proc/self/mountinfo reads
+ * `lowerdir+=/,...,upperdir=/upper,workdir=/work` and names no host path (docs/SECURITY.md
+ * "What a sandbox sees of the host's mounts"). On older kernels (decided once per process
+ * at the first mount, {@link overlayLayerNaming}) the layers are attached at lower/<i> and
+ * the overlay is mounted with path options, which the mount table then shows.
+ *
+ * Either way each sandbox leaves exactly one mount behind, rootfs/: overlayfs takes its
+ * own private clones of every layer when it is mounted (clone_private_mount), so the
+ * clones it was given are closed (or, on the path-option fallback, lower/<i> unmounted)
+ * right after. Keeping them would add one mount per layer per sandbox to the host mount
+ * table, which every new mount namespace (each runc container start) copies, and which
+ * every reader of /proc/self/mountinfo walks — at thousands of sandboxes that costs real
+ * time.
  *
  * Overlay options: `index=off,redirect_dir=off,metacopy=off` (also this kernel's
  * defaults, stated explicitly so a host with different module defaults behaves the same):
@@ -37,7 +47,7 @@
  */
 import { closeSync } from 'node:fs';
 import { chmod, chown, mkdir, readFile, readdir, realpath, rm, rmdir } from 'node:fs/promises';
-import { join, resolve } from 'node:path';
+import { basename, dirname, join, resolve } from 'node:path';
 import { DsecError } from '../errors.js';
 import * as native from '../host/native.js';
 
@@ -78,10 +88,13 @@ const BAD_PATH_CHARS = /[,:\\\n]/;
  * Steps: clean up lower/ mounts left by an interrupted earlier call; create upper/ and
  * work/ if missing (existing contents are kept: the writable layer persists across
  * stop/start) and set them to uidBase:gidBase mode 0755; create one user namespace for
- * the sandbox's range and attach every lower as an idmapped read-only mount at
- * lower/<i>; mount overlay with lowerdir = lower/<n-1>:…:lower/0 (overlayfs lists the
- * TOP layer first); then, unless keepLowerMounts, detach lower/* and remove lower/.
- * On failure every mount it made is undone before the error is rethrown.
+ * the sandbox's range; mount the overlay from fds of detached idmapped read-only layer
+ * clones (see the module comment; upper and work must share a parent directory). Where
+ * the kernel cannot (or with keepLowerMounts), attach every lower as an idmapped
+ * read-only mount at lower/<i>, mount overlay with lowerdir = lower/<n-1>:…:lower/0
+ * (overlayfs lists the TOP layer first), then, unless keepLowerMounts, detach lower/*
+ * and remove lower/. On failure every mount it made is undone before the error is
+ * rethrown.
  *
  * Throws: InvalidArgument for bad options; FailedPrecondition when `<dir>/rootfs` is
  * already mounted (call teardownRootfs first), or when the overlay came up read-only
@@ -116,23 +129,41 @@ export async function prepareRootfs(opts: PrepareRootfsOptions): Promise<{ rootf
     await chmod(d, 0o755);
   }
   await mkdir(rootfs, { recursive: true });
-  await mkdir(lowerDir, { recursive: true, mode: 0o700 });
 
   const mounted: string[] = [];
   try {
     const nsfd = native.userns(uidBase, gidBase, count);
     try {
-      for (let i = 0; i < lowers.length; i++) {
-        const at = join(lowerDir, String(i));
-        await mkdir(at, { recursive: true });
-        native.idmapMountFd(lowers[i], at, nsfd, true);
-        mounted.push(at);
+      let fdFailure: unknown = null;
+      let done = false;
+      if (fdLayers !== false && !opts.keepLowerMounts && dirname(upper) === dirname(work)) {
+        try {
+          await native.mountOverlayAsync(rootfs, lowers.slice().reverse(), nsfd, dirname(upper), basename(upper), basename(work), OVERLAY_OPTIONS.split(','));
+          fdLayers = true;
+          done = true;
+        } catch (e) {
+          if (fdLayers === true || !kernelLacksFdLayers(e)) throw e;
+          fdFailure = e;
+        }
+      }
+      if (!done) {
+        await mkdir(lowerDir, { recursive: true, mode: 0o700 });
+        for (let i = 0; i < lowers.length; i++) {
+          const at = join(lowerDir, String(i));
+          await mkdir(at, { recursive: true });
+          native.idmapMountFd(lowers[i], at, nsfd, true);
+          mounted.push(at);
+        }
+        const lowerdir = mounted.slice().reverse().join(':');
+        native.mount('overlay', rootfs, 'overlay', 0, `lowerdir=${lowerdir},upperdir=${upper},workdir=${work},${OVERLAY_OPTIONS}`);
+        if (fdFailure) {
+          fdLayers = false;
+          fdLayersReason = (fdFailure as Error).message;
+        }
       }
     } finally {
       closeSync(nsfd);
     }
-    const lowerdir = mounted.slice().reverse().join(':');
-    native.mount('overlay', rootfs, 'overlay', 0, `lowerdir=${lowerdir},upperdir=${upper},workdir=${work},${OVERLAY_OPTIONS}`);
     // overlayfs mounts read-only, without failing, when it cannot make or clean its work
     // dir (work/work): e.g. EDQUOT/ENOSPC on a full writable layer. A sandbox would then
     // start with a root it cannot write, so that is a failed prepare.
@@ -146,6 +177,40 @@ export async function prepareRootfs(opts: PrepareRootfsOptions): Promise<{ rootf
   }
   if (!opts.keepLowerMounts) await unmountLowers(lowerDir);
   return { rootfs };
+}
+
+/**
+ * Whether overlays are mounted from file descriptors (true), with path options because the
+ * kernel cannot take detached layers as fds (false), or not decided yet (null: no sandbox
+ * root mounted in this process so far).
+ */
+let fdLayers: boolean | null = null;
+/** Why the fd mount was given up (the kernel's refusal), when {@link fdLayers} is false. */
+let fdLayersReason = '';
+
+/**
+ * How the sandbox overlays of this process name their layers in /proc/<pid>/mountinfo:
+ * `hidden` (mounted from fds: `lowerdir+=/`, `upperdir=/upper`), `host-paths` (this kernel
+ * refused fd layers: the options carry the host paths; `reason` is its refusal), or
+ * `undecided` (no sandbox root mounted by this process yet).
+ */
+export function overlayLayerNaming(): { naming: 'hidden' | 'host-paths' | 'undecided'; reason: string } {
+  if (fdLayers === null) return { naming: 'undecided', reason: '' };
+  return fdLayers ? { naming: 'hidden', reason: '' } : { naming: 'host-paths', reason: fdLayersReason };
+}
+
+/**
+ * True when `e` (from native.mountOverlayAsync) is a kernel's refusal of fd layers rather
+ * than a problem of this mount: EINVAL/ENOSYS/EOPNOTSUPP from fsopen, from a layer's
+ * fsconfig (no `lowerdir+` fds before 6.13) or from the superblock creation (detached
+ * clones refused as layers before 6.15). prepareRootfs then retries with path options,
+ * and gives the fd mount up only if that works.
+ */
+function kernelLacksFdLayers(e: unknown): boolean {
+  const code = native.errnoCode(e);
+  const step = (e as { syscall?: unknown } | null)?.syscall;
+  return (code === 'EINVAL' || code === 'ENOSYS' || code === 'EOPNOTSUPP')
+    && typeof step === 'string' && (step === 'fsopen' || step.startsWith('fsconfig:'));
 }
 
 /** Unmounts every lower/<i> and removes the (then empty) dirs and lower/ itself. Missing is fine. */

@@ -46,6 +46,7 @@ import { InstanceNetwork, SLIRP } from './instance.js';
 import { SandboxResolver } from './resolver.js';
 import { attachVeth, detachVeth, listVeths, sandboxLinkOk, vethName } from './veth.js';
 import { typeName } from './dnswire.js';
+import type { SandboxFiles } from '../host/sandbox-files.js';
 
 /** Programs of egress.bpf.o, attached together to every allow/open sandbox. */
 export const EGRESS_PROGRAMS = ['egress_connect4', 'egress_connect6', 'egress_sendmsg4', 'egress_sendmsg6', 'egress_sock_create'] as const;
@@ -64,7 +65,7 @@ const MAX_PINS = 4096;
 
 /** What the driver passes to the OCI spec for an allow/open sandbox. */
 export interface SpecNetwork {
-  /** Host path of the generated resolv.conf, bind-mounted read-only at /etc/resolv.conf. */
+  /** Host path of the generated resolv.conf (on the instance's sandbox-files tmpfs), bind-mounted read-only at /etc/resolv.conf. */
   resolvConf: string;
 }
 
@@ -75,6 +76,8 @@ export interface NetworkingDeps {
   instance: string;
   uidPool: { base: number; size: number; rangeSize: number };
   policies: PolicySet;
+  /** Where the generated resolv.conf is kept (daemon/host/sandbox-files.ts): bound from there, its mount entry names no host path. */
+  sandboxFiles: SandboxFiles;
   /** The cgroup2 directory of a sandbox's cgroup (where programs attach). */
   cgroup2Dir(id: string): string;
   /** Directory of the built BPF objects. */
@@ -316,17 +319,18 @@ export class SandboxNetworking {
   }
 
   /**
-   * For the OCI spec of an allow/open sandbox: writes its resolv.conf (the resolver on
-   * the gateway) into the sandbox dir; null for mode none (the spec is unchanged).
+   * For the OCI spec of an allow/open sandbox: the resolv.conf naming the resolver on the
+   * gateway (one content-addressed file on the sandbox-files tmpfs, shared by every
+   * sandbox of the instance: its content is the same for all); null for mode none (the
+   * spec is unchanged).
    */
-  async prepareSpec(sb: SandboxRecord, sandboxDir: string): Promise<SpecNetwork | null> {
+  async prepareSpec(sb: SandboxRecord): Promise<SpecNetwork | null> {
     if (!SandboxNetworking.hasNetwork(sb)) return null;
     await this.up();
     const why = this.available();
     if (why) throw failedPrecondition(`sandbox ${sb.id} has network mode ${sb.network!.mode}, which is not available on this host: ${why}`);
-    const file = path.join(sandboxDir, 'resolv.conf');
-    writeFileSync(file, `# written by dsecd: the sandbox resolver (docs/SECURITY.md, Networking and egress)\nnameserver ${this.gateway}\noptions ndots:1 timeout:2 attempts:2\n`, { mode: 0o644 });
-    return { resolvConf: file };
+    const text = `# written by dsecd: the sandbox resolver (docs/SECURITY.md, Networking and egress)\nnameserver ${this.gateway}\noptions ndots:1 timeout:2 attempts:2\n`;
+    return { resolvConf: this.d.sandboxFiles.put('resolv', text, 0o644, '.conf') };
   }
 
   /** Infrastructure every allow/open sandbox is denied whatever its rules ({@link builtinDeny}); computed once. */

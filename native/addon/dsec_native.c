@@ -35,7 +35,8 @@
  *
  * All calls but unmountAllAsync are synchronous and short (a mount or an idmap setup is
  * tens of microseconds; userns() clones one helper, well under a millisecond), so they
- * run on the JS thread rather than a worker. spawn.c adds spawn/spawnKill.
+ * run on the JS thread rather than a worker. spawn.c adds spawn/spawnKill; overlay.c
+ * adds mountOverlayAsync (a sandbox's root overlay from fds, on the threadpool).
  *
  * Headers: only <linux/mount.h> is included for the mount API (never together with
  * <sys/mount.h>, which conflicts with it on glibc 2.36), and syscalls go through
@@ -730,7 +731,7 @@ static napi_value init(napi_env env, napi_value exports) {
   if (napi_define_properties(env, exports, sizeof fns / sizeof fns[0], fns) != napi_ok) return NULL;
   /* Functions of the other source files (each documents its own). */
   if (dsec_bpf_init(env, exports) != 0 || dsec_fs_init(env, exports) != 0 || dsec_builder_init(env, exports) != 0 ||
-      dsec_spawn_init(env, exports) != 0) return NULL;
+      dsec_spawn_init(env, exports) != 0 || dsec_overlay_init(env, exports) != 0) return NULL;
 
   napi_value c;
   if (napi_create_object(env, &c) != napi_ok) return NULL;

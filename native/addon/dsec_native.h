@@ -33,4 +33,6 @@ int dsec_fs_init(napi_env env, napi_value exports);
 int dsec_builder_init(napi_env env, napi_value exports);
 /* spawn.c: child processes through posix_spawn, reaped by a thread of the addon's own. */
 int dsec_spawn_init(napi_env env, napi_value exports);
+/* overlay.c: a sandbox's root overlay mounted from fds of detached layer clones. */
+int dsec_overlay_init(napi_env env, napi_value exports);
 #endif

@@ -10,7 +10,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { isDsecError } from '../../daemon/errors.js';
 import * as native from '../../daemon/host/native.js';
 import { LayerMounts } from '../../daemon/image/mounts.js';
-import { listMountsUnder, prepareRootfs, removeSandboxDir, teardownRootfs } from '../../daemon/image/rootfs.js';
+import { listMountsUnder, overlayLayerNaming, prepareRootfs, removeSandboxDir, teardownRootfs } from '../../daemon/image/rootfs.js';
 import { ImageStore } from '../../daemon/image/store.js';
 
 const isRoot = process.getuid?.() === 0;
@@ -206,10 +206,40 @@ describe.skipIf(!isRoot)('image store, layer mounts and rootfs (root)', () => {
     expect(await readFile(join(rootfs, 'etc/motd'), 'utf8')).toBe('top layer\n');
     expect(await readFile(join(rootfs, 'etc/passwd'), 'utf8')).toContain(':top:');
     expect(existsSync(join(rootfs, 'bin/busybox'))).toBe(true);
+    // Mounted from fds of detached clones: the options name no host path (docs/SECURITY.md).
+    const line = (await readFile('/proc/self/mountinfo', 'utf8')).split('\n').find((l) => l.split(' ')[4] === rootfs)!;
+    expect(line.slice(line.indexOf(' - '))).toMatch(/ - overlay overlay rw,lowerdir\+=\/,lowerdir\+=\/,upperdir=\/upper,workdir=\/work,/);
+    expect(line.slice(line.indexOf(' - '))).not.toContain(base);
+    expect(overlayLayerNaming().naming).toBe('hidden');
     await removeSandboxDir(sb);
     await layers.release(busybox);
     await layers.release(top);
     expect(await listMountsUnder(base)).toEqual([]);
+  });
+
+  it('a refused overlay mount names the failing step and carries overlayfs\'s own message', async () => {
+    const lower = await layers.acquire(busybox);
+    const dir = join(base, 'sandboxes/refused');
+    await mkdir(join(dir, 'rootfs'), { recursive: true });
+    await mkdir(join(dir, 'upper'), { recursive: true });
+    await mkdir(join(dir, 'work'), { recursive: true });
+    const nsfd = native.userns(BASE_A, BASE_A, COUNT);
+    try {
+      // The same directory as upper and work dir: overlayfs refuses it at superblock creation.
+      const e = await native.mountOverlayAsync(join(dir, 'rootfs'), [lower], nsfd, dir, 'upper', 'upper', ['index=off']).then(() => null, (x: unknown) => x);
+      expect(e).toMatchObject({ code: 'EINVAL', syscall: 'fsconfig:create', path: join(dir, 'rootfs') });
+      // An option overlayfs does not know: its message comes along.
+      const bad = await native.mountOverlayAsync(join(dir, 'rootfs'), [lower], nsfd, dir, 'upper', 'work', ['index=off', 'no_such_option=1']).then(() => null, (x: unknown) => x);
+      expect(bad).toMatchObject({ code: 'EINVAL', syscall: 'fsconfig', path: 'no_such_option', kernelLog: expect.stringMatching(/Unknown parameter 'no_such_option'/) });
+      expect((bad as Error).message).toMatch(/kernel: .*Unknown parameter/);
+      const missing = await native.mountOverlayAsync(join(dir, 'rootfs'), [join(base, 'no-such-layer')], nsfd, dir, 'upper', 'work', []).then(() => null, (x: unknown) => x);
+      expect(missing).toMatchObject({ code: 'ENOENT', syscall: 'open_tree', path: join(base, 'no-such-layer') });
+    } finally {
+      closeSync(nsfd);
+    }
+    expect(await listMountsUnder(dir)).toEqual([]);
+    await removeSandboxDir(dir);
+    await layers.release(busybox);
   });
 
   it('keeps setuid bits of a layer working through the overlay (the blob mount is nosuid)', async () => {

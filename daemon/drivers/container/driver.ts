@@ -400,7 +400,7 @@ export class ContainerDriver implements SandboxDriver {
       });
       apparmorProfile = p.name;
     }
-    const network = (await this.d.network?.prepareSpec(sb, dir)) ?? null;
+    const network = (await this.d.network?.prepareSpec(sb)) ?? null;
     const seccompNotify = await this.d.seccompMonitor?.listenerFor(sb.id);
     const rootfs = path.join(dir, 'rootfs');
     const filesystem = await this.planFilesystem(sb, rootfs);

@@ -1,0 +1,87 @@
+/**
+ * Attack: learn the host's layout from inside a container sandbox. /proc/self/mountinfo,
+ * /proc/1/mountinfo and /proc/self/mounts print every mount's source, its root within its
+ * filesystem and its options; an overlay's options name its layer directories, a bind
+ * mount's root names the file it was bound from. None of it may name a host path of dsecd's
+ * state root, of this checkout (the agent, profiles) or the host's block device
+ * (docs/SECURITY.md "What a sandbox sees of the host's mounts").
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readFileSync, realpathSync } from 'node:fs';
+import path from 'node:path';
+import { IS_ROOT, REPO, TestDaemon, out } from '../integration/harness.js';
+
+/** One /proc/self/mountinfo line of the host, split into the fields this test needs. */
+interface HostMount {
+  mountPoint: string;
+  source: string;
+}
+
+function hostMounts(): HostMount[] {
+  return readFileSync('/proc/self/mountinfo', 'utf8').split('\n').filter(Boolean).map((l) => {
+    const f = l.split(' ');
+    const dash = f.indexOf('-');
+    return { mountPoint: f[4].replace(/\\040/g, ' '), source: f[dash + 2] };
+  });
+}
+
+/** The host mount holding `p` (longest mount point that is a prefix of it). */
+function mountOf(p: string, mounts: HostMount[]): HostMount {
+  return mounts.filter((m) => m.mountPoint === '/' || p === m.mountPoint || p.startsWith(m.mountPoint + '/'))
+    .sort((a, b) => b.mountPoint.length - a.mountPoint.length)[0];
+}
+
+describe.skipIf(!IS_ROOT)('attack: read the host layout from the mount table', () => {
+  let d: TestDaemon;
+  /** Strings that name the host: paths of the root and the checkout, block devices. */
+  let secrets: string[];
+  /** Device names (e.g. vda, loop3) matched as whole words. */
+  let devices: string[];
+
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 71 });
+    const mounts = hostMounts();
+    const paths = new Set([d.root, realpathSync(d.root), REPO, realpathSync(REPO)]);
+    // Every block device behind the root, the checkout, and what dsecd mounted under its
+    // root (layer blobs, the writable-layer store's loop device).
+    const devs = new Set<string>();
+    for (const m of [mountOf(d.root, mounts), mountOf(REPO, mounts), ...mounts.filter((m) => m.mountPoint.startsWith(d.root + '/'))]) {
+      if (m.source.startsWith('/dev/')) devs.add(m.source);
+    }
+    secrets = [...paths, ...devs];
+    devices = [...devs].map((s) => path.basename(s));
+    expect(devices.length).toBeGreaterThan(0);
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+  });
+
+  /** Reads the three mount tables inside sandbox `id` and checks them. */
+  async function expectNoHostNames(id: string): Promise<void> {
+    const r = await d.client.exec(id, { argv: ['sh', '-c', 'cat /proc/self/mountinfo /proc/1/mountinfo /proc/self/mounts'] });
+    const text = out(r);
+    expect(text).toContain(' / ');
+    for (const s of secrets) expect(text, `mount table names ${s}:\n${text}`).not.toContain(s);
+    for (const dev of devices) expect(text, `mount table names device ${dev}:\n${text}`).not.toMatch(new RegExp(`\\b${dev}\\b`));
+  }
+
+  it('a plain sandbox: the overlay root, the agent, /dev, /proc and /sys name nothing of the host', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    await expectNoHostNames(sb.id);
+    const info = (await d.client.hostInfo()) as unknown as { defences: Record<string, { enforced: boolean; detail: string }> };
+    expect(info.defences.mount_table_paths_hidden).toMatchObject({ enforced: true });
+  });
+
+  it('with networking and writable paths: resolv.conf and the filesystem binds name nothing of the host', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox', network: { mode: 'open' }, filesystem: { writable_paths: ['/work'] } });
+    await expectNoHostNames(sb.id);
+  });
+
+  it('after a stop and start (the overlay is mounted again)', async () => {
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    await d.client.exec(sb.id, { argv: ['sh', '-c', 'echo x > /root/f'] });
+    await d.client.stopSandbox(sb.id);
+    await d.client.startSandbox(sb.id);
+    await expectNoHostNames(sb.id);
+  });
+});

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # dsec install: Debian 12, as root. Installs the apt packages dsec needs, the npm
-# packages, builds the native parts (agent, addon) and the TypeScript, links `dsec` and
-# `dsecd` into /usr/local/bin, then (unless --no-demo) runs the main job: starts dsecd
-# on the embedded defaults, creates a busybox sandbox, runs a command in it, prints
-# the output and destroys the sandbox. dsecd is left running.
+# packages, builds the native parts (agent, addon, ...) and the TypeScript in this
+# checkout, installs the build as a release of its own under /usr/local/lib/dsec with
+# `dsec` and `dsecd` in /usr/local/bin and the configuration in /etc/dsec
+# (scripts/install-release.sh: the installed host never reads this checkout), then
+# (unless --no-demo) runs the main job: starts dsecd on the embedded defaults, creates a
+# busybox sandbox, runs a command in it, prints the output and destroys the sandbox.
+# dsecd is left running. Re-running it from a newer checkout upgrades: a running dsecd
+# keeps its release until it is restarted.
 #
 #   bash scripts/install.sh [--no-demo]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$(pwd)
 DEMO=1
 [[ "${1:-}" == "--no-demo" ]] && DEMO=0
 
@@ -57,17 +60,18 @@ make -s -C native
 say "building TypeScript"
 npx tsc -p tsconfig.json
 
-ln -sf "$REPO/bin/dsec" /usr/local/bin/dsec
-ln -sf "$REPO/bin/dsecd" /usr/local/bin/dsecd
+say "installing the release"
 if [[ -d /run/systemd/system ]]; then
-  install -m 0644 systemd/dsecd.service /etc/systemd/system/dsecd.service
-  sed -i "s#/usr/local/bin/dsecd#$REPO/bin/dsecd#" /etc/systemd/system/dsecd.service
+  bash scripts/install-release.sh --unitdir /etc/systemd/system
   systemctl daemon-reload
+else
+  bash scripts/install-release.sh
 fi
 getent group dsec >/dev/null || groupadd --system dsec
 
 [[ $DEMO -eq 1 ]] || exit 0
 
+PATH=/usr/local/bin:$PATH
 # `dsec ls` exits 125 when no daemon answers on the socket.
 if ! dsec ls >/dev/null 2>&1; then
   if [[ -d /run/systemd/system ]]; then
@@ -76,7 +80,7 @@ if ! dsec ls >/dev/null 2>&1; then
   else
     say "starting dsecd in the background (log: /var/log/dsecd.log; stop: kill \$(cat /run/dsec/dsecd.pid))"
     mkdir -p /run/dsec
-    nohup "$REPO/bin/dsecd" >>/var/log/dsecd.log 2>&1 &
+    nohup /usr/local/bin/dsecd >>/var/log/dsecd.log 2>&1 &
     echo $! > /run/dsec/dsecd.pid
   fi
   for _ in $(seq 1 300); do dsec ls >/dev/null 2>&1 && break; sleep 0.1; done

@@ -73,8 +73,9 @@ function checkPath(what: string, p: string): string {
 }
 
 /**
- * Where the template is: next to this module when running from source (vitest), and in
- * the source tree when running from dist/ (tsc does not copy data files).
+ * Where the template is: next to this module when running from source (vitest), and
+ * under the package root when running from dist/ (tsc does not copy data files): the
+ * checkout's, or the installed release's (scripts/install-release.sh).
  */
 export function defaultTemplatePath(): string {
   const candidates = [

@@ -31,7 +31,7 @@ import { EgressRule, PolicyName } from '../api/schema.js';
 import { invalidArgument } from '../errors.js';
 import { policyWarnings, type AlwaysDenied, type NetworkPolicy } from './egress.js';
 
-/** Directory of the policies shipped with dsec (source tree or dist/; the JSON files are read from the source tree). */
+/** Directory of the policies shipped with dsec: `daemon/security/profiles/network` under the package root (the checkout, or the installed release: scripts/install-release.sh), whether this runs from source or from dist/. */
 export function shippedPolicyDir(): string {
   let d = path.dirname(fileURLToPath(import.meta.url));
   while (d !== '/' && !existsSync(path.join(d, 'package.json'))) d = path.dirname(d);

@@ -233,8 +233,10 @@ export function parseProfile(text: string, source: string): SeccompProfile {
 }
 
 /**
- * Where the data file is: next to this module when running from source (vitest), and in
- * the source tree when running from dist/ (tsc does not copy data files).
+ * Where the data file is: next to this module when running from source (vitest), and
+ * under the package root when running from dist/ (tsc does not copy data files): the
+ * checkout's daemon/security/profiles/, or the installed release's copy of it
+ * (scripts/install-release.sh).
  */
 export function defaultProfilePath(): string {
   const candidates = [

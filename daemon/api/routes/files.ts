@@ -5,6 +5,9 @@
  * request -> agent) with backpressure on both sides, so a multi-GB file never sits in
  * daemon memory.
  *
+ * Single-file transfers account what they hold in dsecd's buffers into the metrics'
+ * TransferMeter; the bound and where it comes from are in daemon/api/transfer.ts.
+ *
  * Paths are absolute paths inside the sandbox. The agent refuses `..` components and
  * magic links (/proc/PID/root and the like); its root is the sandbox root, so no path
  * or symlink leads out of the sandbox. Tar archives given to PUT .../archive are
@@ -217,16 +220,24 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const r = req as R;
     const q = parseWith(FileQuery, req.query, 'query');
     const a = await agent(r);
-    const f = a.readFile(q.path, { user: userOf(r, q.user) });
+    let sample = () => {};
+    const f = a.readFile(q.path, { user: userOf(r, q.user), onPush: () => sample() });
     const info = await f.info;
     reply.hijack();
     const res = reply.raw;
+    // Held here: the read stream, the response, and the agent frame being received.
+    const held = deps.metrics.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
+    sample = held.sample;
     res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(info.size), 'x-dsec-mode': info.mode.toString(8) });
     try {
-      await pipeline(f.stream, res);
+      const piped = pipeline(f.stream, res);
+      f.stream.on('data', held.sample); // after the pipe's own listener: the chunk is in the response by now
+      await piped;
       await f.done;
     } catch {
       res.destroy();
+    } finally {
+      held.end();
     }
   });
 
@@ -240,12 +251,26 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       // The agent's writeFile destroys its source on failure; give it a pass-through so
       // the request body itself survives to be drained.
       const pass = new PassThrough();
+      // Held here: the request body, the pass-through, and of the agent connection's send
+      // queue at most what the agent has not acknowledged yet.
+      let unacked = 0;
+      const held = deps.metrics.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
       body.pipe(pass);
+      body.on('data', held.sample); // after the pipe's own listener: the chunk is in the pass-through by now
       try {
-        return await a.writeFile(q.path, pass, { user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags });
+        return await a.writeFile(q.path, pass, {
+          user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags,
+          onProgress: (n) => {
+            unacked = n;
+            held.sample();
+          },
+        });
       } catch (e) {
         body.unpipe(pass);
         throw e;
+      } finally {
+        body.off('data', held.sample);
+        held.end();
       }
     });
     return reply.code(201).send({ path: q.path, bytes: out.bytes });

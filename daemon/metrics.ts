@@ -10,11 +10,16 @@
  * - `dsec_exec_sessions{state}`: exec sessions held (running / exited, kept for re-attach);
  * - `dsec_warm_pool_shells{image,network,state}`: warm-pool shells ready / filling, and
  *   `dsec_warm_pool_claims_total` / `dsec_warm_pool_misses_total{image,network}` (read at scrape time);
+ * - `dsec_file_transfer_buffered_bytes`: bytes of file transfers (GET/PUT .../files) held
+ *   in dsecd's buffers now, and `dsec_file_transfer_buffered_bytes_peak`, the most one
+ *   transfer has held at once since dsecd started (bounded by design:
+ *   daemon/api/transfer.ts);
  * - the default process metrics (RSS, CPU, event loop lag, ...), prefixed `dsec_`.
  */
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { invalidArgument } from './errors.js';
+import { TransferMeter } from './api/transfer.js';
 
 /** Latency buckets in seconds: 1 ms .. 10 s, dense where the targets are (2 ms exec, 30 ms create). */
 const BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10];
@@ -25,6 +30,8 @@ export class Metrics {
   readonly createSeconds = new Histogram({ name: 'dsec_sandbox_create_seconds', help: 'Sandbox create latency, request to acknowledged running.', labelNames: ['backend'], buckets: BUCKETS, registers: [this.registry] });
   readonly execSeconds = new Histogram({ name: 'dsec_exec_seconds', help: 'Round trip of POST /v1/sandboxes/{id}/exec.', buckets: BUCKETS, registers: [this.registry] });
   readonly errors = new Counter({ name: 'dsec_api_errors_total', help: 'API errors by kind.', labelNames: ['code'], registers: [this.registry] });
+  /** What file transfers hold in dsecd's buffers (the files routes account into it). */
+  readonly transfers = new TransferMeter();
 
   /**
    * @param sandboxesByState called at scrape time: count of sandboxes per state.
@@ -68,6 +75,19 @@ export class Metrics {
       name: 'dsec_warm_pool_misses_total', help: 'Creates of a pooled image and network mode that found no ready shell since dsecd started.', labelNames: ['image', 'network'], registers: [this.registry],
       collect() {
         for (const p of warmPools()) this.set({ image: p.image, network: p.network }, p.misses);
+      },
+    });
+    const transfers = this.transfers;
+    new Gauge({
+      name: 'dsec_file_transfer_buffered_bytes', help: 'Bytes of file transfers held in dsecd\'s buffers now.', registers: [this.registry],
+      collect() {
+        this.set(transfers.bufferedBytes);
+      },
+    });
+    new Gauge({
+      name: 'dsec_file_transfer_buffered_bytes_peak', help: 'The most bytes one file transfer has held in dsecd\'s buffers at once since dsecd started.', registers: [this.registry],
+      collect() {
+        this.set(transfers.peakBytes);
       },
     });
     collectDefaultMetrics({ register: this.registry, prefix: 'dsec_' });

@@ -565,6 +565,18 @@ export interface FileOptions {
   signal?: AbortSignal;
 }
 
+/** Options of {@link DsecClient.statFile}. */
+export interface StatFileOptions extends FileOptions {
+  /** Describe a final symlink itself (lstat) rather than what it points to (the default). */
+  nofollow?: boolean;
+}
+
+/** Options of {@link DsecClient.getArchive}. */
+export interface ArchiveOptions extends FileOptions {
+  /** When `path` itself is a symlink, archive what it points to (under the link's name) rather than the link (the default). */
+  follow?: boolean;
+}
+
 /** Options of {@link DsecClient.writeFile}. */
 export interface WriteFileOptions extends FileOptions {
   /** Permission bits of a new file, e.g. `0o644` (sent as octal `0644`); dsecd's default otherwise. */
@@ -573,7 +585,7 @@ export interface WriteFileOptions extends FileOptions {
   parents?: boolean;
 }
 
-/** GET /v1/sandboxes/{id}/files/stat response: what is at a path in the sandbox (lstat: a symlink is not followed). */
+/** GET /v1/sandboxes/{id}/files/stat response: what is at a path in the sandbox (a final symlink is followed unless `nofollow`). */
 export interface FileStat {
   /** The path asked about. */
   path: string;
@@ -1127,18 +1139,22 @@ export class DsecClient {
     return this.upload<WriteFileResult>('PUT', sandboxPath(id) + '/files' + qs, data, OCTET_STREAM, opts.signal);
   }
 
-  /** GET /v1/sandboxes/{id}/files/stat: what is at `path` (not following a final symlink). Errors: `NotFound`. */
-  statFile(id: string, path: string, opts: FileOptions = {}): Promise<FileStat> {
-    return this.request<FileStat>('GET', sandboxPath(id) + '/files/stat' + query({ path, user: opts.user }), undefined, { signal: opts.signal });
+  /**
+   * GET /v1/sandboxes/{id}/files/stat: what is at `path`, following a final symlink
+   * (with `nofollow`: the symlink itself, `type` `symlink` and its `target`). Errors: `NotFound`.
+   */
+  statFile(id: string, path: string, opts: StatFileOptions = {}): Promise<FileStat> {
+    return this.request<FileStat>('GET', sandboxPath(id) + '/files/stat' + query({ path, user: opts.user, nofollow: opts.nofollow ? 'true' : undefined }), undefined, { signal: opts.signal });
   }
 
   /**
    * GET /v1/sandboxes/{id}/archive: a tar stream of `path` (a file or a whole directory
    * tree), members named relative to its parent (`docker cp` semantics: the archive of
-   * `/a/b` holds `b/...`). Streamed, never buffered. Errors: `NotFound`.
+   * `/a/b` holds `b/...`). A symlink at `path` is archived as a symlink, or with `follow`
+   * as what it points to. Streamed, never buffered. Errors: `NotFound`.
    */
-  getArchive(id: string, path: string, opts: FileOptions = {}): Promise<Readable> {
-    return this.openStream('GET', sandboxPath(id) + '/archive' + query({ path, user: opts.user }), opts.signal);
+  getArchive(id: string, path: string, opts: ArchiveOptions = {}): Promise<Readable> {
+    return this.openStream('GET', sandboxPath(id) + '/archive' + query({ path, user: opts.user, follow: opts.follow ? 'true' : undefined }), opts.signal);
   }
 
   /**

@@ -15,6 +15,7 @@ export { ExecAttachment } from './attach.js';
 export type { AttachOptions, AttachExecInfo, ExecAttachmentEvents } from './attach.js';
 /** Request, response and option types of the client (see sdk/client.ts). */
 export type {
+  ArchiveOptions,
   AttachExecOptions,
   Backend,
   BootstrapImageInput,
@@ -73,6 +74,7 @@ export type {
   SandboxStats,
   Snapshot,
   SnapshotOptions,
+  StatFileOptions,
   StartExecOptions,
   StatsResponse,
   StepState,

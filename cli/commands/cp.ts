@@ -6,10 +6,16 @@
  *   (missing parents are created). The mode bits are kept.
  * - `dsec cp DIR ID:/p`: /p an existing directory → /p/DIR; /p missing → DIR becomes /p
  *   (its parent must exist); `DIR/.` copies DIR's contents instead of DIR itself.
+ * - `dsec cp LINK ID:/p`: a symlink named as the source is copied as a symlink (its target
+ *   text unchanged), like the symlinks inside a copied directory; `-L` copies what it
+ *   points to instead.
  * - `dsec cp ID:/p LOCAL`: a file goes to LOCAL (or into it, when it is a directory); a
  *   directory goes into LOCAL when it exists (LOCAL/p), else becomes LOCAL; a symlink is
- *   copied as a symlink. Local files are owned by us and keep only their permission bits
- *   (no setuid/setgid from a sandbox); devices and FIFOs are skipped.
+ *   copied as a symlink (`-L`: what it points to). Local files are owned by us and keep
+ *   only their permission bits (no setuid/setgid from a sandbox); devices and FIFOs are
+ *   skipped. Nothing made here resolves outside the destination, however the sandbox
+ *   shaped its links (cli/util/extract.ts): a symlink or hard link that would is refused
+ *   with a warning naming it, the rest is copied, and the command then fails.
  * - `-` as the local side is a tar stream: `dsec cp - ID:/dir` extracts stdin into /dir;
  *   `dsec cp ID:/p -` writes the tar of /p (members named `p/...`) to stdout.
  *
@@ -18,16 +24,18 @@
  * SIGINT/SIGTERM stop the copy (exit 128+N); a partly written local file is removed.
  */
 import { createReadStream, createWriteStream } from 'node:fs';
-import { chmod, mkdir, readdir, stat, symlink, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readlink, stat, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable, pipeline } from 'node:stream';
 import { pipeline as pipelineAsync } from 'node:stream/promises';
 import type { Command } from 'commander';
 import { create as createTar } from 'tar';
+import tarStream from 'tar-stream';
 import { DsecApiError, type FileStat } from '../../sdk/index.js';
 import { formatCopied } from '../ui/cp.js';
 import type { Ctx } from '../util/context.js';
-import { baseName, byteCounter, createByteProgress, parentDir, parseCpArgs, safeExtractor, wantsContents, type ByteProgress, type CpPlan } from '../util/cp.js';
+import { baseName, byteCounter, createByteProgress, parentDir, parseCpArgs, wantsContents, type ByteProgress, type CpPlan } from '../util/cp.js';
+import { extractArchive, makeSymlinks } from '../util/extract.js';
 import { EXIT, UserError } from '../util/errors.js';
 import { signalNumber } from '../util/exec.js';
 import type { OutStream } from '../util/io.js';
@@ -37,18 +45,26 @@ import { writeJson } from '../util/output.js';
 interface CpOptions {
   user?: string;
   quiet?: boolean;
+  followLink?: boolean;
 }
 
 /** What one copy needs besides its plan. */
 interface CopyEnv {
   ctx: Ctx;
   user?: string;
+  /** `-L`: a symlink named as the source is followed. */
+  follow: boolean;
   signal: AbortSignal;
   /** Progress of this copy; set once the size (if any) is known. */
   progress(what: string, size?: number): ByteProgress;
   /** Set when a local file was created, so an interrupted or failed copy removes it. */
   partial?: string;
+  /** Members of a copy out that were refused (each `MEMBER: why`), reported after the copy. */
+  refused: string[];
 }
+
+/** Most skipped or refused members named one by one; the rest are counted. */
+const MAX_LISTED = 20;
 
 /** Adds `cp` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
@@ -58,13 +74,16 @@ export function register(parent: Command, ctx: Ctx): Command {
     .argument('<src>', 'LOCAL_PATH, ID:/PATH, or - (a tar stream on stdin)')
     .argument('<dst>', 'LOCAL_PATH, ID:/PATH, or - (a tar stream to stdout)')
     .option('--user <user>', 'read and write as this user inside the sandbox (name or uid[:gid])')
+    .option('-L, --follow-link', 'when SRC is a symlink, copy what it points to (default: the symlink itself)')
     .option('-q, --quiet', 'no progress line or summary on stderr')
     .addHelpText(
       'after',
       '\nOne side is ID:/PATH (absolute). A directory is copied into an existing destination\n' +
         'directory, or becomes the destination when that does not exist; SRC/. copies the\n' +
-        'contents. `-` is a tar stream. A local path with a colon is written ./a:b.\n\n' +
-        'Examples:\n  dsec cp ./data ID:/work\n  dsec cp ID:/work/out.log .\n  tar c src | dsec cp - ID:/work\n  dsec cp ID:/etc - | tar t',
+        'contents. A symlink is copied as a symlink (-L: what it points to); one copied out\n' +
+        'that would resolve outside the destination is refused. `-` is a tar stream. A local\n' +
+        'path with a colon is written ./a:b.\n\n' +
+        'Examples:\n  dsec cp ./data ID:/work\n  dsec cp ID:/work/out.log .\n  dsec cp -L ./current ID:/work\n  tar c src | dsec cp - ID:/work\n  dsec cp ID:/etc - | tar t',
     )
     .action(async (srcText: string, dstText: string, opts: CpOptions) => {
       const plan = parseCpArgs(srcText, dstText);
@@ -82,7 +101,9 @@ export function register(parent: Command, ctx: Ctx): Command {
       const env: CopyEnv = {
         ctx,
         user: opts.user,
+        follow: opts.followLink === true,
         signal: abort.signal,
+        refused: [],
         progress: (what, size) => (progress = createByteProgress(ctx.io.stderr, showProgress, what, size)),
       };
       let bytes: number;
@@ -101,6 +122,15 @@ export function register(parent: Command, ctx: Ctx): Command {
         ctx.err(`dsec: interrupted by ${interrupted}; the copy is incomplete\n`);
         ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
         return;
+      }
+      if (env.refused.length) {
+        for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${r}\n`);
+        if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
+        throw new UserError(
+          `${env.refused.length} ${env.refused.length === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
+          'a link is made here only when it resolves inside the destination; `dsec cp -L ID:/path/to/link LOCAL` copies what a link points to',
+          'FailedPrecondition',
+        );
       }
       if (ctx.json) writeJson(ctx.io.stdout, { source: srcText, destination: dstText, bytes });
       else if (showProgress) ctx.err(formatCopied(bytes, dstText) + '\n');
@@ -124,7 +154,29 @@ async function copyIn(env: CopyEnv, plan: Extract<CpPlan, { direction: 'in' }>):
   }
 
   const src = plan.src.path;
-  const st = await localStat(src);
+  const st = env.follow ? await localStat(src) : await localOp(src, () => lstat(src));
+  if (st.isSymbolicLink()) {
+    // The link itself, as a one-entry archive: the symlinks inside a copied directory
+    // travel the same way. Its parent must exist, as for a directory.
+    let into: string;
+    let name: string;
+    if (target?.type === 'dir' || dst.endsWith('/')) {
+      into = dst;
+      name = path.basename(src);
+    } else {
+      into = parentDir(dst);
+      name = baseName(dst);
+    }
+    const linkTarget = await localOp(src, () => readlink(src));
+    const pack = tarStream.pack();
+    pack.entry({ name, type: 'symlink', linkname: linkTarget, mode: 0o777 });
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    env.progress(`${src} to ${id}:${path.posix.join(into, name)}`);
+    await client.putArchive(id, into, Buffer.concat(chunks), opts);
+    return 0;
+  }
   if (st.isDirectory()) {
     const contents = wantsContents(src);
     let into: string;
@@ -165,7 +217,7 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
   const { id } = plan.src;
   const contents = wantsContents(plan.src.path);
   const src = contents ? plan.src.path.slice(0, -1) || '/' : plan.src.path;
-  const st = await client.statFile(id, src, { user: env.user, signal: env.signal });
+  const st = await client.statFile(id, src, { user: env.user, signal: env.signal, nofollow: !env.follow });
   const opts = { user: env.user, signal: env.signal };
 
   if (plan.dst.kind === 'stdio') {
@@ -189,28 +241,37 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const p = env.progress(`${id}:${src} to ${dst}`);
     const counter = byteCounter((n) => p.update(n));
     const skipped: string[] = [];
-    const unpack = safeExtractor(dst, strip, (member, why) => skipped.push(member ? `${member} (${why})` : why));
-    const res = await client.getArchive(id, src, opts);
-    await new Promise<void>((resolve, reject) => {
-      const fail = (e: Error) => {
-        res.destroy();
-        reject(e);
-      };
-      res.on('error', fail);
-      counter.on('error', fail);
-      unpack.on('error', fail);
-      unpack.on('close', () => resolve());
-      res.pipe(counter).pipe(unpack as unknown as NodeJS.WritableStream);
-    });
-    for (const s of skipped.slice(0, 20)) env.ctx.err(`dsec: warning: skipped ${s}\n`);
-    if (skipped.length > 20) env.ctx.err(`dsec: warning: skipped ${skipped.length - 20} more\n`);
+    const res = await client.getArchive(id, src, { ...opts, follow: env.follow });
+    res.on('error', (e) => counter.destroy(e));
+    try {
+      await extractArchive(res.pipe(counter), {
+        dest: dst,
+        strip,
+        // The archive's members are named from src's base name; with strip 1 that name is gone.
+        origin: { sandboxDir: path.posix.normalize(src), localDir: strip === 1 ? '' : baseName(src) },
+        onSkip: (member, why) => skipped.push(member ? `${member} (${why})` : why),
+        onRefuse: (member, why) => env.refused.push(`${member}: ${why}`),
+      });
+    } catch (e) {
+      res.destroy();
+      throw e;
+    }
+    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${s}\n`);
+    if (skipped.length > MAX_LISTED) env.ctx.err(`dsec: warning: skipped ${skipped.length - MAX_LISTED} more\n`);
     return counter.bytes();
   }
   const file = local?.isDirectory() ? path.join(dst, baseName(src)) : dst;
   if (!local && dst.endsWith('/')) throw new UserError(`directory ${dst} does not exist`, 'create it first, or drop the trailing /');
   if (st.type === 'symlink') {
     if (st.target === undefined) throw new UserError(`dsecd did not say where symlink ${id}:${src} points`);
-    await localOp(file, () => symlink(st.target!, file));
+    // The directory that receives the link is its destination: the link must resolve
+    // inside it, an absolute target inside the sandbox directory it came from counting
+    // as the same place here.
+    const why: string[] = [];
+    const made = makeSymlinks(path.dirname(file), [{ rel: path.basename(file), target: st.target, member: `${id}:${src}` }], (_m, w) => why.push(w), { sandboxDir: parentDir(src), localDir: '' });
+    if (made.length === 0) {
+      throw new UserError(`refused ${id}:${src}: ${why.join('; ')} (here the destination is ${path.dirname(file)}, the directory that receives the link)`, 'a link is made here only when it resolves inside the directory that receives it; -L copies what it points to', 'FailedPrecondition');
+    }
     return 0;
   }
   if (st.type !== 'file') throw new UserError(`${id}:${src} is a special file (${st.type}); only files, directories and symlinks are copied`);

@@ -1,13 +1,12 @@
 /**
  * What `dsec cp` is made of: reading its two arguments, the byte counter and the
- * progress line, and safe local extraction of a tar stream.
+ * progress line (safe local extraction of a tar stream is cli/util/extract.ts).
  *
  * Arguments follow `docker cp`: `ID:PATH` names a path in a sandbox (PATH absolute), `-`
  * names a tar stream on stdin/stdout, anything else is local; a local path containing
  * `:` is written with a leading `./` or `/`. Exactly one side is in a sandbox.
  */
 import { Transform } from 'node:stream';
-import { Unpack, type ReadEntry } from 'tar';
 import { formatProgressBytes } from '../ui/cp.js';
 import { UserError } from './errors.js';
 import type { OutStream } from './io.js';
@@ -114,34 +113,4 @@ export function createByteProgress(err: OutStream, enabled: boolean, what: strin
       shown = false;
     },
   };
-}
-
-/** Kinds of tar member extracted locally; devices and FIFOs from a sandbox are skipped. */
-const EXTRACTABLE = new Set(['File', 'OldFile', 'ContiguousFile', 'Directory', 'SymbolicLink', 'Link']);
-
-/**
- * A tar extractor into `cwd` that is safe for archives coming out of a sandbox: no
- * absolute or `..` paths (node-tar's defaults), no writing through symlinks, files owned
- * by us (not by the sandbox's uids), permission bits only (setuid/setgid/sticky
- * dropped), only files, directories and links. `strip` drops leading path components.
- * `onSkip` hears about each member skipped.
- */
-export function safeExtractor(cwd: string, strip: number, onSkip?: (path: string, why: string) => void): Unpack {
-  return new Unpack({
-    cwd,
-    strip,
-    preserveOwner: false,
-    filter: (path: string, entry: ReadEntry | unknown) => {
-      const e = entry as ReadEntry;
-      if (!EXTRACTABLE.has(e.type)) {
-        onSkip?.(path, `a ${e.type}`);
-        return false;
-      }
-      if (typeof e.mode === 'number') e.mode &= 0o777;
-      return true;
-    },
-    onwarn: (code: string, message: string | Error) => {
-      onSkip?.('', `${code}: ${message instanceof Error ? message.message : message}`);
-    },
-  });
 }

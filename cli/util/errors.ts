@@ -89,6 +89,14 @@ export const READONLY_PATH_HINT =
   'filesystem options are fixed when a sandbox is made: create one with the option named above, or snapshot this one (`dsec snapshot create ID`) and restore it with it (`dsec restore SNAPSHOT --writable DIR`); `dsec inspect ID` shows its options';
 
 /**
+ * An archive entry (`dsec cp - ID:/dir`, the archive API) that failed because it goes
+ * through a symlink the same archive made, which leads out of the destination (reason
+ * `archive_link`; dsecd's message names the entry, the link and where it leads).
+ */
+export const ARCHIVE_LINK_HINT =
+  'a symlink in the archive leads the entries below it out of the destination: fix or leave out that link, or extract the entries without it';
+
+/**
  * Hints for a refused writable path (reason `writable_path_refused`: a symlink leads it
  * to `/`, onto or above a read-only path, or out of the writable area; docs/SECURITY.md
  * "Symlinked writable paths"), by what was refused. A refused create, restore or fork
@@ -139,6 +147,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
   const traj = verb.startsWith('traj ');
   if (verb === 'exec' && d.reason !== undefined && Object.prototype.hasOwnProperty.call(TRAJECTORY_HINTS, d.reason)) return TRAJECTORY_HINTS[d.reason];
   if (d.reason === 'readonly_path') return READONLY_PATH_HINT;
+  if (d.reason === 'archive_link') return ARCHIVE_LINK_HINT;
   if (d.reason === 'writable_path_refused') {
     if (verb === 'create' || verb === 'run') return WRITABLE_PATH_REFUSED_HINTS.create;
     if (verb === 'restore' || verb === 'fork') return WRITABLE_PATH_REFUSED_HINTS.restore;

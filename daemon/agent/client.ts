@@ -208,6 +208,8 @@ export interface AgentReadFileOptions extends AgentFileOptions {
   offset?: number;
   /** Read at most this many bytes (default / 0: to the end). */
   length?: number;
+  /** Called after each chunk of the file is queued in the stream (buffer accounting, daemon/api/transfer.ts). */
+  onPush?: () => void;
 }
 
 /** Options of {@link AgentClient.writeFile}. */
@@ -219,6 +221,12 @@ export interface AgentWriteFileOptions extends AgentFileOptions {
   mode?: number;
   /** {@link FileWriteFlag} bits; default CREATE (create or atomically replace). */
   flags?: number;
+  /**
+   * Called with the bytes sent but not yet acknowledged, after each FILE_DATA frame sent
+   * and each FILE_ACK (buffer accounting, daemon/api/transfer.ts): an upper bound on what
+   * of this write waits in the connection's send queue.
+   */
+  onProgress?: (unacked: number) => void;
 }
 
 /** A file being read: see {@link AgentClient.readFile}. */
@@ -234,11 +242,11 @@ export interface AgentFileRead {
 /** Size of STDIN frames the client sends (the protocol allows up to 1 MiB). */
 const STDIN_FRAME_BYTES = 256 * 1024;
 /** Size of FILE_DATA frames the client sends. */
-const FILE_FRAME_BYTES = 256 * 1024;
+export const FILE_FRAME_BYTES = 256 * 1024;
 /** A writeFile keeps at most this many bytes sent but not acknowledged by FILE_ACK. */
-const WRITE_WINDOW_BYTES = 4 * 1024 * 1024;
+export const WRITE_WINDOW_BYTES = 4 * 1024 * 1024;
 /** highWaterMark of a readFile stream; above it the socket is paused. */
-const READ_STREAM_HWM = 256 * 1024;
+export const READ_STREAM_HWM = 256 * 1024;
 const DEFAULT_CONNECT_TIMEOUT_MS = 5000;
 
 /** Linux errno values the agent reports in FILE_ERROR. */
@@ -376,6 +384,16 @@ export class AgentClient {
   /** True once the connection is closed, by close() or because it was lost. */
   get closed(): boolean {
     return this._closed;
+  }
+
+  /** Bytes this connection's send queue holds in the process now (written, not yet taken by the kernel), whatever stream they belong to. */
+  get outboundQueuedBytes(): number {
+    return this._closed ? 0 : this.socket.writableLength;
+  }
+
+  /** Bytes of the frame being received that this connection holds now (not yet complete), whatever stream it belongs to. */
+  get inboundPendingBytes(): number {
+    return this.decoder.pendingBytes;
   }
 
   /**
@@ -634,6 +652,7 @@ export class AgentClient {
           return;
         case FrameType.FILE_DATA:
           if (!finished && !readable.push(f.payload)) this.pauseFor(stream);
+          opts.onPush?.();
           return;
         case FrameType.FILE_DONE:
           this.streams.delete(f.stream);
@@ -699,6 +718,7 @@ export class AgentClient {
       switch (f.type) {
         case FrameType.FILE_ACK:
           acked = decodeU64(f.payload, 'FILE_ACK');
+          opts.onProgress?.(sent - acked);
           wakeUp();
           return;
         case FrameType.FILE_DONE:
@@ -730,6 +750,7 @@ export class AgentClient {
             const part = buf.subarray(off, Math.min(buf.length, off + FILE_FRAME_BYTES));
             this.send(FrameType.FILE_DATA, stream, part);
             sent += part.length;
+            opts.onProgress?.(sent - acked);
           }
         }
       } catch (e) {

@@ -1,6 +1,12 @@
 /**
- * Files through the agent: a 1 GiB file in and out with bounded daemon memory, stat,
- * list, mkdir, remove, tar archives both ways, and paths that try to leave the sandbox.
+ * Files through the agent: a 1 GiB file in and out with bounded daemon memory, a slow
+ * reader and a frozen agent that dsecd waits for rather than buffers, stat, list, mkdir,
+ * remove, tar archives both ways, and paths that try to leave the sandbox.
+ *
+ * dsecd's memory during a transfer is asserted as what its buffers hold (the
+ * `dsec_file_transfer_buffered_bytes*` metrics, measured by the routes whenever a buffer
+ * may grow) against the design bound of daemon/api/transfer.ts; RSS is only a sanity
+ * check (see RSS_SLACK_BYTES).
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createHash } from 'node:crypto';
@@ -8,7 +14,27 @@ import http from 'node:http';
 import { readFileSync } from 'node:fs';
 import { Readable } from 'node:stream';
 import tarStream from 'tar-stream';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import { IS_ROOT, RSS_SLACK_BYTES, TestDaemon, metricValue } from './harness.js';
+import { DOWNLOAD_BUFFER_BOUND_BYTES, TRANSFER_BUFFER_BOUND_BYTES, UPLOAD_BUFFER_BOUND_BYTES } from '../../daemon/api/transfer.js';
+
+/**
+ * Polls the metric `dsec_file_transfer_buffered_bytes` until two readings 100 ms apart
+ * agree (the transfer has stopped moving: one end waits), at most 100 readings; returns
+ * the largest reading. The assertion on it holds at any instant; waiting only makes it
+ * meaningful (the stalled end has had time to overfill a buffer that had no bound).
+ */
+async function settledBuffered(d: TestDaemon): Promise<number> {
+  let last = -1;
+  let most = 0;
+  for (let i = 0; i < 100; i++) {
+    const v = await metricValue(d, 'dsec_file_transfer_buffered_bytes');
+    most = Math.max(most, v);
+    if (v === last && v > 0) break;
+    last = v;
+    await new Promise((r) => setTimeout(r, 100));
+  }
+  return most;
+}
 
 function rss(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
@@ -73,11 +99,79 @@ describe.skipIf(!IS_ROOT)('files', () => {
     expect(get.status).toBe(200);
     expect(get.bytes).toBe(total << 20);
     expect(get.sha256).toBe(h.digest('hex'));
-    console.log(`files: 1 GiB in and out; dsecd RSS ${Math.round(base / 2 ** 20)} MiB -> peak ${Math.round(peak / 2 ** 20)} MiB (+${((peak - base) / 2 ** 20).toFixed(1)} MiB)`);
-    expect(peak - base).toBeLessThan(64 * 2 ** 20);
+    const held = await metricValue(d, 'dsec_file_transfer_buffered_bytes_peak');
+    console.log(`files: 1 GiB in and out; dsecd held at most ${(held / 2 ** 20).toFixed(2)} MiB of it (bound ${(TRANSFER_BUFFER_BOUND_BYTES / 2 ** 20).toFixed(2)} MiB); RSS ${Math.round(base / 2 ** 20)} MiB -> peak ${Math.round(peak / 2 ** 20)} MiB (+${((peak - base) / 2 ** 20).toFixed(1)} MiB)`);
+    expect(held).toBeGreaterThan(0);
+    expect(held).toBeLessThanOrEqual(TRANSFER_BUFFER_BOUND_BYTES);
+    expect(await metricValue(d, 'dsec_file_transfer_buffered_bytes')).toBe(0);
+    expect(peak - base).toBeLessThan(RSS_SLACK_BYTES);
     const st = json(await req('GET', '/files/stat?path=/root/big.bin'));
     expect(st).toMatchObject({ type: 'file', size: total << 20, mode: 0o600, uid: 0 });
     expect((await req('DELETE', '/files?path=/root/big.bin')).status).toBe(204);
+  });
+
+  it('a reader that stops: dsecd holds at most the download bound and waits; the rest arrives when it reads again', async () => {
+    const mib = 64;
+    expect((await d.client.exec(sb, { argv: ['sh', '-c', `dd if=/dev/urandom of=/root/slow.bin bs=1M count=${mib} 2>/dev/null && sha256sum /root/slow.bin`] })).exit_code).toBe(0);
+    const want = Buffer.from((await d.client.exec(sb, { argv: ['sha256sum', '/root/slow.bin'] })).stdout_b64, 'base64').toString().split(' ')[0];
+    const h = createHash('sha256');
+    let bytes = 0;
+    let stalled = 0;
+    await new Promise<void>((resolve, reject) => {
+      http.get({ socketPath: d.socket, path: `/v1/sandboxes/${sb}/files?path=/root/slow.bin` }, (res) => {
+        res.once('data', (c: Buffer) => {
+          h.update(c);
+          bytes += c.length;
+          res.pause(); // the reader stops after its first chunk
+          void settledBuffered(d).then((v) => {
+            stalled = v;
+            res.on('data', (x: Buffer) => {
+              h.update(x);
+              bytes += x.length;
+            });
+            res.on('end', () => resolve());
+            res.resume();
+          }, reject);
+        });
+        res.on('error', reject);
+      }).on('error', reject);
+    });
+    console.log(`files: a stopped reader of ${mib} MiB: dsecd held ${(stalled / 2 ** 20).toFixed(2)} MiB (bound ${(DOWNLOAD_BUFFER_BOUND_BYTES / 2 ** 20).toFixed(2)} MiB)`);
+    expect(stalled).toBeGreaterThan(0);
+    expect(stalled).toBeLessThanOrEqual(DOWNLOAD_BUFFER_BOUND_BYTES);
+    expect(bytes).toBe(mib << 20);
+    expect(h.digest('hex')).toBe(want);
+  });
+
+  it('an agent that stops (SIGSTOP): dsecd holds at most the upload bound and stops taking the body; the upload completes once it runs again', async () => {
+    const mib = 64;
+    const chunk = Buffer.alloc(1 << 20, 0x33);
+    let i = 0;
+    const src = new Readable({
+      read() {
+        this.push(i++ === mib ? null : Buffer.from(chunk));
+      },
+    });
+    const agentPid = (await d.client.getSandbox(sb)).init_pid!;
+    process.kill(agentPid, 'SIGSTOP');
+    let stalled = 0;
+    let sentByThen = 0;
+    let put: Awaited<ReturnType<typeof req>>;
+    try {
+      const putting = req('PUT', '/files?path=/root/frozen.bin', src);
+      stalled = await settledBuffered(d);
+      sentByThen = i;
+      process.kill(agentPid, 'SIGCONT');
+      put = await putting;
+    } finally {
+      process.kill(agentPid, 'SIGCONT');
+    }
+    console.log(`files: an upload to a stopped agent: dsecd held ${(stalled / 2 ** 20).toFixed(2)} MiB (bound ${(UPLOAD_BUFFER_BOUND_BYTES / 2 ** 20).toFixed(2)} MiB) while the client had produced ${sentByThen} MiB`);
+    expect(put.status, put.body.toString()).toBe(201);
+    expect(json(put)).toEqual({ path: '/root/frozen.bin', bytes: mib << 20 });
+    expect(stalled).toBeGreaterThan(0);
+    expect(stalled).toBeLessThanOrEqual(UPLOAD_BUFFER_BOUND_BYTES);
+    await d.client.exec(sb, { argv: ['rm', '-f', '/root/frozen.bin', '/root/slow.bin'] });
   });
 
   it('stat, list, mkdir -p, remove -r, as a user of the sandbox', async () => {

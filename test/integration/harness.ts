@@ -10,6 +10,7 @@
  * passes is only a label in its temp root's name.
  */
 import { spawn, type ChildProcess } from 'node:child_process';
+import http from 'node:http';
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
@@ -299,6 +300,37 @@ export async function networkTraces(d: TestDaemon): Promise<{ netns: boolean; sl
   } catch { /* none */ }
   const veths = netns ? (JSON.parse(String((await execa('ip', ['-n', netnsOf(d), '-j', 'link', 'show', 'master', 'dsec0'], { reject: false })).stdout) || '[]') as { ifname: string }[]).map((l) => l.ifname) : [];
   return { netns, slirp, veths };
+}
+
+/**
+ * RSS growth a test allows dsecd during a 1 GiB copy: a quarter of the file. What
+ * dsecd's buffers hold of a transfer is bounded by design and asserted exactly (the
+ * `dsec_file_transfer_buffered_bytes*` metrics, daemon/api/transfer.ts); RSS also holds
+ * garbage the JavaScript heap has not collected yet (V8 collects once external Buffer
+ * memory has grown by its soft limit, 64 MiB, since the last collection, and allocation
+ * goes on while it runs: 67.9 MiB was seen), so RSS is only a sanity check: a copy that
+ * buffered the file would grow by the file's size.
+ */
+export const RSS_SLACK_BYTES = 256 * 2 ** 20;
+
+/**
+ * The value of the series `name` (no labels) in dsecd's Prometheus metrics (GET /metrics
+ * on its socket). Rejects when dsecd does not export it.
+ */
+export function metricValue(d: TestDaemon, name: string): Promise<number> {
+  return new Promise((resolve, reject) => {
+    http.get({ socketPath: d.socket, path: '/metrics' }, (res) => {
+      let text = '';
+      res.setEncoding('utf8');
+      res.on('data', (c: string) => (text += c));
+      res.on('end', () => {
+        const m = new RegExp(`^${name} (\\S+)$`, 'm').exec(text);
+        if (m) resolve(Number(m[1]));
+        else reject(new Error(`dsecd exports no metric ${name}`));
+      });
+      res.on('error', reject);
+    }).on('error', reject);
+  });
 }
 
 /** Runs `bin/dsec` with args against a daemon; resolves with exit code and output (never throws). */

@@ -1,7 +1,7 @@
 // `dsec cp`: which side is in the sandbox (and `-`), and the docker-cp semantics of each
 // direction, in-process against the fake dsecd whose files/archive endpoints serve a
 // small in-memory "sandbox" (paths → files and dirs) and record what was uploaded.
-import { chmodSync, existsSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, statSync, writeFileSync } from 'node:fs';
+import { chmodSync, existsSync, lstatSync, mkdirSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, realpathSync, rmSync, statSync, symlinkSync, writeFileSync } from 'node:fs';
 import type http from 'node:http';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -9,6 +9,9 @@ import { Readable } from 'node:stream';
 import * as tar from 'tar';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { parseCpArgs, parseCpEndpoint, wantsContents } from '../../cli/util/cp.js';
+import { kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
+import { linkLeads, throughArchiveLink } from '../../daemon/api/routes/files.js';
+import { hintFor } from '../../cli/util/errors.js';
 import { json, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Seen } from '../fixtures/fake-dsecd.js';
 
 describe('cp arguments', () => {
@@ -105,12 +108,15 @@ describe('dsec cp', () => {
     const notFound = (res: http.ServerResponse, p: string) => json(res, 404, { error: { code: 'NotFound', message: `no such file or directory: ${p}` } });
     fake.routes['GET /v1/sandboxes/:id/files/stat'] = (req, res) => {
       const p = req.query.get('path')!.replace(/(.)\/+$/, '$1');
-      const n = fs.get(p);
+      let n = fs.get(p);
+      // dsecd follows a final symlink unless nofollow (the fake: absolute targets only).
+      if (n?.type === 'symlink' && req.query.get('nofollow') !== 'true') n = fs.get(n.target);
       if (!n) return notFound(res, p);
       json(res, 200, { path: p, type: n.type, size: n.type === 'file' ? n.data.length : 0, mode: n.type === 'file' ? n.mode : 0o755, uid: 0, gid: 0, mtime_ms: 1, ...(n.type === 'symlink' ? { target: n.target } : {}) });
     };
     fake.routes['GET /v1/sandboxes/:id/files'] = (req, res) => {
-      const n = fs.get(req.query.get('path')!);
+      let n = fs.get(req.query.get('path')!);
+      if (n?.type === 'symlink') n = fs.get(n.target);
       if (!n || n.type !== 'file') return notFound(res, req.query.get('path')!);
       res.writeHead(200, { 'content-type': 'application/octet-stream' });
       res.end(n.data);
@@ -214,9 +220,37 @@ describe('dsec cp', () => {
     expect(gone.err).toMatch(/no such file or directory/);
   });
 
-  it('a sandbox symlink is copied as a symlink', async () => {
+  it('a sandbox symlink is copied as a symlink: an absolute target inside its directory becomes relative; -L copies the file', async () => {
     expect((await dsec(['cp', `${ID}:/srv/link`, join(dir, 'l')])).code).toBe(0);
-    expect(readlinkSync(join(dir, 'l'))).toBe('/srv/app/run.sh');
+    expect(readlinkSync(join(dir, 'l'))).toBe('app/run.sh');
+    expect(fake.seen.find((s) => s.path.endsWith('/files/stat'))!.query.get('nofollow')).toBe('true');
+    const followed = await dsec(['cp', '-L', `${ID}:/srv/link`, join(dir, 'f')]);
+    expect(followed.code, followed.err).toBe(0);
+    expect(lstatSync(join(dir, 'f')).isFile()).toBe(true);
+    expect(readFileSync(join(dir, 'f'), 'utf8')).toBe('#!/bin/sh\necho hi\n');
+  });
+
+  it('a local symlink named as the source is uploaded as a symlink (a one-entry archive), under its name or the new one; -L uploads the file', async () => {
+    const target = join(dir, 'real.txt');
+    writeFileSync(target, 'real');
+    const link = join(dir, 'link');
+    symlinkSync('../somewhere/real.txt', link);
+    expect((await dsec(['cp', link, `${ID}:/work`])).code).toBe(0);
+    expect(archives[0]).toEqual({ dir: '/work', entries: [{ path: 'link', type: 'SymbolicLink', size: 0, body: '' }] });
+    expect(fake.seen.some((s) => s.method === 'PUT' && s.path.endsWith('/files'))).toBe(false);
+    const linkpath = await new Promise<string>((resolve) => {
+      new tar.Parser({ onReadEntry: (e) => resolve(String(e.linkpath)) }).end(puts()[0].raw);
+    });
+    expect(linkpath).toBe('../somewhere/real.txt');
+    expect((await dsec(['cp', link, `${ID}:/work/renamed`])).code).toBe(0);
+    expect(archives[1]).toMatchObject({ dir: '/work', entries: [{ path: 'renamed', type: 'SymbolicLink' }] });
+
+    const abs = join(dir, 'abs');
+    symlinkSync(target, abs);
+    const r = await dsec(['cp', '--follow-link', abs, `${ID}:/work`]);
+    expect(r.code, r.err).toBe(0);
+    expect(fs.get('/work/abs')).toMatchObject({ type: 'file', data: Buffer.from('real') });
+    expect(archives).toHaveLength(2);
   });
 
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {
@@ -258,5 +292,79 @@ describe('dsec cp', () => {
     expect(r.err).toMatch(/Successfully copied 2MiB to sb1:\/work\n$/);
     const q = await dsec(['cp', '-q', f, `${ID}:/work`], { stderrTTY: true });
     expect(q.err).toBe('');
+  });
+});
+
+describe('links on the host resolve inside the destination (cli/util/extract.ts)', () => {
+  let dir: string;
+  beforeEach(() => {
+    dir = mkdtempSync(join(tmpdir(), 'dsec-links-'));
+  });
+  afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('resolveInside follows links as the kernel does, treats a missing directory as one that may appear, and counts at most 40 links', () => {
+    mkdirSync(join(dir, 'sub/deep'), { recursive: true });
+    writeFileSync(join(dir, 'file'), 'f');
+    symlinkSync('.', join(dir, 'x'));
+    symlinkSync('sub/deep', join(dir, 'd'));
+    const overlay = new Map([['up', 'x/x/../..'], ['loop', 'loop'], ['viaup', 'up/etc']]);
+    const v = new TreeView(dir, overlay);
+    const at = (from: string[], t: string) => resolveInside(v, from, t);
+    expect(at([], 'x/x/x/sub')).toEqual({ inside: true });
+    // Lexically `x/x/../..` is `.`; through x -> . it climbs out.
+    expect(at([], 'x/x/../..')).toEqual({ inside: false, why: 'climbs above the destination' });
+    expect(at([], 'd/../..')).toEqual({ inside: true }); // d -> sub/deep: ../.. is the root again
+    expect(at([], 'd/../../..')).toMatchObject({ inside: false });
+    expect(at([], 'viaup')).toMatchObject({ inside: false }); // a link to a link that climbs out
+    expect(at([], 'missing/../..')).toMatchObject({ inside: false });
+    expect(at(['sub'], 'missing/../..')).toEqual({ inside: true });
+    expect(at([], 'file/../..')).toEqual({ inside: true }); // ENOTDIR: resolves to nothing
+    expect(at([], 'loop')).toEqual({ inside: false, why: 'passes through more than 40 symlinks' });
+    expect(at([], '/etc')).toEqual({ inside: false, why: 'names the host path /etc' });
+    expect(at([], `${realpathSync.native(dir)}/sub`)).toEqual({ inside: true });
+  });
+
+  it("relativeTarget: an absolute target inside the copied sandbox directory, from the link's own directory", () => {
+    const o = { sandboxDir: '/work/out', localDir: '' };
+    expect(relativeTarget('a/b/l', '/work/out/c/f', o)).toBe('../../c/f');
+    expect(relativeTarget('l', '/work/out', o)).toBe('.');
+    expect(relativeTarget('l', '/work/out/../etc', o)).toBe('../etc'); // kept as written: the resolver refuses it
+    expect(relativeTarget('l', '/work/outside', o)).toBeNull();
+    expect(relativeTarget('l', '/etc/passwd', o)).toBeNull();
+    expect(relativeTarget('out/a/l', '/work/out/b', { sandboxDir: '/work/out', localDir: 'out' })).toBe('../b');
+    expect(relativeTarget('bin/sh', '/usr/bin/busybox', { sandboxDir: '/', localDir: '' })).toBe('../usr/bin/busybox');
+  });
+
+  it('the kernel guard (openat2 RESOLVE_BENEATH): removes a link the portable check lets through when the kernel says it leaves', () => {
+    const check = kernelBeneathCheck();
+    if (!check) return; // not Linux, or no addon: nothing to check (the portable rule stands alone)
+    symlinkSync('..', join(dir, 'up'));
+    expect(check(dir, 'up')).toBe('EXDEV');
+    expect(check(dir, 'nope')).toBe('ENOENT');
+    // A link of the user's own with an absolute target inside the destination: the
+    // portable check follows it and stays inside; RESOLVE_BENEATH refuses every absolute link.
+    mkdirSync(join(dir, 'sub'));
+    symlinkSync(join(realpathSync.native(dir), 'sub'), join(dir, 'mine'));
+    const refused: string[] = [];
+    const made = makeSymlinks(dir, [{ rel: 'l', target: 'mine', member: 'd/l' }, { rel: 'ok', target: 'sub', member: 'd/ok' }], (m, why) => refused.push(`${m}: ${why}`), undefined, check);
+    expect(made).toEqual(['ok']);
+    expect(refused).toEqual(['d/l: a symlink to "mine", which resolves outside the destination (openat2 RESOLVE_BENEATH) (removed again)']);
+    expect(existsSync(join(dir, 'l'))).toBe(false);
+    // Without the guard (a laptop), the portable rule alone keeps it: it does resolve inside.
+    expect(makeSymlinks(dir, [{ rel: 'l', target: 'mine', member: 'd/l' }], () => {}, undefined, null)).toEqual(['l']);
+  });
+});
+
+describe('a tar upload that goes through its own symlink (daemon/api/routes/files.ts)', () => {
+  it('says which entry, which link, where it leads and what failed; not when the link stays below the destination', () => {
+    expect(linkLeads('/root/up', '../../../..')).toEqual({ to: '/', aboveRoot: true });
+    expect(linkLeads('/root/a/l', '../../etc')).toEqual({ to: '/etc', aboveRoot: false });
+    expect(linkLeads('/root/l', '/tmp/x')).toEqual({ to: '/tmp/x', aboveRoot: false });
+    const e = throughArchiveLink('up/f', '/root', 'up', '../../../..', new Error('write /root/up/f: Read-only file system'))!;
+    expect(e).toMatchObject({ kind: 'FailedPrecondition', reason: 'archive_link' });
+    expect(e.message).toBe('archive entry "up/f" was refused: it goes through /root/up, a symlink this archive made (-> ../../../..), which leaves the sandbox\'s root (its ".." climb above /, so the sandbox resolves it to /); writing there failed: write /root/up/f: Read-only file system');
+    expect(throughArchiveLink('l/f', '/root', 'l', '/etc', new Error('x'))!.message).toMatch(/which leads out of \/root to \/etc; writing there failed: x$/);
+    expect(throughArchiveLink('l/f', '/root', 'l', 'sub', new Error('x'))).toBeNull();
+    expect(hintFor('FailedPrecondition', 'cp', { reason: 'archive_link' })).toMatch(/a symlink in the archive leads the entries below it out of the destination/);
   });
 });

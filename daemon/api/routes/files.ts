@@ -5,6 +5,9 @@
  * request -> agent) with backpressure on both sides, so a multi-GB file never sits in
  * daemon memory.
  *
+ * Single-file transfers account what they hold in dsecd's buffers into the metrics'
+ * TransferMeter; the bound and where it comes from are in daemon/api/transfer.ts.
+ *
  * Paths are absolute paths inside the sandbox. The agent refuses `..` components and
  * magic links (/proc/PID/root and the like); its root is the sandbox root, so no path
  * or symlink leads out of the sandbox. Tar archives given to PUT .../archive are
@@ -31,6 +34,8 @@ const bool = z.enum(['true', 'false', '1', '0']).optional();
 
 /** GET/DELETE .../files and GET .../files/stat|list and GET .../archive query. */
 export const FileQuery = z.object({ path: absPath, user, nofollow: bool, recursive: bool }).strict();
+/** GET .../archive query: FileQuery plus `follow`. */
+export const ArchiveQuery = FileQuery.extend({ follow: bool.describe('When path itself is a symlink, archive what it points to (under the link\'s name); default: the symlink.') }).strict();
 /** PUT .../files query. */
 export const PutFileQuery = z.object({ path: absPath, user, mode: z.string().regex(/^0?[0-7]{3,4}$/).optional().describe('Octal mode, default 0644.'), parents: bool }).strict();
 /** POST .../files/mkdir body. */
@@ -54,7 +59,7 @@ const statRoute = route({ method: 'GET', url: `${B}/files/stat`, summary: 'Stat 
 const listRoute = route({ method: 'GET', url: `${B}/files/list`, summary: 'List a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.array(FileStat.extend({ name: z.string() })) }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
 const mkdirRoute = route({ method: 'POST', url: `${B}/files/mkdir`, summary: 'Create a directory.', body: MkdirRequest, status: 201, response: FileStat, errors: ['InvalidArgument', 'AlreadyExists', 'FailedPrecondition'] });
 const rmRoute = route({ method: 'DELETE', url: `${B}/files`, summary: 'Remove a file or (recursive=true) a directory tree.', query: FileQuery, status: 204, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
-const getArchiveRoute = route({ method: 'GET', url: `${B}/archive`, summary: 'A tar stream of a file or directory (entries named from its basename, like docker cp).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound'] });
+const getArchiveRoute = route({ method: 'GET', url: `${B}/archive`, summary: 'A tar stream of a file or directory (entries named from its basename, like docker cp).', query: ArchiveQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound'] });
 const putArchiveRoute = route({ method: 'PUT', url: `${B}/archive`, summary: 'Extract the tar request body into a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.number().int(), bytes: z.number().int() }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
 
 /** API view of a FileInfo. */
@@ -73,6 +78,51 @@ export function safeEntryName(name: string): string | null {
   const parts = name.split('/').filter((x) => x !== '' && x !== '.');
   if (parts.some((x) => x === '..')) throw invalidArgument(`archive entry ${JSON.stringify(name)} has a ".." component; refusing the archive`);
   return parts.length ? parts.join('/') : null;
+}
+
+/**
+ * Reason (`error.reason`) of an archive entry that failed because it goes through a
+ * symlink the same archive made: the message names the entry, the symlink, its target
+ * and where that leads ({@link throughArchiveLink}), not the place the write ended up in.
+ */
+export const ARCHIVE_LINK_REASON = 'archive_link';
+
+/**
+ * Where `target`, the text of a symlink at the absolute sandbox path `at`, leads when
+ * read on its own (lexically: the sandbox's other symlinks are not followed): the
+ * absolute path, and whether a relative target's `..` climb above `/` (the sandbox then
+ * resolves it to `/`).
+ */
+export function linkLeads(at: string, target: string): { to: string; aboveRoot: boolean } {
+  const stack = target.startsWith('/') ? [] : path.posix.dirname(at).split('/').filter(Boolean);
+  let aboveRoot = false;
+  for (const c of target.split('/')) {
+    if (c === '' || c === '.') continue;
+    if (c !== '..') stack.push(c);
+    else if (stack.length) stack.pop();
+    else aboveRoot = true;
+  }
+  return { to: '/' + stack.join('/'), aboveRoot };
+}
+
+/**
+ * The error of archive entry `name` (extracted into `dest`) that failed with `cause`
+ * while going through `link` (relative to `dest`, -> `target`), a symlink the same
+ * archive made that leads out of `dest`: FailedPrecondition, reason
+ * {@link ARCHIVE_LINK_REASON}, naming what was refused and why rather than only where
+ * the write landed (an EROFS at `/` would otherwise read as "the top level is
+ * read-only"). Null when the link leads below `dest`: then the link is not why.
+ */
+export function throughArchiveLink(name: string, dest: string, link: string, target: string, cause: unknown): DsecError | null {
+  const at = path.posix.join(dest, link);
+  const { to, aboveRoot } = linkLeads(at, target);
+  const d = dest === '/' ? '' : dest.replace(/\/+$/, '');
+  if (!aboveRoot && (to === d || to.startsWith(d + '/'))) return null;
+  const leads = aboveRoot ? "which leaves the sandbox's root (its \"..\" climb above /, so the sandbox resolves it to /)" : `which leads out of ${dest} to ${to}`;
+  const why = cause instanceof Error ? cause.message : String(cause);
+  return new DsecError('FailedPrecondition',
+    `archive entry ${JSON.stringify(name)} was refused: it goes through ${at}, a symlink this archive made (-> ${target}), ${leads}; writing there failed: ${why}`,
+    { cause, reason: ARCHIVE_LINK_REASON });
 }
 
 /** Reason (`error.reason`) of a file operation refused because its path is read-only in the sandbox: the CLI's hint names the way out. */
@@ -170,16 +220,24 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const r = req as R;
     const q = parseWith(FileQuery, req.query, 'query');
     const a = await agent(r);
-    const f = a.readFile(q.path, { user: userOf(r, q.user) });
+    let sample = () => {};
+    const f = a.readFile(q.path, { user: userOf(r, q.user), onPush: () => sample() });
     const info = await f.info;
     reply.hijack();
     const res = reply.raw;
+    // Held here: the read stream, the response, and the agent frame being received.
+    const held = deps.metrics.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
+    sample = held.sample;
     res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(info.size), 'x-dsec-mode': info.mode.toString(8) });
     try {
-      await pipeline(f.stream, res);
+      const piped = pipeline(f.stream, res);
+      f.stream.on('data', held.sample); // after the pipe's own listener: the chunk is in the response by now
+      await piped;
       await f.done;
     } catch {
       res.destroy();
+    } finally {
+      held.end();
     }
   });
 
@@ -193,12 +251,26 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       // The agent's writeFile destroys its source on failure; give it a pass-through so
       // the request body itself survives to be drained.
       const pass = new PassThrough();
+      // Held here: the request body, the pass-through, and of the agent connection's send
+      // queue at most what the agent has not acknowledged yet.
+      let unacked = 0;
+      const held = deps.metrics.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
       body.pipe(pass);
+      body.on('data', held.sample); // after the pipe's own listener: the chunk is in the pass-through by now
       try {
-        return await a.writeFile(q.path, pass, { user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags });
+        return await a.writeFile(q.path, pass, {
+          user: userOf(r, q.user), mode: q.mode ? parseInt(q.mode, 8) : 0o644, flags,
+          onProgress: (n) => {
+            unacked = n;
+            held.sample();
+          },
+        });
       } catch (e) {
         body.unpipe(pass);
         throw e;
+      } finally {
+        body.off('data', held.sample);
+        held.end();
       }
     });
     return reply.code(201).send({ path: q.path, bytes: out.bytes });
@@ -234,10 +306,10 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   app.get(getArchiveRoute.url, async (req, reply) => {
     const r = req as R;
-    const q = parseWith(FileQuery, req.query, 'query');
+    const q = parseWith(ArchiveQuery, req.query, 'query');
     const a = await agent(r);
     const u = userOf(r, q.user);
-    const top = await a.stat(q.path, { user: u, nofollow: true });
+    const top = await a.stat(q.path, { user: u, nofollow: !truthy(q.follow) });
     const pack = tarStream.pack();
     reply.hijack();
     const res = reply.raw;
@@ -290,6 +362,16 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     // overwrote stays overwritten (no copy is kept), and a directory that gained
     // entries from elsewhere in the meantime is left.
     const created: string[] = [];
+    /** Symlinks this archive made, relative path -> target: an entry that fails below one is reported as going through it. */
+    const links = new Map<string, string>();
+    const linkAbove = (rel: string): string | undefined => {
+      const ps = rel.split('/');
+      for (let i = ps.length - 1; i > 0; i--) {
+        const p = ps.slice(0, i).join('/');
+        if (links.has(p)) return p;
+      }
+      return undefined;
+    };
     const isNew = (p: string) => a.stat(p, { user: u, nofollow: true }).then(() => false, (e: DsecError) => {
       if (e.kind === 'NotFound') return true;
       throw e;
@@ -301,11 +383,21 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
           stream.resume();
           return;
         }
+        const via = linkAbove(rel);
+        try {
+          await write(rel);
+        } catch (e) {
+          throw (via !== undefined && throughArchiveLink(h.name, q.path, via, links.get(via)!, e)) || e;
+        }
+        entries += 1;
+      };
+      const write = async (rel: string) => {
         const target = path.posix.join(q.path, rel);
         if (!['directory', 'file', 'contiguous-file', 'symlink'].includes(h.type ?? '')) {
           throw invalidArgument(`archive entry ${JSON.stringify(h.name)} is a ${h.type}; only files, directories and symlinks can be extracted`);
         }
         if (await isNew(target)) created.push(target);
+        links.delete(rel);
         const mode = (h.mode ?? 0o644) & 0o7777;
         if (h.type === 'directory') {
           await a.mkdir(target, { user: u, mode, parents: true }).catch((e: DsecError) => {
@@ -320,11 +412,11 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         } else if (h.type === 'symlink') {
           await a.remove(target, { user: u }).catch(() => undefined);
           await a.symlink(target, h.linkname ?? '', { user: u });
+          links.set(rel, h.linkname ?? '');
           stream.resume();
         } else {
           throw invalidArgument(`archive entry ${JSON.stringify(h.name)} is a ${h.type}; only files, directories and symlinks can be extracted`);
         }
-        entries += 1;
       };
       run().then(() => next(), (e: Error) => {
         failure = e;

@@ -13,7 +13,8 @@
  * reserve is smaller than some sandbox's headroom (quota minus use), each sandbox that
  * wrote since the last check gets a kernel limit of its use plus that free space, so the
  * kernel stops it (EDQUOT) before it reaches the reserve, however fast it writes; once
- * the free space is inside the reserve, a writer is held at its use. Sandboxes that did
+ * the free space is inside the reserve, a writer is held at its use. A guard limit is
+ * only ever lowered until the quota is restored. Sandboxes that did
  * not write keep their own quota and can use the reserve. Limits go back to the quota as
  * soon as the store has room for the sandbox's whole headroom above the reserve.
  *
@@ -56,7 +57,7 @@ export interface PoolDecision {
   id: string;
   /** The kernel limit to set, bytes (its quota when restoring). */
   limitBytes: number;
-  /** True when this restores the sandbox's own quota. */
+  /** True when this restores the sandbox's own quota (else it is a guard limit below it). */
   restore: boolean;
 }
 
@@ -79,9 +80,12 @@ export function guardPool(availableBytes: number, reserveBytes: number, entries:
     }
     const wrote = e.previousBytes !== null && e.usedBytes > e.previousBytes;
     if (!wrote) continue;
-    const target = Math.min(e.quotaBytes, e.usedBytes + Math.max(room, 0));
-    if (e.guardLimitBytes === null || Math.abs(target - e.guardLimitBytes) >= GUARD_STEP_BYTES || (target < e.guardLimitBytes && room <= 0)) {
-      out.push({ id: e.id, limitBytes: target, restore: target >= e.quotaBytes });
+    // Only ever lowered while guarded: statfs counts a write's blocks only once they are
+    // allocated at writeback, so free space read while a writer has data in the page
+    // cache is too high, and a limit raised on it would let the writer into the reserve.
+    const target = Math.min(e.quotaBytes, e.guardLimitBytes ?? Infinity, e.usedBytes + Math.max(room, 0));
+    if (e.guardLimitBytes === null || e.guardLimitBytes - target >= GUARD_STEP_BYTES || (target < e.guardLimitBytes && room <= 0)) {
+      out.push({ id: e.id, limitBytes: target, restore: false });
     }
   }
   return out;

@@ -537,6 +537,9 @@ export class SandboxManager {
     }
     const entries: PoolEntry[] = [];
     const live = new Map<string, number>();
+    // Bytes the examined sandboxes wrote that statfs does not count yet (in the page cache
+    // or not committed): their live use above the committed counters of this check.
+    let pending = 0;
     for (const [id, q] of quotas) {
       const u = usage.get(id);
       if (!u) continue;
@@ -547,12 +550,13 @@ export class SandboxManager {
       }
       const used = store.usage(id)?.usedBytes ?? u.usedBytes;
       live.set(id, used);
+      pending += Math.max(0, used - u.usedBytes);
       entries.push({ id, quotaBytes: q, usedBytes: used, previousBytes: this.poolPrevious.get(id) ?? null, guardLimitBytes: this.guarded.get(id) ?? null });
       this.poolPrevious.set(id, used);
     }
     for (const id of this.guarded.keys()) if (!quotas.has(id)) this.guarded.delete(id);
     for (const id of this.poolPrevious.keys()) if (!quotas.has(id)) this.poolPrevious.delete(id);
-    for (const dcs of guardPool(space.availableBytes, reserve, entries)) {
+    for (const dcs of guardPool(space.availableBytes - pending, reserve, entries)) {
       if (!store.setPoolLimit(dcs.id, dcs.limitBytes)) continue;
       if (dcs.restore) {
         this.guarded.delete(dcs.id);

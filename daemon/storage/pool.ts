@@ -14,7 +14,11 @@
  * wrote since the last check gets a kernel limit of its use plus that free space, so the
  * kernel stops it (EDQUOT) before it reaches the reserve, however fast it writes; once
  * the free space is inside the reserve, a writer is held at its use. A guard limit is
- * only ever lowered until the quota is restored. Sandboxes that did
+ * only ever lowered until the quota is restored, and a quota is restored only to a
+ * sandbox that did not write since the last check: statfs counts a write's blocks only
+ * once writeback allocates them, so the caller subtracts what the examined sandboxes
+ * hold in the page cache (their live use above the committed counters) from the free
+ * space, and a sandbox still writing keeps its limit. Sandboxes that did
  * not write keep their own quota and can use the reserve. Limits go back to the quota as
  * soon as the store has room for the sandbox's whole headroom above the reserve.
  *
@@ -74,16 +78,20 @@ export function guardPool(availableBytes: number, reserveBytes: number, entries:
   const out: PoolDecision[] = [];
   for (const e of entries) {
     const headroom = e.quotaBytes - e.usedBytes;
-    if (room >= headroom) {
-      if (e.guardLimitBytes !== null) out.push({ id: e.id, limitBytes: e.quotaBytes, restore: true });
-      continue;
-    }
     const wrote = e.previousBytes !== null && e.usedBytes > e.previousBytes;
+    if (room >= headroom) {
+      if (e.guardLimitBytes === null) continue;
+      if (!wrote) {
+        out.push({ id: e.id, limitBytes: e.quotaBytes, restore: true });
+        continue;
+      }
+    }
     if (!wrote) continue;
     // Only ever lowered while guarded: statfs counts a write's blocks only once they are
     // allocated at writeback, so free space read while a writer has data in the page
     // cache is too high, and a limit raised on it would let the writer into the reserve.
     const target = Math.min(e.quotaBytes, e.guardLimitBytes ?? Infinity, e.usedBytes + Math.max(room, 0));
+    if (target >= e.quotaBytes) continue;
     if (e.guardLimitBytes === null || e.guardLimitBytes - target >= GUARD_STEP_BYTES || (target < e.guardLimitBytes && room <= 0)) {
       out.push({ id: e.id, limitBytes: target, restore: false });
     }

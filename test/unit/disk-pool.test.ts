@@ -53,11 +53,13 @@ describe('pool guard', () => {
   it('restores the quota once the whole headroom fits above the reserve again', () => {
     expect(guardPool(20 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: 2 * GiB, guardLimitBytes: 2 * GiB })]))
       .toEqual([{ id: 'a', limitBytes: 10 * GiB, restore: true }]);
+    // Still writing: keeps its limit, whatever statfs says.
+    expect(guardPool(20 * GiB, GiB, [entry('a', { usedBytes: 3 * GiB, previousBytes: 2 * GiB, guardLimitBytes: 3 * GiB })])).toEqual([]);
   });
   it('a writer whose headroom is just over the room gets a limit just under its quota; a guarded sandbox whose headroom fits is restored', () => {
     expect(guardPool(10 * GiB + MiB, GiB, [entry('a', { quotaBytes: 10 * GiB, usedBytes: MiB, previousBytes: 0 })]))
       .toEqual([{ id: 'a', limitBytes: 9 * GiB + 2 * MiB, restore: false }]);
-    expect(guardPool(9 * GiB, GiB, [entry('a', { quotaBytes: 4 * GiB, usedBytes: 3 * GiB, previousBytes: 0, guardLimitBytes: 3 * GiB })]))
+    expect(guardPool(9 * GiB, GiB, [entry('a', { quotaBytes: 4 * GiB, usedBytes: 3 * GiB, previousBytes: 3 * GiB, guardLimitBytes: 3 * GiB })]))
       .toEqual([{ id: 'a', limitBytes: 4 * GiB, restore: true }]);
   });
 });

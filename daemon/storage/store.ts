@@ -247,6 +247,8 @@ export class UpperStore {
   private readonly deleting = new Set<Promise<void>>();
   /** btrfs: /sys/fs/btrfs/<uuid>/qgroups, for live usage (referenced plus reservations). */
   private qgroupSysfs: string | null = null;
+  /** The store's block device once found ({@link blockDevice}); undefined: not looked up yet. */
+  private device: { major: number; minor: number; name: string } | null | undefined = undefined;
 
   private constructor(
     private readonly root: string,
@@ -732,7 +734,7 @@ export class UpperStore {
    * of the instance's image, or the disk under the operator's filesystem (a partition's
    * whole disk: cgroup I/O limits take whole disks only). Null without a store, or when
    * the mount's source is not a block device (e.g. a btrfs on several devices shows only
-   * one; its first is taken). Read from /proc/self/mountinfo and sysfs at each call.
+   * one; its first is taken). Read from /proc/self/mountinfo and sysfs at the first call.
    *
    * The loop device reads and writes its image with direct I/O, so what passes it
    * reaches the host disk once, without a second copy in the host page cache: a limit on
@@ -740,6 +742,16 @@ export class UpperStore {
    * the loop driver also issues the image's I/O on behalf of the submitting cgroup.)
    */
   blockDevice(): { major: number; minor: number; name: string } | null {
+    if (!this.record) return null;
+    // The mount (and so its device) stays for the life of the instance: found once, since
+    // /proc/self/mountinfo grows with every sandbox's mounts and creates call this.
+    if (this.device !== undefined) return this.device;
+    this.device = this.findBlockDevice();
+    return this.device;
+  }
+
+  /** {@link blockDevice}, uncached. */
+  private findBlockDevice(): { major: number; minor: number; name: string } | null {
     if (!this.record) return null;
     const mi = readFileSync('/proc/self/mountinfo', 'utf8');
     let src = mountSourceOf(mi, this.mountDir);

@@ -87,3 +87,13 @@ describe('I/O settings on the cgroup files', () => {
     expect(parseBlkioRw('7:2 Read 4096\n7:2 Write 8192\n7:2 Sync 0\n253:0 Write 1\nTotal 12288\n', dev)).toEqual({ read: 4096, write: 8192 });
   });
 });
+
+describe('dsec create I/O flags', () => {
+  it('map to io_weight and io_max; none given: neither is sent', async () => {
+    const { createRequest } = await import('../../cli/commands/create.js');
+    expect(createRequest({ ioWeight: 50, ioWriteBps: 1048576, ioReadIops: 100 })).toMatchObject({ io_weight: 50, io_max: { write_bps: 1048576, read_iops: 100 } });
+    const none = createRequest({});
+    expect(none.io_weight).toBeUndefined();
+    expect(none.io_max).toBeUndefined();
+  });
+});

@@ -22,6 +22,10 @@
  *     probe on the same two files (now on the XFS directly) gets XFS's own answer: the
  *     XFS would take the call, so EPERM inside is seccomp's doing. The XFS stays mounted
  *     and a neighbour still writes.
+ *
+ * (c) The store as a shared pool (a 1 GiB store, `disk_overcommit = 1.5`): admission
+ *     beyond the ratio, the pool guard's reserve and `sandbox.disk_pool_full`, and I/O
+ *     limits on cgroup v1 (see the describe block).
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtempSync, readFileSync, rmSync, statSync, statfsSync } from 'node:fs';

@@ -21,6 +21,9 @@
  *             concurrency 8, its JSON taken as is.
  *   status    GET /v1/sandboxes/{id} p50/p99 (the API's overhead on a call that does no
  *             work); peers `runc state` and `podman inspect`.
+ *   io        bench/io-neighbour.ts: a neighbour's exec writing a small file (fsynced),
+ *             p50/p99, while another sandbox writes as fast as it can (buffered, direct),
+ *             with and without io_weight/io_max; peer: two podman containers.
  *
  * Usage: node dist/bench/all.js [--quick] [--only burst,exec,...] [--n 1000] [--podman-n 100]
  *   [--concurrency 16] [--density-n 5000] [--density-budget-mib 10240] [--no-podman]
@@ -43,6 +46,7 @@ import { prepareBusyboxTree } from '../daemon/image/builtin.js';
 import { repoRoot } from '../daemon/main.js';
 import { spawnNative } from '../daemon/host/spawn.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
+import { runIoNeighbour } from './io-neighbour.js';
 
 const r2 = (x: number) => Math.round(x * 100) / 100;
 
@@ -54,7 +58,12 @@ const r2 = (x: number) => Math.round(x * 100) / 100;
 const POOL = { base: 2 ** 29, size: 2 ** 27 };
 const RANGE = 16_384;
 /** Limits of every benchmark sandbox: 64 MiB, 64 pids (as the density and crash tests), the default 1 core. */
-const DEFAULTS = '[defaults]\nmemory_bytes = 67108864\npids = 64\n';
+/**
+ * Defaults of the bench's sandboxes: 64 MiB, 64 pids, a 1 GiB writable-layer quota (a
+ * burst of 1,000 then fits admission's default disk_overcommit of 100 on any store of
+ * 10 GiB or more; the quota's size costs nothing at create).
+ */
+const DEFAULTS = '[defaults]\nmemory_bytes = 67108864\npids = 64\ndisk_bytes = 1073741824\n';
 /** podman's flags for this host: runc, no network, the host's lower rlimits (runc refuses podman's defaults here). */
 const PODMAN = ['--runtime', 'runc'];
 const PODMAN_RUN = ['--network', 'none', '--ulimit', 'nofile=1024:1024', '--ulimit', 'nproc=1024:1024'];
@@ -270,7 +279,7 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
   const out: Record<string, unknown> = {};
   // Admission counts CPU limits: by default 1,000 cores of limits per host core, so this
   // 2-core host admits 2,000 one-core sandboxes; the density run raises the ratio to fit n.
-  const d = await daemon('density', `[admission]\ncpu_overcommit = ${Math.max(1000, Math.ceil((n + 100) / os.cpus().length))}\n`);
+  const d = await daemon('density', `[admission]\ncpu_overcommit = ${Math.max(1000, Math.ceil((n + 100) / os.cpus().length))}\ndisk_overcommit = 100000\n`);
   try {
     const w = await d.client.createSandbox({ image: 'busybox' });
     await d.client.deleteSandbox(w.id, { force: true });
@@ -470,6 +479,13 @@ function table(res: Record<string, any>): string {
     L.push(`| status call GET /v1/sandboxes/{id}, p50 / p99 | | ${ms(s.dsec_get_sandbox_ms)} (GET /v1/version ${ms(s.dsec_version_ms)}) | runc state: ${ms(s.runc_state_ms)} | ${ratio(s.runc_state_ms?.p50, s.dsec_get_sandbox_ms.p50)} |`);
     if (s.podman_inspect_ms) L.push(`| | | | podman inspect: ${ms(s.podman_inspect_ms)} | ${ratio(s.podman_inspect_ms.p50, s.dsec_get_sandbox_ms.p50)} |`);
   }
+  const io = res.io;
+  if (io?.dsec) {
+    const pm = io.podman ?? {};
+    L.push(`| neighbour exec writing 4 KiB + fsync, p50 / p99: idle | | ${ms(io.dsec.idle)} | podman exec: ${ms(pm.idle)} | |`);
+    L.push(`| same, beside a buffered writer (no I/O settings / writer io_max ${r2(io.writer_io_max_write_bps / 2 ** 20)} MiB/s, io_weight 10) | | ${ms(io.dsec.buffered)} / ${ms(io.dsec['buffered+io'])} | ${ms(pm.buffered)} | |`);
+    L.push(`| same, beside a direct-I/O writer (no I/O settings / with them) | | ${ms(io.dsec.direct)} / ${ms(io.dsec['direct+io'])} | ${ms(pm.direct)} | |`);
+  }
   return L.join('\n');
 }
 
@@ -487,7 +503,7 @@ function writeDoc(md: string): void {
 async function main(): Promise<void> {
   const o = new Command('bench')
     .option('--quick', 'small counts: a functional check, not numbers to publish', false)
-    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status')
+    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status,io')
     .option('--n <n>', 'creations in the burst', '1000')
     .option('--podman-n <n>', 'podman containers in the burst and density peers', '100')
     .option('--concurrency <c>', 'creates in flight in the burst and density runs', '16')
@@ -505,7 +521,7 @@ async function main(): Promise<void> {
     if (o.podmanN === '100') o.podmanN = '20';
     if (o.densityN === '5000') o.densityN = '100';
   }
-  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status').split(','));
+  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status,io').split(','));
   const res: Record<string, unknown> = {
     bench: 'all', date: new Date().toISOString().slice(0, 16).replace('T', ' ') + ' UTC', quick: o.quick,
     command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
@@ -523,6 +539,10 @@ async function main(): Promise<void> {
     if (only.has('pause')) await pause(o, tree, res);
     if (only.has('fncall')) await fncall(o, res);
     if (only.has('status')) await status(o, tree, res);
+    if (only.has('io')) {
+      res.io = await runIoNeighbour({ samples: o.quick ? 10 : 40, wbps: 32 * 1024 * 1024, podman: o.podman });
+      process.stderr.write(`io: ${JSON.stringify(res.io)}\n`);
+    }
   } finally {
     rmSync(tree, { recursive: true, force: true });
   }
@@ -530,7 +550,7 @@ async function main(): Promise<void> {
   (res.host as Record<string, unknown>).spawn_true_ms_at_end = await spawnTrueMs();
   if (o.merge) {
     const prev = JSON.parse(readFileSync(path.join(repoRoot(), 'bench/results-all.json'), 'utf8')) as Record<string, unknown>;
-    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status']) if (!(k in res) && k in prev) res[k] = prev[k];
+    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status', 'io']) if (!(k in res) && k in prev) res[k] = prev[k];
     res.command = `${prev.command as string}; then ${res.command as string}`;
   }
   const text = JSON.stringify(res, null, 2);

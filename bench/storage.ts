@@ -42,7 +42,7 @@ async function storeOps(n: number) {
   try {
     for (const kind of kinds) {
       const root = mkdtempSync('/tmp/dsec-bench-store-');
-      const config: StorageConfig = { upperFs: kind, sizeBytes: 4 * 1024 ** 3, preallocate: false, path: null };
+      const config: StorageConfig = { upperFs: kind, sizeBytes: 4 * 1024 ** 3, preallocate: false, path: null, reserveBytes: null };
       stores.push({ kind, root, store: await UpperStore.open({ root, config, log: pino({ level: 'silent' }) }), create: [], remove: [] });
     }
     for (let i = 0; i < n; i++) {

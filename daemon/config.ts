@@ -12,7 +12,8 @@ import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
-import { MIN_DISK_BYTES } from './api/schema.js';
+import { IoMaxSchema, MIN_DISK_BYTES } from './api/schema.js';
+import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './host/cgroups/io.js';
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
@@ -57,6 +58,8 @@ const FileConfig = z
         memory_bytes: z.number().int().positive().optional(),
         pids: z.number().int().positive().optional(),
         disk_bytes: z.number().int().min(MIN_DISK_BYTES).optional(),
+        io_weight: z.number().int().min(IO_WEIGHT_MIN).max(IO_WEIGHT_MAX).optional(),
+        io_max: IoMaxSchema.optional(),
       })
       .strict()
       .optional(),
@@ -66,6 +69,7 @@ const FileConfig = z
         size_bytes: z.number().int().min(MIN_STORE_BYTES).optional(),
         preallocate: z.boolean().optional(),
         path: z.string().regex(/^\//, 'path is absolute').optional(),
+        reserve_bytes: z.number().int().min(0).optional(),
       })
       .strict()
       .optional(),
@@ -76,6 +80,7 @@ const FileConfig = z
         max_sandboxes: z.number().int().min(1).optional(),
         memory_overcommit: z.number().positive().optional(),
         cpu_overcommit: z.number().positive().optional(),
+        disk_overcommit: z.number().positive().optional(),
       })
       .strict()
       .optional(),
@@ -311,8 +316,13 @@ export interface DaemonConfig {
    * sandbox's layer costs only what it wrote. On a store smaller than it, the default is
    * the store's size. The value is written into each sandbox's row at create, so
    * changing it never alters an existing sandbox.
+   *
+   * `io` is the I/O setting of a sandbox whose create names none (`io_weight`, default
+   * 100, the kernel's own default weight; `[defaults.io_max]` `read_bps`, `write_bps`,
+   * `read_iops`, `write_iops`, default none): applied to its cgroup on the store's
+   * device (daemon/host/cgroups/io.ts says what each cgroup version enforces).
    */
-  defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number };
+  defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number; io: IoLimits };
   /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
   storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
@@ -345,9 +355,16 @@ export interface DaemonConfig {
    * tighten them per fleet:
    * - `maxSandboxes`: default 16,384, the size of the default uid pool;
    * - `memoryOvercommit`: memory limits may sum to this times host memory (default 100);
-   * - `cpuOvercommit`: CPU limits may sum to this times the cores (default 1,000).
+   * - `cpuOvercommit`: CPU limits may sum to this times the cores (default 1,000);
+   * - `diskOvercommit`: writable-layer quotas (`disk_bytes`) of container sandboxes may
+   *   sum to this times the store's size (default 100, as for memory: a quota is a
+   *   ceiling, and an RL sandbox writes far below it; the store fills only when the
+   *   sandboxes' average use passes 1/100 of their quotas, and then the pool guard of
+   *   daemon/storage/pool.ts keeps `[storage] reserve_bytes` for those that did not fill
+   *   it). 1 never lets quotas add up to more than the store. Not checked where the store
+   *   enforces no quota.
    */
-  admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number };
+  admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number; diskOvercommit: number };
   /** Sizing of the fncall pools (daemon/fncall/pool.ts FncallPoolConfig, which documents each default). */
   fncall: FncallPoolConfig;
   /**
@@ -505,12 +522,20 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       memoryBytes: fc.defaults?.memory_bytes ?? 512 * 1024 * 1024,
       pids: fc.defaults?.pids ?? 1024,
       diskBytes: fc.defaults?.disk_bytes ?? DEFAULT_DISK_BYTES,
+      io: {
+        weight: fc.defaults?.io_weight ?? IO_WEIGHT_DEFAULT,
+        readBps: fc.defaults?.io_max?.read_bps ?? null,
+        writeBps: fc.defaults?.io_max?.write_bps ?? null,
+        readIops: fc.defaults?.io_max?.read_iops ?? null,
+        writeIops: fc.defaults?.io_max?.write_iops ?? null,
+      },
     },
     storage: {
       upperFs: fc.storage?.upper_fs ?? 'auto',
       sizeBytes: fc.storage?.size_bytes ?? null,
       preallocate: fc.storage?.preallocate ?? false,
       path: fc.storage?.path ? path.resolve(fc.storage.path) : null,
+      reserveBytes: fc.storage?.reserve_bytes ?? null,
     },
     security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
@@ -519,6 +544,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,
       memoryOvercommit: fc.admission?.memory_overcommit ?? 100,
       cpuOvercommit: fc.admission?.cpu_overcommit ?? 1000,
+      diskOvercommit: fc.admission?.disk_overcommit ?? 100,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
     sandboxfusion: { address: fc.sandboxfusion?.address ?? null, images: fc.sandboxfusion?.images ?? {} },

@@ -539,11 +539,12 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
             readonly_paths: withTiers(container.readonlyPathsStatus(), 'microvm: the same plan, enforced in the guest by read-only mounts; vm: not enforced'),
             ...network.hostDefences(),
             disk_quota: storage.status(),
+            ...(await ioDefences(cg, storage)),
             builder_identity: builder
               ? { enforced: true, detail: `image imports, builds, commits and snapshots extract, copy and run mkfs.erofs as uid 0 of a user namespace mapped to host ids ${builder.range.base}-${builder.range.base + builder.range.size - 1} (${builder.slots} slots of ${BUILDER_SLOT_IDS}), disjoint from every sandbox's range, with no network; root only opens inputs, decides overlay opaque markers, publishes blobs and mounts; debootstrap and apt of image bootstrap run as root` }
               : { enforced: false, detail: '[builder] enabled = false: imports, builds, commits and snapshots extract and pack trees as root' },
           },
-          storage: storage.info(),
+          storage: { ...storage.info(), pool: manager.poolInfo(), device: ((d) => (d ? `${d.major}:${d.minor}` : null))(storage.blockDevice()) },
         }),
       },
     };
@@ -670,4 +671,22 @@ export async function main(argv: string[]): Promise<number> {
 /** A container-tier host defence with the other tiers' caveat appended (`dsec host info`). */
 function withTiers(d: { enforced: boolean; detail: string }, others: string): { enforced: boolean; detail: string } {
   return { enforced: d.enforced, detail: `container/fncall: ${d.detail}; ${others}` };
+}
+
+/**
+ * The `io_weight` and `io_max` host defences: what the cgroups of this host enforce of
+ * per-sandbox I/O settings on the writable-layer store's device (CgroupManager.ioSupport),
+ * one entry each, so a host where limits hold only for direct I/O says so.
+ */
+async function ioDefences(cg: CgroupManager, storage: UpperStore): Promise<Record<'io_weight' | 'io_max', { enforced: boolean; detail: string }>> {
+  const dev = storage.blockDevice();
+  const s = await cg.ioSupport(dev);
+  const where = dev ? `container sandboxes, on the writable-layer store's device ${dev.name} (${dev.major}:${dev.minor}); microvm/vm: not applied` : 'container sandboxes';
+  return {
+    io_weight: { enforced: s.weightEnforced, detail: `${where}: ${s.detail}` },
+    io_max: {
+      enforced: s.limitEnforced && s.bufferedWritesLimited,
+      detail: `${where}: ${s.limitEnforced ? (s.bufferedWritesLimited ? 'enforced for reads, direct I/O and buffered writes' : 'PARTLY enforced: reads and direct I/O only, buffered writes are not limited') : 'not enforced'}. ${s.detail}`,
+    },
+  };
 }

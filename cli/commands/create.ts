@@ -45,6 +45,13 @@ export interface CreateFlags extends NetworkFlags, FilesystemFlags {
   idleTimeout?: number;
   /** `--disk`, bytes: quota on the writable layer. */
   disk?: number;
+  /** `--io-weight`, 1-10,000 (cgroup v2 io.weight scale). */
+  ioWeight?: number;
+  /** `--io-read-bps`, `--io-write-bps`, bytes per second; `--io-read-iops`, `--io-write-iops`. */
+  ioReadBps?: number;
+  ioWriteBps?: number;
+  ioReadIops?: number;
+  ioWriteIops?: number;
 }
 
 /** Parses `--backend`: one of {@link BACKENDS}. */
@@ -70,6 +77,7 @@ export function parsePriority(text: string): SandboxPriority {
 
 /**
  * Adds the create flags (`--backend`, `--image`, `--cpus`, `--memory`, `--pids`, `--disk`,
+ * `--io-weight`, `--io-read-bps`, `--io-write-bps`, `--io-read-iops`, `--io-write-iops`,
  * `--label`, `--env`, `--ttl`, `--priority`, `--idle-timeout`, `--seccomp-allow`,
  * `--seccomp-deny`, the network flags of cli/util/network.ts, and the filesystem flags of
  * cli/util/security.ts: `--writable`, `--readonly`, `--no-readonly`, `--landlock`,
@@ -83,6 +91,11 @@ export function addCreateOptions(cmd: Command): Command {
     .option('--memory <size>', 'memory limit: bytes or K/M/G (binary), e.g. 512M', flag('--memory', parseSize))
     .option('--pids <n>', 'maximum number of processes', flag('--pids', parsePositiveInt))
     .option('--disk <size>', 'quota on the writable layer: bytes or K/M/G (binary), at least 16M, e.g. 2G (default: the daemon\'s [defaults] disk_bytes)', flag('--disk', parseSize))
+    .option('--io-weight <n>', 'share of the writable-layer device under contention, 1-10000 (cgroup v2 io.weight scale; default the daemon\'s [defaults] io_weight, 100); container only', flag('--io-weight', parsePositiveInt))
+    .option('--io-read-bps <size>', 'limit reads from the writable-layer device: bytes/s or K/M/G per second (io_max)', flag('--io-read-bps', parseSize))
+    .option('--io-write-bps <size>', 'limit writes to the writable-layer device: bytes/s or K/M/G per second (io_max; on cgroup v1 direct I/O only, see `dsec host info`)', flag('--io-write-bps', parseSize))
+    .option('--io-read-iops <n>', 'limit read IOs per second on the writable-layer device (io_max)', flag('--io-read-iops', parsePositiveInt))
+    .option('--io-write-iops <n>', 'limit write IOs per second on the writable-layer device (io_max)', flag('--io-write-iops', parsePositiveInt))
     .option('--label <k=v>', 'label, repeatable (each key once)', flag('--label', collectLabel))
     .option('--env <K=V>', 'environment for every exec, repeatable (each name once)', flag('--env', collectEnv))
     .option('--ttl <dur>', 'destroy the sandbox this long after creation; a number with a unit, s, m, h or d (e.g. 90s, 10m, 2h; rounded up to whole seconds)', flag('--ttl', parseTtl))
@@ -102,6 +115,12 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   if (f.memory !== undefined) req.memory_bytes = f.memory;
   if (f.pids !== undefined) req.pids = f.pids;
   if (f.disk !== undefined) req.disk_bytes = f.disk;
+  if (f.ioWeight !== undefined) req.io_weight = f.ioWeight;
+  const ioMax = {
+    ...(f.ioReadBps !== undefined ? { read_bps: f.ioReadBps } : {}), ...(f.ioWriteBps !== undefined ? { write_bps: f.ioWriteBps } : {}),
+    ...(f.ioReadIops !== undefined ? { read_iops: f.ioReadIops } : {}), ...(f.ioWriteIops !== undefined ? { write_iops: f.ioWriteIops } : {}),
+  };
+  if (Object.keys(ioMax).length) req.io_max = ioMax;
   if (f.label !== undefined) req.labels = f.label;
   if (f.env !== undefined) req.env = f.env;
   if (f.ttl !== undefined) req.ttl_s = Math.ceil(f.ttl / 1000);

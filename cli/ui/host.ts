@@ -39,7 +39,13 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
   if (h.storage) {
     const st = h.storage;
     const size = st.size_bytes === null ? '' : `, ${formatBytes(st.used_bytes ?? 0)} used of ${formatBytes(st.size_bytes)}`;
-    facts.push(['storage', `${st.kind} (quota ${st.quota}) at ${st.location}${size}, ${st.layers} writable layers`]);
+    facts.push(['storage', `${st.kind} (quota ${st.quota}) at ${st.location}${st.device ? ` (device ${st.device})` : ''}${size}, ${st.layers} writable layers`]);
+    if (st.pool) {
+      const p = st.pool;
+      const ratio = st.size_bytes ? ` (${+(p.quota_sum_bytes / st.size_bytes).toFixed(2)}x the store)` : '';
+      facts.push(['disk pool', `${formatBytes(p.available_bytes)} free; quotas sum to ${formatBytes(p.quota_sum_bytes)}${ratio}, admission allows ${formatBytes(p.quota_cap_bytes)} (disk_overcommit ${p.disk_overcommit}); `
+        + `reserve ${formatBytes(p.reserve_bytes)}${p.guarded ? `; ${p.guarded} sandbox(es) held below their quota (store nearly full)` : ''}`]);
+    }
   }
   const width = Math.max(...facts.map(([k]) => k.length));
   let out = facts.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n') + '\n';

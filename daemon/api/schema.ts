@@ -13,6 +13,7 @@ import { SeccompOverrideSchema } from '../security/seccomp.js';
 import { ruleProblem } from '../security/egress.js';
 import { FilesystemOptionsSchema } from '../security/filesystem.js';
 import { ImageSecuritySchema } from '../image/security.js';
+import { IO_WEIGHT_MAX, IO_WEIGHT_MIN } from '../host/cgroups/io.js';
 
 /** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
 export const LIMITS = {
@@ -205,6 +206,29 @@ export type FilesystemSpec = z.infer<typeof FilesystemSpec>;
 /** Smallest per-sandbox disk quota: 16 MiB (an image's first writes and a shell history fit). */
 export const MIN_DISK_BYTES = 16 * 1024 * 1024;
 
+/**
+ * Smallest bytes-per-second limit of `io_max`: 4 KiB/s, one page a second. Lower rates
+ * would starve the sandbox's own page-cache misses (its binaries load through the same
+ * device), which is never what a limit is for.
+ */
+export const IO_MAX_MIN_BPS = 4096;
+
+/**
+ * I/O limits of a sandbox on the writable-layer store's device (`io_max`; `[defaults.io_max]`
+ * in the config): bytes per second and IOs per second, each optional (absent: unlimited).
+ * Applied as cgroup v2 `io.max` or v1 `blkio.throttle.*` (docs/OPERATIONS.md "Disk I/O").
+ */
+export const IoMaxSchema = z
+  .object({
+    read_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Read bytes per second (at least ${IO_MAX_MIN_BPS}).`),
+    write_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Written bytes per second (at least ${IO_MAX_MIN_BPS}).`),
+    read_iops: z.number().int().min(1).optional().describe('Read IOs per second.'),
+    write_iops: z.number().int().min(1).optional().describe('Write IOs per second.'),
+  })
+  .strict()
+  .refine((m) => Object.keys(m).length > 0, 'io_max names at least one of read_bps, write_bps, read_iops, write_iops');
+export type IoMax = z.infer<typeof IoMaxSchema>;
+
 /** Whether one defence is in force for a sandbox or host, and what it does or why not. */
 export const DefenceStatus = z.object({
   enforced: z.boolean(),
@@ -243,6 +267,10 @@ export const CreateSandboxRequest = z
     disk_bytes: z.number().int().min(MIN_DISK_BYTES).max(LIMITS.maxMemoryBytes * 16).optional()
       .describe('Quota on the writable layer, bytes (at least 16 MiB); default [defaults] disk_bytes (10 GiB). Refused above the store\'s size, and where the store enforces no quota.'),
     filesystem: FilesystemSpec.optional().describe('Read-only system paths, writable exceptions, Landlock; defaults from the image, then config.'),
+    io_weight: z.number().int().min(IO_WEIGHT_MIN).max(IO_WEIGHT_MAX).optional()
+      .describe(`Share of the writable-layer store's device under contention, on the cgroup v2 io.weight scale ${IO_WEIGHT_MIN}-${IO_WEIGHT_MAX} (kernel default 100); default [defaults] io_weight. Container backend only; whether the host enforces it: host info defences.io_weight.`),
+    io_max: IoMaxSchema.optional()
+      .describe('Limits on the writable-layer store\'s device; default [defaults.io_max] (none). Container backend only; what the host enforces (v1: not buffered writes): host info defences.io_max.'),
   })
   .strict();
 export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
@@ -273,6 +301,8 @@ export const Sandbox = z.object({
   seccomp: SeccompOverrideSchema.nullable().describe('The seccomp override it was created with, else null (the default profile).'),
   network: NetworkSpec.nullable().describe('The network it was created with (or last set), else null (mode none).'),
   disk_bytes: z.number().int().nullable().describe('Quota on the writable layer, bytes, fixed at create; null: none (the store enforces no quota; see defences.disk_quota).'),
+  io_weight: z.number().int().nullable().describe('I/O weight (io.weight scale) applied to its cgroup; null: none (not a container sandbox, or created before I/O settings).'),
+  io_max: IoMaxSchema.nullable().describe('I/O limits applied to its cgroup; null: none.'),
   disk_used_bytes: z.number().int().nullable().optional().describe('Bytes the writable layer uses now, as the store accounts them; null where it cannot tell (layer on the host filesystem). GET of one sandbox only.'),
   filesystem: FilesystemSpec.nullable().describe('The filesystem options resolved at create (request > image > config), else null (a sandbox older than them: resolved at each start).'),
   defences: z.record(z.string(), DefenceStatus).optional().describe('Which defences are in force for this sandbox (GET of one sandbox only).'),
@@ -452,13 +482,22 @@ export const HostInfo = z.object({
     size_bytes: z.number().int().nullable().describe('Size of the store filesystem, bytes; null for host.'),
     used_bytes: z.number().int().nullable().describe('Bytes used on it (statfs): what quotas, which may add up to more than the size, have actually taken.'),
     layers: z.number().int().describe('Writable layers in the store.'),
+    pool: z.object({
+      available_bytes: z.number().int().describe('Bytes writers can still take (statfs f_bavail).'),
+      quota_sum_bytes: z.number().int().describe('Sum of the disk_bytes quotas of every container sandbox in the store (warm-pool shells included): what the sandboxes may write in all.'),
+      quota_cap_bytes: z.number().int().describe('What admission lets the quotas of sandboxes (warm-pool shells excepted) sum to: size_bytes x disk_overcommit.'),
+      disk_overcommit: z.number().describe('[admission] disk_overcommit.'),
+      reserve_bytes: z.number().int().describe('Free space kept for sandboxes that are not filling the store ([storage] reserve_bytes; 0: no pool guard).'),
+      guarded: z.number().int().describe('Sandboxes the pool guard now holds below their quota because the store is nearly full (their events: sandbox.disk_pool_full).'),
+    }).nullable().optional().describe('The store as a shared pool: use against the sum of quotas; null where the store enforces no quota.'),
+    device: z.string().nullable().optional().describe('The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem).'),
   }).optional().describe('The writable-layer store.'),
 });
 
 /** One line of GET /v1/events (NDJSON). */
 export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
-  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store filled while the sandbox was writing: its writes fail with EDQUOT until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished.'),
   sandbox_id: z.string().nullable(),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),

@@ -14,6 +14,7 @@ import type { z } from 'zod';
 import type { SandboxRecord } from '../sandbox/repo.js';
 import type { Failpoints } from '../sandbox/failpoints.js';
 import type { AgentClient, AgentExecHandle, AgentExecResult } from '../agent/client.js';
+import type { IoLimits } from '../host/cgroups/io.js';
 
 /** What a backend can do on this host; reported by `dsec host info`. */
 export interface DriverCapabilities {
@@ -215,6 +216,14 @@ export interface SandboxDriver {
    * @throws DsecError NotFound (no cgroup), FailedPrecondition/Internal (cgroupfs errors).
    */
   applyLimits?(sb: SandboxRecord, limits: { cpus: number; memoryBytes: number; pids: number }): Promise<void>;
+  /**
+   * Applies I/O settings (daemon/host/cgroups/io.ts) to a running sandbox's cgroup on the
+   * writable-layer store's device, replacing its current ones; null: the kernel's
+   * defaults. A no-op where the store has no device of its own. Absent: the backend has
+   * no I/O settings.
+   * @throws DsecError NotFound (no cgroup), FailedPrecondition (limits the host cannot apply), Internal.
+   */
+  applyIo?(sb: SandboxRecord, io: IoLimits | null): Promise<void>;
   /**
    * Which per-sandbox defences are in force for `sb`, by name (e.g. `readonly_paths`,
    * `landlock`), each saying truthfully whether and why (for GET /v1/sandboxes/{id}).

@@ -38,6 +38,8 @@ import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { DiskUsage, UpperStore } from '../storage/store.js';
+import { defaultReserveBytes, guardPool, humanBytes, quotaCap, type PoolEntry } from '../storage/pool.js';
+import type { IoLimits } from '../host/cgroups/io.js';
 import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem, type ResolvedFilesystem } from '../security/filesystem.js';
 import type { ImageSecurity } from '../image/security.js';
 import { profileInfo } from '../security/seccomp.js';
@@ -151,6 +153,14 @@ export class SandboxManager {
   private readonly mutex = new KeyedMutex();
   /** Sandboxes whose writable layer the last quota check found full (see {@link checkDiskQuotas}). */
   private readonly diskFull = new Set<string>();
+  /** Limits the pool guard set below sandboxes' quotas, bytes, by id (daemon/storage/pool.ts). */
+  private readonly guarded = new Map<string, number>();
+  /** Live layer use at the previous guard check, bytes, of the entries it looked at. */
+  private readonly poolPrevious = new Map<string, number>();
+  /** Sandboxes stopped by the full store that have had their `sandbox.disk_pool_full` event. */
+  private readonly poolFull = new Set<string>();
+  /** Whether the first guard check (which adopts limits a previous dsecd left) has run. */
+  private guardAdopted = false;
   /** Exec sessions (streamed, background, PTY) of every sandbox. */
   readonly execs: ExecRegistry;
   /** The warm pools creates may claim from ({@link attachPool}); null: none. */
@@ -200,8 +210,9 @@ export class SandboxManager {
     this.lastUserCreate = performance.now();
     try {
       this.checkLimits(req);
-      this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes);
+      this.checkIo(req);
       const disk = this.diskQuota(req.disk_bytes, undefined);
+      this.admit(req.cpus ?? this.d.config.defaults.cpus, req.memory_bytes ?? this.d.config.defaults.memoryBytes, req.backend === 'container' ? disk : null);
       // A backend may own a kind of reference (the vm tier's `disk:NAME`); else the image store resolves it.
       const own = await this.driver(req.backend).resolveImage?.(req.image);
       const image = own ? null : await this.d.images.get(req.image);
@@ -272,14 +283,19 @@ export class SandboxManager {
       }
       const drv = this.driver(sb.backend);
       const limits = { cpus: req.cpus ?? this.d.config.defaults.cpus, memoryBytes: req.memory_bytes ?? this.d.config.defaults.memoryBytes, pids: req.pids ?? this.d.config.defaults.pids };
+      const io = this.ioOf(req);
       if (limits.cpus !== sb.cpus || limits.memoryBytes !== sb.memoryBytes || limits.pids !== sb.pids) {
         if (!drv.applyLimits) throw failedPrecondition(`backend ${sb.backend} cannot change limits of a running sandbox`);
         await drv.applyLimits(sb, limits);
       }
+      if (JSON.stringify(io) !== JSON.stringify(sb.io)) {
+        if (!drv.applyIo) throw failedPrecondition(`backend ${sb.backend} cannot change I/O settings of a running sandbox`);
+        await drv.applyIo(sb, io);
+      }
       const network = req.network ?? null;
       if (network && this.d.network) await this.d.network.update(sb, network);
       const done = this.d.repo.claimShell(id, {
-        labels: req.labels ?? {}, env: req.env ?? {}, ttlS: req.ttl_s ?? null, idleTimeoutS: req.idle_timeout_s ?? null, ...limits, network, now: Date.now(),
+        labels: req.labels ?? {}, env: req.env ?? {}, ttlS: req.ttl_s ?? null, idleTimeoutS: req.idle_timeout_s ?? null, ...limits, network, io, now: Date.now(),
       });
       this.d.failpoints.hit('create.after-ack');
       this.d.repo.event('sandbox.created', done, 'from the warm pool');
@@ -379,6 +395,33 @@ export class SandboxManager {
   }
 
   /**
+   * Refuses I/O settings for a backend they do not apply to: only container sandboxes
+   * write to the writable-layer store's device (a microVM's or VM's disk is a file on
+   * the host filesystem, written by its VMM).
+   * @throws DsecError InvalidArgument.
+   */
+  private checkIo(req: CreateSandboxRequest): void {
+    if (req.backend !== 'container' && (req.io_weight !== undefined || req.io_max !== undefined)) {
+      throw invalidArgument(`io_weight and io_max apply to container sandboxes only (they act on the writable-layer store's device); backend ${req.backend} keeps its disk in a file on the host filesystem. Leave them out`);
+    }
+  }
+
+  /**
+   * The I/O settings a sandbox made by `req` gets: the request's, else `[defaults]`
+   * io_weight and io_max; null for a backend other than container (see {@link checkIo}).
+   */
+  private ioOf(req: CreateSandboxRequest): IoLimits | null {
+    if (req.backend !== 'container') return null;
+    const def = this.d.config.defaults.io;
+    const m = req.io_max;
+    return {
+      weight: req.io_weight ?? def.weight,
+      readBps: m ? m.read_bps ?? null : def.readBps, writeBps: m ? m.write_bps ?? null : def.writeBps,
+      readIops: m ? m.read_iops ?? null : def.readIops, writeIops: m ? m.write_iops ?? null : def.writeIops,
+    };
+  }
+
+  /**
    * The writable-layer quota of a new sandbox, in bytes: the request's, else the
    * source's (restore, fork), else `[defaults] disk_bytes` (at most the store's size);
    * null where the store enforces no quota (then only an explicit request is an error).
@@ -438,8 +481,14 @@ export class SandboxManager {
       return [];
     }
     const hit: string[] = [];
+    try {
+      hit.push(...this.guardStore(usage));
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'the writable-layer pool guard failed');
+    }
     for (const [id, u] of usage) {
-      if (u.limitBytes === null) continue;
+      // A limit the pool guard set is not the sandbox's quota: its event is disk_pool_full.
+      if (u.limitBytes === null || this.guarded.has(id)) continue;
       const slack = diskFullSlack(u.limitBytes);
       if (u.usedBytes >= u.limitBytes - slack) {
         const sb = this.d.repo.find(id);
@@ -451,6 +500,103 @@ export class SandboxManager {
     }
     for (const id of this.diskFull) if (!usage.has(id)) this.diskFull.delete(id);
     return hit;
+  }
+
+  /**
+   * The store's reserve, bytes: `[storage] reserve_bytes`, else pool.ts
+   * defaultReserveBytes of the store's size.
+   */
+  reserveBytes(sizeBytes: number): number {
+    return this.d.config.storage.reserveBytes ?? defaultReserveBytes(sizeBytes);
+  }
+
+  /**
+   * One check of the pool guard (daemon/storage/pool.ts), part of {@link checkDiskQuotas}:
+   * while the store's free space above its reserve is less than some sandbox's headroom,
+   * limits each sandbox that wrote since the last check so the kernel stops it before the
+   * reserve, and puts quotas back once there is room. Records `sandbox.disk_pool_full`
+   * (edge-triggered) for a sandbox that reached such a limit: it was filling the store.
+   * @param usage the store's usage counters of this check (committed; btrfs: as of the last transaction).
+   * @returns ids that got the event in this check.
+   */
+  private guardStore(usage: Map<string, DiskUsage>): string[] {
+    const store = this.d.storage;
+    const space = store.enforcesQuota ? store.space() : null;
+    if (!space) return [];
+    const reserve = this.reserveBytes(space.sizeBytes);
+    if (reserve === 0 && this.guarded.size === 0) return [];
+    const room = space.availableBytes - reserve;
+    const quotas = this.d.repo.diskQuotas();
+    if (!this.guardAdopted) {
+      // Limits below quotas that a previous dsecd's guard left in the kernel.
+      for (const [id, q] of quotas) {
+        const cur = store.currentLimit(id);
+        if (cur !== null && cur < q) this.guarded.set(id, cur);
+      }
+      this.guardAdopted = true;
+    }
+    const entries: PoolEntry[] = [];
+    const live = new Map<string, number>();
+    // Bytes the examined sandboxes wrote that statfs does not count yet (in the page cache
+    // or not committed): their live use above the committed counters of this check.
+    let pending = 0;
+    for (const [id, q] of quotas) {
+      const u = usage.get(id);
+      if (!u) continue;
+      // Entries with room for their whole headroom need no live reading unless guarded.
+      if (room >= q - u.usedBytes && !this.guarded.has(id)) {
+        this.poolPrevious.delete(id);
+        continue;
+      }
+      const used = store.usage(id)?.usedBytes ?? u.usedBytes;
+      live.set(id, used);
+      pending += Math.max(0, used - u.usedBytes);
+      entries.push({ id, quotaBytes: q, usedBytes: used, previousBytes: this.poolPrevious.get(id) ?? null, guardLimitBytes: this.guarded.get(id) ?? null });
+      this.poolPrevious.set(id, used);
+    }
+    for (const id of this.guarded.keys()) if (!quotas.has(id)) this.guarded.delete(id);
+    for (const id of this.poolPrevious.keys()) if (!quotas.has(id)) this.poolPrevious.delete(id);
+    for (const dcs of guardPool(space.availableBytes - pending, reserve, entries)) {
+      if (!store.setPoolLimit(dcs.id, dcs.limitBytes)) continue;
+      if (dcs.restore) {
+        this.guarded.delete(dcs.id);
+        this.poolFull.delete(dcs.id);
+        this.d.log.info({ id: dcs.id, limitBytes: dcs.limitBytes }, 'the writable-layer store has room again: quota restored');
+      } else this.guarded.set(dcs.id, dcs.limitBytes);
+    }
+    const hit: string[] = [];
+    for (const [id, limit] of this.guarded) {
+      const used = live.get(id);
+      if (used === undefined || this.poolFull.has(id) || used < limit - diskFullSlack(limit)) continue;
+      const sb = this.d.repo.find(id);
+      if (!sb) continue;
+      this.poolFull.add(id);
+      this.d.repo.event('sandbox.disk_pool_full', sb,
+        `the writable-layer store ${store.location} is full: ${space.availableBytes} bytes free of ${space.sizeBytes} (${humanBytes(space.availableBytes)} of ${humanBytes(space.sizeBytes)}), `
+        + `with ${reserve} bytes (${humanBytes(reserve)}) kept for other sandboxes; this sandbox was writing, so its writes now fail with EDQUOT at ${used} bytes, `
+        + `below its disk_bytes ${quotas.get(id)} (${humanBytes(quotas.get(id)!)}), until the store has room again (sum of quotas: ${humanBytes([...quotas.values()].reduce((a, b) => a + b, 0))}, admission.disk_overcommit ${this.d.config.admission.diskOvercommit})`);
+      hit.push(id);
+    }
+    return hit;
+  }
+
+  /**
+   * The pool as host info shows it: the store's space, the sum of the quotas it holds
+   * (warm-pool shells included), what admission allows them to sum to, the reserve, and
+   * how many sandboxes the guard holds below their quotas. Null without a store that
+   * enforces quotas.
+   */
+  poolInfo(): { size_bytes: number; used_bytes: number; available_bytes: number; quota_sum_bytes: number; quota_cap_bytes: number; disk_overcommit: number; reserve_bytes: number; guarded: number } | null {
+    const space = this.d.storage.enforcesQuota ? this.d.storage.space() : null;
+    if (!space) return null;
+    let sum = 0;
+    for (const q of this.d.repo.diskQuotas().values()) sum += q;
+    const overcommit = this.d.config.admission.diskOvercommit;
+    return {
+      size_bytes: space.sizeBytes, used_bytes: space.usedBytes, available_bytes: space.availableBytes, quota_sum_bytes: sum,
+      quota_cap_bytes: quotaCap({ sizeBytes: space.sizeBytes, overcommit }), disk_overcommit: overcommit,
+      reserve_bytes: this.reserveBytes(space.sizeBytes), guarded: this.guarded.size,
+    };
   }
 
   /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
@@ -476,6 +622,7 @@ export class SandboxManager {
       seccomp: req.seccomp ?? null,
       network: req.network ?? null,
       diskBytes: req.disk_bytes ?? null,
+      io: this.ioOf(req),
       // Resolved now and stored, so a later config or image change never alters it.
       filesystem: resolveFilesystem(req.filesystem, src.config.security, this.d.config.filesystem),
     });
@@ -515,11 +662,14 @@ export class SandboxManager {
   /**
    * Admission: refuses a create that would take the host past its configured limits
    * (count of sandboxes, sum of memory limits over total memory times the memory
-   * overcommit ratio, sum of CPU limits over cores times the CPU overcommit ratio).
+   * overcommit ratio, sum of CPU limits over cores times the CPU overcommit ratio, sum of
+   * writable-layer quotas over the store's size times the disk overcommit ratio).
    * Checked before anything is written, so a refused create leaves nothing behind.
+   * @param diskBytes the writable-layer quota of each new sandbox, or null when it takes
+   *   none from the store (no quota enforced, or not a container sandbox).
    * @throws DsecError ResourceExhausted naming the limit.
    */
-  private admit(cpus: number, memoryBytes: number, count = 1): void {
+  private admit(cpus: number, memoryBytes: number, diskBytes: number | null, count = 1): void {
     const a = this.d.config.admission;
     // Pool shells are bounded by [pool] and give way to the creates that claim them.
     const live = this.d.repo.admissionTotals();
@@ -538,6 +688,16 @@ export class SandboxManager {
     const cpuCap = CORES * a.cpuOvercommit;
     if (cpu > cpuCap) {
       throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
+    }
+    const size = diskBytes === null ? null : this.d.storage.capacityBytes();
+    if (diskBytes !== null && size !== null) {
+      const disk = live.diskBytes + diskBytes * count;
+      const cap = quotaCap({ sizeBytes: size, overcommit: a.diskOvercommit });
+      if (disk > cap) {
+        throw resourceExhausted(`writable-layer quotas would total ${disk} bytes (${humanBytes(disk)}: ${humanBytes(live.diskBytes)} of sandboxes on this host + ${count > 1 ? `${count} x ` : ''}${humanBytes(diskBytes)}), `
+          + `over ${cap} bytes (${humanBytes(cap)}: the ${humanBytes(size)} writable-layer store pool ${this.d.storage.location} x admission.disk_overcommit ${a.diskOvercommit}); `
+          + 'ask for a smaller disk_bytes, destroy sandboxes, or raise admission.disk_overcommit (docs/OPERATIONS.md)');
+      }
     }
   }
 
@@ -1209,7 +1369,7 @@ export class SandboxManager {
         throw invalidArgument(`snapshot ${snap.id} holds the machine's disk of ${m.diskBytes} bytes, which a restore cannot resize; leave disk_bytes out`);
       }
     }
-    this.admit(creq.cpus!, creq.memory_bytes!, req.count);
+    this.admit(creq.cpus!, creq.memory_bytes!, creq.backend === 'container' ? disk : null, req.count);
     const src: SandboxSource = {
       image: snap.image, layers: snap.imageLayers, config: snap.imageConfig, snapshotId: snap.id,
       ...(snap.kind === 'vm' ? { restore: this.machineRestore(snap) } : {}),

@@ -8,6 +8,7 @@ import type { Db } from '../store/db.js';
 import type Database from 'better-sqlite3';
 import type { Backend, Event, FilesystemSpec, NetworkSpec, Sandbox, SandboxState } from '../api/schema.js';
 import { assertTransition } from './state.js';
+import { hasIoMax, type IoLimits } from '../host/cgroups/io.js';
 import { failedPrecondition, notFound, resourceExhausted } from '../errors.js';
 
 /** Image config recorded at create, so a later image change never alters a sandbox. */
@@ -66,6 +67,12 @@ export interface SandboxRecord {
    * (then resolved at each start from its recorded image config and dsecd's config).
    */
   filesystem: FilesystemSpec | null;
+  /**
+   * I/O weight and limits applied to its cgroup on the writable-layer store's device
+   * (daemon/host/cgroups/io.ts), fixed at create (a warm-pool claim sets them), or null:
+   * none (not a container sandbox, or created before I/O settings existed).
+   */
+  io: IoLimits | null;
 }
 
 /** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
@@ -85,7 +92,7 @@ interface Row {
   labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
   init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
   priority: string; idle_timeout_s: number | null; last_active_at: number | null; snapshot_id: string | null; seccomp: string | null;
-  network: string | null; disk_bytes: number | null; filesystem: string | null;
+  network: string | null; disk_bytes: number | null; filesystem: string | null; io: string | null;
 }
 
 function decode(r: Row): SandboxRecord {
@@ -119,6 +126,16 @@ function decode(r: Row): SandboxRecord {
     network: r.network ? JSON.parse(r.network) : null,
     diskBytes: r.disk_bytes,
     filesystem: r.filesystem ? JSON.parse(r.filesystem) : null,
+    io: r.io ? JSON.parse(r.io) : null,
+  };
+}
+
+/** The API's `io_max` of `io`: the limits it sets, or null when it sets none. */
+function ioMaxApi(io: IoLimits | null): Sandbox['io_max'] {
+  if (!io || !hasIoMax(io)) return null;
+  return {
+    ...(io.readBps !== null ? { read_bps: io.readBps } : {}), ...(io.writeBps !== null ? { write_bps: io.writeBps } : {}),
+    ...(io.readIops !== null ? { read_iops: io.readIops } : {}), ...(io.writeIops !== null ? { write_iops: io.writeIops } : {}),
   };
 }
 
@@ -150,6 +167,8 @@ export function toApi(s: SandboxRecord): Sandbox {
     network: s.network,
     disk_bytes: s.diskBytes,
     filesystem: s.filesystem,
+    io_weight: s.io?.weight ?? null,
+    io_max: ioMaxApi(s.io),
   };
 }
 
@@ -218,13 +237,26 @@ export class SandboxRepo {
 
   /**
    * Totals over the sandboxes that count against admission (every row but warm-pool
-   * shells, whose labels hold `dsec.pool`): count, sum of memory limits (bytes) and of CPU
-   * limits (cores). One aggregate query rather than decoding every row.
+   * shells, whose labels hold `dsec.pool`): count, sum of memory limits (bytes), of CPU
+   * limits (cores) and of the writable-layer quotas of container sandboxes (bytes; the
+   * other tiers' disks are files on the host filesystem, not in the store). One aggregate
+   * query rather than decoding every row.
    */
-  admissionTotals(): { count: number; memoryBytes: number; cpus: number } {
-    const r = this.stmt(`SELECT COUNT(*) n, COALESCE(SUM(memory_bytes), 0) mem, COALESCE(SUM(cpus), 0) cpus FROM sandboxes
-      WHERE json_extract(labels, '$."dsec.pool"') IS NULL`).get() as { n: number; mem: number; cpus: number };
-    return { count: r.n, memoryBytes: r.mem, cpus: r.cpus };
+  admissionTotals(): { count: number; memoryBytes: number; cpus: number; diskBytes: number } {
+    const r = this.stmt(`SELECT COUNT(*) n, COALESCE(SUM(memory_bytes), 0) mem, COALESCE(SUM(cpus), 0) cpus,
+        COALESCE(SUM(CASE WHEN backend = 'container' THEN disk_bytes END), 0) disk FROM sandboxes
+      WHERE json_extract(labels, '$."dsec.pool"') IS NULL`).get() as { n: number; mem: number; cpus: number; disk: number };
+    return { count: r.n, memoryBytes: r.mem, cpus: r.cpus, diskBytes: r.disk };
+  }
+
+  /**
+   * The writable-layer quota (`disk_bytes`) of every container sandbox that has one,
+   * warm-pool shells included (they hold store entries too): for the pool guard and the
+   * sum of quotas host info shows. Two columns, not whole rows.
+   */
+  diskQuotas(): Map<string, number> {
+    const rows = this.stmt(`SELECT id, disk_bytes d FROM sandboxes WHERE backend = 'container' AND disk_bytes IS NOT NULL`).all() as { id: string; d: number }[];
+    return new Map(rows.map((r) => [r.id, r.d]));
   }
 
   /** Distinct layer digests of every row (any state), computed by SQLite over the stored JSON arrays. */
@@ -308,10 +340,11 @@ export class SandboxRepo {
    * the claim. @throws DsecError NotFound.
    */
   claimShell(id: string, c: { labels: Record<string, string>; env: Record<string, string>; ttlS: number | null; idleTimeoutS: number | null;
-    cpus: number; memoryBytes: number; pids: number; network: NetworkSpec | null; now: number }): SandboxRecord {
-    const r = this.stmt(`UPDATE sandboxes SET labels = ?, env = ?, ttl_s = ?, idle_timeout_s = ?, cpus = ?, memory_bytes = ?, pids = ?, network = ?,
+    cpus: number; memoryBytes: number; pids: number; network: NetworkSpec | null; io: IoLimits | null; now: number }): SandboxRecord {
+    const r = this.stmt(`UPDATE sandboxes SET labels = ?, env = ?, ttl_s = ?, idle_timeout_s = ?, cpus = ?, memory_bytes = ?, pids = ?, network = ?, io = ?,
         created_at = ?, updated_at = ?, last_active_at = NULL WHERE id = ?`)
-      .run(JSON.stringify(c.labels), JSON.stringify(c.env), c.ttlS, c.idleTimeoutS, c.cpus, c.memoryBytes, c.pids, c.network ? JSON.stringify(c.network) : null, c.now, c.now, id);
+      .run(JSON.stringify(c.labels), JSON.stringify(c.env), c.ttlS, c.idleTimeoutS, c.cpus, c.memoryBytes, c.pids, c.network ? JSON.stringify(c.network) : null,
+        c.io ? JSON.stringify(c.io) : null, c.now, c.now, id);
     if (r.changes !== 1) throw notFound(`sandbox ${id} not found`);
     return this.get(id);
   }
@@ -397,21 +430,22 @@ export class SandboxRepo {
    * uid range, in one transaction, before anything is done on the host.
    * @throws DsecError ResourceExhausted when the uid pool has no free range.
    */
-  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp' | 'network' | 'diskBytes' | 'filesystem'>
-    & { snapshotId?: string | null; seccomp?: SeccompOverride | null; network?: NetworkSpec | null; diskBytes?: number | null; filesystem?: FilesystemSpec | null }): SandboxRecord {
+  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp' | 'network' | 'diskBytes' | 'filesystem' | 'io'>
+    & { snapshotId?: string | null; seccomp?: SeccompOverride | null; network?: NetworkSpec | null; diskBytes?: number | null; filesystem?: FilesystemSpec | null; io?: IoLimits | null }): SandboxRecord {
     const base = this.pickBase();
     const now = rec.createdAt;
     this.db.transaction(() => {
       this.db
         .prepare(
           `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem)
-           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem, io)
+           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
         )
         .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
           rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
           rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null,
-          rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null);
+          rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null,
+          rec.io ? JSON.stringify(rec.io) : null);
       this.stmt('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);

@@ -45,7 +45,7 @@
  * `<root>/sandboxes/<id>/upper`: {@link UpperStore.locate} finds each sandbox's layer
  * wherever it is, so an upgrade needs no migration.
  */
-import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, readdirSync, renameSync, rmdirSync, rmSync, statSync, statfsSync, writeFileSync, writeSync } from 'node:fs';
+import { chmodSync, closeSync, existsSync, fsyncSync, mkdirSync, openSync, readFileSync, readdirSync, realpathSync, renameSync, rmdirSync, rmSync, statSync, statfsSync, writeFileSync, writeSync } from 'node:fs';
 import { rm } from 'node:fs/promises';
 import { randomBytes } from 'node:crypto';
 import path from 'node:path';
@@ -98,6 +98,14 @@ export interface StorageConfig {
    * with a real XFS partition set this (docs/OPERATIONS.md). Fixed once the store exists.
    */
   path: string | null;
+  /**
+   * Free space of the store kept for sandboxes that are not filling it, bytes
+   * (daemon/storage/pool.ts): when less than a writer's headroom is free above it, the
+   * writer is limited so that it stops before the reserve. Null (default):
+   * pool.ts defaultReserveBytes of the store's size (2%, 256 MiB to 4 GiB). 0 turns the
+   * guard off: a full store then fails every sandbox's writes with ENOSPC.
+   */
+  reserveBytes: number | null;
 }
 
 /** Where new writable layers go. */
@@ -239,6 +247,8 @@ export class UpperStore {
   private readonly deleting = new Set<Promise<void>>();
   /** btrfs: /sys/fs/btrfs/<uuid>/qgroups, for live usage (referenced plus reservations). */
   private qgroupSysfs: string | null = null;
+  /** The store's block device once found ({@link blockDevice}); undefined: not looked up yet. */
+  private device: { major: number; minor: number; name: string } | null | undefined = undefined;
 
   private constructor(
     private readonly root: string,
@@ -711,6 +721,98 @@ export class UpperStore {
       kind: this.kind, quota: this.record.quota, location: this.record.external ?? this.imagePath,
       size_bytes: st.blocks * st.bsize, used_bytes: (st.blocks - st.bfree) * st.bsize, layers: this.entries().length,
     };
+  }
+
+  /** Where the store's space comes from, for messages: its image, the operator's directory, or `<root>/sandboxes` without a store. */
+  get location(): string {
+    if (!this.record) return path.join(this.root, 'sandboxes');
+    return this.record.external ?? this.imagePath;
+  }
+
+  /**
+   * The block device that holds the store, as cgroup I/O files name it: the loop device
+   * of the instance's image, or the disk under the operator's filesystem (a partition's
+   * whole disk: cgroup I/O limits take whole disks only). Null without a store, or when
+   * the mount's source is not a block device (e.g. a btrfs on several devices shows only
+   * one; its first is taken). Read from /proc/self/mountinfo and sysfs at the first call.
+   *
+   * The loop device reads and writes its image with direct I/O, so what passes it
+   * reaches the host disk once, without a second copy in the host page cache: a limit on
+   * the loop device is a limit on the sandbox's share of the host disk. (On cgroup v2
+   * the loop driver also issues the image's I/O on behalf of the submitting cgroup.)
+   */
+  blockDevice(): { major: number; minor: number; name: string } | null {
+    if (!this.record) return null;
+    // The mount (and so its device) stays for the life of the instance: found once, since
+    // /proc/self/mountinfo grows with every sandbox's mounts and creates call this.
+    if (this.device !== undefined) return this.device;
+    this.device = this.findBlockDevice();
+    return this.device;
+  }
+
+  /** {@link blockDevice}, uncached. */
+  private findBlockDevice(): { major: number; minor: number; name: string } | null {
+    if (!this.record) return null;
+    const mi = readFileSync('/proc/self/mountinfo', 'utf8');
+    let src = mountSourceOf(mi, this.mountDir);
+    if (src === null && this.record.external) {
+      // The operator's directory may be below its filesystem's mount point: take the longest mount prefix.
+      let best = '';
+      for (const line of mi.split('\n')) {
+        const f = line.split(' ');
+        const mp = f[4] ? unescapeMountinfo(f[4]) : '';
+        if (mp && (this.mountDir === mp || this.mountDir.startsWith(mp.endsWith('/') ? mp : `${mp}/`)) && mp.length >= best.length) {
+          best = mp;
+        }
+      }
+      src = best ? mountSourceOf(mi, best) : null;
+    }
+    const m = src ? /^\/dev\/(.+)$/.exec(src) : null;
+    if (!m) return null;
+    const name = path.basename(m[1]);
+    try {
+      // A partition's sysfs dir lies under its disk's: /sys/class/block/vda1 -> .../block/vda/vda1.
+      const sys = realpathSync(`/sys/class/block/${name}`);
+      const disk = existsSync(path.join(sys, 'partition')) ? path.dirname(sys) : sys;
+      const [major, minor] = readFileSync(path.join(disk, 'dev'), 'utf8').trim().split(':').map(Number);
+      return Number.isInteger(major) && Number.isInteger(minor) ? { major, minor, name: path.basename(disk) } : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /**
+   * The store's space now (statfs), bytes: size, used, and available to writers
+   * (f_bavail); null without a store.
+   */
+  space(): { sizeBytes: number; usedBytes: number; availableBytes: number } | null {
+    if (!this.record || this.kind === 'host') return null;
+    const st = statfsSync(this.mountDir);
+    return { sizeBytes: st.blocks * st.bsize, usedBytes: (st.blocks - st.bfree) * st.bsize, availableBytes: st.bavail * st.bsize };
+  }
+
+  /**
+   * Sets the kernel limit of sandbox `id`'s store entry for the pool guard
+   * (daemon/storage/pool.ts): `bytes` below its quota, or its quota to restore it.
+   * Skipped (false) while the entry's quota is lifted for an overlay mount
+   * ({@link withRoomToMount} puts its own limit back) or without quotas.
+   * @throws errno-coded Errors from the ioctls.
+   */
+  setPoolLimit(id: string, bytes: number): boolean {
+    if (!this.record || this.record.quota === 'none' || !this.ids.has(id)) return false;
+    if (existsSync(path.join(this.liftedDir, `${id}.json`))) return false;
+    this.setLimit(id, Math.max(1, bytes));
+    return true;
+  }
+
+  /** The limit the kernel enforces on sandbox `id`'s store entry now, bytes, or null (none, no entry, no quotas). */
+  currentLimit(id: string): number | null {
+    if (!this.record || this.record.quota === 'none' || !this.ids.has(id)) return null;
+    try {
+      return this.limitOf(id);
+    } catch {
+      return null;
+    }
   }
 
   /** Total size of the store filesystem, bytes (statfs), or null without a store: the largest quota it can hold. */

@@ -165,4 +165,11 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE snapshots ADD COLUMN machine TEXT;                         -- JSON MachineSnapshot of a kind vm snapshot, else NULL
     `,
   },
+  {
+    version: 8,
+    description: 'per-sandbox I/O weight and limits',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN io TEXT;                              -- JSON IoLimits (daemon/host/cgroups/io.ts), else NULL (none)
+    `,
+  },
 ];

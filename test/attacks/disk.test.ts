@@ -22,8 +22,12 @@
  *     probe on the same two files (now on the XFS directly) gets XFS's own answer: the
  *     XFS would take the call, so EPERM inside is seccomp's doing. The XFS stays mounted
  *     and a neighbour still writes.
+ *
+ * (c) The store as a shared pool (a 1 GiB store, `disk_overcommit = 1.5`): admission
+ *     beyond the ratio, the pool guard's reserve and `sandbox.disk_pool_full`, and I/O
+ *     limits on cgroup v1 (see the describe block).
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
 import { mkdtempSync, readFileSync, rmSync, statSync, statfsSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -314,5 +318,159 @@ describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs
     const w = await sh(d, neighbour.id, 'dd if=/dev/zero of=/root/n bs=1M count=8 2>/dev/null && sync && cat /root/n | wc -c');
     expect(w.out.trim()).toBe(String(8 * MiB));
     for (const sb of [neighbour, denied, allowed]) await d.client.deleteSandbox(sb.id, { force: true });
+  });
+});
+
+/** Host info's writable-layer pool (GET /v1/host storage.pool). */
+async function pool(d: TestDaemon): Promise<{ available_bytes: number; quota_sum_bytes: number; quota_cap_bytes: number; disk_overcommit: number; reserve_bytes: number; guarded: number }> {
+  return (await d.client.hostInfo()).storage!.pool!;
+}
+
+/**
+ * (c) The store as a shared pool, on a 1 GiB btrfs store with quotas allowed to add up to
+ * 1.5 times it (slot 30 again, a third daemon): admission refuses quotas beyond that;
+ * host info shows use against the sum of quotas; a sandbox that fills the store while its
+ * neighbour still has data to write is stopped by the pool guard before the reserve
+ * (EDQUOT, below its own quota, with a `sandbox.disk_pool_full` event naming it), the
+ * neighbour writes into the reserve, and the writer's quota comes back once there is
+ * room. And I/O limits on cgroup v1: applied to the store's loop device, enforced for
+ * direct I/O (a throttled dd writes no more than the rate allows), not charged for
+ * buffered writes, and host info says exactly that.
+ */
+describe.skipIf(!IS_ROOT)('attack: overcommit the writable-layer pool (1 GiB store, disk_overcommit 1.5)', () => {
+  let d: TestDaemon;
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 30, config: '[storage]\nsize_bytes = 1073741824\n[admission]\ndisk_overcommit = 1.5\n' });
+  });
+  afterEach(async () => {
+    // Each test starts on an empty pool, whatever the last one left.
+    for (const sb of await d.client.listSandboxes()) await d.client.deleteSandbox(sb.id, { force: true });
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+  });
+
+  it('admission refuses quotas beyond store x disk_overcommit, naming the pool, the sum and the ratio; host info shows the sum', async () => {
+    const size = (await d.client.hostInfo()).storage!.size_bytes!;
+    const a = await d.client.createSandbox({ image: 'busybox' });
+    expect(a.disk_bytes).toBe(size); // [defaults] disk_bytes (10 GiB) is more than the store: the store's size
+    // 17 MiB below the cap: 18 MiB more is refused, 16 MiB admitted.
+    const b = await d.client.createSandbox({ image: 'busybox', disk_bytes: Math.floor(size / 2) - 17 * MiB });
+    let p = await pool(d);
+    expect(p.quota_sum_bytes).toBe(a.disk_bytes! + b.disk_bytes!);
+    expect(p.quota_cap_bytes).toBe(Math.floor(size * 1.5));
+    expect(p.disk_overcommit).toBe(1.5);
+    const e = await rejection(d.client.createSandbox({ image: 'busybox', disk_bytes: 18 * MiB }));
+    expect(e.code).toBe('ResourceExhausted');
+    expect(e.message).toContain(`quotas would total ${a.disk_bytes! + b.disk_bytes! + 18 * MiB} bytes`);
+    expect(e.message).toContain(path.join(d.root, 'storage', 'upper.img'));
+    expect(e.message).toContain('admission.disk_overcommit 1.5');
+    const c = await d.client.createSandbox({ image: 'busybox', disk_bytes: 16 * MiB });
+    p = await pool(d);
+    expect(p.quota_sum_bytes).toBe(a.disk_bytes! + b.disk_bytes! + 16 * MiB);
+    const txt = await runCli(d, ['host', 'info']);
+    expect(txt.stdout).toMatch(/disk pool\s+.* free; quotas sum to .*admission allows .*\(disk_overcommit 1\.5\); reserve 256 ?MiB/);
+    for (const sb of [a, b, c]) await d.client.deleteSandbox(sb.id, { force: true });
+    expect((await pool(d)).quota_sum_bytes).toBe(0);
+  });
+
+  it('a sandbox filling the store is stopped before the reserve (EDQUOT, event names it); the neighbour writes into the reserve; the quota comes back', async () => {
+    const quota = 600 * MiB;
+    const writer = await d.client.createSandbox({ image: 'busybox', disk_bytes: quota });
+    const neighbour = await d.client.createSandbox({ image: 'busybox', disk_bytes: quota });
+    expect((await fill(d, neighbour.id, '/root/pre', 300)).size).toBe(300 * MiB);
+    const reserve = (await pool(d)).reserve_bytes;
+    expect(reserve).toBe(256 * MiB);
+    // The writer writes slowly until the guard has seen it write (host info counts the
+    // sandboxes it holds below their quota), then as fast as it can.
+    const slow = sh(d, writer.id, 'i=0; while [ ! -e /tmp/stop ]; do dd if=/dev/zero of=/root/slow$i bs=1M count=4 2>/dev/null; i=$((i+1)); sleep 0.2; done; echo stopped');
+    while ((await pool(d)).guarded < 1) await new Promise((r) => setTimeout(r, 200));
+    await sh(d, writer.id, 'touch /tmp/stop');
+    expect((await slow).out).toBe('stopped\n');
+    const f = await fill(d, writer.id, '/root/fill', 1024);
+    expect(f.out).toMatch(/Disk quota exceeded/);
+    const used = (await d.client.sandboxStats(writer.id)).disk_used_bytes!;
+    expect(used).toBeLessThan(quota - 64 * MiB); // stopped well below its own quota
+    // The reserve is still free (less what btrfs needed for metadata).
+    const free = (await pool(d)).available_bytes;
+    // Most of the reserve is still free: what is missing went to btrfs metadata and to the
+    // writer's data still in the page cache when its limit was set (statfs counts blocks
+    // only once they are allocated). Without the guard the writer takes all of it.
+    expect(free).toBeGreaterThan(reserve - 64 * MiB);
+
+    let evs: { type: string; message?: string }[] = [];
+    while (!(evs = await eventsOf(d, writer.id)).some((e) => e.type === 'sandbox.disk_pool_full')) await new Promise((r) => setTimeout(r, 200));
+    const ev = evs.find((e) => e.type === 'sandbox.disk_pool_full')!;
+    expect(ev.message).toMatch(/writable-layer store .* is full: .* this sandbox was writing, so its writes now fail with EDQUOT .* below its disk_bytes 629145600/);
+    expect(evs.filter((e) => e.type === 'sandbox.disk_quota')).toEqual([]);
+    expect((await eventsOf(d, neighbour.id)).filter((e) => e.type.startsWith('sandbox.disk_'))).toEqual([]);
+
+    // The neighbour still writes, into the reserve, and reads back.
+    const n = await sh(d, neighbour.id, 'dd if=/dev/zero of=/root/more bs=1M count=128 2>&1 | tail -1; sync; cat /root/pre /root/more | wc -c');
+    expect(n.out.trim().split('\n').pop()).toBe(String(428 * MiB));
+    // The writer is still held.
+    expect((await fill(d, writer.id, '/root/again', 64)).out).toMatch(/Disk quota exceeded/);
+
+    // Room again: its quota is back, and it writes.
+    await sh(d, neighbour.id, 'rm /root/pre /root/more; sync');
+    await sh(d, writer.id, 'rm -f /root/fill /root/again /root/slow*; sync');
+    while ((await pool(d)).guarded > 0) await new Promise((r) => setTimeout(r, 200));
+    expect((await d.client.sandboxStats(writer.id)).disk_limit_bytes).toBe(quota);
+    expect((await fill(d, writer.id, '/root/after', 64)).size).toBe(64 * MiB);
+    await d.client.deleteSandbox(writer.id, { force: true });
+    await d.client.deleteSandbox(neighbour.id, { force: true });
+  });
+
+  it('io_max on cgroup v1: written to blkio.throttle for the store\'s loop device; a direct-I/O writer is held to the rate; buffered writes are not charged; host info says so', async () => {
+    const info = await d.client.hostInfo();
+    const [major, minor] = info.storage!.device!.split(':').map(Number);
+    expect(readFileSync(`/sys/dev/block/${major}:${minor}/loop/backing_file`, 'utf8').trim()).toBe(path.join(d.root, 'storage', 'upper.img'));
+    expect(info.defences.io_max.enforced).toBe(false);
+    expect(info.defences.io_max.detail).toMatch(/PARTLY enforced: reads and direct I\/O only.*buffered writes .*not limited/);
+    expect(info.defences.io_weight.enforced).toBe(false);
+    expect(info.defences.io_weight.detail).toMatch(/io_weight is not enforced|has no effect/);
+
+    const rate = 256 * 1024;
+    const sb = await d.client.createSandbox({ image: 'busybox', io_weight: 200, io_max: { write_bps: rate, read_iops: 1000 } });
+    expect(sb).toMatchObject({ io_weight: 200, io_max: { write_bps: rate, read_iops: 1000 } });
+    expect((await d.client.getSandbox(sb.id)).io_max).toEqual({ write_bps: rate, read_iops: 1000 });
+    const cg = await d.cgroups();
+    const blkio = cg.sandboxPaths(sb.id).blkio;
+    expect(readFileSync(path.join(blkio, 'blkio.throttle.write_bps_device'), 'utf8')).toBe(`${major}:${minor} ${rate}\n`);
+    expect(readFileSync(path.join(blkio, 'blkio.throttle.read_iops_device'), 'utf8')).toBe(`${major}:${minor} 1000\n`);
+    const dev = { major, minor };
+
+    // Direct I/O for 2 s (timed inside): no more than the rate allows over the time it ran,
+    // plus one 64 KiB write in flight. Unthrottled, the same dd writes tens of MiB.
+    const r = await sh(d, sb.id, 't0=$(cut -d" " -f1 /proc/uptime); timeout 2 dd if=/dev/zero of=/root/direct bs=64k count=1000 oflag=direct 2>/dev/null; '
+      + 't1=$(cut -d" " -f1 /proc/uptime); echo "$(awk "BEGIN { print int(($t1 - $t0) * 1000) }") $(stat -c %s /root/direct)"');
+    const [ms, bytes] = r.out.trim().split(' ').map(Number);
+    expect(ms, r.out + r.err).toBeGreaterThan(0);
+    expect(bytes).toBeGreaterThan(0);
+    expect(bytes).toBeLessThanOrEqual(rate * (ms / 1000 + 0.5) + 64 * 1024);
+    const direct = await cg.ioCounters(sb.id, dev);
+    expect(direct.writeBytes).toBeGreaterThanOrEqual(bytes);
+    // Buffered writes reach the device from the flusher threads, charged to the root
+    // cgroup: the sandbox's counter does not move (what host info says is not enforced).
+    await sh(d, sb.id, 'dd if=/dev/zero of=/root/buffered bs=1M count=16 2>/dev/null; sync');
+    expect((await cg.ioCounters(sb.id, dev)).writeBytes - direct.writeBytes).toBeLessThan(MiB);
+    await d.client.deleteSandbox(sb.id, { force: true });
+
+    // Without io_max, the same files say no limit (0 removes a v1 rule).
+    const plain = await d.client.createSandbox({ image: 'busybox' });
+    expect(plain).toMatchObject({ io_weight: 100, io_max: null });
+    expect(readFileSync(path.join(cg.sandboxPaths(plain.id).blkio, 'blkio.throttle.write_bps_device'), 'utf8')).toBe('');
+    await d.client.deleteSandbox(plain.id, { force: true });
+  });
+
+  it('bad I/O settings are refused with InvalidArgument', async () => {
+    for (const body of [{ io_weight: 0 }, { io_weight: 10_001 }, { io_max: {} }, { io_max: { write_bps: 100 } }, { io_max: { wbps: 1 } }]) {
+      const e = await rejection(d.client.createSandbox({ image: 'busybox', ...body } as never));
+      expect(e.code, JSON.stringify(body)).toBe('InvalidArgument');
+    }
+    const e = await rejection(d.client.createSandbox({ image: 'busybox', backend: 'microvm', io_weight: 50 }));
+    expect(e.code).toBe('InvalidArgument');
+    expect(e.message).toMatch(/apply to container sandboxes only/);
   });
 });

@@ -73,7 +73,7 @@ describe.skipIf(!IS_ROOT)(`SIGKILL in the middle of a burst of ${N} creations`, 
 
   beforeAll(async () => {
     // 16,384 ids per sandbox: 1,024 ranges in the slot's pool. 64 MiB and 64 pids each, as in the density test.
-    d = await TestDaemon.start({ slot: 11, uidRangeSize: 16_384, config: '[defaults]\nmemory_bytes = 67108864\npids = 64\n' });
+    d = await TestDaemon.start({ slot: 11, uidRangeSize: 16_384, config: '[defaults]\nmemory_bytes = 67108864\npids = 64\n# 256 MiB quotas: their sum stays within [admission] disk_overcommit (100) of any store over 10 GiB\ndisk_bytes = 268435456\n' });
   });
   afterAll(async () => {
     await d?.cleanup();

@@ -21,7 +21,7 @@ async function pool<T>(n: number, c: number, fn: (i: number) => Promise<T>): Pro
 describe.skipIf(!IS_ROOT)('density', () => {
   let d: TestDaemon;
   beforeAll(async () => {
-    d = await TestDaemon.start({ slot: 3, config: '[defaults]\nmemory_bytes = 67108864\npids = 64\n' });
+    d = await TestDaemon.start({ slot: 3, config: '[defaults]\nmemory_bytes = 67108864\npids = 64\n# 256 MiB quotas: their sum stays within [admission] disk_overcommit (100) of any store over 10 GiB\ndisk_bytes = 268435456\n' });
   });
   afterAll(async () => {
     await d?.cleanup();

@@ -101,14 +101,14 @@ describe('cgroup v2 detection', () => {
 });
 
 describe('cgroup v2 init', () => {
-  it('moves the daemon into the dsecd leaf, then enables cpu, memory, pids along the instance parent', async () => {
+  it('moves the daemon into the dsecd leaf, then enables cpu, memory, pids, io along the instance parent', async () => {
     const m = await manager();
     await m.init();
     const leafProcs = await read(path.join(ownDir, DAEMON_LEAF, 'cgroup.procs'));
     // One write per pid; the fake file keeps the last one. The daemon goes first.
     expect(leafProcs).toBe(String(NO_PID_A));
-    expect(await read(path.join(ownDir, 'cgroup.subtree_control'))).toBe('+cpu +memory +pids');
-    expect(await read(path.join(m.parents.unified, 'cgroup.subtree_control'))).toBe('+cpu +memory +pids');
+    expect(await read(path.join(ownDir, 'cgroup.subtree_control'))).toBe('+cpu +memory +pids +io');
+    expect(await read(path.join(m.parents.unified, 'cgroup.subtree_control'))).toBe('+cpu +memory +pids +io');
     // Idempotent: nothing missing, nothing rewritten, the parent survives.
     await writeFile(path.join(m.parents.unified, 'marker'), 'x');
     await m.init();
@@ -126,7 +126,7 @@ describe('cgroup v2 init', () => {
     await put(ownDir, { 'cgroup.controllers': 'memory io\n' });
     const m = await manager();
     await m.init();
-    expect(await read(path.join(m.parents.unified, 'cgroup.subtree_control'))).toBe('+memory');
+    expect(await read(path.join(m.parents.unified, 'cgroup.subtree_control'))).toBe('+memory +io');
   });
   it('moves nothing out of the real root cgroup (no cgroup.type)', async () => {
     const m = await manager('unit', '/');
@@ -275,5 +275,46 @@ describe('cgroup v2 sandboxes', () => {
     await m.removeInstance();
     // The daemon's own cgroup and its leaf stay.
     expect(await exists(path.join(ownDir, DAEMON_LEAF))).toBe(true);
+  });
+  it('setIo writes io.weight ("default N") and io.max with every key (max where unlimited); a later call removes limits it leaves out', async () => {
+    await fakeSandbox(m, 'sb1');
+    const dir = m.sandboxPaths('sb1').unified;
+    await put(dir, { 'io.weight': 'default 100\n', 'io.max': '', 'io.stat': '' });
+    const dev = { major: 7, minor: 3 };
+    await m.setIo('sb1', { weight: 250, readBps: null, writeBps: 1048576, readIops: null, writeIops: 100 }, dev);
+    expect(await read(path.join(dir, 'io.weight'))).toBe('default 250');
+    expect(await read(path.join(dir, 'io.max'))).toBe('7:3 rbps=max wbps=1048576 riops=max wiops=100');
+    await m.setIo('sb1', { weight: null, readBps: null, writeBps: null, readIops: null, writeIops: null }, dev);
+    expect(await read(path.join(dir, 'io.weight'))).toBe('default 100');
+    expect(await read(path.join(dir, 'io.max'))).toBe('7:3 rbps=max wbps=max riops=max wiops=max');
+    await expect(m.setIo('gone', { weight: 1, readBps: null, writeBps: null, readIops: null, writeIops: null }, dev)).rejects.toMatchObject({ kind: 'NotFound' });
+  });
+
+  it('setIo without the io controller (no io.max) refuses limits with FailedPrecondition, and skips a weight quietly', async () => {
+    await fakeSandbox(m, 'sb1');
+    const dev = { major: 7, minor: 3 };
+    await m.setIo('sb1', { weight: 300, readBps: null, writeBps: null, readIops: null, writeIops: null }, dev);
+    expect(await exists(path.join(m.sandboxPaths('sb1').unified, 'io.weight'))).toBe(false);
+    await expect(m.setIo('sb1', { weight: null, readBps: 4096, readIops: null, writeBps: null, writeIops: null }, dev)).rejects.toMatchObject({ kind: 'FailedPrecondition' });
+  });
+
+  it('ioSupport: io.max enforced for buffered writes too; io.weight without iocost or BFQ says it has no effect, with iocost it is enforced', async () => {
+    const dev = { major: 7, minor: 3 };
+    await put(m.parents.unified, { 'cgroup.controllers': 'cpu io memory pids\n', 'io.weight': 'default 100\n', 'io.max': '' });
+    const s = await m.ioSupport(dev);
+    expect(s).toMatchObject({ weightFile: 'io.weight', weightEnforced: false, limitFile: 'io.max', limitEnforced: true, bufferedWritesLimited: true });
+    expect(s.detail).toMatch(/has no effect: 7:3 has scheduler .*not bfq, and iocost is not enabled/);
+    await put(root, { 'io.cost.qos': '7:3 enable=1 ctrl=auto rpct=0.00 rlat=250000 wpct=0.00 wlat=250000 min=1.00 max=10000.00\n' });
+    expect(await m.ioSupport(dev)).toMatchObject({ weightEnforced: true });
+    expect((await m.ioSupport(null)).limitEnforced).toBe(false);
+    await put(m.parents.unified, { 'cgroup.controllers': 'cpu memory pids\n' });
+    expect((await m.ioSupport(dev)).detail).toMatch(/without the io controller/);
+  });
+
+  it('ioCounters reads io.stat for the device', async () => {
+    await fakeSandbox(m, 'sb1');
+    await put(m.sandboxPaths('sb1').unified, { 'io.stat': '8:0 rbytes=1 wbytes=2 rios=3 wios=4\n7:3 rbytes=4096 wbytes=1048576 rios=1 wios=256 dbytes=0 dios=0\n' });
+    expect(await m.ioCounters('sb1', { major: 7, minor: 3 })).toEqual({ readBytes: 4096, writeBytes: 1048576, readIos: 1, writeIos: 256 });
+    expect(await m.ioCounters('sb1', { major: 9, minor: 9 })).toEqual({ readBytes: 0, writeBytes: 0, readIos: 0, writeIos: 0 });
   });
 });

@@ -22,6 +22,28 @@ describe('config', () => {
       rmSync(dir, { recursive: true, force: true });
     }
   });
+  it('disk pool and I/O keys: defaults, values, and bad values refused', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+    try {
+      const d = loadConfig({ env: {}, config: undefined });
+      expect(d.admission.diskOvercommit).toBe(100);
+      expect(d.storage.reserveBytes).toBeNull();
+      expect(d.defaults.io).toEqual({ weight: 100, readBps: null, writeBps: null, readIops: null, writeIops: null });
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, '[admission]\ndisk_overcommit = 1.5\n[storage]\nreserve_bytes = 0\n[defaults]\nio_weight = 50\n[defaults.io_max]\nwrite_bps = 1048576\nread_iops = 200\n');
+      const c = loadConfig({ config: f, env: {} });
+      expect(c.admission.diskOvercommit).toBe(1.5);
+      expect(c.storage.reserveBytes).toBe(0);
+      expect(c.defaults.io).toEqual({ weight: 50, readBps: null, writeBps: 1048576, readIops: 200, writeIops: null });
+      for (const bad of ['[admission]\ndisk_overcommit = 0\n', '[defaults]\nio_weight = 0\n', '[defaults]\nio_weight = 10001\n',
+        '[defaults.io_max]\nwrite_bps = 100\n', '[defaults.io_max]\n', '[defaults.io_max]\nwbps = 1\n']) {
+        writeFileSync(f, bad);
+        expect(() => loadConfig({ config: f, env: {} }), bad).toThrow();
+      }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
   it('rejects unknown keys and a missing explicit file', () => {
     const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
     try {

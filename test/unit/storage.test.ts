@@ -29,14 +29,14 @@ function withConfig(toml: string) {
 describe('[storage] and [defaults] disk_bytes', () => {
   it('defaults: auto, sized at creation, sparse, 10 GiB per sandbox', () => {
     const c = withConfig('');
-    expect(c.storage).toEqual({ upperFs: 'auto', sizeBytes: null, preallocate: false, path: null });
+    expect(c.storage).toEqual({ upperFs: 'auto', sizeBytes: null, preallocate: false, path: null, reserveBytes: null });
     expect(c.defaults.diskBytes).toBe(DEFAULT_DISK_BYTES);
     expect(DEFAULT_DISK_BYTES).toBe(10 * GiB);
   });
 
   it('takes every key, and refuses bad values with the key named', () => {
     const c = withConfig(`[storage]\nupper_fs = "xfs"\nsize_bytes = ${8 * GiB}\npreallocate = true\npath = "/srv/x/../dsec"\n[defaults]\ndisk_bytes = ${64 * MiB}\n`);
-    expect(c.storage).toEqual({ upperFs: 'xfs', sizeBytes: 8 * GiB, preallocate: true, path: '/srv/dsec' });
+    expect(c.storage).toEqual({ upperFs: 'xfs', sizeBytes: 8 * GiB, preallocate: true, path: '/srv/dsec', reserveBytes: null });
     expect(c.defaults.diskBytes).toBe(64 * MiB);
     expect(() => withConfig('[storage]\nupper_fs = "ext4"\n')).toThrow(/storage\.upper_fs/);
     expect(() => withConfig(`[storage]\nsize_bytes = ${MiB}\n`)).toThrow(/storage\.size_bytes/);

@@ -37,6 +37,14 @@ describe('migrations', () => {
     db.prepare("INSERT INTO leases (job, ttl_s, expires_at, created_at) VALUES ('j', 5, 10, 1)").run();
     expect(db.prepare('SELECT job, lapsed_at FROM leases').all()).toEqual([{ job: 'j', lapsed_at: null }]);
   });
+  it('migration 8 adds the io column to a version-7 store, keeping its rows (io NULL: no settings)', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 7));
+    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+    expect(migrate(db, MIGRATIONS.slice(0, 8))).toEqual([8]);
+    expect(db.prepare("SELECT io FROM sandboxes WHERE id = 'old'").get()).toEqual({ io: null });
+  });
   it('versions are consecutive from 1', () => {
     MIGRATIONS.forEach((m, i) => expect(m.version).toBe(i + 1));
   });

@@ -27,6 +27,7 @@ import { chmod, chown, lstat, mkdir, readdir, rename, rm, writeFile } from 'node
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
+import { NO_IO_LIMITS, type IoLimits } from '../../host/cgroups/io.js';
 import type { LayerMounts } from '../../image/mounts.js';
 import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
 import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
@@ -452,6 +453,9 @@ export class ContainerDriver implements SandboxDriver {
       await new Promise<void>((resolve) => server.close(() => resolve()));
     }
     fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
+    // I/O settings go on the cgroup runc made, before the agent answers: no command of the
+    // sandbox runs before create or start returns.
+    await this.applyIo(sb, sb.io);
     const start = procStartTime(pid);
     if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
     // The veth and egress programs go in while the agent says hello: both before create returns.
@@ -639,6 +643,19 @@ export class ContainerDriver implements SandboxDriver {
     await this.d.cgroups.create(sb.id, {
       cpuQuotaUs: Math.max(1000, Math.round(l.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US, cpuShares: null, memoryBytes: l.memoryBytes, pids: l.pids,
     });
+  }
+
+  /**
+   * Writes `io` (null: the kernel's defaults) to the sandbox's cgroup for the block
+   * device of the writable-layer store (daemon/host/cgroups/io.ts). Nothing to do where
+   * the store has no device (layers on the host filesystem) or for an fncall worker.
+   * @throws DsecError as CgroupManager.setIo.
+   */
+  async applyIo(sb: SandboxRecord, io: IoLimits | null): Promise<void> {
+    if (sb.backend !== 'container') return;
+    const dev = this.d.storage.blockDevice();
+    if (!dev) return;
+    await this.d.cgroups.setIo(sb.id, io ?? NO_IO_LIMITS, dev);
   }
 
   logPath(sb: SandboxRecord): string {

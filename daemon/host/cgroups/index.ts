@@ -21,10 +21,12 @@ import path from 'node:path';
 import { assertInstanceName, isFile, parseMountinfo, parseProcCgroup, resolveLayout } from './procfs.js';
 import { CgroupV1Manager } from './v1.js';
 import { CgroupV2Manager } from './v2.js';
+import type { BlockDevice, IoCounters, IoLimits, IoSupport } from './io.js';
 
 export { CgroupV1Manager } from './v1.js';
 export { CgroupV2Manager, DAEMON_LEAF, V2_CONTROLLERS } from './v2.js';
 export { INSTANCE_NAME_RE, SANDBOX_ID_RE } from './procfs.js';
+export * from './io.js';
 
 /** Where cgroupfs is mounted on a normal Linux host. */
 export const DEFAULT_MOUNT_ROOT = '/sys/fs/cgroup';
@@ -178,6 +180,32 @@ export interface CgroupManager {
    * @throws DsecError(NotFound) when the cgroup is gone; Unimplemented when the kernel lacks memory.reclaim/force_empty.
    */
   reclaim(id: string, bytes?: number): Promise<{ beforeBytes: number; afterBytes: number }>;
+  /**
+   * Applies the I/O settings `io` of sandbox `id` on device `dev` (the writable-layer
+   * store's), replacing earlier ones: v2 writes `io.bfq.weight` where the device's
+   * scheduler is BFQ, else `io.weight`, and `io.max` (`max` for what `io` leaves
+   * unlimited); v1 writes `blkio.bfq.weight` or `blkio.weight` where the file exists and
+   * the four `blkio.throttle.*_device` files (0: no limit). A weight without a weight file
+   * (v1 without BFQ or CFQ, v2 without iocost and BFQ) is skipped: {@link ioSupport} says
+   * so. Weight scales: see io.ts (bfqWeight, v1Weight).
+   * @throws DsecError InvalidArgument (bad id), NotFound (no cgroup), FailedPrecondition
+   *   (a limit is set but the host has no limit file: v2 without the io controller
+   *   delegated, v1 without a blkio hierarchy), Internal (the kernel refused a value).
+   */
+  setIo(id: string, io: IoLimits, dev: BlockDevice): Promise<void>;
+  /**
+   * What this host enforces of I/O settings on device `dev` (null: no device to act on,
+   * e.g. writable layers on the host filesystem): weight and limit files, whether each
+   * takes effect, whether buffered writes are limited. Reads only.
+   */
+  ioSupport(dev: BlockDevice | null): Promise<IoSupport>;
+  /**
+   * Bytes and IOs sandbox `id` submitted to `dev` (v2 `io.stat`; v1
+   * `blkio.throttle.io_service_bytes` and `io_serviced`, which count the bios that passed
+   * the throttle, i.e. what was charged to the sandbox); zeros when the files are absent.
+   * @throws DsecError InvalidArgument (bad id).
+   */
+  ioCounters(id: string, dev: BlockDevice): Promise<IoCounters>;
 }
 
 /** Options of {@link detectCgroups}. The text options exist so tests can feed samples. */

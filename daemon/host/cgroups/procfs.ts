@@ -456,3 +456,18 @@ export async function rmdirCgroupTree(dir: string, busyRetryMs = RMDIR_BUSY_RETR
   };
   await removeOne(dir);
 }
+
+/**
+ * The I/O scheduler in force on block device `MAJ:MIN` (the bracketed name in
+ * `/sys/dev/block/MAJ:MIN/queue/scheduler`, e.g. `none`, `mq-deadline`, `bfq`), or null
+ * when the device has no queue directory (a partition: its disk's queue schedules it) or
+ * does not exist.
+ */
+export function deviceScheduler(major: number, minor: number, sysDevBlock = '/sys/dev/block'): string | null {
+  try {
+    const text = readFileSync(path.join(sysDevBlock, `${major}:${minor}`, 'queue', 'scheduler'), 'utf8');
+    return /\[([^\]]+)\]/.exec(text)?.[1] ?? text.trim().split(/\s+/)[0] ?? null;
+  } catch {
+    return null;
+  }
+}

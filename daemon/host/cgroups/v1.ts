@@ -16,9 +16,10 @@ import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
 import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
+import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
 import {
-  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, errnoOf,
-  isDir, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
+  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
+  isDir, isFile, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
 
@@ -335,6 +336,64 @@ export class CgroupV1Manager implements CgroupManager {
     const afterBytes = (await readNumber(usageFile)) ?? 0;
     return { beforeBytes, afterBytes };
   }
+
+  async setIo(id: string, io: IoLimits, dev: BlockDevice): Promise<void> {
+    assertSandboxId(id);
+    const d = this.dir('blkio', id);
+    if (!d) {
+      if (hasIoMax(io)) throw failedPrecondition('no blkio cgroup hierarchy is mounted: I/O limits (io_max) cannot be applied on this host');
+      return;
+    }
+    if (!(await isDir(d))) throw notFound(`cgroup of sandbox ${id} not found`);
+    const write = async (file: string, value: string) => {
+      await writeCgroupFile(path.join(d, file), value).catch((e) => { throw cgroupFsError(e, `write ${file} (${value}) of sandbox ${id}`); });
+    };
+    const wf = await v1WeightFile(d);
+    const w = io.weight ?? IO_WEIGHT_DEFAULT;
+    if (wf) await write(wf, String(wf === 'blkio.bfq.weight' ? bfqWeight(w) : v1Weight(w)));
+    if (!(await isFile(path.join(d, 'blkio.throttle.write_bps_device')))) {
+      if (hasIoMax(io)) throw failedPrecondition('the blkio hierarchy has no blkio.throttle files (CONFIG_BLK_DEV_THROTTLING): I/O limits (io_max) cannot be applied on this host');
+      return;
+    }
+    // All four, so a limit the new settings leave out is removed (0).
+    for (const [file, line] of v1ThrottleLines(dev, io)) await write(file, line);
+  }
+
+  async ioSupport(dev: BlockDevice | null): Promise<IoSupport> {
+    const parent = this.parents.blkio;
+    const none = (why: string): IoSupport => ({ weightFile: null, weightEnforced: false, limitFile: null, limitEnforced: false, bufferedWritesLimited: false, detail: why });
+    if (!parent) return none('cgroup v1 without a blkio hierarchy: no I/O weight or limit is enforced');
+    if (!dev) return none('writable layers are on the host filesystem, not on a device of their own: no I/O weight or limit is applied');
+    const weightFile = await v1WeightFile(parent);
+    const sched = deviceScheduler(dev.major, dev.minor);
+    const weightEnforced = (weightFile === 'blkio.bfq.weight' && sched === 'bfq') || (weightFile === 'blkio.weight' && sched === 'cfq');
+    const limitFile = (await isFile(path.join(parent, 'blkio.throttle.write_bps_device'))) ? 'blkio.throttle.*_device' : null;
+    const w = weightFile
+      ? `io_weight is written to ${weightFile}${weightEnforced ? ` and enforced (scheduler ${sched} on ${devKey(dev)})` : `, but has no effect: the scheduler of ${devKey(dev)} is ${sched ?? 'unknown'}, not ${weightFile === 'blkio.bfq.weight' ? 'bfq' : 'cfq'}`}`
+      : `io_weight is not enforced: cgroup v1 has no blkio.weight or blkio.bfq.weight here (no CFQ since Linux 5.0, BFQ not loaded)`;
+    const l = limitFile
+      ? `io_max is enforced by blkio.throttle on ${devKey(dev)} for reads and direct I/O only: cgroup v1 has no cgroup writeback, so buffered writes reach the device from the kernel's flusher threads, charged to the root cgroup, and are not limited`
+      : 'io_max is not enforced: no blkio.throttle files (CONFIG_BLK_DEV_THROTTLING)';
+    return { weightFile, weightEnforced, limitFile, limitEnforced: limitFile !== null, bufferedWritesLimited: false, detail: `cgroup v1: ${w}; ${l}` };
+  }
+
+  async ioCounters(id: string, dev: BlockDevice): Promise<IoCounters> {
+    assertSandboxId(id);
+    const d = this.dir('blkio', id);
+    const zero = { readBytes: 0, writeBytes: 0, readIos: 0, writeIos: 0 };
+    if (!d) return zero;
+    const pick = async (base: string) => (await readOptional(path.join(d, `${base}_recursive`))) ?? (await readOptional(path.join(d, base))) ?? '';
+    const bytes = parseBlkioRw(await pick('blkio.throttle.io_service_bytes'), dev);
+    const ios = parseBlkioRw(await pick('blkio.throttle.io_serviced'), dev);
+    return { readBytes: bytes.read, writeBytes: bytes.write, readIos: ios.read, writeIos: ios.write };
+  }
+}
+
+/** The weight file of a v1 blkio cgroup dir: BFQ's where it exists, else CFQ's, else null. */
+async function v1WeightFile(dir: string): Promise<'blkio.bfq.weight' | 'blkio.weight' | null> {
+  if (await isFile(path.join(dir, 'blkio.bfq.weight'))) return 'blkio.bfq.weight';
+  if (await isFile(path.join(dir, 'blkio.weight'))) return 'blkio.weight';
+  return null;
 }
 
 /** Maps a failed memory-limit write: EBUSY means usage could not be pushed below the new limit. */

@@ -22,16 +22,20 @@ import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
 import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
+import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
 import {
-  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, errnoOf,
+  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, parsePids, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
 
 /** Name of the leaf cgroup, under dsecd's own cgroup, that the daemon moves itself into on v2. */
 export const DAEMON_LEAF = 'dsecd';
-/** Controllers enabled for sandboxes on v2 (those of them the own cgroup has): what runc's OCI limits need. */
-export const V2_CONTROLLERS = ['cpu', 'memory', 'pids'] as const;
+/**
+ * Controllers enabled for sandboxes on v2 (those of them the own cgroup has): what runc's
+ * OCI limits need, and `io` for the sandboxes' I/O weights and limits ({@link CgroupV2Manager.setIo}).
+ */
+export const V2_CONTROLLERS = ['cpu', 'memory', 'pids', 'io'] as const;
 
 /** Default wait for freeze/thaw/killAll, in ms (see v1.ts). */
 const DEFAULT_TIMEOUT_MS = 5000;
@@ -55,6 +59,8 @@ export class CgroupV2Manager implements CgroupManager {
   /** dsecd's own cgroup dir, minus a trailing `dsecd` leaf it may already have moved into. */
   readonly baseDir: string;
   private readonly parent: string;
+  /** The cgroup2 mount point (its root holds the host-wide `io.cost.qos`). */
+  private readonly mountPoint: string;
 
   /**
    * @param instance validated instance name.
@@ -68,6 +74,7 @@ export class CgroupV2Manager implements CgroupManager {
     this.baseDir = path.basename(layout.ownDir) === DAEMON_LEAF ? path.dirname(layout.ownDir) : layout.ownDir;
     this.parent = path.join(this.baseDir, `${INSTANCE_DIR_PREFIX}${instance}`);
     this.parents = Object.freeze({ unified: this.parent });
+    this.mountPoint = layout.mountPoint;
   }
 
   private dir(id: string): string {
@@ -298,6 +305,65 @@ export class CgroupV2Manager implements CgroupManager {
     }
     const afterBytes = (await readNumber(path.join(d, 'memory.current'))) ?? 0;
     return { beforeBytes, afterBytes };
+  }
+
+  /**
+   * The weight file for `dev` in cgroup dir `dir`: `io.bfq.weight` when BFQ schedules the
+   * device (and the file exists), else `io.weight` when it exists, else null.
+   */
+  private async weightFile(dir: string, dev: BlockDevice): Promise<'io.bfq.weight' | 'io.weight' | null> {
+    if (deviceScheduler(dev.major, dev.minor) === 'bfq' && (await isFile(path.join(dir, 'io.bfq.weight')))) return 'io.bfq.weight';
+    if (await isFile(path.join(dir, 'io.weight'))) return 'io.weight';
+    return null;
+  }
+
+  /** True when iocost is enabled for `dev` (a `MAJ:MIN ... enable=1` line in the root's io.cost.qos): what makes io.weight take effect without BFQ. */
+  private async iocostEnabled(dev: BlockDevice): Promise<boolean> {
+    const qos = (await readOptional(path.join(this.mountPoint, 'io.cost.qos')).catch(() => null)) ?? '';
+    return qos.split('\n').some((l) => l.startsWith(`${devKey(dev)} `) && /\benable=1\b/.test(l));
+  }
+
+  async setIo(id: string, io: IoLimits, dev: BlockDevice): Promise<void> {
+    const d = await this.existingDir(id);
+    const write = async (file: string, value: string) => {
+      await writeCgroupFile(path.join(d, file), value).catch((e) => { throw cgroupFsError(e, `write ${file} (${value}) of sandbox ${id}`); });
+    };
+    const wf = await this.weightFile(d, dev);
+    const w = io.weight ?? IO_WEIGHT_DEFAULT;
+    if (wf) await write(wf, `default ${wf === 'io.bfq.weight' ? bfqWeight(w) : w}`);
+    if (!(await isFile(path.join(d, 'io.max')))) {
+      if (hasIoMax(io)) throw failedPrecondition(`the io controller is not enabled for sandboxes (no io.max in ${d}; the own cgroup ${this.baseDir} does not have io in cgroup.controllers): I/O limits (io_max) cannot be applied on this host`);
+      return;
+    }
+    // Every key is written (max where unlimited), so a limit the new settings leave out is removed.
+    await write('io.max', ioMaxLine(dev, io));
+  }
+
+  async ioSupport(dev: BlockDevice | null): Promise<IoSupport> {
+    const none = (why: string): IoSupport => ({ weightFile: null, weightEnforced: false, limitFile: null, limitEnforced: false, bufferedWritesLimited: false, detail: why });
+    if (!tokens(await readOptional(path.join(this.parent, 'cgroup.controllers'))).includes('io')) {
+      return none(`cgroup v2 without the io controller delegated to ${this.parent}: no I/O weight or limit is enforced`);
+    }
+    if (!dev) return none('writable layers are on the host filesystem, not on a device of their own: no I/O weight or limit is applied');
+    // The parent's children are sandboxes: a sandbox's files are those the parent offers them.
+    const probe = this.parent;
+    const sched = deviceScheduler(dev.major, dev.minor);
+    const weightFile = await this.weightFile(probe, dev);
+    const iocost = await this.iocostEnabled(dev);
+    const weightEnforced = weightFile === 'io.bfq.weight' || (weightFile === 'io.weight' && iocost);
+    const w = weightFile === 'io.bfq.weight'
+      ? `io_weight is written to io.bfq.weight and enforced (scheduler bfq on ${devKey(dev)})`
+      : weightFile === 'io.weight'
+        ? (iocost ? `io_weight is written to io.weight and enforced by iocost on ${devKey(dev)}` : `io_weight is written to io.weight, but has no effect: ${devKey(dev)} has scheduler ${sched ?? 'unknown'}, not bfq, and iocost is not enabled for it (io.cost.qos)`)
+        : 'io_weight is not enforced: neither io.weight (iocost) nor io.bfq.weight (BFQ) exists';
+    return {
+      weightFile, weightEnforced, limitFile: 'io.max', limitEnforced: true, bufferedWritesLimited: true,
+      detail: `cgroup v2: ${w}; io_max is enforced by io.max on ${devKey(dev)} for reads, direct I/O and buffered writes (cgroup writeback charges a dirty page's writeback to the sandbox that wrote it)`,
+    };
+  }
+
+  async ioCounters(id: string, dev: BlockDevice): Promise<IoCounters> {
+    return parseIoStat((await readOptional(path.join(this.dir(id), 'io.stat'))) ?? '', dev);
   }
 }
 

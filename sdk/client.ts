@@ -517,6 +517,14 @@ export interface StartExecOptions {
   tty?: { rows: number; cols: number };
   /** Kill the command (SIGKILL) after this many ms; its ExecInfo then has `timed_out: true`. */
   timeoutMs?: number;
+  /**
+   * Pace the command by its readers instead of spooling its output: dsecd holds at most
+   * 1 MiB per stream that no reader has taken, and the command blocks while its readers
+   * are behind (or none is attached yet). No size limit; output once taken cannot be read
+   * again. Attach right after starting (what `dsec exec` does). Default false: spooled,
+   * up to 1 GiB per stream, readable again from any offset.
+   */
+  paced?: boolean;
   /** Abort the HTTP call (the promise rejects with the signal's reason); the session may still start. */
   signal?: AbortSignal;
 }
@@ -981,6 +989,7 @@ export class DsecClient {
     if (req.stdin !== undefined) body.stdin = req.stdin;
     if (req.tty !== undefined) body.tty = { rows: req.tty.rows, cols: req.tty.cols };
     if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
+    if (req.paced !== undefined) body.paced = req.paced;
     return this.request<ExecInfo>('POST', execsPath(id), body, { signal: req.signal });
   }
 

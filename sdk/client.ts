@@ -940,7 +940,11 @@ export class DsecClient {
   /**
    * POST /v1/sandboxes/{id}/exec: runs a command to completion and returns its status and
    * output. A command that fails is not an error: look at `exit_code` (127 not found,
-   * 126 not executable), `signal`, `timed_out` and `oom`. The HTTP deadline is the
+   * 126 not executable), `signal`, `timed_out`, `oom` (the command itself was OOM-killed)
+   * and `oom_kills` (OOM kills of any process in the sandbox while it ran, e.g. a stage of
+   * its pipeline; null when the backend cannot see them). Output is capped at dsecd's
+   * `max_output_bytes` per stream; for uncapped output start a paced session
+   * ({@link startExec} with `paced: true`) and attach to it. The HTTP deadline is the
    * command's `timeoutMs` plus the client's `timeoutMs`; without a command timeout there
    * is no HTTP deadline (the command may legitimately run long).
    *

@@ -10,6 +10,7 @@ import { spawn } from 'node:child_process';
 import { createHash } from 'node:crypto';
 import { closeSync, mkdtempSync, openSync, readFileSync, chmodSync, rmSync, statSync, createReadStream } from 'node:fs';
 import { tmpdir } from 'node:os';
+import { performance } from 'node:perf_hooks';
 import path from 'node:path';
 import http from 'node:http';
 import { execa } from 'execa';
@@ -324,7 +325,9 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
 
   it('10,000 --env reach the command', async () => {
     const env = Array.from({ length: 10_000 }, (_, i) => ['--env', `V${i}=x${i}`]).flat();
+    const t0 = performance.now();
     const r = await runCli(d, ['exec', sb, ...env, '--', 'sh', '-c', 'env | grep -c "^V[0-9]*=x"; echo $V9999']);
+    console.log(`exec-stream: dsec exec with 10,000 --env, start to exit: ${Math.round(performance.now() - t0)} ms`);
     expect(r).toMatchObject({ code: 0, stdout: '10000\nx9999\n' });
   });
 

@@ -796,8 +796,14 @@ export class SandboxManager {
 
   /**
    * Starts an exec session: the command runs on its own, owned by `ownerUid`, its
-   * output spooled for any number of readers (daemon/sandbox/execs.ts).
-   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable (agent unreachable).
+   * output spooled for any number of readers, or with `paced` held for them and the
+   * command paused while they are behind (daemon/sandbox/execs.ts). Resolves once the
+   * program started or failed to (not found, not executable: an exited session with its
+   * error). The session's `oom_kills` is the sandbox's OOM kill count after it ended
+   * minus before it started.
+   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable (agent
+   *   unreachable), InvalidArgument (a cwd or user the sandbox does not have, or argv and
+   *   env too long for execve; no session is kept).
    */
   async startExec(id: string, req: StartExecRequest, ownerUid: number): Promise<ExecSession> {
     const sb = this.d.repo.get(id);

@@ -517,6 +517,14 @@ export interface StartExecOptions {
   tty?: { rows: number; cols: number };
   /** Kill the command (SIGKILL) after this many ms; its ExecInfo then has `timed_out: true`. */
   timeoutMs?: number;
+  /**
+   * Pace the command by its readers instead of spooling its output: dsecd holds at most
+   * 1 MiB per stream that no reader has taken, and the command blocks while its readers
+   * are behind (or none is attached yet). No size limit; output once taken cannot be read
+   * again. Attach right after starting (what `dsec exec` does). Default false: spooled,
+   * up to 1 GiB per stream, readable again from any offset.
+   */
+  paced?: boolean;
   /** Abort the HTTP call (the promise rejects with the signal's reason); the session may still start. */
   signal?: AbortSignal;
 }
@@ -944,7 +952,11 @@ export class DsecClient {
   /**
    * POST /v1/sandboxes/{id}/exec: runs a command to completion and returns its status and
    * output. A command that fails is not an error: look at `exit_code` (127 not found,
-   * 126 not executable), `signal`, `timed_out` and `oom`. The HTTP deadline is the
+   * 126 not executable), `signal`, `timed_out`, `oom` (the command itself was OOM-killed)
+   * and `oom_kills` (OOM kills of any process in the sandbox while it ran, e.g. a stage of
+   * its pipeline; null when the backend cannot see them). Output is capped at dsecd's
+   * `max_output_bytes` per stream; for uncapped output start a paced session
+   * ({@link startExec} with `paced: true`) and attach to it. The HTTP deadline is the
    * command's `timeoutMs` plus the client's `timeoutMs`; without a command timeout there
    * is no HTTP deadline (the command may legitimately run long).
    *
@@ -993,6 +1005,7 @@ export class DsecClient {
     if (req.stdin !== undefined) body.stdin = req.stdin;
     if (req.tty !== undefined) body.tty = { rows: req.tty.rows, cols: req.tty.cols };
     if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
+    if (req.paced !== undefined) body.paced = req.paced;
     return this.request<ExecInfo>('POST', execsPath(id), body, { signal: req.signal });
   }
 

@@ -1,10 +1,20 @@
 /**
  * `dsec exec [-i] [-t] [-d] ID [flags] -- CMD...`: runs a command in a sandbox.
  *
- * - No -i/-t/-d: runs it to completion (one API call), writes its stdout/stderr bytes to
- *   ours and exits with its exit code (128+N for signal N, 124 on --timeout, 125 when dsec
- *   itself failed). With --json prints the ExecResult instead. On SIGINT/SIGTERM dsec
- *   stops waiting and exits 128+N, saying that the command may still be running.
+ * - No -i/-t/-d: streams its stdout and stderr to ours, separately and as they come, and
+ *   exits with its exit code (128+N for signal N, 124 on --timeout, 126/127 not
+ *   executable/not found, 125 when dsec itself failed). It is a paced exec session
+ *   (StartExecRequest.paced) attached over a WebSocket that kills the command if it
+ *   drops: no size limit, and our memory stays flat however much it prints, because a
+ *   slow stdout (a pipe, a full disk) pauses the command instead of being buffered. The
+ *   first ^C is sent to the command as SIGINT; a second one gives up (and kills it). The
+ *   notes (signal, timeout, OOM kills in the sandbox meanwhile) go to stderr after its
+ *   output.
+ * - `--json` (no -i/-t/-d), and every `--trajectory` step: runs it to completion in one
+ *   API call and prints the ExecResult (output at most 4 MiB per stream, base64, with
+ *   `*_truncated`), the documented one-shot contract; a step is recorded whole. On
+ *   SIGINT/SIGTERM dsec stops waiting and exits 128+N, saying that the command may still
+ *   be running.
  * - `-t` (usually with `-i`, like `docker exec -it`): starts an exec session under a PTY
  *   the size of our terminal, attaches over a WebSocket that kills the command if it
  *   drops, puts our terminal in raw mode (every key, ^C too, goes to the command), follows
@@ -27,7 +37,7 @@
 import type { Command } from 'commander';
 import type { ExecInfo } from '../../sdk/index.js';
 import { renderReplayedNote } from '../ui/trajectories.js';
-import { runAttached } from '../util/attach.js';
+import { runAttached, type AttachedOutcome } from '../util/attach.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError } from '../util/errors.js';
 import { parseTimeout, reportExecInfo, reportExecResult, signalNumber } from '../util/exec.js';
@@ -126,11 +136,46 @@ export function register(parent: Command, ctx: Ctx): Command {
       checkTrajectoryFlags(flags);
       if (flags.detach) return execDetached(ctx, id, argv, flags);
       if (flags.tty || flags.stdin) return execAttached(ctx, id, argv, flags);
-      return execToCompletion(ctx, id, argv, flags);
+      if (ctx.json || flags.trajectory !== undefined) return execToCompletion(ctx, id, argv, flags);
+      ctx.exitCode = await execStreamed(ctx, id, { argv, env: flags.env, cwd: flags.cwd, user: flags.user, timeoutMs: flags.timeout });
     });
 }
 
-/** The run-to-completion exec (no -i/-t/-d): one API call. */
+/** The command of a streamed exec ({@link execStreamed}). */
+export interface StreamedCommand {
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  /** `--timeout`, ms. */
+  timeoutMs?: number;
+  /** Stream our stdin to it (`-i`) until it ends, then close its stdin. */
+  stdin?: boolean;
+}
+
+/**
+ * Runs `cmd` in sandbox `id` with its output streamed to ours (the form of `exec` and
+ * `run` without -i/-t/-d/--json): a paced session, attached with kill_on_detach, and
+ * returns our exit code (see the module comment). Rejects as the attachment does (dsecd
+ * gone, the sandbox destroyed under it), which the caller turns into 125.
+ */
+export async function execStreamed(ctx: Ctx, id: string, cmd: StreamedCommand): Promise<number> {
+  const client = ctx.client();
+  const info = await client.startExec(id, { ...cmd, stdin: cmd.stdin ? true : undefined, paced: true });
+  const att = client.attachExec(id, info.exec_id, { killOnDetach: true });
+  const outcome = await runAttached(ctx, att, { tty: false, raw: false, stdin: cmd.stdin === true, eofOnEnd: true, detachKeys: false, sendSize: false });
+  return reportAttachedOutcome(ctx, outcome, cmd.timeoutMs);
+}
+
+/** Our exit code for how an attached exec ended, with its notes on stderr. */
+function reportAttachedOutcome(ctx: Ctx, outcome: AttachedOutcome, timeoutMs: number | undefined): number {
+  if (outcome.kind === 'exit') return reportExecInfo(ctx, outcome.info, { timeoutMs });
+  const sig = outcome.kind === 'interrupted' ? outcome.signal : 'SIGTERM';
+  ctx.err(`dsec: interrupted by ${sig}; the command was killed\n`);
+  return EXIT.signalBase + (signalNumber(sig) ?? 15);
+}
+
+/** The run-to-completion exec (`--json`, `--trajectory`): one API call. */
 async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
   const abort = new AbortController();
   let interrupted: NodeJS.Signals | undefined;
@@ -166,7 +211,11 @@ async function execToCompletion(ctx: Ctx, id: string, argv: string[], flags: Exe
   if (result.replayed && !ctx.json) ctx.err(renderReplayedNote(result.trajectory ?? flags.trajectory!, result.step ?? flags.step!));
 }
 
-/** The exec-session request of `exec -d/-i/-t`: the flags, a PTY of our terminal's size with -t. */
+/**
+ * The exec-session request of `exec -d/-i/-t`: the flags, a PTY of our terminal's size
+ * with -t. An attached session is paced by us (no spool, no size limit); a detached one
+ * is spooled, for whoever attaches later.
+ */
 function sessionRequest(ctx: Ctx, argv: string[], flags: ExecFlags) {
   return {
     argv,
@@ -176,6 +225,7 @@ function sessionRequest(ctx: Ctx, argv: string[], flags: ExecFlags) {
     stdin: flags.stdin ? true : undefined,
     tty: flags.tty ? terminalSize(ctx.io.stdout) : undefined,
     timeoutMs: flags.timeout,
+    paced: flags.detach ? undefined : true,
   };
 }
 
@@ -208,11 +258,5 @@ async function execAttached(ctx: Ctx, id: string, argv: string[], flags: ExecFla
     detachKeys: false,
     sendSize: false,
   });
-  if (outcome.kind === 'exit') {
-    ctx.exitCode = reportExecInfo(ctx, outcome.info, { timeoutMs: flags.timeout });
-    return;
-  }
-  const sig = outcome.kind === 'interrupted' ? outcome.signal : 'SIGTERM';
-  ctx.err(`dsec: interrupted by ${sig}; the command was killed\n`);
-  ctx.exitCode = EXIT.signalBase + (signalNumber(sig) ?? 15);
+  ctx.exitCode = reportAttachedOutcome(ctx, outcome, flags.timeout);
 }

@@ -1,9 +1,14 @@
 /**
- * `dsec run [create flags] [--timeout DUR] -- CMD...`: creates a sandbox, runs one command
- * in it and destroys it, whatever happens: when the command fails, when the exec call
- * fails, and on SIGINT/SIGTERM (the exec call is abandoned, the sandbox destroyed, exit
- * 128+N). Exit codes as for `exec`. If the destroy itself fails, a warning names the
- * sandbox and the command's exit code is kept.
+ * `dsec run [create flags] [--timeout DUR] [-i] -- CMD...`: creates a sandbox, runs one
+ * command in it and destroys it, whatever happens: when the command fails, when the exec
+ * call fails, and on SIGINT/SIGTERM (exit 128+N). Exit codes as for `exec`. If the
+ * destroy itself fails, a warning names the sandbox and the command's exit code is kept.
+ *
+ * The command runs as `dsec exec` runs it: its output streamed to ours, uncapped, with
+ * our stdin streamed to it under -i (execStreamed); the first ^C goes to the command as
+ * SIGINT, a second one kills it. With --json it runs in one call and the ExecResult is
+ * printed (output at most 4 MiB per stream), and `--backend fncall` is a stateless call
+ * (POST /v1/run), whose result is capped the same way by the tier's contract.
  */
 import type { Command } from 'commander';
 import { DsecApiError, type RunInput, type Sandbox } from '../../sdk/index.js';
@@ -11,7 +16,7 @@ import type { Ctx } from '../util/context.js';
 import { EXIT, UserError, apiErrorHint } from '../util/errors.js';
 import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
 import { addCreateOptions, createRequest, type CreateFlags } from './create.js';
-import { addCommandOptions, type ExecFlags } from './exec.js';
+import { addCommandOptions, execStreamed, type ExecFlags } from './exec.js';
 
 /** Adds `run` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
@@ -20,16 +25,20 @@ export function register(parent: Command, ctx: Ctx): Command {
     .description('create a sandbox, run a command in it, destroy it; exits with the command\'s exit code')
     .argument('<cmd...>', 'command and arguments (put them after --)');
   addCreateOptions(cmd);
-  addCommandOptions(cmd).option('-i, --stdin', 'send our stdin (a pipe or file, read to the end) to the command');
+  addCommandOptions(cmd).option('-i, --stdin', 'stream our stdin to the command (until it ends); with --json or --backend fncall it is read whole first (at most 16 MiB)');
   return cmd.action(async (argv: string[], flags: CreateFlags & Omit<ExecFlags, 'env'>) => {
     if (flags.backend === 'fncall') return runFncall(ctx, argv, flags);
+    const streamed = !ctx.json;
     // Read stdin before creating anything, so a refused stdin leaves nothing behind.
-    const stdin = flags.stdin ? await readStdin(ctx) : undefined;
+    const stdin = flags.stdin && !streamed ? await readStdin(ctx) : undefined;
     const client = ctx.client();
     const abort = new AbortController();
     let interrupted: NodeJS.Signals | undefined;
+    // While the command is attached, its own interrupt handling runs (execStreamed).
+    let attached = false;
     // Registered until the sandbox is gone: a second ^C must not kill us mid-cleanup.
     const unregister = ctx.io.onInterrupt((sig) => {
+      if (attached) return;
       interrupted ??= sig;
       abort.abort();
     });
@@ -40,6 +49,15 @@ export function register(parent: Command, ctx: Ctx): Command {
       if (interrupted) return;
       if (sandbox.state === 'failed') {
         throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports', 'FailedPrecondition');
+      }
+      if (streamed) {
+        attached = true;
+        try {
+          ctx.exitCode = await execStreamed(ctx, sandbox.id, { argv, cwd: flags.cwd, user: flags.user, timeoutMs: flags.timeout, stdin: flags.stdin === true });
+        } finally {
+          attached = false;
+        }
+        return;
       }
       let result;
       try {

@@ -51,9 +51,10 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
   let detached = false;
   let forwardedSigint = false;
 
-  // Output, pausing the socket while a slow stdout (a pipe) catches up.
-  att.on('stdout', (b) => writeWithBackpressure(stdout, b, att));
-  att.on('stderr', (b) => writeWithBackpressure(stderr, b, att));
+  // Output, pausing the socket while a slow stdout or stderr (a pipe) catches up.
+  const backpressure = new Backpressure(att);
+  att.on('stdout', (b) => backpressure.write(stdout, b));
+  att.on('stderr', (b) => backpressure.write(stderr, b));
 
   try {
     if (opts.raw) cleanups.push(enterRawMode(stdin));
@@ -159,14 +160,27 @@ function forwardStdin(stdin: InStream, att: ExecAttachmentHandle, opts: Attached
   };
 }
 
-/** Writes `b` to `out`; when `out` is full (a slow pipe), pauses the attachment until it drains. */
-function writeWithBackpressure(out: OutStream, b: Buffer, att: ExecAttachmentHandle): void {
-  const ok = out.write(b);
-  if (ok === false && typeof out.on === 'function') {
-    att.pause();
+/**
+ * Writes output to our streams, pausing the attachment while any of them is full (a slow
+ * pipe) and resuming it once all have drained. One 'drain' listener per full stream,
+ * however many chunks arrive before the pause takes effect (frames already received are
+ * still delivered, and written: the stream buffers them).
+ */
+class Backpressure {
+  private readonly full = new Set<OutStream>();
+
+  constructor(private readonly att: ExecAttachmentHandle) {}
+
+  /** Writes `b` to `out`; when `out` says it is full, pauses the attachment until it drains. */
+  write(out: OutStream, b: Buffer): void {
+    const ok = out.write(b);
+    if (ok !== false || typeof out.on !== 'function' || this.full.has(out)) return;
+    if (this.full.size === 0) this.att.pause();
+    this.full.add(out);
     const onDrain = () => {
       out.off?.('drain', onDrain);
-      att.resume();
+      this.full.delete(out);
+      if (this.full.size === 0) this.att.resume();
     };
     out.on('drain', onDrain);
   }

@@ -79,7 +79,8 @@ export function execResultJson(r: ExecOutput, extra: Record<string, unknown> = {
 /**
  * Writes an exec's outcome and returns the exit code. Text mode: the command's stdout
  * and stderr bytes to ours. `--json`: the ExecResult document. Either way, notes on
- * stderr for timeout, signal, OOM and truncation, prefixed `dsec:`.
+ * stderr for timeout, signal, OOM kills (whatever the exit status: {@link oomNote}) and
+ * truncation, prefixed `dsec:`.
  */
 export function reportExecResult(ctx: Ctx, r: ExecOutput, opts: { timeoutMs?: number; extra?: Record<string, unknown> } = {}): number {
   if (ctx.json) {
@@ -91,7 +92,8 @@ export function reportExecResult(ctx: Ctx, r: ExecOutput, opts: { timeoutMs?: nu
   const code = exitCodeOf(r);
   if (r.stdout_truncated) ctx.err('dsec: note: stdout was truncated by dsecd (output limit)\n');
   if (r.stderr_truncated) ctx.err('dsec: note: stderr was truncated by dsecd (output limit)\n');
-  if (r.oom) ctx.err('dsec: note: the sandbox ran out of memory during this command (OOM kill)\n');
+  const oom = oomNote(r.oom, r.oom_kills);
+  if (oom) ctx.err(oom);
   if (r.timed_out) {
     const after = opts.timeoutMs !== undefined ? ` after ${formatDuration(opts.timeoutMs)}` : '';
     ctx.err(`dsec: command timed out${after} and was killed (exit ${EXIT.timedOut})\n`);
@@ -102,12 +104,31 @@ export function reportExecResult(ctx: Ctx, r: ExecOutput, opts: { timeoutMs?: nu
 }
 
 /**
- * Writes the notes on how an exec session ended (timeout, signal, the reason it could
- * not start) to stderr and returns our exit code for it, as {@link exitCodeOf}.
+ * The note on OOM kills during an exec, or '' for none: `killed` the command itself died
+ * of the OOM kill (ExecResult.oom); `kills` the sandbox's OOM kills from its start to its
+ * end (ExecResult.oom_kills: any process of the sandbox, so with other commands running
+ * at the same time one of theirs may be among them). A pipeline whose `head` was killed
+ * still exits 0, so the note does not depend on the exit status.
+ */
+export function oomNote(killed: boolean, kills: number | null | undefined): string {
+  const n = kills ?? 0;
+  if (killed) return `dsec: note: the sandbox ran out of memory during this command (OOM kill${n > 1 ? `s: ${n}` : ''})\n`;
+  if (n <= 0) return '';
+  return `dsec: note: the OOM killer killed ${n === 1 ? 'a process' : `${n} processes`} in the sandbox while this command ran `
+    + '(one it started, or one of another command running at the same time); its output may be incomplete\n';
+}
+
+/**
+ * Writes the notes on how an exec session ended (timeout, signal, OOM kills in the
+ * sandbox meanwhile, the reason it could not start) to stderr and returns our exit code
+ * for it, as {@link exitCodeOf}.
  */
 export function reportExecInfo(ctx: Ctx, info: ExecInfo, opts: { timeoutMs?: number } = {}): number {
   const code = exitCodeOf(info);
   if (info.error) ctx.err(`dsec: ${info.error}\n`);
+  // The command itself died of SIGKILL while the counter rose: as ExecResult.oom.
+  const oom = oomNote((info.oom_kills ?? 0) > 0 && info.signal === 'SIGKILL' && !info.timed_out, info.oom_kills);
+  if (oom) ctx.err(oom);
   if (info.timed_out) {
     const after = opts.timeoutMs !== undefined ? ` after ${formatDuration(opts.timeoutMs)}` : '';
     ctx.err(`dsec: command timed out${after} and was killed (exit ${EXIT.timedOut})\n`);

@@ -183,6 +183,17 @@ export interface AgentExecHandle {
    */
   signal(signo: number): void;
   /**
+   * Stops reading this exec's connection until {@link resumeOutput}: no more output
+   * callbacks, the agent's queue for the connection fills, the agent stops reading the
+   * command's pipes (docs/AGENT_PROTOCOL.md "Flow control") and the command blocks on
+   * its next write. It pauses every stream of the connection (as a slow readFile
+   * consumer does), so an exec paced this way needs a connection of its own. Idempotent;
+   * a no-op once the connection is closed.
+   */
+  pauseOutput(): void;
+  /** Reads this exec's connection again after {@link pauseOutput} (when no other stream holds it paused). Idempotent. */
+  resumeOutput(): void;
+  /**
    * Settles after the last output callback: resolves with the outcome; rejects with
    * DsecError(Unavailable, "agent connection lost: …") if the connection drops first, or
    * DsecError(Internal) if the agent reports an ERROR on this stream.
@@ -471,6 +482,7 @@ export class AgentClient {
           case FrameType.EXIT: {
             const x = decodeExit(f.payload);
             this.streams.delete(f.stream);
+            this.unpauseFor(f.stream);
             resolveDone({
               kind: 'exit',
               exitCode: x.how === 0 ? x.code : null,
@@ -483,6 +495,7 @@ export class AgentClient {
           case FrameType.EXEC_ERROR: {
             const x = decodeExecError(f.payload);
             this.streams.delete(f.stream);
+            this.unpauseFor(f.stream);
             rejectPid(new DsecError('FailedPrecondition', x.message));
             resolveDone({ kind: 'exec_error', errno: x.errno, message: x.message });
             return;
@@ -490,6 +503,7 @@ export class AgentClient {
           case FrameType.ERROR: {
             const err = streamError(f.stream, f.payload);
             this.streams.delete(f.stream);
+            this.unpauseFor(f.stream);
             rejectPid(err);
             rejectDone(err);
             return;
@@ -534,6 +548,10 @@ export class AgentClient {
         }
         if (live()) this.send(FrameType.SIGNAL, stream, encodeU32(signo));
       },
+      pauseOutput: () => {
+        if (live()) this.pauseFor(stream);
+      },
+      resumeOutput: () => this.unpauseFor(stream),
       resize: (rows: number, cols: number) => {
         if (!tty) throw failedPrecondition('resize: exec has no tty');
         let p: Buffer;

@@ -364,9 +364,25 @@ export const StartExecRequest = z
     tty: z.object({ rows: z.number().int().min(1).max(1000), cols: z.number().int().min(1).max(1000) }).strict().optional()
       .describe('Run under a pseudo-terminal of this size; stdout and stderr are then one stream (stdout).'),
     timeout_ms: z.number().int().min(1).max(LIMITS.maxTimeoutMs).optional(),
+    paced: z.boolean().optional().describe(
+      'Pace the command by its readers instead of spooling its output (what `dsec exec` uses, as `docker exec` streams): output is held in dsecd '
+      + 'until an attached reader (attach WebSocket, output?follow) has taken it, at most 1 MiB per stream, and the command blocks on its full pipes '
+      + 'while its readers are further behind (or none is attached yet). No size limit and no spool file; output a reader has taken is gone, so a later '
+      + 'reader starts at the oldest byte still held. Default false: spooled to disk up to 1 GiB per stream, readable again from any offset.'),
   })
   .strict();
 export type StartExecRequest = z.infer<typeof StartExecRequest>;
+
+/**
+ * What `oom_kills` of an exec means (ExecResult, ExecInfo): the sandbox's OOM kill counter
+ * (memory cgroup v1 `memory.oom_control` oom_kill, v2 `memory.events` oom_kill) read
+ * before the command started and after it ended, so it counts a process of a pipeline
+ * (or any child) that was killed while the command itself exited 0. The counter is per
+ * sandbox: with other commands running in the sandbox at the same time, a kill of one of
+ * theirs counts here too.
+ */
+const OOM_KILLS_DOC = "OOM kills in the sandbox's memory cgroup from the command's start to its end: any process, this command's children "
+  + 'or (when other commands ran at the same time) theirs; null when the backend cannot see them (a VM guest\'s own kernel).';
 
 /** An exec session as the API returns it. */
 export const ExecInfo = z.object({
@@ -383,10 +399,12 @@ export const ExecInfo = z.object({
   signal: z.string().nullable(),
   timed_out: z.boolean(),
   error: z.string().nullable().describe('Why the command could not start, or ended with its sandbox.'),
-  stdout_bytes: z.number().int().describe('Bytes of stdout kept (readable from offset 0).'),
+  stdout_bytes: z.number().int().describe('Bytes of stdout produced so far: the end offset (readable from offset 0 when spooled; a paced session holds only the bytes no reader has taken).'),
   stderr_bytes: z.number().int(),
-  stdout_dropped_bytes: z.number().int().describe('Bytes produced beyond the spool budget and dropped.'),
+  stdout_dropped_bytes: z.number().int().describe('Bytes produced beyond the spool budget and dropped (always 0 when paced).'),
   stderr_dropped_bytes: z.number().int(),
+  paced: z.boolean().describe('Whether output is paced by its readers rather than spooled (StartExecRequest.paced).'),
+  oom_kills: z.number().int().nullable().describe(OOM_KILLS_DOC + ' Null while the command runs.'),
 });
 
 /** GET /v1/sandboxes/{id}/execs response. */
@@ -429,6 +447,7 @@ export const ExecResult = z.object({
   stderr_truncated: z.boolean(),
   duration_ms: z.number().describe('Time from fork to exit inside the sandbox, ms.'),
   oom: z.boolean().describe("True when the command was killed by SIGKILL while the sandbox's memory cgroup recorded an OOM kill."),
+  oom_kills: z.number().int().nullable().optional().describe(OOM_KILLS_DOC + ' Absent from a replayed trajectory step recorded without it.'),
   timed_out: z.boolean().describe('True when timeout_ms elapsed and the command was killed.'),
   trajectory: z.string().optional().describe('The trajectory the step belongs to (trajectory execs only).'),
   step: z.number().int().optional(),

@@ -135,6 +135,11 @@ export interface DriverStartExecRequest extends Omit<DriverExecRequest, 'stdin' 
   stdin: boolean;
   /** Allocate a pseudo-terminal of this size (rows, cols) for the command. */
   tty?: { rows: number; cols: number };
+  /**
+   * The caller will pause the command's output through the handle (pauseOutput): the exec
+   * gets an agent connection of its own, so pausing it stalls no other exec or file copy.
+   */
+  paced?: boolean;
 }
 
 /** Output callbacks of a started exec. */
@@ -143,8 +148,13 @@ export interface DriverExecHandlers {
   onStderr(b: Buffer): void;
 }
 
-/** Result of a driver exec plus whether the sandbox OOM-killed a process meanwhile. */
-export type DriverExecResult = AgentExecResult & { oom: boolean };
+/**
+ * Result of a driver exec plus the sandbox's OOM kills meanwhile: `oomKills` is how much
+ * its memory cgroup's OOM kill counter rose from before the command to after it (any
+ * process of the sandbox; null when the backend cannot see the counter), `oom` whether
+ * the command itself died of SIGKILL while it rose.
+ */
+export type DriverExecResult = AgentExecResult & { oom: boolean; oomKills: number | null };
 
 /** Leftovers found on the host that no store row accounts for. */
 export interface OrphanReport {
@@ -209,6 +219,13 @@ export interface SandboxDriver {
    * pids limit), cheap enough for a periodic sweep; null when it has none.
    */
   limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
+  /**
+   * The cumulative OOM kill count of the sandbox's processes (its memory cgroup's), read
+   * before and after an exec session to give its `oom_kills`; null when it cannot be read.
+   * Absent: the backend cannot see the kills of its sandboxes' processes (a VM's guest
+   * kernel kills inside the guest), and sessions report null.
+   */
+  oomKillCount?(sb: Pick<SandboxRecord, 'id'>): Promise<number | null>;
   /**
    * Sets the CPU (cores), memory (bytes) and pids limits of a running sandbox of the
    * `latency` priority class, as its create would have (claiming a warm-pool shell,

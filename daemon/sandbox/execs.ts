@@ -11,6 +11,13 @@
  * - what is kept is bounded by `spoolMaxBytes` per stream; beyond it output is
  *   counted and dropped (`*_dropped_bytes`), never held in memory.
  *
+ * A session started `paced` (what `dsec exec` streams through) has no spool: its output
+ * is held in memory until its readers have taken it, and the command is paused while a
+ * stream holds more than {@link PACED_WINDOW_BYTES} (its agent connection stops being
+ * read, the agent stops reading its pipes, the command blocks on its writes). Nothing is
+ * dropped and nothing is kept beyond the window, whatever the command prints; the price
+ * is that output a reader took cannot be read again.
+ *
  * Lifecycle contract: a session ends when its command exits (the result is kept), or
  * when its sandbox stops or is destroyed (the agent connection closes; the command is
  * killed with the sandbox). Finished sessions are forgotten, with their spool files,
@@ -60,6 +67,86 @@ class Spool {
   }
 }
 
+/**
+ * Output of a paced session: held in memory until its readers have taken it, never
+ * written anywhere. Bytes `[base, size)` are held, as the chunks the agent sent.
+ * `pipe()` registers each reader's position; what every registered reader has passed is
+ * let go. With no reader registered nothing is let go (output that came before the first
+ * attach waits for it). The owner pauses the command's output while more than
+ * {@link PACED_WINDOW_BYTES} are held (see ExecSession.output).
+ */
+class PacedBuffer {
+  /** Offset of the end: every byte the command wrote to the stream. */
+  size = 0;
+  /** Never anything: a paced stream blocks the command instead of dropping. */
+  readonly dropped = 0;
+  /** Offset of the first byte held. */
+  base = 0;
+  private readonly chunks: Buffer[] = [];
+  /** Position of each reader in {@link ExecSession.pipe}. */
+  private readonly readers = new Map<symbol, number>();
+
+  /** Bytes held. */
+  get held(): number {
+    return this.size - this.base;
+  }
+
+  append(b: Buffer): void {
+    if (b.length === 0) return;
+    this.chunks.push(b);
+    this.size += b.length;
+  }
+
+  /** Paced output has no file to close. */
+  close(): void {}
+
+  /** Registers a reader at `offset` (at least {@link base}) and returns its key and position. */
+  enter(offset: number): { key: symbol; pos: number } {
+    const key = Symbol('reader');
+    const pos = Math.max(this.base, Math.min(offset, this.size));
+    this.readers.set(key, pos);
+    return { key, pos };
+  }
+
+  /** Removes a reader: what it passed goes (unless another reader is behind it), what it left unread stays held for the next one. */
+  leave(key: symbol): void {
+    const pos = this.readers.get(key);
+    this.readers.delete(key);
+    if (pos !== undefined) this.release(pos);
+  }
+
+  /**
+   * Takes up to `max` bytes at `pos` (≥ base, < size) for reader `key`, moves it past them
+   * and lets go of what every reader has passed. The returned buffer is the reader's:
+   * the held chunks may be dropped while it is being written.
+   */
+  take(key: symbol, pos: number, max: number): Buffer {
+    let at = this.base;
+    let i = 0;
+    while (at + this.chunks[i].length <= pos) at += this.chunks[i++].length;
+    const c = this.chunks[i];
+    const part = c.subarray(pos - at, Math.min(c.length, pos - at + max));
+    this.readers.set(key, pos + part.length);
+    this.release(pos + part.length);
+    return part;
+  }
+
+  /** Drops the chunks every registered reader has passed, and none past `upTo`. */
+  private release(upTo = Infinity): void {
+    let low = upTo;
+    for (const p of this.readers.values()) low = Math.min(low, p);
+    while (this.chunks.length > 0 && this.base + this.chunks[0].length <= low) this.base += this.chunks.shift()!.length;
+  }
+}
+
+/**
+ * Most output a paced session holds per stream before it pauses the command: 1 MiB. With
+ * the agent's own queue (4 MiB per connection, docs/AGENT_PROTOCOL.md "Flow control") and
+ * the pipe, that is how far a command runs ahead of its slowest reader; a quarter of it
+ * resumes the command, so it is not woken for every chunk.
+ */
+export const PACED_WINDOW_BYTES = 1024 * 1024;
+
 /** The public view of a session (API field names). */
 export interface ExecInfo {
   exec_id: string;
@@ -82,6 +169,10 @@ export interface ExecInfo {
   stderr_bytes: number;
   stdout_dropped_bytes: number;
   stderr_dropped_bytes: number;
+  /** Output paced by its readers rather than spooled (see StartExecRequest.paced). */
+  paced: boolean;
+  /** OOM kills in the sandbox while the command ran (see ExecResult.oom_kills); null while it runs or when unknown. */
+  oom_kills: number | null;
 }
 
 
@@ -92,10 +183,18 @@ export class ExecSession {
   pid: number | null = null;
   outcome: AgentExecOutcome | null = null;
   error: string | null = null;
-  readonly spools: Record<StreamName, Spool>;
+  /** OOM kills in the sandbox while the command ran; set (by the manager) before it is marked ended. */
+  oomKills: number | null = null;
+  readonly spools: Record<StreamName, Spool | PacedBuffer>;
+  /** Whether the command's output is paused because a paced stream holds too much. */
+  private outputPaused = false;
   private readonly waiters = new Set<() => void>();
   private readonly doneWaiters = new Set<() => void>();
 
+  /**
+   * @param paced the output is held for the readers, not spooled; the handle's
+   *   pauseOutput/resumeOutput keep at most about {@link PACED_WINDOW_BYTES} held per stream
+   */
   constructor(
     readonly id: string,
     readonly sandboxId: string,
@@ -106,11 +205,14 @@ export class ExecSession {
     dir: string,
     spoolMaxBytes: number,
     readonly handle: AgentExecHandle,
+    readonly paced = false,
   ) {
-    this.spools = {
-      stdout: new Spool(path.join(dir, `${id}.stdout`), spoolMaxBytes),
-      stderr: new Spool(path.join(dir, `${id}.stderr`), spoolMaxBytes),
-    };
+    this.spools = paced
+      ? { stdout: new PacedBuffer(), stderr: new PacedBuffer() }
+      : {
+        stdout: new Spool(path.join(dir, `${id}.stdout`), spoolMaxBytes),
+        stderr: new Spool(path.join(dir, `${id}.stderr`), spoolMaxBytes),
+      };
   }
 
   /** True once the command ended (exit, exec error, or the sandbox went away). */
@@ -121,7 +223,30 @@ export class ExecSession {
   /** Called by the manager with each output chunk. */
   output(stream: StreamName, b: Buffer): void {
     this.spools[stream].append(b);
+    this.pace();
     this.wake();
+  }
+
+  /**
+   * A paced session pauses the command's output while a stream holds more than
+   * {@link PACED_WINDOW_BYTES} and resumes it once both hold a quarter of that or less.
+   */
+  private pace(): void {
+    if (!this.paced || this.ended) return;
+    const held = Math.max((this.spools.stdout as PacedBuffer).held, (this.spools.stderr as PacedBuffer).held);
+    if (!this.outputPaused && held > PACED_WINDOW_BYTES) {
+      this.outputPaused = true;
+      this.handle.pauseOutput();
+    } else if (this.outputPaused && held <= PACED_WINDOW_BYTES / 4) {
+      this.outputPaused = false;
+      this.handle.resumeOutput();
+    }
+  }
+
+  /** Bytes held for the readers of a paced session, per stream (0 when spooled). */
+  heldBytes(): Record<StreamName, number> {
+    if (!this.paced) return { stdout: 0, stderr: 0 };
+    return { stdout: (this.spools.stdout as PacedBuffer).held, stderr: (this.spools.stderr as PacedBuffer).held };
   }
 
   /** Called by the manager once the command ended. */
@@ -176,6 +301,7 @@ export class ExecSession {
    */
   async pipe(stream: StreamName, offset: number, follow: boolean, write: (b: Buffer) => Promise<void>, aborted: () => boolean = () => false): Promise<number> {
     const spool = this.spools[stream];
+    if (spool instanceof PacedBuffer) return this.pipePaced(spool, offset, follow, write, aborted);
     const fh = await open(spool.file, 'r');
     const buf = Buffer.allocUnsafe(256 * 1024);
     let pos = Math.max(0, offset);
@@ -195,6 +321,33 @@ export class ExecSession {
       return pos;
     } finally {
       await fh.close();
+    }
+  }
+
+  /**
+   * {@link pipe} for a paced stream: from the oldest byte held when `offset` is older;
+   * each chunk taken is let go once every reader has passed it, which may resume the
+   * command.
+   */
+  private async pipePaced(buf: PacedBuffer, offset: number, follow: boolean, write: (b: Buffer) => Promise<void>, aborted: () => boolean): Promise<number> {
+    const { key, pos: start } = buf.enter(offset);
+    let pos = start;
+    try {
+      for (;;) {
+        if (aborted()) return pos;
+        if (pos < buf.size) {
+          pos = Math.max(pos, buf.base);
+          const part = buf.take(key, pos, 256 * 1024);
+          pos += part.length;
+          this.pace();
+          await write(part);
+          continue;
+        }
+        if (!follow || this.ended) return pos;
+        await this.changed();
+      }
+    } finally {
+      buf.leave(key);
     }
   }
 
@@ -219,6 +372,8 @@ export class ExecSession {
       stderr_bytes: this.spools.stderr.size,
       stdout_dropped_bytes: this.spools.stdout.dropped,
       stderr_dropped_bytes: this.spools.stderr.dropped,
+      paced: this.paced,
+      oom_kills: this.ended ? this.oomKills : null,
     };
   }
 }
@@ -246,8 +401,8 @@ export class ExecRegistry {
 
   /**
    * Registers a session around a started agent exec: wires its output into the spool
-   * and its end into the session. `start` receives the output callbacks and must start
-   * the exec with them.
+   * (or, `paced`, into the buffer its readers pace) and its end into the session. `start`
+   * receives the output callbacks and must start the exec with them.
    */
   create(
     sandboxId: string,
@@ -256,6 +411,7 @@ export class ExecRegistry {
     tty: boolean,
     stdinOpen: boolean,
     start: (handlers: { onStdout(b: Buffer): void; onStderr(b: Buffer): void }) => AgentExecHandle,
+    paced = false,
   ): ExecSession {
     const id = randomBytes(16).toString('hex');
     const dir = this.o.spoolDir(sandboxId);
@@ -266,7 +422,7 @@ export class ExecRegistry {
       onStdout: (b) => (session ? session.output('stdout', b) : early.push(['stdout', b])),
       onStderr: (b) => (session ? session.output('stderr', b) : early.push(['stderr', b])),
     });
-    session = new ExecSession(id, sandboxId, ownerUid, argv, tty, stdinOpen, dir, this.spoolMax, handle);
+    session = new ExecSession(id, sandboxId, ownerUid, argv, tty, stdinOpen, dir, this.spoolMax, handle, paced);
     for (const [s, b] of early) session.output(s, b);
     this.sessions.set(id, session);
     const s = session;
@@ -325,10 +481,10 @@ export class ExecRegistry {
     const s = this.sessions.get(id);
     if (!s) return;
     this.sessions.delete(id);
-    s.spools.stdout.close();
-    s.spools.stderr.close();
-    await rm(s.spools.stdout.file, { force: true });
-    await rm(s.spools.stderr.file, { force: true });
+    for (const sp of [s.spools.stdout, s.spools.stderr]) {
+      sp.close();
+      if (sp instanceof Spool) await rm(sp.file, { force: true });
+    }
   }
 }
 

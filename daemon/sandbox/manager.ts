@@ -25,7 +25,7 @@ import os, { constants as osConstants } from 'node:os';
 const { ENOENT, E2BIG } = osConstants.errno;
 import type { ConsoleClientHandlers, MachineRestore, ReclaimReport, SandboxDriver, SandboxStats } from '../drivers/types.js';
 import { mkdir, readdir, rm } from 'node:fs/promises';
-import type { AgentClient } from '../agent/client.js';
+import type { AgentClient, AgentExecHandle } from '../agent/client.js';
 import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../image/store.js';
 import { normaliseExclude, packWritableLayer } from '../image/commit.js';
 import { procStartTime, signalName } from '../host/proc.js';
@@ -956,8 +956,14 @@ export class SandboxManager {
 
   /**
    * Starts an exec session: the command runs on its own, owned by `ownerUid`, its
-   * output spooled for any number of readers (daemon/sandbox/execs.ts).
-   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable (agent unreachable).
+   * output spooled for any number of readers, or with `paced` held for them and the
+   * command paused while they are behind (daemon/sandbox/execs.ts). Resolves once the
+   * program started or failed to (not found, not executable: an exited session with its
+   * error). The session's `oom_kills` is the sandbox's OOM kill count after it ended
+   * minus before it started.
+   * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable (agent
+   *   unreachable), InvalidArgument (a cwd or user the sandbox does not have, or argv and
+   *   env too long for execve; no session is kept).
    */
   async startExec(id: string, req: StartExecRequest, ownerUid: number): Promise<ExecSession> {
     const sb = this.d.repo.get(id);
@@ -968,15 +974,38 @@ export class SandboxManager {
     // Output may arrive before the session exists; it is held until the sink is set.
     const early: ['stdout' | 'stderr', Buffer][] = [];
     let sink: ((s: 'stdout' | 'stderr', b: Buffer) => void) | null = null;
-    const handle = await this.driver(sb.backend).startExec(sb, { ...cmd, stdin: !!req.stdin, tty: req.tty }, {
+    const drv = this.driver(sb.backend);
+    // The sandbox's OOM kill counter before and after the command (ExecInfo.oom_kills).
+    const oomBefore = drv.oomKillCount ? await drv.oomKillCount(sb) : null;
+    let session: ExecSession | null = null;
+    const started = await drv.startExec(sb, { ...cmd, stdin: !!req.stdin, tty: req.tty, paced: !!req.paced }, {
       onStdout: (b) => (sink ? sink('stdout', b) : early.push(['stdout', b])),
       onStderr: (b) => (sink ? sink('stderr', b) : early.push(['stderr', b])),
     });
-    const session = this.execs.create(id, ownerUid, req.argv, !!req.tty, !!req.stdin, (handlers) => {
+    // The session ends once the count after is read, so its ExecInfo at the end has it.
+    const done = started.done.then(async (outcome) => {
+      const after = oomBefore === null || !drv.oomKillCount ? null : await drv.oomKillCount(sb);
+      if (session) session.oomKills = after === null || oomBefore === null ? null : Math.max(0, after - oomBefore);
+      return outcome;
+    });
+    done.catch(() => {});
+    const handle: AgentExecHandle = { ...started, done };
+    session = this.execs.create(id, ownerUid, req.argv, !!req.tty, !!req.stdin, (handlers) => {
       sink = (s, b) => (s === 'stdout' ? handlers.onStdout(b) : handlers.onStderr(b));
       for (const [s, b] of early.splice(0)) sink(s, b);
       return handle;
-    });
+    }, !!req.paced);
+    // A cwd or user the sandbox does not have is the request's fault, as for POST .../exec
+    // (runExec): InvalidArgument, and no session is left behind.
+    const startFailed = await started.pid.then(() => false, () => true);
+    if (startFailed) {
+      await session.wait();
+      const o = session.outcome;
+      if (o?.kind === 'exec_error' && (/^(chdir|user)\b/.test(o.message) || o.errno === E2BIG)) {
+        await this.execs.remove(id, session.id, 0).catch(() => {});
+        throw invalidArgument(o.errno === E2BIG ? `sandbox ${id}: argument list and environment are too long for execve (${o.message})` : `sandbox ${id}: ${o.message}`);
+      }
+    }
     this.d.repo.event('exec.started', sb, `${session.id} ${JSON.stringify(req.argv).slice(0, 200)}`);
     void session.wait().then(() => {
       const i = session.info();
@@ -1062,7 +1091,7 @@ export class SandboxManager {
       const code = r.errno === ENOENT ? 127 : 126;
       return {
         exit_code: code, signal: null, stdout_b64: '', stderr_b64: Buffer.from(`dsec: ${r.message}\n`).toString('base64'),
-        stdout_truncated: false, stderr_truncated: false, duration_ms: 0, oom: false, timed_out: false,
+        stdout_truncated: false, stderr_truncated: false, duration_ms: 0, oom: false, oom_kills: r.oomKills, timed_out: false,
       };
     }
     return {
@@ -1074,6 +1103,7 @@ export class SandboxManager {
       stderr_truncated: r.stderrTruncated,
       duration_ms: Math.round(r.durationMs * 1000) / 1000,
       oom: r.oom,
+      oom_kills: r.oomKills,
       timed_out: r.timedOut,
     };
   }

@@ -78,6 +78,8 @@ interface StoredResult {
   exit_code: number | null;
   signal: string | null;
   oom: boolean;
+  /** ExecResult.oom_kills; absent in steps recorded before it existed. */
+  oom_kills?: number | null;
   timed_out: boolean;
   duration_ms: number;
   stdout_truncated: boolean;
@@ -233,8 +235,8 @@ export class TrajectoryLog {
   /** Records a step's result (the command ran to an end: exit, signal, timeout or OOM). */
   finish(tok: StepToken, r: ExecResult, now = Date.now()): void {
     const stored: StoredResult = {
-      exit_code: r.exit_code, signal: r.signal, oom: r.oom, timed_out: r.timed_out, duration_ms: r.duration_ms,
-      stdout_truncated: r.stdout_truncated, stderr_truncated: r.stderr_truncated,
+      exit_code: r.exit_code, signal: r.signal, oom: r.oom, ...(r.oom_kills !== undefined ? { oom_kills: r.oom_kills } : {}), timed_out: r.timed_out,
+      duration_ms: r.duration_ms, stdout_truncated: r.stdout_truncated, stderr_truncated: r.stderr_truncated,
     };
     this.db.transaction(() => {
       this.db.prepare('UPDATE trajectory_steps SET finished_at = ?, result = ?, stdout = ?, stderr = ?, error = NULL WHERE trajectory = ? AND step = ?')
@@ -266,7 +268,8 @@ export class TrajectoryLog {
     return {
       exit_code: s.exit_code, signal: s.signal,
       stdout_b64: (r.stdout ?? Buffer.alloc(0)).toString('base64'), stderr_b64: (r.stderr ?? Buffer.alloc(0)).toString('base64'),
-      stdout_truncated: s.stdout_truncated, stderr_truncated: s.stderr_truncated, duration_ms: s.duration_ms, oom: s.oom, timed_out: s.timed_out,
+      stdout_truncated: s.stdout_truncated, stderr_truncated: s.stderr_truncated, duration_ms: s.duration_ms, oom: s.oom,
+      ...(s.oom_kills !== undefined ? { oom_kills: s.oom_kills } : {}), timed_out: s.timed_out,
     };
   }
 

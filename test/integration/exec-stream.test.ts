@@ -1,20 +1,45 @@
 /**
  * Exec sessions: streamed output with bounded daemon memory, stdin, signals, PTYs,
- * background execs that outlive their client and re-attach, ownership, bad input.
+ * background execs that outlive their client and re-attach, ownership, bad input; paced
+ * sessions and the streamed `dsec exec`/`dsec run` (uncapped, byte-exact, flow-controlled
+ * from our stdout back to the command); OOM kills of a pipeline reported whatever the
+ * exit status.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readFileSync, chmodSync } from 'node:fs';
+import { spawn } from 'node:child_process';
+import { createHash } from 'node:crypto';
+import { closeSync, mkdtempSync, openSync, readFileSync, chmodSync, rmSync, statSync, createReadStream } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { performance } from 'node:perf_hooks';
+import path from 'node:path';
 import http from 'node:http';
 import { execa } from 'execa';
 import WebSocket from 'ws';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, runCli } from './harness.js';
+import { waitFor } from '../fixtures/agent.js';
 
-interface Info { exec_id: string; state: string; exit_code: number | null; signal: string | null; stdout_bytes: number; error: string | null; pid: number | null }
+interface Info { exec_id: string; state: string; exit_code: number | null; signal: string | null; stdout_bytes: number; error: string | null; pid: number | null; paced: boolean; oom_kills: number | null }
 
 /** RSS of a process in bytes (VmRSS). */
 function rss(pid: number): number {
   const m = /VmRSS:\s+(\d+) kB/.exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
   return m ? Number(m[1]) * 1024 : 0;
+}
+
+/** What a host process is blocked in (/proc/PID/wchan), or '' when it is gone. */
+function wchan(pid: number): string {
+  try {
+    return readFileSync(`/proc/${pid}/wchan`, 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** sha256 (hex) of a file, streamed. */
+async function sha256File(file: string): Promise<string> {
+  const h = createHash('sha256');
+  for await (const c of createReadStream(file)) h.update(c as Buffer);
+  return h.digest('hex');
 }
 
 describe.skipIf(!IS_ROOT)('exec sessions', () => {
@@ -180,6 +205,163 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
     } finally {
       chmodSync(d.socket, 0o660);
       await api('DELETE', `/execs/${e.exec_id}`);
+    }
+  });
+  /** Host pid of the process named `comm` in sandbox `id`, or 0. */
+  async function hostPid(id: string, comm: string): Promise<number> {
+    for (const pid of await (await d.cgroups()).pids(id)) {
+      try {
+        if (readFileSync(`/proc/${pid}/comm`, 'utf8').trim() === comm) return pid;
+      } catch { /* exited */ }
+    }
+    return 0;
+  }
+  const DSEC = path.join(REPO, 'bin/dsec');
+
+  it('a paced session holds the command back while no reader takes its output, and loses nothing', async () => {
+    const e = await api<Info>('POST', '/execs', { argv: ['sh', '-c', 'head -c 50000000 /dev/zero; echo done >&2'], paced: true });
+    expect(e.paced).toBe(true);
+    // Nobody reads: dsecd stops reading the agent, the agent the pipe, and `head` blocks
+    // writing it. A spooled session would have taken all 50 MB and ended.
+    await waitFor('head to block writing its pipe', async () => {
+      const i = await api<Info>('GET', `/execs/${e.exec_id}`);
+      if (i.state !== 'running') throw new Error(`the command ended with no reader (${i.stdout_bytes} bytes taken): not paced`);
+      return /pipe_write/.test(wchan(await hostPid(sb, 'head')));
+    }, 60_000);
+    // What it wrote so far: dsecd's window, the agent's queue, the pipe; far below 50 MB.
+    expect((await api<Info>('GET', `/execs/${e.exec_id}`)).stdout_bytes).toBeLessThan(16 * 2 ** 20);
+    let got = 0;
+    await output(e.exec_id, 'follow=true', (n) => { got += n; });
+    expect(got).toBe(50_000_000);
+    const done = await api<Info>('POST', `/execs/${e.exec_id}/wait?timeout_ms=60000`);
+    expect(done).toMatchObject({ state: 'exited', exit_code: 0, stdout_bytes: 50_000_000, stdout_dropped_bytes: 0, paced: true, oom_kills: 0 });
+    expect((await output(e.exec_id, 'stream=stderr')).toString()).toBe('done\n');
+  });
+
+  it('dsec exec streams 200 MB into a file, whole and byte for byte, with no note', async () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-exec-out-'));
+    try {
+      const file = path.join(dir, 'out');
+      const fd = openSync(file, 'w');
+      const cli = spawn(process.execPath, [DSEC, '--socket', d.socket, 'exec', sb, '--', 'head', '-c', '200000000', '/dev/zero'], { stdio: ['ignore', fd, 'pipe'] });
+      closeSync(fd);
+      let err = '';
+      cli.stderr!.on('data', (c: Buffer) => { err += c.toString(); });
+      let peak = 0;
+      const sample = setInterval(() => { try { peak = Math.max(peak, rss(cli.pid!)); } catch { /* exited */ } }, 50);
+      const code = await new Promise<number | null>((resolve) => cli.on('exit', (c) => resolve(c)));
+      clearInterval(sample);
+      expect(err).toBe('');
+      expect(code).toBe(0);
+      expect(statSync(file).size).toBe(200_000_000);
+      expect(await sha256File(file)).toBe(createHash('sha256').update(Buffer.alloc(200_000_000)).digest('hex'));
+      console.log(`exec-stream: dsec exec of 200 MB into a file; the CLI's peak RSS ${(peak / 2 ** 20).toFixed(1)} MiB`);
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+
+  it('a dsec exec whose stdout nobody reads holds the command back, and the CLI does not buffer it', async () => {
+    const cli = spawn(process.execPath, [DSEC, '--socket', d.socket, 'exec', sb, '--', 'head', '-c', '200000000', '/dev/zero'], { stdio: ['ignore', 'pipe', 'pipe'] });
+    cli.stdout!.pause();
+    let exited = false;
+    const exit = new Promise<number | null>((resolve) => cli.on('exit', (c) => { exited = true; resolve(c); }));
+    // Our stdout is full: the CLI stops reading its WebSocket, dsecd its paced buffer's
+    // reader, the agent the pipe, and `head` blocks writing. Flow control end to end.
+    await waitFor('head to block writing its pipe', async () => {
+      if (exited) throw new Error('the CLI exited while its stdout was not read');
+      return /pipe_write/.test(wchan(await hostPid(sb, 'head')));
+    }, 60_000);
+    // A generous design bound: the CLI holds what is in flight, not the 200 MB.
+    const held = rss(cli.pid!);
+    console.log(`exec-stream: dsec exec with an unread stdout: command blocked, the CLI's RSS ${(held / 2 ** 20).toFixed(1)} MiB`);
+    expect(held).toBeLessThan(160 * 2 ** 20);
+    let got = 0;
+    cli.stdout!.on('data', (c: Buffer) => { got += c.length; });
+    cli.stdout!.resume();
+    expect(await exit).toBe(0);
+    expect(got).toBe(200_000_000);
+  });
+
+  it('dsec exec: binary output byte-exact, stdout and stderr apart and in order, no newline added', async () => {
+    const script = 'head -c 20000000 /dev/urandom > /tmp/r; sha256sum /tmp/r > /tmp/r.sum; cat /tmp/r; '
+      + 'i=0; while [ $i -lt 300 ]; do echo "out $i"; echo "err $i" >&2; i=$((i+1)); done; printf "tail"; printf "err-tail" >&2';
+    const r = await execa(process.execPath, [DSEC, '--socket', d.socket, 'exec', sb, '--', 'sh', '-c', script], { encoding: 'buffer', reject: false, stripFinalNewline: false });
+    expect(r.exitCode).toBe(0);
+    const out = Buffer.from(r.stdout as Uint8Array);
+    const lines = Array.from({ length: 300 }, (_, i) => `out ${i}\n`).join('');
+    expect(out.length).toBe(20_000_000 + lines.length + 4);
+    const sum = (await d.client.exec(sb, { argv: ['cat', '/tmp/r.sum'] })).stdout.toString().split(' ')[0];
+    expect(createHash('sha256').update(out.subarray(0, 20_000_000)).digest('hex')).toBe(sum);
+    expect(out.subarray(20_000_000).toString()).toBe(lines + 'tail');
+    expect(Buffer.from(r.stderr as Uint8Array).toString()).toBe(Array.from({ length: 300 }, (_, i) => `err ${i}\n`).join('') + 'err-tail');
+  });
+
+  it('dsec exec exit codes: its own status, 128+N on a signal, 124 timeout, 126/127, 125 for a bad --cwd', async () => {
+    const cli = (...args: string[]) => runCli(d, ['exec', sb, ...args]);
+    expect((await cli('--', 'sh', '-c', 'echo hi; exit 3'))).toMatchObject({ code: 3, stdout: 'hi\n', stderr: '' });
+    expect((await cli('--', 'sh', '-c', 'kill -KILL $$'))).toMatchObject({ code: 137, stderr: 'dsec: command killed by SIGKILL (exit 137)\n' });
+    expect((await cli('--', 'sh', '-c', 'kill -TERM $$')).code).toBe(143);
+    const nf = await cli('--', 'no-such-binary');
+    expect(nf.code).toBe(127);
+    expect(nf.stderr).toMatch(/^dsec: .*no-such-binary/);
+    await d.client.exec(sb, { argv: ['sh', '-c', 'echo x > /tmp/noexec; chmod 644 /tmp/noexec'] });
+    expect((await cli('--', '/tmp/noexec')).code).toBe(126);
+    const slow = await cli('--timeout', '300ms', '--', 'sleep', '30');
+    expect(slow).toMatchObject({ code: 124, stderr: 'dsec: command timed out after 300ms and was killed (exit 124)\n' });
+    const cwd = await cli('--cwd', '/does/not/exist', '--', 'true');
+    expect(cwd.code).toBe(125);
+    expect(cwd.stderr).toMatch(/^dsec: .*\/does\/not\/exist.*\(InvalidArgument\)/);
+    // No session is left behind by the refused one.
+    expect((await d.client.listExecs(sb)).filter((x) => x.state === 'running')).toEqual([]);
+  });
+
+  it('dsec run streams its command the same way: more than 4 MiB, whole', async () => {
+    const r = await runCli(d, ['run', '--', 'sh', '-c', 'head -c 10000000 /dev/zero; echo end >&2']);
+    expect(r.code).toBe(0);
+    expect(r.stdout.length).toBe(10_000_000);
+    expect(r.stderr).toBe('end\n');
+  });
+
+  it('10,000 --env reach the command', async () => {
+    const env = Array.from({ length: 10_000 }, (_, i) => ['--env', `V${i}=x${i}`]).flat();
+    const t0 = performance.now();
+    const r = await runCli(d, ['exec', sb, ...env, '--', 'sh', '-c', 'env | grep -c "^V[0-9]*=x"; echo $V9999']);
+    console.log(`exec-stream: dsec exec with 10,000 --env, start to exit: ${Math.round(performance.now() - t0)} ms`);
+    expect(r).toMatchObject({ code: 0, stdout: '10000\nx9999\n' });
+  });
+
+  it('OOM kills inside a pipeline are reported though the command exits 0: API one-shot, session, CLI note', async () => {
+    const small = await d.client.createSandbox({ image: 'busybox', memory_bytes: 32 * 1024 * 1024 });
+    try {
+      // The inner shell collects 200 MB into a variable (not NULs: a shell drops those): its
+      // RSS makes it the OOM victim; the outer shell reports the pipeline's status (137)
+      // and exits 0.
+      const argv = ['sh', '-c', 'head -c 200000000 /dev/zero | tr "\\000" a | sh -c "x=\\$(cat)"; echo "pipeline $?"; exit 0'];
+      const freed = async () => {
+        const limit = (await d.client.sandboxStats(small.id)).memory_limit_bytes!;
+        await waitFor('the memory charge to fall below half the limit', async () => (await d.client.sandboxStats(small.id)).memory_bytes! < limit / 2, 60_000);
+      };
+      const one = await d.client.exec(small.id, { argv });
+      expect(one).toMatchObject({ exit_code: 0, oom: false });
+      expect(one.stdout.toString()).toBe('pipeline 137\n');
+      expect(one.oom_kills).toBeGreaterThanOrEqual(1);
+      await freed();
+      const quiet = await d.client.exec(small.id, { argv: ['true'] });
+      expect(quiet).toMatchObject({ exit_code: 0, oom: false, oom_kills: 0 });
+
+      const cli = await runCli(d, ['exec', small.id, '--', ...argv]);
+      expect(cli.code).toBe(0);
+      expect(cli.stdout).toBe('pipeline 137\n');
+      // The shell's own "Killed" comes first, then our note after the command's output.
+      expect(cli.stderr).toMatch(/\ndsec: note: the OOM killer killed (a process|\d+ processes) in the sandbox while this command ran [^\n]*\n$/);
+      const last = (await d.client.listExecs(small.id)).at(-1)!;
+      expect(last).toMatchObject({ state: 'exited', exit_code: 0, paced: true });
+      expect(last.oom_kills).toBeGreaterThanOrEqual(1);
+      await freed();
+      expect((await runCli(d, ['exec', small.id, '--', 'true'])).stderr).toBe('');
+    } finally {
+      await d.client.deleteSandbox(small.id, { force: true });
     }
   });
 });

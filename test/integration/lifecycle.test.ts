@@ -168,12 +168,18 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
       await d.client.exec(sb.id, {
         argv: ['sh', '-c', 'for i in 1 2; do (exec 3<>/dev/shm/fill$i; rm /dev/shm/fill$i; while :; do head -c 64000000 /dev/zero >&3; done) >/dev/null 2>&1 & echo $! >> /tmp/loops; done'],
       });
+      // The execs below must fork while the loops hold the cgroup at its limit. Filling 32
+      // MiB takes the loops the better part of a second (busybox `head` under the
+      // sandbox's CPU quota), longer on a loaded host, while 20 execs on a warm dsecd can
+      // be done sooner: they would then check nothing (and oom_kills would read 0). So the
+      // execs start once the first OOM kill shows the limit reached; the loops restart
+      // `head` after each kill and keep the cgroup full until their subshells are killed.
+      await waitFor('the loops to reach the memory limit (an OOM kill)', async () => (await d.client.sandboxStats(sb.id)).oom_kills! > 0, 60_000);
       for (let i = 0; i < 20; i++) {
         // Throws once the agent is gone (the sandbox is failed); the command itself may be
         // the victim, which is the kernel's choice among equals.
         await d.client.exec(sb.id, { argv: ['echo', `alive ${i}`] });
       }
-      expect((await d.client.sandboxStats(sb.id)).oom_kills).toBeGreaterThan(0);
       expect(await d.client.getSandbox(sb.id)).toMatchObject({ state: 'running', init_pid: init });
       // Stop the loops; their last `head` dies at its next OOM or write, which frees the files.
       for (let i = 0; i < 20; i++) {

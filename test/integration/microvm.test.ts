@@ -93,6 +93,12 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm sandboxes', () =>
     const bytes = (await slurp(await d.client.execOutput(id, big.exec_id, { follow: true }))).length;
     expect(bytes).toBe(8 << 20);
     expect(await d.client.waitExec(id, big.exec_id)).toMatchObject({ state: 'exited', exit_code: 0 });
+    // Paced (what `dsec exec` streams through): its own mux stream, paused while unread;
+    // every byte arrives; the guest's OOM kills are not visible from the host (null).
+    const paced = await d.client.startExec(id, { argv: ['head', '-c', String(24 << 20), '/dev/zero'], paced: true });
+    expect((await slurp(await d.client.execOutput(id, paced.exec_id, { follow: true }))).length).toBe(24 << 20);
+    expect(await d.client.waitExec(id, paced.exec_id)).toMatchObject({ state: 'exited', exit_code: 0, paced: true, stdout_dropped_bytes: 0, oom_kills: null });
+    expect((await d.client.exec(id, { argv: ['true'] })).oom_kills).toBeNull();
     // PTY: the program sees a terminal of the asked size.
     const tty = await d.client.startExec(id, { argv: ['sh', '-c', 'stty size; tty'], tty: { rows: 33, cols: 101 } });
     await d.client.waitExec(id, tty.exec_id);

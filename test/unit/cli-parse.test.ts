@@ -101,11 +101,37 @@ describe('labels, env, selectors', () => {
       expect(() => parseLabel(bad), bad).toThrow(UserError);
     }
   });
-  it('repeatable --label accumulates without mutating the previous value', () => {
+  it('repeatable --label accumulates, never changing a record it did not make', () => {
     const first = collectLabel('job=a', undefined);
     const second = collectLabel('round=3', first);
     expect(second).toEqual({ job: 'a', round: '3' });
-    expect(first).toEqual({ job: 'a' });
+    const given = Object.freeze({ team: 'x' });
+    expect(collectLabel('job=a', given)).toEqual({ team: 'x', job: 'a' });
+    expect(given).toEqual({ team: 'x' });
+  });
+  it('10,000 --env or --label cost one record, not a copy per flag (linear, not quadratic)', () => {
+    // Copying the record on each flag made n flags O(n²): 10,000 --env took 13.8 s of
+    // CPU. The structure shows it without a clock: every call after the first must
+    // return the very record the first one made.
+    for (const [collect, name, make] of [[collectEnv, '--env', (i: number) => `V${i}=x${i}`], [collectLabel, '--label', (i: number) => `k${i}=v${i}`]] as const) {
+      const f = flag(name, collect);
+      const first = f(make(0), undefined);
+      let acc = first;
+      for (let i = 1; i < 10_000; i++) {
+        const next = f(make(i), acc);
+        if (next !== acc) expect.fail(`${name} #${i} returned a copy of the record`);
+        acc = next;
+      }
+      expect(Object.keys(acc).length).toBe(10_000);
+      expect(Object.entries(acc).every(([k, v], i) => k === make(i).split('=')[0] && v === make(i).split('=')[1])).toBe(true);
+      expect(() => f(make(1234), acc)).toThrow(/given twice/);
+    }
+  });
+  it('an env name __proto__ is an ordinary key', () => {
+    const e = collectEnv('B=2', collectEnv('__proto__=1', undefined));
+    expect(Object.getPrototypeOf(e)).toBe(Object.prototype);
+    expect(Object.keys(e)).toEqual(['__proto__', 'B']);
+    expect(JSON.parse(JSON.stringify(e))).toEqual(e);
   });
   it('a label key or env name given twice is a UserError naming it', () => {
     const l = catchErr(() => collectLabel('a=c', collectLabel('a=b', undefined)));

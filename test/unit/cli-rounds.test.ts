@@ -1,6 +1,6 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { BulkResult } from '../../sdk/index.js';
-import { fail, fakeLease, fakeReclaim, fakeSandbox, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
+import { fail, fakeLease, fakeReclaim, fakeSandbox, json, ok, runCli, serveStreamedExec, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
 
 // The RL-round verbs of the CLI (pause, resume, --selector on pause/resume/stop/rm, ttl,
 // job lease/renew/ls/rm, create/run --priority/--idle-timeout, ls --wide), run in-process
@@ -492,6 +492,7 @@ describe('create and run: --priority, --idle-timeout', () => {
     routes['POST /v1/sandboxes'] = ok(fakeSandbox(), 201);
     routes['POST /v1/sandboxes/:id/exec'] = ok({ exit_code: 0, signal: null, stdout_b64: '', stderr_b64: '', stdout_truncated: false, stderr_truncated: false, duration_ms: 1, oom: false, timed_out: false });
     routes['DELETE /v1/sandboxes/:id'] = ok(fakeSandbox({ state: 'destroyed' }));
+    serveStreamedExec(fake);
     const r = await dsec(['run', '--priority', 'batch', '--idle-timeout', '1h', '--', 'true']);
     expect(r.code).toBe(0);
     expect(seen[0].body).toEqual({ priority: 'batch', idle_timeout_s: 3600 });

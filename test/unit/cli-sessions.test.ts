@@ -138,7 +138,7 @@ describe('exec -t / -i', () => {
     const stdout = new Sink(true, 100, 40);
     const run = dsec(['exec', '-it', ID, '--', 'sh'], { stdin, stdout });
     await until(() => logs.length === 1 && stdout.text === '$ ', 'prompt');
-    expect(fake.seen[0].body).toEqual({ argv: ['sh'], stdin: true, tty: { rows: 40, cols: 100 } });
+    expect(fake.seen[0].body).toEqual({ argv: ['sh'], stdin: true, tty: { rows: 40, cols: 100 }, paced: true });
     expect(logs[0].query.get('kill_on_detach')).toBe('true');
     expect(stdin.rawLog).toEqual([true]);
     stdin.write('ls\r');
@@ -217,7 +217,7 @@ describe('exec -t / -i', () => {
     expect(r.code).toBe(3);
     expect(r.out).toBe('hello world');
     expect(r.err).toBe('warn\n');
-    expect(fake.seen[0].body).toEqual({ argv: ['cat'], stdin: true });
+    expect(fake.seen[0].body).toEqual({ argv: ['cat'], stdin: true, paced: true });
     expect(logs[0].control).toEqual([{ type: 'stdin_eof' }]);
   });
 

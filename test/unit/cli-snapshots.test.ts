@@ -468,8 +468,10 @@ describe('dsec exec --trajectory', () => {
     expect(seen[0].body).toEqual({ argv: ['make', 'test'], trajectory: 'ep-7', step: 4, truncate: true });
     await dsec(['exec', '--trajectory', 'ep-7', '--step', '0', ID, '--', 'ls']);
     expect(seen[1].body).toEqual({ argv: ['ls'], trajectory: 'ep-7', step: 0 });
+    // Without --trajectory the command is streamed (a paced session), with no step fields.
     await dsec(['exec', ID, '--', 'ls']);
-    expect(seen[2].body).toEqual({ argv: ['ls'] });
+    expect(seen[2].path).toBe(`/v1/sandboxes/${ID}/execs`);
+    expect(seen[2].body).toEqual({ argv: ['ls'], paced: true });
   });
 
   it('a replayed result prints the recorded output and the note on stderr', async () => {

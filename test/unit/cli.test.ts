@@ -5,7 +5,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { main } from '../../cli/main.js';
 import { apiErrorHint } from '../../cli/util/errors.js';
 import { DsecApiError, type Event, type ExecResult, type HostInfo, type Sandbox } from '../../sdk/index.js';
-import { Interrupts, Sink, fail, fakeSandbox, json, ok, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
+import { Interrupts, Sink, fail, fakeExecInfo, fakeSandbox, json, ok, runCli, serveStreamedExec, startFakeDsecd, type FakeDsecd, type Ran, type Route, type Seen } from '../fixtures/fake-dsecd.js';
 
 // The CLI runs in-process against a tiny fake dsecd (test/fixtures/fake-dsecd.ts: node:http
 // on a temp Unix socket) whose answers each test sets through `route`.
@@ -360,90 +360,178 @@ describe('rm', () => {
 });
 
 describe('exec', () => {
-  it('writes the command\'s stdout and stderr bytes and exits with its code', async () => {
-    const bin = Buffer.from([0xde, 0xad, 0xbe, 0xef, 0x0a]);
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 3, stdout_b64: b64(bin), stderr_b64: b64('oops\n') }));
+  const started = () => seen.find((x) => x.method === 'POST' && x.path === `/v1/sandboxes/${ID}/execs`)!;
+  const attached = () => seen.find((x) => x.path === `/v1/sandboxes/${ID}/execs/a1b2c3d4e5f60718293a4b5c6d7e8f90/attach`);
+
+  it('streams the command\'s stdout and stderr bytes through a paced session and exits with its code', async () => {
+    const bin = Buffer.from([0xde, 0xad, 0xbe, 0xef, 0x0a, 0x00, 0xff]);
+    const atts = serveStreamedExec(fake, { frames: [[1, bin.subarray(0, 3)], [2, 'oo'], [1, bin.subarray(3)], [2, 'ps\n']], end: { exit_code: 3 } });
     const r = await dsec(['exec', ID, '--env', 'A=1', '--cwd', '/work', '--user', 'nobody', '--', 'sh', '-c', 'exit 3']);
     expect(r.code).toBe(3);
     expect(r.outBuf.equals(bin)).toBe(true);
     expect(r.err).toBe('oops\n');
-    expect(seen[0].path).toBe(`/v1/sandboxes/${ID}/exec`);
-    expect(seen[0].body).toEqual({ argv: ['sh', '-c', 'exit 3'], env: { A: '1' }, cwd: '/work', user: 'nobody' });
+    expect(started().body).toEqual({ argv: ['sh', '-c', 'exit 3'], env: { A: '1' }, cwd: '/work', user: 'nobody', paced: true });
+    // Killed if we go away; no one-shot exec call.
+    expect(atts[0].query.get('kill_on_detach')).toBe('true');
+    expect(attached()).toBeDefined();
+    expect(seen.some((x) => x.path.endsWith('/exec'))).toBe(false);
+    expect(interruptHandlers.size).toBe(0);
+  });
+
+  it('output without a final newline and more than 4 MiB comes through whole, in order per stream', async () => {
+    const chunks = Array.from({ length: 40 }, (_, i) => Buffer.alloc(256 * 1024, i));
+    serveStreamedExec(fake, { frames: [...chunks.map((c) => [1, c] as [1, Buffer]), [1, 'no newline'], [2, 'e1\n'], [2, 'e2']] });
+    const r = await dsec(['exec', ID, '--', 'big']);
+    expect(r.code).toBe(0);
+    expect(r.outBuf.equals(Buffer.concat([...chunks, Buffer.from('no newline')]))).toBe(true);
+    expect(r.err).toBe('e1\ne2');
   });
 
   it('words after -- belong to the command, even ones that look like dsec flags', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ stdout_b64: b64('raw\n') }));
+    serveStreamedExec(fake, { frames: [[1, 'raw\n']] });
     const r = await dsec(['exec', ID, '--', 'tool', '--json', '--timeout', 'x', '-i']);
     expect(r.code).toBe(0);
     expect(r.out).toBe('raw\n');
-    expect(seen[0].body).toEqual({ argv: ['tool', '--json', '--timeout', 'x', '-i'] });
+    expect(started().body).toEqual({ argv: ['tool', '--json', '--timeout', 'x', '-i'], paced: true });
   });
 
   it('a command killed by SIGKILL exits 137 with a note', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL' }));
+    serveStreamedExec(fake, { end: { exit_code: null, signal: 'SIGKILL' } });
     const r = await dsec(['exec', ID, '--', 'sleep', '1']);
     expect(r.code).toBe(137);
     expect(r.err).toBe('dsec: command killed by SIGKILL (exit 137)\n');
   });
 
   it('127 (not found) and 126 (not executable) pass through', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 127, stderr_b64: b64('nope: not found\n') }));
+    serveStreamedExec(fake, { end: { exit_code: 127, error: 'exec: nope: No such file or directory' } });
     const r = await dsec(['exec', ID, 'nope']);
     expect(r.code).toBe(127);
-    expect(r.err).toBe('nope: not found\n');
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 126 }));
+    expect(r.err).toBe('dsec: exec: nope: No such file or directory\n');
+    serveStreamedExec(fake, { end: { exit_code: 126, error: 'exec: /etc/passwd: Permission denied' } });
     expect((await dsec(['exec', ID, '/etc/passwd'])).code).toBe(126);
   });
 
   it('a timeout exits 124 with a note and sends timeout_ms', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL', timed_out: true, stdout_b64: b64('partial') }));
+    serveStreamedExec(fake, { frames: [[1, 'partial']], end: { exit_code: null, signal: 'SIGKILL', timed_out: true } });
     const r = await dsec(['exec', ID, '--timeout', '2s', '--', 'sleep', '10']);
     expect(r.code).toBe(124);
     expect(r.out).toBe('partial');
     expect(r.err).toBe('dsec: command timed out after 2s and was killed (exit 124)\n');
-    expect(seen[0].body.timeout_ms).toBe(2000);
+    expect(started().body.timeout_ms).toBe(2000);
   });
 
-  it('--json prints the ExecResult as the API sent it and keeps the exit code', async () => {
+  it('--json runs it in one call and prints the ExecResult as the API sent it, keeping the exit code', async () => {
     const res = execResult({ exit_code: 3, stdout_b64: b64('hi\n') });
     routes['POST /v1/sandboxes/:id/exec'] = ok(res);
     const r = await dsec(['--json', 'exec', ID, '--', 'sh', '-c', 'echo hi; exit 3']);
     expect(r.code).toBe(3);
     expect(JSON.parse(r.out)).toEqual(res);
     expect(r.err).toBe('');
+    expect(seen.map((x) => `${x.method} ${x.path}`)).toEqual([`POST /v1/sandboxes/${ID}/exec`]);
   });
 
-  it('notes truncated output and OOM on stderr', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL', oom: true, stdout_truncated: true }));
-    const r = await dsec(['exec', ID, 'big']);
+  it('--json notes truncated output and OOM on stderr', async () => {
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL', oom: true, oom_kills: 1, stdout_truncated: true }));
+    const r = await dsec(['--json', 'exec', ID, 'big']);
     expect(r.code).toBe(137);
     expect(r.err).toMatch(/stdout was truncated/);
     expect(r.err).toMatch(/ran out of memory/);
   });
 
+  it('OOM kills during the exec are noted whatever its exit status (a pipeline whose head was killed exits 0)', async () => {
+    serveStreamedExec(fake, { frames: [[1, 'partial\n']], end: { exit_code: 0, oom_kills: 1 } });
+    let r = await dsec(['exec', ID, '--', 'sh', '-c', 'head -c 1G /dev/zero | sort | tail -1']);
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('partial\n');
+    expect(r.err).toBe('dsec: note: the OOM killer killed a process in the sandbox while this command ran (one it started, or one of another command running at the same time); its output may be incomplete\n');
+    serveStreamedExec(fake, { end: { exit_code: 0, oom_kills: 3 } });
+    r = await dsec(['exec', ID, '--', 'pipeline']);
+    expect(r.err).toMatch(/^dsec: note: the OOM killer killed 3 processes in the sandbox while this command ran/);
+    // The command itself killed: the note the one-shot `oom` gives.
+    serveStreamedExec(fake, { end: { exit_code: null, signal: 'SIGKILL', oom_kills: 1 } });
+    r = await dsec(['exec', ID, '--', 'hog']);
+    expect(r.code).toBe(137);
+    expect(r.err).toBe('dsec: note: the sandbox ran out of memory during this command (OOM kill)\ndsec: command killed by SIGKILL (exit 137)\n');
+    // None, or unknown (a VM guest): no note.
+    serveStreamedExec(fake, { end: { exit_code: 0, oom_kills: null } });
+    expect((await dsec(['exec', ID, '--', 'true'])).err).toBe('');
+    // The one-shot form (--json) says so too.
+    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 0, oom: false, oom_kills: 2 }));
+    r = await dsec(['--json', 'exec', ID, '--', 'pipeline']);
+    expect(r.code).toBe(0);
+    expect(r.err).toMatch(/^dsec: note: the OOM killer killed 2 processes in the sandbox while this command ran/);
+  });
+
+  it('the first ^C goes to the command as SIGINT (its exit is ours), a second one kills it (exit 130)', async () => {
+    serveStreamedExec(fake, { hold: true, onControl: (m, ws) => m.type === 'signal' && ws.send(JSON.stringify({ type: 'exit', ...fakeExecInfo({ state: 'exited', signal: 'SIGINT', oom_kills: 0 }) }), () => ws.close(1000)) });
+    onRequest = (x) => { if (x.path.endsWith('/attach')) setTimeout(() => interrupt('SIGINT'), 20); };
+    let r = await dsec(['exec', ID, '--', 'sleep', 'inf']);
+    expect(r.code).toBe(130);
+    expect(r.err).toBe('dsec: command killed by SIGINT (exit 130)\n');
+    expect(interruptHandlers.size).toBe(0);
+
+    // A command that ignores SIGINT: the second ^C lets go, which kills it (kill_on_detach).
+    const atts = serveStreamedExec(fake, { hold: true, onControl: (m) => m.type === 'signal' && interrupt('SIGINT') });
+    onRequest = (x) => { if (x.path.endsWith('/attach')) setTimeout(() => interrupt('SIGINT'), 20); };
+    r = await dsec(['exec', ID, '--', 'sleep', 'inf']);
+    expect(r.code).toBe(130);
+    expect(r.err).toBe('dsec: interrupted by SIGINT; the command was killed\n');
+    expect(atts[0].control).toEqual([{ type: 'signal', signal: 'SIGINT' }]);
+    expect(interruptHandlers.size).toBe(0);
+  });
+
   it('an exec on a missing sandbox is 125 with the NotFound hint', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = fail(404, 'NotFound', 'sandbox nope not found');
+    routes['POST /v1/sandboxes/:id/execs'] = fail(404, 'NotFound', 'sandbox nope not found');
     const r = await dsec(['exec', 'nope', '--', 'true']);
     expect(r.code).toBe(125);
     expect(r.err).toBe('dsec: sandbox nope not found (NotFound)\nhint: list sandboxes with `dsec ls`\n');
   });
+
+  it('10,000 --env reach dsecd whole and in order', async () => {
+    serveStreamedExec(fake);
+    const args = Array.from({ length: 10_000 }, (_, i) => ['--env', `V${i}=x${i}`]).flat();
+    const r = await dsec(['exec', ID, ...args, '--', 'env']);
+    expect(r.code).toBe(0);
+    expect(started().body.env).toEqual(Object.fromEntries(Array.from({ length: 10_000 }, (_, i) => [`V${i}`, `x${i}`])));
+    expect(Object.keys(started().body.env)).toEqual(Array.from({ length: 10_000 }, (_, i) => `V${i}`));
+  });
 });
 
 describe('run', () => {
-  it('creates, execs, destroys and exits with the command\'s code', async () => {
+  it('creates, execs (streamed), destroys and exits with the command\'s code', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 3, stdout_b64: b64('out\n') }));
+    serveStreamedExec(fake, { frames: [[1, 'out\n']], end: { exit_code: 3 } });
     routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
     const r = await dsec(['run', '--image', 'busybox', '--memory', '64M', '--label', 'job=a', '--timeout', '5s', '--', 'sh', '-c', 'exit 3']);
     expect(r.code).toBe(3);
     expect(r.out).toBe('out\n');
-    expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual(['POST /v1/sandboxes', `POST /v1/sandboxes/${ID}/exec`, `DELETE /v1/sandboxes/${ID}`]);
+    expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual([
+      'POST /v1/sandboxes', `POST /v1/sandboxes/${ID}/execs`, `GET /v1/sandboxes/${ID}/execs/a1b2c3d4e5f60718293a4b5c6d7e8f90/attach`, `DELETE /v1/sandboxes/${ID}`,
+    ]);
     expect(seen[0].body).toEqual({ image: 'busybox', memory_bytes: 64 * 1024 ** 2, labels: { job: 'a' } });
-    expect(seen[1].body).toEqual({ argv: ['sh', '-c', 'exit 3'], timeout_ms: 5000 });
-    expect(seen[2].query.get('force')).toBe('true');
+    expect(seen[1].body).toEqual({ argv: ['sh', '-c', 'exit 3'], timeout_ms: 5000, paced: true });
+    expect(seen[2].query.get('kill_on_detach')).toBe('true');
+    expect(seen[3].query.get('force')).toBe('true');
   });
 
-  it('--json prints the ExecResult with the sandbox id', async () => {
+  it('-i streams our stdin to the command, then EOF', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    const atts = serveStreamedExec(fake, {
+      hold: true,
+      onControl: (m, ws) => {
+        if (m.type !== 'stdin_eof') return;
+        ws.send(Buffer.concat([Buffer.from([1]), ...atts[0].stdin]));
+        ws.send(JSON.stringify({ type: 'exit', ...fakeExecInfo({ state: 'exited', exit_code: 0, oom_kills: 0 }) }), () => ws.close(1000));
+      },
+    });
+    const r = await dsec(['run', '-i', '--', 'cat'], { stdin: Readable.from([Buffer.from('in '), Buffer.from('put')]) });
+    expect(r.code).toBe(0);
+    expect(r.out).toBe('in put');
+    expect(seen[1].body).toEqual({ argv: ['cat'], stdin: true, paced: true });
+  });
+
+  it('--json runs in one call and prints the ExecResult with the sandbox id', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
     routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: null, signal: 'SIGKILL' }));
     routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
@@ -454,7 +542,7 @@ describe('run', () => {
 
   it('destroys the sandbox even when exec fails, then exits 125', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
-    routes['POST /v1/sandboxes/:id/exec'] = fail(412, 'FailedPrecondition', `sandbox ${ID} is not running`);
+    routes['POST /v1/sandboxes/:id/execs'] = fail(412, 'FailedPrecondition', `sandbox ${ID} is not running`);
     routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
     const r = await dsec(['run', '--', 'true']);
     expect(r.code).toBe(125);
@@ -464,6 +552,21 @@ describe('run', () => {
 
   it('destroys the sandbox on SIGINT and exits 130', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
+    const atts = serveStreamedExec(fake, { hold: true, onControl: (m) => m.type === 'signal' && interrupt('SIGINT') });
+    routes['DELETE /v1/sandboxes/:id'] = ok(sandbox({ state: 'destroyed' }));
+    onRequest = (s) => {
+      if (s.path.endsWith('/attach')) setTimeout(() => interrupt('SIGINT'), 20);
+    };
+    const r = await dsec(['run', '--', 'sleep', 'inf']);
+    expect(r.code).toBe(130);
+    expect(r.err).toBe('dsec: interrupted by SIGINT; the command was killed\n');
+    expect(atts[0].control).toEqual([{ type: 'signal', signal: 'SIGINT' }]);
+    expect(seen.map((s) => `${s.method} ${s.path}`).at(-1)).toBe(`DELETE /v1/sandboxes/${ID}`);
+    expect(interruptHandlers.size).toBe(0);
+  });
+
+  it('a SIGINT while the one-shot exec (--json) runs abandons it and destroys the sandbox', async () => {
+    routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
     routes['POST /v1/sandboxes/:id/exec'] = () => {
       /* a command that never finishes */
     };
@@ -471,7 +574,7 @@ describe('run', () => {
     onRequest = (s) => {
       if (s.path.endsWith('/exec')) setImmediate(() => interrupt('SIGINT'));
     };
-    const r = await dsec(['run', '--', 'sleep', 'inf']);
+    const r = await dsec(['run', '--json', '--', 'sleep', 'inf']);
     expect(r.code).toBe(130);
     expect(r.err).toBe(`dsec: interrupted by SIGINT; destroying sandbox ${ID}\n`);
     expect(seen.map((s) => `${s.method} ${s.path}`)).toEqual(['POST /v1/sandboxes', `POST /v1/sandboxes/${ID}/exec`, `DELETE /v1/sandboxes/${ID}`]);
@@ -491,7 +594,7 @@ describe('run', () => {
 
   it('a failed destroy is a warning naming the sandbox; the command\'s code is kept', async () => {
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult({ exit_code: 0 }));
+    serveStreamedExec(fake);
     routes['DELETE /v1/sandboxes/:id'] = fail(500, 'Internal', 'runc delete failed');
     const r = await dsec(['run', '--', 'true']);
     expect(r.code).toBe(0);
@@ -588,11 +691,11 @@ describe('durations need a unit', () => {
   });
 
   it('units are accepted as before: 500ms, 2s, 1m, 1h, 1d and combinations', async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = ok(execResult());
+    serveStreamedExec(fake);
     routes['POST /v1/sandboxes'] = ok(sandbox(), 201);
     for (const [dur, ms] of [['500ms', 500], ['2s', 2000], ['1m', 60_000], ['1h', 3_600_000], ['1m30s', 90_000]] as const) {
       expect((await dsec(['exec', ID, '--timeout', dur, '--', 'true'])).code).toBe(0);
-      expect(seen.at(-1)!.body.timeout_ms).toBe(ms);
+      expect(seen.filter((x) => x.method === 'POST').at(-1)!.body.timeout_ms).toBe(ms);
     }
     expect((await dsec(['create', '--ttl', '1d'])).code).toBe(0);
     expect(seen.at(-1)!.body.ttl_s).toBe(86_400);
@@ -774,7 +877,7 @@ describe('hints tell why dsecd is unavailable', () => {
   });
 
   it("dsecd's own 503 about an agent: the agent is unreachable, not dsecd", async () => {
-    routes['POST /v1/sandboxes/:id/exec'] = fail(503, 'Unavailable', `sandbox ${ID}: cannot reach its agent: connect ENOENT`);
+    routes['POST /v1/sandboxes/:id/execs'] = fail(503, 'Unavailable', `sandbox ${ID}: cannot reach its agent: connect ENOENT`);
     const r = await dsec(['exec', ID, '--', 'true']);
     expect(r.code).toBe(125);
     expect(r.err).toBe(`dsec: sandbox ${ID}: cannot reach its agent: connect ENOENT (Unavailable)\nhint: ${AGENT}\n`);
@@ -792,7 +895,7 @@ describe('hints tell why dsecd is unavailable', () => {
   it('Internal points at the log; Conflict says retry', async () => {
     routes['GET /v1/sandboxes'] = fail(500, 'Internal', 'database is locked');
     expect((await dsec(['ls'])).err).toBe(`dsec: database is locked (Internal)\nhint: ${LOG}\n`);
-    routes['POST /v1/sandboxes/:id/exec'] = fail(409, 'Conflict', `sandbox ${ID} was stopped while the command ran`);
+    routes['POST /v1/sandboxes/:id/execs'] = fail(409, 'Conflict', `sandbox ${ID} was stopped while the command ran`);
     expect((await dsec(['exec', ID, '--', 'true'])).err).toBe(`dsec: sandbox ${ID} was stopped while the command ran (Conflict)\nhint: retry, or check \`dsec inspect ID\`\n`);
   });
 });
@@ -822,13 +925,13 @@ describe('duplicate flags and an empty --socket', () => {
   });
 });
 
-describe('exec interrupted', () => {
+describe('exec interrupted (the one-shot form: --json)', () => {
   it('SIGINT stops waiting, says the command may still run, exits 130 and unregisters', async () => {
     routes['POST /v1/sandboxes/:id/exec'] = () => {
       /* a command that never finishes */
     };
     onRequest = () => setImmediate(() => interrupt('SIGINT'));
-    const r = await dsec(['exec', ID, '--', 'sleep', 'inf']);
+    const r = await dsec(['--json', 'exec', ID, '--', 'sleep', 'inf']);
     expect(r.code).toBe(130);
     expect(r.out).toBe('');
     expect(r.err).toBe(`dsec: interrupted; the command may still be running in sandbox ${ID} (stop it with dsec exec ${ID} -- kill ...)\n`);
@@ -839,12 +942,12 @@ describe('exec interrupted', () => {
   it('SIGTERM exits 143', async () => {
     routes['POST /v1/sandboxes/:id/exec'] = () => {};
     onRequest = () => setImmediate(() => interrupt('SIGTERM'));
-    expect((await dsec(['exec', ID, '--', 'sleep', 'inf'])).code).toBe(143);
+    expect((await dsec(['--json', 'exec', ID, '--', 'sleep', 'inf'])).code).toBe(143);
   });
 
   it('a finished exec unregisters its handler', async () => {
     routes['POST /v1/sandboxes/:id/exec'] = ok(execResult());
-    expect((await dsec(['exec', ID, '--', 'true'])).code).toBe(0);
+    expect((await dsec(['--json', 'exec', ID, '--', 'true'])).code).toBe(0);
     expect(interruptHandlers.size).toBe(0);
   });
 });

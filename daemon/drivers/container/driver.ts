@@ -562,7 +562,7 @@ export class ContainerDriver implements SandboxDriver {
     // An fncall worker runs one call at a time, so the count read after its previous call
     // is exact and saves a cgroup read per call; other sandboxes read it afresh.
     const cached = req.isolate ? this.oomSeen.get(sb.id) : undefined;
-    const oomBefore = cached ?? await this.d.cgroups.oomKills(sb.id).catch(() => 0);
+    const oomBefore = cached ?? await this.oomKillCount(sb);
     let res;
     try {
       res = await client.exec({
@@ -573,15 +573,24 @@ export class ContainerDriver implements SandboxDriver {
       if (e instanceof DsecError) throw e;
       throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
     }
-    const oomAfter = await this.d.cgroups.oomKills(sb.id).catch(() => oomBefore);
-    if (req.isolate) this.oomSeen.set(sb.id, oomAfter);
+    const oomAfter = await this.oomKillCount(sb);
+    if (req.isolate) {
+      if (oomAfter === null) this.oomSeen.delete(sb.id);
+      else this.oomSeen.set(sb.id, oomAfter);
+    }
     if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
       throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
     }
-    // The counter is per sandbox: attribute an OOM kill to this exec only when the
-    // command itself died of SIGKILL while the counter rose.
-    const oom = oomAfter > oomBefore && res.kind === 'exit' && res.signal === 9;
-    return { ...res, oom };
+    // The counter is per sandbox: every kill while the command ran is reported
+    // (oomKills: a process of a pipeline, or of another command running at the same
+    // time), and `oom` says the command itself died of SIGKILL while it rose.
+    const oomKills = oomBefore === null || oomAfter === null ? null : Math.max(0, oomAfter - oomBefore);
+    const oom = (oomKills ?? 0) > 0 && res.kind === 'exit' && res.signal === 9;
+    return { ...res, oom, oomKills };
+  }
+
+  async oomKillCount(sb: Pick<SandboxRecord, 'id'>): Promise<number | null> {
+    return this.d.cgroups.oomKills(sb.id).catch(() => null);
   }
 
   async agentClient(sb: SandboxRecord): Promise<AgentClient> {
@@ -596,7 +605,8 @@ export class ContainerDriver implements SandboxDriver {
     // An exec that takes stdin gets a connection of its own: the agent stops reading a
     // connection while one of its execs has a large stdin backlog (a command that does
     // not read), and that must never stall the sandbox's other execs and file copies.
-    if (req.stdin || req.tty) {
+    // So does a paced one: pausing its output pauses the whole connection.
+    if (req.stdin || req.tty || req.paced) {
       let own: AgentClient;
       try {
         own = await AgentClient.connect(path.join(this.dir(sb.id), 'agent.sock'), { timeoutMs: 5_000 });

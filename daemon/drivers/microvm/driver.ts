@@ -863,7 +863,7 @@ export class MicrovmDriver implements SandboxDriver {
     }
     if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
     // The guest's OOM killer is not visible in the VMM's cgroup (an OOM kill there would end QEMU itself).
-    return { ...res, oom: false };
+    return { ...res, oom: false, oomKills: null };
   }
 
   async agentClient(sb: SandboxRecord): Promise<AgentClient> {
@@ -877,8 +877,9 @@ export class MicrovmDriver implements SandboxDriver {
   async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
     const fields = { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) };
     // As for containers: an exec with stdin gets a connection (here: a mux stream) of its
-    // own, so a stdin backlog the agent stops reading never stalls the other execs.
-    if (req.stdin || req.tty) {
+    // own, so a stdin backlog the agent stops reading never stalls the other execs; so
+    // does a paced one, whose paused output pauses its whole connection.
+    if (req.stdin || req.tty || req.paced) {
       let own: AgentClient;
       try {
         own = await AgentClient.connect(vmPaths(this.dir(sb.id)).agentSock, { timeoutMs: 10_000 });

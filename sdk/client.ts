@@ -1072,12 +1072,16 @@ export class DsecClient {
    * WebSocket to the serial console of a vm sandbox (GET /v1/sandboxes/{id}/console,
    * daemon/api/routes/console.ts): `stdout` events carry console output, `write()` sends
    * input to the guest, `done` resolves with `{ reason }` when the console ends (the VM
-   * stopped), `null` after {@link ExecAttachment.close} (detach). `tailBytes` replays the
-   * end of the console log first. Errors: `NotFound`, `FailedPrecondition` (not a vm
-   * sandbox, or not running), `Unavailable`.
+   * stopped), `null` after {@link ExecAttachment.close} (detach). `tailLines` replays the
+   * last lines of the console log first (as `tail -n` counts them), `tailBytes` its last
+   * bytes (give one). Errors: `NotFound`, `FailedPrecondition` (not a vm sandbox, or not
+   * running), `InvalidArgument` (both tails), `Unavailable`.
    */
-  attachConsole(id: string, opts: { tailBytes?: number; signal?: AbortSignal } = {}): ConsoleAttachmentHandle {
-    const path = sandboxPath(id) + '/console' + query({ tail_bytes: opts.tailBytes ? String(opts.tailBytes) : undefined });
+  attachConsole(id: string, opts: { tailLines?: number; tailBytes?: number; signal?: AbortSignal } = {}): ConsoleAttachmentHandle {
+    const path = sandboxPath(id) + '/console' + query({
+      tail_bytes: opts.tailBytes ? String(opts.tailBytes) : undefined,
+      tail_lines: opts.tailLines ? String(opts.tailLines) : undefined,
+    });
     return new ExecAttachment<ConsoleEnd>(
       `ws+unix://${this.socketPath}:${path}`,
       {

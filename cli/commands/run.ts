@@ -3,14 +3,16 @@
  * in it and destroys it, whatever happens: when the command fails, when the exec call
  * fails, and on SIGINT/SIGTERM (the exec call is abandoned, the sandbox destroyed, exit
  * 128+N). Exit codes as for `exec`. If the destroy itself fails, a warning names the
- * sandbox and the command's exit code is kept.
+ * sandbox and the command's exit code is kept. On a terminal, stderr shows the create's
+ * progress as `dsec create` does.
  */
 import type { Command } from 'commander';
 import { DsecApiError, type RunInput, type Sandbox } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError, apiErrorHint } from '../util/errors.js';
 import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
-import { addCreateOptions, createRequest, type CreateFlags } from './create.js';
+import { runCreate } from '../util/long.js';
+import { addCreateOptions, createLabel, createRequest, type CreateFlags } from './create.js';
 import { addCommandOptions, type ExecFlags } from './exec.js';
 
 /** Adds `run` to `parent`. */
@@ -36,8 +38,9 @@ export function register(parent: Command, ctx: Ctx): Command {
     let sandbox: Sandbox | undefined;
     try {
       // Not aborted on interrupt: an abandoned create could leave a sandbox we never learn the id of.
-      sandbox = await client.createSandbox(createRequest(flags));
-      if (interrupted) return;
+      // On a terminal a spinner shows the create's phases (cli/util/long.ts).
+      sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: false }, (o) => client.createSandbox(createRequest(flags), o));
+      if (interrupted || !sandbox) return;
       if (sandbox.state === 'failed') {
         throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports', 'FailedPrecondition');
       }

@@ -1,7 +1,7 @@
 /**
  * The interactive CLI against a real dsecd: `dsec exec -it` under a real PTY (node-pty)
  * — terminal size, resize, ^C delivered inside, exit code — plus exec -d / execs /
- * attach, exec -i with a pipe, `dsec cp` of a 1 GiB file and of a directory tree in and
+ * attach, exec -i with a pipe, a create's progress reports, `dsec cp` of a 1 GiB file and of a directory tree in and
  * out (dsecd memory sampled), `dsec logs` and `dsec top --once`.
  */
 import { spawnSync } from 'node:child_process';
@@ -211,6 +211,16 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     const slept = (await d.client.listExecs(sb)).find((e) => e.argv.join(' ') === 'sleep 30');
     expect(slept).toBeDefined();
     expect(await d.client.waitExec(sb, slept!.exec_id, { timeoutMs: 10_000 })).toMatchObject({ state: 'exited', signal: 'SIGKILL' });
+  });
+
+  it('a create asked with progress reports rootfs, launch, boot and ready for its sandbox, in order', async () => {
+    const got: { phase: string; id: string; message: string }[] = [];
+    const made = await d.client.createSandbox({ image: 'busybox' }, { onProgress: (p) => got.push(p) });
+    expect(got.map((p) => p.phase)).toEqual(['rootfs', 'launch', 'boot', 'ready']);
+    expect(got.every((p) => p.id === made.id)).toBe(true);
+    expect(got[2].message).toBe('waiting for the agent');
+    expect(made.state).toBe('running');
+    await d.client.deleteSandbox(made.id, { force: true });
   });
 
   it('exec -it without a terminal on stdin is refused with 125', async () => {

@@ -17,7 +17,7 @@ import pty from 'node-pty';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { WebSocket } from 'ws';
 import type { ExecInfo } from '../../sdk/index.js';
-import { json, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
+import { fakeSandbox, json, ok, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
 const REPO = path.resolve(import.meta.dirname, '../..');
 const BIN = path.join(REPO, 'bin/dsec');
@@ -145,5 +145,68 @@ describe('attach to a session without a PTY, from a terminal', () => {
     t.p.write('\x10\x11');
     await t.waitFor(/dsec: detached; exec a1b2c3d4e5f6 keeps running/);
     expect((await t.exit).exitCode).toBe(0);
+  });
+});
+
+describe('create on a terminal: a spinner with the elapsed time and the phase', () => {
+  /**
+   * Serves POST /v1/sandboxes: streamed (when asked) rootfs, launch and boot reports, then
+   * holds the answer until `release()`; records the Accept headers it got.
+   */
+  function serveSlowCreate() {
+    let release = () => {};
+    const held = new Promise<void>((r) => (release = r));
+    const accepts: string[] = [];
+    fake.routes['POST /v1/sandboxes'] = async (req, res) => {
+      accepts.push(String(req.headers.accept ?? ''));
+      if (!String(req.headers.accept).includes('application/x-ndjson')) {
+        await held;
+        return json(res, 201, fakeSandbox({ id: ID, backend: 'microvm' }));
+      }
+      res.writeHead(200, { 'content-type': 'application/x-ndjson' });
+      for (const [phase, message] of [['rootfs', 'preparing the disks'], ['launch', 'starting QEMU'], ['boot', 'booting the guest (waiting for its agent)']]) {
+        res.write(JSON.stringify({ type: 'progress', phase, id: ID, message }) + '\n');
+      }
+      await held;
+      res.write(JSON.stringify({ type: 'progress', phase: 'ready', id: ID, message: 'running' }) + '\n');
+      res.end(JSON.stringify({ type: 'result', result: fakeSandbox({ id: ID, backend: 'microvm' }) }) + '\n');
+    };
+    return { release, accepts };
+  }
+
+  it('shows the phase and a ticking elapsed time on stderr, then erases it and prints the id alone', async () => {
+    const slow = serveSlowCreate();
+    const t = dsecPty(['create', '--backend', 'microvm']);
+    await t.waitFor(/⠋|⠙|⠹|⠸|⠼|⠴|⠦|⠧|⠇|⠏/);
+    const first = await t.waitFor(/creating a microvm sandbox: 0123456789ab: booting the guest \(waiting for its agent\) \d+\.\ds/);
+    const seen = (s: string) => new Set([...s.matchAll(/agent\) (\d+\.\d)s/g)].map((m) => m[1]));
+    // The time moves while dsecd works (two different readings).
+    await until(() => seen(t.out).size >= 2, 'the elapsed time to change');
+    expect(seen(first).size).toBeGreaterThanOrEqual(1);
+    slow.release();
+    expect((await t.exit).exitCode).toBe(0);
+    expect(slow.accepts).toEqual(['application/x-ndjson']);
+    // The last thing on the screen is the id on a line of its own: the spinner line was cleared first.
+    expect(t.out).toMatch(/\r\x1b\[2K0123456789abcdef\r\n$/);
+  });
+
+  it('with --json the terminal gets no spinner, and the create is one plain call', async () => {
+    const slow = serveSlowCreate();
+    const t = dsecPty(['--json', 'create', '--backend', 'microvm']);
+    await until(() => slow.accepts.length === 1, 'the create call');
+    slow.release();
+    expect((await t.exit).exitCode).toBe(0);
+    expect(slow.accepts[0]).not.toMatch(/ndjson/);
+    expect(t.out).not.toMatch(/creating a|\x1b\[2K/);
+    expect(JSON.parse(t.out.trim()).id).toBe(ID);
+  });
+
+  it('^C while waiting: the spinner goes, stderr names the sandbox dsecd goes on making, exit 130', async () => {
+    serveSlowCreate();
+    const t = dsecPty(['create', '--backend', 'microvm']);
+    await t.waitFor(/booting the guest/);
+    t.p.write('\x03');
+    await t.waitFor(/dsec: interrupted by SIGINT; dsecd goes on making sandbox 0123456789abcdef/);
+    expect((await t.exit).exitCode).toBe(130);
   });
 });

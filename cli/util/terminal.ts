@@ -32,12 +32,13 @@ function clearOutputProcessing(): void {
  * Puts `stdin` (a terminal) in raw mode and returns the function that restores it.
  * Without `setRawMode` (not a terminal) it does nothing and returns a no-op. For the
  * process's own stdin, output post-processing is turned off too (see
- * {@link clearOutputProcessing}).
+ * {@link clearOutputProcessing}), unless `opts.keepOutput` (our own line-by-line output,
+ * as `top`'s log view writes it, needs `\n` to return the cursor).
  */
-export function enterRawMode(stdin: InStream): () => void {
+export function enterRawMode(stdin: InStream, opts: { keepOutput?: boolean } = {}): () => void {
   if (typeof stdin.setRawMode !== 'function') return () => {};
   stdin.setRawMode(true);
-  if (stdin === (process.stdin as unknown) && process.stdin.isTTY) clearOutputProcessing();
+  if (!opts.keepOutput && stdin === (process.stdin as unknown) && process.stdin.isTTY) clearOutputProcessing();
   let restored = false;
   const restore = () => {
     if (restored) return;

@@ -65,6 +65,11 @@ function inPty(file: string, args: string[], cols = 100, rows = 30) {
       return exited;
     },
     exit,
+    /** Waits for the exit (failing the test after 20 s, rather than hanging it). */
+    async ended(): Promise<{ exitCode: number; signal?: number }> {
+      await until(() => exited, 'the process to exit');
+      return exit;
+    },
     /** Waits until the output after `from` matches `re`; returns that output. */
     async waitFor(re: RegExp, from = 0): Promise<string> {
       await until(() => re.test(out.slice(from)) || exited, `${re}`).catch(() => {});
@@ -124,7 +129,7 @@ describe('attach to a session without a PTY, from a terminal', () => {
     await sleep(100);
     t.p.write('\x11');
     await t.waitFor(/dsec: detached; exec a1b2c3d4e5f6 keeps running/);
-    await t.exit;
+    await t.ended();
     expect(t.out).toMatch(/rc=0/);
     // What was typed on the line before the keys was sent; the keys were not.
     expect(Buffer.concat(got.stdin).toString()).toBe('a line\nhalf');
@@ -144,7 +149,7 @@ describe('attach to a session without a PTY, from a terminal', () => {
     await until(() => got.sockets.length === 2, 'the re-attach');
     t.p.write('\x10\x11');
     await t.waitFor(/dsec: detached; exec a1b2c3d4e5f6 keeps running/);
-    expect((await t.exit).exitCode).toBe(0);
+    expect((await t.ended()).exitCode).toBe(0);
   });
 });
 
@@ -184,7 +189,7 @@ describe('create on a terminal: a spinner with the elapsed time and the phase', 
     await until(() => seen(t.out).size >= 2, 'the elapsed time to change');
     expect(seen(first).size).toBeGreaterThanOrEqual(1);
     slow.release();
-    expect((await t.exit).exitCode).toBe(0);
+    expect((await t.ended()).exitCode).toBe(0);
     expect(slow.accepts).toEqual(['application/x-ndjson']);
     // The last thing on the screen is the id on a line of its own: the spinner line was cleared first.
     expect(t.out).toMatch(/\r\x1b\[2K0123456789abcdef\r\n$/);
@@ -195,7 +200,7 @@ describe('create on a terminal: a spinner with the elapsed time and the phase', 
     const t = dsecPty(['--json', 'create', '--backend', 'microvm']);
     await until(() => slow.accepts.length === 1, 'the create call');
     slow.release();
-    expect((await t.exit).exitCode).toBe(0);
+    expect((await t.ended()).exitCode).toBe(0);
     expect(slow.accepts[0]).not.toMatch(/ndjson/);
     expect(t.out).not.toMatch(/creating a|\x1b\[2K/);
     expect(JSON.parse(t.out.trim()).id).toBe(ID);
@@ -207,6 +212,150 @@ describe('create on a terminal: a spinner with the elapsed time and the phase', 
     await t.waitFor(/booting the guest/);
     t.p.write('\x03');
     await t.waitFor(/dsec: interrupted by SIGINT; dsecd goes on making sandbox 0123456789abcdef/);
-    expect((await t.exit).exitCode).toBe(130);
+    expect((await t.ended()).exitCode).toBe(130);
+  });
+});
+
+describe('top on a terminal', () => {
+  const A = 'aaaaaaaaaaaaaaaa';
+  const B = 'bbbbbbbbbbbbbbbb';
+  const C = 'cccccccccccccccc';
+  const MiB = 1024 ** 2;
+  const ENTER_ALT = '\x1b[?1049h';
+  const LEAVE_ALT = '\x1b[?1049l';
+  let n = 0;
+  let states: Record<string, string>;
+  beforeEach(() => {
+    n = 0;
+    states = { [A]: 'running', [B]: 'paused', [C]: 'running' };
+    const sb = (id: string, labels: Record<string, string>, cpu: number) => ({
+      id, state: states[id], image: 'busybox:latest', labels, created_at: Date.now() - 60_000, cpus: 1, cpu_usage_ns: states[id] === 'running' ? cpu : null,
+      memory_bytes: 10 * MiB, memory_limit_bytes: 512 * MiB, pids: 3, oom_kills: 0, disk_used_bytes: null, disk_limit_bytes: null,
+    });
+    fake.routes['GET /v1/stats'] = (_req, res) => {
+      n++;
+      json(res, 200, {
+        time: Date.now(),
+        host: { cores: 2, memory_bytes: 24 * 1024 * MiB, memory_available_bytes: 20 * 1024 * MiB, load_avg: [0.5, 0.25, 0.125] },
+        sandboxes: [sb(A, { job: 'train' }, n * 1e9), sb(B, { job: 'eval' }, 0), sb(C, { job: 'train' }, n * 2e8)].filter((s) => s.state !== 'destroyed'),
+      });
+    };
+  });
+  const topPty = () => dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30);
+
+  it('draws on the alternate screen and gives the screen back on q; a pasted filter (`/job=eval` and Enter at once) applies', async () => {
+    const t = topPty();
+    await t.waitFor(/cccccccccccc\s+running/);
+    const mark = t.out.length;
+    t.p.write('/job=eval\r');
+    await t.waitFor(/filter: job=eval[^]*1 of 3 sandboxes|1 of 3 sandboxes[^]*filter: job=eval/, mark);
+    t.p.write('q');
+    expect((await t.ended()).exitCode).toBe(0);
+    const out = t.out;
+    // The alternate screen is entered before the first frame and left after the last:
+    // nothing of top's is drawn on the normal screen.
+    expect(out.indexOf(ENTER_ALT)).toBeGreaterThanOrEqual(0);
+    expect(out.indexOf(ENTER_ALT)).toBeLessThan(out.indexOf('host:'));
+    const after = out.slice(out.lastIndexOf(LEAVE_ALT) + LEAVE_ALT.length);
+    expect(out.lastIndexOf(LEAVE_ALT)).toBeGreaterThan(out.lastIndexOf('sandboxes'));
+    expect(after).not.toMatch(/host:|aaaaaaaaaaaa|sort:/);
+  });
+
+  it('row actions: p pauses the selected row, d asks and destroys only after y', async () => {
+    const calls: string[] = [];
+    fake.routes['POST /v1/sandboxes/:id/pause'] = (req, res) => {
+      calls.push(`pause ${req.params.id}`);
+      states[req.params.id] = 'paused';
+      json(res, 200, { sandbox: fakeSandbox({ id: req.params.id, state: 'paused' }), reclaim: null });
+    };
+    fake.routes['DELETE /v1/sandboxes/:id'] = (req, res) => {
+      calls.push(`destroy ${req.params.id} force=${req.query.get('force')}`);
+      states[req.params.id] = 'destroyed';
+      json(res, 200, fakeSandbox({ id: req.params.id, state: 'destroyed' }));
+    };
+    const t = topPty();
+    await t.waitFor(/cccccccccccc\s+running/);
+    // The first row (A, by id) is selected: pause it.
+    t.p.write('p');
+    await until(() => calls.length === 1, 'the pause call');
+    expect(calls).toEqual([`pause ${A}`]);
+    await t.waitFor(/aaaaaaaaaaaa\s+paused/);
+    // Down to C; d asks; n keeps it.
+    t.p.write('\x1b[B');
+    await sleep(100);
+    t.p.write('\x1b[B');
+    let mark = t.out.length;
+    t.p.write('d');
+    await t.waitFor(/destroy sandbox cccccccccccccccc \(running\), killing its processes\? \[y\/N\]/, mark);
+    mark = t.out.length;
+    t.p.write('n');
+    await t.waitFor(/kept cccccccccccc/, mark);
+    expect(calls).toHaveLength(1);
+    t.p.write('d');
+    await t.waitFor(/\[y\/N\]/, mark);
+    t.p.write('y');
+    await until(() => calls.length === 2, 'the destroy call');
+    expect(calls[1]).toBe(`destroy ${C} force=true`);
+    await t.waitFor(/cccccccccccccccc destroyed/, mark);
+    t.p.write('q');
+    expect((await t.ended()).exitCode).toBe(0);
+  });
+
+  it('s runs a shell in the selected sandbox with the terminal to itself, then top comes back', async () => {
+    const typed: Buffer[] = [];
+    let execBody: unknown;
+    fake.routes['POST /v1/sandboxes/:id/execs'] = (req, res) => {
+      execBody = req.body;
+      json(res, 201, info({ sandbox_id: req.params.id, argv: ['sh'], tty: true }));
+    };
+    fake.wsRoutes['GET /v1/sandboxes/:id/execs/:eid/attach'] = (ws) => {
+      ws.send(frame(1, 'fake-sh$ '));
+      ws.on('message', (data: Buffer, isBinary: boolean) => {
+        if (!isBinary) return;
+        typed.push(data.subarray(1));
+        if (Buffer.concat(typed).toString().includes('exit\r')) {
+          ws.send(JSON.stringify({ type: 'exit', ...info({ state: 'exited', exit_code: 0, finished_at: Date.now() }) }), () => ws.close(1000));
+        }
+      });
+    };
+    const t = topPty();
+    await t.waitFor(/cccccccccccc\s+running/);
+    const mark = t.out.length;
+    t.p.write('s');
+    await t.waitFor(/fake-sh\$ /, mark);
+    // top left the alternate screen before the shell got the terminal.
+    const leftAt = t.out.indexOf(LEAVE_ALT, mark);
+    expect(leftAt).toBeGreaterThan(0);
+    expect(leftAt).toBeLessThan(t.out.indexOf('fake-sh$', mark));
+    expect(execBody).toMatchObject({ argv: ['sh'], stdin: true, tty: { rows: 30, cols: 150 } });
+    t.p.write('exit\r');
+    // Back on the alternate screen, with how the shell ended.
+    await t.waitFor(/shell in aaaaaaaaaaaa ended \(exit 0\)/, mark);
+    expect(t.out.indexOf(ENTER_ALT, leftAt)).toBeGreaterThan(leftAt);
+    await t.waitFor(/cccccccccccc\s+running/, t.out.indexOf(ENTER_ALT, leftAt));
+    t.p.write('q');
+    expect((await t.ended()).exitCode).toBe(0);
+    expect(t.out.endsWith(LEAVE_ALT) || /\x1b\[\?1049l[^]*$/.test(t.out)).toBe(true);
+  });
+
+  it('l follows the log of the selected sandbox; q comes back to top', async () => {
+    fake.routes['GET /v1/sandboxes/:id/logs'] = (req, res) => {
+      expect(req.query.get('follow')).toBe('true');
+      res.writeHead(200, { 'content-type': 'text/plain; charset=utf-8' });
+      res.write(`2026-01-01T00:00:00.000Z sandbox.created ${req.params.id}\n`);
+      res.write('agent: \x1b[31mred\x1b[0m line\n');
+      // Left open: followed.
+    };
+    const t = topPty();
+    await t.waitFor(/cccccccccccc\s+running/);
+    const mark = t.out.length;
+    t.p.write('l');
+    await t.waitFor(/sandbox\.created aaaaaaaaaaaaaaaa/, mark);
+    // Escape sequences from the sandbox's log are shown, not obeyed.
+    await t.waitFor(/agent: \^\[\[31mred\^\[\[0m line/, mark);
+    t.p.write('q');
+    await t.waitFor(/left the log of aaaaaaaaaaaa/, mark);
+    t.p.write('q');
+    expect((await t.ended()).exitCode).toBe(0);
   });
 });

@@ -244,9 +244,14 @@ describe('top view (Ink)', () => {
     app.unmount();
   });
 
-  it('a pasted filter (one write of `/job=eval` and Enter) applies; the header has CPU and MEM meters', async () => {
+  it('the header has CPU and MEM meters', async () => {
     const app = await view();
     expect(app.lastFrame()).toMatch(/CPU \[\|+ +30%\]  MEM \[\|+ +4GiB\/24GiB\]/);
+    app.unmount();
+  });
+
+  it('a pasted filter (one write of `/job=eval` and Enter) applies', async () => {
+    const app = await view();
     app.stdin.write('/job=eval\r');
     await tick(60);
     expect(rowsOf(app.lastFrame()!)).toEqual(['b']);

@@ -1,7 +1,7 @@
 /**
  * The interactive CLI against a real dsecd: `dsec exec -it` under a real PTY (node-pty)
  * — terminal size, resize, ^C delivered inside, exit code — plus exec -d / execs /
- * attach, exec -i with a pipe, a create's progress reports, `dsec cp` of a 1 GiB file and of a directory tree in and
+ * attach (and its detach keys from a terminal), exec -i with a pipe, a create's progress reports, `dsec cp` of a 1 GiB file and of a directory tree in and
  * out (dsecd memory sampled), `dsec logs` and `dsec top --once`.
  */
 import { spawnSync } from 'node:child_process';
@@ -244,6 +244,20 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     const inspect = JSON.parse((await dsec(['execs', 'inspect', sb, eid])).stdout);
     expect(inspect).toMatchObject({ exec_id: eid, state: 'exited', exit_code: 4 });
     expect((await dsec(['execs', 'rm', sb, eid])).code).toBe(0);
+  });
+
+  it("the README's pair: `exec -d` (no stdin, no PTY), then `attach` from a terminal; Ctrl-P Ctrl-Q detaches and the command keeps running", async () => {
+    const started = await dsec(['exec', '-d', sb, '--', 'sh', '-c', 'echo started; sleep 30']);
+    const eid = started.stdout.trim();
+    expect(eid).toMatch(/^[0-9a-f]{32}$/);
+    const t = inPty(['attach', sb, eid.slice(0, 12)]);
+    await t.waitFor(/started/);
+    // No Enter: the keys reach dsec at once.
+    t.p.write('\x10\x11');
+    await t.waitFor(/dsec: detached; exec [0-9a-f]{12} keeps running/);
+    expect((await t.exit).exitCode).toBe(0);
+    expect(await d.client.getExec(sb, eid)).toMatchObject({ state: 'running' });
+    await d.client.signalExec(sb, eid, 'SIGKILL');
   });
 
   it('cp of a 1 GiB file in and out: equal sha256, dsecd RSS bounded', async () => {

@@ -17,10 +17,11 @@ export function wantsNdjson(req: FastifyRequest): boolean {
 /**
  * Runs `fn`, which reports progress through the function it is given (a no-op when the
  * client did not ask for a stream); answers its result with `status`, or streams as
- * described in the module comment (status 200: the outcome is in the last line). A client
- * that goes away mid-stream does not stop `fn`; its progress is then dropped.
+ * described in the module comment (status 200: the outcome is in the last line; an error
+ * there is counted in the error metric as an error response is). A client that goes away
+ * mid-stream does not stop `fn`; its progress is then dropped.
  */
-export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, log: ApiDeps['log'], fn: (progress: (p: object) => void) => Promise<T>, status = 201): Promise<unknown> {
+export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, deps: Pick<ApiDeps, 'log' | 'metrics'>, fn: (progress: (p: object) => void) => Promise<T>, status = 201): Promise<unknown> {
   if (!wantsNdjson(req)) {
     const result = await fn(() => {});
     return reply.code(status).send(result);
@@ -36,7 +37,9 @@ export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, log: 
     res.end(JSON.stringify({ type: 'result', result }) + '\n');
   } catch (e) {
     const err = e instanceof DsecError ? e : new DsecError('Internal', (e as Error).message);
-    if (err.kind === 'Internal') log.error({ err: e }, 'long operation failed');
+    if (err.kind === 'Internal') deps.log.error({ err: e }, 'long operation failed');
+    // Counted as the error responses of other calls are (sendError in ./server.ts).
+    deps.metrics?.errors.inc({ code: err.kind });
     res.end(JSON.stringify({ type: 'error', error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } }) + '\n');
   }
   return reply;

@@ -97,7 +97,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const { name, tag } = parseRef(body.image);
     if (body.base && body.type !== 'dir') throw invalidArgument('base is only supported with type "dir"');
     if (body.source_ref && body.type !== 'oci') throw invalidArgument('source_ref is only supported with type "oci"');
-    return runLong(req, reply, deps.log, async (progress) => {
+    return runLong(req, reply, deps, async (progress) => {
       let m: ImageManifest;
       let notes: string[] = [];
       if (body.type === 'dir') {
@@ -128,7 +128,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.post(bootstrapRoute.url, async (req, reply) => {
     const body = parseWith(BootstrapRequest, req.body ?? {}, 'bootstrap request');
     const ref = parseRef(body.image ?? (body.toolkit ? TOOLKITS[body.toolkit].image : 'debian:bookworm'));
-    return runLong(req, reply, deps.log, async (progress) => {
+    return runLong(req, reply, deps, async (progress) => {
       const m = body.toolkit
         ? await bootstrapToolkit(store, body.toolkit, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line, phase) => progress({ phase, message: line }) })
         : await bootstrapDebian(store, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line: string) => progress({ phase: 'debootstrap', message: line }) });

@@ -38,7 +38,7 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
-    return runLong(req, reply, deps.log, async (progress) => {
+    return runLong(req, reply, deps, async (progress) => {
       const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
       const sb = await m.create(body, { onProgress: progress });
       end();

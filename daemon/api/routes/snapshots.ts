@@ -42,10 +42,10 @@ export function registerSnapshotRoutes(app: FastifyInstance, deps: ApiDeps): voi
   app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotToApi(await m.removeSnapshot(req.params.ref)));
   app.post<{ Params: { ref: string } }>(restoreRoute.url, async (req, reply) => {
     const body = parseWith(RestoreRequest, req.body ?? {}, 'restore request');
-    return runLong(req, reply, deps.log, async (progress) => toApi(await m.restore(req.params.ref, body, { onProgress: progress })));
+    return runLong(req, reply, deps, async (progress) => toApi(await m.restore(req.params.ref, body, { onProgress: progress })));
   });
   app.post<{ Params: { ref: string } }>(forkRoute.url, async (req, reply) => {
     const body = parseWith(ForkRequest, req.body, 'fork request');
-    return runLong(req, reply, deps.log, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, body, { onProgress: progress })).map(toApi) }));
+    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, body, { onProgress: progress })).map(toApi) }));
   });
 }

@@ -46,9 +46,9 @@ afterEach(async () => {
   await fake.close();
 });
 
-/** A process in a real PTY of cols × rows; collects its output. */
-function inPty(file: string, args: string[], cols = 100, rows = 30) {
-  const p = pty.spawn(file, args, { name: 'xterm', cols, rows, cwd: REPO, env: { ...process.env, NO_COLOR: '1' } as Record<string, string> });
+/** A process in a real PTY of cols × rows (env: over the test's, undefined removes; default NO_COLOR=1); collects its output. */
+function inPty(file: string, args: string[], cols = 100, rows = 30, env: Record<string, string | undefined> = { NO_COLOR: '1' }) {
+  const p = pty.spawn(file, args, { name: 'xterm-256color', cols, rows, cwd: REPO, env: Object.fromEntries(Object.entries({ ...process.env, ...env }).filter(([, v]) => v !== undefined)) as Record<string, string> });
   let out = '';
   p.onData((s) => (out += s));
   let exited = false;
@@ -82,7 +82,7 @@ function inPty(file: string, args: string[], cols = 100, rows = 30) {
 }
 
 /** `dsec ARGS` against the fake in a PTY. */
-const dsecPty = (args: string[], cols?: number, rows?: number) => inPty(process.execPath, [BIN, '--socket', fake.socketPath, ...args], cols, rows);
+const dsecPty = (args: string[], cols?: number, rows?: number, env?: Record<string, string | undefined>) => inPty(process.execPath, [BIN, '--socket', fake.socketPath, ...args], cols, rows, env);
 
 /** `stty -g; dsec ARGS; stty -g` in one shell in a PTY: the terminal's settings right before and right after dsec. */
 const dsecBetweenStty = (args: string[]) => inPty('/bin/sh', ['-c', `echo "before=$(stty -g)"; ${[process.execPath, BIN, '--socket', fake.socketPath, ...args].map((a) => `'${a}'`).join(' ')}; echo "rc=$?"; echo "after=$(stty -g)"`]);
@@ -256,6 +256,19 @@ describe('top on a terminal', () => {
     const after = out.slice(out.lastIndexOf(LEAVE_ALT) + LEAVE_ALT.length);
     expect(out.lastIndexOf(LEAVE_ALT)).toBeGreaterThan(out.lastIndexOf('sandboxes'));
     expect(after).not.toMatch(/host:|aaaaaaaaaaaa|sort:/);
+  });
+
+  it('colours states on a colour terminal (running green, paused cyan), none under NO_COLOR', async () => {
+    const t = dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30, { NO_COLOR: undefined, FORCE_COLOR: undefined });
+    await t.waitFor(/\x1b\[32mrunning/);
+    await t.waitFor(/\x1b\[36mpaused/);
+    t.p.write('q');
+    expect((await t.ended()).exitCode).toBe(0);
+    const plain = topPty();
+    await plain.waitFor(/cccccccccccc\s+running/);
+    plain.p.write('q');
+    expect((await plain.ended()).exitCode).toBe(0);
+    expect(plain.out).not.toMatch(/\x1b\[3[0-9]m/);
   });
 
   it('a pasted filter (`/job=eval` and Enter in one write) applies', async () => {

@@ -194,6 +194,31 @@ export interface ImageProgress {
   layers?: number;
 }
 
+/**
+ * One phase of a sandbox create, restore or fork as dsecd reports it (daemon/sandbox/progress.ts):
+ * `rootfs` (layers, writable layer or disks), `launch` (the runtime or QEMU starting),
+ * `boot` (waiting for the agent; a VM's guest boots here), `ready` (running). Each
+ * sandbox reports each phase at most once, in that order (one claimed from the warm pool
+ * only `ready`); a fork's reports name each of its sandboxes.
+ */
+export interface CreateProgress {
+  phase: 'rootfs' | 'launch' | 'boot' | 'ready' | (string & {});
+  /** The sandbox being made. */
+  id: string;
+  /** The phase in words, e.g. `booting the guest (waiting for its agent)`. */
+  message: string;
+}
+
+/** Options of the calls that create sandboxes ({@link DsecClient.createSandbox}, {@link DsecClient.restore}, {@link DsecClient.fork}). */
+export interface CreateOptions extends RequestOptions {
+  /**
+   * Called once per phase report, in order, before the promise settles (the call then
+   * streams: `Accept: application/x-ndjson`, no deadline). If it throws, the stream is
+   * closed and the call rejects with that error; dsecd still finishes the create.
+   */
+  onProgress?: (p: CreateProgress) => void;
+}
+
 /** Options of the long image operations ({@link DsecClient.importImage}, {@link DsecClient.bootstrapImage}). */
 export interface LongOperationOptions {
   /**
@@ -753,10 +778,12 @@ export class DsecClient {
   /**
    * POST /v1/sandboxes: creates a sandbox and resolves when it is running (or failed).
    * Errors: `InvalidArgument` (bad limits, labels, unknown field), `NotFound` (image),
-   * `Unimplemented` (backend not built), `ResourceExhausted` (host full).
+   * `Unimplemented` (backend not built), `ResourceExhausted` (host full). With
+   * `opts.onProgress` the create's phases are reported as they begin ({@link CreateProgress}).
    */
-  createSandbox(req: CreateSandboxInput = {}): Promise<Sandbox> {
-    return this.request<Sandbox>('POST', '/v1/sandboxes', req);
+  createSandbox(req: CreateSandboxInput = {}, opts: CreateOptions = {}): Promise<Sandbox> {
+    if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', '/v1/sandboxes', req, opts);
+    return this.request<Sandbox>('POST', '/v1/sandboxes', req, opts);
   }
 
   /**
@@ -1097,12 +1124,16 @@ export class DsecClient {
    * WebSocket to the serial console of a vm sandbox (GET /v1/sandboxes/{id}/console,
    * daemon/api/routes/console.ts): `stdout` events carry console output, `write()` sends
    * input to the guest, `done` resolves with `{ reason }` when the console ends (the VM
-   * stopped), `null` after {@link ExecAttachment.close} (detach). `tailBytes` replays the
-   * end of the console log first. Errors: `NotFound`, `FailedPrecondition` (not a vm
-   * sandbox, or not running), `Unavailable`.
+   * stopped), `null` after {@link ExecAttachment.close} (detach). `tailLines` replays the
+   * last lines of the console log first (as `tail -n` counts them), `tailBytes` its last
+   * bytes (give one). Errors: `NotFound`, `FailedPrecondition` (not a vm sandbox, or not
+   * running), `InvalidArgument` (both tails), `Unavailable`.
    */
-  attachConsole(id: string, opts: { tailBytes?: number; signal?: AbortSignal } = {}): ConsoleAttachmentHandle {
-    const path = sandboxPath(id) + '/console' + query({ tail_bytes: opts.tailBytes ? String(opts.tailBytes) : undefined });
+  attachConsole(id: string, opts: { tailLines?: number; tailBytes?: number; signal?: AbortSignal } = {}): ConsoleAttachmentHandle {
+    const path = sandboxPath(id) + '/console' + query({
+      tail_bytes: opts.tailBytes ? String(opts.tailBytes) : undefined,
+      tail_lines: opts.tailLines ? String(opts.tailLines) : undefined,
+    });
     return new ExecAttachment<ConsoleEnd>(
       `ws+unix://${this.socketPath}:${path}`,
       {
@@ -1320,9 +1351,11 @@ export class DsecClient {
    * Errors: `NotFound` (snapshot, or a layer of it missing), `FailedPrecondition` (a
    * layer or the machine state of it corrupt, or a machine state this host's QEMU cannot
    * load), `InvalidArgument` (bad overrides; `memory_bytes` or `cpus` other than a `vm`
-   * snapshot's machine), `ResourceExhausted` (host full).
+   * snapshot's machine), `ResourceExhausted` (host full). `opts.onProgress`: as for
+   * {@link createSandbox}.
    */
-  restore(ref: string, req: RestoreInput = {}, opts: RequestOptions = {}): Promise<Sandbox> {
+  restore(ref: string, req: RestoreInput = {}, opts: CreateOptions = {}): Promise<Sandbox> {
+    if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', snapshotPath(ref) + '/restore', req, opts);
     return this.request<Sandbox>('POST', snapshotPath(ref) + '/restore', req, opts);
   }
 
@@ -1333,10 +1366,13 @@ export class DsecClient {
    * none is left. No HTTP deadline unless `opts.timeoutMs` is given: a large group
    * legitimately takes long. Not retried on a dropped connection.
    * Errors: as {@link restore}; `InvalidArgument` also for `count` out of range,
-   * `ResourceExhausted` when the host cannot fit the whole group.
+   * `ResourceExhausted` when the host cannot fit the whole group. `opts.onProgress`
+   * hears the phases of every sandbox of the group (each report names its sandbox).
    */
-  async fork(ref: string, req: ForkInput, opts: RequestOptions = {}): Promise<Sandbox[]> {
-    const res = await this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0 });
+  async fork(ref: string, req: ForkInput, opts: CreateOptions = {}): Promise<Sandbox[]> {
+    const res = opts.onProgress
+      ? await this.longOperation<{ sandboxes: Sandbox[] }, CreateProgress>('POST', snapshotPath(ref) + '/fork', req, opts)
+      : await this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0 });
     return res.sandboxes;
   }
 
@@ -1595,7 +1631,7 @@ export class DsecClient {
    * `{type: "error"}` line. A daemon that ignores the Accept header and answers with one
    * JSON document is accepted too. No deadline.
    */
-  private async longOperation<T>(method: string, path: string, body: unknown, opts: LongOperationOptions): Promise<T> {
+  private async longOperation<T, P = ImageProgress>(method: string, path: string, body: unknown, opts: { onProgress?: (p: P) => void; signal?: AbortSignal }): Promise<T> {
     const { signal, onProgress } = opts;
     const payload = Buffer.from(JSON.stringify(body), 'utf8');
     const res = await this.open(method, path, payload, signal, 0, 0, false, NDJSON_TYPE);
@@ -1616,7 +1652,7 @@ export class DsecClient {
         if (msg.type === 'progress') {
           if (!onProgress) continue;
           try {
-            onProgress(msg as ImageProgress);
+            onProgress(msg as unknown as P);
           } catch (e) {
             callbackFailed = true;
             throw e;

@@ -25,6 +25,8 @@ export type {
   CommitOptions,
   CommitResult,
   ComposeImageInput,
+  CreateOptions,
+  CreateProgress,
   CreateSandboxInput,
   DeleteSandboxOptions,
   DsecClientOptions,

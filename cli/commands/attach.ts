@@ -4,9 +4,11 @@
  * forwards our stdin; exits with the command's code when it ends (128+N for signal N,
  * 124 if its --timeout fired).
  *
- * Detaching leaves the command running: Ctrl-P Ctrl-Q (docker's sequence) in raw mode,
- * or a second ^C / a SIGTERM otherwise (the first ^C is sent to the command as SIGINT).
- * Raw mode is used when the session has a PTY and our stdin is a terminal. Our stdin
+ * Detaching leaves the command running: Ctrl-P Ctrl-Q (docker's sequence) whenever our
+ * stdin is a terminal, or a second ^C / a SIGTERM (the first ^C is sent to the command
+ * as SIGINT). Raw mode is used when the session has a PTY and our stdin is a terminal;
+ * for a session without one the terminal stays in line mode and Ctrl-Q ends a line, so
+ * the keys still arrive at once (cli/util/attach.ts). Our stdin
  * ending does not close the command's stdin (other clients may still write to it).
  * When the session was started without stdin, what we type is not sent: dsec re-attaches
  * without stdin from where the output was.
@@ -29,8 +31,8 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('--no-stdin', 'do not send our stdin (only watch the output)')
     .addHelpText(
       'after',
-      '\nDetach (the command keeps running): Ctrl-P Ctrl-Q when the session has a terminal and\n' +
-        'ours is one; otherwise a second ^C (the first is sent to the command as SIGINT).\n' +
+      '\nDetach (the command keeps running): Ctrl-P Ctrl-Q when our stdin is a terminal (with or\n' +
+        'without a terminal in the session), or a second ^C (the first is sent to the command as SIGINT).\n' +
         "Exits with the command's exit code when it ends (128+N for signal N, 124 on timeout).",
     )
     .action(async (id: string, given: string, opts: { stdin: boolean }) => {
@@ -68,7 +70,9 @@ export function register(parent: Command, ctx: Ctx): Command {
           return;
         }
         const how = outcome.kind === 'detached' ? 'detached' : `detached (${outcome.signal})`;
-        ctx.err(`${info.tty ? '\r\n' : ''}dsec: ${how}; exec ${execId.slice(0, 12)} keeps running (re-attach with \`dsec attach ${id} ${execId.slice(0, 12)}\`)\n`);
+        // Keys typed on a line-mode terminal left the cursor after their echo (^P^Q).
+        const lead = info.tty ? '\r\n' : outcome.kind === 'detached' && stdinTTY ? '\n' : '';
+        ctx.err(`${lead}dsec: ${how}; exec ${execId.slice(0, 12)} keeps running (re-attach with \`dsec attach ${id} ${execId.slice(0, 12)}\`)\n`);
         ctx.exitCode = outcome.kind === 'detached' ? EXIT.ok : EXIT.signalBase + (signalNumber(outcome.signal) ?? 15);
         return;
       }

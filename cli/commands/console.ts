@@ -1,6 +1,8 @@
 /**
- * `dsec console ID [--tail BYTES] [--log]`: attaches to the serial console of a vm
- * sandbox (its kernel, its init, a login prompt or shell on ttyS0).
+ * `dsec console ID [--tail LINES] [--log]`: attaches to the serial console of a vm
+ * sandbox (its kernel, its init, a login prompt or shell on ttyS0). `--tail N` first
+ * replays the last N lines of the console log, counted as `tail -n` and
+ * `docker logs --tail` count them (default 0 with a terminal, 50 without).
  *
  * - With a terminal: raw mode (every key, ^C too, goes to the VM); Ctrl-P Ctrl-Q detaches
  *   (docker's sequence, as in `dsec attach`); the terminal is restored on every way out.
@@ -21,10 +23,23 @@ import { EXIT, UserError } from '../util/errors.js';
 import { flag } from '../util/parse.js';
 import { DetachKeys, enterRawMode } from '../util/terminal.js';
 
-/** Parses `--tail`: a whole number of bytes, 0 to 1 MiB. */
+/** Most lines `--tail` replays (the API's limit, MAX_TAIL_LINES in daemon/api/routes/console.ts). */
+const MAX_TAIL_LINES = 100_000;
+
+/** Lines replayed without a terminal when `--tail` is not given: enough to see where the console is. */
+const PIPE_TAIL_LINES = 50;
+
+/** Parses `--tail`: a whole number of lines, 0 to 100000. */
 function parseTail(text: string): number {
   const n = /^\d+$/.test(text.trim()) ? Number(text.trim()) : NaN;
-  if (!Number.isSafeInteger(n) || n > 1 << 20) throw new UserError(`invalid --tail ${JSON.stringify(text)}`, 'a number of bytes from 0 to 1048576');
+  if (!Number.isSafeInteger(n) || n > MAX_TAIL_LINES) throw new UserError(`invalid --tail ${JSON.stringify(text)}`, `a number of lines from 0 to ${MAX_TAIL_LINES}`);
+  return n;
+}
+
+/** Parses `--linger`: a whole number of ms, 0 to 1 h. */
+function parseLinger(text: string): number {
+  const n = /^\d+$/.test(text.trim()) ? Number(text.trim()) : NaN;
+  if (!Number.isSafeInteger(n) || n > 3_600_000) throw new UserError(`invalid --linger ${JSON.stringify(text)}`, 'a number of ms from 0 to 3600000');
   return n;
 }
 
@@ -34,10 +49,10 @@ export function register(parent: Command, ctx: Ctx): Command {
     .command('console')
     .description("attach to a vm sandbox's serial console; Ctrl-P Ctrl-Q detaches")
     .argument('<id>', 'sandbox id (backend vm)')
-    .option('--tail <bytes>', 'replay the last BYTES of the console log first (default 0 with a terminal, 4096 without)', flag('--tail', parseTail))
+    .option('--tail <lines>', `replay the last LINES lines of the console log first (default 0 with a terminal, ${PIPE_TAIL_LINES} without)`, flag('--tail', parseTail))
     .option('--log', 'print the console log dsecd kept and exit')
-    .option('--linger <ms>', 'without a terminal: after our stdin ends, detach once the console was quiet this long (ms, default 1000)', flag('--linger', parseTail))
-    .addHelpText('after', '\nDetach: Ctrl-P Ctrl-Q with a terminal; ^C otherwise. The VM keeps running either way.\nExamples:\n  dsec console ID\n  echo "uname -a" | dsec console ID\n  dsec console --log ID')
+    .option('--linger <ms>', 'without a terminal: after our stdin ends, detach once the console was quiet this long (ms, default 1000)', flag('--linger', parseLinger))
+    .addHelpText('after', '\nDetach: Ctrl-P Ctrl-Q with a terminal; ^C otherwise. The VM keeps running either way.\nExamples:\n  dsec console ID\n  dsec console --tail 20 ID\n  echo "uname -a" | dsec console ID\n  dsec console --log ID')
     .action(async (id: string, opts: { tail?: number; log?: boolean; linger?: number }) => {
       if (ctx.json) throw new UserError('--json cannot be combined with console (the console\'s bytes are the output)', `read the log with \`dsec console --log ${id}\`, or drop --json`);
       const client = ctx.client();
@@ -47,7 +62,7 @@ export function register(parent: Command, ctx: Ctx): Command {
       }
       const { stdin, stdout } = ctx.io;
       const tty = stdin.isTTY === true;
-      const att = client.attachConsole(id, { tailBytes: opts.tail ?? (tty ? 0 : 4096) });
+      const att = client.attachConsole(id, { tailLines: opts.tail ?? (tty ? 0 : PIPE_TAIL_LINES) });
       const cleanups: (() => void)[] = [];
       let detached = false;
       let interrupted: NodeJS.Signals | undefined;

@@ -1,11 +1,15 @@
 /**
- * `dsec create`: creates a sandbox and prints its id (or the Sandbox with --json).
+ * `dsec create`: creates a sandbox and prints its id (or the Sandbox with --json). On a
+ * terminal, stderr shows a spinner with the elapsed time and dsecd's phase while it
+ * works (a microvm takes seconds, a vm under emulation tens of them), erased before the
+ * id is printed; ^C then stops waiting and says which sandbox dsecd goes on making.
  * Also exports the create flags and their translation, which `dsec run` shares.
  */
 import type { Command } from 'commander';
 import type { Backend, CreateSandboxInput, SandboxPriority } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
 import { UserError } from '../util/errors.js';
+import { runCreate } from '../util/long.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
 import { addNetworkOptions, networkRequest, type NetworkFlags } from '../util/network.js';
@@ -136,10 +140,16 @@ export function createRequest(f: CreateFlags): CreateSandboxInput {
   return req;
 }
 
+/** The spinner's label of a create (cli/util/long.ts runCreate): `creating a microvm sandbox`. */
+export function createLabel(f: Pick<CreateFlags, 'backend'>): string {
+  return `creating a ${f.backend ?? 'container'} sandbox`;
+}
+
 /** Adds `create` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
   return addCreateOptions(parent.command('create').description('create a sandbox and print its id')).action(async (flags: CreateFlags) => {
-    const sandbox = await ctx.client().createSandbox(createRequest(flags));
+    const sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: true }, (o) => ctx.client().createSandbox(createRequest(flags), o));
+    if (!sandbox) return;
     if (ctx.json) writeJson(ctx.io.stdout, sandbox);
     else ctx.out(sandbox.id + '\n');
   });

@@ -238,6 +238,22 @@ async function execDetached(ctx: Ctx, id: string, argv: string[], flags: ExecFla
   if (info.state === 'exited' && info.error) ctx.exitCode = reportExecInfo(ctx, info, { timeoutMs: flags.timeout });
 }
 
+/**
+ * An interactive command in sandbox `id` under a PTY of our terminal's size, as
+ * `dsec exec -it ID -- ARGV` runs it (`top`'s shell); resolves with the exit code it
+ * would exit with, leaving `ctx.exitCode` as it was.
+ * @throws UserError when stdin is not a terminal; API errors as `exec -it`.
+ */
+export async function execInteractive(ctx: Ctx, id: string, argv: string[]): Promise<number> {
+  const before = ctx.exitCode;
+  try {
+    await execAttached(ctx, id, argv, { tty: true, stdin: true });
+    return ctx.exitCode;
+  } finally {
+    ctx.exitCode = before;
+  }
+}
+
 /** `exec -i` / `exec -t`: starts a session and stays attached until it ends. */
 async function execAttached(ctx: Ctx, id: string, argv: string[], flags: ExecFlags): Promise<void> {
   if (ctx.json) {

@@ -2,11 +2,13 @@
  * `dsec fork SNAPSHOT -n N [overrides]`: creates N sandboxes (1-256) from a snapshot (by
  * id or name) in one call, each with the overrides of `dsec restore`, and prints their
  * ids one per line in creation order (or `{sandboxes}` with --json). A rollout group
- * larger than 256 is several calls.
+ * larger than 256 is several calls. On a terminal, stderr shows a spinner with how many
+ * are running so far (cli/util/long.ts).
  */
 import type { Command } from 'commander';
 import type { Ctx } from '../util/context.js';
 import { UserError } from '../util/errors.js';
+import { runCreate } from '../util/long.js';
 import { writeJson } from '../util/output.js';
 import { flag, parsePositiveInt } from '../util/parse.js';
 import { addRestoreOptions, restoreRequest, type RestoreFlags } from './restore.js';
@@ -30,7 +32,8 @@ export function register(parent: Command, ctx: Ctx): Command {
     .requiredOption('-n, --count <n>', `how many sandboxes, 1-${MAX_FORK_COUNT}`, flag('-n', parseForkCount));
   return addRestoreOptions(cmd).action(async (ref: string, flags: RestoreFlags & { count: number }) => {
     const { count, ...overrides } = flags;
-    const sandboxes = await ctx.client().fork(ref, { count, ...restoreRequest(overrides) });
+    const sandboxes = await runCreate(ctx, { label: `forking ${ref} into ${count}`, count, abortOnInterrupt: true }, (o) => ctx.client().fork(ref, { count, ...restoreRequest(overrides) }, o));
+    if (!sandboxes) return;
     if (ctx.json) writeJson(ctx.io.stdout, { sandboxes });
     else ctx.out(sandboxes.map((s) => s.id + '\n').join(''));
   });

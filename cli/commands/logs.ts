@@ -12,6 +12,11 @@ import { watchInterrupt } from '../util/interrupt.js';
 /** C0 control characters other than tab, and DEL: never passed from a sandbox's log to a terminal. */
 const CONTROL = /[\u0000-\u0008\u000b-\u001f\u007f]/g;
 
+/** A log line made safe for a terminal: control characters shown as `^X` (escape sequences from inside the sandbox must not drive it). */
+export function cleanLogLine(line: string): string {
+  return line.replace(CONTROL, (c) => `^${String.fromCharCode(c.charCodeAt(0) ^ 0x40)}`);
+}
+
 /** Adds `logs` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
   return parent
@@ -22,7 +27,7 @@ export function register(parent: Command, ctx: Ctx): Command {
     .action(async (id: string, opts: { follow?: boolean }) => {
       const intr = watchInterrupt(ctx);
       // Escape sequences from inside the sandbox must not drive our terminal.
-      const clean = ctx.io.stdout.isTTY ? (l: string) => l.replace(CONTROL, (c) => `^${String.fromCharCode(c.charCodeAt(0) ^ 0x40)}`) : (l: string) => l;
+      const clean = ctx.io.stdout.isTTY ? cleanLogLine : (l: string) => l;
       try {
         for await (const line of ctx.client().logs(id, { follow: opts.follow, signal: intr.signal })) {
           if (ctx.json) writeJsonLine(ctx.io.stdout, { line });

@@ -6,12 +6,14 @@
  * the same parsers, and the network (`--network`, `--allow`, `--deny`, `--network-policy`),
  * seccomp (`--seccomp-allow`, `--seccomp-deny`) and filesystem (`--writable`, `--readonly`,
  * `--no-readonly`, `--landlock`, `--no-landlock`) flags. `--label` replaces the source's
- * labels, `--env` is merged over its env.
+ * labels, `--env` is merged over its env. On a terminal, stderr shows the progress as
+ * `dsec create` does.
  * Also exports the overrides and their translation, which `dsec fork` shares.
  */
 import type { Command } from 'commander';
 import type { RestoreInput } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
+import { runCreate } from '../util/long.js';
 import { writeJson } from '../util/output.js';
 import { collectEnv, collectLabel, flag, parseCpus, parsePositiveInt, parseSize, parseWholeSeconds } from '../util/parse.js';
 import { PRIORITIES, createRequest, parsePriority, parseTtl, type CreateFlags } from './create.js';
@@ -55,7 +57,8 @@ export function register(parent: Command, ctx: Ctx): Command {
     .description('create a sandbox from a snapshot and print its id')
     .argument('<snapshot>', 'snapshot id (snap-...) or name');
   return addRestoreOptions(cmd).action(async (ref: string, flags: RestoreFlags) => {
-    const sandbox = await ctx.client().restore(ref, restoreRequest(flags));
+    const sandbox = await runCreate(ctx, { label: `restoring ${ref}`, abortOnInterrupt: true }, (o) => ctx.client().restore(ref, restoreRequest(flags), o));
+    if (!sandbox) return;
     if (ctx.json) writeJson(ctx.io.stdout, sandbox);
     else ctx.out(sandbox.id + '\n');
   });

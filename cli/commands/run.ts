@@ -8,14 +8,16 @@
  * our stdin streamed to it under -i (execStreamed); the first ^C goes to the command as
  * SIGINT, a second one kills it. With --json it runs in one call and the ExecResult is
  * printed (output at most 4 MiB per stream), and `--backend fncall` is a stateless call
- * (POST /v1/run), whose result is capped the same way by the tier's contract.
+ * (POST /v1/run), whose result is capped the same way by the tier's contract. On a
+ * terminal, stderr shows the create's progress as `dsec create` does.
  */
 import type { Command } from 'commander';
 import { DsecApiError, type RunInput, type Sandbox } from '../../sdk/index.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError, apiErrorHint } from '../util/errors.js';
 import { readStdin, reportExecResult, signalNumber } from '../util/exec.js';
-import { addCreateOptions, createRequest, type CreateFlags } from './create.js';
+import { runCreate } from '../util/long.js';
+import { addCreateOptions, createLabel, createRequest, type CreateFlags } from './create.js';
 import { addCommandOptions, execStreamed, type ExecFlags } from './exec.js';
 
 /** Adds `run` to `parent`. */
@@ -45,8 +47,9 @@ export function register(parent: Command, ctx: Ctx): Command {
     let sandbox: Sandbox | undefined;
     try {
       // Not aborted on interrupt: an abandoned create could leave a sandbox we never learn the id of.
-      sandbox = await client.createSandbox(createRequest(flags));
-      if (interrupted) return;
+      // On a terminal a spinner shows the create's phases (cli/util/long.ts).
+      sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: false }, (o) => client.createSandbox(createRequest(flags), o));
+      if (interrupted || !sandbox) return;
       if (sandbox.state === 'failed') {
         throw new UserError(`sandbox ${sandbox.id} failed to start: ${sandbox.error ?? 'no reason given'}`, '`dsec host info` shows what this host supports', 'FailedPrecondition');
       }

@@ -2,8 +2,12 @@
  * `dsec top [--once] [--sort cpu|mem|age|id] [--filter F] [--interval DUR]`: resource
  * use of every sandbox, live.
  *
- * On a terminal: the Ink view of cli/ui/top.tsx, refreshed every interval (1 s), until
- * `q` or Ctrl-C (exit 0) or SIGTERM (exit 143). Otherwise (stdout not a terminal, or
+ * On a terminal: the Ink view of cli/ui/top.tsx on the alternate screen, refreshed every
+ * interval (1 s), until `q` or Ctrl-C (exit 0) or SIGTERM (exit 143); the screen is as it
+ * was before when it ends. Row actions (cli/ui/top-keys.ts): `s`/Enter runs `sh` in the
+ * selected sandbox under a PTY (as `dsec exec -it ID -- sh`; exiting it comes back),
+ * `l` follows its log (q, Esc or ^C comes back), `p` pauses or resumes it, `d` destroys
+ * it after a `y`. Otherwise (stdout not a terminal, or
  * `--once`, or `--json`): two samples one interval apart (CPU% needs a delta), then ONE
  * plain table (under the host line when stdout is a terminal), or
  * `{time, host, sandboxes: [...]}` with --json. When that fallback was
@@ -14,13 +18,17 @@
  */
 import os from 'node:os';
 import { Option, type Command } from 'commander';
-import type { StatsResponse } from '../../sdk/index.js';
+import { DsecApiError, type StatsResponse } from '../../sdk/index.js';
+import { renderPauseLine } from '../ui/jobs.js';
 import { TOP_SORTS, hostFromStats, renderTopHeader, renderTopRows, renderTopTable, topRowJson, type TopHost, type TopSort } from '../ui/top-rows.js';
 import type { Ctx } from '../util/context.js';
-import { EXIT, UserError } from '../util/errors.js';
+import { EXIT, UserError, apiErrorMessage } from '../util/errors.js';
 import { signalNumber } from '../util/exec.js';
 import { writeJson } from '../util/output.js';
 import { flag, parseDuration } from '../util/parse.js';
+import { enterRawMode } from '../util/terminal.js';
+import { execInteractive } from './exec.js';
+import { cleanLogLine } from './logs.js';
 
 /** The note on stderr when stdout is not a terminal and no snapshot was asked for. */
 export const SNAPSHOT_NOTE = '(stdout is not a terminal: printing one snapshot)';
@@ -69,7 +77,7 @@ interface TopOptions {
 export function register(parent: Command, ctx: Ctx): Command {
   return parent
     .command('top')
-    .description('show resource use of every sandbox, live (keys: c m a i sort, / filter, q quit)')
+    .description('show resource use of every sandbox, live (keys: ↑↓ select, s shell, l log, p pause/resume, d destroy, c m a i sort, / filter, q quit)')
     .option('--once', 'print one table (two samples one interval apart) and exit')
     .option('--sort <key>', `sort by ${TOP_SORTS.join(', ')}`, flag('--sort', parseSort), 'cpu' as TopSort)
     .option('--filter <f>', 'only sandboxes matching k=v (a label, or state/image/id) or containing the text')
@@ -99,7 +107,10 @@ export function register(parent: Command, ctx: Ctx): Command {
             sort: opts.sort,
             filter: opts.filter ?? '',
             keys: ctx.io.stdin.isTTY === true,
+            color: ctx.color,
             stop,
+            act: (op, id) => rowAction(ctx, op, id),
+            suspend: (kind, id) => (kind === 'shell' ? shell(ctx, id) : followLog(ctx, id, stop)),
           });
         } else {
           if (!opts.once && !ctx.json) ctx.err(SNAPSHOT_NOTE + '\n');
@@ -110,6 +121,54 @@ export function register(parent: Command, ctx: Ctx): Command {
       }
       if (interrupted) ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
     });
+}
+
+/** `top`'s pause, resume and destroy of a sandbox; resolves with the line the view shows. @throws Error with the API error said as the CLI says it. */
+async function rowAction(ctx: Ctx, op: 'pause' | 'resume' | 'destroy', id: string): Promise<string> {
+  const client = ctx.client();
+  try {
+    if (op === 'pause') return renderPauseLine(id, (await client.pauseSandbox(id)).reclaim);
+    if (op === 'resume') return `${(await client.resumeSandbox(id)).id} resumed`;
+    return `${(await client.deleteSandbox(id, { force: true })).id} destroyed`;
+  } catch (e) {
+    if (e instanceof DsecApiError) throw new Error(`${op} ${id.slice(0, 12)}: ${apiErrorMessage(e, op === 'destroy' ? 'rm' : op)} (${e.code})`);
+    throw e;
+  }
+}
+
+/** `top`'s shell: `sh` in sandbox `id` under a PTY, with our terminal; resolves with how it ended. */
+async function shell(ctx: Ctx, id: string): Promise<string> {
+  ctx.err(`dsec: sh in sandbox ${id}; exit it to return to top\n`);
+  const code = await execInteractive(ctx, id, ['sh']);
+  return `shell in ${id.slice(0, 12)} ended (exit ${code})`;
+}
+
+/**
+ * `top`'s log view: the sandbox's log, followed, on the normal screen, until `q`, Esc or
+ * ^C (our terminal in raw mode, so ^C is a key here, not a signal), `stop` (a SIGTERM) or
+ * the end of the log (the sandbox was destroyed). Resolves with how it ended.
+ */
+async function followLog(ctx: Ctx, id: string, stop: Promise<void>): Promise<string> {
+  const { stdin, stdout } = ctx.io;
+  const abort = new AbortController();
+  void stop.then(() => abort.abort());
+  stdout.write(`dsec: log of sandbox ${id}, followed; q, Esc or ^C returns to top\n`);
+  const restore = enterRawMode(stdin, { keepOutput: true });
+  const onData = (c: string | Uint8Array) => {
+    if (/[q\x1b\x03]/.test(typeof c === 'string' ? c : Buffer.from(c).toString('latin1'))) abort.abort();
+  };
+  stdin.on?.('data', onData);
+  stdin.resume?.();
+  try {
+    for await (const line of ctx.client().logs(id, { follow: true, signal: abort.signal })) stdout.write(cleanLogLine(line) + '\n');
+  } catch (e) {
+    if (!abort.signal.aborted) throw e;
+  } finally {
+    stdin.off?.('data', onData);
+    stdin.pause?.();
+    restore();
+  }
+  return abort.signal.aborted ? `left the log of ${id.slice(0, 12)}` : `the log of ${id.slice(0, 12)} ended (the sandbox is gone)`;
 }
 
 /** Two samples `interval` apart, then one table (or JSON); an interrupt cuts the wait short and prints nothing. */

@@ -1,6 +1,7 @@
 /**
  * Progress of long image operations (`dsec image build`, `image import`,
- * `image bootstrap`) on stderr.
+ * `image bootstrap`) on stderr, and the spinner of slow creates (`create`, `run`,
+ * `restore`, `fork`: {@link startSpinner}, a terminal's stderr only).
  *
  * - On a terminal: one status line, rewritten in place with `\r` + clear-line (ANSI
  *   `ESC[2K`), cut to the terminal width, and erased when the operation ends, so the
@@ -104,6 +105,86 @@ export function createProgressView(out: OutStream, opts: ProgressViewOptions): P
     done() {
       if (shown) out.write(CLEAR_LINE);
       shown = false;
+    },
+  };
+}
+
+/** Frames of the spinner (braille dots, as npm and many CLIs draw it). */
+export const SPINNER_FRAMES = ['⠋', '⠙', '⠹', '⠸', '⠼', '⠴', '⠦', '⠧', '⠇', '⠏'] as const;
+
+/** ms between spinner frames (and elapsed-time updates). */
+export const SPINNER_INTERVAL_MS = 100;
+
+/**
+ * A spinner's status line (no newline): `⠹ creating a microvm sandbox: booting the guest
+ * (waiting for its agent) 4.2s`, the part after the label only when there is one, cut to
+ * `width` columns. Elapsed time in seconds with one decimal (tenths are what a person
+ * watching can see move). Text from dsecd is cleaned of control characters.
+ */
+export function formatSpinnerLine(frame: number, label: string, detail: string | undefined, elapsedMs: number, width = DEFAULT_COLUMNS - 1): string {
+  const time = `${(Math.max(0, elapsedMs) / 1000).toFixed(1)}s`;
+  const head = `${SPINNER_FRAMES[frame % SPINNER_FRAMES.length]} ${label}${detail ? `: ${clean(detail)}` : ''}`;
+  const chars = [...head];
+  const room = Math.max(10, width - time.length - 1);
+  return `${chars.length > room ? chars.slice(0, room - 1).join('') + '…' : head} ${time}`;
+}
+
+/** A running spinner; see {@link startSpinner}. */
+export interface Spinner {
+  /** Sets the text after the label (the phase); drawn at the next frame. */
+  update(detail: string): void;
+  /** Stops the spinner and erases its line. Safe to call twice. */
+  done(): void;
+}
+
+/** Options of {@link startSpinner}. */
+export interface SpinnerOptions {
+  /** What is being waited for, e.g. `creating a microvm sandbox`. */
+  label: string;
+  /** Terminal width in columns; default {@link DEFAULT_COLUMNS}. */
+  columns?: number;
+  /** Draw nothing before this many ms have passed (a quick operation shows no flash); default 250. */
+  delayMs?: number;
+  /** The clock (ms); default `Date.now`. */
+  now?: () => number;
+}
+
+/**
+ * Draws a spinner with the elapsed time on `out` (a terminal's stderr), rewritten in
+ * place every {@link SPINNER_INTERVAL_MS} from `delayMs` on, until {@link Spinner.done},
+ * which erases it so what follows starts on a clean line. The timer does not keep the
+ * process alive.
+ */
+export function startSpinner(out: OutStream, opts: SpinnerOptions): Spinner {
+  const now = opts.now ?? Date.now;
+  const t0 = now();
+  const width = Math.max(20, (opts.columns && opts.columns > 0 ? opts.columns : DEFAULT_COLUMNS) - 1);
+  let detail: string | undefined;
+  let frame = 0;
+  let shown = false;
+  let stopped = false;
+  const draw = () => {
+    if (stopped) return;
+    out.write(CLEAR_LINE + formatSpinnerLine(frame++, opts.label, detail, now() - t0, width));
+    shown = true;
+  };
+  let timer: NodeJS.Timeout | undefined;
+  const delay = setTimeout(() => {
+    draw();
+    timer = setInterval(draw, SPINNER_INTERVAL_MS);
+    timer.unref?.();
+  }, opts.delayMs ?? 250);
+  delay.unref?.();
+  return {
+    update(d) {
+      detail = d;
+    },
+    done() {
+      if (stopped) return;
+      stopped = true;
+      clearTimeout(delay);
+      if (timer) clearInterval(timer);
+      if (shown) out.write(CLEAR_LINE);
     },
   };
 }

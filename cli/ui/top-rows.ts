@@ -49,6 +49,8 @@ export interface TopRow {
   denials: number | null;
   /** ms since the sandbox was created, at the sample's time. */
   ageMs: number;
+  /** CPU limit, cores; null when dsecd did not say (an older dsecd). */
+  cpuLimit: number | null;
 }
 
 /** CPU% of `cur` against `prev` (the same sandbox one sample earlier); null when it cannot be known. */
@@ -116,6 +118,7 @@ export function renderTopRows(prev: StatsResponse | undefined, cur: StatsRespons
       oomKills: s.oom_kills,
       denials: denialCount(s),
       ageMs: Math.max(0, cur.time - s.created_at),
+      cpuLimit: typeof s.cpus === 'number' && s.cpus > 0 ? s.cpus : null,
     });
   }
   return rows.sort((a, b) => compare(a, b, sort));
@@ -205,4 +208,89 @@ export function topRowJson(r: TopRow): Record<string, unknown> {
     disk_limit_bytes: r.diskLimitBytes,
     age_ms: r.ageMs,
   };
+}
+
+/**
+ * How close a sandbox is to a limit, for colour: `high` from 70% of it, `critical` from
+ * 90% (the thresholds htop's meters and k9s's columns turn yellow and red near), `ok`
+ * below, `null` when it cannot be told (no value or no limit).
+ */
+export type Pressure = 'ok' | 'high' | 'critical' | null;
+
+/** {@link Pressure} of `used` against `limit`. */
+export function pressure(used: number | null, limit: number | null): Pressure {
+  if (used === null || limit === null || !(limit > 0)) return null;
+  const f = used / limit;
+  return f >= 0.9 ? 'critical' : f >= 0.7 ? 'high' : 'ok';
+}
+
+/** Pressure of a row's CPU (CPU% against its limit × 100), memory and disk (use against quota). */
+export function rowPressure(r: TopRow): { cpu: Pressure; mem: Pressure; disk: Pressure } {
+  return {
+    cpu: pressure(r.cpuPercent, r.cpuLimit === null ? null : r.cpuLimit * 100),
+    mem: pressure(r.memoryBytes, r.memoryLimitBytes),
+    disk: pressure(r.diskUsedBytes, r.diskLimitBytes),
+  };
+}
+
+/** Terminal colour names (as Ink's `color` takes them) used by the live view. */
+export type TopColor = 'green' | 'yellow' | 'red' | 'cyan' | 'blue' | 'gray' | 'magenta';
+
+/** Colour of a sandbox state: running green, paused cyan, creating blue, stopped gray, failed red. */
+export function stateColor(state: string): TopColor | undefined {
+  switch (state) {
+    case 'running': return 'green';
+    case 'paused': return 'cyan';
+    case 'creating': return 'blue';
+    case 'stopped': return 'gray';
+    case 'failed': return 'red';
+    default: return undefined;
+  }
+}
+
+/** Colour of a pressure: high yellow, critical red, otherwise none. */
+export function pressureColor(p: Pressure): TopColor | undefined {
+  return p === 'critical' ? 'red' : p === 'high' ? 'yellow' : undefined;
+}
+
+/**
+ * Colours of a row's cells, in {@link TOP_COLUMNS} order (undefined: the terminal's own):
+ * STATE by state; CPU%, MEM and DISK by pressure; OOM red when the OOM killer struck;
+ * DENIED yellow when a defence refused something.
+ */
+export function topCellColors(r: TopRow): (TopColor | undefined)[] {
+  const p = rowPressure(r);
+  return [
+    undefined,
+    stateColor(r.state),
+    pressureColor(p.cpu),
+    pressureColor(p.mem),
+    undefined,
+    undefined,
+    pressureColor(p.disk),
+    r.oomKills ? 'red' : undefined,
+    r.denials ? 'yellow' : undefined,
+    undefined,
+    undefined,
+  ];
+}
+
+/**
+ * A meter as htop draws one: `[|||||||       35%]`, `width` characters in all, the bar
+ * filled in proportion to `fraction` (clamped to 0..1) and `text` right-aligned inside it
+ * (over the bar where they meet). Returns the bar's parts, for colouring: the brackets
+ * and unfilled part in `rest`, the filled part in `filled`.
+ */
+export function meter(fraction: number, width: number, text: string): { open: string; filled: string; rest: string; close: string } {
+  const inner = Math.max(text.length + 1, width - 2);
+  const f = Number.isFinite(fraction) ? Math.min(1, Math.max(0, fraction)) : 0;
+  const chars: string[] = Array.from({ length: inner }, (_, i) => (i < Math.round(f * inner) ? '|' : ' '));
+  for (let i = 0; i < text.length; i++) chars[inner - text.length + i] = text[i];
+  const n = Math.round(f * inner);
+  return { open: '[', filled: chars.slice(0, n).join(''), rest: chars.slice(n).join(''), close: ']' };
+}
+
+/** The pressure of a host meter's fraction (same thresholds as a sandbox's). */
+export function meterPressure(fraction: number): Pressure {
+  return pressure(fraction, 1);
 }

@@ -1,16 +1,27 @@
 /**
- * The live `dsec top` view (Ink): a host header, then one row per sandbox, refreshed
- * every interval. Keys: `c`/`m`/`a`/`i` sort by CPU, memory, age, id; `/` starts a filter
- * (`k=v` or text; Enter applies, Esc clears); Esc clears the filter; `q` or Ctrl-C quits.
+ * The live `dsec top` view (Ink), refreshed every interval: a host header with CPU and
+ * memory meters, then one row per sandbox, the selected one highlighted, coloured by
+ * state (running green, paused cyan, failed red) and by pressure (CPU, memory and disk
+ * near their limits yellow, at them red; OOM kills red, refusals yellow). The keys are
+ * those of ./top-keys.ts: select with ↑/↓, `s`/Enter a shell, `l` the log, `p`
+ * pause/resume, `d` destroy (asks first), `c`/`m`/`a`/`i` sort, `/` filter, `q` quit.
  *
- * The arithmetic and text live in ./top-rows.ts (pure); this file only holds state,
- * timers and keys. A failed sample is shown in the view and retried at the next tick
- * (dsecd restarting does not end `top`).
+ * The arithmetic and text live in ./top-rows.ts and the keys in ./top-keys.ts (pure);
+ * this file holds state, timers and drawing. A failed sample is shown in the view and
+ * retried at the next tick (dsecd restarting does not end `top`).
+ *
+ * {@link renderTop} runs the view on the terminal's alternate screen (as htop does), so
+ * quitting leaves the screen as it was before `top`; a shell or a log suspends the view
+ * (Ink unmounted, the normal screen back) and `top` comes back where it was afterwards.
  */
 import { Box, Text, render, useApp, useInput, useStdout } from 'ink';
 import { useEffect, useRef, useState } from 'react';
 import type { StatsResponse } from '../../sdk/index.js';
-import { TOP_COLUMNS, renderTopHeader, renderTopRows, topCells, type TopHost, type TopSort } from './top-rows.js';
+import { formatBytes } from '../util/output.js';
+import { keysFromInk, reduceKey, selectedIndex, type TopEffect, type TopUiState } from './top-keys.js';
+import {
+  TOP_COLUMNS, meter, meterPressure, pressureColor, renderTopHeader, renderTopRows, topCellColors, topCells, type TopColor, type TopHost, type TopSort,
+} from './top-rows.js';
 
 /** Where the view gets its data; injected so tests drive it without a daemon. */
 export interface TopSources {
@@ -18,6 +29,14 @@ export interface TopSources {
   sample(): Promise<StatsResponse>;
   /** The host header for a sample (systeminformation, else the sample's host block). */
   host(s: StatsResponse): Promise<TopHost>;
+}
+
+/** A row action that needs the terminal: the view exits with it, {@link renderTop} runs it and comes back. */
+export interface TopSuspend {
+  kind: 'shell' | 'logs';
+  id: string;
+  /** The view's state, to come back to. */
+  state: TopUiState;
 }
 
 /** Props of {@link TopView}. */
@@ -33,23 +52,96 @@ export interface TopViewProps extends TopSources {
   /** Terminal width and height (default: the Ink stdout's, read at each render, so a resize applies); rows beyond the height are cut. */
   columns?: number;
   rows?: number;
+  /** Colour states and pressure (off under NO_COLOR); the selection is shown inverse either way. */
+  color?: boolean;
+  /** State to start from (coming back from a shell or a log); overrides `sort` and `filter`. */
+  initial?: TopUiState;
+  /** A line to show first (how the last shell or log ended). */
+  notice?: string;
+  /**
+   * Runs pause, resume or destroy of a sandbox and resolves with a line saying what was
+   * done; a rejection's message is shown as an error. Without it those keys only say
+   * that they are not available.
+   */
+  act?: (op: 'pause' | 'resume' | 'destroy', id: string) => Promise<string>;
 }
 
-/** Keys of the sort orders. */
-const SORT_KEYS: Record<string, TopSort> = { c: 'cpu', m: 'mem', a: 'age', i: 'id' };
+/**
+ * Lines around the table: the host header, the meters, the status line, a prompt or
+ * notice, an error, the column heads and the `… more` line.
+ */
+const CHROME_LINES = 7;
 
-/** Lines above and below the table (header, status, filter prompt, error, column heads). */
-const CHROME_LINES = 5;
+/** One piece of a line with its own colour. */
+interface Segment {
+  text: string;
+  color?: TopColor;
+}
 
-/** Cells padded into columns two spaces apart (last column unpadded), each line cut to `width`. */
-function layout(head: readonly string[], body: string[][], width: number): string[] {
+/**
+ * The cells laid out in columns two spaces apart (the last column unpadded), each line
+ * cut to `width` (an ellipsis marks the cut), as coloured segments.
+ */
+export function layoutSegments(head: readonly string[], body: string[][], colors: (TopColor | undefined)[][], width: number): Segment[][] {
   const widths = head.map((h, i) => Math.max(h.length, ...body.map((r) => [...r[i]].length)));
-  const line = (cells: readonly string[]) => {
-    const s = cells.map((c, i) => (i === cells.length - 1 ? c : c + ' '.repeat(widths[i] - [...c].length))).join('  ');
-    const chars = [...s];
-    return chars.length > width ? chars.slice(0, Math.max(1, width - 1)).join('') + '…' : s;
+  const line = (cells: readonly string[], cols: (TopColor | undefined)[]): Segment[] => {
+    const segs: Segment[] = [];
+    cells.forEach((c, i) => {
+      if (i > 0) segs.push({ text: '  ' });
+      segs.push({ text: i === cells.length - 1 ? c : c + ' '.repeat(widths[i] - [...c].length), color: cols[i] });
+    });
+    return cut(segs, width);
   };
-  return [line(head), ...body.map(line)];
+  return [line(head, []), ...body.map((r, i) => line(r, colors[i] ?? []))];
+}
+
+/** `segs` cut to `width` characters, the last kept one ending in `…` when anything was cut. */
+function cut(segs: Segment[], width: number): Segment[] {
+  const total = segs.reduce((n, s) => n + [...s.text].length, 0);
+  if (total <= width) return segs;
+  const out: Segment[] = [];
+  let room = Math.max(1, width - 1);
+  for (const s of segs) {
+    const chars = [...s.text];
+    if (chars.length <= room) {
+      out.push(s);
+      room -= chars.length;
+      continue;
+    }
+    out.push({ ...s, text: chars.slice(0, room).join('') });
+    break;
+  }
+  out.push({ text: '…' });
+  return out;
+}
+
+/** The CPU and memory meters of the header: `CPU [|||||   30%]  MEM [||||   4GiB/24GiB]`, split to fit `width`. */
+function HostMeters(props: { host: TopHost; width: number; color: boolean }) {
+  const { host, width } = props;
+  const each = Math.max(14, Math.min(50, Math.floor((width - 12) / 2)));
+  const cpu = host.cpuPercent === null ? null : host.cpuPercent / 100;
+  const mem = host.memoryTotalBytes > 0 ? host.memoryUsedBytes / host.memoryTotalBytes : 0;
+  const one = (label: string, fraction: number | null, text: string) => {
+    const m = meter(fraction ?? 0, each, text);
+    const c = props.color && fraction !== null ? (pressureColor(meterPressure(fraction)) ?? 'green') : undefined;
+    return (
+      <Text>
+        <Text bold>{label}</Text>
+        {' '}
+        {m.open}
+        <Text color={c}>{m.filled}</Text>
+        {m.rest}
+        {m.close}
+      </Text>
+    );
+  };
+  return (
+    <Text>
+      {one('CPU', cpu, cpu === null ? 'n/a' : `${host.cpuPercent!.toFixed(0)}%`)}
+      {'  '}
+      {one('MEM', mem, `${formatBytes(host.memoryUsedBytes)}/${formatBytes(host.memoryTotalBytes)}`)}
+    </Text>
+  );
 }
 
 /** The live view; see the file comment. */
@@ -58,17 +150,20 @@ export function TopView(props: TopViewProps) {
   const { stdout } = useStdout();
   const [samples, setSamples] = useState<{ prev?: StatsResponse; cur?: StatsResponse }>({});
   const [host, setHost] = useState<TopHost | undefined>();
-  const [sort, setSort] = useState<TopSort>(props.sort);
-  const [filter, setFilter] = useState(props.filter);
-  const [editing, setEditingState] = useState<string | null>(null);
-  // Keys can arrive faster than renders: the key handler reads and writes the filter
-  // being typed through a ref, never through a possibly stale render's value.
-  const editingRef = useRef<string | null>(null);
-  const setEditing = (v: string | null) => {
-    editingRef.current = v;
-    setEditingState(v);
+  const [ui, setUiState] = useState<TopUiState>(props.initial ?? { sort: props.sort, filter: props.filter, editing: null, selected: null, confirm: null });
+  // Keys can arrive faster than renders: the key handler reads and writes the state
+  // through a ref, never through a possibly stale render's value.
+  const uiRef = useRef(ui);
+  const setUi = (s: TopUiState) => {
+    uiRef.current = s;
+    setUiState(s);
   };
+  const [notice, setNotice] = useState<{ text: string; error: boolean } | null>(props.notice ? { text: props.notice, error: false } : null);
   const [error, setError] = useState<string | null>(null);
+  // The rows as last drawn, which the keys act on.
+  const shownRef = useRef<ReturnType<typeof renderTopRows>>([]);
+  const pageRef = useRef(1);
+  const busyRef = useRef(false);
 
   useEffect(() => {
     let stopped = false;
@@ -93,68 +188,151 @@ export function TopView(props: TopViewProps) {
     };
   }, []);
 
+  /** Carries out what a key asked for. */
+  const perform = (effect: TopEffect) => {
+    if (effect.kind === 'quit') return exit();
+    if (effect.kind === 'notice') return setNotice({ text: effect.text, error: false });
+    if (effect.kind === 'shell' || effect.kind === 'logs') {
+      const suspend: TopSuspend = { kind: effect.kind, id: effect.id, state: { ...uiRef.current, editing: null, confirm: null } };
+      return exit(suspend);
+    }
+    if (!props.act) return setNotice({ text: `${effect.kind} is not available here`, error: true });
+    if (busyRef.current) return setNotice({ text: 'busy with the last action; try again when it is done', error: true });
+    busyRef.current = true;
+    setNotice({ text: `${effect.kind === 'destroy' ? 'destroying' : effect.kind === 'pause' ? 'pausing' : 'resuming'} ${effect.id.slice(0, 12)}…`, error: false });
+    props.act(effect.kind, effect.id).then(
+      (text) => setNotice({ text, error: false }),
+      (e: unknown) => setNotice({ text: e instanceof Error ? e.message : String(e), error: true }),
+    ).finally(() => {
+      busyRef.current = false;
+    });
+  };
+
   useInput(
     (input, key) => {
-      const typed = editingRef.current;
-      if (typed !== null) {
-        if (key.return) {
-          setFilter(typed.trim());
-          setEditing(null);
-        } else if (key.escape) {
-          setFilter('');
-          setEditing(null);
-        } else if (key.backspace || key.delete) {
-          setEditing(typed.slice(0, -1));
-        } else if (input && !key.ctrl && !key.meta) {
-          setEditing(typed + input);
-        }
-        return;
+      for (const k of keysFromInk(input, key)) {
+        const before = uiRef.current;
+        const { state, effect } = reduceKey(before, k, shownRef.current, pageRef.current);
+        setUi(state);
+        // Any key after a notice clears it, unless it makes a new one.
+        if (notice && !effect) setNotice(null);
+        if (effect) perform(effect);
+        if (effect?.kind === 'quit' || effect?.kind === 'shell' || effect?.kind === 'logs') return;
       }
-      if (input === 'q') exit();
-      else if (input === '/') setEditing('');
-      else if (key.escape) setFilter('');
-      else if (SORT_KEYS[input]) setSort(SORT_KEYS[input]);
     },
     { isActive: props.keys },
   );
 
+  const color = props.color ?? false;
   const width = Math.max(20, props.columns ?? stdout?.columns ?? 80);
-  const rows = samples.cur ? renderTopRows(samples.prev, samples.cur, sort, filter) : [];
+  const rows = samples.cur ? renderTopRows(samples.prev, samples.cur, ui.sort, ui.filter) : [];
   const maxRows = Math.max(1, (props.rows ?? stdout?.rows ?? 24) - CHROME_LINES);
-  const lines = layout(TOP_COLUMNS, rows.slice(0, maxRows).map(topCells), width);
+  const sel = selectedIndex(ui, rows);
+  // Scroll so the selected row is on screen.
+  const offset = sel < maxRows ? 0 : sel - maxRows + 1;
+  const visible = rows.slice(offset, offset + maxRows);
+  shownRef.current = rows;
+  pageRef.current = maxRows;
+  const lines = layoutSegments(TOP_COLUMNS, visible.map(topCells), visible.map((r) => (color ? topCellColors(r) : [])), width);
   const total = samples.cur?.sandboxes.length ?? 0;
-  const status = `sort: ${sort}${filter ? `  filter: ${filter}` : ''}` + (props.keys ? '   [c]pu [m]em [a]ge [i]d  [/] filter  [q]uit' : '');
+  const help = props.keys ? '   ↑↓ select  [s]hell [l]ogs [p]ause/resume [d]estroy  [c]pu [m]em [a]ge [i]d  [/] filter  [q]uit' : '';
+  const status = `sort: ${ui.sort}${ui.filter ? `  filter: ${ui.filter}` : ''}` + help;
+  const below = rows.length - offset - visible.length;
   return (
     <Box flexDirection="column">
       <Text>{host ? renderTopHeader(host, total, rows.length) : 'host: sampling…'}</Text>
-      <Text dimColor>{status}</Text>
-      {editing !== null ? <Text>filter (k=v or text, Enter applies, Esc clears): {editing}_</Text> : null}
-      {error ? <Text color="red">error: {error} (retrying)</Text> : null}
-      <Text bold>{lines[0]}</Text>
-      {lines.slice(1).map((l, i) => (
-        <Text key={rows[i].id}>{l}</Text>
+      {host ? <HostMeters host={host} width={width} color={color} /> : <Text> </Text>}
+      <Text dimColor>{cutText(status, width)}</Text>
+      {ui.editing !== null ? (
+        <Text>filter (k=v or text, Enter applies, Esc clears): {ui.editing}_</Text>
+      ) : ui.confirm !== null ? (
+        <Text color={color ? 'red' : undefined} bold>destroy sandbox {ui.confirm} ({rows.find((r) => r.id === ui.confirm)?.state ?? 'gone'}), killing its processes? [y/N]</Text>
+      ) : notice ? (
+        <Text color={color && notice.error ? 'red' : undefined}>{cutText(notice.text, width)}</Text>
+      ) : null}
+      {error ? <Text color={color ? 'red' : undefined}>error: {error} (retrying)</Text> : null}
+      <Text bold>{lines[0].map((s) => s.text).join('')}</Text>
+      {lines.slice(1).map((segs, i) => (
+        <Text key={visible[i].id} inverse={props.keys && offset + i === sel}>
+          {segs.map((s, j) => (
+            <Text key={j} color={s.color}>{s.text}</Text>
+          ))}
+        </Text>
       ))}
-      {rows.length > maxRows ? <Text dimColor>… {rows.length - maxRows} more (filter with /)</Text> : null}
+      {below > 0 ? <Text dimColor>… {below} more (↓ scrolls, / filters)</Text> : null}
     </Box>
   );
 }
 
+/** `s` cut to `width` characters (an ellipsis marks the cut). */
+function cutText(s: string, width: number): string {
+  const chars = [...s];
+  return chars.length > width ? chars.slice(0, Math.max(1, width - 1)).join('') + '…' : s;
+}
+
+/** Enter the alternate screen buffer and move home (xterm's private mode 1049, as htop and less use). */
+export const ENTER_ALT_SCREEN = '\x1b[?1049h\x1b[H';
+/** Leave the alternate screen buffer: the screen as it was before comes back. */
+export const LEAVE_ALT_SCREEN = '\x1b[?1049l';
+
 /** Options of {@link renderTop}. */
-export interface RenderTopOptions extends Omit<TopViewProps, 'columns' | 'rows'> {
+export interface RenderTopOptions extends Omit<TopViewProps, 'columns' | 'rows' | 'initial' | 'notice'> {
   /** The terminal (the real process streams; Ink needs Node streams). */
   stdout: NodeJS.WriteStream;
   stdin: NodeJS.ReadStream;
   /** Resolves the view early (a SIGTERM): it is unmounted. */
   stop?: Promise<unknown>;
+  /**
+   * Runs a shell in (`shell`) or follows the log of (`logs`) a sandbox with the terminal
+   * to itself (Ink is unmounted and the normal screen is back); resolves with a line to
+   * show when the view comes back, or rejects with the error to show there.
+   */
+  suspend?: (kind: 'shell' | 'logs', id: string) => Promise<string | undefined>;
 }
 
 /**
- * Renders the live view until `q`, Ctrl-C or `stop`; resolves once Ink has unmounted
- * (the terminal is back in its previous mode).
+ * Renders the live view on the alternate screen until `q`, Ctrl-C or `stop`; resolves
+ * once Ink has unmounted and the screen is back as it was. A shell or a log
+ * (`opts.suspend`) leaves the view and the alternate screen, and comes back to both with
+ * the state it had (sort, filter, selection).
  */
 export async function renderTop(opts: RenderTopOptions): Promise<void> {
-  const { stdout, stdin, stop, ...view } = opts;
-  const app = render(<TopView {...view} />, { stdout, stdin, exitOnCtrlC: true, patchConsole: false });
-  void stop?.then(() => app.unmount());
-  await app.waitUntilExit();
+  const { stdout, stdin, stop, suspend, ...view } = opts;
+  let stopped = false;
+  void stop?.then(() => {
+    stopped = true;
+  });
+  let alt = false;
+  const leave = () => {
+    if (!alt) return;
+    alt = false;
+    process.off('exit', leave);
+    stdout.write(LEAVE_ALT_SCREEN);
+  };
+  let initial: TopUiState | undefined;
+  let notice: string | undefined;
+  try {
+    while (!stopped) {
+      stdout.write(ENTER_ALT_SCREEN);
+      alt = true;
+      // A last resort: even an exit from elsewhere gives the screen back.
+      process.on('exit', leave);
+      // Coming back from a shell or a log, which paused stdin when done: a paused TTY
+      // stream has stopped reading its fd, and Ink's 'readable' listener would wait forever.
+      if (initial) stdin.resume();
+      const app = render(<TopView {...view} initial={initial} notice={notice} />, { stdout, stdin, exitOnCtrlC: true, patchConsole: false });
+      void stop?.then(() => app.unmount());
+      const result = (await app.waitUntilExit()) as TopSuspend | undefined;
+      leave();
+      if (!result || stopped || !suspend) return;
+      initial = result.state;
+      try {
+        notice = await suspend(result.kind, result.id);
+      } catch (e) {
+        notice = `${result.kind === 'shell' ? 'shell' : 'log'} of ${result.id.slice(0, 12)}: ${e instanceof Error ? e.message : String(e)}`;
+      }
+    }
+  } finally {
+    leave();
+  }
 }

@@ -7,6 +7,11 @@
  * - raw mode (a tty session, our stdin a terminal, stdin forwarded): every key goes to
  *   the command, ^C as byte 3 (the PTY inside turns it into SIGINT, as with ssh or
  *   docker); with `detachKeys`, Ctrl-P Ctrl-Q detaches;
+ * - with `detachKeys` and our stdin a terminal but no raw mode (a session without a PTY,
+ *   or stdin not forwarded): the terminal stays in line mode (echo, line editing, ^C as
+ *   a signal) with Ctrl-Q made a line end ({@link enterDetachLineMode}), and stdin is read
+ *   even when it is not forwarded, so Ctrl-P Ctrl-Q detaches there too (what was typed
+ *   on the line before it is sent first, when stdin is forwarded);
  * - otherwise the first SIGINT is forwarded to the command as a signal, and a second
  *   SIGINT (or a SIGTERM) makes us let go (for `exec`, which attached with
  *   kill_on_detach, that kills the command);
@@ -15,7 +20,7 @@
 import type { ExecAttachmentHandle, ExecInfo } from '../../sdk/index.js';
 import type { Ctx } from './context.js';
 import type { InStream, OutStream } from './io.js';
-import { DetachKeys, enterRawMode, terminalSize } from './terminal.js';
+import { DetachKeys, enterDetachLineMode, enterRawMode, terminalSize } from './terminal.js';
 
 /** How {@link runAttached} drives a session. */
 export interface AttachedOptions {
@@ -27,7 +32,7 @@ export interface AttachedOptions {
   stdin: boolean;
   /** When our stdin ends, close the command's stdin (`exec -i`); `attach` leaves it open. */
   eofOnEnd: boolean;
-  /** Ctrl-P Ctrl-Q detaches (raw mode only). */
+  /** Ctrl-P Ctrl-Q detaches when our stdin is a terminal (raw mode or line mode, see the module comment). */
   detachKeys: boolean;
   /** Send our terminal's size once attached (re-attaching to a tty session). */
   sendSize: boolean;
@@ -56,8 +61,11 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
   att.on('stdout', (b) => backpressure.write(stdout, b));
   att.on('stderr', (b) => backpressure.write(stderr, b));
 
+  // Keys are looked for on a terminal only: through a pipe nobody types them.
+  const lineKeys = opts.detachKeys && !opts.raw && stdin.isTTY === true;
   try {
     if (opts.raw) cleanups.push(enterRawMode(stdin));
+    else if (lineKeys) cleanups.push(enterDetachLineMode(stdin));
 
     if (opts.tty && stdout.isTTY && typeof stdout.on === 'function') {
       const onResize = () => {
@@ -69,7 +77,7 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
       if (opts.sendSize) onResize();
     }
 
-    if (opts.stdin) cleanups.push(forwardStdin(stdin, att, opts, () => {
+    if (opts.stdin || lineKeys) cleanups.push(forwardStdin(stdin, att, opts, () => {
       detached = true;
       att.close();
     }));
@@ -97,11 +105,12 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
 }
 
 /**
- * Forwards `stdin` to the attachment (with backpressure, and the detach keys in raw
- * mode) and returns the function that stops it and releases stdin.
+ * Reads `stdin` for the session: forwards it to the attachment when `opts.stdin` (with
+ * backpressure), and looks for the detach keys when `opts.detachKeys` and stdin is a
+ * terminal. Returns the function that stops it and releases stdin.
  */
 function forwardStdin(stdin: InStream, att: ExecAttachmentHandle, opts: AttachedOptions, detach: () => void): () => void {
-  const keys = opts.raw && opts.detachKeys ? new DetachKeys() : undefined;
+  const keys = opts.detachKeys && stdin.isTTY === true ? new DetachKeys({ dropCtrlQ: !opts.raw }) : undefined;
   let stopped = false;
   const onData = (chunk: string | Uint8Array) => {
     if (stopped) return;
@@ -110,12 +119,12 @@ function forwardStdin(stdin: InStream, att: ExecAttachmentHandle, opts: Attached
       const r = keys.feed(bytes);
       bytes = r.forward;
       if (r.detach) {
-        if (bytes.length > 0) att.write(bytes);
+        if (bytes.length > 0 && opts.stdin) att.write(bytes);
         detach();
         return;
       }
     }
-    if (bytes.length === 0) return;
+    if (bytes.length === 0 || !opts.stdin) return;
     if (!att.write(bytes) && typeof stdin.pause === 'function') {
       stdin.pause();
       att.once('drain', () => {
@@ -124,7 +133,7 @@ function forwardStdin(stdin: InStream, att: ExecAttachmentHandle, opts: Attached
     }
   };
   const onEnd = () => {
-    if (!stopped && opts.eofOnEnd) att.eof();
+    if (!stopped && opts.eofOnEnd && opts.stdin) att.eof();
   };
   // A failing stdin (EIO on a terminal that went away) is treated as its end.
   const onError = () => onEnd();

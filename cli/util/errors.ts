@@ -13,6 +13,7 @@
  * always gets JSON.
  */
 import { DsecApiError, type ErrorKind } from '../../sdk/index.js';
+import { rewriteFieldMessage } from './fields.js';
 import type { OutStream } from './io.js';
 import { writeJsonLine } from './output.js';
 
@@ -237,9 +238,19 @@ export function apiErrorHint(err: DsecApiError, verb: string): string {
   return hintFor(err.code, verb, { status: err.status, errno: errnoOf(err), message: err.message, reason: err.reason });
 }
 
+/**
+ * The message of an API error as the CLI shows it: for InvalidArgument and
+ * FailedPrecondition raised by a verb that built its request from flags, the API's field
+ * names and units are said as that verb's flags (cli/util/fields.ts); otherwise dsecd's
+ * message as it is.
+ */
+export function apiErrorMessage(err: DsecApiError, verb: string): string {
+  return err.code === 'InvalidArgument' || err.code === 'FailedPrecondition' ? rewriteFieldMessage(err.message, verb) : err.message;
+}
+
 /** Writes the two-line report of an API error: `dsec: <message> (<code>)` and its hint. */
 export function reportApiError(err: DsecApiError, stderr: OutStream, verb: string, prefix = ''): void {
-  stderr.write(`dsec: ${prefix}${err.message} (${err.code})\n`);
+  stderr.write(`dsec: ${prefix}${apiErrorMessage(err, verb)} (${err.code})\n`);
   stderr.write(`hint: ${apiErrorHint(err, verb)}\n`);
 }
 
@@ -272,7 +283,7 @@ export function reportError(err: unknown, stderr: OutStream, verb: string, debug
   let doc: ErrorDoc;
   if (err instanceof DsecApiError) {
     reportApiError(err, stderr, verb);
-    doc = { code: err.code, message: err.message, hint: apiErrorHint(err, verb) };
+    doc = { code: err.code, message: apiErrorMessage(err, verb), hint: apiErrorHint(err, verb) };
     if (err.reason !== undefined) doc.reason = err.reason;
   } else if (err instanceof UserError) {
     stderr.write(`dsec: ${err.message}\n`);

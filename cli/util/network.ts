@@ -10,9 +10,14 @@
  *
  * `--allow` without `--network` or a policy means `--network allow`; `--deny` alone needs
  * a mode, since deny rules mean something different in each.
+ *
+ * `dsec network add` and `dsec network rm` take `--allow`/`--deny` alone
+ * ({@link addRuleOptions}) and change a sandbox's own rules one by one
+ * ({@link addRules}, {@link removeRules}).
  */
 import type { Command } from 'commander';
 import type { NetworkInput } from '../../sdk/index.js';
+import { formatRule } from '../ui/network.js';
 import { UserError } from './errors.js';
 import { flag } from './parse.js';
 
@@ -75,6 +80,74 @@ function parseMode(text: string): string {
     throw new UserError(`unknown network mode ${JSON.stringify(text)}`, 'none (loopback only, the default), allow (only --allow destinations) or open (anything but --deny)');
   }
   return text;
+}
+
+/** Adds `--allow` and `--deny` (repeatable rules) to `cmd`; `verb` words their help (`allow egress to`, `stop allowing egress to`). */
+export function addRuleOptions(cmd: Command, verb: { allow: string; deny: string }): Command {
+  return cmd
+    .option('--allow <rule>', `${verb.allow} DEST[:PORTS][/tcp|/udp] (CIDR, address or host name, *.name for every name below), repeatable`, flag('--allow', collectRule))
+    .option('--deny <rule>', `${verb.deny} DEST[:PORTS][/tcp|/udp], repeatable`, flag('--deny', collectRule));
+}
+
+/**
+ * The key two rules are compared by: the rule as the flags write it, with the host name
+ * lower-cased (DNS names are case-insensitive), ports in the order given, and `any` as no
+ * protocol. `pypi.org:443/tcp` and `PyPI.org:443/tcp` are the same rule; `pypi.org:443`
+ * (both protocols) is not the same as `pypi.org:443/tcp`.
+ */
+export function ruleKey(r: Rule): string {
+  const dest = r.host !== undefined ? `host ${r.host.toLowerCase()}` : `cidr ${r.cidr ?? ''}`;
+  return `${dest} ${(r.ports ?? []).join(',')} ${r.protocol === undefined || r.protocol === 'any' ? '' : r.protocol}`;
+}
+
+/** A sandbox's own rules (its NetworkSpec's allow and deny, not its policy's). */
+export interface OwnRules {
+  allow: Rule[];
+  deny: Rule[];
+}
+
+/**
+ * `current` with `add`'s rules appended (each kind in the order given); a rule already
+ * there is left where it is and reported in `present`.
+ */
+export function addRules(current: OwnRules, add: Partial<OwnRules>): { rules: OwnRules; present: Rule[] } {
+  const present: Rule[] = [];
+  const merge = (have: Rule[], more: Rule[] = []) => {
+    const out = [...have];
+    const keys = new Set(have.map(ruleKey));
+    for (const r of more) {
+      if (keys.has(ruleKey(r))) present.push(r);
+      else {
+        keys.add(ruleKey(r));
+        out.push(r);
+      }
+    }
+    return out;
+  };
+  return { rules: { allow: merge(current.allow, add.allow), deny: merge(current.deny, add.deny) }, present };
+}
+
+/**
+ * `current` without `remove`'s rules (compared by {@link ruleKey}).
+ * @throws UserError naming every rule that is not among the sandbox's own rules of its
+ *   kind (a policy's rules cannot be removed one by one: `dsec network set` drops the policy).
+ */
+export function removeRules(current: OwnRules, remove: Partial<OwnRules>): OwnRules {
+  const missing: string[] = [];
+  const drop = (kind: 'allow' | 'deny') => {
+    const gone = new Set((remove[kind] ?? []).map(ruleKey));
+    for (const r of remove[kind] ?? []) if (!current[kind].some((c) => ruleKey(c) === ruleKey(r))) missing.push(`--${kind} ${formatRule(r)}`);
+    return current[kind].filter((r) => !gone.has(ruleKey(r)));
+  };
+  const rules = { allow: drop('allow'), deny: drop('deny') };
+  if (missing.length) {
+    const own = [...current.allow.map((r) => `--allow ${formatRule(r)}`), ...current.deny.map((r) => `--deny ${formatRule(r)}`)];
+    throw new UserError(
+      `the sandbox has no such rule of its own: ${missing.join(', ')}`,
+      own.length ? `its own rules are: ${own.join(' ')} (a policy's rules go with \`dsec network set ID --network-policy ...\`)` : 'it has no rules of its own; `dsec network show ID` shows the rules in force (its policy\'s)',
+    );
+  }
+  return rules;
 }
 
 /** Adds `--network`, `--allow`, `--deny`, `--network-policy` to `cmd`. */

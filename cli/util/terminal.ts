@@ -4,9 +4,9 @@
  *
  * Contract: whatever ends an interactive session (the command's exit, an error message,
  * a dropped socket, our own SIGTERM, an exception, `process.exit`), the terminal is put
- * back in cooked mode. {@link enterRawMode} returns the restore function, which is safe
- * to call any number of times, and also registers it on the process `exit` event as a
- * last resort.
+ * back in cooked mode. {@link enterRawMode} and {@link enterDetachLineMode} return the
+ * restore function, which is safe to call any number of times, and also register it on
+ * the process `exit` event as a last resort.
  */
 import { spawnSync } from 'node:child_process';
 import type { InStream, OutStream } from './io.js';
@@ -32,12 +32,13 @@ function clearOutputProcessing(): void {
  * Puts `stdin` (a terminal) in raw mode and returns the function that restores it.
  * Without `setRawMode` (not a terminal) it does nothing and returns a no-op. For the
  * process's own stdin, output post-processing is turned off too (see
- * {@link clearOutputProcessing}).
+ * {@link clearOutputProcessing}), unless `opts.keepOutput` (our own line-by-line output,
+ * as `top`'s log view writes it, needs `\n` to return the cursor).
  */
-export function enterRawMode(stdin: InStream): () => void {
+export function enterRawMode(stdin: InStream, opts: { keepOutput?: boolean } = {}): () => void {
   if (typeof stdin.setRawMode !== 'function') return () => {};
   stdin.setRawMode(true);
-  if (stdin === (process.stdin as unknown) && process.stdin.isTTY) clearOutputProcessing();
+  if (!opts.keepOutput && stdin === (process.stdin as unknown) && process.stdin.isTTY) clearOutputProcessing();
   let restored = false;
   const restore = () => {
     if (restored) return;
@@ -48,6 +49,35 @@ export function enterRawMode(stdin: InStream): () => void {
     } catch {
       // The terminal is gone (hangup): nothing left to restore.
     }
+  };
+  process.on('exit', restore);
+  return restore;
+}
+
+/**
+ * Makes Ctrl-P Ctrl-Q reach us while the terminal behind `stdin` stays in line mode
+ * (`dsec attach` to a session without a PTY: the line editing, echo and ^C of the local
+ * terminal keep working). Two termios changes, through `stty` on our fd 0:
+ * - `-ixon`: Ctrl-Q is no longer flow control (XON), which the terminal would swallow;
+ * - `eol ^Q`: Ctrl-Q also ends a line, so a read returns as soon as it is typed, with the
+ *   Ctrl-P before it (a line-mode read otherwise waits for Enter).
+ * The settings before (`stty -g`) are put back by the returned function. Only for the
+ * process's own stdin when it is a terminal (anything else: a no-op); best effort (no
+ * stty: no change, and the keys then work after Enter).
+ */
+export function enterDetachLineMode(stdin: InStream): () => void {
+  if (stdin !== (process.stdin as unknown) || !process.stdin.isTTY) return () => {};
+  const saved = spawnSync('stty', ['-g'], { stdio: ['inherit', 'pipe', 'ignore'], timeout: 2000 });
+  const settings = saved.status === 0 ? String(saved.stdout).trim() : '';
+  if (!settings) return () => {};
+  spawnSync('stty', ['-ixon', 'eol', '^Q'], { stdio: ['inherit', 'ignore', 'ignore'], timeout: 2000 });
+  let restored = false;
+  const restore = () => {
+    if (restored) return;
+    restored = true;
+    process.off('exit', restore);
+    // The terminal may be gone (hangup): then there is nothing to restore.
+    spawnSync('stty', [settings], { stdio: ['inherit', 'ignore', 'ignore'], timeout: 2000 });
   };
   process.on('exit', restore);
   return restore;
@@ -69,9 +99,13 @@ const CTRL_Q = 0x11;
  * Finds docker's detach sequence, Ctrl-P Ctrl-Q, in keyboard input. A Ctrl-P is held
  * back until the next byte shows whether it starts the sequence; when it does not, it
  * is passed on with that byte (so Ctrl-P still reaches the program, one key late).
+ * With `dropCtrlQ` (a terminal in line mode, see {@link enterDetachLineMode}), a Ctrl-Q
+ * outside the sequence is dropped, as the terminal's flow control dropped it before.
  */
 export class DetachKeys {
   private held = false;
+
+  constructor(private readonly opts: { dropCtrlQ?: boolean } = {}) {}
 
   /** Bytes to forward from `chunk`, and whether the sequence was completed (bytes after it are dropped). */
   feed(chunk: Buffer): { forward: Buffer; detach: boolean } {
@@ -88,6 +122,8 @@ export class DetachKeys {
         out.push(b);
       } else if (b === CTRL_P) {
         this.held = true;
+      } else if (b === CTRL_Q && this.opts.dropCtrlQ) {
+        continue;
       } else {
         out.push(b);
       }

@@ -670,6 +670,7 @@ export const SandboxStatsView = z.object({
   image: z.string(),
   labels: z.record(z.string(), z.string()),
   created_at: z.number().int(),
+  cpus: z.number().describe('CPU limit, cores (as the sandbox was created with).'),
   cpu_usage_ns: z.number().describe('Cumulative CPU time, ns (null fields when not running).').nullable(),
   memory_bytes: z.number().int().nullable().describe('Memory charged to the sandbox cgroup, bytes.'),
   memory_limit_bytes: z.number().int().nullable(),

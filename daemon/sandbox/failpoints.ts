@@ -66,6 +66,21 @@ export class Failpoints {
     return this.name;
   }
 
+  /**
+   * A view of these failpoints that also tells `onStep` each step reached, after the
+   * failpoint itself (the armed one never returns). The armed name and its count are
+   * shared with this object. Used to report a create's progress (daemon/sandbox/progress.ts):
+   * the create steps above are the phase boundaries every driver already marks.
+   */
+  observed(onStep: (name: Failpoint) => void): Failpoints {
+    const view = Object.create(this) as Failpoints;
+    view.hit = (name: Failpoint) => {
+      this.hit(name);
+      onStep(name);
+    };
+    return view;
+  }
+
   /** Marks that step `name` was reached; SIGKILLs this process when it is the armed one. */
   hit(name: Failpoint): void {
     if (name !== this.name) return;

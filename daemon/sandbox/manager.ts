@@ -32,6 +32,7 @@ import { procStartTime, signalName } from '../host/proc.js';
 import { watchExit, type ExitWatch } from '../host/pidwatch.js';
 import { ContainerDriver } from '../drivers/container/driver.js';
 import { Failpoints } from './failpoints.js';
+import { createObserver, phaseMessage, type CreateProgressSink } from './progress.js';
 import { parseSelector, SandboxRepo, type ImageConfig, type SandboxRecord } from './repo.js';
 import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
@@ -197,11 +198,13 @@ export class SandboxManager {
 
   /**
    * Creates and starts a sandbox. The response is sent only after the running state is
-   * committed, so an acknowledged sandbox always survives a daemon crash.
+   * committed, so an acknowledged sandbox always survives a daemon crash. `onProgress`
+   * hears each phase of the create once, in order (daemon/sandbox/progress.ts); a
+   * sandbox claimed from the warm pool reports `ready` alone.
    * @throws DsecError Unimplemented (backend not built), NotFound (unknown image),
    *   ResourceExhausted (uid pool), Internal (runtime failure; nothing is left behind).
    */
-  async create(req: CreateSandboxRequest, opts: { worker?: boolean } = {}): Promise<SandboxRecord> {
+  async create(req: CreateSandboxRequest, opts: { worker?: boolean; onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord> {
     if (req.backend === 'fncall' && !opts.worker) {
       throw invalidArgument('fncall is the stateless tier: run calls with POST /v1/run (`dsec run --backend fncall` or `dsec call`), not as a sandbox');
     }
@@ -222,9 +225,12 @@ export class SandboxManager {
       const settled = { ...req, network, disk_bytes: disk ?? undefined };
       if (!own && req.backend === 'container' && !opts.worker) {
         const claimed = await this.claimFromPool(settled, src);
-        if (claimed) return claimed;
+        if (claimed) {
+          opts.onProgress?.({ phase: 'ready', id: claimed.id, message: phaseMessage('ready', claimed.backend, false) });
+          return claimed;
+        }
       }
-      return await this.createFrom(settled, src);
+      return await this.createFrom(settled, src, { onProgress: opts.onProgress });
     } finally {
       this.userCreates -= 1;
       this.lastUserCreate = performance.now();
@@ -599,10 +605,12 @@ export class SandboxManager {
     };
   }
 
-  /** Records the intent, creates through the driver, commits `running` (see {@link create}); admission is the caller's. */
-  private async createFrom(req: CreateSandboxRequest, src: SandboxSource, opts: { shell?: boolean } = {}): Promise<SandboxRecord> {
+  /** Records the intent, creates through the driver, commits `running` (see {@link create}), reporting its phases to `opts.onProgress`; admission is the caller's. */
+  private async createFrom(req: CreateSandboxRequest, src: SandboxSource, opts: { shell?: boolean; onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord> {
     const drv = this.driver(req.backend);
     const id = randomBytes(8).toString('hex');
+    // The create's steps, reported as its phases when the caller asked for progress.
+    const fp = opts.onProgress ? this.d.failpoints.observed(createObserver(id, req.backend, !!src.restore, opts.onProgress)) : this.d.failpoints;
     const rec = this.d.repo.insertCreating({
       id,
       backend: req.backend,
@@ -626,12 +634,12 @@ export class SandboxManager {
       // Resolved now and stored, so a later config or image change never alters it.
       filesystem: resolveFilesystem(req.filesystem, src.config.security, this.d.config.filesystem),
     });
-    this.d.failpoints.hit('create.after-intent');
+    fp.hit('create.after-intent');
     await this.d.images.syncLeases(this.layersInUse());
     return this.mutex.run(id, async () => {
       let init;
       try {
-        init = await drv.create(rec, this.d.failpoints, src.restore);
+        init = await drv.create(rec, fp, src.restore);
       } catch (e) {
         this.d.log.warn({ err: e, id }, 'create failed; cleaning up');
         await drv.destroy(rec, this.d.failpoints).catch((e2) => this.d.log.error({ err: e2, id }, 'cleanup after failed create failed'));
@@ -643,7 +651,7 @@ export class SandboxManager {
       const done = this.d.repo.transition(id, 'running', { initPid: init.pid, initStart: init.start });
       this.watchInit(id, init.pid, init.start);
       if (opts.shell) return done;
-      this.d.failpoints.hit('create.after-ack');
+      fp.hit('create.after-ack');
       this.d.repo.event('sandbox.created', done);
       return done;
     });
@@ -1361,24 +1369,25 @@ export class SandboxManager {
    * top lower layer (shared, read-only) under a fresh writable layer, so the sandbox
    * starts with exactly the files the source had. A machine snapshot (kind vm) is resumed
    * instead in a new VM on its own copy of the disk, its processes where they were. The
-   * source is never touched.
+   * source is never touched. `opts.onProgress` hears its phases, as for {@link create}.
    * @param ref snapshot id or name.
    * @throws DsecError NotFound, FailedPrecondition (corrupt layer or machine state, a
    *   state QEMU cannot load, another QEMU release), ResourceExhausted (admission, uid
    *   pool), InvalidArgument (limits above the host's; memory or vCPUs other than a
    *   machine snapshot's), Internal.
    */
-  async restore(ref: string, req: RestoreRequest = {}): Promise<SandboxRecord> {
-    return (await this.fork(ref, { ...req, count: 1 }))[0];
+  async restore(ref: string, req: RestoreRequest = {}, opts: { onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord> {
+    return (await this.fork(ref, { ...req, count: 1 }, opts))[0];
   }
 
   /**
    * Creates `req.count` independent sandboxes from one snapshot ({@link restore} each),
    * at most {@link FORK_CONCURRENCY} at a time. All or nothing: when one fails, the
-   * others are destroyed and the first error is thrown.
+   * others are destroyed and the first error is thrown. `opts.onProgress` hears the
+   * phases of every sandbox of the group (each report names its sandbox).
    * @throws as {@link restore}.
    */
-  async fork(ref: string, req: ForkRequest): Promise<SandboxRecord[]> {
+  async fork(ref: string, req: ForkRequest, opts: { onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord[]> {
     const snap = await this.checkSnapshot(ref);
     const creq = this.restoreRequest(snap, req);
     creq.network = await this.settleNetwork(creq.network, creq.backend);
@@ -1415,7 +1424,7 @@ export class SandboxManager {
       while (next < req.count && failure === null) {
         const i = next++;
         try {
-          made[i] = await this.createFrom(creq, src);
+          made[i] = await this.createFrom(creq, src, { onProgress: opts.onProgress });
           this.d.failpoints.hit('fork.after-create');
         } catch (e) {
           failure ??= e;

@@ -1,9 +1,10 @@
 /**
  * The interactive CLI against a real dsecd: `dsec exec -it` under a real PTY (node-pty)
  * — terminal size, resize, ^C delivered inside, exit code — plus exec -d / execs /
- * attach, exec -i with a pipe, `dsec cp` of a 1 GiB file and of a directory tree in and
- * out (what dsecd's buffers held of it, against the bound of daemon/api/transfer.ts),
- * `dsec logs` and `dsec top --once`.
+ * attach (and its detach keys from a terminal), exec -i with a pipe, a create's progress
+ * reports, `dsec cp` of a 1 GiB file and of a directory tree in and out (what dsecd's
+ * buffers held of it, against the bound of daemon/api/transfer.ts), `dsec logs` and
+ * `dsec top --once`.
  */
 import { spawnSync } from 'node:child_process';
 import { createHash } from 'node:crypto';
@@ -215,6 +216,16 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     expect(await d.client.waitExec(sb, slept!.exec_id, { timeoutMs: 10_000 })).toMatchObject({ state: 'exited', signal: 'SIGKILL' });
   });
 
+  it('a create asked with progress reports rootfs, launch, boot and ready for its sandbox, in order', async () => {
+    const got: { phase: string; id: string; message: string }[] = [];
+    const made = await d.client.createSandbox({ image: 'busybox' }, { onProgress: (p) => got.push(p) });
+    expect(got.map((p) => p.phase)).toEqual(['rootfs', 'launch', 'boot', 'ready']);
+    expect(got.every((p) => p.id === made.id)).toBe(true);
+    expect(got[2].message).toBe('waiting for the agent');
+    expect(made.state).toBe('running');
+    await d.client.deleteSandbox(made.id, { force: true });
+  });
+
   it('exec -it without a terminal on stdin is refused with 125', async () => {
     const r = await dsec(['exec', '-it', sb, '--', 'sh'], '');
     expect(r.code).toBe(125);
@@ -236,6 +247,20 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     const inspect = JSON.parse((await dsec(['execs', 'inspect', sb, eid])).stdout);
     expect(inspect).toMatchObject({ exec_id: eid, state: 'exited', exit_code: 4 });
     expect((await dsec(['execs', 'rm', sb, eid])).code).toBe(0);
+  });
+
+  it("the README's pair: `exec -d` (no stdin, no PTY), then `attach` from a terminal; Ctrl-P Ctrl-Q detaches and the command keeps running", async () => {
+    const started = await dsec(['exec', '-d', sb, '--', 'sh', '-c', 'echo started; sleep 30']);
+    const eid = started.stdout.trim();
+    expect(eid).toMatch(/^[0-9a-f]{32}$/);
+    const t = inPty(['attach', sb, eid.slice(0, 12)]);
+    await t.waitFor(/started/);
+    // No Enter: the keys reach dsec at once.
+    t.p.write('\x10\x11');
+    await t.waitFor(/dsec: detached; exec [0-9a-f]{12} keeps running/);
+    expect((await t.exit).exitCode).toBe(0);
+    expect(await d.client.getExec(sb, eid)).toMatchObject({ state: 'running' });
+    await d.client.signalExec(sb, eid, 'SIGKILL');
   });
 
   it('cp of a 1 GiB file in and out: equal sha256, dsecd holds at most the transfer bound of it', async () => {

@@ -332,7 +332,7 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
     expect((await restarts()).at(-1)).toContain('host_loopback on -> off');
   });
 
-  it('the CLI: create with network flags, show, set, policies, and errors with hints', async () => {
+  it('the CLI: create with network flags, show, set, add, rm, policies, and errors with hints', async () => {
     const c = await runCli(d, ['--json', 'create', '--allow', `${NET.pypi}:443/tcp`]);
     expect(c.code, c.stderr).toBe(0);
     const id = JSON.parse(c.stdout).id as string;
@@ -345,6 +345,15 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
       expect(set.code, set.stderr).toBe(0);
       expect(JSON.parse(set.stdout)).toMatchObject({ mode: 'allow', allow: [{ cidr: NET.other, ports: [443] }] });
       expect(await probeIn(d, id, `/tmp/p tcp ${NET.other} 443`)).toEqual(['ok other-https']);
+      // add keeps the rule there and adds one; rm takes one away and keeps the other; both at once.
+      const add = await runCli(d, ['--json', 'network', 'add', id, '--allow', `${NET.pypi}:443/tcp`]);
+      expect(add.code, add.stderr).toBe(0);
+      expect(JSON.parse(add.stdout).allow).toEqual([{ cidr: NET.other, ports: [443] }, { cidr: NET.pypi, ports: [443], protocol: 'tcp' }]);
+      expect(await probeIn(d, id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['ok pypi-https', 'ok other-https']);
+      const rm = await runCli(d, ['--json', 'network', 'rm', id, '--allow', `${NET.other}:443`]);
+      expect(rm.code, rm.stderr).toBe(0);
+      expect(JSON.parse(rm.stdout).allow).toEqual([{ cidr: NET.pypi, ports: [443], protocol: 'tcp' }]);
+      expect(await probeIn(d, id, `/tmp/p tcp ${NET.pypi} 443; /tmp/p tcp ${NET.other} 443`)).toEqual(['ok pypi-https', 'EPERM']);
       const bad = await runCli(d, ['network', 'set', id, '--network', 'none']);
       expect(bad.code).toBe(125);
       expect(bad.stderr).toMatch(/cannot become none while it exists/);

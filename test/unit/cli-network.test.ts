@@ -1,7 +1,11 @@
-import { describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import type { NetworkInput } from '../../sdk/index.js';
+import { fakeSandbox, json, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 import { networkRequest, parseRule } from '../../cli/util/network.js';
 import { formatRule, renderNetwork } from '../../cli/ui/network.js';
 import { createRequest } from '../../cli/commands/create.js';
+
+const ID = '0123456789abcdef';
 
 describe('dsec network flags', () => {
   it('parses DEST[:PORTS][/PROTO] for CIDRs, addresses, host names and bracketed IPv6', () => {
@@ -31,5 +35,67 @@ describe('dsec network flags', () => {
     expect(text).toContain('connect=1 sendmsg=0 sock_create=0 dns_refused=2');
     expect(text).toMatch(/allow\s+pypi\.org:443\s+192\.0\.2\.1/);
     expect(text).toMatch(/allow\s+\*\.pythonhosted\.org\s+\(from DNS answers\)/);
+  });
+});
+
+describe('dsec network add / rm (against the fake dsecd)', () => {
+  let fake: FakeDsecd;
+  let stored: NetworkInput | null;
+  const view = (n: NetworkInput | null) => ({
+    id: ID, mode: n?.mode ?? 'none', policy: n?.policy ?? null, allow: n?.allow ?? [], deny: n?.deny ?? [], address: '10.201.0.2', gateway: '10.201.0.1',
+    resolver: '10.201.0.1:53', attached: true, hosts: {}, learned: 0, denied: { connect: 0, sendmsg: 0, sock_create: 0, dns_refused: 0, last: null },
+  });
+  beforeEach(async () => {
+    fake = await startFakeDsecd();
+    stored = { mode: 'allow', policy: 'pypi', allow: [{ host: 'pypi.org', ports: [443], protocol: 'tcp' }] };
+    fake.routes['GET /v1/sandboxes/:id'] = (req, res) => json(res, 200, fakeSandbox({ id: req.params.id, network: stored }));
+    fake.routes['GET /v1/sandboxes/:id/network'] = (_req, res) => json(res, 200, view(stored));
+    fake.routes['PUT /v1/sandboxes/:id/network'] = (req, res) => {
+      stored = req.body;
+      json(res, 200, view(stored));
+    };
+  });
+  afterEach(async () => {
+    await fake.close();
+  });
+  const puts = () => fake.seen.filter((s) => s.method === 'PUT').map((s) => s.body);
+
+  it('add appends to the own rules and keeps the mode, the policy and the rules there (set would replace them)', async () => {
+    const r = await runCli(['network', 'add', ID, '--allow', 'files.pythonhosted.org:443/tcp', '--deny', '10.0.0.0/8'], { socket: fake.socketPath });
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    expect(puts()).toEqual([{
+      mode: 'allow', policy: 'pypi',
+      allow: [{ host: 'pypi.org', ports: [443], protocol: 'tcp' }, { host: 'files.pythonhosted.org', ports: [443], protocol: 'tcp' }],
+      deny: [{ cidr: '10.0.0.0/8' }],
+    }]);
+    expect(r.out).toMatch(/allow\s+files\.pythonhosted\.org:443\/tcp/);
+    expect(r.out).toMatch(/allow\s+pypi\.org:443\/tcp/);
+    // A rule it has (host names compare case-insensitively) is not added twice.
+    const again = await runCli(['network', 'add', ID, '--allow', 'PyPI.org:443/tcp'], { socket: fake.socketPath });
+    expect(again.code).toBe(0);
+    expect(again.err).toBe(`dsec: PyPI.org:443/tcp was already a rule of ${ID}\n`);
+    expect(puts()[1].allow).toHaveLength(2);
+  });
+
+  it('rm removes exactly the rules named; a rule the sandbox does not have changes nothing', async () => {
+    stored = { mode: 'allow', allow: [{ host: 'pypi.org', ports: [443], protocol: 'tcp' }, { host: 'files.pythonhosted.org' }], deny: [{ cidr: '10.0.0.0/8' }] };
+    const r = await runCli(['--json', 'network', 'rm', ID, '--allow', 'pypi.org:443/tcp', '--deny', '10.0.0.0/8'], { socket: fake.socketPath });
+    expect(r.code).toBe(0);
+    expect(puts()).toEqual([{ mode: 'allow', allow: [{ host: 'files.pythonhosted.org' }] }]);
+    expect(JSON.parse(r.out)).toMatchObject({ id: ID, allow: [{ host: 'files.pythonhosted.org' }], deny: [] });
+
+    const miss = await runCli(['network', 'rm', ID, '--allow', 'pypi.org:443'], { socket: fake.socketPath });
+    expect(miss.code).toBe(125);
+    expect(miss.err).toMatch(/^dsec: the sandbox has no such rule of its own: --allow pypi\.org:443\nhint: its own rules are: --allow files\.pythonhosted\.org/);
+    expect(puts()).toHaveLength(1);
+    const none = await runCli(['network', 'add', ID], { socket: fake.socketPath });
+    expect(none.err).toMatch(/^dsec: nothing to add/);
+  });
+
+  it('set still replaces: the rules and the policy not given are dropped', async () => {
+    const r = await runCli(['network', 'set', ID, '--allow', 'files.pythonhosted.org:443/tcp'], { socket: fake.socketPath });
+    expect(r.code).toBe(0);
+    expect(puts()).toEqual([{ mode: 'allow', allow: [{ host: 'files.pythonhosted.org', ports: [443], protocol: 'tcp' }] }]);
   });
 });

@@ -5,7 +5,10 @@ import { render } from 'ink-testing-library';
 import { createElement } from 'react';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { TopView } from '../../cli/ui/top.js';
-import { cpuPercent, denialCount, diskCell, hostFromStats, matchesFilter, renderTopHeader, renderTopRows, renderTopTable, type TopHost } from '../../cli/ui/top-rows.js';
+import { keysFromInk, reduceKey, type TopUiState } from '../../cli/ui/top-keys.js';
+import {
+  cpuPercent, denialCount, diskCell, hostFromStats, matchesFilter, meter, pressure, renderTopHeader, renderTopRows, renderTopTable, stateColor, topCellColors, type TopHost,
+} from '../../cli/ui/top-rows.js';
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
 import { Interrupts, Sink, ok, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
 
@@ -101,6 +104,79 @@ describe('top rows (pure)', () => {
   });
 });
 
+describe('top keys (pure)', () => {
+  const ui = (over: Partial<TopUiState> = {}): TopUiState => ({ sort: 'cpu', filter: '', editing: null, selected: null, confirm: null, ...over });
+  const rows = [{ id: A, state: 'running' }, { id: B, state: 'paused' }, { id: C, state: 'stopped' }];
+  /** Feeds one Ink input (as useInput would get it) through the reducer; returns the final state and the effects. */
+  const feed = (s: TopUiState, input: string, key: Record<string, boolean> = {}) => {
+    const effects = [];
+    for (const k of keysFromInk(input, key)) {
+      const r = reduceKey(s, k, rows, 2);
+      s = r.state;
+      if (r.effect) effects.push(r.effect);
+    }
+    return { s, effects };
+  };
+
+  it('a paste arrives as one input: `/job=a` and Enter at once apply the filter, as typed keys do', () => {
+    expect(keysFromInk('/job=a\r', {}).map((k) => (k.name === 'char' ? k.ch : k.name))).toEqual(['/', 'j', 'o', 'b', '=', 'a', 'return']);
+    expect(feed(ui(), '/job=a\r').s).toMatchObject({ filter: 'job=a', editing: null });
+    // Pasted into an open prompt, with a backspace and a newline in it.
+    expect(feed(ui({ editing: 'x' }), 'y\x7fz\n').s).toMatchObject({ filter: 'xz', editing: null });
+    expect(feed(ui({ editing: 'abc' }), '', { escape: true }).s).toMatchObject({ filter: '', editing: null });
+  });
+
+  it('moves the selection with arrows, j/k, pages and ends; acts on the selected row', () => {
+    expect(feed(ui(), '', { downArrow: true }).s.selected).toBe(B);
+    expect(feed(ui({ selected: B }), 'j').s.selected).toBe(C);
+    expect(feed(ui({ selected: C }), '', { downArrow: true }).s.selected).toBe(C);
+    expect(feed(ui({ selected: C }), 'k').s.selected).toBe(B);
+    expect(feed(ui(), '', { pageDown: true }).s.selected).toBe(C);
+    expect(feed(ui({ selected: C }), 'g').s.selected).toBe(A);
+    expect(feed(ui(), 'G').s.selected).toBe(C);
+    // A selected sandbox that is gone falls back to the first row.
+    expect(feed(ui({ selected: 'gone' }), 's').effects).toEqual([{ kind: 'shell', id: A }]);
+    expect(feed(ui({ selected: B }), '', { return: true }).effects).toEqual([{ kind: 'shell', id: B }]);
+    expect(feed(ui({ selected: B }), 'l').effects).toEqual([{ kind: 'logs', id: B }]);
+    expect(feed(ui(), 'p').effects).toEqual([{ kind: 'pause', id: A }]);
+    expect(feed(ui({ selected: B }), 'p').effects).toEqual([{ kind: 'resume', id: B }]);
+    expect(feed(ui({ selected: C }), 'p').effects[0]).toMatchObject({ kind: 'notice', text: expect.stringMatching(/is stopped/) });
+    expect(feed(ui(), 'm').s.sort).toBe('mem');
+    expect(feed(ui(), 'q').effects).toEqual([{ kind: 'quit' }]);
+  });
+
+  it('d asks first: y destroys, any other key keeps the sandbox (a paste of `dy` confirms only through y)', () => {
+    const asked = feed(ui({ selected: B }), 'd');
+    expect(asked.s.confirm).toBe(B);
+    expect(asked.effects).toEqual([]);
+    expect(feed(asked.s, 'y').effects).toEqual([{ kind: 'destroy', id: B }]);
+    expect(feed(asked.s, 'n').effects).toEqual([{ kind: 'notice', text: 'kept bbbbbbbbbbbb' }]);
+    expect(feed(asked.s, '', { return: true }).s.confirm).toBeNull();
+    expect(feed(ui(), 'dn').effects).toEqual([{ kind: 'notice', text: 'kept aaaaaaaaaaaa' }]);
+  });
+});
+
+describe('top colours and meters (pure)', () => {
+  it('state colours; CPU, memory and disk by pressure (70% yellow, 90% red); OOM kills red; refusals yellow', () => {
+    expect(['running', 'paused', 'creating', 'stopped', 'failed'].map(stateColor)).toEqual(['green', 'cyan', 'blue', 'gray', 'red']);
+    expect([pressure(50, 100), pressure(70, 100), pressure(95, 100), pressure(null, 100), pressure(5, null)]).toEqual(['ok', 'high', 'critical', null, null]);
+    const [row] = renderTopRows(prev, sample(T0 + 2000, [sb(A, { cpu_usage_ns: 1e9 + 1.9e9, cpus: 1, memory_bytes: 400 * MiB, disk_used_bytes: 60 * MiB, oom_kills: 1, pids_limit_hits: 2 })]), 'cpu');
+    // 95% of its one core, 400 of 512 MiB (78%), 60 of 64 MiB disk (94%).
+    expect(topCellColors(row)).toEqual([undefined, 'green', 'red', 'yellow', undefined, undefined, 'red', 'red', 'yellow', undefined, undefined]);
+    const [calm] = renderTopRows(undefined, cur, 'cpu');
+    expect(topCellColors(calm).filter(Boolean)).toEqual(['green']);
+  });
+
+  it('meters as htop draws them: the bar in proportion, the value inside on the right', () => {
+    const m = meter(0.5, 22, '50%');
+    expect(m.open + m.filled + m.rest + m.close).toBe('[||||||||||       50%]');
+    expect(m.filled).toBe('||||||||||');
+    const full = meter(1.5, 12, '150%');
+    expect(full.open + full.filled + full.rest + full.close).toBe('[||||||150%]');
+    expect(meter(0, 10, 'x').filled).toBe('');
+  });
+});
+
 describe('top view (Ink)', () => {
   const host: TopHost = { cores: 2, cpuPercent: 30, memoryUsedBytes: 4 * GiB, memoryTotalBytes: 24 * GiB, loadAvg: [1, 1, 1] };
   const tick = (ms = 20) => new Promise((r) => setTimeout(r, ms));
@@ -123,7 +199,7 @@ describe('top view (Ink)', () => {
         sort: 'cpu',
         filter,
         keys: true,
-        columns: 120,
+        columns: 100,
         rows: 30,
       }),
     );
@@ -165,6 +241,48 @@ describe('top view (Ink)', () => {
     app.stdin.write('\x1b');
     await tick(60);
     expect(rowsOf(app.lastFrame()!)).toEqual(['a', 'b', 'c']);
+    app.unmount();
+  });
+
+  it('the header has CPU and MEM meters', async () => {
+    const app = await view();
+    expect(app.lastFrame()).toMatch(/CPU \[\|+ +30%\]  MEM \[\|+ +4GiB\/24GiB\]/);
+    app.unmount();
+  });
+
+  it('a pasted filter (one write of `/job=eval` and Enter) applies', async () => {
+    const app = await view();
+    app.stdin.write('/job=eval\r');
+    await tick(60);
+    expect(rowsOf(app.lastFrame()!)).toEqual(['b']);
+    expect(app.lastFrame()).toContain('filter: job=eval');
+    app.unmount();
+  });
+
+  it('pause, destroy after y: the action runs on the selected row and its outcome is shown', async () => {
+    const acts: string[] = [];
+    let n = 0;
+    const app = render(createElement(TopView, {
+      sample: async () => nth(n++), host: async () => host, intervalMs: 30, sort: 'id', filter: '', keys: true, columns: 100, rows: 30,
+      act: async (op, id) => {
+        acts.push(`${op} ${id}`);
+        return `${id} ${op}d`;
+      },
+    }));
+    for (let i = 0; i < 100 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    app.stdin.write('\x1b[B');
+    await tick();
+    app.stdin.write('p');
+    for (let i = 0; i < 100 && !acts.length; i++) await tick(10);
+    expect(acts).toEqual([`pause ${B}`]);
+    for (let i = 0; i < 100 && !/bbbbbbbbbbbbbbbb paused/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    expect(app.lastFrame()).toContain(`${B} paused`);
+    app.stdin.write('d');
+    await tick();
+    expect(app.lastFrame()).toContain(`destroy sandbox ${B} (running), killing its processes? [y/N]`);
+    app.stdin.write('y');
+    for (let i = 0; i < 100 && acts.length < 2; i++) await tick(10);
+    expect(acts).toEqual([`pause ${B}`, `destroy ${B}`]);
     app.unmount();
   });
 

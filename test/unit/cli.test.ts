@@ -124,7 +124,8 @@ describe('API errors', () => {
     routes['POST /v1/sandboxes'] = fail(400, 'InvalidArgument', 'memory_bytes: too small');
     const r = await dsec(['create', '--memory', '1K']);
     expect(r.code).toBe(125);
-    expect(r.err).toBe('dsec: memory_bytes: too small (InvalidArgument)\nhint: see `dsec create --help`\n');
+    // The API's field name is said as the flag that set it (cli/util/fields.ts).
+    expect(r.err).toBe('dsec: --memory: too small (InvalidArgument)\nhint: see `dsec create --help`\n');
   });
 
   it('a failed create names no sandbox in its hint; a refused writable path gets a hint per verb', async () => {

@@ -1,8 +1,9 @@
 /**
  * The serial console of a vm sandbox (daemon/drivers/vm/console.ts holds QEMU's end):
  *
- * WebSocket `GET /v1/sandboxes/{id}/console` (?tail_bytes=N replays the last N bytes of the
- * console log first, at most 1 MiB; default 0):
+ * WebSocket `GET /v1/sandboxes/{id}/console` (?tail_lines=N replays the last N lines of
+ * the console log first, as `tail -n` counts them; ?tail_bytes=N the last N bytes, at most
+ * 1 MiB; one of the two; default nothing):
  * - server -> client, binary: channel byte 1 + console output;
  * - server -> client, text: `{"type":"exit","reason":...}` when the console ends (the VM
  *   stopped; then close 1000), or `{"type":"error","error":{code,message}}` (then close
@@ -24,10 +25,15 @@ import { parseWith } from '../server.js';
 import type { ApiDeps } from '../server.js';
 import { route } from './table.js';
 
+/** Most lines `tail_lines` replays: 100,000 (the replay is also bounded by the log's size, `[vm] console_log_bytes`). */
+const MAX_TAIL_LINES = 100_000;
+
 /** Query of the console WebSocket. */
 export const ConsoleQuery = z.object({
   tail_bytes: z.coerce.number().int().min(0).max(1 << 20).optional().describe('Replay the last this many bytes of the console log before live output (default 0, at most 1 MiB).'),
-}).strict();
+  tail_lines: z.coerce.number().int().min(0).max(MAX_TAIL_LINES).optional()
+    .describe('Replay the last this many lines of the console log before live output, counted as `tail -n` does (a last line without a newline counts); at most 100000; not with tail_bytes.'),
+}).strict().refine((q) => q.tail_bytes === undefined || q.tail_lines === undefined, 'give tail_lines or tail_bytes, not both');
 
 const P = '/v1/sandboxes/:id/console';
 const attachRoute = route({ method: 'GET', url: P, summary: 'WebSocket: the serial console of a vm sandbox, interactively (see daemon/api/routes/console.ts for the message format).', query: ConsoleQuery, status: 101, response: null, errors: ['NotFound', 'FailedPrecondition', 'Unavailable'] });
@@ -44,6 +50,46 @@ async function tail(file: string, n: number): Promise<Buffer> {
     const b = Buffer.alloc(len);
     await fh.read(b, 0, len, st.size - len);
     return b;
+  } finally {
+    await fh.close();
+  }
+}
+
+/** Bytes read per step when {@link tailLines} walks a log backwards: 64 KiB. */
+const TAIL_CHUNK_BYTES = 64 * 1024;
+
+/**
+ * The last `n` lines of `file`, as `tail -n` counts them: lines end with `\n` (a console's
+ * `\r\n` too), and a last line without one counts as a line. Fewer when the file has
+ * fewer; empty for n = 0 or a missing file. Reads backwards from the end in 64 KiB steps,
+ * so only the bytes returned (plus one step) are read, however large the log.
+ */
+export async function tailLines(file: string, n: number): Promise<Buffer> {
+  if (n <= 0) return Buffer.alloc(0);
+  const fh = await open(file, 'r').catch(() => null);
+  if (!fh) return Buffer.alloc(0);
+  try {
+    const size = (await fh.stat()).size;
+    const chunks: Buffer[] = [];
+    let pos = size;
+    let newlines = 0;
+    while (pos > 0) {
+      const len = Math.min(TAIL_CHUNK_BYTES, pos);
+      pos -= len;
+      const b = Buffer.alloc(len);
+      await fh.read(b, 0, len, pos);
+      for (let i = len - 1; i >= 0; i--) {
+        // A newline as the file's last byte ends the last line; it does not start another.
+        if (b[i] !== 0x0a || pos + i === size - 1) continue;
+        newlines += 1;
+        if (newlines === n) {
+          chunks.unshift(b.subarray(i + 1));
+          return Buffer.concat(chunks);
+        }
+      }
+      chunks.unshift(b);
+    }
+    return Buffer.concat(chunks);
   } finally {
     await fh.close();
   }
@@ -106,7 +152,8 @@ export function registerConsoleRoutes(app: FastifyInstance, deps: ApiDeps): void
         fail(e, 1008);
       }
     });
-    void tail(m.consoleLogPath(r.params.id), q.tail_bytes ?? 0).then((b) => {
+    const file = m.consoleLogPath(r.params.id);
+    void (q.tail_lines !== undefined ? tailLines(file, q.tail_lines) : tail(file, q.tail_bytes ?? 0)).then((b) => {
       if (b.length) send(b);
     }, () => {}).finally(() => {
       replaying = false;

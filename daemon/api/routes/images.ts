@@ -1,20 +1,21 @@
 /**
  * Images and layers: list, inspect, import/build, compose, tag, remove, prune, bootstrap
  * (a Debian base, or a toolkit image on top of it), and commit of a sandbox. Long operations (import, bootstrap) stream progress as NDJSON
- * when the request says `Accept: application/x-ndjson`: `{type:"progress", ...}` lines,
- * then one `{type:"result", result}` or `{type:"error", error:{code,message}}` line.
+ * when the request says `Accept: application/x-ndjson` (daemon/api/long.ts): `{type:"progress", ...}`
+ * lines, then one `{type:"result", result}` or `{type:"error", error:{code,message}}` line.
  * Without it they answer once, with the result.
  */
-import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
+import type { FastifyInstance } from 'fastify';
 import {
   BootstrapRequest, CommitRequest, CommitResult, ComposeRequest, Image, ImageList, ImportRequest, Layer, LayerList, PruneRequest, PruneResult, TagRequest,
 } from '../schema.js';
 import { parseWith } from '../server.js';
-import { DsecError, invalidArgument } from '../../errors.js';
+import { invalidArgument } from '../../errors.js';
 import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
 import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
 import { TOOLKITS, bootstrapToolkit } from '../../image/toolkit.js';
+import { runLong } from '../long.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 import { z } from 'zod';
@@ -46,27 +47,6 @@ export async function imageView(store: ImageStore, m: ImageManifest): Promise<z.
   let size = 0;
   for (const d of m.layers) size += (await store.layer(d).catch(() => undefined))?.size_bytes ?? 0;
   return { ref: `${m.name}:${m.tag}`, name: m.name, tag: m.tag, layers: m.layers, config: m.config, size_bytes: size, created_at: m.created_ms };
-}
-
-/** Runs a long operation, streaming progress as NDJSON when the client asked for it. */
-async function runLong<T>(req: FastifyRequest, reply: FastifyReply, log: ApiDeps['log'], fn: (progress: (p: Record<string, unknown>) => void) => Promise<T>): Promise<unknown> {
-  const stream = String(req.headers.accept ?? '').includes('application/x-ndjson');
-  if (!stream) {
-    const result = await fn(() => {});
-    return reply.code(201).send(result);
-  }
-  reply.hijack();
-  const res = reply.raw;
-  res.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
-  try {
-    const result = await fn((p) => res.write(JSON.stringify({ type: 'progress', ...p }) + '\n'));
-    res.end(JSON.stringify({ type: 'result', result }) + '\n');
-  } catch (e) {
-    const err = e instanceof DsecError ? e : new DsecError('Internal', (e as Error).message);
-    if (err.kind === 'Internal') log.error({ err: e }, 'long operation failed');
-    res.end(JSON.stringify({ type: 'error', error: { code: err.kind, message: err.message } }) + '\n');
-  }
-  return reply;
 }
 
 /**
@@ -117,7 +97,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const { name, tag } = parseRef(body.image);
     if (body.base && body.type !== 'dir') throw invalidArgument('base is only supported with type "dir"');
     if (body.source_ref && body.type !== 'oci') throw invalidArgument('source_ref is only supported with type "oci"');
-    return runLong(req, reply, deps.log, async (progress) => {
+    return runLong(req, reply, deps, async (progress) => {
       let m: ImageManifest;
       let notes: string[] = [];
       if (body.type === 'dir') {
@@ -148,7 +128,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.post(bootstrapRoute.url, async (req, reply) => {
     const body = parseWith(BootstrapRequest, req.body ?? {}, 'bootstrap request');
     const ref = parseRef(body.image ?? (body.toolkit ? TOOLKITS[body.toolkit].image : 'debian:bookworm'));
-    return runLong(req, reply, deps.log, async (progress) => {
+    return runLong(req, reply, deps, async (progress) => {
       const m = body.toolkit
         ? await bootstrapToolkit(store, body.toolkit, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line, phase) => progress({ phase, message: line }) })
         : await bootstrapDebian(store, { name: ref.name, tag: ref.tag, include: body.include, onProgress: (line: string) => progress({ phase: 'debootstrap', message: line }) });

@@ -1,13 +1,19 @@
-/** The sandbox resource: create, list, get, destroy, stop, start, exec. */
+/**
+ * The sandbox resource: create, list, get, destroy, stop, start, exec. A create asked
+ * with `Accept: application/x-ndjson` streams its phases (daemon/sandbox/progress.ts) as
+ * `{type:"progress", phase, id, message}` lines before the `{type:"result"}` line
+ * (daemon/api/long.ts).
+ */
 import type { FastifyInstance } from 'fastify';
 import { CreateSandboxRequest, DeleteQuery, ExecRequest, ExecResult, ListQuery, Sandbox, SandboxList, StopRequest } from '../schema.js';
+import { runLong } from '../long.js';
 import { parseWith } from '../server.js';
 import { toApi } from '../../sandbox/repo.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 
 const createRoute = route({
-  method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox.', body: CreateSandboxRequest, status: 201, response: Sandbox,
+  method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox. With `Accept: application/x-ndjson` the answer is a stream: {type:"progress", phase, id, message} lines (phases rootfs, launch, boot, ready), then {type:"result", result} or {type:"error", error}.', body: CreateSandboxRequest, status: 201, response: Sandbox,
   errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
 });
 const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: 'List sandboxes, optionally by label selector and state.', query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
@@ -31,10 +37,13 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void
   const m = deps.manager;
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
-    const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
-    const sb = await m.create(body);
-    end();
-    return reply.code(201).send(toApi(sb));
+    // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
+    return runLong(req, reply, deps, async (progress) => {
+      const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
+      const sb = await m.create(body, { onProgress: progress });
+      end();
+      return toApi(sb);
+    });
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');

@@ -1,6 +1,11 @@
-/** Snapshots of sandboxes, restores and forks. */
+/**
+ * Snapshots of sandboxes, restores and forks. A restore or fork asked with
+ * `Accept: application/x-ndjson` streams the phases of each sandbox it makes, as a
+ * create does (daemon/api/routes/sandboxes.ts).
+ */
 import type { FastifyInstance } from 'fastify';
 import { ForkRequest, ForkResult, RestoreRequest, Sandbox, Snapshot, SnapshotList, SnapshotRequest } from '../schema.js';
+import { runLong } from '../long.js';
 import { parseWith } from '../server.js';
 import { toApi } from '../../sandbox/repo.js';
 import { snapshotToApi } from '../../sandbox/snapshots.js';
@@ -17,11 +22,11 @@ const delRoute = route({
   method: 'DELETE', url: '/v1/snapshots/:ref', summary: 'Remove a snapshot; sandboxes restored from it keep running.', status: 200, response: Snapshot, errors: ['NotFound'],
 });
 const restoreRoute = route({
-  method: 'POST', url: '/v1/snapshots/:ref/restore', summary: 'Create a running sandbox from a snapshot (the source is untouched).',
+  method: 'POST', url: '/v1/snapshots/:ref/restore', summary: 'Create a running sandbox from a snapshot (the source is untouched). Streams its phases with `Accept: application/x-ndjson`, as a create.',
   body: RestoreRequest, status: 201, response: Sandbox, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'],
 });
 const forkRoute = route({
-  method: 'POST', url: '/v1/snapshots/:ref/fork', summary: 'Create `count` independent running sandboxes from one snapshot; all or nothing.',
+  method: 'POST', url: '/v1/snapshots/:ref/fork', summary: 'Create `count` independent running sandboxes from one snapshot; all or nothing. Streams the phases of each with `Accept: application/x-ndjson`, as a create.',
   body: ForkRequest, status: 201, response: ForkResult, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'],
 });
 
@@ -37,10 +42,10 @@ export function registerSnapshotRoutes(app: FastifyInstance, deps: ApiDeps): voi
   app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotToApi(await m.removeSnapshot(req.params.ref)));
   app.post<{ Params: { ref: string } }>(restoreRoute.url, async (req, reply) => {
     const body = parseWith(RestoreRequest, req.body ?? {}, 'restore request');
-    return reply.code(201).send(toApi(await m.restore(req.params.ref, body)));
+    return runLong(req, reply, deps, async (progress) => toApi(await m.restore(req.params.ref, body, { onProgress: progress })));
   });
   app.post<{ Params: { ref: string } }>(forkRoute.url, async (req, reply) => {
     const body = parseWith(ForkRequest, req.body, 'fork request');
-    return reply.code(201).send({ sandboxes: (await m.fork(req.params.ref, body)).map(toApi) });
+    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, body, { onProgress: progress })).map(toApi) }));
   });
 }

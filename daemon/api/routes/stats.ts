@@ -27,7 +27,7 @@ export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const st = await deps.manager.stats(sb.id).catch(() => null);
     const disk = disks ? disks.get(sb.id) : deps.manager.diskUsage(sb.id);
     return {
-      id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt,
+      id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt, cpus: sb.cpus,
       cpu_usage_ns: st?.cpuUsageNs ?? null, memory_bytes: st?.memoryBytes ?? null, memory_limit_bytes: st?.memoryLimitBytes ?? null,
       pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null, pids_limit_hits: st?.pidsLimitHits ?? null, seccomp_denials: st?.seccompDenials ?? null,
       network_denied: deps.network?.networking.denials(sb) ?? null,

@@ -55,6 +55,8 @@ export class CgroupV2Manager implements CgroupManager {
   /** dsecd's own cgroup dir, minus a trailing `dsecd` leaf it may already have moved into. */
   readonly baseDir: string;
   private readonly parent: string;
+  /** The cgroup2 mount point. */
+  private readonly mountPoint: string;
 
   /**
    * @param instance validated instance name.
@@ -68,6 +70,11 @@ export class CgroupV2Manager implements CgroupManager {
     this.baseDir = path.basename(layout.ownDir) === DAEMON_LEAF ? path.dirname(layout.ownDir) : layout.ownDir;
     this.parent = path.join(this.baseDir, `${INSTANCE_DIR_PREFIX}${instance}`);
     this.parents = Object.freeze({ unified: this.parent });
+    this.mountPoint = layout.mountPoint;
+  }
+
+  memcgPath(id: string): string {
+    return `/${path.relative(this.mountPoint, this.dir(id))}`;
   }
 
   private dir(id: string): string {

@@ -17,6 +17,7 @@ import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from '
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
+import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -176,6 +177,7 @@ const FileConfig = z
         vmm_unprivileged: z.boolean().optional(),
         vmm_seccomp: z.boolean().optional(),
         console_log_bytes: z.number().int().min(4096).optional(),
+        reclaim: GuestReclaimSchema.optional(),
         disks: z.record(z.string().regex(/^[a-z0-9][a-z0-9._-]{0,63}$/, 'disk names are 1-64 of [a-z0-9._-], starting with a letter or digit'), z.object({
           path: z.string().min(1),
           format: z.enum(['raw', 'qcow2']).optional(),
@@ -252,6 +254,8 @@ export interface VmConfig {
   consoleLogBytes: number;
   /** Disk images registered for the vm tier (`[vm.disks.NAME]`), by name: a create with image `disk:NAME` boots one ({@link VmDiskConfig}). */
   disks: Record<string, VmDiskConfig>;
+  /** Guest-side DAMON reclaim of microVMs and their swap (`[vm.reclaim]`; daemon/drivers/microvm/reclaim.ts). */
+  reclaim: GuestReclaimConfig;
 }
 
 /**
@@ -600,6 +604,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       balloon: fc.vm?.balloon ?? true,
       confine: { mountNamespace: fc.vm?.vmm_mount_namespace ?? true, unprivileged: fc.vm?.vmm_unprivileged ?? true, seccomp: fc.vm?.vmm_seccomp ?? true },
       consoleLogBytes: fc.vm?.console_log_bytes ?? 1024 * 1024,
+      reclaim: resolveGuestReclaim(fc.vm?.reclaim),
       disks: Object.fromEntries(Object.entries(fc.vm?.disks ?? {}).map(([name, d]) => [name, {
         path: path.resolve(d.path),
         format: d.format ?? (d.path.endsWith('.qcow2') ? 'qcow2' : 'raw'),

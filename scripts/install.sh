@@ -51,7 +51,7 @@ if [[ ! -d node_modules || package-lock.json -nt node_modules/.package-lock.json
   npm ci --no-audit --no-fund --loglevel=error
 fi
 
-# The microvm tier's guest kernel: Debian's linux-image-amd64, unpacked into a dsec-owned
+# The microvm tier's guest kernel: Debian bookworm's 6.12 kernel package, unpacked into a dsec-owned
 # directory (never installed into the host's /boot); [vm] kernel and [vm] modules default to it.
 bash scripts/guest-kernel.sh
 

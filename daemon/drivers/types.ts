@@ -7,6 +7,7 @@
  * again (or `destroy`ed) after a restart, so each is idempotent with respect to what it
  * leaves on the host.
  */
+import type { GuestReclaimStats } from './microvm/reclaim.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import type { SeccompCounts } from '../security/seccomp-monitor.js';
 import type { Backend, DefenceStatus, ImageConfig } from '../api/schema.js';
@@ -88,6 +89,8 @@ export interface SandboxStats {
   pidsLimitHits: number;
   /** Denied system calls as the seccomp monitor counted them, or null: not counted. */
   seccompDenials?: SeccompCounts | null;
+  /** A microVM's guest-side DAMON reclaim (microvm/reclaim.ts), as of the guest's last stats refresh; null or absent: none runs. */
+  guestReclaim?: GuestReclaimStats | null;
 }
 
 /** What a pause reclaimed, measured from the sandbox's memory.stat before and after. Bytes. */

@@ -91,6 +91,7 @@
 #include <linux/filter.h>
 #include <linux/seccomp.h>
 
+#include "damon.h"
 #include "vmux.h"
 
 /* Core scheduling (Linux 5.14, <linux/prctl.h>); values are the kernel ABI. */
@@ -4982,6 +4983,8 @@ int main(int argc, char **argv)
 		/* A VM guest: connections are the streams of the mux on the port (vmux.c). */
 		int vfd = vmux_open(vmux_path, (int)vmux_fd, conn_adopt, logf_);
 		vmux_set_confine(guest_confine);
+		damon_init(logf_);
+		vmux_set_ops(damon_op); /* RECLAIM, RECLAIM_STATS (damon.c) */
 		if (vfd < 0)
 			return 1;
 		if (watch_add(&g_vmux_w, W_VMUX, vfd, NULL, EPOLLIN) < 0) {

@@ -125,6 +125,7 @@ static struct {
 	vmux_adopt_fn adopt;
 	vmux_log_fn log;
 	vmux_confine_fn confine;
+	vmux_op_fn ops;
 } M = { .ep = -1, .port = -1, .tfd = -1, .port_kind = K_PORT, .timer_kind = K_TIMER };
 
 /* ---- CRC-32 (IEEE 802.3, reflected 0xEDB88320; zlib's crc32), slicing by 8 ------------ */
@@ -601,6 +602,8 @@ static void on_op(const unsigned char *p, uint32_t len)
 	uint32_t seq = get32(p);
 	unsigned op = (unsigned)p[4] << 8 | p[5];
 	int32_t res;
+	unsigned char extra[VMUX_OP_REPLY_MAX];
+	uint32_t nextra = 0;
 	switch (op) {
 	case OP_SYNC:
 		sync();
@@ -668,12 +671,15 @@ static void on_op(const unsigned char *p, uint32_t len)
 		res = getpid() != 1 ? -EPERM : M.confine ? M.confine(p + 6, len - 6) : -ENOSYS;
 		break;
 	default:
-		res = -ENOSYS;
+		/* Ops of other units (damon.c), with bytes appended to the reply. */
+		res = M.ops ? M.ops(op, p + 6, len - 6, extra, &nextra) : -ENOSYS;
+		if (nextra > sizeof extra)
+			nextra = 0;
 	}
 	unsigned char r[8];
 	put32(r, seq);
 	put32(r + 4, (uint32_t)res);
-	send_frame(T_OP_REPLY, 0, r, sizeof r, NULL, 0);
+	send_frame(T_OP_REPLY, 0, r, sizeof r, extra, nextra);
 }
 
 static void handle_frame(unsigned type, uint32_t stream, const unsigned char *p, uint32_t len)
@@ -876,6 +882,11 @@ int vmux_open(const char *path, int fd, vmux_adopt_fn adopt, vmux_log_fn log)
 void vmux_set_confine(vmux_confine_fn fn)
 {
 	M.confine = fn;
+}
+
+void vmux_set_ops(vmux_op_fn fn)
+{
+	M.ops = fn;
 }
 
 void vmux_run(void)

@@ -31,6 +31,17 @@ int vmux_open(const char *path, int fd, vmux_adopt_fn adopt, vmux_log_fn log);
 typedef int32_t (*vmux_confine_fn)(const unsigned char *p, uint32_t len);
 void vmux_set_confine(vmux_confine_fn fn);
 
+/* Largest reply payload an extension op may append to its OP_REPLY (bytes). */
+#define VMUX_OP_REPLY_MAX 1024
+
+/* Handler of the guest operations vmux itself does not serve (op numbers 7 and above:
+ * damon.c's RECLAIM and RECLAIM_STATS): gets the op number and its argument bytes, may
+ * append up to VMUX_OP_REPLY_MAX bytes to the reply (out, *outlen set to their number;
+ * 0 on entry) and returns the result (>= 0, or -errno). Without one, those ops answer
+ * -ENOSYS. */
+typedef int32_t (*vmux_op_fn)(unsigned op, const unsigned char *p, uint32_t len, unsigned char *out, uint32_t *outlen);
+void vmux_set_ops(vmux_op_fn fn);
+
 /* Handles every event that is ready on the mux (port, streams, reconnect timer); never
  * blocks. Call when the fd from vmux_open() is readable. */
 void vmux_run(void);

@@ -25,10 +25,10 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon } from '../integration/harness.js';
+import { GUEST_KERNEL, IS_ROOT, REPO, TestDaemon } from '../integration/harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
-const HAS_KERNEL = existsSync('/usr/local/lib/dsec/guest/vmlinuz');
+const HAS_KERNEL = existsSync(GUEST_KERNEL);
 const MiB = 1024 * 1024;
 
 /** sha256 (hex) of a file's bytes. */

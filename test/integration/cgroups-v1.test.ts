@@ -198,6 +198,15 @@ describe(`cgroup v1 on this host${SKIP ? ` (skipped: ${SKIP})` : ''}`, () => {
     await expect(a.reclaim('nope')).rejects.toMatchObject({ kind: 'NotFound' });
   });
 
+  it.skipIf(!!SKIP)('memcgPath names the sandbox\'s memory cgroup from the memory hierarchy\'s mount (what a DAMON memcg filter takes)', async () => {
+    const p = a.memcgPath('main')!;
+    expect(p).toMatch(/^\/.*\/main$/);
+    const mount = readFileSync('/proc/self/mountinfo', 'utf8').split('\n').map((l) => l.split(' '))
+      .find((f) => f[f.indexOf('-') + 1] === 'cgroup' && f[f.indexOf('-') + 3]?.split(',').includes('memory'))![4];
+    expect(path.join(mount, p)).toBe(a.sandboxPaths('main').memory);
+    expect(await isDir(path.join(mount, p))).toBe(true);
+  });
+
   it.skipIf(!!SKIP)('setMemoryLimit sets, raises past memsw, and clears the limit', async () => {
     await a.setMemoryLimit('main', 64 * MiB);
     expect((await a.stats('main')).memoryLimitBytes).toBe(64 * MiB);

@@ -11,7 +11,7 @@
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import http from 'node:http';
-import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, realpathSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import Database from 'better-sqlite3';
@@ -22,6 +22,7 @@ import { instanceNameFor } from '../../daemon/config.js';
 import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
+import { kernelRelease } from '../../daemon/drivers/microvm/kmod.js';
 
 /** Repository root. */
 export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
@@ -56,6 +57,52 @@ export interface HostTraces {
   uidRanges: number;
   /** Entries of the writable-layer store (`<root>/storage/mnt/sb/<id>`: btrfs subvolumes, XFS project dirs). */
   store: string[];
+}
+
+/**
+ * Guest kernel directory the microvm/vm tests boot, from the environment variable
+ * `DSEC_TEST_GUEST_DIR` (a DEST of scripts/guest-kernel.sh: it holds `vmlinuz` and
+ * `modules`), e.g. `DSEC_TEST_GUEST_DIR=/usr/local/lib/dsec/guest-6.12` to run the tier's
+ * tests on another kernel without switching the host's default; null (dsecd's
+ * defaults) when unset.
+ */
+export const TEST_GUEST_DIR: string | null = process.env.DSEC_TEST_GUEST_DIR || null;
+/** The guest kernel directory the tests boot: {@link TEST_GUEST_DIR}, else dsecd's default (config.ts DEFAULT_GUEST_KERNEL's directory). */
+export const GUEST_DIR = TEST_GUEST_DIR ?? '/usr/local/lib/dsec/guest';
+/** The guest kernel (bzImage) the tests boot: `<GUEST_DIR>/vmlinuz`. */
+export const GUEST_KERNEL = path.join(GUEST_DIR, 'vmlinuz');
+
+/**
+ * The build configuration of the guest kernel the tests boot (`CONFIG_X=y` lines), read
+ * from its unpacked package (`<package>/boot/config-<release>` beside
+ * `<package>/lib/modules/<release>`, which `<GUEST_DIR>/modules` points at); '' when absent.
+ */
+export function guestKernelConfig(): string {
+  try {
+    const mods = realpathSync(path.join(GUEST_DIR, 'modules'));
+    const pkg = path.resolve(mods, '../../..');
+    return readFileSync(path.join(pkg, 'boot', `config-${path.basename(mods)}`), 'utf8');
+  } catch {
+    return '';
+  }
+}
+
+/** The release string of {@link GUEST_KERNEL} (what `uname -r` prints in its guests, e.g. `6.12.118+deb12-amd64`), from its bzImage header. */
+export function guestKernelRelease(): string {
+  const rel = kernelRelease(readFileSync(GUEST_KERNEL));
+  if (!rel) throw new Error(`${GUEST_KERNEL} is not a bzImage with a version string`);
+  return rel;
+}
+
+/**
+ * `extra` (a test's TOML) with `kernel` and `modules` of {@link TEST_GUEST_DIR} put into
+ * its `[vm]` table (one is appended when it has none); unchanged when the variable is
+ * unset or the test names its own `kernel` (e.g. the missing-kernel test).
+ */
+export function withGuestKernel(extra: string, dir: string | null = TEST_GUEST_DIR): string {
+  if (!dir || /^\s*kernel\s*=/m.test(extra)) return extra;
+  const keys = `kernel = ${JSON.stringify(path.join(dir, 'vmlinuz'))}\nmodules = ${JSON.stringify(path.join(dir, 'modules'))}\n`;
+  return /^\[vm\]\s*$/m.test(extra) ? extra.replace(/^\[vm\]\s*$\n?/m, `[vm]\n${keys}`) : `${extra}\n[vm]\n${keys}`;
 }
 
 /** A dsecd process under test. */
@@ -105,7 +152,7 @@ export class TestDaemon {
     const b = this.builderRange;
     const builder = /^\[builder\]/m.test(extra) ? '' : `[builder]\nbase = ${b.base}\nsize = ${b.size}\n`;
     const rs = this.pool.rangeSize ? `range_size = ${this.pool.rangeSize}\n` : '';
-    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${rs}${builder}${extra}\n`;
+    this.baseConfig = `[uid_pool]\nbase = ${this.pool.base}\nsize = ${this.pool.size}\n${rs}${builder}${withGuestKernel(extra)}\n`;
   }
 
   /** The builder range of this daemon's slot ({@link builderRangeForSlot}); a `[builder]` table in its config overrides it. */

@@ -17,10 +17,10 @@ import { createHash } from 'node:crypto';
 import os from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { IS_ROOT, TestDaemon, alive, procsMentioning, rejection, runCli } from './harness.js';
+import { GUEST_KERNEL, IS_ROOT, TestDaemon, alive, procsMentioning, rejection, runCli } from './harness.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
-const HAS_KERNEL = existsSync('/usr/local/lib/dsec/guest/vmlinuz');
+const HAS_KERNEL = existsSync(GUEST_KERNEL);
 const MEM = 256 * 2 ** 20;
 
 describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots', () => {

@@ -6,9 +6,9 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync } from 'node:fs';
-import { IS_ROOT, TestDaemon, postJson } from './harness.js';
+import { GUEST_KERNEL, IS_ROOT, TestDaemon, postJson } from './harness.js';
 
-const HAS_VMS = existsSync('/usr/bin/qemu-system-x86_64') && existsSync('/usr/local/lib/dsec/guest/vmlinuz') && existsSync('/usr/share/seabios/bios-256k.bin');
+const HAS_VMS = existsSync('/usr/bin/qemu-system-x86_64') && existsSync(GUEST_KERNEL) && existsSync('/usr/share/seabios/bios-256k.bin');
 
 describe.skipIf(!IS_ROOT || !HAS_VMS)('POST /v1/run across the four tiers', () => {
   let d: TestDaemon;

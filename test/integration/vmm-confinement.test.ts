@@ -15,11 +15,11 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, readdirSync, readlinkSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon } from './harness.js';
+import { GUEST_DIR, GUEST_KERNEL, IS_ROOT, REPO, TestDaemon } from './harness.js';
 import { confinementArgs, qemuRuntimePaths } from '../../daemon/drivers/microvm/qemu.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
-const KERNEL = '/usr/local/lib/dsec/guest/vmlinuz';
+const KERNEL = GUEST_KERNEL;
 const LAUNCHER = path.join(REPO, 'native/vmm/dsec-vmm-launch');
 
 function status(pid: number): Record<string, string> {
@@ -70,7 +70,7 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !existsSync(KERNEL))('VMM confinement',
     const mine = path.join(d.root, 'sandboxes', vm.id);
     const points = readFileSync(`/proc/${pid}/mountinfo`, 'utf8').trim().split('\n').map((l) => l.split(' ')[4]);
     const allowed = (p: string) => p === '/' || runtime.includes(p) || p === mine || p.startsWith(path.join(d.root, 'vm') + '/')
-      || p.startsWith(path.join(d.root, 'images') + '/') || p.startsWith('/usr/local/lib/dsec/guest/') || ['/dev/null', '/dev/zero', '/dev/urandom'].includes(p);
+      || p.startsWith(path.join(d.root, 'images') + '/') || p.startsWith(GUEST_DIR + '/') || ['/dev/null', '/dev/zero', '/dev/urandom'].includes(p);
     expect(points.filter((p) => !allowed(p))).toEqual([]);
     expect(points.length).toBeLessThan(runtime.length + 12);
     const top = readdirSync(`/proc/${pid}/root`).sort();

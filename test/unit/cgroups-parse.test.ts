@@ -181,6 +181,15 @@ describe('detectCgroups (from sample text, no filesystem writes)', () => {
     expect(m.version).toBe(2);
     expect(m.parents).toEqual({ unified: '/sys/fs/cgroup/system.slice/dsec.slice/dsecd@a.service/dsec-a' });
   });
+  it('memcgPath: the sandbox\'s memory cgroup from the memory controller\'s mount (DAMON memcg filters)', async () => {
+    const v1 = await detectCgroups({ instance: 'a', procSelfCgroup: COMOUNT_CGROUP, mountinfo: COMOUNT_MOUNTINFO });
+    expect(v1.sandboxPaths('sb-1').memory).toBe('/sys/fs/cgroup/memory/system.slice/dsecd.service/dsec-a/sb-1');
+    expect(v1.memcgPath('sb-1')).toBe('/system.slice/dsecd.service/dsec-a/sb-1');
+    const v2 = await detectCgroups({ instance: 'a', procSelfCgroup: V2_CGROUP, mountinfo: V2_MOUNTINFO });
+    expect(v2.memcgPath('sb-1')).toBe('/system.slice/dsec.slice/dsecd@a.service/dsec-a/sb-1');
+    expectKind(() => v2.memcgPath('../x'), 'InvalidArgument');
+    expectKind(() => v1.memcgPath('../x'), 'InvalidArgument');
+  });
   it('v2 already inside the dsecd leaf keeps the parent next to the leaf', async () => {
     const m = await detectCgroups({ instance: 'a', procSelfCgroup: '0::/system.slice/dsecd.service/dsecd\n', mountinfo: V2_MOUNTINFO });
     expect(m.parents.unified).toBe('/sys/fs/cgroup/system.slice/dsecd.service/dsec-a');

@@ -83,6 +83,10 @@ import {
 import { VmEndpoint } from './endpoint.js';
 import { GuestOp } from './vmux.js';
 import { buildGuestConfinement, readGuestConfinement } from './confine.js';
+import {
+  SNAPSHOT_SWAP_FILE, directIoWorks, prepareSwapFile, readGuestReclaimStats, snapshotSwapFile, startGuestReclaim, swapSizeBytes,
+  writeGuestReclaimRecord, type GuestReclaimRecord,
+} from './reclaim.js';
 import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../security/filesystem.js';
 import { refuseAfterClose, shuttingDown } from '../shutdown.js';
 
@@ -207,7 +211,7 @@ export class MicrovmDriver implements SandboxDriver {
     if (!this.qemuPath) return `QEMU (${this.d.vm.qemu}) is not installed: apt-get install qemu-system-x86 qemu-utils, or set [vm] qemu`;
     // Synchronous on purpose: capabilities() is synchronous, and this is one stat.
     if (!isFile(this.d.vm.kernel)) {
-      return `the guest kernel ${this.d.vm.kernel} is missing: run \`bash scripts/guest-kernel.sh\` (fetches Debian's linux-image-amd64), or set [vm] kernel and [vm] modules`;
+      return `the guest kernel ${this.d.vm.kernel} is missing: run \`bash scripts/guest-kernel.sh\` (fetches Debian bookworm's 6.12 kernel package), or set [vm] kernel and [vm] modules`;
     }
     return null;
   }
@@ -327,6 +331,7 @@ export class MicrovmDriver implements SandboxDriver {
     await chmod(dir, 0o700);
     if (restore) await copyDisk(path.join(restore.dir, MACHINE_DISK_FILE), this.writableDisk(sb.id));
     else await this.makeDisk(sb);
+    await this.prepareSwap(sb, restore ? path.join(restore.dir, SNAPSHOT_SWAP_FILE) : null);
     fp.hit('create.after-rootfs');
     return this.launch(sb, fp, 'create', restore);
   }
@@ -351,6 +356,7 @@ export class MicrovmDriver implements SandboxDriver {
     if (!(await stat(this.writableDisk(sb.id)).catch(() => null))) {
       throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${this.writableDisk(sb.id)}); destroy it and create a new one`);
     }
+    await this.prepareSwap(sb, null);
     return this.launch(sb, fp, 'start');
   }
 
@@ -393,7 +399,7 @@ export class MicrovmDriver implements SandboxDriver {
     const digests = this.attachedLayers(sb);
     this.blobs.set(sb.id, digests);
     for (const dg of digests) layers.push(await this.d.blobPath(dg));
-    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate, this.confinementFile(sb.id)]) await rm(f, { force: true });
+    for (const f of [paths.qmp, paths.vmux, paths.agentSock, paths.pid, paths.migrate, this.confinementFile(sb.id), this.reclaimFile(sb.id)]) await rm(f, { force: true });
 
     const guestMiB = Math.ceil(sb.memoryBytes / (1024 * 1024));
     const pmem = await this.pmemFor(sb, plat, digests, layers, guestMiB);
@@ -535,9 +541,29 @@ export class MicrovmDriver implements SandboxDriver {
     return p;
   }
 
-  /** Kernel modules of the guest's initramfs (the vm tier adds the PCI transport). */
+  /** Kernel modules of the guest's initramfs (the vm tier adds the PCI transport; zram swap adds zram). */
   protected guestModules(): readonly string[] {
-    return GUEST_MODULES;
+    return this.zramBytes(1) > 0 ? [...GUEST_MODULES, 'zram'] : GUEST_MODULES;
+  }
+
+  /**
+   * The guest's swap disk for this boot (reclaim.ts prepareSwapFile): microvm only; made
+   * per `[vm.reclaim]`, or the snapshot's copy for a restore (`restoreFrom`).
+   */
+  protected async prepareSwap(sb: SandboxRecord, restoreFrom: string | null): Promise<void> {
+    if (this.backend !== 'microvm') return;
+    await prepareSwapFile(vmPaths(this.dir(sb.id)).swap, this.d.vm.reclaim, sb.memoryBytes, restoreFrom, copyDisk);
+  }
+
+  /** Bytes of the guest's zram swap device (`[vm.reclaim] swap = "zram"`, microvm only), 0 for none; `guestBytes` is the guest's RAM. */
+  protected zramBytes(guestBytes: number): number {
+    const c = this.d.vm.reclaim;
+    return this.backend === 'microvm' && c.mode === 'on' && c.swap === 'zram' ? swapSizeBytes(c, guestBytes) : 0;
+  }
+
+  /** `<sandbox dir>/guest-reclaim.json`: the guest reclaim of the running boot (reclaim.ts GuestReclaimRecord). */
+  protected reclaimFile(id: string): string {
+    return path.join(this.dir(id), 'guest-reclaim.json');
   }
 
   /** Host path of the sandbox's writable disk (microvm: the ext4 `disk.raw`). */
@@ -552,10 +578,12 @@ export class MicrovmDriver implements SandboxDriver {
 
   /** The QEMU argument vector of one boot (microvm: {@link qemuArgs}). */
   protected async qemuCommand(sb: SandboxRecord, plat: Platform, layers: string[], guestMiB: number): Promise<string[]> {
+    const swap = vmPaths(this.dir(sb.id)).swap;
     return qemuArgs({
       id: sb.id, dir: this.dir(sb.id), kernel: plat.kernel, initrd: plat.initramfs.path, accel: plat.accel,
       vcpus: Math.max(1, Math.ceil(sb.cpus)), memoryMiB: guestMiB, layers, tscKhz: plat.tscKhz, tcgTbMiB: this.d.vm.tcgTbMiB,
       pmem: this.pmemLayouts.get(sb.id) ?? null, balloon: this.d.vm.balloon,
+      swapDisk: isFile(swap) ? { file: swap, direct: directIoWorks(swap) } : null, zramBytes: this.zramBytes(guestMiB * 1024 * 1024),
     });
   }
 
@@ -593,8 +621,9 @@ export class MicrovmDriver implements SandboxDriver {
     if (uid !== null) {
       await chown(dir, 0, gid!);
       await chmod(dir, 0o1770);
-      const disk = this.writableDisk(sb.id);
-      if (await stat(disk).catch(() => null)) await chown(disk, uid, gid!);
+      for (const disk of [this.writableDisk(sb.id), vmPaths(dir).swap]) {
+        if (await stat(disk).catch(() => null)) await chown(disk, uid, gid!);
+      }
       // An unprivileged VMM must be able to read every file it opens.
       for (const f of files) {
         const st = await stat(f).catch(() => null);
@@ -626,6 +655,25 @@ export class MicrovmDriver implements SandboxDriver {
     const session = await ctx.step(ctx.ep.session(Math.max(1, ctx.deadline - Date.now())));
     const client = await ctx.step(this.agent(sb.id, Math.max(1000, ctx.deadline - Date.now())));
     if (this.backend === 'microvm') await ctx.step(this.confineGuest(sb, client, session));
+    if (this.backend === 'microvm') await ctx.step(this.startReclaim(sb, session));
+  }
+
+  /**
+   * Starts the guest's DAMON reclaim scheme when `[vm.reclaim] mode = "on"` (reclaim.ts) and
+   * records the outcome in {@link reclaimFile}; a guest that cannot run it (no DAMON in
+   * its kernel) boots as usual, the record and the log say why.
+   */
+  private async startReclaim(sb: SandboxRecord, session: Parameters<typeof startGuestReclaim>[0]): Promise<void> {
+    const c = this.d.vm.reclaim;
+    await rm(this.reclaimFile(sb.id), { force: true });
+    if (c.mode !== 'on') return;
+    const swapFile = vmPaths(this.dir(sb.id)).swap;
+    const swap: GuestReclaimRecord['swap'] = isFile(swapFile) ? { kind: 'disk', bytes: statSync(swapFile).size }
+      : c.swap === 'zram' ? { kind: 'zram', bytes: this.zramBytes(sb.memoryBytes) } : { kind: 'none', bytes: 0 };
+    const rec = await startGuestReclaim(session, c, swap);
+    await writeGuestReclaimRecord(this.reclaimFile(sb.id), rec);
+    if (rec.started) this.d.log.info({ id: sb.id, minAgeMs: c.minAgeMs, swap }, 'guest reclaim started');
+    else this.d.log.warn({ id: sb.id, reason: rec.reason }, 'guest reclaim not started');
   }
 
   /** `<sandbox dir>/guest-confinement.json`: what the running guest's agent applied (confine.ts). */
@@ -904,7 +952,28 @@ export class MicrovmDriver implements SandboxDriver {
     const st = await this.d.cgroups.stats(sb.id).catch(() => null);
     if (!st) return null;
     // The VMM's cgroup: its memory is the guest RAM QEMU has touched plus QEMU's own; pids are QEMU's threads.
-    return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills, pidsLimitHits: st.pidsLimitHits, seccompDenials: null };
+    return {
+      cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills, pidsLimitHits: st.pidsLimitHits, seccompDenials: null,
+      guestReclaim: sb.state === 'running' ? await this.reclaimStats(sb) : null,
+    };
+  }
+
+  /**
+   * The guest reclaim scheme's stats, read from the guest agent (RECLAIM_STATS), also
+   * written into {@link reclaimFile}; null when this boot runs no scheme.
+   */
+  private async reclaimStats(sb: SandboxRecord): Promise<GuestReclaimRecord['stats']> {
+    let rec: GuestReclaimRecord;
+    try {
+      rec = JSON.parse(await readFile(this.reclaimFile(sb.id), 'utf8')) as GuestReclaimRecord;
+    } catch {
+      return null;
+    }
+    if (!rec.started) return null;
+    const s = await this.endpoint(sb.id).session().catch(() => null);
+    const stats = s ? await readGuestReclaimStats(s) : null;
+    if (stats) await writeGuestReclaimRecord(this.reclaimFile(sb.id), { ...rec, stats, at: Date.now() }).catch(() => {});
+    return stats;
   }
 
   /**
@@ -1109,6 +1178,8 @@ export class MicrovmDriver implements SandboxDriver {
     // The resumed guest's commands are confined as the source's were (its agent's state
     // came with the RAM); no record means the source was not confined, and inspect says so.
     if (this.backend === 'microvm') await copyFile(path.join(r.dir, GUEST_CONFINEMENT_FILE), this.confinementFile(sb.id)).catch(() => {});
+    // Its guest reclaim too: the agent's scheme came with the RAM.
+    if (this.backend === 'microvm') await copyFile(path.join(r.dir, GUEST_RECLAIM_FILE), this.reclaimFile(sb.id)).catch(() => {});
   }
 
   /**
@@ -1150,9 +1221,12 @@ export class MicrovmDriver implements SandboxDriver {
     try {
       // QMP stop has drained and flushed the disks: the file is what the guest's RAM expects.
       disk = await copyDisk(this.writableDisk(sb.id), path.join(dir, MACHINE_DISK_FILE));
+      // The guest's swap holds pages its RAM state refers to: it travels with the snapshot.
+      if (this.backend === 'microvm') await snapshotSwapFile(vmPaths(src).swap, dir, copyDisk);
       // The guest's confinement is part of its RAM state: a restore resumes it as applied,
       // so the record of what was applied travels with the snapshot.
       if (this.backend === 'microvm') await copyFile(this.confinementFile(sb.id), path.join(dir, GUEST_CONFINEMENT_FILE)).catch(() => {});
+      if (this.backend === 'microvm') await copyFile(this.reclaimFile(sb.id), path.join(dir, GUEST_RECLAIM_FILE)).catch(() => {});
       state = await this.migrateOut(sb, path.join(dir, MACHINE_STATE_FILE));
       failed = false;
     } finally {
@@ -1330,6 +1404,8 @@ export function pmemFileBytes(blobBytes: number): number {
  */
 /** The copy of the source's `guest-confinement.json` in a machine snapshot's dir. */
 const GUEST_CONFINEMENT_FILE = 'guest-confinement.json';
+/** The guest reclaim record in a snapshot dir (the running boot's, see MicrovmDriver.reclaimFile). */
+const GUEST_RECLAIM_FILE = 'guest-reclaim.json';
 
 const IGNORE_SHARED = [{ capability: 'x-ignore-shared', state: true }];
 

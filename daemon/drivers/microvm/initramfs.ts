@@ -38,6 +38,12 @@
  *      on the `dsec.log` port (the host's agent.log). `--guest-confine` (microvm only, not
  *      a vm tier root disk): the agent runs no command until dsecd sent the confinement
  *      of commands (confine.ts: read-only paths, capabilities, seccomp, Landlock).
+ * Between steps 2 and 3, the guest's swap (reclaim.ts swapCmdline): with `dsec.swap=<serial>`
+ * the virtio-blk disk of that serial gets a fresh swap signature (`mkswap`; swap holds
+ * nothing across boots) and is enabled with discards (`swapon -d`: freed slots are
+ * discarded, so the host file stays sparse); with `dsec.zram=<bytes>` /dev/zram0 (the zram
+ * module must be in the archive) gets that size and is swapped on. A swap that fails to
+ * come up is reported on the console and the boot goes on without it.
  * Any failure prints `dsec-init: FATAL: …` on the console and reboots, which ends QEMU
  * (`-no-reboot`), so a broken boot fails fast with the reason in the console log.
  * With `dsec.probe=1` on the command line it stops after step 2 (the KVM probe boot).
@@ -49,7 +55,7 @@ import { failedPrecondition } from '../../errors.js';
 import { builtinModules, indexModules, moduleName, readModuleFile, resolveModules, type KernelModule } from './kmod.js';
 
 /** Bumped whenever the archive layout or the init script's contract changes. */
-export const INITRAMFS_BUILDER_VERSION = 4;
+export const INITRAMFS_BUILDER_VERSION = 5;
 
 /**
  * Modules the guest needs, beyond what Debian's kernel has built in: the virtio-mmio
@@ -63,7 +69,7 @@ export const INITRAMFS_BUILDER_VERSION = 4;
 export const GUEST_MODULES = ['virtio_mmio', 'virtio_console', 'virtio_blk', 'erofs', 'overlay', 'crc32c_generic', 'ext4', 'nd_e820', 'nd_pmem', 'virtio_balloon'] as const;
 
 /** Busybox applets `/init` calls by name: symlinks to /bin/busybox in the archive. */
-const APPLETS = ['sh', 'mount', 'umount', 'insmod', 'mkdir', 'ln', 'cp', 'chmod', 'sleep', 'switch_root', 'reboot', 'sync', 'hostname', 'ip', 'cat'];
+const APPLETS = ['sh', 'mount', 'umount', 'insmod', 'mkdir', 'ln', 'cp', 'chmod', 'sleep', 'switch_root', 'reboot', 'sync', 'hostname', 'ip', 'cat', 'mkswap', 'swapon'];
 
 /** virtio-serial port names the guest looks for (`-device virtserialport,name=…`). */
 export const AGENT_PORT = 'dsec.agent';
@@ -217,6 +223,8 @@ rootpart=""
 rootfstype=ext4
 initmode=agent
 initpath=/sbin/init
+swap=""
+zram=""
 for a in $(cat /proc/cmdline); do
   case "$a" in
     virtio_mmio.device=*) mmio="$mmio device=\${a#virtio_mmio.device=}" ;;
@@ -229,10 +237,29 @@ for a in $(cat /proc/cmdline); do
     dsec.rootfstype=*) rootfstype="\${a#dsec.rootfstype=}" ;;
     dsec.init=*) initmode="\${a#dsec.init=}" ;;
     dsec.initpath=*) initpath="\${a#dsec.initpath=}" ;;
+    dsec.swap=*) swap="\${a#dsec.swap=}" ;;
+    dsec.zram=*) zram="\${a#dsec.zram=}" ;;
   esac
 done
 
 ${insmods}
+
+if [ -n "$swap" ]; then
+  wait_for "swap disk $swap" "dev_by_serial $swap >/dev/null"
+  dev=$(dev_by_serial "$swap")
+  if mkswap "$dev" >/dev/null && swapon -d "$dev"; then
+    echo "dsec-init: swap on $dev"
+  else
+    echo "dsec-init: swap on $dev failed; the guest runs without it"
+  fi
+fi
+if [ -n "$zram" ]; then
+  if [ -e /sys/block/zram0/disksize ] && echo "$zram" > /sys/block/zram0/disksize && mkswap /dev/zram0 >/dev/null && swapon /dev/zram0; then
+    echo "dsec-init: swap on /dev/zram0 ($zram bytes)"
+  else
+    echo "dsec-init: swap on zram failed; the guest runs without it"
+  fi
+fi
 
 if [ "$probe" = 1 ]; then
   echo "dsec-init: probe ok"

@@ -5,6 +5,8 @@
  *
  * Host layout of one microVM (`<root>/sandboxes/<id>/`, root-only):
  *   disk.raw      the writable disk: sparse raw file, ext4 formatted by dsecd at create
+ *   swap.raw      the guest's swap disk (`[vm.reclaim] swap = "disk"`): sparse raw file,
+ *                 made at create, formatted by the guest's /init at every boot
  *   qmp.sock      QEMU's QMP monitor (server)
  *   vmux.sock     QEMU's chardev of the agent's virtio-serial port `dsec.agent` (server)
  *   agent.sock    dsecd's listener: every connection becomes one mux stream (vmux.ts)
@@ -25,6 +27,7 @@ import path from 'node:path';
 import { execa } from 'execa';
 import { procStartTime } from '../../host/proc.js';
 import { AGENT_PORT, LOG_PORT } from './initramfs.js';
+import { SWAP_SERIAL, swapCmdline } from './reclaim.js';
 
 /**
  * The machine: QEMU's microvm (virtio-mmio, no PCI, no firmware) with the legacy PIT, PIC
@@ -72,6 +75,8 @@ export function vmPaths(dir: string) {
     pid: path.join(dir, 'qemu.pid'),
     machine: path.join(dir, 'machine.json'),
     migrate: path.join(dir, 'migrate.sock'),
+    /** The guest's swap disk (reclaim.ts); absent: the guest has none. */
+    swap: path.join(dir, 'swap.raw'),
     /** vm tier: the writable disk, a qcow2 overlay over the VM's base disk. */
     qcow: path.join(dir, 'disk.qcow2'),
     /** vm tier: QEMU's chardev of the serial port (server); dsecd holds the one connection (daemon/drivers/vm/console.ts). */
@@ -107,6 +112,14 @@ export interface MicrovmSpec {
   pmem?: PmemLayout | null;
   /** A virtio-balloon device with free-page reporting (the guest returns pages it frees). */
   balloon?: boolean;
+  /**
+   * The guest's swap disk (reclaim.ts): attached as virtio-blk serial `swap` with O_DIRECT
+   * (`direct`: no host page cache keeps what the guest swapped out; false where the
+   * filesystem has no O_DIRECT) and discards; null or absent: none.
+   */
+  swapDisk?: { file: string; direct: boolean } | null;
+  /** A zram swap device of this many bytes in the guest (reclaim.ts); 0 or absent: none. */
+  zramBytes?: number;
 }
 
 /** Alignment QEMU and the guest need for a file-backed memory range: 2 MiB (a huge page; the kernel's memory-hotplug subsection, which `devm_memremap_pages` maps DAX pages in). */
@@ -197,11 +210,12 @@ export function alignUp(n: number, a: number): number {
  * and `tsc=reliable` spare the kernel a TSC calibration and watchdog that fail when the
  * host is busy (the guest then hangs in early boot); `dsec.*` are read by /init.
  */
-export function guestCmdline(spec: Pick<MicrovmSpec, 'id' | 'accel' | 'layers' | 'tscKhz' | 'pmem'>, extra: string[] = []): string {
+export function guestCmdline(spec: Pick<MicrovmSpec, 'id' | 'accel' | 'layers' | 'tscKhz' | 'pmem' | 'swapDisk' | 'zramBytes'>, extra: string[] = []): string {
   const args = ['console=ttyS0', 'reboot=t', 'panic=-1', 'loglevel=4', 'edd=off'];
   if (spec.accel === 'tcg' && spec.tscKhz) args.push(`tsc_early_khz=${spec.tscKhz}`, 'tsc=reliable');
   // dsec.pmem=1: /init mounts layer i from /dev/pmem<i> with DAX instead of the disk l<i>.
   if (spec.pmem) args.push(...spec.pmem.cmdline, 'dsec.pmem=1');
+  args.push(...swapCmdline({ swapDisk: !!spec.swapDisk, zramBytes: spec.zramBytes ?? 0 }));
   args.push(`dsec.layers=${spec.layers.length}`, `dsec.hostname=${spec.id}`, ...extra);
   return args.join(' ');
 }
@@ -243,6 +257,10 @@ export function qemuArgs(spec: MicrovmSpec): string[] {
   }
   // Free-page reporting: the guest hands back 2 MiB blocks it frees; QEMU discards them (MADV_DONTNEED).
   if (spec.balloon) a.push('-device', 'virtio-balloon-device,free-page-reporting=on');
+  if (spec.swapDisk) {
+    a.push('-drive', `id=swap,file=${spec.swapDisk.file},format=raw,if=none,discard=unmap${spec.swapDisk.direct ? ',cache.direct=on' : ''}`,
+      '-device', `virtio-blk-device,drive=swap,serial=${SWAP_SERIAL}`);
+  }
   a.push(
     '-drive', `id=rw,file=${p.disk},format=raw,if=none,discard=unmap,detect-zeroes=unmap`,
     '-device', 'virtio-blk-device,drive=rw,serial=rw',

@@ -84,6 +84,14 @@ export enum GuestOp {
    * Landlock ABI the commands get (0: none), or -errno (nothing runs then).
    */
   CONFINE = 6,
+  /**
+   * Start (or replace, or with a 1-byte argument 0 stop) the guest's DAMON reclaim scheme
+   * (daemon/drivers/microvm/reclaim.ts encodeReclaimStart; native/agent/damon.c). Result 0
+   * or -errno (ENOENT: the guest kernel has no DAMON; EBUSY: kdamonds the agent did not make).
+   */
+  RECLAIM = 7,
+  /** The reclaim scheme's stats and the guest's memory, appended to the reply (reclaim.ts decodeReclaimStats). Result 0, or -ENOENT when no scheme was started. */
+  RECLAIM_STATS = 8,
 }
 
 /** One decoded frame. */
@@ -223,7 +231,7 @@ interface HostStream {
 }
 
 interface PendingOp {
-  resolve(v: number): void;
+  resolve(v: number, data: Buffer): void;
   reject(e: Error): void;
   timer: NodeJS.Timeout;
 }
@@ -344,19 +352,33 @@ export class VmuxSession {
    *   ends first, Internal for a negative result (an errno from the guest).
    */
   op(op: GuestOp, arg: Buffer = Buffer.alloc(0), timeoutMs = 10_000): Promise<number> {
+    return this.opReply(op, arg, timeoutMs).then(({ result }) => {
+      if (result < 0) throw internal(`${this.opts.what}: guest operation ${GuestOp[op] ?? op} failed with errno ${-result}`);
+      return result;
+    });
+  }
+
+  /**
+   * Runs a guest operation and resolves with its raw result (≥ 0, or −errno: not an
+   * error here, the caller decides) and the bytes the guest appended to its reply
+   * (`data`; empty for the ops that append none, see {@link GuestOp}).
+   * @throws DsecError DeadlineExceeded after `timeoutMs`, Unavailable when the session
+   *   ends first.
+   */
+  opReply(op: GuestOp, arg: Buffer = Buffer.alloc(0), timeoutMs = 10_000): Promise<{ result: number; data: Buffer }> {
     if (this._closed) return Promise.reject(unavailable(`${this.opts.what}: the agent mux session is closed`));
     const seq = this.nextOp++;
     const p = Buffer.alloc(6 + arg.length);
     p.writeUInt32BE(seq, 0);
     p.writeUInt16BE(op, 4);
     arg.copy(p, 6);
-    return new Promise<number>((resolve, reject) => {
+    return new Promise<{ result: number; data: Buffer }>((resolve, reject) => {
       const timer = setTimeout(() => {
         this.ops.delete(seq);
         reject(deadlineExceeded(`${this.opts.what}: guest operation ${GuestOp[op] ?? op} did not answer within ${timeoutMs} ms`));
       }, timeoutMs);
       this.ops.set(seq, {
-        resolve: (v) => (v < 0 ? reject(internal(`${this.opts.what}: guest operation ${GuestOp[op] ?? op} failed with errno ${-v}`)) : resolve(v)),
+        resolve: (v, data) => resolve({ result: v, data }),
         reject, timer,
       });
       this.send(MuxType.OP, 0, p);
@@ -447,7 +469,7 @@ export class VmuxSession {
         if (!op) return;
         this.ops.delete(f.payload.readUInt32BE(0));
         clearTimeout(op.timer);
-        op.resolve(f.payload.readInt32BE(4));
+        op.resolve(f.payload.readInt32BE(4), f.payload.subarray(8));
         return;
       }
       default:

@@ -206,6 +206,14 @@ export interface CgroupManager {
    * @throws DsecError InvalidArgument (bad id).
    */
   ioCounters(id: string, dev: BlockDevice): Promise<IoCounters>;
+  /**
+   * The path of sandbox `id`'s memory cgroup as DAMON's memcg filters name it
+   * (`memcg_path`: from the memory controller's mount point, starting with `/`, e.g.
+   * `/system.slice/dsecd.service/dsec-<instance>/<id>`), or null without a memory
+   * hierarchy. Nothing is read or created.
+   * @throws DsecError(InvalidArgument) for a bad id.
+   */
+  memcgPath(id: string): string | null;
 }
 
 /** Options of {@link detectCgroups}. The text options exist so tests can feed samples. */

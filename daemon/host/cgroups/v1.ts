@@ -37,6 +37,8 @@ interface Hierarchy {
   version: 1 | 2;
   controllers: string[];
   ownDir: string;
+  /** The hierarchy's mount point (what paths relative to the hierarchy's root start from). */
+  mountPoint: string;
   /** `<ownDir>/dsec-<instance>` */
   parent: string;
 }
@@ -65,7 +67,7 @@ export class CgroupV1Manager implements CgroupManager {
     assertInstanceName(instance);
     this.instance = instance;
     this.hierarchies = layout.map((h) => ({
-      keys: h.keys, version: h.version, controllers: h.controllers, ownDir: h.ownDir,
+      keys: h.keys, version: h.version, controllers: h.controllers, ownDir: h.ownDir, mountPoint: h.mountPoint,
       parent: path.join(h.ownDir, `${INSTANCE_DIR_PREFIX}${instance}`),
     }));
     const parents: Record<string, string> = {};
@@ -316,6 +318,12 @@ export class CgroupV1Manager implements CgroupManager {
       await writeCgroupFile(memsw, value).catch((e2) => { throw limitError(e2, id); });
       await writeCgroupFile(limitFile, value).catch((e2) => { throw limitError(e2, id); });
     }
+  }
+
+  memcgPath(id: string): string | null {
+    assertSandboxId(id);
+    const h = this.hier('memory');
+    return h ? `/${path.relative(h.mountPoint, path.join(h.parent, id))}` : null;
   }
 
   async reclaim(id: string, _bytes?: number): Promise<{ beforeBytes: number; afterBytes: number }> {

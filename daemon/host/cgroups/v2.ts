@@ -77,6 +77,10 @@ export class CgroupV2Manager implements CgroupManager {
     this.mountPoint = layout.mountPoint;
   }
 
+  memcgPath(id: string): string {
+    return `/${path.relative(this.mountPoint, this.dir(id))}`;
+  }
+
   private dir(id: string): string {
     assertSandboxId(id);
     return path.join(this.parent, id);

@@ -3,7 +3,7 @@
 // WebSocket each test scripts. The terminal is a fake: a Readable stdin with isTTY and a
 // setRawMode spy, a Sink stdout with isTTY/rows/columns that can emit 'resize'.
 import { PassThrough, Readable } from 'node:stream';
-import { afterEach, beforeEach, describe, expect, it } from 'vitest';
+import { afterEach, beforeEach, describe, expect, it, vi } from 'vitest';
 import type { WebSocket } from 'ws';
 import { DetachKeys } from '../../cli/util/terminal.js';
 import type { ExecInfo } from '../../sdk/index.js';
@@ -344,10 +344,19 @@ describe('DetachKeys', () => {
 });
 
 describe('execs', () => {
+  // Ages are rendered against Date.now(): the clock stands still at NOW while these tests
+  // run, so a slow run cannot turn the 5 s of the first row into 6 s.
+  const NOW = Date.now();
+  beforeEach(() => {
+    vi.useFakeTimers({ toFake: ['Date'], now: NOW });
+  });
+  afterEach(() => {
+    vi.useRealTimers();
+  });
   const list = [
-    info({ exec_id: 'b'.repeat(32), argv: ['sh', '-c', 'echo "hi there"; sleep 1'], started_at: Date.now() - 5_000 }),
-    info({ exec_id: 'c'.repeat(32), state: 'exited', pid: 7, exit_code: null, signal: 'SIGKILL', argv: ['sleep', '30'], started_at: Date.now() - 3_600_000 }),
-    info({ exec_id: 'd'.repeat(32), state: 'exited', exit_code: 0, argv: ['true'], started_at: Date.now() - 120_000 }),
+    info({ exec_id: 'b'.repeat(32), argv: ['sh', '-c', 'echo "hi there"; sleep 1'], started_at: NOW - 5_000 }),
+    info({ exec_id: 'c'.repeat(32), state: 'exited', pid: 7, exit_code: null, signal: 'SIGKILL', argv: ['sleep', '30'], started_at: NOW - 3_600_000 }),
+    info({ exec_id: 'd'.repeat(32), state: 'exited', exit_code: 0, argv: ['true'], started_at: NOW - 120_000 }),
   ];
 
   it('`execs ID` and `execs ls ID` print the table newest first; -q full ids; --json {execs}', async () => {

@@ -81,6 +81,35 @@ export function safeEntryName(name: string): string | null {
 }
 
 /**
+ * Exactly `size` bytes for a tar entry whose header said `size`, from `src` (a file's
+ * bytes as read): a tar entry's body must be as long as its header says, or the bytes
+ * after it are read as the next headers. The file is the sandbox's and may change while
+ * it is read (it grows as it is copied; a /proc file stats as 0 bytes and reads as
+ * more, a sysfs file as 4096 and reads as less), so, as GNU tar does, what comes past
+ * `size` is left unread (the source is destroyed, cancelling the read) and a short file
+ * is padded with zero bytes. `onChange` is told which happened.
+ */
+export async function* exactly(src: AsyncIterable<Buffer>, size: number, onChange: (how: 'longer' | 'shorter') => void): AsyncGenerator<Buffer> {
+  let left = size;
+  for await (const chunk of src) {
+    if (chunk.length > left) {
+      if (left > 0) yield chunk.subarray(0, left);
+      onChange('longer');
+      // Returning ends the for-await, which destroys `src`: nothing past `size` is read.
+      return;
+    }
+    left -= chunk.length;
+    if (chunk.length > 0) yield chunk;
+  }
+  if (left > 0) onChange('shorter');
+  while (left > 0) {
+    const n = Math.min(left, 64 * 1024);
+    left -= n;
+    yield Buffer.alloc(n);
+  }
+}
+
+/**
  * Reason (`error.reason`) of an archive entry that failed because it goes through a
  * symlink the same archive made: the message names the entry, the symlink, its target
  * and where that leads ({@link throughArchiveLink}), not the place the write ended up in.
@@ -329,8 +358,11 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         const f = a.readFile(p, { user: u });
         const info = await f.info;
         const entry = pack.entry({ ...header(name, info), type: 'file', size: info.size });
-        await pipeline(f.stream, entry);
-        await f.done;
+        const seen: { changed?: 'longer' | 'shorter' } = {};
+        await pipeline(exactly(f.stream, info.size, (how) => { seen.changed = how; }), entry);
+        // Cut short, the read was cancelled (its `done` rejects); otherwise it ended on its own.
+        if (seen.changed !== 'longer') await f.done;
+        if (seen.changed) deps.log.warn({ path: p, sizeBytes: info.size, changed: seen.changed }, 'a file changed size while it was archived: its entry holds exactly the size it had when opened');
       }
       // sockets, fifos and devices are skipped: they cannot be copied as bytes.
     };

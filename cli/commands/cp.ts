@@ -24,7 +24,7 @@
  * SIGINT/SIGTERM stop the copy (exit 128+N); a partly written local file is removed.
  */
 import { createReadStream, createWriteStream } from 'node:fs';
-import { chmod, lstat, mkdir, readdir, readlink, stat, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readlink, realpath, stat, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable, pipeline } from 'node:stream';
 import { pipeline as pipelineAsync } from 'node:stream/promises';
@@ -198,8 +198,12 @@ async function copyIn(env: CopyEnv, plan: Extract<CpPlan, { direction: 'in' }>):
     }
     const p = env.progress(`${src} to ${id}:${dst}`);
     const counter = byteCounter((n) => p.update(n));
+    // node-tar lstats `cwd/.` as the normalised `cwd`: with SRC a symlink to a directory
+    // (-L, or SRC/) that is the link, sent as a link. The real directory is archived
+    // instead, under SRC's name; the links inside it stay links.
+    const cwd = await localOp(src, () => realpath(src));
     // portable: no host uids, gids or user names inside the sandbox (dsecd decides ownership).
-    const tarStream = createTar({ cwd: src, prefix, portable: true }, names) as unknown as NodeJS.ReadableStream;
+    const tarStream = createTar({ cwd, prefix, portable: true }, names) as unknown as NodeJS.ReadableStream;
     await client.putArchive(id, into, pipeline(tarStream, counter, () => {}), opts);
     return counter.bytes();
   }

@@ -253,6 +253,25 @@ describe('dsec cp', () => {
     expect(archives).toHaveLength(2);
   });
 
+  it('-L on a local symlink to a directory uploads the directory under the link\'s name, its own links kept as links', async () => {
+    const real = join(dir, 'release-7');
+    mkdirSync(join(real, 'bin'), { recursive: true });
+    writeFileSync(join(real, 'bin', 'tool'), 'tool');
+    symlinkSync('bin/tool', join(real, 'tool-link'));
+    const current = join(dir, 'current');
+    symlinkSync('release-7', current);
+    const r = await dsec(['cp', '-L', current, `${ID}:/work`]);
+    expect(r.code, r.err).toBe(0);
+    expect(archives[0].dir).toBe('/work');
+    expect(archives[0].entries.map((e) => `${e.path} ${e.type}`).sort()).toEqual(['current/ Directory', 'current/bin/ Directory', 'current/bin/tool File', 'current/tool-link SymbolicLink']);
+    // Onto a missing path: the directory under the new name.
+    expect((await dsec(['cp', '-L', current, `${ID}:/work/app`])).code).toBe(0);
+    expect(archives[1].entries.map((e) => `${e.path} ${e.type}`).sort()).toEqual(['app/ Directory', 'app/bin/ Directory', 'app/bin/tool File', 'app/tool-link SymbolicLink']);
+    // Without -L: the link itself.
+    expect((await dsec(['cp', current, `${ID}:/work`])).code).toBe(0);
+    expect(archives[2].entries).toEqual([{ path: 'current', type: 'SymbolicLink', size: 0, body: '' }]);
+  });
+
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {
     const tarBody = await archiveOf('/srv/app');
     const r = await dsec(['cp', '-', `${ID}:/work`], { stdin: Readable.from([tarBody.subarray(0, 1000), tarBody.subarray(1000)]) });

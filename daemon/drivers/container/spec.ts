@@ -167,10 +167,19 @@ export interface SpecInput {
   filesystem?: FilesystemPlan & { landlock: boolean };
 }
 
-/** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
+/**
+ * Paths masked and made read-only in /proc and /sys: runc's default spec's, plus
+ * `/sys/devices/virtual/block`, the host's loop, zram and device-mapper devices, where
+ * each loop device's `loop/backing_file` names the file behind it on the host (the
+ * writable-layer store's image under dsecd's root, other instances' stores, whatever
+ * else the host loop-mounts), which the mount table hides (docs/SECURITY.md "What a
+ * sandbox sees of the host's mounts"). Their names stay listed in /sys/block and
+ * /proc/partitions.
+ */
 const MASKED_PATHS = [
   '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
   '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
+  '/sys/devices/virtual/block',
 ];
 const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 

@@ -39,7 +39,7 @@ import { extractArchive, makeSymlinks } from '../util/extract.js';
 import { EXIT, UserError } from '../util/errors.js';
 import { signalNumber } from '../util/exec.js';
 import type { OutStream } from '../util/io.js';
-import { writeJson } from '../util/output.js';
+import { printable, writeJson } from '../util/output.js';
 
 /** Options of `cp`. */
 interface CpOptions {
@@ -124,7 +124,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         return;
       }
       if (env.refused.length) {
-        for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${r}\n`);
+        for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
         if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
         throw new UserError(
           `${env.refused.length} ${env.refused.length === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
@@ -260,7 +260,7 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
       res.destroy();
       throw e;
     }
-    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${s}\n`);
+    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${printable(s)}\n`);
     if (skipped.length > MAX_LISTED) env.ctx.err(`dsec: warning: skipped ${skipped.length - MAX_LISTED} more\n`);
     return counter.bytes();
   }
@@ -274,7 +274,7 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const why: string[] = [];
     const made = makeSymlinks(path.dirname(file), [{ rel: path.basename(file), target: st.target, member: `${id}:${src}` }], (_m, w) => why.push(w), { sandboxDir: parentDir(src), localDir: '' });
     if (made.length === 0) {
-      throw new UserError(`refused ${id}:${src}: ${why.join('; ')} (here the destination is ${path.dirname(file)}, the directory that receives the link)`, 'a link is made here only when it resolves inside the directory that receives it; -L copies what it points to', 'FailedPrecondition');
+      throw new UserError(`refused ${id}:${src}: ${printable(why.join('; '))} (here the destination is ${path.dirname(file)}, the directory that receives the link)`, 'a link is made here only when it resolves inside the directory that receives it; -L copies what it points to', 'FailedPrecondition');
     }
     return 0;
   }

@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import * as tar from 'tar';
+import tarStream from 'tar-stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { parseCpArgs, parseCpEndpoint, wantsContents } from '../../cli/util/cp.js';
 import { kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
@@ -270,6 +271,38 @@ describe('dsec cp', () => {
     // Without -L: the link itself.
     expect((await dsec(['cp', current, `${ID}:/work`])).code).toBe(0);
     expect(archives[2].entries).toEqual([{ path: 'current', type: 'SymbolicLink', size: 0, body: '' }]);
+  });
+
+  it('names and link targets the sandbox chose reach our stderr with their control characters escaped: no terminal escapes, no forged lines', async () => {
+    // (No C1 character in the archive: tar-stream writes a non-ASCII name as a pax record,
+    // which node-tar splits at the newline; the lone link below has one.)
+    const evil = '\x1b]0;owned\x07\x1b[2J\x7f\ndsec: all good';
+    const shown = '\\x1b]0;owned\\x07\\x1b[2J\\x7f\\x0adsec: all good';
+    fake.routes['GET /v1/sandboxes/:id/archive'] = async (_req, res) => {
+      const pack = tarStream.pack();
+      pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+      pack.entry({ name: 'app/ok', type: 'file', mode: 0o644 }, 'ok');
+      pack.entry({ name: `app/${evil}`, type: 'symlink', linkname: `/etc/${evil}`, mode: 0o777 });
+      pack.finalize();
+      const chunks: Buffer[] = [];
+      for await (const c of pack) chunks.push(c as Buffer);
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.end(Buffer.concat(chunks));
+    };
+    const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
+    expect(r.code).toBe(125);
+    expect(r.err).toContain(`dsec: warning: refused app/${shown}: a symlink to the absolute path /etc/${shown}, outside`);
+    expect(r.err).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/);
+    expect(r.err.split('\n').filter((l) => l.startsWith('dsec: all good'))).toEqual([]);
+    expect(readFileSync(join(dir, 'out', 'ok'), 'utf8')).toBe('ok');
+
+    // A lone symlink copied by name: its refusal is an error message, escaped the same way.
+    fs.set('/srv/evil', { type: 'symlink', target: `/etc/${evil}\u009b31m` });
+    const lone = await dsec(['cp', `${ID}:/srv/evil`, join(dir, 'lone')]);
+    expect(lone.code).toBe(125);
+    expect(lone.err).toContain(`a symlink to the absolute path /etc/${shown}\\u009b31m`);
+    expect(lone.err).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/);
+    expect(lone.err.split('\n').filter((l) => l.startsWith('dsec: all good'))).toEqual([]);
   });
 
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {

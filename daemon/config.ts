@@ -14,7 +14,7 @@ import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
 import { IoMaxSchema, MIN_DISK_BYTES } from './api/schema.js';
 import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './host/cgroups/io.js';
-import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/layout.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
@@ -327,7 +327,7 @@ export interface DaemonConfig {
    * device (daemon/host/cgroups/io.ts says what each cgroup version enforces).
    */
   defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number; io: IoLimits };
-  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
+  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/layout.ts StorageConfig documents each field). */
   storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;

@@ -54,7 +54,7 @@ import { overlayLayerNaming } from './image/rootfs.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
-import { UpperStore } from './storage/store.js';
+import { WritableLayerStore as UpperStore } from './storage/writable-layers.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;

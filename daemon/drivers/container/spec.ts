@@ -41,7 +41,7 @@
  * runtime generates under /etc) then lands on top of them. Writable binds are
  * `nosuid,nodev`. With `landlock` the agent gets `--landlock` and one `--writable PATH`
  * per writable place of the plan. A worker keeps its fully read-only root and no binds:
- * only `--landlock` reaches it (each isolated call applies it; native/agent/agent.c).
+ * only `--landlock` reaches it (each isolated call applies it; native/agent/isolate.c).
  *
  * AppArmor: `process.apparmorProfile` only when the caller passes a loaded profile's name
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
@@ -70,7 +70,7 @@ export const DEFAULT_CAPS = [
  * The alternative, a nested user namespace per call, needs no extra capability but
  * cannot mount a fresh /proc: every mount copied into a less privileged user namespace is
  * locked, and the kernel refuses a new proc mount while the sandbox's /proc has locked
- * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/agent.c.
+ * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/isolate.c.
  */
 export const WORKER_AGENT_CAPS = ['CAP_SYS_ADMIN'] as const;
 
@@ -93,7 +93,7 @@ export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
 /** Agent flag that gives the sandbox its own core-scheduling cookie (hosts with core scheduling). */
 export const AGENT_FLAG_CORE_SCHED = '--core-sched';
 
-/** Agent flag: restrict file access with Landlock (native/agent/agent.c "Landlock"). */
+/** Agent flag: restrict file access with Landlock (native/agent/landlock.c). */
 export const AGENT_FLAG_LANDLOCK = '--landlock';
 
 /** Agent flag naming one writable place for Landlock (repeated; follows {@link AGENT_FLAG_LANDLOCK}). */

@@ -15,7 +15,11 @@
  *   only their permission bits (no setuid/setgid from a sandbox); devices and FIFOs are
  *   skipped. Nothing made here resolves outside the destination, however the sandbox
  *   shaped its links (cli/util/extract.ts): a symlink or hard link that would is refused
- *   with a warning naming it, the rest is copied, and the command then fails.
+ *   with a warning naming it, the rest is copied, and the command then fails. So does
+ *   an entry that could not be written (a local ENOSPC or EACCES, a corrupt header):
+ *   an error line names it, the rest is tried, and the copy is reported incomplete. An
+ *   archive dsecd breaks off midway (it could not read something below /p after it
+ *   started answering) fails with what arrived left in place.
  * - `-` as the local side is a tar stream: `dsec cp - ID:/dir` extracts stdin into /dir;
  *   `dsec cp ID:/p -` writes the tar of /p (members named `p/...`) to stdout.
  *
@@ -61,6 +65,8 @@ interface CopyEnv {
   partial?: string;
   /** Members of a copy out that were refused (each `MEMBER: why`), reported after the copy. */
   refused: string[];
+  /** Members of a copy out that could not be written as they are (each `MEMBER (why)`): the copy failed. */
+  failed: string[];
 }
 
 /** Most skipped or refused members named one by one; the rest are counted. */
@@ -104,6 +110,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         follow: opts.followLink === true,
         signal: abort.signal,
         refused: [],
+        failed: [],
         progress: (what, size) => (progress = createByteProgress(ctx.io.stderr, showProgress, what, size)),
       };
       let bytes: number;
@@ -123,9 +130,17 @@ export function register(parent: Command, ctx: Ctx): Command {
         ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
         return;
       }
+      for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
+      if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
+      for (const f of env.failed.slice(0, MAX_LISTED)) ctx.err(`dsec: error: could not copy ${printable(f)}\n`);
+      if (env.failed.length > MAX_LISTED) ctx.err(`dsec: error: could not copy ${env.failed.length - MAX_LISTED} more\n`);
+      if (env.failed.length) {
+        throw new UserError(
+          `${env.failed.length} ${env.failed.length === 1 ? 'entry' : 'entries'} could not be copied (above); ${dstText} is incomplete`,
+          'a local write failed (no space left, no permission), or the archive was corrupt; fix that and copy again',
+        );
+      }
       if (env.refused.length) {
-        for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
-        if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
         throw new UserError(
           `${env.refused.length} ${env.refused.length === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
           'a link is made here only when it resolves inside the destination; `dsec cp -L ID:/path/to/link LOCAL` copies what a link points to',
@@ -228,7 +243,14 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const p = env.progress(`${id}:${src} to stdout`);
     const counter = byteCounter((n) => p.update(n));
     const res = await client.getArchive(id, src, opts);
-    await writeAll(pipeline(res, counter, () => {}), env.ctx.io.stdout);
+    let broke = false;
+    res.on('error', () => { broke = true; });
+    try {
+      await writeAll(pipeline(res, counter, () => {}), env.ctx.io.stdout);
+    } catch (e) {
+      if (broke && !env.signal.aborted) throw brokeOff(id, src, 'stdout');
+      throw e;
+    }
     return counter.bytes();
   }
 
@@ -246,7 +268,11 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const counter = byteCounter((n) => p.update(n));
     const skipped: string[] = [];
     const res = await client.getArchive(id, src, { ...opts, follow: env.follow });
-    res.on('error', (e) => counter.destroy(e));
+    let broke = false;
+    res.on('error', (e) => {
+      broke = true;
+      counter.destroy(e);
+    });
     try {
       await extractArchive(res.pipe(counter), {
         dest: dst,
@@ -254,10 +280,12 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
         // The archive's members are named from src's base name; with strip 1 that name is gone.
         origin: { sandboxDir: path.posix.normalize(src), localDir: strip === 1 ? '' : baseName(src) },
         onSkip: (member, why) => skipped.push(member ? `${member} (${why})` : why),
+        onFail: (member, why) => env.failed.push(member ? `${member} (${why})` : why),
         onRefuse: (member, why) => env.refused.push(`${member}: ${why}`),
       });
     } catch (e) {
       res.destroy();
+      if (broke && !env.signal.aborted) throw brokeOff(id, src, dst);
       throw e;
     }
     for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${printable(s)}\n`);
@@ -289,6 +317,19 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
   // An existing file keeps its mode unless we can set the sandbox's (permission bits only).
   await chmod(file, st.mode & 0o777).catch(() => {});
   return counter.bytes();
+}
+
+/**
+ * The error of an archive dsecd broke off midway (its response ended without the rest):
+ * the walk inside the sandbox failed below `src` after the first bytes were sent, too
+ * late for an error response. dsecd's log has the reason ("archive stream failed").
+ */
+function brokeOff(id: string, src: string, dst: string): UserError {
+  return new UserError(
+    `dsecd broke off the archive of ${id}:${src} midway; what arrived before is in ${dst}, the rest is missing`,
+    'dsecd could not read something below it: a file --user may not read, a path longer than 4096 bytes, a file removed meanwhile, or the sandbox stopped; dsecd\'s log says which ("archive stream failed")',
+    'FailedPrecondition',
+  );
 }
 
 /** The stat of `p` in the sandbox, or null when nothing is there. */

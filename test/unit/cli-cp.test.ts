@@ -305,6 +305,50 @@ describe('dsec cp', () => {
     expect(lone.err.split('\n').filter((l) => l.startsWith('dsec: all good'))).toEqual([]);
   });
 
+  /** A tar of `app/` holding the files `names` (each's body its name), in memory. */
+  async function appTar(names: string[]): Promise<Buffer> {
+    const pack = tarStream.pack();
+    pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+    for (const n of names) pack.entry({ name: `app/${n}`, type: 'file', mode: 0o644 }, n);
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  it('an entry that cannot be copied as it is (a corrupt header) fails the copy: named as an error, the rest written, exit 125', async () => {
+    const body = await appTar(['a', 'b', 'c']);
+    // Headers at 0 (app/), 512 (app/a), 1536 (app/b): break app/b's checksum.
+    expect(body.subarray(1536, 1541).toString()).toBe('app/b');
+    body[1536 + 148] ^= 0x01;
+    fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.end(body);
+    };
+    const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: error: could not copy .*TAR_ENTRY_INVALID/m);
+    // (The broken header, then its body block read as one: two.)
+    expect(r.err).toMatch(/^dsec: \d+ entries could not be copied \(above\); .*out is incomplete\nhint: /m);
+    expect(readFileSync(join(dir, 'out', 'a'), 'utf8')).toBe('a');
+    expect(readFileSync(join(dir, 'out', 'c'), 'utf8')).toBe('c');
+  });
+
+  it('an archive dsecd breaks off midway is an error saying so (not a bug report), for a directory and for `-`', async () => {
+    const body = await appTar(['a', 'b']);
+    fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.write(body.subarray(0, 1024));
+      setTimeout(() => res.destroy(), 50);
+    };
+    for (const to of [join(dir, 'out'), '-']) {
+      const r = await dsec(['cp', `${ID}:/srv/app`, to]);
+      expect(r.code, to).toBe(125);
+      expect(r.err).toMatch(new RegExp(`^dsec: dsecd broke off the archive of sb1:/srv/app midway; what arrived before is in ${to === '-' ? 'stdout' : '.*out'}, the rest is missing\nhint: dsecd could not read something below it`));
+      expect(r.err).not.toMatch(/internal error/);
+    }
+  });
+
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {
     const tarBody = await archiveOf('/srv/app');
     const r = await dsec(['cp', '-', `${ID}:/work`], { stdin: Readable.from([tarBody.subarray(0, 1000), tarBody.subarray(1000)]) });

@@ -194,6 +194,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';
       if (verb === 'snapshot create') return 'the layer store may be full: `dsec snapshot rm` and `dsec image prune` free space';
+      // A file write of the sandbox's: its writable layer is at its quota (or the store is full).
+      if (verb === 'cp') return 'the sandbox\'s disk is full (its --disk quota, `dsec inspect ID` disk_bytes and disk_used_bytes): remove files in it, or create it with a larger --disk';
       return 'remove idle sandboxes (`dsec ls`, `dsec rm`) or retry later; `dsec host info` shows capacity';
     case 'Internal':
       return LOG_HINT;

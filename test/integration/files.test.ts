@@ -249,4 +249,26 @@ describe.skipIf(!IS_ROOT)('files', () => {
     const left = await d.client.exec(sb, { argv: ['sh', '-c', 'ls -A /copy; ls -A /copy/x'] });
     expect(left.stdout.toString()).toBe('x\n1\nlink\ny\n');
   });
+
+  it('an archive upload that fills the sandbox\'s quota midway fails with the quota\'s error, its entries removed; dsecd stays up', async () => {
+    // A sandbox can fill its own quota at will, so an upload into it must fail cleanly:
+    // the agent's write fails mid-file (EDQUOT) and the entry's body stream is cut.
+    const full = (await d.client.createSandbox({ image: 'busybox', disk_bytes: 16 * 1024 ** 2 })).id;
+    const pack = tarStream.pack();
+    pack.entry({ name: 'up', type: 'directory' });
+    pack.entry({ name: 'up/big', type: 'file', size: 32 * 1024 ** 2 }, Buffer.alloc(32 * 1024 ** 2, 1));
+    pack.entry({ name: 'up/after', type: 'file' }, 'after');
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    const e = await d.client.putArchive(full, '/root', Buffer.concat(chunks)).then(() => null, (x: unknown) => x as { code?: string; message?: string });
+    expect(e).not.toBeNull();
+    expect(e!.code, e!.message).toBe('ResourceExhausted');
+    expect(e!.message).toMatch(/quota|No space/i);
+    // Still up, and the sandbox is as before: nothing of the archive stays.
+    expect((await d.client.version()).version).toBeTruthy();
+    const left = await d.client.exec(full, { argv: ['sh', '-c', 'ls -A /root; echo end'] });
+    expect(left.stdout.toString()).toBe('end\n');
+    await d.client.deleteSandbox(full, { force: true });
+  });
 });

@@ -462,5 +462,7 @@ describe('a tar upload that goes through its own symlink (daemon/api/routes/file
     expect(throughArchiveLink('l/f', '/root', 'l', '/etc', new Error('x'))!.message).toMatch(/which leads out of \/root to \/etc; writing there failed: x$/);
     expect(throughArchiveLink('l/f', '/root', 'l', 'sub', new Error('x'))).toBeNull();
     expect(hintFor('FailedPrecondition', 'cp', { reason: 'archive_link' })).toMatch(/a symlink in the archive leads the entries below it out of the destination/);
+    // A write into a sandbox at its quota: its own disk, not the host's capacity.
+    expect(hintFor('ResourceExhausted', 'cp')).toMatch(/^the sandbox's disk is full \(its --disk quota/);
   });
 });

@@ -409,6 +409,10 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       throw e;
     });
     extract.on('entry', (h, stream, next) => {
+      // When the agent fails mid-file (EDQUOT, ENOSPC), writeFile destroys the body it was
+      // reading and the entry's pipe into it errors here ("Writable stream closed"). The
+      // failure is writeFile's to report (below); unheard, this error event would end dsecd.
+      stream.on('error', () => {});
       const run = async () => {
         const rel = safeEntryName(h.name);
         if (rel === null) {

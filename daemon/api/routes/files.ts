@@ -53,7 +53,7 @@ export const FileStat = z.object({
 });
 
 const B = '/v1/sandboxes/:id';
-const getRoute = route({ method: 'GET', url: `${B}/files`, summary: 'Read a file (raw bytes, streamed).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+const getRoute = route({ method: 'GET', url: `${B}/files`, summary: 'Read a file (raw bytes, streamed in chunks to its end as read: no Content-Length, since the sandbox may grow the file while it is read and a /proc file stats as 0 bytes; X-Dsec-Mode gives its mode bits in octal).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
 const putRoute = route({ method: 'PUT', url: `${B}/files`, summary: 'Write a file from the raw request body (streamed; replaced atomically).', query: PutFileQuery, status: 201, response: z.object({ path: z.string(), bytes: z.number().int() }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'] });
 const statRoute = route({ method: 'GET', url: `${B}/files/stat`, summary: 'Stat a path.', query: FileQuery, status: 200, response: FileStat, errors: ['InvalidArgument', 'NotFound'] });
 const listRoute = route({ method: 'GET', url: `${B}/files/list`, summary: 'List a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.array(FileStat.extend({ name: z.string() })) }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
@@ -257,7 +257,12 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     // Held here: the read stream, the response, and the agent frame being received.
     const held = deps.metrics.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
     sample = held.sample;
-    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(info.size), 'x-dsec-mode': info.mode.toString(8) });
+    // No Content-Length: the size at open is not what the read gives when the sandbox
+    // grows the file meanwhile (or for a /proc file, 0 in stat), and bytes past a declared
+    // length would be read by a keep-alive client as the start of its next response, a
+    // response the sandbox wrote. Chunked, the body ends where the read ends, and a read
+    // that fails midway destroys the response, which the client sees as cut short.
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'x-dsec-mode': info.mode.toString(8) });
     try {
       const piped = pipeline(f.stream, res);
       f.stream.on('data', held.sample); // after the pipe's own listener: the chunk is in the response by now
@@ -362,7 +367,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         await pipeline(exactly(f.stream, info.size, (how) => { seen.changed = how; }), entry);
         // Cut short, the read was cancelled (its `done` rejects); otherwise it ended on its own.
         if (seen.changed !== 'longer') await f.done;
-        if (seen.changed) deps.log.warn({ path: p, sizeBytes: info.size, changed: seen.changed }, 'a file changed size while it was archived: its entry holds exactly the size it had when opened');
+        if (seen.changed) deps.log.info({ path: p, sizeBytes: info.size, changed: seen.changed }, 'a file changed size while it was archived: its entry holds exactly the size it had when opened');
       }
       // sockets, fifos and devices are skipped: they cannot be copied as bytes.
     };

@@ -310,24 +310,34 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
   const p = env.progress(`${id}:${src} to ${file}`, st.size);
   const counter = byteCounter((n) => p.update(n));
   const res = await client.readFile(id, src, opts);
+  let broke = false;
+  res.on('error', () => { broke = true; });
   const existed = (await localStatOrNull(file)) !== null;
   const out = createWriteStream(file, { mode: st.mode & 0o777 });
   if (!existed) env.partial = file;
-  await pipelineAsync(res, counter, out);
+  try {
+    await pipelineAsync(res, counter, out);
+  } catch (e) {
+    if (broke && !env.signal.aborted) throw brokeOff(id, src, file, 'read');
+    throw e;
+  }
   // An existing file keeps its mode unless we can set the sandbox's (permission bits only).
   await chmod(file, st.mode & 0o777).catch(() => {});
   return counter.bytes();
 }
 
 /**
- * The error of an archive dsecd broke off midway (its response ended without the rest):
- * the walk inside the sandbox failed below `src` after the first bytes were sent, too
- * late for an error response. dsecd's log has the reason ("archive stream failed").
+ * The error of an archive (or a file read) dsecd broke off midway (its response ended
+ * without the rest): the walk or read inside the sandbox failed after the answer had
+ * begun, too late for an error response. dsecd's log has the reason ("archive stream
+ * failed").
  */
-function brokeOff(id: string, src: string, dst: string): UserError {
+function brokeOff(id: string, src: string, dst: string, what: 'archive' | 'read' = 'archive'): UserError {
   return new UserError(
-    `dsecd broke off the archive of ${id}:${src} midway; what arrived before is in ${dst}, the rest is missing`,
-    'dsecd could not read something below it: a file --user may not read, a path longer than 4096 bytes, a file removed meanwhile, or the sandbox stopped; dsecd\'s log says which ("archive stream failed")',
+    what === 'archive'
+      ? `dsecd broke off the archive of ${id}:${src} midway; what arrived before is in ${dst}, the rest is missing`
+      : `dsecd broke off the read of ${id}:${src} midway; nothing was kept at ${dst}`,
+    `dsecd could not read ${what === 'archive' ? 'something below it' : 'it'}: a file --user may not read, a path longer than 4096 bytes, a file removed meanwhile, or the sandbox stopped; dsecd's log says which${what === 'archive' ? ' ("archive stream failed")' : ''}`,
     'FailedPrecondition',
   );
 }

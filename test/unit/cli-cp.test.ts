@@ -347,6 +347,16 @@ describe('dsec cp', () => {
       expect(r.err).toMatch(new RegExp(`^dsec: dsecd broke off the archive of sb1:/srv/app midway; what arrived before is in ${to === '-' ? 'stdout' : '.*out'}, the rest is missing\nhint: dsecd could not read something below it`));
       expect(r.err).not.toMatch(/internal error/);
     }
+    // A single file whose read fails after the answer began: the same, and no partial file.
+    fake.routes['GET /v1/sandboxes/:id/files'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      res.write('12345');
+      setTimeout(() => res.destroy(), 50);
+    };
+    const one = await dsec(['cp', `${ID}:/etc/hosts`, join(dir, 'hosts')]);
+    expect(one.code).toBe(125);
+    expect(one.err).toMatch(/^dsec: dsecd broke off the read of sb1:\/etc\/hosts midway; nothing was kept at .*hosts\nhint: dsecd could not read it: /);
+    expect(existsSync(join(dir, 'hosts'))).toBe(false);
   });
 
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {

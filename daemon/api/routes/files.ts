@@ -263,6 +263,9 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     // response the sandbox wrote. Chunked, the body ends where the read ends, and a read
     // that fails midway destroys the response, which the client sees as cut short.
     res.writeHead(200, { 'content-type': 'application/octet-stream', 'x-dsec-mode': info.mode.toString(8) });
+    // Sent now: a read that fails before its first byte (EIO) is then a response cut short
+    // for the client, not a connection closed without an answer.
+    res.flushHeaders();
     try {
       const piped = pipeline(f.stream, res);
       f.stream.on('data', held.sample); // after the pipe's own listener: the chunk is in the response by now

@@ -65,7 +65,7 @@ import type {
   LeaseView as LeaseViewSchema,
   PauseResult as PauseResultSchema,
   Reclaim as ReclaimSchema,
-} from '../daemon/api/routes/jobs.js';
+} from '../daemon/api/schema.js';
 import { ExecAttachment, type AttachOptions } from './attach.js';
 
 /**

@@ -10,40 +10,13 @@
 import { z } from 'zod';
 import { ERROR_KINDS } from '../errors.js';
 import { SeccompOverrideSchema } from '../security/seccomp.js';
-import { ruleProblem } from '../security/egress.js';
+import { EgressRuleSchema, PolicyNameSchema } from '../security/egress.js';
 import { FilesystemOptionsSchema } from '../security/filesystem.js';
 import { ImageSecuritySchema } from '../image/security.js';
-import { IO_WEIGHT_MAX, IO_WEIGHT_MIN } from '../host/cgroups/io.js';
-
-/** Limits that make a request absurd rather than merely large; see `cpus`, `memory_bytes`, `pids`. */
-export const LIMITS = {
-  /** Smallest memory limit accepted: 4 MiB; below that the agent and a shell cannot start. */
-  minMemoryBytes: 4 * 1024 * 1024,
-  /** Largest memory limit accepted: 1 TiB, far above any host dsec runs on. */
-  maxMemoryBytes: 1024 ** 4,
-  /** Smallest CPU share: 0.01 cores (a 1 ms quota per 100 ms period). */
-  minCpus: 0.01,
-  /** Largest CPU limit: 512 cores; more is a typo, not a machine. */
-  maxCpus: 512,
-  /** Smallest pids limit: 8 (agent, a shell, a command and some headroom). */
-  minPids: 8,
-  /** Largest pids limit: 4,194,304, the kernel's PID_MAX_LIMIT on 64-bit. */
-  maxPids: 4_194_304,
-  /** Longest exec timeout: 24 h. */
-  maxTimeoutMs: 24 * 3600 * 1000,
-  /** Largest trajectory step number: 2^31-1, so steps fit a signed 32-bit int in every client language. */
-  maxStep: 2 ** 31 - 1,
-  /** Most sandboxes one fork call creates: 256 (a rollout group; larger groups are several calls). */
-  maxForkCount: 256,
-  /** Largest stdin accepted inline by exec: 16 MiB (base64 in JSON). */
-  maxStdinBytes: 16 * 1024 * 1024,
-  /** Longest sandbox TTL: 30 days. */
-  maxTtlS: 30 * 24 * 3600,
-  /** Most labels on one sandbox: 64 (selectors stay cheap; tables stay readable). */
-  maxLabels: 64,
-  /** Total size of an env map (keys, values, `=` and NUL): 128 KiB, so execve's argument space (ARG_MAX, 2 MiB with an 8 MiB stack) keeps room for argv. */
-  maxEnvBytes: 128 * 1024,
-} as const;
+import { IoMaxSchema } from '../host/cgroups/io.js';
+import { BACKENDS } from '../model/backend.js';
+import { SANDBOX_STATES } from '../model/state.js';
+import { IO_WEIGHT_MAX, IO_WEIGHT_MIN, LIMITS, MIN_DISK_BYTES } from '../model/resources.js';
 
 const envSize = (e: Record<string, string>) => Object.entries(e).reduce((n, [k, v]) => n + k.length + v.length + 2, 0);
 
@@ -67,11 +40,11 @@ export const SnapshotName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'sn
   .refine((n) => !/^snap-[0-9a-f]{16}$/.test(n), 'snapshot names must not look like snapshot ids (snap- and 16 hex characters)');
 
 /** Isolation tiers. Only `container` is built so far; the others answer Unimplemented. */
-export const Backend = z.enum(['container', 'fncall', 'microvm', 'vm']).describe('Isolation tier.');
+export const Backend = z.enum(BACKENDS).describe('Isolation tier.');
 export type Backend = z.infer<typeof Backend>;
 
-/** Lifecycle states; transitions are defined in daemon/sandbox/state.ts. */
-export const SandboxState = z.enum(['creating', 'running', 'paused', 'stopped', 'failed', 'destroyed']);
+/** Lifecycle states; transitions are defined in daemon/model/state.ts. */
+export const SandboxState = z.enum(SANDBOX_STATES);
 export type SandboxState = z.infer<typeof SandboxState>;
 
 /** Error body: `{ error: { code, message } }`. */
@@ -85,32 +58,11 @@ export const ErrorBody = z.object({
   }),
 });
 
-/**
- * Sandbox names and policy names: lowercase `[a-z0-9][a-z0-9._-]{0,62}`, so a name is a
- * file name as is (policies are data files, docs/SECURITY.md).
- */
-export const PolicyName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, 'policy names are 1-63 characters of [a-z0-9._-], starting with a letter or digit');
+/** Network policy names (daemon/security/egress.ts PolicyNameSchema). */
+export const PolicyName = PolicyNameSchema;
 
-/**
- * One egress rule: a destination (exactly one of `cidr` and `host`), optional ports and
- * a protocol. `host` names are resolved by dsecd and refreshed on their DNS TTL
- * (docs/SECURITY.md "Networking"); `*.example.org` matches every name below example.org.
- */
-export const EgressRule = z
-  .object({
-    cidr: z.string().min(2).max(43).optional().describe('IPv4 or IPv6 prefix, e.g. `10.0.0.0/8`, `2001:db8::/32`; a bare address means /32 or /128.'),
-    host: z.string().min(1).max(253).optional().describe('DNS name, or `*.` and a name for every name below it; resolved by dsecd.'),
-    ports: z.array(z.union([z.number().int().min(1).max(65535), z.string().regex(/^\d{1,5}-\d{1,5}$/, 'port ranges are "low-high"')])).min(1).max(16).optional()
-      .describe('Destination ports or "low-high" ranges; default every port.'),
-    protocol: z.enum(['tcp', 'udp', 'any']).optional().describe('Default any.'),
-  })
-  .strict()
-  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host')
-  .superRefine((r, ctx) => {
-    // Prefix syntax and host bits, host-name syntax, port-range order (daemon/security/egress.ts).
-    const problem = ruleProblem(r);
-    if (problem) ctx.addIssue({ code: 'custom', message: problem });
-  });
+/** One egress rule (daemon/security/egress.ts EgressRuleSchema: the same format as policy files). */
+export const EgressRule = EgressRuleSchema;
 export type EgressRule = z.infer<typeof EgressRule>;
 
 /**
@@ -203,32 +155,6 @@ export type PolicyReloadResult = z.infer<typeof PolicyReloadResult>;
 export const FilesystemSpec = FilesystemOptionsSchema;
 export type FilesystemSpec = z.infer<typeof FilesystemSpec>;
 
-/** Smallest per-sandbox disk quota: 16 MiB (an image's first writes and a shell history fit). */
-export const MIN_DISK_BYTES = 16 * 1024 * 1024;
-
-/**
- * Smallest bytes-per-second limit of `io_max`: 4 KiB/s, one page a second. Lower rates
- * would starve the sandbox's own page-cache misses (its binaries load through the same
- * device), which is never what a limit is for.
- */
-export const IO_MAX_MIN_BPS = 4096;
-
-/**
- * I/O limits of a sandbox on the writable-layer store's device (`io_max`; `[defaults.io_max]`
- * in the config): bytes per second and IOs per second, each optional (absent: unlimited).
- * Applied as cgroup v2 `io.max` or v1 `blkio.throttle.*` (docs/OPERATIONS.md "Disk I/O").
- */
-export const IoMaxSchema = z
-  .object({
-    read_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Read bytes per second (at least ${IO_MAX_MIN_BPS}).`),
-    write_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Written bytes per second (at least ${IO_MAX_MIN_BPS}).`),
-    read_iops: z.number().int().min(1).optional().describe('Read IOs per second.'),
-    write_iops: z.number().int().min(1).optional().describe('Write IOs per second.'),
-  })
-  .strict()
-  .refine((m) => Object.keys(m).length > 0, 'io_max names at least one of read_bps, write_bps, read_iops, write_iops');
-export type IoMax = z.infer<typeof IoMaxSchema>;
-
 /** Whether one defence is in force for a sandbox or host, and what it does or why not. */
 export const DefenceStatus = z.object({
   enforced: z.boolean(),
@@ -311,6 +237,45 @@ export type Sandbox = z.infer<typeof Sandbox>;
 
 /** GET /v1/sandboxes response. */
 export const SandboxList = z.object({ sandboxes: z.array(Sandbox) });
+
+/** What a pause reclaimed (bytes), from memory.stat before and after. */
+export const Reclaim = z.object({
+  memory_before_bytes: z.number().int(), memory_after_bytes: z.number().int(),
+  file_before_bytes: z.number().int(), file_after_bytes: z.number().int(),
+  anon_bytes: z.number().int().describe('Anonymous memory left: reclaimable only with swap/zswap.'),
+  reclaimed_bytes: z.number().int(), swap: z.boolean(), note: z.string(),
+});
+/** POST /v1/sandboxes/{id}/pause response. */
+export const PauseResult = z.object({ sandbox: Sandbox, reclaim: Reclaim.nullable().describe('null when it was already paused.') });
+/** POST /v1/sandboxes/bulk request. */
+export const BulkRequest = z
+  .object({
+    selector: z.string().min(1).describe('Label selector, e.g. job=a,round=3 (required: bulk never means "everything").'),
+    action: z.enum(['pause', 'resume', 'stop', 'destroy', 'set_ttl']),
+    ttl_s: z.number().int().min(1).nullable().optional().describe('set_ttl: seconds from creation, or null to remove.'),
+    timeout_ms: z.number().int().min(0).optional().describe('stop: grace between SIGTERM and SIGKILL.'),
+  })
+  .strict();
+/** POST /v1/sandboxes/bulk response. */
+export const BulkResponse = z.object({
+  results: z.array(z.object({
+    id: z.string(), ok: z.boolean(), state: z.string().optional(), reclaim: Reclaim.optional(),
+    error: z.object({ code: z.string(), message: z.string() }).optional(),
+  })),
+});
+const jobName = z.string().regex(/^[A-Za-z0-9._/-]{1,63}$/, 'job must be a label value: [A-Za-z0-9._/-]{1,63}');
+/** A lease. */
+export const LeaseView = z.object({
+  job: z.string(), ttl_s: z.number().int(),
+  expires_at: z.number().int().describe('ms since the epoch; a renewal at or after it is refused.'),
+  lapsed_at: z.number().int().nullable().describe('When the job was paused for lack of renewal.'),
+  created_at: z.number().int(),
+  sandboxes: z.number().int().describe('Sandboxes labelled job=<job>.'),
+});
+/** POST /v1/leases request. */
+export const LeaseRequest = z.object({ job: jobName, ttl_s: z.number().int().min(1).max(30 * 24 * 3600) }).strict();
+/** POST /v1/leases/{job}/renew request. */
+export const RenewRequest = z.object({ ttl_s: z.number().int().min(1).max(30 * 24 * 3600).optional() }).strict();
 
 /** GET /v1/sandboxes query. */
 export const ListQuery = z

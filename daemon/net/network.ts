@@ -24,17 +24,15 @@
  * Concurrency. Every map change for a sandbox is computed and written synchronously
  * (compile, diff, bpf(2) calls) inside one turn of the event loop, so a DNS pin, a
  * refresh and a live update never interleave half-applied. Lifecycle calls (attach,
- * detach, adopt, update) are serialised per sandbox by the manager's mutex.
+ * detach, adopt, update) are serialised per sandbox by the lifecycle's locks (daemon/sandbox/locks.ts).
  */
 import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import type { NetworkSpec } from '../api/schema.js';
 import type { NetworkConfig } from '../config.js';
 import { failedPrecondition, internal, invalidArgument } from '../errors.js';
 import { BpfObject, ensureBpffs } from '../host/bpf.js';
-import type { SandboxRecord } from '../sandbox/repo.js';
 import {
   cgroupKey, compileEgress, confValue, COUNTERS_BYTES, effectiveNetwork, exactHosts, hostMatches, normaliseHost, parseCounters, parseTrieKey, portsetValue, trieKey,
   PROTO_ANY, type CompiledEgress, type DenialCounters, type EffectiveNetwork, type PortRange,
@@ -47,6 +45,8 @@ import { SandboxResolver } from './resolver.js';
 import { attachVeth, detachVeth, listVeths, sandboxLinkOk, vethName } from './veth.js';
 import { typeName } from './dnswire.js';
 import type { SandboxFiles } from '../host/sandbox-files.js';
+import type { NetworkSpec } from '../model/network.js';
+import type { SandboxRecord } from '../model/sandbox.js';
 
 /** Programs of egress.bpf.o, attached together to every allow/open sandbox. */
 export const EGRESS_PROGRAMS = ['egress_connect4', 'egress_connect6', 'egress_sendmsg4', 'egress_sendmsg6', 'egress_sock_create'] as const;

@@ -62,16 +62,11 @@ import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
 import {
   DsecError, deadlineExceeded, failedPrecondition, internal, invalidArgument, isDsecError, resourceExhausted, unavailable,
 } from '../../errors.js';
-import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { DefenceStatus } from '../../api/schema.js';
-import type { Failpoints } from '../../sandbox/failpoints.js';
-import type {
-  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, MachineRestore, MachineSnapshot,
-  OrphanReport, ReclaimReport, SandboxDriver, SandboxStats,
-} from '../types.js';
-import { MACHINE_DISK_FILE, MACHINE_STATE_FILE } from '../types.js';
-import { effectiveLayers, hostHasSwap } from '../container/driver.js';
-import { CPU_PERIOD_US, BATCH_CPU_SHARES } from '../container/spec.js';
+import type { StepObserver } from '../../model/steps.js';
+import type { Backend } from '../../model/backend.js';
+import type { BackendCapabilities, LiveUpdate, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, ReclaimReport, SandboxDriver, SandboxStats } from '../types.js';
+import { hostHasSwap } from '../../host/proc.js';
+import { CPU_PERIOD_US, BATCH_CPU_SHARES, cpuQuotaUs } from '../cgroup-limits.js';
 import { removeSandboxDir } from '../../image/rootfs.js';
 import { GUEST_MODULES, buildInitramfs, type Initramfs } from './initramfs.js';
 import { extractPvhKernel, kernelRelease } from './kmod.js';
@@ -87,8 +82,11 @@ import {
   SNAPSHOT_SWAP_FILE, directIoWorks, prepareSwapFile, readGuestReclaimStats, snapshotSwapFile, startGuestReclaim, swapSizeBytes,
   writeGuestReclaimRecord, type GuestReclaimRecord,
 } from './reclaim.js';
-import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../security/filesystem.js';
 import { refuseAfterClose, shuttingDown } from '../shutdown.js';
+import type { SandboxRecord, DefenceStatus } from '../../model/sandbox.js';
+import { type MachineRestore, type MachineSnapshot, MACHINE_DISK_FILE, MACHINE_STATE_FILE } from '../../model/snapshot.js';
+import { effectiveLayers } from '../../model/image.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../model/filesystem.js';
 
 /** How long stop waits for QEMU to exit after `quit` before SIGKILL: 5 s. */
 const QUIT_WAIT_MS = 5_000;
@@ -123,7 +121,7 @@ export interface MicrovmDriverDeps {
   /** Instance root: sandbox dirs live in `<root>/sandboxes/<id>`, built initramfs archives in `<root>/vm`. */
   root: string;
   cgroups: CgroupManager;
-  /** The verified host path of a layer blob to attach (ImageStore.prepareForMount, or the blob cache). @throws DsecError NotFound / FailedPrecondition. */
+  /** The verified host path of a layer blob to attach (LayerStore.prepareForMount, or the blob cache). @throws DsecError NotFound / FailedPrecondition. */
   blobPath: (digest: string) => Promise<string>;
   /** The installed static agent (goes into the initramfs). */
   agentBinary: string;
@@ -162,6 +160,7 @@ export interface Platform {
 /** The microvm backend; see the module comment. */
 export class MicrovmDriver implements SandboxDriver {
   readonly backend: 'microvm' | 'vm' = 'microvm';
+  readonly backends: readonly Backend[] = ['microvm'];
   private readonly endpoints = new Map<string, VmEndpoint>();
   private readonly agents = new Map<string, Promise<AgentClient>>();
   /** Set by {@link close}: no connection to a VM is made any more. */
@@ -200,10 +199,12 @@ export class MicrovmDriver implements SandboxDriver {
     this.qemuPath = findExecutable(this.d.vm.qemu);
   }
 
-  capabilities(): DriverCapabilities {
-    const base = { id: 'dsec.driver.microvm.v1', backend: 'microvm' as const, pause: true, snapshot: true };
+  capabilities(_backend: Backend = 'microvm'): BackendCapabilities {
     const missing = this.missing();
-    return { ...base, available: missing === null, reason: missing };
+    return {
+      id: 'dsec.driver.microvm.v1', backend: 'microvm', available: missing === null, reason: missing, isolation: 'vm', pause: true,
+      snapshot: 'machine', networkModes: ['none'], io: false, storeDisk: false, pool: false, console: false,
+    };
   }
 
   /** What the host lacks for microVMs, with the fix; null when nothing. */
@@ -323,7 +324,7 @@ export class MicrovmDriver implements SandboxDriver {
     if (n > MICROVM_MAX_LAYERS) throw invalidArgument(`image ${sb.image} has ${n} layers; a microvm attaches at most ${MICROVM_MAX_LAYERS} (one virtio-mmio slot each)`);
   }
 
-  async create(sb: SandboxRecord, fp: Failpoints, restore?: MachineRestore): Promise<InitInfo> {
+  async prepare(sb: SandboxRecord, steps: StepObserver, restore?: MachineRestore): Promise<void> {
     this.check(sb);
     if (restore) this.checkRestoreShape(sb, restore);
     const dir = this.dir(sb.id);
@@ -332,8 +333,7 @@ export class MicrovmDriver implements SandboxDriver {
     if (restore) await copyDisk(path.join(restore.dir, MACHINE_DISK_FILE), this.writableDisk(sb.id));
     else await this.makeDisk(sb);
     await this.prepareSwap(sb, restore ? path.join(restore.dir, SNAPSHOT_SWAP_FILE) : null);
-    fp.hit('create.after-rootfs');
-    return this.launch(sb, fp, 'create', restore);
+    steps.hit('create.after-rootfs');
   }
 
   /**
@@ -351,13 +351,15 @@ export class MicrovmDriver implements SandboxDriver {
     if (layers.join(',') !== m.layers.join(',')) throw invalidArgument(`snapshot ${r.snapshotId} was taken with layer disks ${m.layers.join(',')}; the restore would attach ${layers.join(',')}`);
   }
 
-  async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+  async start(sb: SandboxRecord, steps: StepObserver, restore?: MachineRestore): Promise<InitInfo> {
+    // A new VM boots (or resumes `restore`) on the disks prepare made; a stopped one boots again on its kept disk.
+    if (sb.state === 'creating') return this.launch(sb, steps, 'create', restore);
     this.check(sb);
     if (!(await stat(this.writableDisk(sb.id)).catch(() => null))) {
       throw failedPrecondition(`sandbox ${sb.id} has no writable disk (${this.writableDisk(sb.id)}); destroy it and create a new one`);
     }
     await this.prepareSwap(sb, null);
-    return this.launch(sb, fp, 'start');
+    return this.launch(sb, steps, 'start');
   }
 
   /**
@@ -389,7 +391,7 @@ export class MicrovmDriver implements SandboxDriver {
    * the boot timeout). On failure QEMU is killed and its cgroup removed; the error names
    * what failed with the console's tail.
    */
-  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start', restore?: MachineRestore): Promise<InitInfo> {
+  private async launch(sb: SandboxRecord, steps: StepObserver, op: 'create' | 'start', restore?: MachineRestore): Promise<InitInfo> {
     const t0 = Date.now();
     const deadline = t0 + this.d.vm.bootTimeoutMs;
     const dir = this.dir(sb.id);
@@ -405,7 +407,7 @@ export class MicrovmDriver implements SandboxDriver {
     const pmem = await this.pmemFor(sb, plat, digests, layers, guestMiB);
     this.pmemLayouts.set(sb.id, pmem);
     await this.d.cgroups.create(sb.id, {
-      cpuQuotaUs: Math.max(1000, Math.round(sb.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US,
+      cpuQuotaUs: cpuQuotaUs(sb.cpus), cpuPeriodUs: CPU_PERIOD_US,
       cpuShares: sb.priority === 'batch' ? BATCH_CPU_SHARES : null,
       memoryBytes: guestMiB * 1024 * 1024 + vmmOverheadBytes(plat.accel, this.d.vm.tcgTbMiB),
       // QEMU's threads are its only tasks (the guest's processes are not host tasks): vCPUs,
@@ -461,7 +463,7 @@ export class MicrovmDriver implements SandboxDriver {
     };
     const pid = child.pid!;
     try {
-      if (op === 'create') fp.hit('create.after-bundle');
+      if (op === 'create') steps.hit('create.after-bundle');
       // QMP first (QEMU is up), then the mux session (the guest booted), then the agent.
       const qmp = await step((async () => {
         for (;;) {
@@ -474,10 +476,10 @@ export class MicrovmDriver implements SandboxDriver {
         }
       })());
       this.setQmp(sb.id, qmp);
-      fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
+      steps.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
       if (restore) await this.incoming(sb, { step, deadline, qmp, ep }, restore);
       else await this.bootGuest(sb, { step, deadline, qmp, ep });
-      if (op === 'create') fp.hit('create.after-agent');
+      if (op === 'create') steps.hit('create.after-agent');
       const st = procStartTime(pid);
       if (st === null) throw this.bootError(sb, 'QEMU exited right after the guest agent answered', 'Internal', state.exit);
       this.d.log.info({ id: sb.id, ms: Date.now() - t0, accel: plat.accel, snapshot: restore?.snapshotId }, `microvm ${restore ? 'restored' : op === 'create' ? 'booted' : 'restarted'}`);
@@ -854,7 +856,7 @@ export class MicrovmDriver implements SandboxDriver {
     if (q) await q.then((c) => c.close(), () => {});
   }
 
-  async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+  async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     const dir = this.dir(sb.id);
     const pid = sb.initPid !== null && isVmmOf(sb.initPid, dir) ? sb.initPid : vmmOfDir(dir)?.pid ?? null;
     if (pid !== null) {
@@ -872,7 +874,7 @@ export class MicrovmDriver implements SandboxDriver {
       await this.qmpRun(sb, 'quit').catch(() => {});
       await waitGone(pid, QUIT_WAIT_MS);
     }
-    fp.hit('stop.after-kill');
+    steps.hit('stop.after-kill');
     await this.killVmm(sb.id, pid);
     await this.dropConnections(sb.id);
     this.blobs.delete(sb.id);
@@ -882,19 +884,19 @@ export class MicrovmDriver implements SandboxDriver {
     for (const f of [p.qmp, p.vmux, p.agentSock, p.pid, p.migrate, this.confinementFile(sb.id)]) await rm(f, { force: true });
   }
 
-  async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+  async destroy(sb: SandboxRecord, steps: StepObserver): Promise<void> {
     await this.killVmm(sb.id, sb.initPid);
-    fp.hit('destroy.after-kill');
+    steps.hit('destroy.after-kill');
     await this.dropConnections(sb.id);
     this.blobs.delete(sb.id);
     this.pmemLayouts.delete(sb.id);
-    fp.hit('destroy.after-runtime');
-    fp.hit('destroy.after-rootfs');
+    steps.hit('destroy.after-runtime');
+    steps.hit('destroy.after-rootfs');
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
-    fp.hit('destroy.after-cgroup');
+    steps.hit('destroy.after-cgroup');
     await removeSandboxDir(this.dir(sb.id));
-    fp.hit('destroy.after-dir');
+    steps.hit('destroy.after-dir');
   }
 
   async exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult> {
@@ -1053,6 +1055,12 @@ export class MicrovmDriver implements SandboxDriver {
   async limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
     return this.d.cgroups.limitCounters(sb.id).catch(() => null);
+  }
+
+  /** VMs have no live limits or I/O settings (capabilities `pool` and `io` are false). @throws DsecError FailedPrecondition. */
+  async update(sb: SandboxRecord, u: LiveUpdate): Promise<void> {
+    if (u.limits) throw failedPrecondition(`backend ${sb.backend} cannot change limits of a running sandbox`);
+    if (u.io !== undefined) throw failedPrecondition(`backend ${sb.backend} cannot change I/O settings of a running sandbox`);
   }
 
   logPath(sb: SandboxRecord): string {

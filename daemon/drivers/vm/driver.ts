@@ -28,18 +28,19 @@ import type { VmDiskConfig } from '../../config.js';
 import type { Builder } from '../../host/builder.js';
 import { failedPrecondition, invalidArgument, notFound } from '../../errors.js';
 import type { AgentClient, AgentExecHandle } from '../../agent/client.js';
-import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { Failpoints } from '../../sandbox/failpoints.js';
+import type { StepObserver } from '../../model/steps.js';
+import type { Backend } from '../../model/backend.js';
 import type {
-  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
+  BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
 } from '../types.js';
 import { MicrovmDriver, type BootContext, type MicrovmDriverDeps, type Platform } from '../microvm/driver.js';
 import { GUEST_MODULES } from '../microvm/initramfs.js';
 import { MICROVM_MIN_MEMORY_BYTES, isVmmOf, vmPaths } from '../microvm/qemu.js';
-import { effectiveLayers } from '../container/driver.js';
 import { ConsoleHub, type ConsoleClient } from './console.js';
 import { BASE_FILE, BaseDisks, createOverlay, type LayerSource } from './disk.js';
 import { vmQemuArgs } from './qemu.js';
+import type { SandboxRecord } from '../../model/sandbox.js';
+import { effectiveLayers } from '../../model/image.js';
 
 /** The image reference prefix that names a registered disk: `disk:NAME`. */
 export const DISK_REF_PREFIX = 'disk:';
@@ -56,6 +57,7 @@ const POWERDOWN_POLL_MS = 100;
 /** The vm backend; see the module comment. */
 export class VmDriver extends MicrovmDriver {
   override readonly backend = 'vm' as const;
+  override readonly backends: readonly Backend[] = ['vm'];
   private readonly consoles = new Map<string, ConsoleHub>();
   private readonly bases: BaseDisks;
 
@@ -64,9 +66,12 @@ export class VmDriver extends MicrovmDriver {
     this.bases = new BaseDisks({ root: v.root, layers: v.layers, builder: v.builder, log: v.log });
   }
 
-  override capabilities(): DriverCapabilities {
+  override capabilities(_backend: Backend = 'vm'): BackendCapabilities {
     const missing = this.missing();
-    return { id: 'dsec.driver.vm.v1', backend: 'vm', pause: true, snapshot: false, available: missing === null, reason: missing };
+    return {
+      id: 'dsec.driver.vm.v1', backend: 'vm', available: missing === null, reason: missing, isolation: 'vm', pause: true,
+      snapshot: null, networkModes: ['none'], io: false, storeDisk: false, pool: false, console: true,
+    };
   }
 
   /**
@@ -240,7 +245,7 @@ export class VmDriver extends MicrovmDriver {
    * to the grace period to power off by itself; then the microvm tier's stop (agent: SIGTERM
    * to every process, guest sync; then QMP quit, SIGKILL after 5 s).
    */
-  override async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+  override async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     if (!this.hasAgent(sb) && sb.state === 'running' && opts.graceMs && opts.graceMs > 0 && sb.initPid !== null && isVmmOf(sb.initPid, this.dir(sb.id))) {
       try {
         await this.qmpRun(sb, 'system_powerdown');
@@ -250,11 +255,11 @@ export class VmDriver extends MicrovmDriver {
         this.v.log.warn({ err: e, id: sb.id }, 'ACPI power-down at stop failed');
       }
     }
-    await super.stop(sb, fp, opts);
+    await super.stop(sb, steps, opts);
   }
 
-  override async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
-    await super.destroy(sb, fp);
+  override async destroy(sb: SandboxRecord, steps: StepObserver): Promise<void> {
+    await super.destroy(sb, steps);
     await this.bases.collect(path.join(this.v.root, 'sandboxes')).catch((e) => this.v.log.warn({ err: e }, 'collecting unused VM base disks failed'));
   }
 

@@ -29,8 +29,9 @@ import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
 import type { LayerMounts } from '../../image/mounts.js';
 import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
-import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
-import { DsecError, failedPrecondition, internal, invalidArgument, unavailable } from '../../errors.js';
+import type { AgentClient, AgentExecHandle } from '../../agent/client.js';
+import { AgentConnections, refuseBadCwdOrUser } from '../agent-connections.js';
+import { DsecError, failedPrecondition, internal } from '../../errors.js';
 import type { StepObserver } from '../../model/steps.js';
 import { effectiveLayers } from '../../model/image.js';
 import type { Backend } from '../../model/backend.js';
@@ -46,7 +47,6 @@ import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo } from '../../security/seccomp.js';
 import type { UpperStore } from '../../storage/store.js';
 import { createPlannedDirs, hostTree, planFilesystem, type FilesystemPlan } from '../../security/filesystem.js';
-import { refuseAfterClose, shuttingDown } from '../shutdown.js';
 import { NO_IO_LIMITS, type IoLimits } from '../../model/resources.js';
 import type { SandboxRecord, DefenceStatus } from '../../model/sandbox.js';
 import type { SeccompOverride } from '../../model/image.js';
@@ -107,9 +107,8 @@ export function probeLandlock(agentBinary: string): { abi: number; reason: strin
 /** The container backend. */
 export class ContainerDriver implements SandboxDriver {
   readonly backends = ['container', 'fncall'] as const;
-  private readonly agents = new Map<string, Promise<AgentClient>>();
-  /** Set by {@link close}: no agent connection is made any more. */
-  private closed = false;
+  /** The agent connections of its sandboxes (`<dir>/agent.sock`). */
+  private readonly agents: AgentConnections;
   /** Memory-cgroup OOM kill count after the last isolated call, per fncall worker (see exec). */
   private readonly oomSeen = new Map<string, number>();
   /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
@@ -121,6 +120,7 @@ export class ContainerDriver implements SandboxDriver {
   readonly landlock: { abi: number; reason: string | null };
 
   constructor(private readonly d: ContainerDriverDeps) {
+    this.agents = new AgentConnections({ socketPath: (id) => path.join(this.dir(id), 'agent.sock'), timeoutMs: 5_000 });
     this.apparmorKernel = kernelHasAppArmor();
     this.landlock = probeLandlock(d.agentBinary);
   }
@@ -262,7 +262,7 @@ export class ContainerDriver implements SandboxDriver {
     if (!fs.landlock) return { enforced: false, detail: 'off for this sandbox (filesystem.landlock false)' };
     let info;
     try {
-      info = (await this.agent(sb.id)).info.landlock;
+      info = (await this.agents.get(sb.id)).info.landlock;
     } catch (e) {
       return { enforced: false, detail: `cannot ask the agent: ${(e as Error).message}` };
     }
@@ -451,44 +451,16 @@ export class ContainerDriver implements SandboxDriver {
     const start = procStartTime(pid);
     if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
     // The veth and egress programs go in while the agent says hello: both before create returns.
-    await Promise.all([this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
+    await Promise.all([this.agents.get(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
     if (op === 'create') steps.hit('create.after-agent');
     return { pid, start };
-  }
-
-  /**
-   * The sandbox's agent connection, connecting (and caching) on first use.
-   * @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down).
-   */
-  private agent(id: string, timeoutMs = 5_000): Promise<AgentClient> {
-    if (this.closed) return Promise.reject(shuttingDown());
-    let p = this.agents.get(id);
-    if (!p) {
-      p = refuseAfterClose(() => this.closed, AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs })).then((c) => {
-        c.onLost(() => {
-          if (this.agents.get(id) === p) this.agents.delete(id);
-        });
-        return c;
-      });
-      p.catch(() => {
-        if (this.agents.get(id) === p) this.agents.delete(id);
-      });
-      this.agents.set(id, p);
-    }
-    return p;
-  }
-
-  private async dropAgent(id: string): Promise<void> {
-    const p = this.agents.get(id);
-    this.agents.delete(id);
-    if (p) await p.then((c) => c.close()).catch(() => {});
   }
 
   async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     // A frozen task cannot act on a signal: thaw a paused sandbox before ending it.
     if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
     if (opts.graceMs && opts.graceMs > 0 && sb.initPid && sb.state === 'running') await this.terminate(sb, opts.graceMs);
-    await this.dropAgent(sb.id);
+    await this.agents.drop(sb.id);
     await this.d.runtime.deleteForce(sb.id);
     steps.hit('stop.after-kill');
     await this.d.network?.detach(sb);
@@ -516,7 +488,7 @@ export class ContainerDriver implements SandboxDriver {
   async destroy(sb: SandboxRecord, steps: StepObserver): Promise<void> {
     this.oomSeen.delete(sb.id);
     if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
-    await this.dropAgent(sb.id);
+    await this.agents.drop(sb.id);
     // SIGKILL to the init, when it is still the process the row recorded (pid and start
     // time), ends the sandbox's pid namespace without a runtime binary spawn (a third of
     // destroy's CPU in a burst profile: spawning forks dsecd). `delete --force` below kills
@@ -545,34 +517,17 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult> {
-    let client: AgentClient;
-    try {
-      client = await this.agent(sb.id);
-    } catch (e) {
-      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-    }
     // An fncall worker runs one call at a time, so the count read after its previous call
     // is exact and saves a cgroup read per call; other sandboxes read it afresh.
     const cached = req.isolate ? this.oomSeen.get(sb.id) : undefined;
     const oomBefore = cached ?? await this.oomKillCount(sb);
-    let res;
-    try {
-      res = await client.exec({
-        argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs,
-        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes, ...(req.isolate ? { isolate: req.isolate } : {}),
-      });
-    } catch (e) {
-      if (e instanceof DsecError) throw e;
-      throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
-    }
+    const res = await this.agents.exec(sb.id, req);
     const oomAfter = await this.oomKillCount(sb);
     if (req.isolate) {
       if (oomAfter === null) this.oomSeen.delete(sb.id);
       else this.oomSeen.set(sb.id, oomAfter);
     }
-    if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
-      throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
-    }
+    refuseBadCwdOrUser(sb.id, res);
     // The counter is per sandbox: every kill while the command ran is reported
     // (oomKills: a process of a pipeline, or of another command running at the same
     // time), and `oom` says the command itself died of SIGKILL while it rose.
@@ -586,45 +541,11 @@ export class ContainerDriver implements SandboxDriver {
   }
 
   async agentClient(sb: SandboxRecord): Promise<AgentClient> {
-    try {
-      return await this.agent(sb.id);
-    } catch (e) {
-      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-    }
+    return this.agents.client(sb.id);
   }
 
   async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
-    // An exec that takes stdin gets a connection of its own: the agent stops reading a
-    // connection while one of its execs has a large stdin backlog (a command that does
-    // not read), and that must never stall the sandbox's other execs and file copies.
-    // So does a paced one: pausing its output pauses the whole connection.
-    if (req.stdin || req.tty || req.paced) {
-      let own: AgentClient;
-      try {
-        own = await AgentClient.connect(path.join(this.dir(sb.id), 'agent.sock'), { timeoutMs: 5_000 });
-      } catch (e) {
-        throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-      }
-      const h = own.startExec(
-        { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
-        handlers,
-      );
-      void h.done.then(() => own.close(), () => own.close());
-      // A SIGKILL frame can sit behind a stdin backlog the agent is not reading; closing
-      // the exec's own connection makes the agent kill it regardless.
-      return {
-        ...h,
-        signal: (signo: number) => {
-          h.signal(signo);
-          if (signo === 9) setTimeout(() => own.close(), 1000).unref();
-        },
-      };
-    }
-    const client = await this.agentClient(sb);
-    return client.startExec(
-      { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
-      handlers,
-    );
+    return this.agents.startExec(sb.id, req, handlers);
   }
 
   async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
@@ -793,7 +714,6 @@ export class ContainerDriver implements SandboxDriver {
    * process alive). Safe to call twice.
    */
   async close(): Promise<void> {
-    this.closed = true;
-    for (const id of [...this.agents.keys()]) await this.dropAgent(id);
+    await this.agents.close();
   }
 }

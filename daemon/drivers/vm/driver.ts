@@ -15,11 +15,10 @@
  * console is a chardev socket dsecd holds (console.ts), logged to a bounded file and
  * served to `dsec console` over a WebSocket.
  *
- * Why a subclass of MicrovmDriver: the lifecycle of a QEMU process (cgroup, launcher and
- * confinement, QMP and its resync, the agent endpoint and mux, stop/pause/resume, adopt,
- * orphans) is the same for both tiers; only the machine, the disk and the boot steps
- * differ, and those are the hooks overridden here. The microvm tier's behaviour is
- * unchanged by them.
+ * The life of its QEMU process (cgroup, launcher and confinement, QMP and its resync, the
+ * agent endpoint and mux, stop/pause/resume, adopt, orphans) is the one both VM tiers
+ * share (daemon/drivers/vmm/driver.ts); the machine, the disks and the boot steps are the
+ * hooks implemented here.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, chmod, readFile, writeFile } from 'node:fs/promises';
@@ -33,20 +32,21 @@ import type { Backend } from '../../model/backend.js';
 import type {
   BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
 } from '../types.js';
-import { MicrovmDriver, type BootContext, type MicrovmDriverDeps, type Platform } from '../microvm/driver.js';
-import { GUEST_MODULES } from '../microvm/initramfs.js';
-import { MICROVM_MIN_MEMORY_BYTES, isVmmOf, vmPaths } from '../microvm/qemu.js';
+import { VmmDriver, type BootContext, type VmmDriverDeps } from '../vmm/driver.js';
+import type { Platform } from '../vmm/platform.js';
+import { GUEST_MODULES } from '../vmm/initramfs.js';
 import { ConsoleHub, type ConsoleClient } from './console.js';
 import { BASE_FILE, BaseDisks, createOverlay, type LayerSource } from './disk.js';
 import { vmQemuArgs } from './qemu.js';
-import type { SandboxRecord } from '../../model/sandbox.js';
+import type { DefenceStatus, SandboxRecord } from '../../model/sandbox.js';
 import { effectiveLayers } from '../../model/image.js';
+import { VM_MIN_MEMORY_BYTES, isVmmOf, vmPaths } from '../vmm/qemu.js';
 
 /** The image reference prefix that names a registered disk: `disk:NAME`. */
 export const DISK_REF_PREFIX = 'disk:';
 
-/** Dependencies of the vm driver: the microvm driver's plus layer mounts and the builder (base disks). */
-export interface VmDriverDeps extends MicrovmDriverDeps {
+/** Dependencies of the vm driver: the VM drivers' plus layer mounts and the builder (base disks). */
+export interface VmDriverDeps extends VmmDriverDeps {
   layers: LayerSource;
   builder: Builder | null;
 }
@@ -55,9 +55,10 @@ export interface VmDriverDeps extends MicrovmDriverDeps {
 const POWERDOWN_POLL_MS = 100;
 
 /** The vm backend; see the module comment. */
-export class VmDriver extends MicrovmDriver {
-  override readonly backend = 'vm' as const;
-  override readonly backends: readonly Backend[] = ['vm'];
+export class VmDriver extends VmmDriver {
+  readonly backend = 'vm' as const;
+  readonly backends: readonly Backend[] = ['vm'];
+  protected readonly machineName = 'VM';
   private readonly consoles = new Map<string, ConsoleHub>();
   private readonly bases: BaseDisks;
 
@@ -66,7 +67,7 @@ export class VmDriver extends MicrovmDriver {
     this.bases = new BaseDisks({ root: v.root, layers: v.layers, builder: v.builder, log: v.log });
   }
 
-  override capabilities(_backend: Backend = 'vm'): BackendCapabilities {
+  capabilities(_backend: Backend = 'vm'): BackendCapabilities {
     const missing = this.missing();
     return {
       id: 'dsec.driver.vm.v1', backend: 'vm', available: missing === null, reason: missing, isolation: 'vm', pause: true,
@@ -116,6 +117,16 @@ export class VmDriver extends MicrovmDriver {
     return vmPaths(this.dir(id)).qcow;
   }
 
+  protected override writableDiskKind(id: string): string {
+    return `qcow2 disk ${vmPaths(this.dir(id)).qcow}`;
+  }
+
+  /** Nothing inside a vm's guest is confined by dsec, and the defences say so. */
+  protected override guestDefences(): Record<string, DefenceStatus> {
+    const d: DefenceStatus = { enforced: false, detail: 'vm tier: commands run as root of the guest with every capability, no seccomp filter and a writable root; the guest kernel (and the VMM confinement) is the only boundary' };
+    return Object.fromEntries(['readonly_paths', 'capabilities', 'no_new_privileges', 'seccomp', 'landlock'].map((n) => [n, d]));
+  }
+
   protected override attachedLayers(): string[] {
     return [];
   }
@@ -123,8 +134,8 @@ export class VmDriver extends MicrovmDriver {
   protected override check(sb: SandboxRecord): void {
     const missing = this.missing();
     if (missing) throw failedPrecondition(`cannot create vm sandbox ${sb.id}: ${missing}`);
-    if (sb.memoryBytes < MICROVM_MIN_MEMORY_BYTES) {
-      throw invalidArgument(`a vm needs at least ${MICROVM_MIN_MEMORY_BYTES} bytes of memory (the guest kernel and initramfs); memory_bytes is ${sb.memoryBytes}`);
+    if (sb.memoryBytes < VM_MIN_MEMORY_BYTES) {
+      throw invalidArgument(`a vm needs at least ${VM_MIN_MEMORY_BYTES} bytes of memory (the guest kernel and initramfs); memory_bytes is ${sb.memoryBytes}`);
     }
     const d = this.diskOf(sb);
     if (d?.ready) {
@@ -141,7 +152,7 @@ export class VmDriver extends MicrovmDriver {
    * composed from the image's layers (made once per image and size), whose path is kept
    * in `<dir>/base` for later boots and for collection.
    */
-  protected override async makeDisk(sb: SandboxRecord): Promise<void> {
+  protected override async makeDisks(sb: SandboxRecord): Promise<void> {
     const dir = this.dir(sb.id);
     const d = this.diskOf(sb);
     if (d) {
@@ -248,7 +259,7 @@ export class VmDriver extends MicrovmDriver {
   override async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     if (!this.hasAgent(sb) && sb.state === 'running' && opts.graceMs && opts.graceMs > 0 && sb.initPid !== null && isVmmOf(sb.initPid, this.dir(sb.id))) {
       try {
-        await this.qmpRun(sb, 'system_powerdown');
+        await this.qmp.run(sb, 'system_powerdown');
         const until = Date.now() + opts.graceMs;
         while (Date.now() < until && isVmmOf(sb.initPid, this.dir(sb.id))) await new Promise((r) => setTimeout(r, POWERDOWN_POLL_MS));
       } catch (e) {

@@ -160,7 +160,7 @@ export class PolicySet {
   /**
    * @param dirs directories read in order (shipped examples first, then the operator's).
    * @param alwaysDenied destinations every sandbox is denied whatever its rules, for the
-   *   warnings (daemon/net/network.ts `builtinDeny`); none when omitted.
+   *   warnings (daemon/net/decisions.ts `builtinDeny`); none when omitted.
    */
   constructor(private readonly dirs: readonly string[], private readonly alwaysDenied: () => readonly AlwaysDenied[] = () => []) {}
 

@@ -368,7 +368,7 @@ export function parseCounters(b: Buffer): DenialCounters {
 
 // ---- policy lint ----
 
-/** A destination denied whatever the rules, and why (daemon/net/network.ts `builtinDeny`). */
+/** A destination denied whatever the rules, and why (daemon/net/decisions.ts `builtinDeny`). */
 export interface AlwaysDenied {
   prefix: Prefix;
   reason: string;

@@ -3,7 +3,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
 import { parsePrefix, parseSubnet } from '../../daemon/net/addr.js';
-import { builtinDeny, dnsDecision } from '../../daemon/net/network.js';
+import { builtinDeny, dnsDecision } from '../../daemon/net/decisions.js';
 import { slirpArgv, slirpArgvDiff } from '../../daemon/net/instance.js';
 import {
   cgroupKey, compileEgress, confValue, effectiveNetwork, exactHosts, hostMatches, normaliseHost, normaliseRanges, parseCounters, parseTrieKey, portsetValue,

@@ -130,6 +130,13 @@ export interface DriverExecHandlers {
  */
 export type DriverExecResult = AgentExecResult & { oom: boolean; oomKills: number | null };
 
+/**
+ * File operations inside a sandbox (the agent's, daemon/agent/files.ts), with the buffer
+ * counts of its connection that transfers account for (daemon/api/transfer.ts): what
+ * {@link SandboxIo.files} hands out, never the connection itself.
+ */
+export type AgentFiles = Pick<AgentClient, 'readFile' | 'writeFile' | 'stat' | 'list' | 'mkdir' | 'remove' | 'symlink' | 'outboundQueuedBytes' | 'inboundPendingBytes'>;
+
 /** Leftovers found on the host that no store row accounts for. */
 export interface OrphanReport {
   /** Human-readable description of each leftover removed. */
@@ -213,8 +220,8 @@ export interface SandboxIo {
   exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult>;
   /** Starts a command and returns its handle at once; output arrives through `handlers`. @throws DsecError Unavailable. */
   startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle>;
-  /** The sandbox's agent connection, for file operations. @throws DsecError Unavailable. */
-  agentClient(sb: SandboxRecord): Promise<AgentClient>;
+  /** File operations inside the sandbox, over its agent connection. @throws DsecError Unavailable. */
+  files(sb: SandboxRecord): Promise<AgentFiles>;
   /**
    * The cumulative OOM kill count of the sandbox's processes (its memory cgroup's), read
    * before and after an exec session; null when it cannot be read. Absent: the backend

@@ -9,10 +9,10 @@ import path from 'node:path';
 import { constants as osConstants } from 'node:os';
 import { conflict, failedPrecondition, invalidArgument, isDsecError } from '../errors.js';
 import { signalName } from '../host/proc.js';
-import type { AgentClient, AgentExecHandle } from '../agent/client.js';
+import type { AgentExecHandle } from '../agent/client.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import type { DaemonConfig } from '../config.js';
-import type { ConsoleAttachment, ConsoleClientHandlers } from '../drivers/types.js';
+import type { AgentFiles, ConsoleAttachment, ConsoleClientHandlers } from '../drivers/types.js';
 import type { FncallCall } from '../fncall/pool.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import type { CommandInput, ExecInput, ExecResult, StartExecInput } from '../model/exec.js';
@@ -242,13 +242,13 @@ export class ExecService {
   }
 
   /**
-   * The agent of a running sandbox, for file operations.
+   * File operations inside a running sandbox (through its agent).
    * @throws DsecError NotFound, FailedPrecondition (not running), Unavailable.
    */
-  async agent(id: string): Promise<AgentClient> {
+  async files(id: string): Promise<AgentFiles> {
     const sb = this.d.repo.get(id);
     assertRunning(sb);
-    return this.d.backends.driver(sb.backend).agentClient(sb);
+    return this.d.backends.driver(sb.backend).files(sb);
   }
 
   /**

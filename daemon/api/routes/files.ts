@@ -23,7 +23,8 @@ import { z } from 'zod';
 import { parseWith } from '../parse.js';
 import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
 import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
-import { AgentFileError, type AgentClient } from '../../agent/client.js';
+import { AgentFileError } from '../../agent/client.js';
+import type { AgentFiles } from '../../drivers/types.js';
 import { route } from './table.js';
 import { readonlyAdvice, type ReadonlyAdvice } from '../../security/filesystem.js';
 import type { Logger } from 'pino';
@@ -196,7 +197,7 @@ async function upload<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
 /** What the file routes use. */
 export interface FileRouteDeps {
   /** The agent of a running sandbox. */
-  exec: Pick<ExecService, 'agent'>;
+  exec: Pick<ExecService, 'files'>;
   /** The sandbox (its image's default user) and its filesystem options (the read-only path hint). */
   lifecycle: Pick<SandboxLifecycle, 'get' | 'filesystemOf'>;
   /** What transfers hold in dsecd's buffers. */
@@ -228,7 +229,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: FileRouteDeps): v
     throw readonlyPathError(e, id, fs);
   });
 
-  const agent = (req: R): Promise<AgentClient> => deps.exec.agent(req.params.id);
+  const agent = (req: R): Promise<AgentFiles> => deps.exec.files(req.params.id);
   const userOf = (req: R, u?: string) => u ?? deps.lifecycle.get(req.params.id).imageConfig.user ?? '0';
 
   app.get(getRoute.url, async (req, reply) => {

@@ -29,13 +29,13 @@ import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
 import type { LayerMounts } from '../../image/mounts.js';
 import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
-import type { AgentClient, AgentExecHandle } from '../../agent/client.js';
+import type { AgentExecHandle } from '../../agent/client.js';
 import { AgentConnections, refuseBadCwdOrUser } from '../agent-connections.js';
 import { DsecError, failedPrecondition, internal } from '../../errors.js';
 import type { StepObserver } from '../../model/steps.js';
 import { effectiveLayers } from '../../model/image.js';
 import type { Backend } from '../../model/backend.js';
-import type { BackendCapabilities, LiveUpdate, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
+import type { AgentFiles, BackendCapabilities, LiveUpdate, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
 import { buildSpec } from './spec.js';
 import { CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
 import { hostHasSwap } from '../../host/proc.js';
@@ -540,7 +540,7 @@ export class ContainerDriver implements SandboxDriver {
     return this.d.cgroups.oomKills(sb.id).catch(() => null);
   }
 
-  async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+  async files(sb: SandboxRecord): Promise<AgentFiles> {
     return this.agents.client(sb.id);
   }
 

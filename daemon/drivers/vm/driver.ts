@@ -26,11 +26,11 @@ import path from 'node:path';
 import type { VmDiskConfig } from '../../config.js';
 import type { Builder } from '../../host/builder.js';
 import { failedPrecondition, invalidArgument, notFound } from '../../errors.js';
-import type { AgentClient, AgentExecHandle } from '../../agent/client.js';
+import type { AgentExecHandle } from '../../agent/client.js';
 import type { StepObserver } from '../../model/steps.js';
 import type { Backend } from '../../model/backend.js';
 import type {
-  BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
+  AgentFiles, BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
 } from '../types.js';
 import { VmmDriver, type BootContext, type VmmDriverDeps } from '../vmm/driver.js';
 import type { Platform } from '../vmm/platform.js';
@@ -246,9 +246,9 @@ export class VmDriver extends VmmDriver {
     return super.startExec(sb, req, handlers);
   }
 
-  override async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+  override async files(sb: SandboxRecord): Promise<AgentFiles> {
     this.needAgent(sb, 'file operations and other agent requests');
-    return super.agentClient(sb);
+    return super.files(sb);
   }
 
   /**

@@ -36,7 +36,7 @@ import { AgentConnections, refuseBadCwdOrUser } from '../agent-connections.js';
 import { BATCH_CPU_SHARES, CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
 import { shuttingDown } from '../shutdown.js';
 import type {
-  BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, LiveUpdate, OrphanReport,
+  AgentFiles, BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, LiveUpdate, OrphanReport,
   ReclaimReport, SandboxDriver, SandboxStats,
 } from '../types.js';
 import { prepareConfinement, vmmDefences } from './confinement.js';
@@ -461,7 +461,7 @@ export abstract class VmmDriver implements SandboxDriver {
     return { ...res, oom: false, oomKills: null };
   }
 
-  async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+  async files(sb: SandboxRecord): Promise<AgentFiles> {
     return this.agents.client(sb.id);
   }
 

@@ -7,7 +7,9 @@ import type { Metrics } from '../../metrics.js';
 
 /** Supplies the host info document (built by the daemon, which knows every subsystem). */
 export interface HostInfoProvider {
+  /** GET /v1/version: dsec's, the API's and the agent protocol's versions. */
   version(): z.infer<typeof VersionInfo>;
+  /** GET /v1/host: the host info document, read now (daemon/startup/host-info.ts). */
   hostInfo(): Promise<z.infer<typeof HostInfo>>;
 }
 

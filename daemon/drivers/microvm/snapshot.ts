@@ -72,8 +72,9 @@ export interface MachineSnapshotHost {
   dir(id: string): string;
   /** Host path of the sandbox's writable disk. */
   writableDisk(id: string): string;
-  /** The records of a running boot that travel with its machine (guest-confinement.json, guest-reclaim.json). */
+  /** The running boot's guest confinement record (guest-confinement.json): it travels with the machine. */
   confinementFile(id: string): string;
+  /** The running boot's guest reclaim record (guest-reclaim.json): it travels with the machine. */
   reclaimFile(id: string): string;
   /** Continues a stopped VM and sets its clock. */
   resume(sb: SandboxRecord): Promise<void>;

@@ -62,7 +62,7 @@ import type { SandboxLifecycle } from './sandbox/lifecycle.js';
 import { Metrics } from './metrics.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
 import { agentBinaryPath, checkCgroupParents, checkRootLength, claimSocket, prepareStateDirs, repoRoot, secureSocket, vmmLauncherPath } from './startup/host.js';
-import { hostInfo } from './startup/host-info.js';
+import { hostInfo } from './api/host-info.js';
 import { loadPolicies, reloadPolicies } from './startup/policies.js';
 import { buildServices, type Services } from './startup/services.js';
 

@@ -4,10 +4,15 @@
  * sandbox naming a changed policy re-applied.
  */
 import type { Logger } from 'pino';
-import type { PolicyReloadResult } from '../api/schema.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import type { PolicySet } from '../security/egress-policy.js';
 import type { SandboxLifecycle } from '../sandbox/lifecycle.js';
+
+/** What a reload did: the set's report, the sandboxes re-applied, and those whose policy's mode changed (whether each took it). */
+export type PolicyReloadReport = ReturnType<PolicySet['reload']> & {
+  reapplied: string[];
+  modes: { id: string; policy: string; mode: 'allow' | 'open'; policy_mode: 'allow' | 'open'; changed: boolean }[];
+};
 
 /** Loads the policies at start, logging files skipped, shipped policies shadowed and allow rules that never take effect. */
 export function loadPolicies(policies: PolicySet, log: Logger): void {
@@ -24,13 +29,13 @@ export function loadPolicies(policies: PolicySet, log: Logger): void {
  * only a stored network without a mode of its own takes the policy's new one.
  * @throws DsecError InvalidArgument (a malformed file: the previous set stays).
  */
-export async function reloadPolicies(d: { policies: PolicySet; repo: SandboxRepo; lifecycle: Pick<SandboxLifecycle, 'setNetwork'>; log: Logger }): Promise<PolicyReloadResult> {
+export async function reloadPolicies(d: { policies: PolicySet; repo: SandboxRepo; lifecycle: Pick<SandboxLifecycle, 'setNetwork'>; log: Logger }): Promise<PolicyReloadReport> {
   const { policies, repo, log } = d;
   const inUse = new Set(repo.all().map((s) => s.network?.policy).filter((p): p is string => !!p));
   const modeBefore = new Map([...inUse].map((n) => [n, policies.get(n)?.mode]));
   const r = policies.reload(inUse);
   const reapplied: string[] = [];
-  const modes: { id: string; policy: string; mode: 'allow' | 'open'; policy_mode: 'allow' | 'open'; changed: boolean }[] = [];
+  const modes: PolicyReloadReport['modes'] = [];
   for (const sb of repo.all()) {
     const name = sb.network?.policy;
     if (!name || !r.changed.includes(name)) continue;

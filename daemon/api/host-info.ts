@@ -1,11 +1,12 @@
 /**
  * The host info document (GET /v1/host, `dsec host info`): capacity, runtime, cgroups,
  * the uid pool, pools, optional features and every defence, each saying whether it is in
- * force on this host and why. Built from the live subsystems at each request.
+ * force on this host and why. Built from the live subsystems at each request, in the
+ * wire's shape (daemon/api/wire/host.ts).
  */
 import os from 'node:os';
 import type { z } from 'zod';
-import type { HostInfo } from '../api/schema.js';
+import type { HostInfo } from './schema.js';
 import type { DaemonConfig } from '../config.js';
 import type { CgroupManager } from '../host/cgroups/index.js';
 import type { CriuProbe } from '../host/criu.js';

@@ -1,6 +1,8 @@
 /**
- * The cgroup interface both hierarchies implement (./v1.ts, ./v2.ts): what dsecd reads
- * and writes of a sandbox's cgroups, and the shapes it reads and writes.
+ * The cgroup types every implementation shares: what a sandbox cgroup reports
+ * ({@link CgroupStats}), the limits dsecd sets on one it creates ({@link CgroupLimits}),
+ * and the {@link CgroupManager} interface. Kept apart from index.ts (which picks the
+ * implementation) so v1.ts and v2.ts import them without importing index.ts back.
  */
 import type { BlockDevice, IoCounters, IoSupport } from './io.js';
 import type { IoLimits } from '../../model/resources.js';
@@ -189,4 +191,3 @@ export interface CgroupManager {
    */
   memcgPath(id: string): string | null;
 }
-

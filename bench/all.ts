@@ -43,7 +43,7 @@ import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
 import { prepareBusyboxTree } from '../daemon/image/builtin.js';
-import { repoRoot } from '../daemon/main.js';
+import { repoRoot } from '../daemon/startup/host.js';
 import { spawnNative } from '../daemon/host/spawn.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { runIoNeighbour } from './io-neighbour.js';

@@ -12,12 +12,14 @@ import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
-import { IoMaxSchema, MIN_DISK_BYTES } from './api/schema.js';
-import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './host/cgroups/io.js';
-import { MIN_STORE_BYTES, type StorageConfig } from './storage/layout.js';
+import { MIN_DISK_BYTES } from './model/resources.js';
+import { IoMaxSchema } from './host/cgroups/io.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/writable-layers.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
-import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
+import { FilesystemOptionsSchema } from './security/filesystem.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
+import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './model/resources.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from './model/filesystem.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';

@@ -129,11 +129,11 @@ export interface components {
             pids?: number;
             /** @description Labels, e.g. {job: "a", round: "3"}; at most 64. */
             labels?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["labelValue"];
             };
             /** @description Environment for every exec, merged over the image env; at most 128 KiB in all. */
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             /** @description Seconds after creation when the sandbox is destroyed. */
             ttl_s?: number;
@@ -242,7 +242,7 @@ export interface components {
             argv: string[];
             /** @description Extra environment, merged over the sandbox env; at most 128 KiB. */
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             /**
              * Format: starts_with
@@ -318,11 +318,11 @@ export interface components {
             count: number;
             /** @description Labels of the new sandbox(es); default the source's labels. */
             labels?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["labelValue"];
             };
             /** @description Merged over the source's sandbox env. */
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             cpus?: number;
             memory_bytes?: number;
@@ -725,11 +725,11 @@ export interface components {
         RestoreRequest: {
             /** @description Labels of the new sandbox(es); default the source's labels. */
             labels?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["labelValue"];
             };
             /** @description Merged over the source's sandbox env. */
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             cpus?: number;
             memory_bytes?: number;
@@ -782,7 +782,7 @@ export interface components {
             argv: string[];
             /** @description Extra environment, merged over the sandbox env; at most 128 KiB. */
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             /**
              * Format: starts_with
@@ -1024,7 +1024,7 @@ export interface components {
         StartExecRequest: {
             argv: string[];
             env?: {
-                [key: string]: string;
+                [key: string]: components["schemas"]["envValue"];
             };
             /** Format: starts_with */
             cwd?: string;
@@ -1172,6 +1172,10 @@ export interface components {
             agent_protocol: number;
             node: string;
         };
+        envKey: string;
+        envValue: string;
+        labelKey: string;
+        labelValue: string;
     };
     responses: never;
     parameters: never;

@@ -21,7 +21,7 @@ import * as execRoutes from './routes/execs.js';
 import * as consoleRoutes from './routes/console.js';
 import * as statsRoutes from './routes/stats.js';
 import * as fileRoutes from './routes/files.js';
-import * as jobRoutes from './routes/jobs.js';
+import * as roundRoutes from './routes/rounds.js';
 import * as snapshotRoutes from './routes/snapshots.js';
 import * as securityRoutes from './routes/security.js';
 import * as trajectoryRoutes from './routes/trajectories.js';
@@ -32,7 +32,7 @@ import { DSEC_VERSION } from '../version.js';
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
   wire, hostRoutes, sandboxRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
-  fileRoutes, jobRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes,
+  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes,
 ];
 
 /** Where a named component lives in the document. */

@@ -22,7 +22,7 @@ import { instanceNameFor } from '../../daemon/config.js';
 import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
-import { kernelRelease } from '../../daemon/drivers/microvm/kmod.js';
+import { kernelRelease } from '../../daemon/drivers/vmm/kmod.js';
 
 /** Repository root. */
 export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);

@@ -11,7 +11,7 @@
  */
 import type { z } from 'zod';
 import type * as W from '../../daemon/api/schema.js';
-import type * as J from '../../daemon/api/routes/jobs.js';
+import type * as J from '../../daemon/api/schema.js';
 import type * as F from '../../daemon/api/routes/files.js';
 import type { components } from '../../sdk/types.gen.js';
 type S = components['schemas'];

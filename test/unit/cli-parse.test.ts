@@ -14,7 +14,7 @@ import {
   parseSelector,
   parseSize,
 } from '../../cli/util/parse.js';
-import { parseSelector as daemonParseSelector } from '../../daemon/sandbox/repo.js';
+import { parseSelector as daemonParseSelector } from '../../daemon/model/selector.js';
 
 describe('parseSize', () => {
   it('takes plain bytes', () => {

@@ -11,8 +11,8 @@ import path from 'node:path';
 import { gzipSync } from 'node:zlib';
 import {
   S_IFCHR, S_IFDIR, S_IFLNK, S_IFREG, buildInitramfs, cpioNewc, initScript, isStaticElf, parseCpioNewc,
-} from '../../daemon/drivers/microvm/initramfs.js';
-import { builtinModules, indexModules, kernelRelease, moduleName, parseModinfo, parseSoftdepPre, resolveModules } from '../../daemon/drivers/microvm/kmod.js';
+} from '../../daemon/drivers/vmm/initramfs.js';
+import { builtinModules, indexModules, kernelRelease, moduleName, parseModinfo, parseSoftdepPre, resolveModules } from '../../daemon/drivers/vmm/kmod.js';
 import { guestCmdline, pmemLayout, qemuArgs } from '../../daemon/drivers/microvm/qemu.js';
 import { pmemFileBytes } from '../../daemon/drivers/microvm/driver.js';
 import { DsecError } from '../../daemon/errors.js';
@@ -319,7 +319,7 @@ describe('QEMU command line', () => {
 
 describe('PVH kernel extraction', () => {
   it('finds the payload of a bzImage, decompresses gzip, and keeps only kernels with a PVH note', async () => {
-    const { bzImagePayload, extractPvhKernel, hasPvhNote } = await import('../../daemon/drivers/microvm/kmod.js');
+    const { bzImagePayload, extractPvhKernel, hasPvhNote } = await import('../../daemon/drivers/vmm/kmod.js');
     // An ELF64 with one PT_NOTE segment holding a Xen note of type 18 (PHYS32_ENTRY).
     const elf = (type: number) => {
       const note = Buffer.alloc(12 + 4 + 4);

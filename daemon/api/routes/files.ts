@@ -20,13 +20,18 @@ import { PassThrough, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tarStream from 'tar-stream';
 import { z } from 'zod';
-import { parseWith } from '../server.js';
+import { parseWith } from '../parse.js';
 import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
 import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
-import { AgentFileError, type AgentClient } from '../../agent/client.js';
+import { AgentFileError } from '../../agent/client.js';
+import type { AgentFiles } from '../../drivers/types.js';
 import { route } from './table.js';
-import { readonlyAdvice, type ReadonlyAdvice, type ResolvedFilesystem } from '../../security/filesystem.js';
-import type { ApiDeps } from '../server.js';
+import { readonlyAdvice, type ReadonlyAdvice } from '../../security/filesystem.js';
+import type { Logger } from 'pino';
+import type { TransferMeter } from '../transfer.js';
+import type { ExecService } from '../../sandbox/exec.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { ResolvedFilesystem } from '../../model/filesystem.js';
 
 const user = z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User inside the sandbox (name or uid[:gid]); default the image user.');
 const absPath = z.string().startsWith('/').max(4096).describe('Absolute path inside the sandbox.');
@@ -218,8 +223,19 @@ async function upload<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
   }
 }
 
+/** What the file routes use. */
+export interface FileRouteDeps {
+  /** The agent of a running sandbox. */
+  exec: Pick<ExecService, 'files'>;
+  /** The sandbox (its image's default user) and its filesystem options (the read-only path hint). */
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'filesystemOf'>;
+  /** What transfers hold in dsecd's buffers. */
+  transfers: TransferMeter;
+  log: Logger;
+}
+
 /** Registers the file routes (in their own scope: request bodies are raw streams here). */
-export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerFileRoutes(app: FastifyInstance, deps: FileRouteDeps): void {
   type R = FastifyRequest<{ Params: { id: string } }>;
   // Bodies of PUT .../files and .../archive are streamed to the agent, never parsed; the
   // JSON body of POST .../files/mkdir is parsed here.
@@ -237,13 +253,13 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const id = (req.params as { id?: string }).id ?? '?';
     let fs: Pick<ResolvedFilesystem, 'readonly_paths' | 'writable_paths'> | null = null;
     try {
-      fs = deps.manager.filesystemOf(id);
+      fs = deps.lifecycle.filesystemOf(id);
     } catch { /* gone meanwhile: the generic advice */ }
     throw readonlyPathError(e, id, fs);
   });
 
-  const agent = (req: R): Promise<AgentClient> => deps.manager.agent(req.params.id);
-  const userOf = (req: R, u?: string) => u ?? deps.manager.get(req.params.id).imageConfig.user ?? '0';
+  const agent = (req: R): Promise<AgentFiles> => deps.exec.files(req.params.id);
+  const userOf = (req: R, u?: string) => u ?? deps.lifecycle.get(req.params.id).imageConfig.user ?? '0';
 
   app.get(getRoute.url, async (req, reply) => {
     const r = req as R;
@@ -255,7 +271,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     reply.hijack();
     const res = reply.raw;
     // Held here: the read stream, the response, and the agent frame being received.
-    const held = deps.metrics.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
+    const held = deps.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
     sample = held.sample;
     // No Content-Length: the size at open is not what the read gives when the sandbox
     // grows the file meanwhile (or for a /proc file, 0 in stat), and bytes past a declared
@@ -291,7 +307,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       // Held here: the request body, the pass-through, and of the agent connection's send
       // queue at most what the agent has not acknowledged yet.
       let unacked = 0;
-      const held = deps.metrics.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
+      const held = deps.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
       body.pipe(pass);
       body.on('data', held.sample); // after the pipe's own listener: the chunk is in the pass-through by now
       try {

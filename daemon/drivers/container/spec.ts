@@ -47,9 +47,11 @@
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
  * AppArmor (daemon/security/apparmor.ts). Elsewhere the spec never names one.
  */
+import { BATCH_CPU_SHARES, CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
 import path from 'node:path';
-import { buildSeccomp, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
+import { buildSeccomp, type OciSeccomp } from '../../security/seccomp.js';
 import type { FilesystemPlan } from '../../security/filesystem.js';
+import type { SeccompOverride } from '../../model/image.js';
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
 export const AGENT_PATH = '/dev/.dsec-agent';
@@ -76,16 +78,6 @@ export const WORKER_AGENT_CAPS = ['CAP_SYS_ADMIN'] as const;
 
 /** Agent flag of a worker: drop {@link WORKER_AGENT_CAPS} from the bounding set at start, serve isolated execs. */
 export const AGENT_FLAG_WORKER = '--worker';
-
-/** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
-export const CPU_PERIOD_US = 100_000;
-
-/**
- * cpu.shares of a batch sandbox: 2, the smallest value cgroup v1 accepts (the default is
- * 1024), so under contention a batch sandbox's cgroup gets ~1/512 of a latency sibling's
- * CPU time. On cgroup v2 runc maps shares to cpu.weight (2 → 1, the minimum).
- */
-export const BATCH_CPU_SHARES = 2;
 
 /** Agent flag that puts the agent and every process it forks in SCHED_IDLE (batch sandboxes). */
 export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
@@ -202,7 +194,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
     destination: b.path, type: 'bind', source: path.join(i.rootfs, b.path),
     options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
   }));
-  const cpu: Record<string, number> = { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US };
+  const cpu: Record<string, number> = { quota: cpuQuotaUs(i.cpus), period: CPU_PERIOD_US };
   if (batch) cpu.shares = BATCH_CPU_SHARES;
   const proc: Record<string, unknown> = {
     terminal: false,

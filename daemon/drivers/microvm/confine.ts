@@ -27,9 +27,11 @@ import { readFileSync } from 'node:fs';
 import type { AgentClient } from '../../agent/client.js';
 import { AgentFileError } from '../../agent/client.js';
 import { failedPrecondition, internal } from '../../errors.js';
-import { planFilesystem, type FilesystemPlan, type ResolvedFilesystem, type TreeView } from '../../security/filesystem.js';
-import { buildSeccomp, syscallNumbersX86_64, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
+import { planFilesystem, type FilesystemPlan, type TreeView } from '../../security/filesystem.js';
+import { buildSeccomp, syscallNumbersX86_64, type OciSeccomp } from '../../security/seccomp.js';
 import { DEFAULT_CAPS } from '../container/spec.js';
+import type { ResolvedFilesystem } from '../../model/filesystem.js';
+import type { SeccompOverride } from '../../model/image.js';
 
 /**
  * Capability numbers (include/uapi/linux/capability.h), for the names dsec uses.

@@ -4,7 +4,8 @@
  * and the {@link CgroupManager} interface. Kept apart from index.ts (which picks the
  * implementation) so v1.ts and v2.ts import them without importing index.ts back.
  */
-import type { BlockDevice, IoCounters, IoLimits, IoSupport } from './io.js';
+import type { BlockDevice, IoCounters, IoSupport } from './io.js';
+import type { IoLimits } from '../../model/resources.js';
 
 /**
  * A point-in-time snapshot of one sandbox cgroup. Byte and nanosecond counts come

@@ -27,8 +27,8 @@
  *
  * With a {@link Builder} (dsecd always has one unless `[builder] enabled = false`),
  * mkfs.erofs runs as the builder identity: over a read-only idmapped view of a source dir
- * ({@link ImageStore.addLayerFromDir}) or over a staging tree the builder made itself
- * ({@link ImageStore.addLayerFromJob}); root then checks the blob the builder wrote, makes
+ * ({@link LayerStore.addLayerFromDir}) or over a staging tree the builder made itself
+ * ({@link LayerStore.addLayerFromJob}); root then checks the blob the builder wrote, makes
  * it root's (0444) and renames it into blobs/. Without one, root runs mkfs.erofs itself.
  */
 import { randomBytes } from 'node:crypto';
@@ -43,7 +43,8 @@ import * as native from '../host/native.js';
 import type { Builder, BuilderJob } from '../host/builder.js';
 import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
-import { checkImageSecurity, type ImageSecurity } from './security.js';
+import { checkImageSecurity } from './security.js';
+import type { ImageSecurity } from '../model/image.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -176,8 +177,8 @@ export interface StoreOwner {
   instance: string;
 }
 
-/** Options for {@link ImageStore}. */
-export interface ImageStoreOptions {
+/** Options for {@link LayerStore}. */
+export interface LayerStoreOptions {
   /** The store directory; may be shared by many hosts. Created by init(). */
   root: string;
   /** This instance's private state dir (verification markers). Default `<root>/local`. */
@@ -201,7 +202,7 @@ export interface ImageStoreOptions {
   mkfsPath?: string;
 }
 
-/** What {@link ImageStore.prune} removed. */
+/** What {@link LayerStore.prune} removed. */
 export interface PruneReport {
   /** Layers removed (blob and metadata). */
   removed: LayerMeta[];
@@ -219,7 +220,7 @@ export interface PruneReport {
  */
 export const MAX_LAYERS = 48;
 
-/** Default prune grace period: 10 minutes (see {@link ImageStoreOptions.pruneGraceMs}). */
+/** Default prune grace period: 10 minutes (see {@link LayerStoreOptions.pruneGraceMs}). */
 export const PRUNE_GRACE_MS = 10 * 60 * 1000;
 /** Temp entries older than this (1 hour) belong to a crashed writer and are removed by prune. */
 const TMP_STALE_MS = 60 * 60 * 1000;
@@ -227,14 +228,14 @@ const TMP_STALE_MS = 60 * 60 * 1000;
 const HEX64 = /^[0-9a-f]{64}$/;
 
 /** See the module comment for the layout and crash-safety contract. */
-export class ImageStore {
+export class LayerStore {
   /** The store directory. */
   readonly root: string;
   /** This instance's private state dir. */
   readonly localDir: string;
   /** Identity for leases and temp names. */
   readonly owner: StoreOwner;
-  /** The builder identity, if this store builds as one (see {@link ImageStoreOptions.builder}). */
+  /** The builder identity, if this store builds as one (see {@link LayerStoreOptions.builder}). */
   readonly builder: Builder | undefined;
   private readonly mkfsPath: string | undefined;
   private readonly graceMs: number;
@@ -243,7 +244,7 @@ export class ImageStore {
   private leaseChain: Promise<void> = Promise.resolve();
 
   /** Does no I/O; call {@link init} before use. */
-  constructor(opts: ImageStoreOptions) {
+  constructor(opts: LayerStoreOptions) {
     this.root = opts.root;
     this.localDir = opts.localDir ?? join(opts.root, 'local');
     this.owner = opts.owner ?? { host: hostname(), instance: 'default' };

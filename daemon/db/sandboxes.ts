@@ -1,79 +1,15 @@
 /**
  * Typed access to the sandbox rows, uid ranges and events in the store. Every write
- * that changes a sandbox's state checks the state machine (daemon/sandbox/state.ts).
+ * that changes a sandbox's state checks the state machine (daemon/model/state.ts).
  */
-import type { SeccompOverride } from '../security/seccomp.js';
-import type { ImageSecurity } from '../image/security.js';
-import type { Db } from '../store/db.js';
+import type { Db } from './db.js';
 import type Database from 'better-sqlite3';
-import type { Backend, Event, FilesystemSpec, NetworkSpec, Sandbox, SandboxState } from '../api/schema.js';
-import { assertTransition } from './state.js';
-import { hasIoMax, type IoLimits } from '../host/cgroups/io.js';
+import type { Backend } from '../model/backend.js';
+import type { SandboxEvent, SandboxRecord, SandboxSpec } from '../model/sandbox.js';
+import type { NetworkSpec } from '../model/network.js';
+import type { IoLimits } from '../model/resources.js';
+import { assertTransition, type SandboxState } from '../model/state.js';
 import { failedPrecondition, notFound, resourceExhausted } from '../errors.js';
-
-/** Image config recorded at create, so a later image change never alters a sandbox. */
-export interface ImageConfig {
-  env: string[];
-  cwd: string;
-  user: string;
-  cmd: string[];
-  /** The image's security defaults (daemon/image/security.ts); its seccomp override applies to the sandbox. */
-  security?: ImageSecurity;
-}
-
-/** A sandbox row, decoded. Times in ms since the epoch; sizes in bytes; cpus in cores. */
-export interface SandboxRecord {
-  id: string;
-  backend: Backend;
-  image: string;
-  imageLayers: string[];
-  imageConfig: ImageConfig;
-  state: SandboxState;
-  /** Target of an in-flight transition, written before acting on it. */
-  desired: SandboxState | null;
-  /** True once create committed (the API acknowledged or was about to). */
-  acknowledged: boolean;
-  cpus: number;
-  memoryBytes: number;
-  pids: number;
-  labels: Record<string, string>;
-  env: Record<string, string>;
-  ttlS: number | null;
-  createdAt: number;
-  updatedAt: number;
-  initPid: number | null;
-  /** starttime field of /proc/PID/stat (clock ticks since boot) of init: tells a live init from a reused pid. */
-  initStart: number | null;
-  uidBase: number | null;
-  uidCount: number | null;
-  error: string | null;
-  /** Scheduling class: latency (default) or batch (SCHED_IDLE, minimal CPU shares). */
-  priority: 'latency' | 'batch';
-  /** Pause after this many seconds without an exec; null: never. */
-  idleTimeoutS: number | null;
-  /** Last exec start (ms), or null: none yet (creation counts). */
-  lastActiveAt: number | null;
-  /** Snapshot this sandbox was restored or forked from, or null. */
-  snapshotId: string | null;
-  /** Changes to the default seccomp profile for this sandbox (daemon/security/seccomp.ts), or null. */
-  seccomp: SeccompOverride | null;
-  /** Network mode and egress policy (docs/SECURITY.md "Networking"), or null: mode none. */
-  network: NetworkSpec | null;
-  /** Quota on the writable layer, bytes, or null: none. */
-  diskBytes: number | null;
-  /**
-   * Filesystem options as resolved at create (request > image > config; every field set:
-   * daemon/security/filesystem.ts), or null for a sandbox created before they existed
-   * (then resolved at each start from its recorded image config and dsecd's config).
-   */
-  filesystem: FilesystemSpec | null;
-  /**
-   * I/O weight and limits applied to its cgroup on the writable-layer store's device
-   * (daemon/host/cgroups/io.ts), fixed at create (a warm-pool claim sets them), or null:
-   * none (not a container sandbox, or created before I/O settings existed).
-   */
-  io: IoLimits | null;
-}
 
 /** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
 export interface Lease {
@@ -130,80 +66,8 @@ function decode(r: Row): SandboxRecord {
   };
 }
 
-/** The API's `io_max` of `io`: the limits it sets, or null when it sets none. */
-function ioMaxApi(io: IoLimits | null): Sandbox['io_max'] {
-  if (!io || !hasIoMax(io)) return null;
-  return {
-    ...(io.readBps !== null ? { read_bps: io.readBps } : {}), ...(io.writeBps !== null ? { write_bps: io.writeBps } : {}),
-    ...(io.readIops !== null ? { read_iops: io.readIops } : {}), ...(io.writeIops !== null ? { write_iops: io.writeIops } : {}),
-  };
-}
-
-/** The API view of a record. */
-export function toApi(s: SandboxRecord): Sandbox {
-  return {
-    id: s.id,
-    backend: s.backend,
-    image: s.image,
-    image_layers: s.imageLayers,
-    state: s.state,
-    cpus: s.cpus,
-    memory_bytes: s.memoryBytes,
-    pids: s.pids,
-    labels: s.labels,
-    env: s.env,
-    ttl_s: s.ttlS,
-    created_at: s.createdAt,
-    updated_at: s.updatedAt,
-    init_pid: s.state === 'running' || s.state === 'paused' ? s.initPid : null,
-    uid_base: s.uidBase,
-    uid_count: s.uidCount,
-    error: s.error,
-    priority: s.priority,
-    idle_timeout_s: s.idleTimeoutS,
-    last_active_at: s.lastActiveAt,
-    snapshot: s.snapshotId,
-    seccomp: s.seccomp,
-    network: s.network,
-    disk_bytes: s.diskBytes,
-    filesystem: s.filesystem,
-    io_weight: s.io?.weight ?? null,
-    io_max: ioMaxApi(s.io),
-  };
-}
-
-/**
- * Parses a label selector `k=v,k2=v2` (every pair must match; `k` alone means "has k";
- * `k!=v` means "k absent or different"). The same syntax is used by every API that
- * takes a selector.
- * @returns a predicate over label maps.
- * @throws Error with a message naming the bad term (the API turns it into InvalidArgument).
- */
-export function parseSelector(sel: string | undefined): (labels: Record<string, string>) => boolean {
-  if (!sel || !sel.trim()) return () => true;
-  // Each term remembers where it starts in the selector, so an error names the position.
-  let pos = 0;
-  const terms = sel.split(',').map((raw) => {
-    const at = pos + (raw.length - raw.trimStart().length);
-    pos += raw.length + 1;
-    return { t: raw.trim(), at };
-  }).filter((x) => x.t).map(({ t, at }) => {
-    const ne = t.indexOf('!=');
-    if (ne > 0) return { k: t.slice(0, ne), v: t.slice(ne + 2), op: 'ne' as const, at };
-    const eq = t.indexOf('=');
-    if (eq === 0) throw new Error(`bad selector term "${t}" at position ${at}: empty key`);
-    if (eq < 0) return { k: t, v: '', op: 'has' as const, at };
-    return { k: t.slice(0, eq), v: t.slice(eq + 1), op: 'eq' as const, at };
-  });
-  for (const t of terms) {
-    if (!/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/.test(t.k)) throw new Error(`bad selector key "${t.k}" at position ${t.at}`);
-  }
-  return (labels) =>
-    terms.every((t) => (t.op === 'has' ? t.k in labels : t.op === 'eq' ? labels[t.k] === t.v : labels[t.k] !== t.v));
-}
-
 /** Listeners for newly recorded events (the events API follows them). */
-export type EventListener = (e: Event) => void;
+export type EventListener = (e: SandboxEvent) => void;
 
 /** Store access for sandboxes. Synchronous (better-sqlite3); each method is one transaction. */
 export class SandboxRepo {
@@ -426,26 +290,25 @@ export class SandboxRepo {
   }
 
   /**
-   * Records the intent to create: inserts the row in state `creating` and allocates a
-   * uid range, in one transaction, before anything is done on the host.
+   * Records the intent to create sandbox `rec.id` of the resolved spec `rec`: inserts the
+   * row in state `creating` (desired running, not acknowledged) and allocates a uid range,
+   * in one transaction, before anything is done on the host.
+   * @param rec the spec, the new id and the creation time (ms since the epoch).
    * @throws DsecError ResourceExhausted when the uid pool has no free range.
    */
-  insertCreating(rec: Omit<SandboxRecord, 'state' | 'desired' | 'acknowledged' | 'initPid' | 'initStart' | 'uidBase' | 'uidCount' | 'error' | 'updatedAt' | 'lastActiveAt' | 'snapshotId' | 'seccomp' | 'network' | 'diskBytes' | 'filesystem' | 'io'>
-    & { snapshotId?: string | null; seccomp?: SeccompOverride | null; network?: NetworkSpec | null; diskBytes?: number | null; filesystem?: FilesystemSpec | null; io?: IoLimits | null }): SandboxRecord {
+  insertCreating(rec: SandboxSpec & { id: string; createdAt: number }): SandboxRecord {
     const base = this.pickBase();
     const now = rec.createdAt;
     this.db.transaction(() => {
-      this.db
-        .prepare(
-          `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-             labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem, io)
-           VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
-        )
-        .run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
-          rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
-          rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null,
-          rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null,
-          rec.io ? JSON.stringify(rec.io) : null);
+      this.stmt(
+        `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
+           labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem, io)
+         VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+      ).run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
+        rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
+        rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null,
+        rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null,
+        rec.io ? JSON.stringify(rec.io) : null);
       this.stmt('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);
@@ -518,8 +381,8 @@ export class SandboxRepo {
   }
 
   /** Appends an event and notifies listeners. */
-  event(type: string, sandbox: SandboxRecord | null, message?: string): Event {
-    const e: Event = {
+  event(type: string, sandbox: SandboxRecord | null, message?: string): SandboxEvent {
+    const e: SandboxEvent = {
       time: Date.now(),
       type,
       sandbox_id: sandbox?.id ?? null,
@@ -534,7 +397,7 @@ export class SandboxRepo {
   }
 
   /** Events at or after `since` (ms), oldest first, at most `limit`. */
-  events(since = 0, limit = 10_000): Event[] {
+  events(since = 0, limit = 10_000): SandboxEvent[] {
     const rows = this.db
       .prepare('SELECT time, type, sandbox_id, state, labels, message FROM events WHERE time >= ? ORDER BY seq LIMIT ?')
       .all(since, limit) as { time: number; type: string; sandbox_id: string | null; state: string | null; labels: string | null; message: string | null }[];

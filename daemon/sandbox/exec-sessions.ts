@@ -183,7 +183,7 @@ export class ExecSession {
   pid: number | null = null;
   outcome: AgentExecOutcome | null = null;
   error: string | null = null;
-  /** OOM kills in the sandbox while the command ran; set (by the manager) before it is marked ended. */
+  /** OOM kills in the sandbox while the command ran; set (by the exec service, daemon/sandbox/exec.ts) before it is marked ended. */
   oomKills: number | null = null;
   readonly spools: Record<StreamName, Spool | PacedBuffer>;
   /** Whether the command's output is paused because a paced stream holds too much. */
@@ -220,7 +220,7 @@ export class ExecSession {
     return this.finishedAt !== null;
   }
 
-  /** Called by the manager with each output chunk. */
+  /** Called by the exec service with each output chunk. */
   output(stream: StreamName, b: Buffer): void {
     this.spools[stream].append(b);
     this.pace();
@@ -249,7 +249,7 @@ export class ExecSession {
     return { stdout: (this.spools.stdout as PacedBuffer).held, stderr: (this.spools.stderr as PacedBuffer).held };
   }
 
-  /** Called by the manager once the command ended. */
+  /** Called by the exec service once the command ended. */
   finish(outcome: AgentExecOutcome | null, error: string | null): void {
     if (this.ended) return;
     this.outcome = outcome;

@@ -24,11 +24,6 @@ const COMPOSITION_ROOTS = ['^daemon/main[.]ts$'];
 
 /** Today's known violations: [rule, from, to, issue item]. */
 const KNOWN = [
-  ['sdk-not-to-daemon-or-cli', '^sdk/client[.]ts$', '^daemon/api/schema[.]ts$', 'issue 18 item 7: the SDK takes its types from a module meant for clients'],
-  ['sdk-not-to-daemon-or-cli', '^sdk/client[.]ts$', '^daemon/api/routes/jobs[.]ts$', 'issue 18 item 7'],
-  ['sdk-not-to-daemon-or-cli', '^sdk/client[.]ts$', '^daemon/errors[.]ts$', 'issue 18 item 7 (ErrorKind)'],
-  ['sdk-not-to-daemon-or-cli', '^sdk/attach[.]ts$', '^daemon/errors[.]ts$', 'issue 18 item 7 (ErrorKind)'],
-  ['cli-not-to-daemon', '^cli/util/extract[.]ts$', '^daemon/host/native[.]ts$', 'issue 18 item 9: the native addon loader (openat2 RESOLVE_BENEATH) needs a home both may import'],
 ];
 
 /** @type {import('dependency-cruiser').IConfiguration} */

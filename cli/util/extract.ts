@@ -46,7 +46,7 @@ import { linkSync, lstatSync, mkdirSync, readlinkSync, realpathSync, symlinkSync
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { Unpack, type ReadEntry } from 'tar';
-import { addonModule, nativeAvailable } from '../../daemon/host/native.js';
+import { cliAddon } from './native.js';
 
 /** Most symlinks one lookup follows before the kernel gives up (ELOOP): MAXSYMLINKS, include/linux/namei.h. */
 export const MAX_SYMLINK_FOLLOWS = 40;
@@ -184,8 +184,7 @@ let kernel: BeneathCheck | null | undefined;
 export function kernelBeneathCheck(): BeneathCheck | null {
   if (kernel !== undefined) return kernel;
   kernel = null;
-  if (process.platform !== 'linux' || !nativeAvailable()) return kernel;
-  const f = addonModule().resolveBeneath;
+  const f = cliAddon()?.resolveBeneath;
   if (typeof f !== 'function') return kernel;
   const check = f as BeneathCheck;
   if (check('/', '.') === 'ENOSYS') return kernel;

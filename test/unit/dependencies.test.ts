@@ -57,8 +57,6 @@ describe('import rules (dependency-cruiser)', () => {
         'error model-is-the-bottom: daemon/model/leak.ts → daemon/drivers/driver.ts',
         'error sdk-not-to-daemon-or-cli: sdk/client.ts → daemon/config.ts',
         'error cli-not-to-daemon: cli/leak.ts → daemon/model/spec.ts',
-        'warn sdk-not-to-daemon-or-cli: sdk/client.ts → daemon/errors.ts',
-        'warn cli-not-to-daemon: cli/util/extract.ts → daemon/host/native.ts',
       ].sort(),
     );
   });

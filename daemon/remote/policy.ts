@@ -3,15 +3,18 @@
  * grants some kinds. Decided from the route table (method and fastify-style URL), so a
  * route added later is classified by the same rules without a list to update: a GET is
  * `read`, anything else `write`, unless it is named in {@link ADMIN_ROUTES} (host-wide
- * operations) or is the metrics route.
+ * operations), {@link ANY_ROUTES}, or is the metrics route.
  *
  * A WebSocket route (an exec attach, a console) is a GET that writes (stdin, keys): it
  * needs `write`.
  */
 import type { TokenRole } from './tokens.js';
 
-/** What a route needs: `read` (no change), `write` (changes the caller's objects), `admin` (host-wide), `metrics` (GET /metrics). */
-export type Access = 'read' | 'write' | 'admin' | 'metrics';
+/** What a route needs: `any` (every role: who am I, which version), `read` (no change), `write` (changes the caller's objects), `admin` (host-wide), `metrics` (GET /metrics). */
+export type Access = 'any' | 'read' | 'write' | 'admin' | 'metrics';
+
+/** Routes every role may call: they tell the caller about itself and the daemon's version. */
+export const ANY_ROUTES: ReadonlySet<string> = new Set(['GET /v1/whoami', 'GET /v1/version']);
 
 /**
  * Routes only an admin may call, as `METHOD url` (fastify-style). Each changes or reveals
@@ -48,6 +51,7 @@ export const METRICS_ROUTE = 'GET /metrics';
 export function accessOf(method: string, url: string | undefined, upgrade: boolean): Access {
   const key = `${method} ${url ?? ''}`;
   if (key === METRICS_ROUTE) return 'metrics';
+  if (ANY_ROUTES.has(key)) return 'any';
   if (url !== undefined && ADMIN_ROUTES.has(key)) return 'admin';
   if ((method === 'GET' || method === 'HEAD') && !upgrade) return 'read';
   return 'write';
@@ -55,10 +59,10 @@ export function accessOf(method: string, url: string | undefined, upgrade: boole
 
 /** Which kinds of access each role has. */
 const GRANTS: Record<TokenRole, ReadonlySet<Access>> = {
-  admin: new Set(['read', 'write', 'admin', 'metrics']),
-  user: new Set(['read', 'write', 'metrics']),
-  reader: new Set(['read', 'metrics']),
-  metrics: new Set(['metrics']),
+  admin: new Set(['any', 'read', 'write', 'admin', 'metrics']),
+  user: new Set(['any', 'read', 'write', 'metrics']),
+  reader: new Set(['any', 'read', 'metrics']),
+  metrics: new Set(['any', 'metrics']),
 };
 
 /** Whether `role` may make a request that needs `access`. */

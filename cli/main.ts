@@ -74,6 +74,7 @@ import * as trajRm from './commands/traj/rm.js';
 import * as trajShow from './commands/traj/show.js';
 import * as ttl from './commands/ttl.js';
 import * as version from './commands/version.js';
+import { clientVersion } from './util/version.js';
 import { Ctx } from './util/context.js';
 import { EXIT, UserError, reportError, writeJsonError } from './util/errors.js';
 import { exitQuietlyOnEpipe, processIO, type CliIO } from './util/io.js';
@@ -97,6 +98,7 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
     .description('control dsec sandboxes through dsecd')
     .option('--socket <path>', 'dsecd socket (default $DSEC_SOCKET, else /run/dsec/dsecd.sock)')
     .option('--json', 'machine-readable JSON output')
+    .version(clientVersion(), '-V, --version', 'print the client\'s version (`dsec version` asks dsecd for its own too)')
     .exitOverride()
     .showSuggestionAfterError(true);
 

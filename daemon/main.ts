@@ -54,7 +54,7 @@ import { overlayLayerNaming } from './image/rootfs.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
-import { UpperStore } from './storage/store.js';
+import { WritableLayerStore as UpperStore } from './storage/writable-layers.js';
 import { AuditLog } from './remote/audit.js';
 import { unixDoor } from './remote/door.js';
 import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
@@ -574,7 +574,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     let remote: RemoteDoor | null = null;
     if (config.remote.listen) {
       try {
-        remote = await startRemoteDoor(config.remote, config.root, apiDeps, audit, log);
+        remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log);
       } catch (e) {
         await sfApp?.close();
         await app.close();

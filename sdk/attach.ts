@@ -22,7 +22,7 @@ import { EventEmitter } from 'node:events';
 import type http from 'node:http';
 import { createRequire } from 'node:module';
 import type WebSocketType from 'ws';
-import type { ErrorKind } from '../daemon/errors.js';
+import type { ErrorKind } from './types.js';
 
 type WebSocket = WebSocketType;
 
@@ -41,7 +41,7 @@ const CONNECTING = 0;
 const OPEN = 1;
 const CLOSED = 3;
 
-/** How an exec session looks on the wire (ExecInfo of daemon/api/schema.ts), as far as this module needs it. */
+/** How an exec session looks on the wire (ExecInfo, sdk/types.ts), as far as this module needs it. */
 export interface AttachExecInfo {
   exec_id: string;
   exit_code: number | null;

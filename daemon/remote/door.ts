@@ -24,7 +24,7 @@ import type { Logger } from 'pino';
 import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
-import { peerIdentity, type CertRole, type PeerIdentity } from './pki.js';
+import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
 import { CREATE_ROUTES, accessOf, allows } from './policy.js';
 import { SYSTEM_TENANT, type TokenRole, type TokenService } from './tokens.js';
 

@@ -217,6 +217,11 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
 
 /** The hint of an `Unavailable` error; see {@link hintFor}. */
 function unavailableHint(verb: string, d: ErrorDetail, imageOrLayer: boolean): string {
+  if (!d.status && /\bdsecd at https:\/\//.test(d.message ?? '')) {
+    // The TCP door (--host, DSEC_HOST, a context): no local dsecd to start.
+    if (/^TLS:/.test(d.message ?? '')) return "the message says what TLS refused; `dsec context ls` shows the CA a context trusts";
+    return "check the address (--host, $DSEC_HOST, `dsec context ls`) and that dsecd there runs with --listen";
+  }
   if (!d.status) {
     // dsecd never answered: the connection failed, or broke before an answer.
     switch (d.errno) {

@@ -88,6 +88,23 @@ describe.skipIf(!IS_ROOT)('the CLI over the TCP door', () => {
     expect(await exited).toBe(7);
   });
 
+  it('top shows the sandbox over TLS and quits on q; attach joins a detached session', async () => {
+    const p = pty.spawn(process.execPath, [path.join(REPO, 'bin/dsec'), 'top'], { name: 'xterm', cols: 160, rows: 30, cwd: REPO, env });
+    let screen = '';
+    p.onData((s) => (screen += s));
+    const exited = new Promise<number>((r) => p.onExit((e) => r(e.exitCode)));
+    while (!screen.includes(id.slice(0, 12))) await new Promise((r) => setTimeout(r, 100));
+    p.write('q');
+    expect(await exited).toBe(0);
+
+    const started = await dsec(['exec', '-d', '-i', id, '--', 'sh', '-c', 'read line; echo "got $line"']);
+    expect(started.code).toBe(0);
+    const execId = started.stdout.trim();
+    const a = await dsec(['attach', id, execId], {}, 'over the door\n');
+    expect(a.stdout).toContain('got over the door');
+    expect(a.code).toBe(0);
+  });
+
   it('context add/use makes a saved endpoint the default', async () => {
     const noEnv = { DSEC_HOST: '', DSEC_TOKEN: '', DSEC_CA: '', DSEC_SOCKET: '' };
     expect((await dsec(['context', 'add', 'lab', '--host', d.remoteUrl, '--token', env.DSEC_TOKEN, '--ca', d.caFile, '--use'], noEnv)).code).toBe(0);

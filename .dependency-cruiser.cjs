@@ -32,8 +32,8 @@ module.exports = {
     {
       name: 'no-circular',
       severity: 'error',
-      comment: 'No import cycles in daemon/, sdk/, cli/ or gateway/ (issue 18 item 5), type-only imports included.',
-      from: { path: '^(daemon|sdk|cli|gateway)/' },
+      comment: 'No import cycles in daemon/, sdk/, cli/, gateway/ or pki/ (issue 18 item 5), type-only imports included.',
+      from: { path: '^(daemon|sdk|cli|gateway|pki)/' },
       to: { circular: true },
     },
     {
@@ -59,6 +59,13 @@ module.exports = {
       { path: '^sdk/' },
       { path: '^(daemon|cli)/' },
     ),
+    {
+      name: 'pki-is-a-library',
+      severity: 'error',
+      comment: 'pki/ (X.509 for the TCP door, the fleet and `dsec fleet`) is used by daemon/, cli/ and gateway/ and imports none of them, nor sdk/.',
+      from: { path: '^pki/' },
+      to: { path: '^(daemon|sdk|cli|gateway)/' },
+    },
     ...knownSplit(
       'cli-not-to-daemon',
       'cli/ talks to dsecd through sdk/ and imports nothing of daemon/ (issue 18 item 9).',

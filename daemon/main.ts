@@ -1,7 +1,7 @@
 /**
  * dsecd: the per-host sandbox daemon, in the foreground.
  *
- *   dsecd [--root DIR] [--socket PATH] [--config FILE]
+ *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--listen ADDR:PORT [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]]
  *
  * {@link startDaemon} runs named start phases, in order: the seccomp profile and the
  * state directories, then {@link openHost} (instance registration, the sandbox-files
@@ -10,7 +10,8 @@
  * touched), {@link startDrivers} (layer mounts, networking, the seccomp monitor, one
  * driver per tier), the lifecycle services (daemon/startup/services.ts),
  * {@link reconcileHost} (adopt live sandboxes, undo half-done work, remove orphans),
- * {@link startPools} (fncall workers, warm pools) and {@link serveApi}. SIGTERM/SIGINT
+ * {@link startPools} (fncall workers, warm pools) and {@link serveApi} (the API socket,
+ * then the TCP door when `--listen` is set). SIGTERM/SIGINT
  * close the API and exit; sandboxes keep running (systemd's KillMode=process) and are
  * adopted by the next start.
  */
@@ -65,6 +66,10 @@ import { agentBinaryPath, checkCgroupParents, checkRootLength, claimSocket, prep
 import { hostInfo } from './api/host-info.js';
 import { loadPolicies, reloadPolicies } from './startup/policies.js';
 import { buildServices, type Services } from './startup/services.js';
+import { AuditLog } from './remote/audit.js';
+import { unixDoor } from './remote/door.js';
+import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
+import { SqliteTokenStore, TokenService } from './remote/tokens.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -78,6 +83,10 @@ export interface Daemon {
   reloadNetworkPolicies?(): Promise<void>;
   /** Reloads the seccomp profile file (SIGHUP); logs and keeps the profile in force on a malformed file. */
   reloadSeccompProfile?(): void;
+  /** Reopens the audit log file (SIGHUP, after logrotate moved it). */
+  reopenAudit?(): void;
+  /** The TCP door when `--listen` is set: its address and the CA file clients trust. */
+  remote?: { address: { host: string; port: number }; caFile: string | null };
 }
 
 /** Options of {@link startDaemon}. */
@@ -429,8 +438,10 @@ async function serveApi(r: Running): Promise<Daemon> {
   await reaper.sweep();
   reaper.start();
   const reload = () => reloadPolicies({ policies: d.policies, repo, lifecycle: svc.lifecycle, log });
+  const tokens = new TokenService(new SqliteTokenStore(st.db));
   const apiDeps: ApiDeps = {
     ...svc,
+    tokens,
     repo,
     images: st.images,
     log,
@@ -458,7 +469,8 @@ async function serveApi(r: Running): Promise<Daemon> {
       }),
     },
   };
-  const app = buildApi(apiDeps);
+  const audit = new AuditLog(config.audit.path);
+  const app = buildApi(apiDeps, unixDoor(audit));
   await app.listen({ path: config.socket });
   secureSocket(config.socket, log);
   // Fills start once the API answers: shells are background work, never part of start.
@@ -470,10 +482,24 @@ async function serveApi(r: Running): Promise<Daemon> {
     await sfApp.listen({ host, port });
     log.info({ address: config.sandboxfusion.address }, 'serving SandboxFusion run_code over TCP');
   }
+  let remote: RemoteDoor | null = null;
+  if (config.remote.listen) {
+    try {
+      remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log);
+    } catch (e) {
+      await sfApp?.close();
+      await app.close();
+      throw e;
+    }
+  }
   log.info({ socket: config.socket, root: config.root, runtime: h.runtimeInfo.name, cgroup: h.cgroups.version, failpoint: r.fp.armed }, 'dsecd ready');
   return {
     config,
     log,
+    remote: remote ? { address: remote.address, caFile: remote.caFile } : undefined,
+    reopenAudit() {
+      audit.reopen();
+    },
     reloadSeccompProfile() {
       try {
         const info = apiDeps.security.reloadSeccomp();
@@ -495,10 +521,15 @@ async function serveApi(r: Running): Promise<Daemon> {
       metricsServer?.close();
       // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
       await sfApp?.close();
-      const drained = app.close();
-      const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
+      const drained = Promise.all([app.close(), remote?.app.close()]);
+      const t = setTimeout(() => {
+        app.server.closeAllConnections();
+        (remote?.app.server as { closeAllConnections?(): void } | undefined)?.closeAllConnections?.();
+      }, SHUTDOWN_DRAIN_MS);
       await drained;
       clearTimeout(t);
+      tokens.close();
+      audit.close();
       await fncall.close();
       await warm.close();
       await d.container.close();
@@ -520,6 +551,11 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
+    .option('--listen <addr:port>', 'also serve the API over HTTPS (TLS 1.3, tokens) on this address, e.g. 0.0.0.0:8443 ([remote] listen)')
+    .option('--tls-cert <file>', 'server certificate chain, PEM (default: dsecd makes its own CA and certificate under <root>/tls)')
+    .option('--tls-key <file>', 'private key of --tls-cert, PEM')
+    .option('--tls-ca <file>', 'require client certificates signed by this CA, PEM (mutual TLS; a fleet CA of `dsec fleet ca`)')
+    .option('--tls-peer-roles <roles>', 'roles a client certificate may name with --tls-ca, comma-separated (default client,gateway)')
     .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
@@ -529,10 +565,10 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean }>();
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string }>();
   let config: DaemonConfig;
   try {
-    config = loadConfig(opts);
+    config = loadConfig({ ...opts, peerRoles: opts.tlsPeerRoles });
   } catch (e) {
     process.stderr.write(`dsecd: ${(e as Error).message}\n`);
     return 2;
@@ -567,6 +603,7 @@ export async function main(argv: string[]): Promise<number> {
     process.on('SIGHUP', () => {
       daemon.reloadSeccompProfile?.();
       void daemon.reloadNetworkPolicies?.();
+      daemon.reopenAudit?.();
     });
   });
   await daemon.close();

@@ -126,11 +126,12 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
   private rejectDone!: (e: Error) => void;
 
   /**
-   * @param url `ws+unix://SOCKET:/v1/...` of the attach endpoint
+   * @param url `ws+unix://SOCKET:/v1/...` or `wss://HOST:PORT/v1/...` of the attach endpoint
    * @param errors error constructors of the client
    * @param signal aborting it closes the attachment
+   * @param wsOptions extra options of the `ws` client (TLS trust and the token of the TCP door, sdk/remote.ts)
    */
-  constructor(url: string, errors: AttachErrorFactory, signal?: AbortSignal) {
+  constructor(url: string, errors: AttachErrorFactory, signal?: AbortSignal, wsOptions: Record<string, unknown> = {}) {
     super();
     this.errors = errors;
     this.opened = new Promise((res, rej) => {
@@ -146,7 +147,7 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
     this.done.catch(() => {});
     // No compression: output is often already dense (or huge), and the socket is local.
     const WebSocketClass = webSocketClass();
-    this.ws = new WebSocketClass(url, { perMessageDeflate: false });
+    this.ws = new WebSocketClass(url, { ...wsOptions, perMessageDeflate: false });
     this.ws.on('open', () => this.onOpen());
     this.ws.on('message', (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
     this.ws.on('unexpected-response', (req: http.ClientRequest, res: http.IncomingMessage) => this.onRefused(req, res));

@@ -8,6 +8,8 @@ import type { ErrorKind } from './types.js';
 /** Error kind for each HTTP status, used when a response body carries no recognisable code. */
 const KIND_BY_STATUS: Record<number, ErrorKind> = {
   400: 'InvalidArgument',
+  401: 'Unauthenticated',
+  403: 'PermissionDenied',
   404: 'NotFound',
   409: 'Conflict',
   412: 'FailedPrecondition',
@@ -25,6 +27,8 @@ const KIND_BY_STATUS: Record<number, ErrorKind> = {
  */
 const KNOWN_KINDS: Record<ErrorKind, true> = {
   InvalidArgument: true,
+  Unauthenticated: true,
+  PermissionDenied: true,
   NotFound: true,
   AlreadyExists: true,
   Conflict: true,

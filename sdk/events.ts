@@ -61,7 +61,7 @@ export function withEventCalls<B extends TransportClass>(Base: B) {
       } catch (e) {
         if (signal?.aborted) return;
         if (e instanceof DsecApiError) throw e;
-        throw new DsecApiError('Unavailable', `event stream from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+        throw new DsecApiError('Unavailable', `event stream from ${this.where} broke: ${errMessage(e)}`, 0, { cause: e });
       } finally {
         res.destroy();
       }
@@ -89,7 +89,7 @@ export function withEventCalls<B extends TransportClass>(Base: B) {
       } catch (e) {
         if (signal?.aborted) return;
         if (e instanceof DsecApiError) throw e;
-        throw new DsecApiError('Unavailable', `log stream from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+        throw new DsecApiError('Unavailable', `log stream from ${this.where} broke: ${errMessage(e)}`, 0, { cause: e });
       } finally {
         res.destroy();
       }

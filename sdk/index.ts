@@ -91,4 +91,8 @@ export type {
   WriteFileOptions,
   WriteFileResult,
   WriteStdinOptions,
+  TokenInfo,
+  CreatedToken,
+  CreateTokenInput,
+  Whoami,
 } from './client.js';

@@ -51,7 +51,7 @@ export function withTrajectoryCalls<B extends TransportClass>(Base: B) {
       } catch (e) {
         if (signal?.aborted) return;
         if (e instanceof DsecApiError) throw e;
-        throw new DsecApiError('Unavailable', `export of trajectory ${id} from dsecd at ${this.socketPath} broke: ${errMessage(e)}`, 0, { cause: e });
+        throw new DsecApiError('Unavailable', `export of trajectory ${id} from ${this.where} broke: ${errMessage(e)}`, 0, { cause: e });
       } finally {
         res.destroy();
       }

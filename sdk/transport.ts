@@ -1,5 +1,6 @@
 /**
- * The transport under every call: HTTP/1.1 over dsecd's Unix socket with a keep-alive
+ * The transport under every call: HTTP/1.1 over dsecd's Unix socket, or HTTPS to its TCP
+ * door (sdk/remote.ts: `remote` option, or DSEC_HOST/DSEC_TOKEN/DSEC_CA), with a keep-alive
  * connection pool, JSON bodies with no runtime schema validation on this side, streamed
  * uploads and downloads with backpressure, NDJSON long operations, and the WebSocket of
  * attachments (sdk/attach.ts). The resource modules (sdk/sandboxes.ts, sdk/exec.ts, ...)
@@ -14,6 +15,7 @@ import { Readable, pipeline } from 'node:stream';
 import { ExecAttachment } from './attach.js';
 import { DsecApiError, errMessage, errorFromResponse, isErrorKind } from './errors.js';
 import { NDJSON_TYPE, clip, ndjsonLines } from './ndjson.js';
+import { Endpoint, remoteFromEnv, type RemoteOptions } from './remote.js';
 
 /** Socket path used when neither the `socketPath` option nor `DSEC_SOCKET` is set. */
 export const DEFAULT_SOCKET_PATH = '/run/dsec/dsecd.sock';
@@ -37,6 +39,12 @@ const IDEMPOTENT = new Set(['GET', 'HEAD', 'PUT', 'DELETE']);
 export interface DsecClientOptions {
   /** Path of dsecd's Unix socket; default `$DSEC_SOCKET`, else {@link DEFAULT_SOCKET_PATH}. */
   socketPath?: string;
+  /**
+   * dsecd's TCP door instead of the socket: `{url: 'https://HOST:PORT', token, ca, cert?, key?}`
+   * (sdk/remote.ts). Default: from `$DSEC_HOST`, `$DSEC_TOKEN` and `$DSEC_CA` when
+   * DSEC_HOST is set and no `socketPath` is given; else the socket.
+   */
+  remote?: RemoteOptions;
   /**
    * Deadline of one request in ms, from sending it to the end of the response body;
    * default {@link DEFAULT_TIMEOUT_MS}. `0` disables it. exec adds its own `timeoutMs`
@@ -70,19 +78,27 @@ export type TransportClass = new (...args: any[]) => Transport;
  * parallel over pooled connections).
  */
 export class Transport {
-  /** The socket this client talks to. */
+  /** The socket this client talks to (unused when it talks to the TCP door). */
   readonly socketPath: string;
   /** Per-request deadline in ms (0 = none); see {@link DsecClientOptions.timeoutMs}. */
   readonly timeoutMs: number;
+  /** Where requests go: the socket or the TCP door. */
+  protected readonly endpoint: Endpoint;
   private readonly agent: http.Agent;
 
-  /** @param opts socket path and deadline; all optional. */
+  /** @param opts socket path or TCP door, and deadline; all optional. */
   constructor(opts: DsecClientOptions = {}) {
     this.socketPath = opts.socketPath || process.env.DSEC_SOCKET || DEFAULT_SOCKET_PATH;
     this.timeoutMs = opts.timeoutMs ?? DEFAULT_TIMEOUT_MS;
+    this.endpoint = new Endpoint(this.socketPath, opts.remote ?? (opts.socketPath ? undefined : remoteFromEnv()));
     // keepAlive: reuse connections across calls (the hot-loop case). Free sockets are
     // unref'd by the agent, so they never keep the process alive.
-    this.agent = new http.Agent({ keepAlive: true });
+    this.agent = this.endpoint.newAgent();
+  }
+
+  /** `dsecd socket PATH` or `dsecd at https://HOST:PORT`, as messages name it. */
+  get where(): string {
+    return this.endpoint.where;
   }
 
   /**
@@ -124,7 +140,7 @@ export class Transport {
       // fails with EPIPE before that answer is read. Kept alive, it drains the rest.
       const headers: http.OutgoingHttpHeaders = { accept: 'application/json', 'content-type': contentType, connection: 'keep-alive' };
       if (!isStream) headers['content-length'] = body.byteLength;
-      const req = http.request({ socketPath: this.socketPath, path, method, headers, agent: false });
+      const req = this.endpoint.request({ path, method, headers, agent: false });
       let settled = false;
       let responded = false;
       let bodySent = false;
@@ -162,7 +178,7 @@ export class Transport {
               finish(new DsecApiError('Internal', `dsecd answered ${method} ${path} with a body that is not JSON (status ${status})`, status, { cause: e }));
             }
           },
-          (e) => finish(new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e })),
+          (e) => finish(new DsecApiError('Unavailable', `connection to ${this.where} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e })),
         );
       });
       req.on('error', (err: NodeJS.ErrnoException) => {
@@ -171,7 +187,7 @@ export class Transport {
         if (err.code === 'ENOENT' || err.code === 'ECONNREFUSED' || err.code === 'EACCES' || err.code === 'EPERM' || err.code === 'ENOTSOCK') {
           return finish(this.connectionError(err, method, path));
         }
-        finish(new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${err.message} (dsecd may have refused the upload part way)`, 0, { cause: err }));
+        finish(new DsecApiError('Unavailable', `connection to ${this.where} lost during ${method} ${path}: ${err.message} (dsecd may have refused the upload part way)`, 0, { cause: err }));
       });
       if (!isStream) {
         req.end(body);
@@ -208,7 +224,7 @@ export class Transport {
     } catch (e) {
       if (opts.signal?.aborted) throw opts.signal.reason ?? e;
       if (e instanceof DsecApiError) throw e;
-      throw new DsecApiError('Unavailable', `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e });
+      throw new DsecApiError('Unavailable', `connection to ${this.where} lost during ${method} ${path}: ${errMessage(e)}`, 0, { cause: e });
     }
     const status = res.statusCode ?? 0;
     if (status >= 400 || status < 200) throw errorFromResponse(status, text);
@@ -271,7 +287,7 @@ export class Transport {
       if (e instanceof DsecApiError) throw e;
       throw new DsecApiError(
         'Unavailable',
-        `connection to dsecd at ${this.socketPath} lost during ${method} ${path}: ${errMessage(e)}; the operation may still finish on dsecd`,
+        `connection to ${this.where} lost during ${method} ${path}: ${errMessage(e)}; the operation may still finish on dsecd`,
         0,
         { cause: e },
       );
@@ -315,7 +331,7 @@ export class Transport {
         headers['content-type'] = 'application/json';
         headers['content-length'] = payload.length;
       }
-      const req = http.request({ socketPath: this.socketPath, path, method, headers, agent: this.agent });
+      const req = this.endpoint.request({ path, method, headers, agent: this.agent });
       let settled = false;
       let timer: NodeJS.Timeout | undefined;
       const onAbort = () => req.destroy(signal!.reason instanceof Error ? signal!.reason : new Error('aborted'));
@@ -359,11 +375,12 @@ export class Transport {
   }
 
   private deadlineError(method: string, path: string, ms: number): DsecApiError {
-    return new DsecApiError('DeadlineExceeded', `no answer from dsecd at ${this.socketPath} to ${method} ${path} within ${ms} ms`, 0);
+    return new DsecApiError('DeadlineExceeded', `no answer from ${this.where} to ${method} ${path} within ${ms} ms`, 0);
   }
 
   private connectionError(err: NodeJS.ErrnoException, method: string, path: string): DsecApiError {
-    const where = `dsecd socket ${this.socketPath}`;
+    const where = this.where;
+    if (this.endpoint.isRemote) return remoteConnectionError(err, where, method, path);
     switch (err.code) {
       case 'ENOENT':
         return new DsecApiError('Unavailable', `cannot connect to ${where}: no such file; is dsecd running?`, 0, { cause: err });
@@ -384,16 +401,32 @@ export class Transport {
    * turned into {@link DsecApiError}s; see sdk/attach.ts for its lifecycle.
    */
   protected attach<E extends object>(path: string, signal: AbortSignal | undefined): ExecAttachment<E> {
+    const ws = this.endpoint.webSocket(path);
     return new ExecAttachment<E>(
-      `ws+unix://${this.socketPath}:${path}`,
+      ws.url,
       {
         response: (status, body) => errorFromResponse(status, body),
         connection: (err) => this.connectionError(err, 'GET', path),
         kind: (code, message, status) => new DsecApiError(code, message, status),
       },
       signal,
+      ws.options,
     );
   }
+}
+
+/** The error of a failed connection to the TCP door: refused, unreachable, or a TLS failure (an untrusted certificate, a name it does not cover). */
+function remoteConnectionError(err: NodeJS.ErrnoException, where: string, method: string, path: string): DsecApiError {
+  const code = err.code ?? '';
+  if (code === 'ECONNREFUSED') return new DsecApiError('Unavailable', `cannot connect to ${where}: connection refused; is dsecd listening there (--listen)?`, 0, { cause: err });
+  if (code === 'ENOTFOUND' || code === 'EAI_AGAIN') return new DsecApiError('Unavailable', `cannot resolve the host of ${where}: ${err.message}`, 0, { cause: err });
+  if (/CERT|SELF_SIGNED|UNABLE_TO_VERIFY|ALTNAME/.test(code)) {
+    return new DsecApiError('Unavailable', `TLS: ${where} presented a certificate this client does not trust (${err.message}); pass dsecd's CA certificate (--ca FILE, DSEC_CA: <root>/tls/ca.crt on its host)`, 0, { cause: err });
+  }
+  if (/SSL|TLS|ALERT/.test(code) || /alert|handshake/i.test(err.message)) {
+    return new DsecApiError('Unavailable', `TLS: the handshake with ${where} failed (${err.message}); a port that requires client certificates needs one of its CA`, 0, { cause: err });
+  }
+  return new DsecApiError('Unavailable', `${method} ${path} to ${where} failed: ${err.message}`, 0, { cause: err });
 }
 
 /** Reads a whole response body as UTF-8. */

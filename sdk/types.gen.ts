@@ -160,6 +160,34 @@ export interface components {
             /** @description Limits on the writable-layer store's device; default [defaults.io_max] (none). Container backend only; what the host enforces (v1: not buffered writes): host info defences.io_max. */
             io_max?: components["schemas"]["IoMax"];
         };
+        CreateTokenRequest: {
+            /** @description The tenant the token acts for. */
+            tenant: string;
+            /**
+             * @description admin: everything, every tenant; user: its tenant, no host-wide operation; reader: reads only; metrics: GET /metrics only.
+             * @enum {string}
+             */
+            role: "admin" | "user" | "reader" | "metrics";
+            /** @description Lifetime in seconds; absent or null: never expires. */
+            ttl_s?: number | null;
+            /** @description Free text shown by GET /v1/tokens. */
+            description?: string | null;
+        };
+        CreatedToken: {
+            /** @description 16 hex: the first part of the token text after e2b_. */
+            id: string;
+            tenant: string;
+            /** @enum {string} */
+            role: "admin" | "user" | "reader" | "metrics";
+            description: string | null;
+            created_at: number;
+            expires_at: number | null;
+            revoked_at: number | null;
+            /** @enum {string} */
+            state: "active" | "expired" | "revoked";
+            /** @description e2b_ + 48 hex; only its hash is kept: it cannot be shown again. */
+            token: string;
+        };
         DefenceStatus: {
             enforced: boolean;
             detail: string;
@@ -183,7 +211,7 @@ export interface components {
                  * @description Error kind; decides the HTTP status.
                  * @enum {string}
                  */
-                code: "InvalidArgument" | "NotFound" | "AlreadyExists" | "Conflict" | "FailedPrecondition" | "ResourceExhausted" | "Internal" | "Unimplemented" | "Unavailable" | "DeadlineExceeded";
+                code: "InvalidArgument" | "Unauthenticated" | "PermissionDenied" | "NotFound" | "AlreadyExists" | "Conflict" | "FailedPrecondition" | "ResourceExhausted" | "Internal" | "Unimplemented" | "Unavailable" | "DeadlineExceeded";
                 /** @description Human-readable description naming what failed. */
                 message: string;
                 /** @description Machine-readable refinement of `code` where a caller must branch on it, e.g. for trajectory steps: `outcome_unknown`, `step_mismatch`, `in_progress`, `out_of_order`, `trajectory_removed` (see docs/TRAJECTORIES.md). */
@@ -1061,6 +1089,19 @@ export interface components {
             /** @description Image reference, name[:tag]. */
             target: string;
         };
+        TokenView: {
+            /** @description 16 hex: the first part of the token text after e2b_. */
+            id: string;
+            tenant: string;
+            /** @enum {string} */
+            role: "admin" | "user" | "reader" | "metrics";
+            description: string | null;
+            created_at: number;
+            expires_at: number | null;
+            revoked_at: number | null;
+            /** @enum {string} */
+            state: "active" | "expired" | "revoked";
+        };
         TrajectoryDetail: {
             id: string;
             /** @description Host name of the dsecd that holds the log. */
@@ -1171,6 +1212,21 @@ export interface components {
             /** @description Version of the in-sandbox agent protocol. */
             agent_protocol: number;
             node: string;
+        };
+        Whoami: {
+            /** @enum {string} */
+            door: "unix" | "tcp";
+            /** @description The token that authenticated the request; null on the Unix socket. */
+            token_id: string | null;
+            tenant: string;
+            /** @enum {string} */
+            role: "admin" | "user" | "reader" | "metrics";
+            /** @description The verified client certificate (mutual TLS), else null. */
+            peer: {
+                name: string;
+                role: string | null;
+                fingerprint256: string;
+            } | null;
         };
         envKey: string;
         envValue: string;

@@ -258,6 +258,23 @@ export type BulkResult = Schemas['BulkResponse']['results'][number];
  */
 export type Lease = Schemas['LeaseView'];
 
+/**
+ * An API token of the TCP door as listed (GET /v1/tokens): `id` (16 hex, the part of the
+ * token text after `e2b_` that names it), `tenant`, `role` (`admin`, `user`, `reader`,
+ * `metrics`), `description`, `created_at`, `expires_at` (null: never), `revoked_at`
+ * (ms since the epoch) and `state` (`active`, `expired`, `revoked`). Never the text.
+ */
+export type TokenInfo = Schemas['TokenView'];
+
+/** POST /v1/tokens answer: {@link TokenInfo} plus `token`, the text, shown this once (dsecd keeps only its hash). */
+export type CreatedToken = Schemas['CreatedToken'];
+
+/** POST /v1/tokens request: `{tenant, role, ttl_s?, description?}`. */
+export type CreateTokenInput = Schemas['CreateTokenRequest'];
+
+/** GET /v1/whoami answer: `door` (`unix`, `tcp`), `token_id`, `tenant`, `role`, `peer` (the verified client certificate: `{name, role, fingerprint256}`, or null). */
+export type Whoami = Schemas['Whoami'];
+
 /** A POST /v1/run request (snake_case, as on the wire): `{backend?, image?, argv, env?, cwd?, user?, stdin_b64?, timeout_ms?, memory_bytes?, cpus?, pids?}`. */
 export type RunInput = Schemas['RunRequest'];
 

@@ -27,12 +27,13 @@ import * as securityRoutes from './routes/security.js';
 import * as trajectoryRoutes from './routes/trajectories.js';
 import * as runRoutes from './routes/run.js';
 import * as networkRoutes from './routes/network.js';
+import * as tokenRoutes from './routes/tokens.js';
 import { DSEC_VERSION } from '../version.js';
 
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
   wire, hostRoutes, sandboxRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
-  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes,
+  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes,
 ];
 
 /** Where a named component lives in the document. */

@@ -6,6 +6,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import { DsecError } from '../errors.js';
 import type { Metrics } from '../metrics.js';
+import { noteErrorKind } from '../remote/audit.js';
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
 export const BODY_LIMIT_BYTES = 32 * 1024 * 1024;
@@ -28,5 +29,7 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
   }
   if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
   metrics?.errors.inc({ code: err.kind });
+  noteErrorKind(reply, err.kind);
+  if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');
   return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } });
 }

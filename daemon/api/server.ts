@@ -22,6 +22,8 @@ import { registerSecurityRoutes, type SecurityRouteDeps } from './routes/securit
 import { registerSnapshotRoutes, type SnapshotRouteDeps } from './routes/snapshots.js';
 import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
 import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/trajectories.js';
+import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
+import { unixDoor, type ApiDoor } from '../remote/door.js';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics.js';
 
@@ -31,17 +33,21 @@ import type { Metrics } from '../metrics.js';
  */
 export type ApiDeps = SandboxRouteDeps & ExecRouteDeps & ExecSessionRouteDeps & ConsoleRouteDeps & FileRouteDeps & EventRouteDeps
   & StatsRouteDeps & ImageRouteDeps & RoundRouteDeps & SnapshotRouteDeps & TrajectoryRouteDeps & RunRouteDeps & NetworkRouteDeps
-  & SecurityRouteDeps & HostRouteDeps & { log: Logger; metrics: Metrics };
+  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & { log: Logger; metrics: Metrics };
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
 function routeRegex(url: string): RegExp {
   return new RegExp(`^${url.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/\/:[a-z_]+/g, '/[^/]+')}/?$`);
 }
 
-/** Builds the fastify app with every route; the caller listens. */
-export function buildApi(deps: ApiDeps): FastifyInstance {
-  const app = baseApp(deps);
+/**
+ * Builds the fastify app with every route; the caller listens.
+ * @param door the Unix socket's (default: every caller is the local admin) or the TCP door's (daemon/remote/door.ts)
+ */
+export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): FastifyInstance {
+  const app = baseApp(deps, ROUTE_DOCS, door);
   registerHostRoutes(app, deps);
+  registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
   registerExecRoute(app, deps);
   registerEventRoutes(app, deps);
@@ -65,7 +71,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
  * `[sandboxfusion] address`: nothing else of the API is reachable over TCP.
  */
 export function buildRunCodeApi(deps: RunCodeRouteDeps & { log: Logger; metrics: Metrics }): FastifyInstance {
-  const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'));
+  const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'), unixDoor(null));
   registerRunCodeRoute(app, deps);
   return app;
 }
@@ -74,15 +80,18 @@ export function buildRunCodeApi(deps: RunCodeRouteDeps & { log: Logger; metrics:
  * A fastify app with the API's body parsing, limits and error shapes, and no routes.
  * @param served the routes it will serve: a known path with another method is 405, anything else 404.
  */
-function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly RouteDoc[] = ROUTE_DOCS): FastifyInstance {
+function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly RouteDoc[], door: ApiDoor): FastifyInstance {
   const app = Fastify({
+    ...door.serverOptions,
     // Errors the HTTP parser raises before fastify routes (headers too large, unknown
     // method, malformed request line) also answer in the API's error shape.
     clientErrorHandler: (err: NodeJS.ErrnoException & { code?: string }, socket) => {
       const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-      const body = JSON.stringify({ error: { code: 'InvalidArgument', message: tooLarge ? 'request headers too large' : `malformed HTTP request: ${err.message}` } });
+      // A client too slow to send its headers or request (the TCP door's headers_timeout_s, request_timeout_s).
+      const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+      const body = JSON.stringify({ error: timedOut ? { code: 'DeadlineExceeded', message: 'request not received in time' } : { code: 'InvalidArgument', message: tooLarge ? 'request headers too large' : `malformed HTTP request: ${err.message}` } });
       if (socket.writable) {
-        socket.end(`HTTP/1.1 ${tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+        socket.end(`HTTP/1.1 ${tooLarge ? '431 Request Header Fields Too Large' : timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
       } else {
         socket.destroy(err);
       }
@@ -98,7 +107,8 @@ function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly Route
     // On shutdown, idle keep-alive connections close at once and requests in flight
     // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).
     forceCloseConnections: 'idle',
-  });
+  }) as unknown as FastifyInstance;
+  door.install(app);
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {

@@ -45,6 +45,24 @@ export interface StartOptions {
    * (16,384: 1,024 sandboxes).
    */
   uidRangeSize?: number;
+  /**
+   * Serve the TCP door too: dsecd gets `--listen 127.0.0.1:PORT` on a free port
+   * ({@link TestDaemon.remotePort}); `true`, or extra dsecd flags (e.g. `--tls-ca`).
+   */
+  listen?: boolean | { args: string[] };
+}
+
+/** A TCP port free on 127.0.0.1 now (the kernel's pick for port 0; another process may take it before dsecd binds it, which makes dsecd's start fail loudly). */
+export async function freePort(): Promise<number> {
+  const net = await import('node:net');
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const p = (s.address() as { port: number }).port;
+      s.close(() => resolve(p));
+    });
+  });
 }
 
 /** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
@@ -115,6 +133,10 @@ export class TestDaemon {
   /** Whether cleanup() releases the slot (false when the pool is borrowed, see StartOptions.samePoolAs). */
   private ownsSlot = true;
   private cg: CgroupManager | null = null;
+  /** The TCP door's port on 127.0.0.1, when started with `listen`. */
+  remotePort: number | null = null;
+  /** Extra dsecd flags of every launch (the TCP door's). */
+  private extraArgs: string[] = [];
 
   private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number; rangeSize?: number }) {
     this.instance = instanceNameFor(root);
@@ -134,6 +156,10 @@ export class TestDaemon {
     const d = new TestDaemon(root, slot, '', pool);
     d.setConfig(opts.config ?? '');
     d.ownsSlot = !opts.samePoolAs;
+    if (opts.listen) {
+      d.remotePort = await freePort();
+      d.extraArgs = ['--listen', `127.0.0.1:${d.remotePort}`, ...(typeof opts.listen === 'object' ? opts.listen.args : [])];
+    }
     try {
       await d.launch(opts.env);
     } catch (e) {
@@ -174,11 +200,22 @@ export class TestDaemon {
     return existsSync(inStore) ? inStore : path.join(this.root, 'sandboxes', id, 'upper');
   }
 
+  /** The TCP door's URL (`https://127.0.0.1:PORT`). @throws Error when started without `listen`. */
+  get remoteUrl(): string {
+    if (this.remotePort === null) throw new Error('this daemon was started without listen');
+    return `https://127.0.0.1:${this.remotePort}`;
+  }
+
+  /** The CA certificate dsecd made for its TCP door (`<root>/tls/ca.crt`). */
+  get caFile(): string {
+    return path.join(this.root, 'tls', 'ca.crt');
+  }
+
   /** Starts dsecd on this root and waits until the API answers. */
   async launch(env: Record<string, string> = {}): Promise<void> {
     writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
     this.stderr = '';
-    const proc = spawn(path.join(REPO, 'bin/dsecd'), ['--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml')], {
+    const proc = spawn(path.join(REPO, 'bin/dsecd'), ['--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.extraArgs], {
       env: { ...process.env, DSEC_LOG_LEVEL: process.env.DSEC_LOG_LEVEL ?? 'warn', ...env },
       stdio: ['ignore', 'ignore', 'pipe'],
     });
@@ -195,6 +232,8 @@ export class TestDaemon {
       if (exited) throw new Error(`dsecd exited during start:\n${this.stderr}`);
       try {
         await this.client.version();
+        // The TCP door listens after the socket: wait for it too.
+        if (this.remotePort !== null) await tcpAccepts(this.remotePort);
         return;
       } catch {
         await new Promise((r) => setTimeout(r, 50));
@@ -316,6 +355,17 @@ export class TestDaemon {
     rmSync(this.root, { recursive: true, force: true });
     if (this.ownsSlot) releaseSlot(this.slot);
   }
+}
+
+/** Resolves when 127.0.0.1:`port` accepts a TCP connection; rejects when it refuses. */
+function tcpAccepts(port: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    import('node:net').then((net) => {
+      const c = net.connect(port, '127.0.0.1');
+      c.once('connect', () => { c.destroy(); resolve(); });
+      c.once('error', reject);
+    }, reject);
+  });
 }
 
 /** Name of the instance network namespace (daemon/net/instance.ts). */

@@ -18,6 +18,7 @@ import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
+import { DEFAULT_LEASE_TTL_S, DEFAULT_PREFIX, DEFAULT_REFRESH_MS, HOST_LABEL_RE, HOST_NAME_RE, parseEndpoints } from './fleet/layout.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -158,6 +159,21 @@ const FileConfig = z
       .optional(),
     filesystem: FilesystemOptionsSchema.optional(),
     security: z.object({ seccomp_profile: z.string().min(1).optional() }).strict().optional(),
+    fleet: z
+      .object({
+        etcd: z.array(z.string().min(1)).min(1).optional(),
+        etcd_cert: z.string().min(1).optional(),
+        etcd_key: z.string().min(1).optional(),
+        etcd_ca: z.string().min(1).optional(),
+        prefix: z.string().regex(/^\/[A-Za-z0-9._/-]*$/, 'prefix is an absolute key path').optional(),
+        advertise: z.string().optional(),
+        host_name: z.string().regex(HOST_NAME_RE, 'host_name is a DNS label: 1-63 of [a-z0-9-]').optional(),
+        labels: z.record(z.string().regex(HOST_LABEL_RE), z.string().regex(HOST_LABEL_RE)).optional(),
+        lease_ttl_s: z.number().int().min(2).max(300).optional(),
+        refresh_s: z.number().min(0.25).max(300).optional(),
+      })
+      .strict()
+      .optional(),
     vm: z
       .object({
         kernel: z.string().min(1).optional(),
@@ -415,6 +431,34 @@ export interface DaemonConfig {
   security: { seccompProfile: string };
   /** The microvm tier (`[vm]`): guest kernel, QEMU, accelerator, timeouts, disk size ({@link VmConfig}). */
   vm: VmConfig;
+  /** Fleet membership (`[fleet]`, `--etcd`; daemon/fleet/): null without etcd endpoints, and dsecd is a host of its own. */
+  fleet: FleetConfig | null;
+}
+
+/**
+ * `[fleet]` and the fleet flags: dsecd registers its host in etcd (daemon/fleet/registration.ts).
+ * - `etcd`: client URLs (`--etcd URL[,URL...]`).
+ * - `cert`/`key`/`ca`: PEM files of the etcd client certificate (its CN is the host's etcd
+ *   user, so it is the host name), its key, and the CA of etcd's server certificate
+ *   (`--etcd-cert`, `--etcd-key`, `--etcd-ca`); default none (plain or server-only TLS).
+ * - `prefix`: key prefix of the fleet (`--etcd-prefix`, default `/dsec`).
+ * - `advertise`: `https://ADDR:PORT` at which gateways reach this host (`--advertise`); required.
+ * - `hostName`: `--host-name`, default the machine's host name (lowercased; a DNS label).
+ * - `labels`: `--host-label k=v` (repeatable) and `[fleet.labels]`, e.g. pool=burst, zone=a.
+ * - `leaseTtlS`: the registration lease's TTL (default 5 s); `refreshMs`: load is
+ *   rewritten at least this often (`refresh_s`, default 2 s).
+ */
+export interface FleetConfig {
+  etcd: string[];
+  cert: string | null;
+  key: string | null;
+  ca: string | null;
+  prefix: string;
+  advertise: string | null;
+  hostName: string;
+  labels: Record<string, string>;
+  leaseTtlS: number;
+  refreshMs: number;
 }
 
 /**
@@ -454,6 +498,57 @@ export interface ConfigSources {
   socket?: string;
   config?: string;
   env?: NodeJS.ProcessEnv;
+  /** `--etcd URL[,URL...]`. */
+  etcd?: string;
+  etcdCert?: string;
+  etcdKey?: string;
+  etcdCa?: string;
+  etcdPrefix?: string;
+  /** `--advertise https://ADDR:PORT`. */
+  advertise?: string;
+  hostName?: string;
+  /** `--host-label k=v`, each. */
+  hostLabels?: string[];
+}
+
+/**
+ * The fleet settings from flags over `[fleet]`; null when no etcd endpoint is given.
+ * @throws DsecError InvalidArgument for a malformed URL, host name or label.
+ */
+export function resolveFleet(src: ConfigSources, fc: { etcd?: string[]; etcd_cert?: string; etcd_key?: string; etcd_ca?: string; prefix?: string; advertise?: string;
+  host_name?: string; labels?: Record<string, string>; lease_ttl_s?: number; refresh_s?: number } | undefined): FleetConfig | null {
+  const endpoints = src.etcd ?? fc?.etcd;
+  if (!endpoints || (Array.isArray(endpoints) && !endpoints.length)) return null;
+  const hostName = src.hostName ?? fc?.host_name ?? os.hostname().toLowerCase().split('.')[0];
+  if (!HOST_NAME_RE.test(hostName)) throw invalidArgument(`host name ${JSON.stringify(hostName)} is not a DNS label (1-63 of [a-z0-9-]); pass --host-name`);
+  const labels: Record<string, string> = { ...(fc?.labels ?? {}) };
+  for (const l of src.hostLabels ?? []) {
+    const i = l.indexOf('=');
+    const k = l.slice(0, i), v = l.slice(i + 1);
+    if (i < 1 || !HOST_LABEL_RE.test(k) || !HOST_LABEL_RE.test(v)) throw invalidArgument(`--host-label ${JSON.stringify(l)}: expected k=v, each 1-63 of [A-Za-z0-9._/-]`);
+    labels[k] = v;
+  }
+  const advertise = src.advertise ?? fc?.advertise ?? null;
+  if (advertise !== null) {
+    let u: URL | null = null;
+    try {
+      u = new URL(advertise);
+    } catch { /* refused below */ }
+    if (!u || u.protocol !== 'https:' || !u.port) throw invalidArgument(`--advertise ${JSON.stringify(advertise)}: expected https://ADDR:PORT, the address gateways reach this host's TLS listener at`);
+  }
+  const abs = (f: string | undefined) => (f ? path.resolve(f) : null);
+  return {
+    etcd: parseEndpoints(endpoints),
+    cert: abs(src.etcdCert ?? fc?.etcd_cert),
+    key: abs(src.etcdKey ?? fc?.etcd_key),
+    ca: abs(src.etcdCa ?? fc?.etcd_ca),
+    prefix: src.etcdPrefix ?? fc?.prefix ?? DEFAULT_PREFIX,
+    advertise,
+    hostName,
+    labels,
+    leaseTtlS: fc?.lease_ttl_s ?? DEFAULT_LEASE_TTL_S,
+    refreshMs: fc?.refresh_s !== undefined ? Math.round(fc.refresh_s * 1000) : DEFAULT_REFRESH_MS,
+  };
 }
 
 /** Derives the default instance name for `root` (see {@link DaemonConfig.instance}). */
@@ -510,7 +605,15 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
   }
   const root = path.resolve(src.root ?? env.DSEC_ROOT ?? fc.root ?? DEFAULT_ROOT);
   const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
+  let fleet: FleetConfig | null;
+  try {
+    fleet = resolveFleet(src, fc.fleet);
+  } catch (e) {
+    if (isDsecError(e) && !src.etcd && fc.fleet?.etcd) throw invalidArgument(`config ${file}: fleet: ${e.message}`);
+    throw e;
+  }
   return Object.freeze({
+    fleet,
     root,
     socket,
     instance: fc.instance ?? instanceNameFor(root),

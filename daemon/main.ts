@@ -1,12 +1,12 @@
 /**
  * dsecd: the per-host sandbox daemon, in the foreground.
  *
- *   dsecd [--root DIR] [--socket PATH] [--config FILE]
+ *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--etcd URL[,URL...] --advertise URL ...]
  *
  * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
  * store -> images -> writable-layer store (mounted before any sandbox is touched) ->
  * drivers -> reconcile (adopt live sandboxes, undo half-done work,
- * remove orphans) -> API socket. SIGTERM/SIGINT close the API and exit; sandboxes keep
+ * remove orphans) -> API socket -> fleet registration (with --etcd; daemon/fleet/). SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
 import { procStartTime } from './host/proc.js';
@@ -55,6 +55,9 @@ import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
 import { UpperStore } from './storage/store.js';
+import { loadOrCreateIdentity } from './fleet/identity.js';
+import type { FleetMembership } from './fleet/join.js';
+import { imageDigest } from './fleet/layout.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -333,8 +336,11 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm], ['vm', vm]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
+    // In a fleet the host's persistent id is read (or made) before any sandbox id is: its tag begins them.
+    const identity = config.fleet ? loadOrCreateIdentity(config.root) : null;
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
+      ...(identity ? { idTag: identity.tag } : {}),
     });
     /**
      * Reloads policy files (all or nothing) and re-applies changed ones to the sandboxes
@@ -545,12 +551,46 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
               : { enforced: false, detail: '[builder] enabled = false: imports, builds, commits and snapshots extract and pack trees as root' },
           },
           storage: { ...storage.info(), pool: manager.poolInfo(), device: ((d) => (d ? `${d.major}:${d.minor}` : null))(storage.blockDevice()) },
+          fleet: fleet?.status() ?? null,
         }),
       },
     };
+    let fleet: FleetMembership | null = null;
     const app = buildApi(apiDeps);
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
+    // Fleet registration runs beside the API: an unreachable etcd delays nothing; a name
+    // held by another host id stops the start (daemon/fleet/registration.ts).
+    if (config.fleet && identity && !opts.purge) {
+      const { joinFleet } = await import('./fleet/join.js');
+      try {
+        fleet = await joinFleet(config.fleet, identity, {
+          info: () => ({
+            backends: [...drivers.keys()].filter((b) => b === 'container' || b === 'fncall' || (b === 'microvm' ? microvm : vm).capabilities().available),
+            capacity: { cores: os.cpus().length, memory_bytes: os.totalmem(), disk_bytes: storage.capacityBytes() },
+            admission: {
+              max_sandboxes: config.admission.maxSandboxes, cpus: os.cpus().length * config.admission.cpuOvercommit,
+              memory_bytes: os.totalmem() * config.admission.memoryOvercommit,
+              disk_bytes: ((c) => (c === null || !storage.enforcesQuota ? null : c * config.admission.diskOvercommit))(storage.capacityBytes()),
+            },
+            version: DSEC_VERSION,
+          }),
+          load: () => {
+            const t = repo.admissionTotals();
+            return {
+              sandboxes: repo.countByState(),
+              admitted: { count: t.count, cpus: t.cpus, memory_bytes: t.memoryBytes, disk_bytes: t.diskBytes },
+              warm_pools: warm.stats().map((w) => ({ image: w.image, network: w.network, ready: w.ready, size: w.size })),
+              jobs: repo.jobCounts(),
+            };
+          },
+          images: async () => (await images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
+        }, log.child({ component: 'fleet' }));
+      } catch (e) {
+        await app.close();
+        throw e;
+      }
+    }
     // Fills start once the API answers: shells are background work, never part of start.
     warm.start();
     // SandboxFusion clients reach /run_code over TCP; nothing else of the API is served there.
@@ -581,6 +621,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         }
       },
       async close() {
+        await fleet?.stop();
         reaper.stop();
         metricsServer?.close();
         // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
@@ -614,6 +655,14 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
+    .option('--etcd <urls>', 'join a fleet: register this host in etcd at these client URLs (comma-separated; [fleet] etcd)')
+    .option('--etcd-cert <file>', 'etcd client certificate (PEM; its CN is this host\'s etcd user)')
+    .option('--etcd-key <file>', 'key of --etcd-cert (PEM)')
+    .option('--etcd-ca <file>', 'CA certificate of etcd\'s server certificate (PEM)')
+    .option('--etcd-prefix <path>', 'key prefix of the fleet in etcd (default /dsec)')
+    .option('--advertise <url>', 'https://ADDR:PORT at which gateways reach this host (required with --etcd)')
+    .option('--host-name <name>', 'this host\'s name in the fleet (default: the machine\'s host name)')
+    .option('--host-label <k=v>', 'a label of this host in the fleet, e.g. pool=burst or zone=a (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
     .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
@@ -623,10 +672,11 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean }>();
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; etcd?: string; etcdCert?: string; etcdKey?: string; etcdCa?: string;
+    etcdPrefix?: string; advertise?: string; hostName?: string; hostLabel?: string[] }>();
   let config: DaemonConfig;
   try {
-    config = loadConfig(opts);
+    config = loadConfig({ ...opts, hostLabels: opts.hostLabel });
   } catch (e) {
     process.stderr.write(`dsecd: ${(e as Error).message}\n`);
     return 2;

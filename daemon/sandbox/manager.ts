@@ -14,6 +14,7 @@
 import type { FncallCall } from '../fncall/pool.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import { randomBytes } from 'node:crypto';
+import { taggedId } from '../fleet/layout.js';
 import type { Logger } from 'pino';
 import type { Backend, CreateSandboxRequest, DefenceStatus, ExecRequest, ExecResult, ForkRequest, NetworkSpec, RestoreRequest, SnapshotRequest, StartExecRequest, Event as ApiEvent } from '../api/schema.js';
 import path from 'node:path';
@@ -109,6 +110,8 @@ export interface ManagerDeps {
   network?: SandboxNetworking;
   /** The writable-layer store: quota support and capacity for `disk_bytes`, usage for stats and the quota check. */
   storage: UpperStore;
+  /** In a fleet, the host's id tag (6 hex) that begins new sandbox and snapshot ids (daemon/fleet/layout.ts taggedId); else absent. */
+  idTag?: string;
 }
 
 /** What a new sandbox is made of: an image's layers and config, or a snapshot's. */
@@ -608,7 +611,7 @@ export class SandboxManager {
   /** Records the intent, creates through the driver, commits `running` (see {@link create}), reporting its phases to `opts.onProgress`; admission is the caller's. */
   private async createFrom(req: CreateSandboxRequest, src: SandboxSource, opts: { shell?: boolean; onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord> {
     const drv = this.driver(req.backend);
-    const id = randomBytes(8).toString('hex');
+    const id = taggedId(this.d.idTag);
     // The create's steps, reported as its phases when the caller asked for progress.
     const fp = opts.onProgress ? this.d.failpoints.observed(createObserver(id, req.backend, !!src.restore, opts.onProgress)) : this.d.failpoints;
     const rec = this.d.repo.insertCreating({
@@ -1236,7 +1239,7 @@ export class SandboxManager {
       });
       this.d.failpoints.hit('snapshot.after-layer');
       const snap = this.d.snapshots.insert({
-        id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
+        id: `snap-${taggedId(this.d.idTag)}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
         imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
         cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
         network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem, machine: null,
@@ -1268,7 +1271,7 @@ export class SandboxManager {
       if (!['running', 'paused'].includes(sb.state) || sb.desired !== null) {
         throw failedPrecondition(`sandbox ${id} is ${sb.desired ? `becoming ${sb.desired}` : sb.state}; a ${sb.backend} snapshot captures the running machine: snapshot it when it is running or paused`);
       }
-      const snapId = `snap-${randomBytes(8).toString('hex')}`;
+      const snapId = `snap-${taggedId(this.d.idTag)}`;
       const dir = this.snapshotDir(snapId);
       await mkdir(dir, { recursive: true, mode: 0o700 });
       try {

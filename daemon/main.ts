@@ -231,6 +231,13 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
   chmodSync(dbFile, 0o600);
   for (const f of [`${dbFile}-wal`, `${dbFile}-shm`]) if (existsSync(f)) chmodSync(f, 0o600);
   assertTraversable(config.root);
+  // In a fleet the host's persistent id is read (or made) first: a name another host id
+  // holds in etcd refuses the start before anything is created, and the id's tag begins
+  // every sandbox id (daemon/fleet/).
+  const identity = config.fleet ? loadOrCreateIdentity(config.root) : null;
+  const fleetJoin = config.fleet && identity && !opts.purge
+    ? await (await import('./fleet/join.js')).prepareFleet(config.fleet, identity, log.child({ component: 'fleet' }))
+    : null;
 
   const reg: InstanceRegistration = registerInstance(config);
   let cgroups: CgroupManager | undefined;
@@ -336,8 +343,6 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     // fncall workers are container sandboxes with a worker spec (read-only image, isolating agent).
     const drivers = new Map<Backend, SandboxDriver>([['container', container], ['fncall', container], ['microvm', microvm], ['vm', vm]]);
     const trajectories = new TrajectoryLog(db, os.hostname());
-    // In a fleet the host's persistent id is read (or made) before any sandbox id is: its tag begins them.
-    const identity = config.fleet ? loadOrCreateIdentity(config.root) : null;
     const manager = new SandboxManager({
       config, repo, images, drivers, failpoints: fp, log: log.child({ component: 'lifecycle' }), snapshots: new SnapshotRepo(db), trajectories, network, storage,
       ...(identity ? { idTag: identity.tag } : {}),
@@ -559,38 +564,29 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     const app = buildApi(apiDeps);
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
-    // Fleet registration runs beside the API: an unreachable etcd delays nothing; a name
-    // held by another host id stops the start (daemon/fleet/registration.ts).
-    if (config.fleet && identity && !opts.purge) {
-      const { joinFleet } = await import('./fleet/join.js');
-      try {
-        fleet = await joinFleet(config.fleet, identity, {
-          info: () => ({
-            backends: [...drivers.keys()].filter((b) => b === 'container' || b === 'fncall' || (b === 'microvm' ? microvm : vm).capabilities().available),
-            capacity: { cores: os.cpus().length, memory_bytes: os.totalmem(), disk_bytes: storage.capacityBytes() },
-            admission: {
-              max_sandboxes: config.admission.maxSandboxes, cpus: os.cpus().length * config.admission.cpuOvercommit,
-              memory_bytes: os.totalmem() * config.admission.memoryOvercommit,
-              disk_bytes: ((c) => (c === null || !storage.enforcesQuota ? null : c * config.admission.diskOvercommit))(storage.capacityBytes()),
-            },
-            version: DSEC_VERSION,
-          }),
-          load: () => {
-            const t = repo.admissionTotals();
-            return {
-              sandboxes: repo.countByState(),
-              admitted: { count: t.count, cpus: t.cpus, memory_bytes: t.memoryBytes, disk_bytes: t.diskBytes },
-              warm_pools: warm.stats().map((w) => ({ image: w.image, network: w.network, ready: w.ready, size: w.size })),
-              jobs: repo.jobCounts(),
-            };
-          },
-          images: async () => (await images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
-        }, log.child({ component: 'fleet' }));
-      } catch (e) {
-        await app.close();
-        throw e;
-      }
-    }
+    // Fleet registration runs beside the API: an unreachable etcd delays nothing (daemon/fleet/registration.ts).
+    fleet = fleetJoin?.register({
+      info: () => ({
+        backends: [...drivers.keys()].filter((b) => b === 'container' || b === 'fncall' || (b === 'microvm' ? microvm : vm).capabilities().available),
+        capacity: { cores: os.cpus().length, memory_bytes: os.totalmem(), disk_bytes: storage.capacityBytes() },
+        admission: {
+          max_sandboxes: config.admission.maxSandboxes, cpus: os.cpus().length * config.admission.cpuOvercommit,
+          memory_bytes: os.totalmem() * config.admission.memoryOvercommit,
+          disk_bytes: ((c) => (c === null || !storage.enforcesQuota ? null : c * config.admission.diskOvercommit))(storage.capacityBytes()),
+        },
+        version: DSEC_VERSION,
+      }),
+      load: () => {
+        const t = repo.admissionTotals();
+        return {
+          sandboxes: repo.countByState(),
+          admitted: { count: t.count, cpus: t.cpus, memory_bytes: t.memoryBytes, disk_bytes: t.diskBytes },
+          warm_pools: warm.stats().map((w) => ({ image: w.image, network: w.network, ready: w.ready, size: w.size })),
+          jobs: repo.jobCounts(),
+        };
+      },
+      images: async () => (await images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
+    }) ?? null;
     // Fills start once the API answers: shells are background work, never part of start.
     warm.start();
     // SandboxFusion clients reach /run_code over TCP; nothing else of the API is served there.
@@ -644,6 +640,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     };
   } catch (e) {
     reg.release();
+    fleetJoin?.close();
     throw e;
   }
 }

@@ -3,13 +3,20 @@
  * when a fleet is configured (daemon/main.ts imports this module dynamically, so a dsecd
  * without `--etcd` never loads gRPC).
  */
+import type { Etcd3 } from 'etcd3';
 import type { Logger } from 'pino';
 import type { FleetConfig } from '../config.js';
 import { invalidArgument } from '../errors.js';
 import { openEtcd } from './etcd.js';
 import type { HostIdentity } from './identity.js';
 import { FleetKeys } from './layout.js';
-import { Registration, type FleetHostSource } from './registration.js';
+import { NameTakenError, Registration, type FleetHostSource } from './registration.js';
+
+/**
+ * How long the start-up check of the name claim waits for etcd: 1 s. An etcd that does not
+ * answer by then delays nothing more (the registration retries in the background).
+ */
+const PRECHECK_MS = 1000;
 
 /** A dsecd's membership, as the daemon holds it. */
 export interface FleetMembership {
@@ -19,29 +26,58 @@ export interface FleetMembership {
   stop(): Promise<void>;
 }
 
+/** A fleet joined at start: the name checked, the registration not begun yet. */
+export interface FleetJoin {
+  /** Begins registering (first attempt in the background); never throws. */
+  register(source: FleetHostSource): FleetMembership;
+  /** Closes the etcd client (a start that failed later). */
+  close(): void;
+}
+
 /**
- * Opens the etcd client and makes the first registration attempt.
- * @throws DsecError InvalidArgument when `--advertise` is missing or a PEM file is unreadable;
- *   FailedPrecondition (NameTakenError) when etcd says another host id holds the name.
+ * Opens the etcd client and checks, before dsecd creates anything, that no other host id
+ * holds the name (a quick read; the registration claims the name by transaction later).
+ * @throws DsecError InvalidArgument when `--advertise` is missing or a PEM file is
+ *   unreadable; FailedPrecondition ({@link NameTakenError}) when etcd answers that another
+ *   host id holds the name. An etcd that does not answer within 1 s is not an error.
  */
-export async function joinFleet(cfg: FleetConfig, identity: HostIdentity, source: FleetHostSource, log: Logger): Promise<FleetMembership> {
+export async function prepareFleet(cfg: FleetConfig, identity: HostIdentity, log: Logger): Promise<FleetJoin> {
   if (!cfg.advertise) throw invalidArgument('a fleet host needs --advertise https://ADDR:PORT: the address at which gateways reach its TLS listener');
   const etcd = openEtcd({ endpoints: cfg.etcd, cert: cfg.cert, key: cfg.key, ca: cfg.ca });
-  const reg = new Registration({
-    etcd, keys: new FleetKeys(cfg.prefix), identity, name: cfg.hostName, advertise: cfg.advertise, labels: cfg.labels,
-    leaseTtlS: cfg.leaseTtlS, refreshMs: cfg.refreshMs, source, log,
-  });
+  const keys = new FleetKeys(cfg.prefix);
   try {
-    await reg.start();
+    await precheck(etcd, keys, cfg.hostName, identity, log);
   } catch (e) {
     etcd.close();
     throw e;
   }
   return {
-    status: () => reg.status(),
-    async stop() {
-      await reg.stop();
-      etcd.close();
+    register(source) {
+      const reg = new Registration({
+        etcd, keys, identity, name: cfg.hostName, advertise: cfg.advertise!, labels: cfg.labels,
+        leaseTtlS: cfg.leaseTtlS, refreshMs: cfg.refreshMs, source, log,
+      });
+      void reg.start();
+      return {
+        status: () => reg.status(),
+        async stop() {
+          await reg.stop();
+          etcd.close();
+        },
+      };
     },
+    close: () => etcd.close(),
   };
+}
+
+/** Refuses a name held by another id; anything else (etcd down, a slow answer) passes. */
+async function precheck(etcd: Etcd3, keys: FleetKeys, name: string, identity: HostIdentity, log: Logger): Promise<void> {
+  let held: string | null;
+  try {
+    held = await etcd.get(keys.hostId(name)).options({ deadline: Date.now() + PRECHECK_MS }).string();
+  } catch (e) {
+    log.warn({ err: (e as Error).message }, 'fleet: etcd did not answer at start; registering in the background');
+    return;
+  }
+  if (held !== null && held !== identity.id) throw new NameTakenError(name, held, identity.id);
 }

@@ -146,23 +146,14 @@ export class Registration {
 
   /**
    * Makes the first attempt and resolves after it; later attempts run in the background.
-   * @throws NameTakenError when etcd answered that another id holds the name (dsecd
-   *   refuses to start); an unreachable etcd is not an error (retried in the background).
+   * Never throws: an unreachable etcd is retried with back-off, a name held by another id
+   * leaves the state `refused` (logged, retried every 30 s); dsecd serves meanwhile.
    */
   async start(): Promise<void> {
     this.timer = setInterval(() => this.tick(), this.checkMs);
     this.timer.unref();
-    try {
-      await this.register();
-    } catch (e) {
-      if (e instanceof NameTakenError) {
-        this.stopTimers();
-        this.stateNow = 'refused';
-        this.reasonNow = e.message;
-        throw e;
-      }
-      this.failed(e);
-    }
+    this.busy = this.register().catch((e) => this.failed(e));
+    await this.busy;
   }
 
   /**

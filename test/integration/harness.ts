@@ -45,6 +45,10 @@ export interface StartOptions {
    * (16,384: 1,024 sandboxes).
    */
   uidRangeSize?: number;
+  /** Extra dsecd flags (e.g. `--etcd URL --host-name h1`), kept for restarts. */
+  args?: string[];
+  /** Run dsecd inside this named network namespace (`nsenter --net=/run/netns/<netns>`: the host's mount namespace stays). */
+  netns?: string;
 }
 
 /** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
@@ -115,6 +119,10 @@ export class TestDaemon {
   /** Whether cleanup() releases the slot (false when the pool is borrowed, see StartOptions.samePoolAs). */
   private ownsSlot = true;
   private cg: CgroupManager | null = null;
+  /** Extra dsecd flags of every launch (StartOptions.args). */
+  args: string[] = [];
+  /** Network namespace dsecd runs in (StartOptions.netns), or null for the caller's. */
+  netns: string | null = null;
 
   private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number; rangeSize?: number }) {
     this.instance = instanceNameFor(root);
@@ -133,6 +141,8 @@ export class TestDaemon {
     const pool = { ...uidPoolForSlot(slot), ...(opts.uidRangeSize ? { rangeSize: opts.uidRangeSize } : {}) };
     const d = new TestDaemon(root, slot, '', pool);
     d.setConfig(opts.config ?? '');
+    d.args = opts.args ?? [];
+    d.netns = opts.netns ?? null;
     d.ownsSlot = !opts.samePoolAs;
     try {
       await d.launch(opts.env);
@@ -178,7 +188,10 @@ export class TestDaemon {
   async launch(env: Record<string, string> = {}): Promise<void> {
     writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
     this.stderr = '';
-    const proc = spawn(path.join(REPO, 'bin/dsecd'), ['--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml')], {
+    const argv = [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.args];
+    // nsenter joins only the network namespace and then execs dsecd (same pid).
+    const cmd = this.netns ? ['nsenter', `--net=/run/netns/${this.netns}`, ...argv] : argv;
+    const proc = spawn(cmd[0], cmd.slice(1), {
       env: { ...process.env, DSEC_LOG_LEVEL: process.env.DSEC_LOG_LEVEL ?? 'warn', ...env },
       stdio: ['ignore', 'ignore', 'pipe'],
     });

@@ -23,6 +23,8 @@ import * as execsKill from './commands/execs/kill.js';
 import * as execsLs from './commands/execs/ls.js';
 import * as execsRm from './commands/execs/rm.js';
 import * as fork from './commands/fork.js';
+import * as fleetCa from './commands/fleet/ca.js';
+import * as fleetCert from './commands/fleet/cert.js';
 import * as hostInfo from './commands/host/info.js';
 import * as hostReload from './commands/host/reload.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
@@ -135,6 +137,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   for (const verb of [snapshotCreate, snapshotLs, snapshotInspect, snapshotRm]) verb.register(snapshot, ctx);
   restore.register(program, ctx);
   fork.register(program, ctx);
+  const fleet = program.command('fleet').description('fleet identity (runs locally): ca, cert');
+  for (const verb of [fleetCa, fleetCert]) verb.register(fleet, ctx);
   const traj = program.command('traj').alias('trajectory').description('trajectories (steps recorded by `dsec exec --trajectory`): ls, show, export, rm');
   for (const verb of [trajLs, trajShow, trajExport, trajRm]) verb.register(traj, ctx);
 

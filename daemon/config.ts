@@ -17,6 +17,7 @@ import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from '
 import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
+import { CERT_ROLES, type CertRole } from './remote/roles.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
 import { DEFAULT_LEASE_TTL_S, DEFAULT_PREFIX, DEFAULT_REFRESH_MS, HOST_LABEL_RE, HOST_NAME_RE, parseEndpoints } from './fleet/layout.js';
 
@@ -77,6 +78,25 @@ const FileConfig = z
       .optional(),
     exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
     metrics: z.object({ address: z.string().optional() }).strict().optional(),
+    remote: z
+      .object({
+        listen: z.string().optional(),
+        tls_cert: z.string().min(1).optional(),
+        tls_key: z.string().min(1).optional(),
+        tls_ca: z.string().min(1).optional(),
+        peer_roles: z.array(z.enum(CERT_ROLES)).min(1).optional(),
+        san: z.array(z.string().min(1)).optional(),
+        creates_per_minute: z.number().int().min(1).optional(),
+        auth_failures_per_minute: z.number().int().min(1).optional(),
+        max_connections: z.number().int().min(1).optional(),
+        headers_timeout_s: z.number().positive().optional(),
+        request_timeout_s: z.number().min(0).optional(),
+        keep_alive_timeout_s: z.number().positive().optional(),
+        handshake_timeout_s: z.number().positive().optional(),
+      })
+      .strict()
+      .optional(),
+    audit: z.object({ path: z.string().min(1).optional() }).strict().optional(),
     admission: z
       .object({
         max_sandboxes: z.number().int().min(1).optional(),
@@ -367,8 +387,17 @@ export interface DaemonConfig {
    * user namespaces); `dsec host info` then reports builder_identity as not enforced.
    */
   builder: { enabled: boolean; base: number; size: number };
-  /** TCP `host:port` serving GET /metrics only (e.g. `127.0.0.1:9464`), or null: metrics on the socket only. */
+  /**
+   * Loopback `host:port` serving GET /metrics only, without authentication (e.g.
+   * `127.0.0.1:9464`), or null: metrics on the socket only. Only loopback addresses are
+   * taken: a scraper on another machine reads GET /metrics through the TCP door with a
+   * `metrics` token ({@link RemoteConfig}).
+   */
   metricsAddress: string | null;
+  /** The TCP door (`[remote]`, `--listen`): see {@link RemoteConfig}. */
+  remote: RemoteConfig;
+  /** The audit log of mutating API calls (`[audit] path`; default `<root>/audit.log`; daemon/remote/audit.ts). */
+  audit: { path: string };
   /**
    * Admission limits, checked at create. Defaults are permissive, because RL sandboxes
    * idle far below their limits and the density target is thousands per host; operators
@@ -395,8 +424,9 @@ export interface DaemonConfig {
    */
   pool: WarmPoolConfig;
   /**
-   * The SandboxFusion-compatible POST /run_code: `address` (host:port) also serves it
-   * over TCP (only that route; no authentication, so bind it to a trusted network);
+   * The SandboxFusion-compatible POST /run_code: `address` (a loopback host:port) also
+   * serves it over plain TCP to local clients, without authentication (only that route);
+   * clients elsewhere call POST /run_code through the TCP door with a `user` token;
    * `images` overrides the image per language (default judge:bookworm).
    */
   sandboxfusion: { address: string | null; images: Partial<Record<'python' | 'bash' | 'c' | 'cpp', string>> };
@@ -492,11 +522,70 @@ export interface NetworkConfig {
   ttlMaxS: number;
 }
 
+/**
+ * `[remote]`, the TCP door (daemon/remote/door.ts, docs/SECURITY.md "The TCP door"):
+ * HTTPS with TLS 1.3 only and a token on every request.
+ */
+export interface RemoteConfig {
+  /** `ADDR:PORT` to listen on (`--listen`, `listen`; `[::]:8443` for every IPv6 and IPv4 address), or null: no TCP door. */
+  listen: string | null;
+  /** Server certificate chain and key, PEM files (`--tls-cert`/`--tls-key`); null: dsecd's own CA and certificate under `<root>/tls` (daemon/remote/pki.ts ensureServerCert). */
+  tlsCert: string | null;
+  tlsKey: string | null;
+  /** Client CA, PEM file (`--tls-ca`): when set, every client must present a certificate it signed (mutual TLS), of a role in `peerRoles`. */
+  tlsCa: string | null;
+  /** Roles a client certificate may name (`peer_roles`, `--tls-peer-roles`; default client and gateway: a host's certificate is refused). */
+  peerRoles: CertRole[];
+  /** Extra names dsecd's own server certificate covers besides its host name and addresses (`san`: DNS names or IP addresses). */
+  san: string[];
+  /** Sandbox creates (create, restore, fork) one token may start per minute (`creates_per_minute`; default 6,000: 100/s sustained, far above one RL controller's burst on one host, a brake on a runaway loop). */
+  createsPerMinute: number;
+  /** Failed authentications one source address may make per minute before it gets 429 for the rest of that minute (`auth_failures_per_minute`; default 30). */
+  authFailuresPerMinute: number;
+  /** Most TCP connections at once (`max_connections`; default 10,000: an attach each for thousands of sandboxes, below the default fd limit of dsecd's unit). */
+  maxConnections: number;
+  /** Time for a request's headers, ms (`headers_timeout_s`; default 10 s: a slowloris client holding connections with partial headers is cut). */
+  headersTimeoutMs: number;
+  /** Time to receive a whole request, ms (`request_timeout_s`; default 3,600 s: an upload of a large file over a slow link; 0 for none). */
+  requestTimeoutMs: number;
+  /** Idle keep-alive connections close after this, ms (`keep_alive_timeout_s`; default 5 s, node's). */
+  keepAliveTimeoutMs: number;
+  /** A TLS handshake must finish within this, ms (`handshake_timeout_s`; default 10 s). */
+  handshakeTimeoutMs: number;
+}
+
+/** Whether `host` (of a host:port) is a loopback address or `localhost`. */
+export function isLoopbackHost(host: string): boolean {
+  const h = host.replace(/^\[|\]$/g, '');
+  return h === 'localhost' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h) || h === '::1';
+}
+
+/**
+ * Splits `ADDR:PORT` (`[v6]:PORT` for IPv6).
+ * @throws DsecError InvalidArgument naming `what` for anything else.
+ */
+export function parseListen(addr: string, what: string): { host: string; port: number } {
+  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]+)):(\d{1,5})$/.exec(addr);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || port > 65535) throw invalidArgument(`${what} ${JSON.stringify(addr)}: want ADDR:PORT, e.g. 0.0.0.0:8443 or [::]:8443`);
+  return { host: m[1] ?? m[2], port };
+}
+
 /** Options from flags and environment; undefined means "not given". */
 export interface ConfigSources {
   root?: string;
   socket?: string;
   config?: string;
+  /** `--listen ADDR:PORT`. */
+  listen?: string;
+  /** `--tls-cert FILE`. */
+  tlsCert?: string;
+  /** `--tls-key FILE`. */
+  tlsKey?: string;
+  /** `--tls-ca FILE`. */
+  tlsCa?: string;
+  /** `--tls-peer-roles ROLE,...`. */
+  peerRoles?: string;
   env?: NodeJS.ProcessEnv;
   /** `--etcd URL[,URL...]`. */
   etcd?: string;
@@ -604,6 +693,12 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     throw e;
   }
   const root = path.resolve(src.root ?? env.DSEC_ROOT ?? fc.root ?? DEFAULT_ROOT);
+  const remote = resolveRemote(src, fc.remote ?? {}, file);
+  for (const [what, a] of [['metrics address', fc.metrics?.address], ['sandboxfusion address', fc.sandboxfusion?.address]] as const) {
+    if (a && !isLoopbackHost(parseListen(a, `config ${file}: ${what}`).host)) {
+      throw invalidArgument(`config ${file}: ${what} ${a} is not a loopback address: it serves without authentication; bind it to 127.0.0.1, and reach it from elsewhere through the TCP door ([remote] listen) with a token`);
+    }
+  }
   const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
   let fleet: FleetConfig | null;
   try {
@@ -647,6 +742,8 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
+    remote,
+    audit: { path: path.resolve(fc.audit?.path ?? path.join(root, 'audit.log')) },
     admission: {
       maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,
       memoryOvercommit: fc.admission?.memory_overcommit ?? 100,
@@ -720,4 +817,38 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       } satisfies VmDiskConfig])),
     },
   });
+}
+
+/** Resolves `[remote]` under the flags (flags win). @throws DsecError InvalidArgument for a bad address, half a cert/key pair, or an unknown peer role. */
+function resolveRemote(src: ConfigSources, r: NonNullable<z.infer<typeof FileConfig>['remote']>, file: string): RemoteConfig {
+  const listen = src.listen ?? r.listen ?? null;
+  if (listen !== null) parseListen(listen, src.listen !== undefined ? '--listen' : `config ${file}: remote.listen`);
+  const abs = (p: string | undefined) => (p ? path.resolve(p) : null);
+  const tlsCert = abs(src.tlsCert ?? r.tls_cert), tlsKey = abs(src.tlsKey ?? r.tls_key);
+  if ((tlsCert === null) !== (tlsKey === null)) throw invalidArgument('--tls-cert and --tls-key go together: give both, or neither (dsecd then makes its own CA and certificate under <root>/tls)');
+  let peerRoles: CertRole[] = r.peer_roles ?? ['client', 'gateway'];
+  if (src.peerRoles !== undefined) {
+    const list = src.peerRoles.split(',').map((x) => x.trim()).filter(Boolean);
+    const bad = list.find((x) => !(CERT_ROLES as readonly string[]).includes(x));
+    if (bad !== undefined || list.length === 0) throw invalidArgument(`--tls-peer-roles ${JSON.stringify(src.peerRoles)}: a comma-separated list of ${CERT_ROLES.join(', ')}`);
+    peerRoles = list as CertRole[];
+  }
+  for (const n of r.san ?? []) {
+    if (!/^[A-Za-z0-9.-]+$/.test(n) && !/^[0-9a-fA-F:.]+$/.test(n)) throw invalidArgument(`config ${file}: remote.san ${JSON.stringify(n)} is neither a DNS name nor an IP address`);
+  }
+  return {
+    listen,
+    tlsCert,
+    tlsKey,
+    tlsCa: abs(src.tlsCa ?? r.tls_ca),
+    peerRoles,
+    san: r.san ?? [],
+    createsPerMinute: r.creates_per_minute ?? 6000,
+    authFailuresPerMinute: r.auth_failures_per_minute ?? 30,
+    maxConnections: r.max_connections ?? 10_000,
+    headersTimeoutMs: Math.round((r.headers_timeout_s ?? 10) * 1000),
+    requestTimeoutMs: Math.round((r.request_timeout_s ?? 3600) * 1000),
+    keepAliveTimeoutMs: Math.round((r.keep_alive_timeout_s ?? 5) * 1000),
+    handshakeTimeoutMs: Math.round((r.handshake_timeout_s ?? 10) * 1000),
+  };
 }

@@ -10,6 +10,10 @@
 /** Error kind -> HTTP status. The only place this mapping lives. */
 export const ERROR_STATUS = {
   InvalidArgument: 400,
+  /** No valid credentials on the TCP door (missing, malformed, unknown, revoked or expired token: one answer for all). */
+  Unauthenticated: 401,
+  /** Valid credentials whose role may not do this (a reader's create, a user's token admin). */
+  PermissionDenied: 403,
   NotFound: 404,
   AlreadyExists: 409,
   Conflict: 409,
@@ -57,6 +61,8 @@ export class DsecError extends Error {
 
 /** Shorthand constructors, so call sites read `throw notFound(...)`. */
 export const invalidArgument = (m: string, cause?: unknown) => new DsecError('InvalidArgument', m, { cause });
+export const unauthenticated = (m: string, cause?: unknown) => new DsecError('Unauthenticated', m, { cause });
+export const permissionDenied = (m: string, cause?: unknown) => new DsecError('PermissionDenied', m, { cause });
 export const notFound = (m: string, cause?: unknown) => new DsecError('NotFound', m, { cause });
 export const alreadyExists = (m: string, cause?: unknown) => new DsecError('AlreadyExists', m, { cause });
 export const conflict = (m: string, cause?: unknown) => new DsecError('Conflict', m, { cause });

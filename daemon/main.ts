@@ -1,12 +1,13 @@
 /**
  * dsecd: the per-host sandbox daemon, in the foreground.
  *
- *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--etcd URL[,URL...] --advertise URL ...]
+ *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--listen ADDR:PORT [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]]
+ *         [--etcd URL[,URL...] --advertise URL [--host-name NAME] [--host-label K=V]...]
  *
  * Start-up order: config -> state dirs -> instance registration -> cgroups -> runtime ->
  * store -> images -> writable-layer store (mounted before any sandbox is touched) ->
  * drivers -> reconcile (adopt live sandboxes, undo half-done work,
- * remove orphans) -> API socket -> fleet registration (with --etcd; daemon/fleet/). SIGTERM/SIGINT close the API and exit; sandboxes keep
+ * remove orphans) -> API socket -> TCP door (`--listen`) -> fleet registration (with --etcd; daemon/fleet/). SIGTERM/SIGINT close the API and exit; sandboxes keep
  * running (systemd's KillMode=process) and are adopted by the next start.
  */
 import { procStartTime } from './host/proc.js';
@@ -58,6 +59,10 @@ import { UpperStore } from './storage/store.js';
 import { loadOrCreateIdentity } from './fleet/identity.js';
 import type { FleetMembership } from './fleet/join.js';
 import { imageDigest } from './fleet/layout.js';
+import { AuditLog } from './remote/audit.js';
+import { unixDoor } from './remote/door.js';
+import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
+import { SqliteTokenStore, TokenService } from './remote/tokens.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -108,6 +113,10 @@ export interface Daemon {
   reloadNetworkPolicies?(): Promise<void>;
   /** Reloads the seccomp profile file (SIGHUP); logs and keeps the profile in force on a malformed file. */
   reloadSeccompProfile?(): void;
+  /** Reopens the audit log file (SIGHUP, after logrotate moved it). */
+  reopenAudit?(): void;
+  /** The TCP door when `--listen` is set: its address and the CA file clients trust. */
+  remote?: { address: { host: string; port: number }; caFile: string | null };
 }
 
 /** Destroys sandboxes `ids` (force), 8 at a time; failures are logged, never thrown. */
@@ -467,7 +476,9 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     await reaper.sweep();
     reaper.start();
     const cg = cgroups;
+    const tokens = new TokenService(new SqliteTokenStore(db));
     const apiDeps: ApiDeps = {
+      tokens,
       manager,
       repo,
       images,
@@ -561,7 +572,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       },
     };
     let fleet: FleetMembership | null = null;
-    const app = buildApi(apiDeps);
+    const audit = new AuditLog(config.audit.path);
+    const app = buildApi(apiDeps, unixDoor(audit));
     await app.listen({ path: config.socket });
     secureSocket(config.socket, log);
     // Fleet registration runs beside the API: an unreachable etcd delays nothing (daemon/fleet/registration.ts).
@@ -596,10 +608,24 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
       await sfApp.listen({ host, port });
       log.info({ address: config.sandboxfusion.address }, 'serving SandboxFusion run_code over TCP');
     }
+    let remote: RemoteDoor | null = null;
+    if (config.remote.listen) {
+      try {
+        remote = await startRemoteDoor(config.remote, config.root, apiDeps, audit, log);
+      } catch (e) {
+        await sfApp?.close();
+        await app.close();
+        throw e;
+      }
+    }
     log.info({ socket: config.socket, root: config.root, runtime: runtimeInfo.name, cgroup: cgroups.version, failpoint: fp.armed }, 'dsecd ready');
     return {
       config,
       log,
+      remote: remote ? { address: remote.address, caFile: remote.caFile } : undefined,
+      reopenAudit() {
+        audit.reopen();
+      },
       reloadSeccompProfile() {
         try {
           const info = apiDeps.security.reloadSeccomp();
@@ -622,10 +648,15 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         metricsServer?.close();
         // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
         await sfApp?.close();
-        const drained = app.close();
-        const t = setTimeout(() => app.server.closeAllConnections(), SHUTDOWN_DRAIN_MS);
+        const drained = Promise.all([app.close(), remote?.app.close()]);
+        const t = setTimeout(() => {
+          app.server.closeAllConnections();
+          (remote?.app.server as { closeAllConnections?(): void } | undefined)?.closeAllConnections?.();
+        }, SHUTDOWN_DRAIN_MS);
         await drained;
         clearTimeout(t);
+        tokens.close();
+        audit.close();
         await fncall.close();
         await warm.close();
         await container.close();
@@ -660,6 +691,11 @@ export async function main(argv: string[]): Promise<number> {
     .option('--advertise <url>', 'https://ADDR:PORT at which gateways reach this host (required with --etcd)')
     .option('--host-name <name>', 'this host\'s name in the fleet (default: the machine\'s host name)')
     .option('--host-label <k=v>', 'a label of this host in the fleet, e.g. pool=burst or zone=a (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
+    .option('--listen <addr:port>', 'also serve the API over HTTPS (TLS 1.3, tokens) on this address, e.g. 0.0.0.0:8443 ([remote] listen)')
+    .option('--tls-cert <file>', 'server certificate chain, PEM (default: dsecd makes its own CA and certificate under <root>/tls)')
+    .option('--tls-key <file>', 'private key of --tls-cert, PEM')
+    .option('--tls-ca <file>', 'require client certificates signed by this CA, PEM (mutual TLS; a fleet CA of `dsec fleet ca`)')
+    .option('--tls-peer-roles <roles>', 'roles a client certificate may name with --tls-ca, comma-separated (default client,gateway)')
     .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
@@ -669,11 +705,11 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; etcd?: string; etcdCert?: string; etcdKey?: string; etcdCa?: string;
-    etcdPrefix?: string; advertise?: string; hostName?: string; hostLabel?: string[] }>();
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string;
+    etcd?: string; etcdCert?: string; etcdKey?: string; etcdCa?: string; etcdPrefix?: string; advertise?: string; hostName?: string; hostLabel?: string[] }>();
   let config: DaemonConfig;
   try {
-    config = loadConfig({ ...opts, hostLabels: opts.hostLabel });
+    config = loadConfig({ ...opts, peerRoles: opts.tlsPeerRoles, hostLabels: opts.hostLabel });
   } catch (e) {
     process.stderr.write(`dsecd: ${(e as Error).message}\n`);
     return 2;
@@ -708,6 +744,7 @@ export async function main(argv: string[]): Promise<number> {
     process.on('SIGHUP', () => {
       daemon.reloadSeccompProfile?.();
       void daemon.reloadNetworkPolicies?.();
+      daemon.reopenAudit?.();
     });
   });
   await daemon.close();

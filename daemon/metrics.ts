@@ -14,6 +14,13 @@
  *   in dsecd's buffers now, and `dsec_file_transfer_buffered_bytes_peak`, the most one
  *   transfer has held at once since dsecd started (bounded by design:
  *   daemon/api/transfer.ts);
+ * - `dsec_auth_failures_total{reason}`: requests on the TCP door refused before a role was
+ *   known: `missing`, `malformed`, `unknown`, `revoked`, `expired` token (one 401 answer
+ *   for all of them: the reason is only here and in dsecd's log), `rate_limited` (the
+ *   source address failed too often), `client_cert` (a client certificate of a role
+ *   the port does not accept);
+ * - `dsec_auth_denied_total{role}`: authenticated requests refused because the token's
+ *   role may not make them (403);
  * - the default process metrics (RSS, CPU, event loop lag, ...), prefixed `dsec_`.
  */
 import http from 'node:http';
@@ -30,6 +37,8 @@ export class Metrics {
   readonly createSeconds = new Histogram({ name: 'dsec_sandbox_create_seconds', help: 'Sandbox create latency, request to acknowledged running.', labelNames: ['backend'], buckets: BUCKETS, registers: [this.registry] });
   readonly execSeconds = new Histogram({ name: 'dsec_exec_seconds', help: 'Round trip of POST /v1/sandboxes/{id}/exec.', buckets: BUCKETS, registers: [this.registry] });
   readonly errors = new Counter({ name: 'dsec_api_errors_total', help: 'API errors by kind.', labelNames: ['code'], registers: [this.registry] });
+  readonly authFailures = new Counter({ name: 'dsec_auth_failures_total', help: 'Requests on the TCP door refused before a role was known, by reason.', labelNames: ['reason'], registers: [this.registry] });
+  readonly authDenied = new Counter({ name: 'dsec_auth_denied_total', help: 'Authenticated requests on the TCP door refused because the role may not make them.', labelNames: ['role'], registers: [this.registry] });
   /** What file transfers hold in dsecd's buffers (the files routes account into it). */
   readonly transfers = new TransferMeter();
 

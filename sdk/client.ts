@@ -679,6 +679,8 @@ export interface RequestOptions {
 /** Error kind for each HTTP status, used when a response body carries no recognisable code. */
 const KIND_BY_STATUS: Record<number, ErrorKind> = {
   400: 'InvalidArgument',
+  401: 'Unauthenticated',
+  403: 'PermissionDenied',
   404: 'NotFound',
   409: 'Conflict',
   412: 'FailedPrecondition',
@@ -692,6 +694,8 @@ const KIND_BY_STATUS: Record<number, ErrorKind> = {
 /** The closed set of kinds; typed as a full record so adding a kind to daemon/errors.ts breaks the build here. */
 const KNOWN_KINDS: Record<ErrorKind, true> = {
   InvalidArgument: true,
+  Unauthenticated: true,
+  PermissionDenied: true,
   NotFound: true,
   AlreadyExists: true,
   Conflict: true,

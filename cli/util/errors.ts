@@ -171,6 +171,11 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (traj) return 'list trajectories with `dsec traj ls`';
       if (verb === 'call') return 'list images with `dsec images`';
       return verb === 'create' || verb === 'run' ? 'list images with `dsec images`, sandboxes with `dsec ls`' : 'list sandboxes with `dsec ls`';
+    case 'Unauthenticated':
+      return 'pass a token of `dsec token create` (--token or $DSEC_TOKEN, or a context: `dsec context ls`); a revoked or expired token needs a new one';
+    case 'PermissionDenied':
+      if (verb.startsWith('token ')) return 'token management needs an admin token or the Unix socket on dsecd\'s host';
+      return 'the token\'s role may not do this (reader: reads only; user: not host-wide operations); ask an admin for a token of another role';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;
     case 'AlreadyExists':

@@ -1,5 +1,6 @@
 /**
- * The HTTP+JSON API on a Unix socket (fastify). Parsing is done with the zod schemas of
+ * The HTTP+JSON API (fastify), served on the Unix socket and, with `--listen`, on the TCP
+ * door (daemon/remote/door.ts): the same routes on both, each door adding its hooks. Parsing is done with the zod schemas of
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
@@ -34,6 +35,10 @@ import { registerNetworkRoutes } from './routes/network.js';
 import { registerSecurityRoutes } from './routes/security.js';
 import type { SandboxNetworking } from '../net/network.js';
 import type { PolicySet } from '../security/egress-policy.js';
+import { noteErrorKind } from '../remote/audit.js';
+import { unixDoor, type ApiDoor } from '../remote/door.js';
+import type { TokenService } from '../remote/tokens.js';
+import { registerTokenRoutes } from './routes/tokens.js';
 
 /** What routes need. */
 export interface ApiDeps {
@@ -57,6 +62,8 @@ export interface ApiDeps {
     /** Loads the configured profile file again. @throws DsecError InvalidArgument naming the file and field (the profile in force stays). */
     reloadSeccomp(): SeccompProfileInfo;
   };
+  /** API tokens of the TCP door (routes/tokens.ts; admin only). */
+  tokens: TokenService;
   /** Sandbox networking and network policies (routes/network.ts); absent: those routes answer Unimplemented. */
   network?: {
     networking: SandboxNetworking;
@@ -102,6 +109,8 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
   }
   if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
   metrics?.errors.inc({ code: err.kind });
+  noteErrorKind(reply, err.kind);
+  if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');
   return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } });
 }
 
@@ -110,10 +119,14 @@ function routeRegex(url: string): RegExp {
   return new RegExp(`^${url.replace(/[.*+?^${}()|[\]\\]/g, '\\$&').replace(/\/:[a-z_]+/g, '/[^/]+')}/?$`);
 }
 
-/** Builds the fastify app with every route; the caller listens. */
-export function buildApi(deps: ApiDeps): FastifyInstance {
-  const app = baseApp(deps);
+/**
+ * Builds the fastify app with every route; the caller listens.
+ * @param door the Unix socket's (default: every caller is the local admin) or the TCP door's (daemon/remote/door.ts)
+ */
+export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): FastifyInstance {
+  const app = baseApp(deps, ROUTE_DOCS, door);
   registerHostRoutes(app, deps);
+  registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
   registerEventRoutes(app, deps);
   registerImageRoutes(app, deps);
@@ -136,7 +149,7 @@ export function buildApi(deps: ApiDeps): FastifyInstance {
  * `[sandboxfusion] address`: nothing else of the API is reachable over TCP.
  */
 export function buildRunCodeApi(deps: ApiDeps): FastifyInstance {
-  const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'));
+  const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'), unixDoor(null));
   registerRunCodeRoute(app, deps);
   return app;
 }
@@ -145,8 +158,9 @@ export function buildRunCodeApi(deps: ApiDeps): FastifyInstance {
  * A fastify app with the API's body parsing, limits and error shapes, and no routes.
  * @param served the routes it will serve: a known path with another method is 405, anything else 404.
  */
-function baseApp(deps: ApiDeps, served: readonly RouteDoc[] = ROUTE_DOCS): FastifyInstance {
+function baseApp(deps: ApiDeps, served: readonly RouteDoc[], door: ApiDoor): FastifyInstance {
   const app = Fastify({
+    ...door.serverOptions,
     // Errors the HTTP parser raises before fastify routes (headers too large, unknown
     // method, malformed request line) also answer in the API's error shape.
     clientErrorHandler: (err: NodeJS.ErrnoException & { code?: string }, socket) => {
@@ -169,7 +183,8 @@ function baseApp(deps: ApiDeps, served: readonly RouteDoc[] = ROUTE_DOCS): Fasti
     // On shutdown, idle keep-alive connections close at once and requests in flight
     // (an exec) finish; the daemon bounds the wait (see daemon/main.ts).
     forceCloseConnections: 'idle',
-  });
+  }) as unknown as FastifyInstance;
+  door.install(app);
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {

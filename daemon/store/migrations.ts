@@ -172,4 +172,20 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE sandboxes ADD COLUMN io TEXT;                              -- JSON IoLimits (daemon/host/cgroups/io.ts), else NULL (none)
     `,
   },
+  {
+    version: 9,
+    description: 'API tokens of the TCP door (hashes only)',
+    sql: `
+      CREATE TABLE tokens (
+        id          TEXT PRIMARY KEY,               -- 16 hex, the first part of the token text
+        tenant      TEXT NOT NULL,
+        role        TEXT NOT NULL,                  -- admin|user|reader|metrics
+        hash        TEXT NOT NULL,                  -- HMAC-SHA256 of the token text (daemon/remote/tokens.ts)
+        description TEXT,
+        created_at  INTEGER NOT NULL,               -- ms since epoch
+        expires_at  INTEGER,                        -- ms since epoch, NULL: never
+        revoked_at  INTEGER                         -- ms since epoch, NULL: not revoked
+      );
+    `,
+  },
 ];

@@ -49,6 +49,24 @@ export interface StartOptions {
   args?: string[];
   /** Run dsecd inside this named network namespace (`nsenter --net=/run/netns/<netns>`: the host's mount namespace stays). */
   netns?: string;
+  /**
+   * Serve the TCP door too: dsecd gets `--listen 127.0.0.1:PORT` on a free port
+   * ({@link TestDaemon.remotePort}); `true`, or extra dsecd flags (e.g. `--tls-ca`).
+   */
+  listen?: boolean | { args: string[] };
+}
+
+/** A TCP port free on 127.0.0.1 now (the kernel's pick for port 0; another process may take it before dsecd binds it, which makes dsecd's start fail loudly). */
+export async function freePort(): Promise<number> {
+  const net = await import('node:net');
+  return new Promise((resolve, reject) => {
+    const s = net.createServer();
+    s.once('error', reject);
+    s.listen(0, '127.0.0.1', () => {
+      const p = (s.address() as { port: number }).port;
+      s.close(() => resolve(p));
+    });
+  });
 }
 
 /** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
@@ -123,6 +141,10 @@ export class TestDaemon {
   args: string[] = [];
   /** Network namespace dsecd runs in (StartOptions.netns), or null for the caller's. */
   netns: string | null = null;
+  /** The TCP door's port on 127.0.0.1, when started with `listen`. */
+  remotePort: number | null = null;
+  /** Extra dsecd flags of every launch (the TCP door's). */
+  private extraArgs: string[] = [];
 
   private constructor(readonly root: string, readonly slot: number, private baseConfig: string, private readonly pool: { base: number; size: number; rangeSize?: number }) {
     this.instance = instanceNameFor(root);
@@ -144,6 +166,10 @@ export class TestDaemon {
     d.args = opts.args ?? [];
     d.netns = opts.netns ?? null;
     d.ownsSlot = !opts.samePoolAs;
+    if (opts.listen) {
+      d.remotePort = await freePort();
+      d.extraArgs = ['--listen', `127.0.0.1:${d.remotePort}`, ...(typeof opts.listen === 'object' ? opts.listen.args : [])];
+    }
     try {
       await d.launch(opts.env);
     } catch (e) {
@@ -184,11 +210,22 @@ export class TestDaemon {
     return existsSync(inStore) ? inStore : path.join(this.root, 'sandboxes', id, 'upper');
   }
 
+  /** The TCP door's URL (`https://127.0.0.1:PORT`). @throws Error when started without `listen`. */
+  get remoteUrl(): string {
+    if (this.remotePort === null) throw new Error('this daemon was started without listen');
+    return `https://127.0.0.1:${this.remotePort}`;
+  }
+
+  /** The CA certificate dsecd made for its TCP door (`<root>/tls/ca.crt`). */
+  get caFile(): string {
+    return path.join(this.root, 'tls', 'ca.crt');
+  }
+
   /** Starts dsecd on this root and waits until the API answers. */
   async launch(env: Record<string, string> = {}): Promise<void> {
     writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
     this.stderr = '';
-    const argv = [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.args];
+    const argv = [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.extraArgs, ...this.args];
     // nsenter joins only the network namespace and then execs dsecd (same pid).
     const cmd = this.netns ? ['nsenter', `--net=/run/netns/${this.netns}`, ...argv] : argv;
     const proc = spawn(cmd[0], cmd.slice(1), {
@@ -208,6 +245,8 @@ export class TestDaemon {
       if (exited) throw new Error(`dsecd exited during start:\n${this.stderr}`);
       try {
         await this.client.version();
+        // The TCP door listens after the socket: wait for it too.
+        if (this.remotePort !== null) await tcpAccepts(this.remotePort);
         return;
       } catch {
         await new Promise((r) => setTimeout(r, 50));
@@ -329,6 +368,17 @@ export class TestDaemon {
     rmSync(this.root, { recursive: true, force: true });
     if (this.ownsSlot) releaseSlot(this.slot);
   }
+}
+
+/** Resolves when 127.0.0.1:`port` accepts a TCP connection; rejects when it refuses. */
+function tcpAccepts(port: number): Promise<void> {
+  return new Promise((resolve, reject) => {
+    import('node:net').then((net) => {
+      const c = net.connect(port, '127.0.0.1');
+      c.once('connect', () => { c.destroy(); resolve(); });
+      c.once('error', reject);
+    }, reject);
+  });
 }
 
 /** Name of the instance network namespace (daemon/net/instance.ts). */

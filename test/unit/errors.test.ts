@@ -4,7 +4,7 @@ import { DsecError, ERROR_STATUS, wrap } from '../../daemon/errors.js';
 describe('error kinds', () => {
   it('map to the contract statuses', () => {
     expect(ERROR_STATUS).toEqual({
-      InvalidArgument: 400, NotFound: 404, AlreadyExists: 409, Conflict: 409,
+      InvalidArgument: 400, Unauthenticated: 401, PermissionDenied: 403, NotFound: 404, AlreadyExists: 409, Conflict: 409,
       FailedPrecondition: 412, ResourceExhausted: 429, Internal: 500,
       Unimplemented: 501, Unavailable: 503, DeadlineExceeded: 504,
     });

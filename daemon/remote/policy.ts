@@ -1,0 +1,78 @@
+/**
+ * Who may call what: each route of the API needs one kind of access, and each token role
+ * grants some kinds. Decided from the route table (method and fastify-style URL), so a
+ * route added later is classified by the same rules without a list to update: a GET is
+ * `read`, anything else `write`, unless it is named in {@link ADMIN_ROUTES} (host-wide
+ * operations), {@link ANY_ROUTES}, or is the metrics route.
+ *
+ * A WebSocket route (an exec attach, a console) is a GET that writes (stdin, keys): it
+ * needs `write`.
+ */
+import type { TokenRole } from './tokens.js';
+
+/** What a route needs: `any` (every role: who am I, which version), `read` (no change), `write` (changes the caller's objects), `admin` (host-wide), `metrics` (GET /metrics). */
+export type Access = 'any' | 'read' | 'write' | 'admin' | 'metrics';
+
+/** Routes every role may call: they tell the caller about itself and the daemon's version. */
+export const ANY_ROUTES: ReadonlySet<string> = new Set(['GET /v1/whoami', 'GET /v1/version']);
+
+/**
+ * Routes only an admin may call, as `METHOD url` (fastify-style). Each changes or reveals
+ * what is shared by every tenant of the host, or reads the host's own files:
+ * - tokens: who may call at all;
+ * - image import reads any path on dsecd's host (as root), bootstrap runs debootstrap as
+ *   root; prune, compose, tag and rm change images every tenant creates from (images are
+ *   host-wide until tenancy gives user images a tenant);
+ * - the seccomp profile and network policy reloads apply host configuration.
+ */
+export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
+  'POST /v1/tokens',
+  'GET /v1/tokens',
+  'DELETE /v1/tokens/:id',
+  'POST /v1/images/import',
+  'POST /v1/images/bootstrap',
+  'POST /v1/images/prune',
+  'POST /v1/images',
+  'POST /v1/images/:ref/tag',
+  'DELETE /v1/images/:ref',
+  'POST /v1/security/seccomp/reload',
+  'POST /v1/network/policies/reload',
+]);
+
+/** The metrics route: `metrics` access, which admin, user, reader and metrics tokens have. */
+export const METRICS_ROUTE = 'GET /metrics';
+
+/**
+ * The access a request needs.
+ * @param method HTTP method
+ * @param url the matched route's fastify-style URL (`/v1/sandboxes/:id`), or undefined when no route matched (then by method alone)
+ * @param upgrade whether the request asks to upgrade to a WebSocket
+ */
+export function accessOf(method: string, url: string | undefined, upgrade: boolean): Access {
+  const key = `${method} ${url ?? ''}`;
+  if (key === METRICS_ROUTE) return 'metrics';
+  if (ANY_ROUTES.has(key)) return 'any';
+  if (url !== undefined && ADMIN_ROUTES.has(key)) return 'admin';
+  if ((method === 'GET' || method === 'HEAD') && !upgrade) return 'read';
+  return 'write';
+}
+
+/** Which kinds of access each role has. */
+const GRANTS: Record<TokenRole, ReadonlySet<Access>> = {
+  admin: new Set(['any', 'read', 'write', 'admin', 'metrics']),
+  user: new Set(['any', 'read', 'write', 'metrics']),
+  reader: new Set(['any', 'read', 'metrics']),
+  metrics: new Set(['any', 'metrics']),
+};
+
+/** Whether `role` may make a request that needs `access`. */
+export function allows(role: TokenRole, access: Access): boolean {
+  return GRANTS[role].has(access);
+}
+
+/** Routes that create sandboxes (per-token create rate limit, docs/SECURITY.md). */
+export const CREATE_ROUTES: ReadonlySet<string> = new Set([
+  'POST /v1/sandboxes',
+  'POST /v1/snapshots/:ref/restore',
+  'POST /v1/snapshots/:ref/fork',
+]);

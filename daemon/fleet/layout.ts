@@ -14,6 +14,14 @@
  * | `<p>/v1/hosts/<name>/live` | {@link HostLiveRecord}: load; present only while the host is up | the host's | the host, every few seconds |
  * | `<p>/v1/hosts/<name>/images` | {@link HostImagesRecord}: images on the host | the host's | the host, when they change |
  * | `<p>/v1/cordons/<name>` | {@link CordonRecord} | none | gateways (`dsec host cordon/drain`) |
+ * | `<p>/v1/tokens/<id>` | `{ hash }` of an API token (daemon/remote/tokens.ts) | none | gateways (`dsec token create` through one, `dsec-gateway token create`) |
+ * | `<p>/v1/token-meta/<id>` | the token's record without its hash | none | gateways |
+ * | `<p>/v1/revoked/<id>` | `{ at }`: the token is revoked | none | gateways and hosts (`dsec token revoke` anywhere) |
+ *
+ * Token hashes sit apart from the rest of a token's record so that etcd's roles can let
+ * hosts list tokens and revoke them without reading a hash or minting a token: only
+ * gateways read `tokens/` (they authenticate callers), and a revocation is a key of its
+ * own that any member may add and every door watches.
  *
  * Host names are keys, not ids, so that etcd's role-based access can give each host
  * write access to its own `hosts/<name>/` prefix and nothing else (a host's etcd user is
@@ -113,6 +121,21 @@ export class FleetKeys {
 
   cordon(name: string): string {
     return `${this.cordons}${name}`;
+  }
+
+  /** Prefix of token hashes (gateways only). */
+  get tokens(): string {
+    return `${this.root}tokens/`;
+  }
+
+  /** Prefix of token records without hashes. */
+  get tokenMeta(): string {
+    return `${this.root}token-meta/`;
+  }
+
+  /** Prefix of token revocations. */
+  get revoked(): string {
+    return `${this.root}revoked/`;
   }
 
   /**

@@ -1,0 +1,189 @@
+/**
+ * The gateway's host table: the fleet's hosts as etcd says they are, mirrored in memory
+ * from the `hosts/` and `cordons/` prefixes (daemon/fleet/layout.ts), plus what this
+ * gateway placed since each host last reported its load. Every decision on the hot path
+ * (placement, routing an id to its host) reads this table and never etcd.
+ *
+ * A host is `up` while its `live` key exists (its lease is alive) and belongs to the id
+ * that holds its name, `down` otherwise. Events: `up` and `down` (host name) when that
+ * changes, `stale` and `fresh` when the watch of etcd goes down and comes back (the
+ * table then holds the last known state: issue 21's "the view is stale").
+ */
+import { EventEmitter } from 'node:events';
+import type { Etcd3 } from 'etcd3';
+import type { Logger } from 'pino';
+import { CordonRecord, FleetKeys, HostImagesRecord, HostInfoRecord, HostLiveRecord, parseRecord } from '../daemon/fleet/layout.js';
+import { PrefixMirror, type MirrorChange } from '../daemon/fleet/mirror.js';
+
+/** Resources a placement reserves on a host until the host's own numbers include it. */
+export interface Reservation {
+  count: number;
+  cpus: number;
+  memoryBytes: number;
+}
+
+/** One host as the gateway knows it. */
+export interface HostEntry {
+  name: string;
+  /** The host id holding the name (`hosts/<name>/id`), or null when only other keys exist. */
+  id: string | null;
+  info: HostInfoRecord | null;
+  live: HostLiveRecord | null;
+  images: HostImagesRecord | null;
+  /** Image refs and digests present (from `images`), for placement's image score. */
+  imageSet: Set<string>;
+  cordon: CordonRecord | null;
+  /** `up`: its lease is alive; `down`: it lapsed (or the host never registered fully). */
+  state: 'up' | 'down';
+  /** When this gateway last saw the state change, ms since the epoch. */
+  since: number;
+  /** Creates this gateway has sent to the host and not yet seen answered. */
+  inflight: Reservation;
+  /** Creates this gateway saw succeed, with when, until the host's load includes them. */
+  recent: Array<Reservation & { at: number }>;
+}
+
+/**
+ * How long a create this gateway placed counts against a host after it succeeded: 1 s,
+ * after which the host's own `live` record (rewritten within 250 ms of a large change,
+ * else every 2 s) is trusted to include it. An estimate only: the host admits or refuses.
+ */
+export const RECENT_MS = 1000;
+
+/** The table; see the module comment. */
+export class HostTable extends EventEmitter {
+  readonly hosts = new Map<string, HostEntry>();
+  private readonly byTag = new Map<string, Set<string>>();
+  private readonly hostMirror: PrefixMirror;
+  private readonly cordonMirror: PrefixMirror;
+
+  constructor(etcd: Etcd3, readonly keys: FleetKeys, private readonly log: Logger) {
+    super();
+    this.hostMirror = new PrefixMirror(etcd, keys.hosts, log);
+    this.cordonMirror = new PrefixMirror(etcd, keys.cordons, log);
+    this.hostMirror.on('change', (c: MirrorChange) => this.onHostKey(c));
+    this.cordonMirror.on('change', (c: MirrorChange) => this.onCordonKey(c));
+    for (const m of [this.hostMirror, this.cordonMirror]) {
+      m.on('stale', () => this.emit('stale'));
+      m.on('connected', () => {
+        if (this.fresh) this.emit('fresh');
+      });
+    }
+  }
+
+  /** Reads etcd and starts watching (retries while etcd is unreachable). */
+  async start(signal?: AbortSignal): Promise<void> {
+    await Promise.all([this.hostMirror.start(signal), this.cordonMirror.start(signal)]);
+  }
+
+  /** Stops watching. */
+  async close(): Promise<void> {
+    await Promise.all([this.hostMirror.close(), this.cordonMirror.close()]);
+  }
+
+  /** Whether the table follows etcd now (false: the last known state, since {@link staleSince}). */
+  get fresh(): boolean {
+    return this.hostMirror.connected && this.cordonMirror.connected;
+  }
+
+  /** When the view went stale, ms since the epoch, or null while fresh. */
+  get staleSince(): number | null {
+    const a = this.hostMirror.staleSince, b = this.cordonMirror.staleSince;
+    return a === null ? b : b === null ? a : Math.min(a, b);
+  }
+
+  /** Names of the hosts whose id tag is `tag` (usually one; more on a tag collision). */
+  namesForTag(tag: string): string[] {
+    return [...(this.byTag.get(tag) ?? [])];
+  }
+
+  /** Every host, by name. */
+  list(): HostEntry[] {
+    return [...this.hosts.values()].sort((a, b) => a.name.localeCompare(b.name));
+  }
+
+  private entry(name: string): HostEntry {
+    let e = this.hosts.get(name);
+    if (!e) {
+      e = {
+        name, id: null, info: null, live: null, images: null, imageSet: new Set(), cordon: null, state: 'down', since: Date.now(),
+        inflight: { count: 0, cpus: 0, memoryBytes: 0 }, recent: [],
+      };
+      this.hosts.set(name, e);
+    }
+    return e;
+  }
+
+  private onHostKey(c: MirrorChange): void {
+    const k = this.keys.parseHostKey(c.key);
+    if (!k) return;
+    const e = this.entry(k.name);
+    switch (k.leaf) {
+      case 'id':
+        e.id = c.value ? c.value.toString() : null;
+        break;
+      case 'info': {
+        const oldTag = e.info?.tag;
+        e.info = parseRecord(HostInfoRecord, c.value);
+        if (oldTag && oldTag !== e.info?.tag) this.byTag.get(oldTag)?.delete(k.name);
+        if (e.info) {
+          let s = this.byTag.get(e.info.tag);
+          if (!s) this.byTag.set(e.info.tag, (s = new Set()));
+          s.add(k.name);
+        }
+        break;
+      }
+      case 'live':
+        e.live = parseRecord(HostLiveRecord, c.value);
+        // The host's numbers now include what succeeded a while ago.
+        if (e.live) e.recent = e.recent.filter((r) => r.at > Date.now() - RECENT_MS);
+        break;
+      case 'images':
+        e.images = parseRecord(HostImagesRecord, c.value);
+        e.imageSet = new Set((e.images?.images ?? []).flatMap((i) => [i.ref, ...(i.digest ? [i.digest] : [])]));
+        break;
+      default:
+        return;
+    }
+    this.updateState(e);
+  }
+
+  private onCordonKey(c: MirrorChange): void {
+    const name = this.keys.parseCordonKey(c.key);
+    if (!name) return;
+    this.entry(name).cordon = parseRecord(CordonRecord, c.value);
+  }
+
+  private updateState(e: HostEntry): void {
+    const up = !!(e.live && e.info && e.id && e.live.id === e.id && e.info.id === e.id);
+    const state = up ? 'up' : 'down';
+    if (state === e.state) return;
+    e.state = state;
+    e.since = Date.now();
+    if (!up) {
+      e.inflight = { count: 0, cpus: 0, memoryBytes: 0 };
+      e.recent = [];
+    }
+    this.log.info({ host: e.name, state }, `fleet: host ${e.name} is ${state}`);
+    this.emit(state, e.name);
+  }
+
+  /** Counts a create sent to `name` until {@link settle} says how it ended. */
+  reserve(name: string, r: Reservation): void {
+    const e = this.hosts.get(name);
+    if (!e) return;
+    e.inflight.count += r.count;
+    e.inflight.cpus += r.cpus;
+    e.inflight.memoryBytes += r.memoryBytes;
+  }
+
+  /** Ends a reservation: a create that succeeded keeps counting for {@link RECENT_MS}. */
+  settle(name: string, r: Reservation, ok: boolean): void {
+    const e = this.hosts.get(name);
+    if (!e) return;
+    e.inflight.count = Math.max(0, e.inflight.count - r.count);
+    e.inflight.cpus = Math.max(0, e.inflight.cpus - r.cpus);
+    e.inflight.memoryBytes = Math.max(0, e.inflight.memoryBytes - r.memoryBytes);
+    if (ok) e.recent.push({ ...r, at: Date.now() });
+  }
+}

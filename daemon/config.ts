@@ -2,6 +2,7 @@
  * dsecd configuration: defaults, the optional TOML file, environment, and flags, in
  * increasing precedence. The resolved object is immutable for the life of the process.
  */
+import net from 'node:net';
 import os from 'node:os';
 import type { FncallPoolConfig } from './fncall/pool.js';
 import type { WarmPoolConfig } from './sandbox/warm-pool.js';
@@ -601,6 +602,30 @@ export interface ConfigSources {
 }
 
 /**
+ * What a fleet changes of a host's TCP door and fills in of the fleet settings: the door
+ * must run with the host's fleet certificate and the fleet CA, and accepts only gateway
+ * certificates (gateways authenticate callers; docs/SECURITY.md "Fleet identity"); the
+ * advertised address defaults to a specific `--listen` address; etcd's client
+ * certificate defaults to the host's own (its CN is the host's etcd user).
+ * @throws DsecError InvalidArgument naming what is missing.
+ */
+function fleetHost(fleet: FleetConfig, remote: RemoteConfig): [FleetConfig, RemoteConfig] {
+  if (!remote.listen || !remote.tlsCert || !remote.tlsKey || !remote.tlsCa) {
+    throw invalidArgument('a fleet host (--etcd) serves gateways over mutual TLS: give --listen ADDR:PORT, --tls-cert and --tls-key (its certificate of role host, `dsec fleet cert --role host`) and --tls-ca (the fleet CA)');
+  }
+  let advertise = fleet.advertise;
+  if (advertise === null) {
+    const { host, port } = parseListen(remote.listen, '--listen');
+    if (host === '0.0.0.0' || host === '::') throw invalidArgument(`--listen ${remote.listen} names no address gateways could reach: give --advertise https://ADDR:${port}`);
+    advertise = `https://${net.isIPv6(host) ? `[${host}]` : host}:${port}`;
+  }
+  return [
+    { ...fleet, advertise, cert: fleet.cert ?? remote.tlsCert, key: fleet.key ?? remote.tlsKey, ca: fleet.ca ?? remote.tlsCa },
+    { ...remote, peerRoles: ['gateway'] },
+  ];
+}
+
+/**
  * The fleet settings from flags over `[fleet]`; null when no etcd endpoint is given.
  * @throws DsecError InvalidArgument for a malformed URL, host name or label.
  */
@@ -707,8 +732,11 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     if (isDsecError(e) && !src.etcd && fc.fleet?.etcd) throw invalidArgument(`config ${file}: fleet: ${e.message}`);
     throw e;
   }
+  let remoteCfg = remote;
+  if (fleet) [fleet, remoteCfg] = fleetHost(fleet, remote);
   return Object.freeze({
     fleet,
+    remote: remoteCfg,
     root,
     socket,
     instance: fc.instance ?? instanceNameFor(root),
@@ -742,7 +770,6 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
-    remote,
     audit: { path: path.resolve(fc.audit?.path ?? path.join(root, 'audit.log')) },
     admission: {
       maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,

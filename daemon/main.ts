@@ -476,7 +476,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     await reaper.sweep();
     reaper.start();
     const cg = cgroups;
-    const tokens = new TokenService(new SqliteTokenStore(db));
+    // In a fleet etcd holds the tokens (daemon/fleet/tokens.ts); else dsecd's own store.
+    const tokens = new TokenService(fleetJoin ? fleetJoin.tokenStore() : new SqliteTokenStore(db));
     const apiDeps: ApiDeps = {
       tokens,
       manager,
@@ -586,6 +587,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           memory_bytes: os.totalmem() * config.admission.memoryOvercommit,
           disk_bytes: ((c) => (c === null || !storage.enforcesQuota ? null : c * config.admission.diskOvercommit))(storage.capacityBytes()),
         },
+        defaults: { cpus: config.defaults.cpus, memory_bytes: config.defaults.memoryBytes },
         version: DSEC_VERSION,
       }),
       load: () => {
@@ -595,6 +597,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
           admitted: { count: t.count, cpus: t.cpus, memory_bytes: t.memoryBytes, disk_bytes: t.diskBytes },
           warm_pools: warm.stats().map((w) => ({ image: w.image, network: w.network, ready: w.ready, size: w.size })),
           jobs: repo.jobCounts(),
+          untagged: repo.countUntagged(identity!.tag),
         };
       },
       images: async () => (await images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
@@ -611,7 +614,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     let remote: RemoteDoor | null = null;
     if (config.remote.listen) {
       try {
-        remote = await startRemoteDoor(config.remote, config.root, apiDeps, audit, log);
+        remote = await startRemoteDoor(config.remote, config.root, apiDeps, audit, log, { gatewayIdentity: config.fleet !== null });
       } catch (e) {
         await sfApp?.close();
         await app.close();

@@ -11,6 +11,7 @@ import { openEtcd } from './etcd.js';
 import type { HostIdentity } from './identity.js';
 import { FleetKeys } from './layout.js';
 import { NameTakenError, Registration, type FleetHostSource } from './registration.js';
+import { EtcdTokenStore } from './tokens.js';
 
 /**
  * How long the start-up check of the name claim waits for etcd: 1 s. An etcd that does not
@@ -22,7 +23,7 @@ const PRECHECK_MS = 1000;
 export interface FleetMembership {
   /** The registration's state (host info's `fleet`). */
   status(): ReturnType<Registration['status']>;
-  /** Revokes the lease and closes the etcd client; never throws. */
+  /** Revokes the lease, stops the token store's watches and closes the etcd client; never throws. */
   stop(): Promise<void>;
 }
 
@@ -30,8 +31,14 @@ export interface FleetMembership {
 export interface FleetJoin {
   /** Begins registering (first attempt in the background); never throws. */
   register(source: FleetHostSource): FleetMembership;
-  /** Closes the etcd client (a start that failed later). */
+  /** Stops the token store's watches and closes the etcd client (a start that failed later). */
   close(): void;
+  /**
+   * The fleet's token store (etcd is the one store of API tokens in a fleet): a host reads
+   * token records and revocations, never hashes, and may revoke but not create
+   * (daemon/fleet/tokens.ts). Its mirrors load in the background.
+   */
+  tokenStore(): EtcdTokenStore;
 }
 
 /**
@@ -51,22 +58,29 @@ export async function prepareFleet(cfg: FleetConfig, identity: HostIdentity, log
     etcd.close();
     throw e;
   }
+  let store: EtcdTokenStore | null = null;
+  let reg: Registration | null = null;
+  const close = async () => {
+    await reg?.stop();
+    await store?.close();
+    etcd.close();
+  };
   return {
     register(source) {
-      const reg = new Registration({
+      const r = new Registration({
         etcd, keys, identity, name: cfg.hostName, advertise: cfg.advertise!, labels: cfg.labels,
         leaseTtlS: cfg.leaseTtlS, refreshMs: cfg.refreshMs, source, log,
       });
-      void reg.start();
-      return {
-        status: () => reg.status(),
-        async stop() {
-          await reg.stop();
-          etcd.close();
-        },
-      };
+      reg = r;
+      void r.start();
+      return { status: () => r.status(), stop: close };
     },
-    close: () => etcd.close(),
+    close: () => void close(),
+    tokenStore() {
+      store ??= new EtcdTokenStore(etcd, keys, log, false);
+      void store.start().catch(() => {});
+      return store;
+    },
   };
 }
 

@@ -185,6 +185,8 @@ export const HostInfoRecord = z.object({
     memory_bytes: z.number().min(0),
     disk_bytes: z.number().min(0).nullable(),
   }),
+  /** Limits a sandbox gets when its create names none (dsecd's `[defaults]`). */
+  defaults: z.object({ cpus: z.number().positive(), memory_bytes: z.number().int().positive() }),
   version: z.string(),
   /** When this dsecd process started, ms since the epoch. */
   started_at: z.number().int(),
@@ -217,6 +219,11 @@ export const HostLiveRecord = z.object({
   warm_pools: z.array(WarmPoolFill),
   /** Sandboxes per value of the `job` label (the 256 largest jobs), for spreading or packing a job. */
   jobs: z.record(z.string(), z.number().int().min(0)),
+  /**
+   * Sandboxes whose id does not begin with the host's tag (made before the host joined the
+   * fleet): a gateway that does not find such an id at the tag's host asks the hosts that have some.
+   */
+  untagged: z.number().int().min(0),
 });
 export type HostLiveRecord = z.infer<typeof HostLiveRecord>;
 

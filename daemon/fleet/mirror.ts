@@ -43,7 +43,7 @@ export class PrefixMirror extends EventEmitter {
 
   /**
    * Reads the prefix and starts the watch; resolves once both are done. Retries (with
-   * back-off up to 2 s) while etcd is unreachable; `signal` gives up.
+   * back-off up to 2 s) while etcd is unreachable; `signal` or {@link close} gives up (rejects).
    */
   async start(signal?: AbortSignal): Promise<void> {
     let pause = 100;
@@ -56,6 +56,7 @@ export class PrefixMirror extends EventEmitter {
         this.log.warn({ prefix: this.prefix, err: (e as Error).message }, 'fleet: cannot read etcd yet; retrying');
         await new Promise((r) => setTimeout(r, pause));
         pause = Math.min(2000, pause * 2);
+        if (this.closed) throw new Error(`watch of ${this.prefix} closed`);
       }
     }
   }

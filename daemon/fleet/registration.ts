@@ -26,9 +26,9 @@ import { DEFAULT_LEASE_TTL_S, DEFAULT_REFRESH_MS, FleetKeys, type HostImagesReco
 /** What the daemon tells the registration about its host (closures over its subsystems). */
 export interface FleetHostSource {
   /** Static facts: backends, capacity, admission limits, version. */
-  info(): Pick<HostInfoRecord, 'backends' | 'capacity' | 'admission' | 'version'>;
-  /** The load that placement reads: sandboxes by state, admitted sums, warm pools, jobs. */
-  load(): Pick<HostLiveRecord, 'sandboxes' | 'admitted' | 'warm_pools' | 'jobs'>;
+  info(): Pick<HostInfoRecord, 'backends' | 'capacity' | 'admission' | 'defaults' | 'version'>;
+  /** The load that placement reads: sandboxes by state, admitted sums, warm pools, jobs, untagged ids. */
+  load(): Pick<HostLiveRecord, 'sandboxes' | 'admitted' | 'warm_pools' | 'jobs' | 'untagged'>;
   /** Image references present on the host. */
   images(): Promise<HostImagesRecord['images']>;
 }

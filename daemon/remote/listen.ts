@@ -46,10 +46,12 @@ export async function serverTls(remote: RemoteConfig, root: string, log: Logger)
 }
 
 /**
- * Builds and starts the TCP door.
+ * Builds and starts the TCP door. With `gatewayIdentity` (a fleet host) a gateway
+ * certificate's requests carry their caller in headers (daemon/remote/door.ts).
  * @throws DsecError InvalidArgument for unreadable TLS files, FailedPrecondition when the address is taken.
  */
-export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: ApiDeps, audit: AuditLog | null, log: Logger): Promise<RemoteDoor> {
+export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: ApiDeps, audit: AuditLog | null, log: Logger,
+  opts: { gatewayIdentity?: boolean } = {}): Promise<RemoteDoor> {
   const tls = await serverTls(remote, root, log);
   const clientCa = remote.tlsCa ? readPem(remote.tlsCa, 'CERTIFICATE', '--tls-ca') : null;
   const door = tcpDoor({
@@ -59,6 +61,7 @@ export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: 
     metrics: deps.metrics,
     log: log.child({ component: 'door' }),
     audit,
+    gatewayIdentity: opts.gatewayIdentity,
   });
   const app = buildApi(deps, door);
   const { host, port } = parseListen(remote.listen!, '--listen');

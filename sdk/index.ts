@@ -91,4 +91,8 @@ export type {
   WriteFileOptions,
   WriteFileResult,
   WriteStdinOptions,
+  TokenInfo,
+  CreatedToken,
+  CreateTokenOptions,
+  Whoami,
 } from './client.js';

@@ -83,7 +83,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
       throw new DsecError(e.kind, `${e.message}${refusals.length ? `; refusals: ${refusals.join('; ')}` : ''}`);
     }
     const host = ctx.table.hosts.get(pick.name)!;
-    const r: Reservation = { count: 1, cpus: preq.cpus, memoryBytes: preq.memoryBytes };
+    const r: Reservation = { count: 1, cpus: preq.cpus, memoryBytes: preq.memoryBytes, job: preq.job };
     ctx.table.reserve(host.name, r);
     let settled = false;
     const settle = (ok: boolean) => {

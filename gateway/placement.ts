@@ -12,7 +12,9 @@
  * 2. Sample K of the hosts that passed, uniformly without replacement (E2B's best-of-K,
  *    the "power of K choices": K = 3 by default, as theirs), so concurrent decisions of
  *    many gateways spread instead of all choosing the one best host.
- * 3. Score each sampled host and take the best ({@link score}).
+ * 3. Take the best sampled host: for a request with a job, first by the job's sandboxes
+ *    there (fewest when spreading, most when packing: a topology spread constraint with
+ *    no skew allowed among the sampled hosts), then by {@link score}.
  * The create goes to that host; if the host refuses (ResourceExhausted, Unavailable) the
  * gateway adds it to `refused` and decides again (gateway/create.ts).
  */
@@ -61,8 +63,6 @@ export interface ScoreWeights {
   image: number;
   /** A warm-pool shell for the request is ready there (no runtime start). */
   warm: number;
-  /** Spreading (or packing) the request's job. */
-  job: number;
 }
 
 /** How placement decides. */
@@ -81,10 +81,9 @@ export const DEFAULT_K = 3;
 
 /**
  * Default weights: free capacity counts most; a ready warm shell (a create that skips the
- * runtime) more than a present image (a create that skips a layer fetch); the job term as
- * much as a warm shell, so a job spreads unless hosts differ a lot in room.
+ * runtime) more than a present image (a create that skips a layer fetch).
  */
-export const DEFAULT_WEIGHTS: ScoreWeights = { free: 1, image: 0.3, warm: 0.5, job: 0.5 };
+export const DEFAULT_WEIGHTS: ScoreWeights = { free: 1, image: 0.3, warm: 0.5 };
 
 /** The filters, in the order they are applied. */
 export const FILTERS = ['down', 'cordoned', 'backend', 'refused', 'room'] as const;
@@ -119,11 +118,11 @@ export function excludedBy(h: PlacementHost, req: PlacementRequest): FilterName 
  *   + 0.4 x (1 - the larger of CPU busy and memory in use), so both the limits a host
  *   promised and what it really carries count;
  * - image: 1 when the image (by ref) is on the host;
- * - warm: 1 when a warm-pool shell of (image, network) is ready there;
- * - job: spread: 1 / (1 + the job's sandboxes there); pack: 1 - that (0 with none there);
- *   0 for a request without a job.
+ * - warm: 1 when a warm-pool shell of (image, network) is ready there.
+ * A job's spread is not a term of the score but the first key of the choice ({@link choose}):
+ * a weighted term would lose to noise in measured load once a host holds a few of the job.
  */
-export function score(h: PlacementHost, req: PlacementRequest, p: Pick<PlacementPolicy, 'job' | 'weights'>): number {
+export function score(h: PlacementHost, req: PlacementRequest, p: Pick<PlacementPolicy, 'weights'>): number {
   const ratio = Math.max(
     (h.used.count + 1) / Math.max(1, h.cap.count),
     (h.used.cpus + req.cpus) / Math.max(1e-9, h.cap.cpus),
@@ -133,13 +132,8 @@ export function score(h: PlacementHost, req: PlacementRequest, p: Pick<Placement
   const free = 0.6 * (1 - Math.min(1, ratio)) + 0.4 * (1 - Math.min(1, load));
   const image = h.images.has(req.image) ? 1 : 0;
   const warm = (h.warm.get(`${req.image}|${req.network}`) ?? 0) > 0 ? 1 : 0;
-  let job = 0;
-  if (req.job !== null) {
-    const n = h.jobs[req.job] ?? 0;
-    job = p.job === 'spread' ? 1 / (1 + n) : 1 - 1 / (1 + n);
-  }
   const w = p.weights;
-  return w.free * free + w.image * image + w.warm * warm + w.job * job;
+  return w.free * free + w.image * image + w.warm * warm;
 }
 
 /**
@@ -158,16 +152,22 @@ export function choose(hosts: readonly PlacementHost[], req: PlacementRequest, p
   // Partial Fisher-Yates: the first k entries of `ok` become a uniform sample.
   const k = Math.min(Math.max(1, p.k), ok.length);
   let best: PlacementHost | null = null;
+  let bestJob = 0;
   let bestScore = -Infinity;
   for (let i = 0; i < k; i++) {
     const j = i + Math.floor(p.random() * (ok.length - i));
     const t = ok[i];
     ok[i] = ok[j];
     ok[j] = t;
-    const s = score(ok[i], req, p);
-    if (s > bestScore) {
+    const h = ok[i];
+    // The job key: fewer of the job's sandboxes is better when spreading, more when packing.
+    const jk = req.job === null ? 0 : (p.job === 'spread' ? -1 : 1) * (h.jobs[req.job] ?? 0);
+    if (best !== null && jk < bestJob) continue;
+    const s = score(h, req, p);
+    if (best === null || jk > bestJob || s > bestScore) {
+      best = h;
+      bestJob = jk;
       bestScore = s;
-      best = ok[i];
     }
   }
   return best!;

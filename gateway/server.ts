@@ -126,9 +126,22 @@ function withoutHostParam(url: string): string {
 export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: FastifyInstance; router: Router } {
   const app = baseApp(ctx.log, door, ctx.metrics);
   const router = new Router(ctx);
-  registerTokenRoutes(app, { tokens: ctx.tokens });
-  registerHostRoutes(app, ctx, router);
-  app.get('/v1/version', async () => versionInfo());
+  // The gateway's own routes read JSON bodies (in a scope of their own: elsewhere bodies pass through).
+  app.register(async (scoped) => {
+    scoped.removeAllContentTypeParsers();
+    scoped.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {
+      const text = (body as string).trim();
+      if (!text) return done(null, undefined);
+      try {
+        done(null, JSON.parse(text));
+      } catch (e) {
+        done(invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
+      }
+    });
+    registerTokenRoutes(scoped, { tokens: ctx.tokens });
+    registerHostRoutes(scoped, ctx, router);
+    scoped.get('/v1/version', async () => versionInfo());
+  });
   const handler = (doc: RouteDoc, cls: RouteClass) => async (req: FastifyRequest, reply: FastifyReply) => {
     const params = req.params as Record<string, string>;
     switch (cls) {

@@ -20,6 +20,8 @@ export interface Reservation {
   count: number;
   cpus: number;
   memoryBytes: number;
+  /** The create's `job` label, or null. */
+  job: string | null;
 }
 
 /** One host as the gateway knows it. */
@@ -38,17 +40,19 @@ export interface HostEntry {
   /** When this gateway last saw the state change, ms since the epoch. */
   since: number;
   /** Creates this gateway has sent to the host and not yet seen answered. */
-  inflight: Reservation;
+  inflight: Array<Reservation>;
   /** Creates this gateway saw succeed, with when, until the host's load includes them. */
   recent: Array<Reservation & { at: number }>;
 }
 
 /**
- * How long a create this gateway placed counts against a host after it succeeded: 1 s,
- * after which the host's own `live` record (rewritten within 250 ms of a large change,
- * else every 2 s) is trusted to include it. An estimate only: the host admits or refuses.
+ * A create this gateway saw succeed counts against its host until a `live` record the
+ * host took after it arrives (then the host's own numbers include it), and for at most
+ * 10 s (a host whose reports stopped). The host stamps its records with its clock, the
+ * gateway its completions with its own: a fleet's clocks agree (NTP) far better than the
+ * 250 ms to 2 s between a host's records. An estimate only: the host admits or refuses.
  */
-export const RECENT_MS = 1000;
+export const RECENT_MAX_MS = 10_000;
 
 /** The table; see the module comment. */
 export class HostTable extends EventEmitter {
@@ -107,7 +111,7 @@ export class HostTable extends EventEmitter {
     if (!e) {
       e = {
         name, id: null, info: null, live: null, images: null, imageSet: new Set(), cordon: null, state: 'down', since: Date.now(),
-        inflight: { count: 0, cpus: 0, memoryBytes: 0 }, recent: [],
+        inflight: [], recent: [],
       };
       this.hosts.set(name, e);
     }
@@ -135,8 +139,11 @@ export class HostTable extends EventEmitter {
       }
       case 'live':
         e.live = parseRecord(HostLiveRecord, c.value);
-        // The host's numbers now include what succeeded a while ago.
-        if (e.live) e.recent = e.recent.filter((r) => r.at > Date.now() - RECENT_MS);
+        // The host's numbers now include what succeeded before it took them.
+        if (e.live) {
+          const at = e.live.at;
+          e.recent = e.recent.filter((r) => r.at > at && r.at > Date.now() - RECENT_MAX_MS);
+        }
         break;
       case 'images':
         e.images = parseRecord(HostImagesRecord, c.value);
@@ -161,7 +168,7 @@ export class HostTable extends EventEmitter {
     e.state = state;
     e.since = Date.now();
     if (!up) {
-      e.inflight = { count: 0, cpus: 0, memoryBytes: 0 };
+      e.inflight = [];
       e.recent = [];
     }
     this.log.info({ host: e.name, state }, `fleet: host ${e.name} is ${state}`);
@@ -170,20 +177,18 @@ export class HostTable extends EventEmitter {
 
   /** Counts a create sent to `name` until {@link settle} says how it ended. */
   reserve(name: string, r: Reservation): void {
-    const e = this.hosts.get(name);
-    if (!e) return;
-    e.inflight.count += r.count;
-    e.inflight.cpus += r.cpus;
-    e.inflight.memoryBytes += r.memoryBytes;
+    this.hosts.get(name)?.inflight.push(r);
   }
 
-  /** Ends a reservation: a create that succeeded keeps counting for {@link RECENT_MS}. */
+  /** Ends a reservation (the same object given to {@link reserve}): a create that succeeded keeps counting until the host reports it ({@link RECENT_MAX_MS}). */
   settle(name: string, r: Reservation, ok: boolean): void {
     const e = this.hosts.get(name);
     if (!e) return;
-    e.inflight.count = Math.max(0, e.inflight.count - r.count);
-    e.inflight.cpus = Math.max(0, e.inflight.cpus - r.cpus);
-    e.inflight.memoryBytes = Math.max(0, e.inflight.memoryBytes - r.memoryBytes);
-    if (ok) e.recent.push({ ...r, at: Date.now() });
+    const i = e.inflight.indexOf(r);
+    if (i >= 0) e.inflight.splice(i, 1);
+    if (ok) {
+      e.recent.push({ ...r, at: Date.now() });
+      if (e.recent.length > 4096) e.recent = e.recent.filter((x) => x.at > Date.now() - RECENT_MAX_MS);
+    }
   }
 }

@@ -32,9 +32,9 @@ export interface EtcdOptions {
 export const ETCD_CALL_MS = 3000;
 
 /**
- * Opens a client (connections are made lazily, on the first call). With `ca` the
- * endpoints must be `https://`; with `cert` and `key` the client authenticates by
- * certificate.
+ * Opens a client (connections are made lazily, on the first call). For `https://`
+ * endpoints, `ca` verifies etcd and `cert`/`key` authenticate the client; for `http://`
+ * ones they are not used.
  * @throws DsecError InvalidArgument when a PEM file cannot be read or only one of cert/key is given.
  */
 export function openEtcd(o: EtcdOptions): Etcd3 {
@@ -46,7 +46,8 @@ export function openEtcd(o: EtcdOptions): Etcd3 {
     }
   };
   if (!!o.cert !== !!o.key) throw invalidArgument('etcd client certificate and key go together: give both or neither');
-  const tls = o.ca || o.cert;
+  // TLS material applies to https:// endpoints; a plain http:// etcd (a single local one) is reached without it.
+  const tls = (o.ca || o.cert) && o.endpoints.some((u) => u.startsWith('https:'));
   const credentials = tls
     ? {
       rootCertificate: o.ca ? read(o.ca, 'CA') : Buffer.alloc(0),

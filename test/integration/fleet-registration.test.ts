@@ -5,12 +5,13 @@
  * from another id, keeps serving while etcd is gone and registers again when it is back,
  * and leaves the fleet at once on a clean stop.
  */
-import { mkdtempSync, readFileSync, rmSync } from 'node:fs';
+import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Etcd3 } from 'etcd3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon, out, REPO } from './harness.js';
-import { startEtcd, type TestEtcd } from '../fixtures/etcd.js';
+import { freePort, startEtcd, type TestEtcd } from '../fixtures/etcd.js';
+import { issueCert, loadFleetCa, makeFleetCa } from '../../daemon/remote/pki.js';
 import { FleetKeys, HostInfoRecord, HostLiveRecord, hostTag, parseRecord } from '../../daemon/fleet/layout.js';
 import { execa } from 'execa';
 
@@ -36,10 +37,18 @@ run('fleet registration (real etcd)', () => {
   let client: Etcd3;
   let d: TestDaemon;
   const keys = new FleetKeys(`/t${process.pid}`);
-  const fleetArgs = () => ['--etcd', etcd.url, '--etcd-prefix', keys.prefix, '--advertise', 'https://127.0.0.1:9', '--host-name', 'r1', '--host-label', 'pool=main', '--host-label', 'zone=a'];
+  let port = 0;
+  /** A fleet host's flags: its TLS door (its fleet certificate, the fleet CA) and etcd. */
+  const fleetArgs = () => ['--listen', `127.0.0.1:${port}`, '--tls-cert', path.join(dir, 'r1.crt'), '--tls-key', path.join(dir, 'r1.key'), '--tls-ca', path.join(dir, 'ca', 'ca.crt'),
+    '--etcd', etcd.url, '--etcd-prefix', keys.prefix, '--advertise', 'https://127.0.0.1:9', '--host-name', 'r1', '--host-label', 'pool=main', '--host-label', 'zone=a'];
 
   beforeAll(async () => {
     dir = mkdtempSync('/tmp/dsec-fleet-reg-');
+    await makeFleetCa(path.join(dir, 'ca'));
+    const leaf = await issueCert(loadFleetCa(path.join(dir, 'ca')), { name: 'r1', role: 'host', ips: ['127.0.0.1'], usage: ['server', 'client'], days: 1 });
+    writeFileSync(path.join(dir, 'r1.crt'), leaf.cert);
+    writeFileSync(path.join(dir, 'r1.key'), leaf.key, { mode: 0o600 });
+    port = await freePort();
     etcd = await startEtcd({ dir: path.join(dir, 'etcd') });
     client = new Etcd3({ hosts: etcd.url });
     d = await TestDaemon.start({ slot: 0, args: fleetArgs() });
@@ -117,6 +126,15 @@ run('fleet registration (real etcd)', () => {
     const live = parseRecord(HostLiveRecord, await client.get(keys.hostLive('r1')).string());
     expect(live?.admitted.count).toBeGreaterThanOrEqual(1);
     await d.client.deleteSandbox(sb.id, { force: true });
+  }, 120_000);
+
+  it('stops on SIGTERM while etcd is unreachable (no watch or retry keeps it alive)', async () => {
+    await etcd.kill9();
+    await d.stop();
+    expect(d.proc!.exitCode).toBe(0);
+    await etcd.restart();
+    await d.launch();
+    await registered(d);
   }, 120_000);
 
   it('a clean stop revokes the lease at once; the name claim and info stay', async () => {

@@ -18,6 +18,7 @@
  * whose `onProgress` callback throws rejects with that error, and an upload whose source
  * stream fails rejects with that stream's error.
  */
+import type { HostView as HostViewType } from '../gateway/hosts.js';
 import http from 'node:http';
 import { Readable, pipeline } from 'node:stream';
 import { StringDecoder } from 'node:string_decoder';
@@ -445,6 +446,15 @@ export type CreatedToken = z.infer<typeof CreatedTokenSchema>;
 
 /** GET /v1/whoami response: the caller as dsecd sees it (door, token id, tenant, role, verified client certificate). */
 export type Whoami = z.infer<typeof WhoamiSchema>;
+
+/** A fleet host as a gateway lists it (GET /v1/hosts; gateway/hosts.ts HostView). */
+export type FleetHost = HostViewType;
+
+/** GET /v1/hosts response: the hosts, and whether the gateway's view of etcd is current. */
+export interface FleetHostList {
+  hosts: FleetHost[];
+  view: { gateway: string; fresh: boolean; stale_since: number | null };
+}
 
 /** Options of {@link DsecClient.createToken}. */
 export interface CreateTokenOptions {
@@ -1735,6 +1745,39 @@ export class DsecClient {
   /** GET /v1/whoami: the caller as dsecd sees it. */
   whoami(): Promise<Whoami> {
     return this.request<Whoami>('GET', '/v1/whoami');
+  }
+
+  /**
+   * GET /v1/hosts (a gateway only): the fleet's hosts, each up or down, its pool, labels,
+   * load and backends, and whether the gateway's view is current. Errors: `NotFound` from a
+   * dsecd (not a gateway).
+   */
+  listHosts(): Promise<FleetHostList> {
+    return this.request<FleetHostList>('GET', '/v1/hosts');
+  }
+
+  /** POST /v1/hosts/{name}/cordon (a gateway; admin): no new placements on the host. Errors: `NotFound`, `PermissionDenied`. */
+  cordonHost(name: string): Promise<FleetHost> {
+    return this.request<FleetHost>('POST', `/v1/hosts/${encodeURIComponent(name)}/cordon`);
+  }
+
+  /** POST /v1/hosts/{name}/uncordon (a gateway; admin): the host takes placements again. Errors: `NotFound`, `PermissionDenied`. */
+  uncordonHost(name: string): Promise<FleetHost> {
+    return this.request<FleetHost>('POST', `/v1/hosts/${encodeURIComponent(name)}/uncordon`);
+  }
+
+  /**
+   * POST /v1/hosts/{name}/drain (a gateway; admin): cordons the host and reports the
+   * sandboxes left on it. Errors: `NotFound`, `PermissionDenied`, `FailedPrecondition`
+   * (the host is down: cordoned, what is left is known once it is back).
+   */
+  drainHost(name: string): Promise<{ host: FleetHost; left: Array<{ id: string; state: string; labels: Record<string, string> }> }> {
+    return this.request('POST', `/v1/hosts/${encodeURIComponent(name)}/drain`);
+  }
+
+  /** DELETE /v1/hosts/{name} (a gateway; admin): removes a down host's registration and name claim. Errors: `NotFound`, `FailedPrecondition` (it is up). */
+  forgetHost(name: string): Promise<FleetHost> {
+    return this.request<FleetHost>('DELETE', `/v1/hosts/${encodeURIComponent(name)}`);
   }
 
   /**

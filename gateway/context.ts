@@ -10,7 +10,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { unavailable } from '../daemon/errors.js';
 import type { FleetKeys } from '../daemon/fleet/layout.js';
 import type { TokenService } from '../daemon/remote/tokens.js';
-import type { PlacementHost, PlacementPolicy, PlacementRequest } from './placement.js';
+import type { PlacementPolicy, PlacementRequest } from './placement.js';
 import type { HostEntry, HostTable } from './table.js';
 import type { CallIdentity, HostAddress, Upstreams } from './upstream.js';
 
@@ -72,43 +72,6 @@ export function identityOf(req: FastifyRequest): CallIdentity {
 export function addressOf(h: HostEntry): HostAddress {
   if (!h.info) throw unavailable(`host ${h.name} has not registered its address`);
   return { name: h.name, advertise: h.info.advertise };
-}
-
-/** Placement's view of a table entry: the host's reported load plus this gateway's reservations. */
-export function placementHost(h: HostEntry): PlacementHost {
-  const info = h.info, live = h.live;
-  // What this gateway sent there and the host has not reported yet: creates in flight and recent ones.
-  const mine = { count: 0, cpus: 0, memoryBytes: 0 };
-  let jobs: Record<string, number> = live?.jobs ?? {};
-  for (const r of [...h.inflight, ...h.recent]) {
-    mine.count += r.count;
-    mine.cpus += r.cpus;
-    mine.memoryBytes += r.memoryBytes;
-    if (r.job !== null) {
-      if (jobs === live?.jobs) jobs = { ...jobs };
-      jobs[r.job] = (jobs[r.job] ?? 0) + r.count;
-    }
-  }
-  const warm = new Map<string, number>();
-  for (const w of live?.warm_pools ?? []) warm.set(`${w.image.includes(':') ? w.image : `${w.image}:latest`}|${w.network}`, w.ready);
-  const memTotal = info?.capacity.memory_bytes ?? 0;
-  return {
-    name: h.name,
-    up: h.state === 'up',
-    cordoned: h.cordon !== null,
-    backends: new Set(info?.backends ?? []),
-    cap: { count: info?.admission.max_sandboxes ?? 0, cpus: info?.admission.cpus ?? 0, memoryBytes: info?.admission.memory_bytes ?? 0 },
-    used: {
-      count: (live?.admitted.count ?? 0) + mine.count,
-      cpus: (live?.admitted.cpus ?? 0) + mine.cpus,
-      memoryBytes: (live?.admitted.memory_bytes ?? 0) + mine.memoryBytes,
-    },
-    cpuBusy: live?.cpu.busy ?? 0,
-    memFree: memTotal > 0 ? Math.min(1, (live?.memory_available_bytes ?? 0) / memTotal) : 0,
-    images: h.imageSet,
-    warm,
-    jobs,
-  };
 }
 
 /** The limits a create asks for, with the defaults the fleet's hosts report when it names none. */

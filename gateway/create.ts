@@ -12,7 +12,7 @@ import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { IncomingMessage } from 'node:http';
 import { DsecError } from '../daemon/errors.js';
 import { choose, isNoHost, noHostError, normalizeImage, type PlacementRequest } from './placement.js';
-import { addressOf, identityOf, placementHost, requestLimits, type GatewayContext } from './context.js';
+import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
 import { passHeaders } from './upstream.js';
 import type { Reservation } from './table.js';
@@ -75,7 +75,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
   const refused = preq.refused as Set<string>;
   for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
     const end = ctx.metrics.placementSeconds.startTimer();
-    const pick = choose(ctx.table.list().map(placementHost), preq, ctx.policy);
+    const pick = choose(ctx.table.placementHosts(), preq, ctx.policy);
     end();
     if (isNoHost(pick)) {
       ctx.metrics.placements.inc({ outcome: 'none' });

@@ -14,6 +14,7 @@ import type { Etcd3 } from 'etcd3';
 import type { Logger } from 'pino';
 import { CordonRecord, FleetKeys, HostImagesRecord, HostInfoRecord, HostLiveRecord, parseRecord } from '../daemon/fleet/layout.js';
 import { PrefixMirror, type MirrorChange } from '../daemon/fleet/mirror.js';
+import type { PlacementHost } from './placement.js';
 
 /** Resources a placement reserves on a host until the host's own numbers include it. */
 export interface Reservation {
@@ -41,8 +42,39 @@ export interface HostEntry {
   since: number;
   /** Creates this gateway has sent to the host and not yet seen answered. */
   inflight: Array<Reservation>;
-  /** Creates this gateway saw succeed, with when, until the host's load includes them. */
+  /** Creates this gateway saw succeed, with when, until the host's load includes them (oldest first). */
   recent: Array<Reservation & { at: number }>;
+  /** The sums of `inflight` and `recent`: what this gateway counts on the host beyond its report. */
+  pending: { count: number; cpus: number; memoryBytes: number; jobs: Map<string, number> };
+  /** Placement's view of the host, kept current as records and reservations change (one object per host for its life). */
+  view: PlacementHost;
+}
+
+/** Placement's view of a table entry: the host's records plus what this gateway has pending there. */
+export function buildView(h: HostEntry): PlacementHost {
+  const info = h.info, live = h.live;
+  const warm = new Map<string, number>();
+  for (const w of live?.warm_pools ?? []) warm.set(`${w.image.includes(':') ? w.image : `${w.image}:latest`}|${w.network}`, w.ready);
+  const jobs: Record<string, number> = { ...(live?.jobs ?? {}) };
+  for (const [j, n] of h.pending.jobs) jobs[j] = (jobs[j] ?? 0) + n;
+  const memTotal = info?.capacity.memory_bytes ?? 0;
+  return {
+    name: h.name,
+    up: h.state === 'up',
+    cordoned: h.cordon !== null,
+    backends: new Set(info?.backends ?? []),
+    cap: { count: info?.admission.max_sandboxes ?? 0, cpus: info?.admission.cpus ?? 0, memoryBytes: info?.admission.memory_bytes ?? 0 },
+    used: {
+      count: (live?.admitted.count ?? 0) + h.pending.count,
+      cpus: (live?.admitted.cpus ?? 0) + h.pending.cpus,
+      memoryBytes: (live?.admitted.memory_bytes ?? 0) + h.pending.memoryBytes,
+    },
+    cpuBusy: live?.cpu.busy ?? 0,
+    memFree: memTotal > 0 ? Math.min(1, (live?.memory_available_bytes ?? 0) / memTotal) : 0,
+    images: h.imageSet,
+    warm,
+    jobs,
+  };
 }
 
 /**
@@ -57,6 +89,8 @@ export const RECENT_MAX_MS = 10_000;
 /** The table; see the module comment. */
 export class HostTable extends EventEmitter {
   readonly hosts = new Map<string, HostEntry>();
+  /** Every host's placement view, by name (rebuilt when a host joins the table). */
+  private views: PlacementHost[] | null = null;
   private readonly byTag = new Map<string, Set<string>>();
   private readonly hostMirror: PrefixMirror;
   private readonly cordonMirror: PrefixMirror;
@@ -111,9 +145,11 @@ export class HostTable extends EventEmitter {
     if (!e) {
       e = {
         name, id: null, info: null, live: null, images: null, imageSet: new Set(), cordon: null, state: 'down', since: Date.now(),
-        inflight: [], recent: [],
+        inflight: [], recent: [], pending: { count: 0, cpus: 0, memoryBytes: 0, jobs: new Map() }, view: null as unknown as PlacementHost,
       };
+      e.view = buildView(e);
       this.hosts.set(name, e);
+      this.views = null;
     }
     return e;
   }
@@ -140,10 +176,7 @@ export class HostTable extends EventEmitter {
       case 'live':
         e.live = parseRecord(HostLiveRecord, c.value);
         // The host's numbers now include what succeeded before it took them.
-        if (e.live) {
-          const at = e.live.at;
-          e.recent = e.recent.filter((r) => r.at > at && r.at > Date.now() - RECENT_MAX_MS);
-        }
+        if (e.live) this.prune(e, Math.max(e.live.at, Date.now() - RECENT_MAX_MS));
         break;
       case 'images':
         e.images = parseRecord(HostImagesRecord, c.value);
@@ -153,12 +186,45 @@ export class HostTable extends EventEmitter {
         return;
     }
     this.updateState(e);
+    Object.assign(e.view, buildView(e));
   }
 
   private onCordonKey(c: MirrorChange): void {
     const name = this.keys.parseCordonKey(c.key);
     if (!name) return;
-    this.entry(name).cordon = parseRecord(CordonRecord, c.value);
+    const e = this.entry(name);
+    e.cordon = parseRecord(CordonRecord, c.value);
+    Object.assign(e.view, buildView(e));
+  }
+
+  /** Every host's placement view (the same objects, kept current): what a decision reads. */
+  placementHosts(): PlacementHost[] {
+    return (this.views ??= this.list().map((e) => e.view));
+  }
+
+  /** Adds (sign 1) or takes away (-1) a reservation from a host's pending sums and its view. */
+  private count(e: HostEntry, r: Reservation, sign: 1 | -1): void {
+    const p = e.pending, u = e.view.used;
+    p.count += sign * r.count;
+    p.cpus += sign * r.cpus;
+    p.memoryBytes += sign * r.memoryBytes;
+    u.count += sign * r.count;
+    u.cpus += sign * r.cpus;
+    u.memoryBytes += sign * r.memoryBytes;
+    if (r.job !== null) {
+      const n = (p.jobs.get(r.job) ?? 0) + sign * r.count;
+      if (n > 0) p.jobs.set(r.job, n);
+      else p.jobs.delete(r.job);
+      (e.view.jobs as Record<string, number>)[r.job] = Math.max(0, (e.view.jobs[r.job] ?? 0) + sign * r.count);
+    }
+  }
+
+  /** Drops the recent creates done at or before `at` (the host's numbers include them). */
+  private prune(e: HostEntry, at: number): void {
+    let i = 0;
+    while (i < e.recent.length && e.recent[i].at <= at) i++;
+    if (i === 0) return;
+    for (const r of e.recent.splice(0, i)) this.count(e, r, -1);
   }
 
   private updateState(e: HostEntry): void {
@@ -170,6 +236,7 @@ export class HostTable extends EventEmitter {
     if (!up) {
       e.inflight = [];
       e.recent = [];
+      e.pending = { count: 0, cpus: 0, memoryBytes: 0, jobs: new Map() };
     }
     this.log.info({ host: e.name, state }, `fleet: host ${e.name} is ${state}`);
     this.emit(state, e.name);
@@ -177,7 +244,10 @@ export class HostTable extends EventEmitter {
 
   /** Counts a create sent to `name` until {@link settle} says how it ended. */
   reserve(name: string, r: Reservation): void {
-    this.hosts.get(name)?.inflight.push(r);
+    const e = this.hosts.get(name);
+    if (!e) return;
+    e.inflight.push(r);
+    this.count(e, r, 1);
   }
 
   /** Ends a reservation (the same object given to {@link reserve}): a create that succeeded keeps counting until the host reports it ({@link RECENT_MAX_MS}). */
@@ -185,10 +255,11 @@ export class HostTable extends EventEmitter {
     const e = this.hosts.get(name);
     if (!e) return;
     const i = e.inflight.indexOf(r);
-    if (i >= 0) e.inflight.splice(i, 1);
+    if (i < 0) return;
+    e.inflight.splice(i, 1);
     if (ok) {
       e.recent.push({ ...r, at: Date.now() });
-      if (e.recent.length > 4096) e.recent = e.recent.filter((x) => x.at > Date.now() - RECENT_MAX_MS);
-    }
+      this.prune(e, Date.now() - RECENT_MAX_MS);
+    } else this.count(e, r, -1);
   }
 }

@@ -15,10 +15,10 @@ import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
 import { IoMaxSchema, MIN_DISK_BYTES } from './api/schema.js';
 import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './host/cgroups/io.js';
-import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/layout.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
-import { CERT_ROLES, type CertRole } from './remote/roles.js';
+import { CERT_ROLES, type CertRole } from '../pki/roles.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
 import { DEFAULT_LEASE_TTL_S, DEFAULT_PREFIX, DEFAULT_REFRESH_MS, HOST_LABEL_RE, HOST_NAME_RE, parseEndpoints } from './fleet/layout.js';
 
@@ -364,7 +364,7 @@ export interface DaemonConfig {
    * device (daemon/host/cgroups/io.ts says what each cgroup version enforces).
    */
   defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number; io: IoLimits };
-  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
+  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/layout.ts StorageConfig documents each field). */
   storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;
@@ -530,7 +530,7 @@ export interface NetworkConfig {
 export interface RemoteConfig {
   /** `ADDR:PORT` to listen on (`--listen`, `listen`; `[::]:8443` for every IPv6 and IPv4 address), or null: no TCP door. */
   listen: string | null;
-  /** Server certificate chain and key, PEM files (`--tls-cert`/`--tls-key`); null: dsecd's own CA and certificate under `<root>/tls` (daemon/remote/pki.ts ensureServerCert). */
+  /** Server certificate chain and key, PEM files (`--tls-cert`/`--tls-key`); null: dsecd's own CA and certificate under `<root>/tls` (pki/certs.ts ensureServerCert). */
   tlsCert: string | null;
   tlsKey: string | null;
   /** Client CA, PEM file (`--tls-ca`): when set, every client must present a certificate it signed (mutual TLS), of a role in `peerRoles`. */

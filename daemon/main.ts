@@ -55,7 +55,7 @@ import { overlayLayerNaming } from './image/rootfs.js';
 import { execa } from 'execa';
 import { DenialEvents, SeccompMonitor, monitorPid } from './security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, reloadProfile as reloadSeccompFile } from './security/seccomp.js';
-import { UpperStore } from './storage/store.js';
+import { WritableLayerStore as UpperStore } from './storage/writable-layers.js';
 import { loadOrCreateIdentity } from './fleet/identity.js';
 import type { FleetMembership } from './fleet/join.js';
 import { imageDigest } from './fleet/layout.js';
@@ -614,7 +614,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
     let remote: RemoteDoor | null = null;
     if (config.remote.listen) {
       try {
-        remote = await startRemoteDoor(config.remote, config.root, apiDeps, audit, log, { gatewayIdentity: config.fleet !== null });
+        remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log, { gatewayIdentity: config.fleet !== null });
       } catch (e) {
         await sfApp?.close();
         await app.close();

@@ -22,7 +22,7 @@ import { FleetKeys } from '../daemon/fleet/layout.js';
 import { EtcdTokenStore } from '../daemon/fleet/tokens.js';
 import { AuditLog } from '../daemon/remote/audit.js';
 import { tcpDoor } from '../daemon/remote/door.js';
-import { readPem } from '../daemon/remote/pki.js';
+import { readPem } from '../pki/certs.js';
 import { TOKEN_ROLES, TokenService, type TokenRole } from '../daemon/remote/tokens.js';
 import { DSEC_VERSION } from '../daemon/version.js';
 import { GatewayMetrics, type GatewayContext } from './context.js';

@@ -82,7 +82,10 @@ export function buildView(h: HostEntry): PlacementHost {
  * host took after it arrives (then the host's own numbers include it), and for at most
  * 10 s (a host whose reports stopped). The host stamps its records with its clock, the
  * gateway its completions with its own: a fleet's clocks agree (NTP) far better than the
- * 250 ms to 2 s between a host's records. An estimate only: the host admits or refuses.
+ * 250 ms to 2 s between a host's records. An estimate only, and it may count a create
+ * twice for a moment (a report the host took while the create was in flight there, or
+ * between its commit and the gateway seeing the answer, already holds it): placement
+ * then sees that host a little fuller than it is; the host admits or refuses.
  */
 export const RECENT_MAX_MS = 10_000;
 

@@ -15,7 +15,7 @@ import type { Duplex, Readable } from 'node:stream';
 import tls, { type PeerCertificate } from 'node:tls';
 import type { Logger } from 'pino';
 import { DsecError, unavailable } from '../daemon/errors.js';
-import { roleOfSan } from '../daemon/remote/pki.js';
+import { roleOfSan } from '../pki/certs.js';
 
 /** Headers a gateway sets on every call to a host: who the caller is (hosts trust them only from a gateway certificate). */
 export const IDENTITY_HEADERS = {

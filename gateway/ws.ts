@@ -10,7 +10,7 @@ import type { IncomingMessage } from 'node:http';
 import type { Duplex } from 'node:stream';
 import type { TLSSocket } from 'node:tls';
 import { DsecError, permissionDenied, unauthenticated } from '../daemon/errors.js';
-import { peerIdentity, type CertRole } from '../daemon/remote/pki.js';
+import { peerIdentity, type CertRole } from '../pki/certs.js';
 import { allows } from '../daemon/remote/policy.js';
 import { UNAUTHENTICATED_MESSAGE, type TokenConnections } from '../daemon/remote/door.js';
 import { addressOf, type GatewayContext } from './context.js';

@@ -187,14 +187,15 @@ export function parsePositiveInt(text: string): number {
 
 /**
  * Wraps a parser for use as a commander option parser, prefixing errors with the flag,
- * e.g. `--memory: invalid size "lots"` (unless the message already starts with it).
+ * e.g. `--memory: invalid size "lots"` (unless the message already names it: `invalid
+ * --ttl "5x"`, `--timeout "10" has no unit`).
  */
 export function flag<T, P = T>(name: string, parse: (text: string, prev: P) => T): (text: string, prev: P) => T {
   return (text, prev) => {
     try {
       return parse(text, prev);
     } catch (e) {
-      if (e instanceof UserError) throw e.message.startsWith(name) ? e : new UserError(`${name}: ${e.message}`, e.hint);
+      if (e instanceof UserError) throw e.message.startsWith(name) || e.message.split(/\s+/).includes(name) ? e : new UserError(`${name}: ${e.message}`, e.hint);
       throw e;
     }
   };

@@ -71,8 +71,7 @@ export interface AgentInfo {
    */
   features?: string[];
   /**
-   * Whether the agent restricts file access with Landlock (native/agent/agent.c,
-   * "Landlock"). Absent on agents that predate it.
+   * Whether the agent restricts file access with Landlock (native/agent/landlock.c). Absent on agents that predate it.
    */
   landlock?: AgentLandlockInfo;
 }

@@ -70,7 +70,7 @@ export const COMMIT_STRIP: readonly string[] = [
  * Files the agent itself may leave in a sandbox's filesystem, removed from commits AND
  * snapshots: the temp file of an upload that had not finished when the layer was copied
  * (`.<name>.dsec-<pid>-<n>.tmp`, or `.dsec-<pid>-<n>.tmp` for long names; renamed over
- * the target when the upload completes, see native/agent/agent.c FILE_DONE).
+ * the target when the upload completes, see native/agent/files.c FILE_DONE).
  */
 export const DSEC_ARTEFACTS: readonly string[] = ['**/.*.dsec-*-*.tmp', '**/.dsec-*-*.tmp'];
 

@@ -24,7 +24,7 @@ import type { Logger } from 'pino';
 import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
-import { peerIdentity, type CertRole, type PeerIdentity } from './pki.js';
+import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
 import { CREATE_ROUTES, accessOf, allows } from './policy.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
@@ -254,7 +254,7 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
       const server = app.server as import('node:https').Server;
       server.headersTimeout = limits.headersTimeoutMs;
       server.maxConnections = limits.maxConnections;
-      type Limiter = (req: FastifyRequest, o?: { increment?: boolean }) => Promise<{ isExceeded?: boolean; ttl?: number }>;
+      type Limiter = (req: FastifyRequest, o?: { increment?: boolean }) => Promise<{ isExceeded?: boolean; remaining?: number; ttl?: number }>;
       // Created at the first request: the plugin's decorator exists once fastify has loaded it.
       let failures: Limiter | undefined, creates: Limiter | undefined;
       const failureLimiter = (): Limiter => (failures ??= (app as unknown as { createRateLimit(o: object): Limiter }).createRateLimit({
@@ -283,8 +283,9 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
           }
           return;
         }
+        // A peek: `remaining` 0 means the address already failed authFailuresPerMinute times in this window.
         const spent = await failureLimiter()(req, { increment: false });
-        if (spent.isExceeded) {
+        if (spent.remaining !== undefined && spent.remaining <= 0) {
           metrics.authFailures.inc({ reason: 'rate_limited' });
           reply.header('retry-after', String(Math.max(1, Math.ceil((spent.ttl ?? 60_000) / 1000))));
           throw resourceExhausted(`too many failed authentications from ${req.socket.remoteAddress}; retry after ${Math.ceil((spent.ttl ?? 60_000) / 1000)} s`);

@@ -39,7 +39,7 @@ import type { SnapshotRecord, SnapshotRepo } from './snapshots.js';
 import type { TrajectoryLog } from './trajectory.js';
 import { probeCriu } from '../host/criu.js';
 import type { SandboxNetworking } from '../net/network.js';
-import type { DiskUsage, UpperStore } from '../storage/store.js';
+import type { DiskUsage, WritableLayerStore as UpperStore } from '../storage/writable-layers.js';
 import { defaultReserveBytes, guardPool, humanBytes, quotaCap, type PoolEntry } from '../storage/pool.js';
 import type { IoLimits } from '../host/cgroups/io.js';
 import { WRITABLE_PATH_REFUSED_REASON, resolveFilesystem, type ResolvedFilesystem } from '../security/filesystem.js';

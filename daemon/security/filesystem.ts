@@ -82,7 +82,7 @@ export const MAX_FILESYSTEM_PATHS = 64;
 
 /**
  * Most writable places one sandbox may have: 128, the agent's limit of `--writable`
- * flags (LL_MAX_WRITABLE in native/agent/agent.c), twice the 64 writable_paths a request
+ * flags (LL_MAX_WRITABLE in native/agent/landlock.h), twice the 64 writable_paths a request
  * may name plus room for an image's top-level directories.
  */
 export const MAX_WRITABLE_PLACES = 128;

@@ -11,7 +11,7 @@ import { Etcd3 } from 'etcd3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon, out, REPO } from './harness.js';
 import { freePort, startEtcd, type TestEtcd } from '../fixtures/etcd.js';
-import { issueCert, loadFleetCa, makeFleetCa } from '../../daemon/remote/pki.js';
+import { issueCert, loadFleetCa, makeFleetCa } from '../../pki/certs.js';
 import { FleetKeys, HostInfoRecord, HostLiveRecord, hostTag, parseRecord } from '../../daemon/fleet/layout.js';
 import { execa } from 'execa';
 

@@ -196,7 +196,7 @@ export class TestDaemon {
     return builderRangeForSlot(this.slot);
   }
 
-  /** The writable-layer store's mount point and image (daemon/storage/store.ts). */
+  /** The writable-layer store's mount point and image (daemon/storage/writable-layers.ts). */
   get storeMount(): string {
     return path.join(this.root, 'storage', 'mnt');
   }

@@ -3,7 +3,7 @@
  * tokens (missing, malformed, unknown, revoked, expired: one 401), roles, the same routes
  * as the socket, and the audit log.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import net from 'node:net';
 import tls from 'node:tls';
 import { X509Certificate } from 'node:crypto';
@@ -184,6 +184,8 @@ describe.skipIf(!IS_ROOT)('the TCP door', () => {
     const ex = await d.client.startExec(sb.id, { argv: ['sh', '-c', 'echo ready; sleep 600'], stdin: true });
     const ca = readFileSync(d.caFile);
     const ws = new WebSocket(`wss://127.0.0.1:${d.remotePort}/v1/sandboxes/${sb.id}/execs/${ex.exec_id}/attach`, { ca, headers: { authorization: `Bearer ${token}` } });
+    // A failed assertion must not leave the WebSocket open: dsecd's shutdown waits for it.
+    onTestFinished(() => ws.terminate());
     const wsClosed = new Promise<number>((resolve) => ws.on('close', (code) => resolve(code)));
     await new Promise<void>((resolve, reject) => {
       ws.on('message', (m: Buffer, binary: boolean) => {

@@ -187,6 +187,15 @@ describe('version and host info', () => {
     expect(j.daemon).toEqual({ version: '0.1.0', api: 'v1', agent_protocol: 2, node: 'v20.20.2' });
   });
 
+  it('--version and -V print the client\'s version alone, without asking dsecd', async () => {
+    for (const flag of ['--version', '-V']) {
+      const r = await dsec([flag], { socket: join(dir, 'missing.sock') });
+      expect(r.code, flag).toBe(0);
+      expect(r.out).toMatch(/^\d+\.\d+\.\d+\n$/);
+      expect(r.err).toBe('');
+    }
+  });
+
   it('version still exits 0 when the daemon is unreachable', async () => {
     const r = await dsec(['version'], { socket: join(dir, 'missing.sock') });
     expect(r.code).toBe(0);

@@ -1,5 +1,5 @@
 /**
- * The writable-layer store's pure parts (daemon/storage/store.ts), its config, and the
+ * The writable-layer store's pure parts (daemon/storage/), its config, and the
  * manager's quota check, without privileges: the store itself is exercised on real
  * btrfs and XFS in test/integration/storage.test.ts and test/attacks/disk.test.ts.
  */
@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { DEFAULT_DISK_BYTES, loadConfig } from '../../daemon/config.js';
-import { MAX_DEFAULT_STORE_BYTES, MIN_STORE_BYTES, defaultStoreBytes, mountSourceOf, type DiskUsage } from '../../daemon/storage/store.js';
+import { MAX_DEFAULT_STORE_BYTES, MIN_STORE_BYTES, defaultStoreBytes, mountSourceOf, type DiskUsage } from '../../daemon/storage/writable-layers.js';
 import { SandboxManager, diskFullSlack } from '../../daemon/sandbox/manager.js';
 
 const MiB = 1024 ** 2;

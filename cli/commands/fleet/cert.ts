@@ -12,7 +12,7 @@
 import type { Command } from 'commander';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
-import { CERT_ROLES, issueCert, loadFleetCa, writeAtomic, type CertRole } from '../../../daemon/remote/pki.js';
+import { CERT_ROLES, issueCert, loadFleetCa, writeAtomic, type CertRole } from '../../../pki/certs.js';
 import type { Ctx } from '../../util/context.js';
 import { UserError } from '../../util/errors.js';
 import { writeJson } from '../../util/output.js';

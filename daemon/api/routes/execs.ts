@@ -190,6 +190,8 @@ export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
         } catch {
           throw invalidArgument('text messages must be JSON');
         }
+        if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) throw invalidArgument('text messages must be JSON objects with a "type"');
+        if (msg.type === 'signal' && typeof msg.signal !== 'string' && typeof msg.signal !== 'number') throw invalidArgument('a signal message needs "signal": a name (e.g. "SIGTERM") or a number');
         if (msg.type === 'stdin_eof') s.handle.closeStdin();
         else if (msg.type === 'resize') {
           const rz = parseWith(ResizeRequest, { rows: msg.rows, cols: msg.cols }, 'resize message');

@@ -6,7 +6,7 @@ import type { z } from 'zod';
 import { LogsQuery, SandboxStatsView, StatsResponse } from '../schema.js';
 import { parseWith } from '../server.js';
 import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { DiskUsage } from '../../storage/store.js';
+import type { DiskUsage } from '../../storage/writable-layers.js';
 import { route } from './table.js';
 import type { ApiDeps } from '../server.js';
 

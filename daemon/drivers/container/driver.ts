@@ -42,7 +42,7 @@ import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo, type SeccompOverride } from '../../security/seccomp.js';
-import type { UpperStore } from '../../storage/store.js';
+import type { WritableLayerStore as UpperStore } from '../../storage/writable-layers.js';
 import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
 import type { DefenceStatus } from '../../api/schema.js';
 import { refuseAfterClose, shuttingDown } from '../shutdown.js';

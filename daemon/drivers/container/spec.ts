@@ -41,7 +41,7 @@
  * runtime generates under /etc) then lands on top of them. Writable binds are
  * `nosuid,nodev`. With `landlock` the agent gets `--landlock` and one `--writable PATH`
  * per writable place of the plan. A worker keeps its fully read-only root and no binds:
- * only `--landlock` reaches it (each isolated call applies it; native/agent/agent.c).
+ * only `--landlock` reaches it (each isolated call applies it; native/agent/isolate.c).
  *
  * AppArmor: `process.apparmorProfile` only when the caller passes a loaded profile's name
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
@@ -70,7 +70,7 @@ export const DEFAULT_CAPS = [
  * The alternative, a nested user namespace per call, needs no extra capability but
  * cannot mount a fresh /proc: every mount copied into a less privileged user namespace is
  * locked, and the kernel refuses a new proc mount while the sandbox's /proc has locked
- * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/agent.c.
+ * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/isolate.c.
  */
 export const WORKER_AGENT_CAPS = ['CAP_SYS_ADMIN'] as const;
 
@@ -93,7 +93,7 @@ export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
 /** Agent flag that gives the sandbox its own core-scheduling cookie (hosts with core scheduling). */
 export const AGENT_FLAG_CORE_SCHED = '--core-sched';
 
-/** Agent flag: restrict file access with Landlock (native/agent/agent.c "Landlock"). */
+/** Agent flag: restrict file access with Landlock (native/agent/landlock.c). */
 export const AGENT_FLAG_LANDLOCK = '--landlock';
 
 /** Agent flag naming one writable place for Landlock (repeated; follows {@link AGENT_FLAG_LANDLOCK}). */
@@ -167,10 +167,19 @@ export interface SpecInput {
   filesystem?: FilesystemPlan & { landlock: boolean };
 }
 
-/** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
+/**
+ * Paths masked and made read-only in /proc and /sys: runc's default spec's, plus
+ * `/sys/devices/virtual/block`, the host's loop, zram and device-mapper devices, where
+ * each loop device's `loop/backing_file` names the file behind it on the host (the
+ * writable-layer store's image under dsecd's root, other instances' stores, whatever
+ * else the host loop-mounts), which the mount table hides (docs/SECURITY.md "What a
+ * sandbox sees of the host's mounts"). Their names stay listed in /sys/block and
+ * /proc/partitions.
+ */
 const MASKED_PATHS = [
   '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
   '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
+  '/sys/devices/virtual/block',
 ];
 const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 

@@ -1,7 +1,7 @@
 /**
  * The confinement of a microVM guest's commands (docs/SECURITY.md "The microvm tier:
  * inside the guest"): the container tier's in-sandbox defences, computed by dsecd and
- * applied by the guest agent (native/agent/agent.c, "guest confinement").
+ * applied by the guest agent (native/agent/confine.c, "guest confinement").
  *
  * At every boot, after the agent's HELLO and before any command can run (the guest agent
  * runs with `--guest-confine` and refuses execs until this arrives), dsecd:
@@ -202,7 +202,7 @@ export interface GuestConfinement {
 }
 
 /**
- * The CONFINE op's argument: the directive lines the agent parses (native/agent/agent.c
+ * The CONFINE op's argument: the directive lines the agent parses (native/agent/confine.c
  * guest_confine: mkdir, bind, rootro, caps, rule, landlock, writable).
  * @throws DsecError FailedPrecondition for a path containing a newline.
  */

@@ -80,7 +80,7 @@ export enum GuestOp {
   RESEED = 5,
   /**
    * The confinement of the guest's commands (daemon/drivers/microvm/confine.ts
-   * confinePayload; native/agent/agent.c guest_confine), once per boot. Result: the
+   * confinePayload; native/agent/confine.c guest_confine), once per boot. Result: the
    * Landlock ABI the commands get (0: none), or -errno (nothing runs then).
    */
   CONFINE = 6,

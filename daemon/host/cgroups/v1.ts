@@ -15,7 +15,7 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,

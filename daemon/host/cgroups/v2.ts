@@ -21,7 +21,7 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,

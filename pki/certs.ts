@@ -1,5 +1,6 @@
 /**
- * X.509 for the TCP door and the fleet: certificate authorities, server and client
+ * X.509 for dsecd's TCP door, the fleet and the CLI (`dsec fleet`), below daemon/ and
+ * cli/ so both use it: certificate authorities, server and client
  * certificates, and the role a certificate names.
  *
  * Keys are ECDSA P-256 with SHA-256 signatures (WebCrypto through @peculiar/x509), which
@@ -19,8 +20,21 @@ import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
 import type { PeerCertificate } from 'node:tls';
-import { alreadyExists, invalidArgument } from '../errors.js';
 import { CERT_ROLES, type CertRole } from './roles.js';
+
+/**
+ * A refusal of the certificate code: a bad name, address or file (`InvalidArgument`), or
+ * a CA that already exists (`AlreadyExists`). dsecd turns it into a DsecError of the same
+ * kind, the CLI into a user error.
+ */
+export class PkiError extends Error {
+  constructor(readonly kind: 'InvalidArgument' | 'AlreadyExists', message: string) {
+    super(message);
+    this.name = 'PkiError';
+  }
+}
+const invalidArgument = (m: string) => new PkiError('InvalidArgument', m);
+const alreadyExists = (m: string) => new PkiError('AlreadyExists', m);
 
 x509.cryptoProvider.set(webcrypto as unknown as Crypto);
 
@@ -107,7 +121,7 @@ export interface LeafSpec {
 /**
  * Issues a leaf certificate signed by `ca` (a CA of {@link createCa}): a fresh P-256 key,
  * CA:false, digitalSignature, the extended key usages asked for, SANs of `spec`.
- * @throws DsecError InvalidArgument for a bad name, address, or a CA key that is not P-256.
+ * @throws PkiError InvalidArgument for a bad name, address, or a CA key that is not P-256.
  */
 export async function issueCert(ca: CertKeyPem, spec: LeafSpec): Promise<CertKeyPem> {
   if (!CERT_NAME_RE.test(spec.name)) throw invalidArgument(`certificate name ${JSON.stringify(spec.name)}: 1-64 of letters, digits, '.', '_', '-', starting with a letter or digit`);
@@ -183,7 +197,7 @@ export function peerIdentity(c: PeerCertificate | null | undefined): PeerIdentit
   return { name: Array.isArray(cn) ? cn[0] : (cn ?? ''), role: roleOfSan(c.subjectaltname), fingerprint256: c.fingerprint256 };
 }
 
-/** Reads a PEM file. @throws DsecError InvalidArgument naming the file when it is missing or holds no PEM block of `label`. */
+/** Reads a PEM file. @throws PkiError InvalidArgument naming the file when it is missing or holds no PEM block of `label`. */
 export function readPem(file: string, label: 'CERTIFICATE' | 'PRIVATE KEY', what: string): string {
   let text: string;
   try {
@@ -212,7 +226,7 @@ export const FLEET_CA_FILES = { cert: 'ca.crt', key: 'ca.key' } as const;
  * Makes a fleet CA in `dir` (created 0700 if missing): `ca.crt` (0644) and `ca.key`
  * (0600). Refuses to replace an existing CA: every certificate it signed would stop
  * being trusted.
- * @throws DsecError AlreadyExists when `dir` already holds a ca.key or ca.crt.
+ * @throws PkiError AlreadyExists when `dir` already holds a ca.key or ca.crt.
  */
 export async function makeFleetCa(dir: string, name = 'dsec fleet CA', days = 3650): Promise<{ cert: string; key: string }> {
   const cert = path.join(dir, FLEET_CA_FILES.cert), key = path.join(dir, FLEET_CA_FILES.key);
@@ -224,7 +238,7 @@ export async function makeFleetCa(dir: string, name = 'dsec fleet CA', days = 36
   return { cert, key };
 }
 
-/** Loads the CA of a fleet CA directory. @throws DsecError InvalidArgument when a file is missing. */
+/** Loads the CA of a fleet CA directory. @throws PkiError InvalidArgument when a file is missing. */
 export function loadFleetCa(dir: string): CertKeyPem {
   return {
     cert: readPem(path.join(dir, FLEET_CA_FILES.cert), 'CERTIFICATE', 'fleet CA certificate'),

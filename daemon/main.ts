@@ -2,6 +2,8 @@
  * dsecd: the per-host sandbox daemon, in the foreground.
  *
  *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--listen ADDR:PORT [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]]
+ *         [--etcd URL[,URL...] --advertise URL [--host-name NAME] [--host-label K=V]...]
+ *         [--etcd URL[,URL...] --advertise URL [--host-name NAME] [--host-label K=V]...]
  *
  * {@link startDaemon} runs named start phases, in order: the seccomp profile and the
  * state directories, then {@link openHost} (instance registration, the sandbox-files
@@ -11,7 +13,8 @@
  * driver per tier), the lifecycle services (daemon/startup/services.ts),
  * {@link reconcileHost} (adopt live sandboxes, undo half-done work, remove orphans),
  * {@link startPools} (fncall workers, warm pools) and {@link serveApi} (the API socket,
- * then the TCP door when `--listen` is set). SIGTERM/SIGINT
+ * then the TCP door when `--listen` is set, then the fleet registration with `--etcd`,
+ * daemon/fleet/). SIGTERM/SIGINT
  * close the API and exit; sandboxes keep running (systemd's KillMode=process) and are
  * adopted by the next start.
  */
@@ -70,6 +73,9 @@ import { AuditLog } from './remote/audit.js';
 import { unixDoor } from './remote/door.js';
 import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
 import { SqliteTokenStore, TokenService } from './remote/tokens.js';
+import { loadOrCreateIdentity, type HostIdentity } from './fleet/identity.js';
+import type { FleetJoin, FleetMembership } from './fleet/join.js';
+import { imageDigest } from './fleet/layout.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -379,6 +385,13 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: Start
   const agentSource = agentBinaryPath();
   if (!existsSync(agentSource)) throw unavailable(`agent binary ${agentSource} is missing; run the install step (make -C native)`);
   prepareStateDirs(config.root);
+  // In a fleet the host's persistent id is read (or made) first: a name another host id
+  // holds in etcd refuses the start before anything is created, and the id's tag begins
+  // every sandbox id (daemon/fleet/).
+  const identity = config.fleet ? loadOrCreateIdentity(config.root) : null;
+  const fleetJoin = config.fleet && identity && !opts.purge
+    ? await (await import('./fleet/join.js')).prepareFleet(config.fleet, identity, log.child({ component: 'fleet' }))
+    : null;
   const reg = registerInstance(config);
   try {
     const h = await openHost(config, agentSource, opts);
@@ -388,6 +401,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: Start
     const trajectories = new TrajectoryLog(st.db, os.hostname());
     const svc = buildServices({
       config, repo: st.repo, snapshotRepo, images: st.images, drivers: d.drivers, failpoints: fp, trajectories, network: d.network, storage: st.storage, log,
+      ...(identity ? { idTag: identity.tag } : {}),
     });
     // `criu check` runs once, in the background; host info and process snapshots read the result.
     const criu = probeCriu();
@@ -398,9 +412,10 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: Start
       return { config, log, async close() {} };
     }
     const pools = await startPools(config, log, st, h, svc);
-    return await serveApi({ config, log, fp, h, st, d, svc, trajectories, criu, loadSeccomp, release: () => reg.release(), ...pools });
+    return await serveApi({ config, log, fp, h, st, d, svc, trajectories, criu, loadSeccomp, identity, fleetJoin, release: () => reg.release(), ...pools });
   } catch (e) {
     reg.release();
+    fleetJoin?.close();
     throw e;
   }
 }
@@ -419,6 +434,9 @@ interface Running {
   loadSeccomp: () => SeccompProfileInfo;
   fncall: FncallPools;
   warm: WarmPools;
+  /** The host's fleet identity and its prepared etcd membership (`--etcd`), else null. */
+  identity: HostIdentity | null;
+  fleetJoin: FleetJoin | null;
   /** Releases the instance registration (at close). */
   release(): void;
 }
@@ -438,7 +456,9 @@ async function serveApi(r: Running): Promise<Daemon> {
   await reaper.sweep();
   reaper.start();
   const reload = () => reloadPolicies({ policies: d.policies, repo, lifecycle: svc.lifecycle, log });
-  const tokens = new TokenService(new SqliteTokenStore(st.db));
+  // In a fleet etcd holds the tokens (daemon/fleet/tokens.ts); else dsecd's own store.
+  const tokens = new TokenService(r.fleetJoin ? r.fleetJoin.tokenStore() : new SqliteTokenStore(st.db));
+  let fleet: FleetMembership | null = null;
   const apiDeps: ApiDeps = {
     ...svc,
     tokens,
@@ -465,7 +485,7 @@ async function serveApi(r: Running): Promise<Daemon> {
       hostInfo: () => hostInfo({
         config, cgroups: h.cgroups, runtime: h.runtimeInfo, backends: svc.backends, container: d.container, microvm: d.microvm, repo, fncall, warm,
         criu: r.criu, schedIdle: d.schedIdle, coreSched: d.coreSched, network: d.network, storage: st.storage, disks: svc.disks,
-        seccompMonitor: d.seccompMonitor, builder: st.builder,
+        seccompMonitor: d.seccompMonitor, builder: st.builder, fleet: () => fleet?.status() ?? null,
       }),
     },
   };
@@ -473,6 +493,31 @@ async function serveApi(r: Running): Promise<Daemon> {
   const app = buildApi(apiDeps, unixDoor(audit));
   await app.listen({ path: config.socket });
   secureSocket(config.socket, log);
+  // Fleet registration runs beside the API: an unreachable etcd delays nothing (daemon/fleet/registration.ts).
+  fleet = r.fleetJoin?.register({
+    info: () => ({
+      backends: [...d.drivers.keys()].filter((b) => b === 'container' || b === 'fncall' || (b === 'microvm' ? d.microvm : d.vm).capabilities().available),
+      capacity: { cores: os.cpus().length, memory_bytes: os.totalmem(), disk_bytes: st.storage.capacityBytes() },
+      admission: {
+        max_sandboxes: config.admission.maxSandboxes, cpus: os.cpus().length * config.admission.cpuOvercommit,
+        memory_bytes: os.totalmem() * config.admission.memoryOvercommit,
+        disk_bytes: ((c) => (c === null || !st.storage.enforcesQuota ? null : c * config.admission.diskOvercommit))(st.storage.capacityBytes()),
+      },
+      defaults: { cpus: config.defaults.cpus, memory_bytes: config.defaults.memoryBytes },
+      version: DSEC_VERSION,
+    }),
+    load: () => {
+      const t = repo.admissionTotals();
+      return {
+        sandboxes: repo.countByState(),
+        admitted: { count: t.count, cpus: t.cpus, memory_bytes: t.memoryBytes, disk_bytes: t.diskBytes },
+        warm_pools: warm.stats().map((w) => ({ image: w.image, network: w.network, ready: w.ready, size: w.size })),
+        jobs: repo.jobCounts(),
+        untagged: repo.countUntagged(r.identity!.tag),
+      };
+    },
+    images: async () => (await st.images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
+  }) ?? null;
   // Fills start once the API answers: shells are background work, never part of start.
   warm.start();
   // SandboxFusion clients reach /run_code over TCP; nothing else of the API is served there.
@@ -485,7 +530,7 @@ async function serveApi(r: Running): Promise<Daemon> {
   let remote: RemoteDoor | null = null;
   if (config.remote.listen) {
     try {
-      remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log);
+      remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log, { gatewayIdentity: config.fleet !== null });
     } catch (e) {
       await sfApp?.close();
       await app.close();
@@ -517,6 +562,7 @@ async function serveApi(r: Running): Promise<Daemon> {
       }
     },
     async close() {
+      await fleet?.stop();
       reaper.stop();
       metricsServer?.close();
       // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
@@ -551,6 +597,14 @@ export async function main(argv: string[]): Promise<number> {
     .option('--root <dir>', 'state directory (env DSEC_ROOT; default /var/lib/dsec)')
     .option('--socket <path>', 'API Unix socket (env DSEC_SOCKET; default /run/dsec/dsecd.sock)')
     .option('--config <file>', 'TOML config file (env DSEC_CONFIG; default /etc/dsec/dsecd.toml, optional)')
+    .option('--etcd <urls>', 'join a fleet: register this host in etcd at these client URLs (comma-separated; [fleet] etcd)')
+    .option('--etcd-cert <file>', 'etcd client certificate (PEM; its CN is this host\'s etcd user)')
+    .option('--etcd-key <file>', 'key of --etcd-cert (PEM)')
+    .option('--etcd-ca <file>', 'CA certificate of etcd\'s server certificate (PEM)')
+    .option('--etcd-prefix <path>', 'key prefix of the fleet in etcd (default /dsec)')
+    .option('--advertise <url>', 'https://ADDR:PORT at which gateways reach this host (required with --etcd)')
+    .option('--host-name <name>', 'this host\'s name in the fleet (default: the machine\'s host name)')
+    .option('--host-label <k=v>', 'a label of this host in the fleet, e.g. pool=burst or zone=a (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
     .option('--listen <addr:port>', 'also serve the API over HTTPS (TLS 1.3, tokens) on this address, e.g. 0.0.0.0:8443 ([remote] listen)')
     .option('--tls-cert <file>', 'server certificate chain, PEM (default: dsecd makes its own CA and certificate under <root>/tls)')
     .option('--tls-key <file>', 'private key of --tls-cert, PEM')
@@ -565,10 +619,11 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string }>();
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string;
+    etcd?: string; etcdCert?: string; etcdKey?: string; etcdCa?: string; etcdPrefix?: string; advertise?: string; hostName?: string; hostLabel?: string[] }>();
   let config: DaemonConfig;
   try {
-    config = loadConfig({ ...opts, peerRoles: opts.tlsPeerRoles });
+    config = loadConfig({ ...opts, peerRoles: opts.tlsPeerRoles, hostLabels: opts.hostLabel });
   } catch (e) {
     process.stderr.write(`dsecd: ${(e as Error).message}\n`);
     return 2;

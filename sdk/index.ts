@@ -46,6 +46,8 @@ export type {
   ExportTrajectoryOptions,
   FileOptions,
   FileStat,
+  FleetHost,
+  FleetHostList,
   ForkInput,
   HostInfo,
   Image,

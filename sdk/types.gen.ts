@@ -497,6 +497,24 @@ export interface components {
                 /** @description The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem). */
                 device?: string | null;
             };
+            /** @description Fleet membership (dsecd --etcd; daemon/fleet/); null: no fleet configured. */
+            fleet?: {
+                /**
+                 * @description Registration in etcd: registered (its lease is alive), connecting/lost (etcd unreachable: retrying), refused (its name is held by another host id).
+                 * @enum {string}
+                 */
+                state: "connecting" | "registered" | "refused" | "lost" | "stopped";
+                /** @description Why it is not registered, else null. */
+                reason: string | null;
+                /** @description Persistent host id (16 hex), kept in <root>/fleet/host.json. */
+                host_id: string;
+                name: string;
+                /** @description 6 hex that begin the ids of the sandboxes and snapshots this host creates, so a gateway routes them without a lookup. */
+                tag: string;
+                /** @description Last successful registration, ms since the epoch. */
+                registered_at: number | null;
+                lease_ttl_s: number;
+            } | null;
         };
         Image: {
             /** @description name:tag */

@@ -47,6 +47,8 @@ export interface HostInfoSources {
   disks: Pick<DiskQuotaWatch, 'poolInfo'>;
   seccompMonitor: SeccompMonitor | null;
   builder: Builder | undefined;
+  /** Fleet membership (daemon/fleet/): its status, or null when no fleet is configured. */
+  fleet: () => z.infer<typeof HostInfo>['fleet'];
 }
 
 /**
@@ -158,5 +160,6 @@ export async function hostInfo(s: HostInfoSources): Promise<z.infer<typeof HostI
         : { enforced: false, detail: '[builder] enabled = false: imports, builds, commits and snapshots extract and pack trees as root' },
     },
     storage: { ...storage.info(), pool: s.disks.poolInfo(), device: ((d) => (d ? `${d.major}:${d.minor}` : null))(storage.blockDevice()) },
+    fleet: s.fleet() ?? null,
   };
 }

@@ -113,6 +113,18 @@ export class SandboxRepo {
     return { count: r.n, memoryBytes: r.mem, cpus: r.cpus, diskBytes: r.disk };
   }
 
+  /** Sandboxes whose id does not begin with `tag` (made before this host joined a fleet; daemon/fleet/layout.ts). */
+  countUntagged(tag: string): number {
+    return (this.stmt('SELECT COUNT(*) n FROM sandboxes WHERE substr(id, 1, 6) != ?').get(tag) as { n: number }).n;
+  }
+
+  /** Sandboxes per value of their `job` label, the `limit` largest jobs (a fleet host's `live` record, daemon/fleet/). */
+  jobCounts(limit = 256): Record<string, number> {
+    const rows = this.stmt(`SELECT json_extract(labels, '$.job') job, COUNT(*) n FROM sandboxes
+      WHERE json_extract(labels, '$.job') IS NOT NULL GROUP BY job ORDER BY n DESC LIMIT ?`).all(limit) as { job: string; n: number }[];
+    return Object.fromEntries(rows.map((r) => [String(r.job), r.n]));
+  }
+
   /**
    * The writable-layer quota (`disk_bytes`) of every container sandbox that has one,
    * warm-pool shells included (they hold store entries too): for the pool guard and the

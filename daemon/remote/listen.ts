@@ -59,9 +59,12 @@ export async function serverTls(remote: RemoteConfig, root: string, log: Logger)
 /**
  * Builds and starts the TCP door. `buildApi` makes the API app for a door (daemon/api/server.ts
  * buildApi, passed in by the composition root so this module stays below daemon/api/).
+ * With `gatewayIdentity` (a fleet host) a gateway certificate's requests carry their
+ * caller in headers (daemon/remote/door.ts).
  * @throws DsecError InvalidArgument for unreadable TLS files, FailedPrecondition when the address is taken.
  */
-export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: { tokens: TokenService; metrics: Metrics }, buildApi: (door: ApiDoor) => FastifyInstance, audit: AuditLog | null, log: Logger): Promise<RemoteDoor> {
+export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: { tokens: TokenService; metrics: Metrics }, buildApi: (door: ApiDoor) => FastifyInstance, audit: AuditLog | null, log: Logger,
+  opts: { gatewayIdentity?: boolean } = {}): Promise<RemoteDoor> {
   const tls = await serverTls(remote, root, log);
   const clientCa = remote.tlsCa ? readPem(remote.tlsCa, 'CERTIFICATE', '--tls-ca') : null;
   const door = tcpDoor({
@@ -71,6 +74,7 @@ export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: 
     metrics: deps.metrics,
     log: log.child({ component: 'door' }),
     audit,
+    gatewayIdentity: opts.gatewayIdentity,
   });
   const app = buildApi(door);
   const { host, port } = parseListen(remote.listen!, '--listen');

@@ -37,6 +37,11 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   'DELETE /v1/images/:ref',
   'POST /v1/security/seccomp/reload',
   'POST /v1/network/policies/reload',
+  // A gateway's host routes (gateway/hosts.ts): they change where the whole fleet places.
+  'POST /v1/hosts/:name/cordon',
+  'POST /v1/hosts/:name/uncordon',
+  'POST /v1/hosts/:name/drain',
+  'DELETE /v1/hosts/:name',
 ]);
 
 /** The metrics route: `metrics` access, which admin, user, reader and metrics tokens have. */

@@ -17,8 +17,8 @@
  * allocate destroys what was made and removes the row before it is thrown. Restores and
  * forks (./snapshots.ts) and warm-pool shells run the same steps from allocate on.
  */
-import { randomBytes } from 'node:crypto';
 import type { Logger } from 'pino';
+import { taggedId } from '../model/ids.js';
 import { DsecError, failedPrecondition, wrap } from '../errors.js';
 import { procStartTime } from '../host/proc.js';
 import type { SandboxNetworking } from '../net/network.js';
@@ -87,6 +87,8 @@ export interface CreateDeps {
   lifecycle: Pick<SandboxLifecycle, 'destroy'>;
   /** Sandbox networking (a claimed shell's rules); absent: mode none only. */
   network?: Pick<SandboxNetworking, 'update'>;
+  /** In a fleet, the host's id tag (6 hex) that begins new sandbox ids (daemon/model/ids.ts); else absent. */
+  idTag?: string;
   log: Logger;
 }
 
@@ -171,7 +173,7 @@ export class SandboxCreator {
    */
   async build(spec: SandboxSpec, opts: BuildOptions = {}): Promise<SandboxRecord> {
     const drv = this.d.backends.driver(spec.backend);
-    const id = randomBytes(8).toString('hex');
+    const id = taggedId(this.d.idTag);
     const what = `create sandbox ${id}`;
     // The create's steps, reported as its phases when the caller asked for progress.
     const steps = opts.onProgress

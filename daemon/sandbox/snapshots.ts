@@ -10,6 +10,7 @@ import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
+import { taggedId } from '../model/ids.js';
 import { DsecError, failedPrecondition, invalidArgument, unimplemented, wrap } from '../errors.js';
 import type { DaemonConfig } from '../config.js';
 import { probeCriu } from '../host/criu.js';
@@ -56,6 +57,8 @@ export interface SnapshotDeps {
   creator: Pick<SandboxCreator, 'build'>;
   /** Destroys the sandboxes of a fork that failed. */
   lifecycle: Pick<SandboxLifecycle, 'destroy'>;
+  /** In a fleet, the host's id tag (6 hex) that begins new snapshot ids (daemon/model/ids.ts); else absent. */
+  idTag?: string;
   log: Logger;
 }
 
@@ -145,7 +148,7 @@ export class SnapshotService {
       });
       this.d.failpoints.hit('snapshot.after-layer');
       const snap = this.d.snapshots.insert({
-        id: `snap-${randomBytes(8).toString('hex')}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
+        id: `snap-${taggedId(this.d.idTag)}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
         imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
         cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
         network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem, machine: null,
@@ -172,7 +175,7 @@ export class SnapshotService {
       if (!['running', 'paused'].includes(sb.state) || sb.desired !== null) {
         throw failedPrecondition(`sandbox ${id} is ${sb.desired ? `becoming ${sb.desired}` : sb.state}; a ${sb.backend} snapshot captures the running machine: snapshot it when it is running or paused`);
       }
-      const snapId = `snap-${randomBytes(8).toString('hex')}`;
+      const snapId = `snap-${taggedId(this.d.idTag)}`;
       const dir = this.dir(snapId);
       await mkdir(dir, { recursive: true, mode: 0o700 });
       try {

@@ -41,6 +41,8 @@ export interface ServiceSources {
   trajectories: TrajectoryLog;
   network: SandboxNetworking;
   storage: WritableLayerStore;
+  /** In a fleet, the host's id tag (6 hex) that begins new sandbox and snapshot ids (daemon/model/ids.ts); else absent. */
+  idTag?: string;
   log: Logger;
 }
 
@@ -73,11 +75,11 @@ export function buildServices(s: ServiceSources): Services {
   const lifecycle = new SandboxLifecycle({
     config, repo, backends, locks, steps: failpoints, liveness, leases, execs: sessions, resolver, network, images, storage, log,
   });
-  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, network, log });
+  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, network, idTag: s.idTag, log });
   const exec = new ExecService({ config, repo, backends, sessions, trajectories: s.trajectories, liveness, failpoints });
   const rounds = new RoundService({ config, repo, backends, locks, lifecycle, log });
   const snapshots = new SnapshotService({
-    config, repo, snapshots: s.snapshotRepo, images, backends, locks, failpoints, leases, admission, resolver, creator, lifecycle, log,
+    config, repo, snapshots: s.snapshotRepo, images, backends, locks, failpoints, leases, admission, resolver, creator, lifecycle, idTag: s.idTag, log,
   });
   return {
     backends, leases, liveness, lifecycle, creator, exec, sessions, rounds, snapshots,

@@ -93,7 +93,7 @@ describe('help and usage errors', () => {
       expect(r.err.split('\n'), args.join(' ')).toHaveLength(2); // one line + final newline
       expect(r.err).toMatch(/^dsec: /);
     }
-    expect((await dsec(['host'])).err).toBe('dsec: missing command (one of: info, reload); see `dsec host --help`\n');
+    expect((await dsec(['host'])).err).toBe('dsec: missing command (one of: info, reload, cordon, uncordon, drain, forget); see `dsec host --help`\n');
   });
 
   it('exec with an option-like command word not after -- says to use --', async () => {

@@ -9,6 +9,7 @@ import os from 'node:os';
 import path from 'node:path';
 import { renderOpenApi } from '../../daemon/api/openapi.js';
 import { ROUTE_DOCS } from '../../daemon/api/routes/table.js';
+import '../../gateway/hosts.js'; // the gateway's host routes join ROUTE_DOCS: ADMIN_ROUTES names them too
 import { ADMIN_ROUTES, ANY_ROUTES, CREATE_ROUTES, accessOf, allows } from '../../daemon/remote/policy.js';
 import { SqliteTokenStore, TokenService, tokenHash, TOKEN_RE } from '../../daemon/remote/tokens.js';
 import { migrate } from '../../daemon/db/db.js';

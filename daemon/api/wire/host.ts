@@ -69,6 +69,15 @@ export const HostInfo = z.object({
     }).nullable().optional().describe('The store as a shared pool: use against the sum of quotas; null where the store enforces no quota.'),
     device: z.string().nullable().optional().describe('The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem).'),
   }).optional().describe('The writable-layer store.'),
+  fleet: z.object({
+    state: z.enum(['connecting', 'registered', 'refused', 'lost', 'stopped']).describe('Registration in etcd: registered (its lease is alive), connecting/lost (etcd unreachable: retrying), refused (its name is held by another host id).'),
+    reason: z.string().nullable().describe('Why it is not registered, else null.'),
+    host_id: z.string().describe('Persistent host id (16 hex), kept in <root>/fleet/host.json.'),
+    name: z.string(),
+    tag: z.string().describe('6 hex that begin the ids of the sandboxes and snapshots this host creates, so a gateway routes them without a lookup.'),
+    registered_at: z.number().int().nullable().describe('Last successful registration, ms since the epoch.'),
+    lease_ttl_s: z.number().int(),
+  }).nullable().optional().describe('Fleet membership (dsecd --etcd; daemon/fleet/); null: no fleet configured.'),
 });
 
 /** One line of GET /v1/events (NDJSON). */

@@ -49,6 +49,9 @@
  * (`a`, from the link's own directory), so it points where the sandbox would see it;
  * any other absolute target would name a host path and is refused.
  *
+ * Links wait in memory, at most {@link MAX_HELD_LINK_BYTES} of them: each one past it is
+ * refused, so an archive of millions of links cannot exhaust the client.
+ *
  * Also refused: any entry below a link of the same archive (the archive is never written
  * through its own links, nor through a symlink already on disk), a link
  * where a directory is (an archive that names a directory and then a link of the same
@@ -64,6 +67,20 @@ import { cliAddon } from './native.js';
 
 /** Most symlinks one lookup follows before the kernel gives up (ELOOP): MAXSYMLINKS, include/linux/namei.h. */
 export const MAX_SYMLINK_FOLLOWS = 40;
+
+/**
+ * Most memory the links of one archive may hold while they wait for its files (they are
+ * made only after the last member), counted as {@link linkCost}: 64 MiB, about 300,000
+ * links with 100-character paths and targets. Beyond it each further link is refused,
+ * so an archive of millions of links costs the CLI a bounded amount of memory rather
+ * than all the host has.
+ */
+export const MAX_HELD_LINK_BYTES = 64 * 1024 * 1024;
+
+/** What one planned link is counted as against {@link MAX_HELD_LINK_BYTES}: its strings (2 bytes a character) and about 200 bytes of objects and map entry. */
+function linkCost(...texts: string[]): number {
+  return 200 + 2 * texts.reduce((n, t) => n + t.length, 0);
+}
 
 /** Member kinds (tar-stream's names) written as files and as directories; links are made after; anything else is skipped. */
 const FILE_TYPES = new Set(['file', 'contiguous-file']);
@@ -395,6 +412,8 @@ export interface ExtractOptions {
   onRefuse: OnRefuse;
   /** The kernel's check; default {@link kernelBeneathCheck} (null: the portable check alone). */
   beneath?: BeneathCheck | null;
+  /** Memory the planned links may hold, bytes as {@link linkCost} counts; default {@link MAX_HELD_LINK_BYTES}. */
+  maxHeldLinkBytes?: number;
 }
 
 /** A member's body as tar-stream gives it, and whether a writer read it (else it is drained). */
@@ -425,6 +444,18 @@ export async function extractArchive(src: Readable, opts: ExtractOptions): Promi
   };
   /** A member path after `strip`, below `root`, as components; null when it is not below it. */
   const below = (ps: string[]) => (ps.length >= base.length && base.every((c, i) => ps[i] === c) ? ps.slice(base.length) : null);
+  /** Memory the planned links hold, as {@link linkCost} counts it. */
+  const maxHeld = opts.maxHeldLinkBytes ?? MAX_HELD_LINK_BYTES;
+  let held = 0;
+  /** Drops the link planned at `rel`, if any (a later member of the same path replaces it). */
+  const unplan = (rel: string) => {
+    const s = symlinks.get(rel);
+    const h = hardlinks.get(rel);
+    if (s) held -= linkCost(s.rel, s.target, s.member);
+    if (h) held -= linkCost(h.rel, h.to, h.member);
+    symlinks.delete(rel);
+    hardlinks.delete(rel);
+  };
   /** Directories below `dest` (paths relative to it) seen to be real directories, made or found. */
   const realDirs = new Set<string>();
 
@@ -508,8 +539,7 @@ export async function extractArchive(src: Readable, opts: ExtractOptions): Promi
       if (symlinks.has(p) || hardlinks.has(p)) return onRefuse(member, `it is below ${p}, a link of the same archive (never written through)`);
     }
     if (FILE_TYPES.has(type) || DIR_TYPES.has(type)) {
-      symlinks.delete(rel);
-      hardlinks.delete(rel);
+      unplan(rel);
       addParents(inner);
       if (DIR_TYPES.has(type)) dirs.add(rel);
       if (ps.length === 0) return; // the destination itself
@@ -525,17 +555,23 @@ export async function extractArchive(src: Readable, opts: ExtractOptions): Promi
     if (type === 'symlink' || type === 'link') {
       if (rel === '') return onRefuse(member, 'a link in place of the copied directory itself');
       if (isDirHere(rel)) return onRefuse(member, `a link where the directory ${rel} is (a directory is never replaced by a link)`);
-      symlinks.delete(rel);
-      hardlinks.delete(rel);
-      addParents(inner);
-      if (type === 'symlink') {
-        symlinks.set(rel, { rel, target: h.linkname ?? '', member });
-      } else {
-        const to = parts(h.linkname ?? '').slice(opts.strip);
-        const toInner = to.includes('..') ? null : below(to);
+      unplan(rel);
+      const target = h.linkname ?? '';
+      let to = '';
+      if (type === 'link') {
+        const ts = parts(target).slice(opts.strip);
+        const toInner = ts.includes('..') ? null : below(ts);
         if (!toInner?.length) return onRefuse(member, `a hard link to ${JSON.stringify(h.linkname)}, outside the archive`);
-        hardlinks.set(rel, { rel, to: toInner.join('/'), member });
+        to = toInner.join('/');
       }
+      const cost = linkCost(rel, type === 'link' ? to : target, member);
+      if (held + cost > maxHeld) {
+        return onRefuse(member, `one link more than dsec cp holds in memory until the archive's files are written (${symlinks.size + hardlinks.size} links, ${maxHeld} bytes); copy such a tree with \`dsec cp ID:DIR - | tar -x\``);
+      }
+      held += cost;
+      addParents(inner);
+      if (type === 'symlink') symlinks.set(rel, { rel, target, member });
+      else hardlinks.set(rel, { rel, to, member });
       return;
     }
     onSkip(member, `a ${type.replace(/-/g, ' ')}`);

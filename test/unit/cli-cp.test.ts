@@ -10,7 +10,8 @@ import * as tar from 'tar';
 import tarStream from 'tar-stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { parseCpArgs, parseCpEndpoint, wantsContents } from '../../cli/util/cp.js';
-import { kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
+import { extractArchive, kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
+import { Tally } from '../../cli/commands/cp.js';
 import { linkLeads, throughArchiveLink } from '../../daemon/api/routes/files.js';
 import { hintFor } from '../../cli/util/errors.js';
 import { json, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Seen } from '../fixtures/fake-dsecd.js';
@@ -537,6 +538,41 @@ describe('links on the host resolve inside the destination (cli/util/extract.ts)
     dir = mkdtempSync(join(tmpdir(), 'dsec-links-'));
   });
   afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('links wait for the files in bounded memory: past the budget each further link is refused, named, and what came before is made; a file that replaces a planned link frees its part', async () => {
+    const pack = tarStream.pack();
+    pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+    pack.entry({ name: 'app/f', type: 'file', mode: 0o644 }, 'f');
+    // The first link is replaced by a file at its path: its part of the budget is free again.
+    pack.entry({ name: 'app/l0', type: 'symlink', linkname: 'f' });
+    pack.entry({ name: 'app/l0', type: 'file', mode: 0o644 }, 'file now');
+    for (let i = 1; i <= 40; i++) pack.entry({ name: `app/l${i}`, type: i % 2 ? 'symlink' : 'link', linkname: i % 2 ? 'f' : 'app/f' });
+    pack.finalize();
+    const refused: [string, string][] = [];
+    // Ten links of this size: 200 + 2 x (3 + 1 + 6) = 220 bytes each for symlinks, a few more for hard links.
+    await extractArchive(pack as unknown as Readable, {
+      dest: dir, strip: 0, origin: { sandboxDir: '/srv/app', localDir: 'app' },
+      onSkip: () => expect.fail('nothing to skip'), onFail: (m, w) => expect.fail(`${m}: ${w}`), onRefuse: (m, w) => refused.push([m, w]),
+      maxHeldLinkBytes: 10 * 222,
+    });
+    const made = readdirSync(join(dir, 'app')).filter((n) => /^l\d+$/.test(n) && n !== 'l0');
+    expect(made.length).toBe(10);
+    expect(refused.length).toBe(30);
+    expect(made.length + refused.length).toBe(40);
+    for (const [m, w] of refused) {
+      expect(m).toMatch(/^app\/l\d+$/);
+      expect(w).toMatch(/^one link more than dsec cp holds in memory until the archive's files are written \(10 links, 2220 bytes\)/);
+    }
+    expect(readFileSync(join(dir, 'app/l0'), 'utf8')).toBe('file now');
+    for (const n of made) expect(readFileSync(join(dir, 'app', n), 'utf8')).toBe('f');
+  });
+
+  it('reports are tallied: the first 20 kept to be named, the rest only counted', () => {
+    const t = new Tally();
+    for (let i = 0; i < 100_000; i++) t.add(`member${i}: refused`);
+    expect(t.count).toBe(100_000);
+    expect(t.listed).toEqual(Array.from({ length: 20 }, (_, i) => `member${i}: refused`));
+  });
 
   it('resolveInside follows links as the kernel does, treats a missing directory as one that may appear, and counts at most 40 links', () => {
     mkdirSync(join(dir, 'sub/deep'), { recursive: true });

@@ -75,7 +75,8 @@ export function buildServices(s: ServiceSources): Services {
   const lifecycle = new SandboxLifecycle({
     config, repo, backends, locks, steps: failpoints, liveness, leases, execs: sessions, resolver, network, images, storage, log,
   });
-  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, network, idTag: s.idTag, log });
+  const disks = new DiskQuotaWatch({ config, repo, storage, log });
+  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, disks, network, idTag: s.idTag, log });
   const exec = new ExecService({ config, repo, backends, sessions, trajectories: s.trajectories, liveness, failpoints });
   const rounds = new RoundService({ config, repo, backends, locks, lifecycle, log });
   const snapshots = new SnapshotService({
@@ -83,6 +84,6 @@ export function buildServices(s: ServiceSources): Services {
   });
   return {
     backends, leases, liveness, lifecycle, creator, exec, sessions, rounds, snapshots,
-    limits: new LimitWatch(repo, backends), disks: new DiskQuotaWatch({ config, repo, storage, log }),
+    limits: new LimitWatch(repo, backends), disks,
   };
 }

@@ -13,8 +13,12 @@ import { execa } from 'execa';
 import { IS_ROOT, REPO, TestDaemon } from './harness.js';
 import { makeToken } from './remote-helpers.js';
 
-/** Debian's own Python (the machines that run trainers have it; pyenv shims are not it). */
-const PYTHON = existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3';
+/**
+ * The Python that runs the suite: `DSEC_TEST_PYTHON` (e.g. a 3.9 build, the oldest the
+ * package supports), else Debian's own /usr/bin/python3 (what trainer machines have; a
+ * pyenv shim on PATH is not it).
+ */
+const PYTHON = process.env.DSEC_TEST_PYTHON || (existsSync('/usr/bin/python3') ? '/usr/bin/python3' : 'python3');
 const PKG = path.join(REPO, 'sdk', 'python');
 
 /** The environment of a Python run: the caller's, minus every DSEC_ variable, plus `env`. */

@@ -137,6 +137,19 @@ class AsyncTransport:
     def _give_back(self, c: _Conn) -> None:
         self._idle.append(c)
 
+    def _take_idle(self) -> Optional[_Conn]:
+        """A pooled connection dsecd has not closed, or None. dsecd closes connections idle
+        longer than its keep-alive timeout (5 s by default); their end of stream has
+        reached the reader by now, and sending on them would fail a call that is not
+        safe to resend."""
+        while self._idle:
+            c = self._idle.pop()
+            if c.reader.at_eof() or c.writer.is_closing() or c.reader.exception() is not None:
+                c.close()
+                continue
+            return c
+        return None
+
     async def aclose(self) -> None:
         """Closes pooled connections; later calls open new ones."""
         idle, self._idle = self._idle, []
@@ -188,9 +201,11 @@ class AsyncTransport:
         answer is retried once for idempotent methods."""
         head = self._head(method, path, None if body is None else len(body), content_type, accept)
         for attempt in (0, 1):
-            reused = bool(self._idle)
+            conn = self._take_idle()
+            reused = conn is not None
             try:
-                conn = self._idle.pop() if reused else await self._new()
+                if conn is None:
+                    conn = await self._new()
             except (OSError, ssl.SSLError, asyncio.TimeoutError) as e:
                 raise connection_error(self.endpoint, e, method, path) from e
             try:
@@ -234,9 +249,10 @@ class AsyncTransport:
         )
         return _parse(status, data, method, path)
 
-    async def upload(self, method: str, path: str, data: bytes, content_type: str, timeout: Union[float, None, str] = "default") -> Any:
-        """Sends raw bytes and returns the parsed JSON answer."""
-        status, body = await self._bounded(self._call_raw(method, path, bytes(data), content_type, "application/json"), timeout, method, path)
+    async def upload(self, method: str, path: str, data: Any, content_type: str, timeout: Union[float, None, str] = "default") -> Any:
+        """Sends raw bytes (a binary file object is read whole first) and returns the parsed JSON answer."""
+        raw = data.read() if hasattr(data, "read") else bytes(data)
+        status, body = await self._bounded(self._call_raw(method, path, raw, content_type, "application/json"), timeout, method, path)
         return _parse(status, body, method, path)
 
     async def download(self, method: str, path: str) -> bytes:

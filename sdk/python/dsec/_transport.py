@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import select
 import socket
 import ssl
 import threading
@@ -43,6 +44,15 @@ class _UnixConnection(http.client.HTTPConnection):
             s.close()
             raise
         self.sock = s
+
+
+def _readable(sock: socket.socket) -> bool:
+    """Whether an idle socket polls readable (closed by the peer, or unexpected bytes)."""
+    try:
+        r, _, _ = select.select([sock], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(r)
 
 
 def connection_error(ep: Endpoint, exc: BaseException, method: str, path: str) -> DsecError:
@@ -89,13 +99,20 @@ class Transport:
         return http.client.HTTPSConnection(ep.host or "", ep.port, timeout=timeout, context=self._ssl)
 
     def _take(self, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, bool]:
-        with self._lock:
-            if self._idle:
-                c = self._idle.pop()
-                if c.sock is not None:
-                    c.sock.settimeout(timeout)
+        """A pooled connection dsecd has not closed (and whether it was pooled), else a new one.
+
+        dsecd closes connections idle longer than its keep-alive timeout (5 s by default); an
+        idle connection that polls readable has seen that end of stream (it has no answer
+        pending), and sending on it would fail a call that is not safe to resend."""
+        while True:
+            with self._lock:
+                c = self._idle.pop() if self._idle else None
+            if c is None:
+                return self._new(timeout), False
+            if c.sock is not None and not _readable(c.sock):
+                c.sock.settimeout(timeout)
                 return c, True
-        return self._new(timeout), False
+            c.close()
 
     def _give_back(self, c: http.client.HTTPConnection) -> None:
         with self._lock:
@@ -129,7 +146,8 @@ class Transport:
         for attempt in (0, 1):
             conn, reused = self._take(t)  # type: ignore[arg-type]
             try:
-                conn.request(method, path, body=body, headers=headers, encode_chunked=body is not None and not isinstance(body, (bytes, bytearray)) and not hasattr(body, "seek"))
+                # http.client sends a file object without a known length chunked.
+                conn.request(method, path, body=body, headers=headers)
                 return conn.getresponse(), conn
             except (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError) as e:
                 conn.close()

@@ -112,7 +112,7 @@ class AsyncFiles:
         return await self._c._t.download("GET", self._p("/files", path=path, user=user))
 
     async def write(self, path: str, data: Union[api.Bytes, Any], mode: Optional[int] = None, parents: bool = False, user: Optional[str] = None) -> Dict[str, Any]:
-        """Writes ``data`` (bytes, str as UTF-8, or a binary file object, streamed) to ``path``,
+        """Writes ``data`` (bytes, str as UTF-8, or a binary file object, read whole) to ``path``,
         replacing it atomically; ``mode`` permission bits (default 0o644), ``parents``
         creates missing directories. Returns ``{path, bytes}``. Raises NotFound (parent
         missing), FailedPrecondition (a directory), ResourceExhausted (disk quota)."""
@@ -143,7 +143,7 @@ class AsyncFiles:
         return await self._c._t.download("GET", self._p("/archive", path=path, follow=follow, user=user))
 
     async def put_archive(self, directory: str, tar: Union[bytes, Any], user: Optional[str] = None) -> Dict[str, Any]:
-        """Extracts the tar ``tar`` (bytes or a binary file object) into existing ``directory``;
+        """Extracts the tar ``tar`` (bytes, or a binary file object read whole) into existing ``directory``;
         returns ``{entries, bytes}``. Raises NotFound, InvalidArgument (unsafe member)."""
         return await self._c._t.upload("PUT", self._p("/archive", path=directory, user=user), tar, _TAR)
 

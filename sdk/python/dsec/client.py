@@ -503,7 +503,9 @@ class Client:
         token: API token for ``host``; ca: PEM CA file to trust; cert, key: client
             certificate and key files (mutual TLS).
         timeout: deadline of a call in seconds (default 60; None: none). Calls that run a
-            command add its ``timeout_ms``; streams have none.
+            command add its ``timeout_ms``; streams have none. The synchronous client
+            applies it to each socket operation (no byte for that long fails the call);
+            AsyncClient to the whole call.
 
     With no arguments it connects where the CLI would: ``DSEC_HOST`` (+ ``DSEC_TOKEN``,
     ``DSEC_CA``) when set, else ``DSEC_SOCKET``, else ``/run/dsec/dsecd.sock``.

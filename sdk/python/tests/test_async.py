@@ -3,6 +3,7 @@ iterators, and 64 concurrent execs from one event loop."""
 from __future__ import annotations
 
 import asyncio
+import io
 import unittest
 
 from _env import IMAGE, RUN, WORK, aclient
@@ -23,7 +24,7 @@ class AsyncClient(unittest.IsolatedAsyncioTestCase):
         self.assertIsInstance(self.sb, dsec.AsyncSandbox)
         r = await self.sb.exec(["sh", "-c", "cat; echo e >&2; exit 2"], stdin=b"abc")
         self.assertEqual((r.exit_code, r.stdout, r.stderr), (2, b"abc", b"e\n"))
-        await self.sb.files.write(f"{WORK}/x", b"1234", parents=True)
+        await self.sb.files.write(f"{WORK}/x", io.BytesIO(b"1234"), parents=True)
         self.assertEqual(await self.sb.files.read(f"{WORK}/x"), b"1234")
         self.assertEqual((await self.sb.files.stat(f"{WORK}/x")).size, 4)
         with self.assertRaises(dsec.NotFound):
@@ -51,6 +52,13 @@ class AsyncClient(unittest.IsolatedAsyncioTestCase):
         await self.sb.exec(["touch", f"{WORK}/go"])
         res = await asyncio.gather(*batch)
         self.assertEqual({(x.exit_code, x.stdout) for x in res}, {(0, b"done\n")})
+
+    async def test_a_pooled_connection_dsecd_closed_while_idle_is_not_reused(self) -> None:
+        # As in test_sync: a POST after dsecd closed the idle pooled connection (5 s).
+        await asyncio.gather(*(self.sb.exec(["true"]) for _ in range(4)))
+        await asyncio.sleep(6)
+        outs = await asyncio.gather(*(self.sb.exec(["echo", str(i)]) for i in range(4)))
+        self.assertEqual([o.stdout for o in outs], [f"{i}\n".encode() for i in range(4)])
 
     async def test_streams_exec_output_logs_events_export(self) -> None:
         s = await self.sb.start_exec(["sh", "-c", "echo a; read x; echo b$x"], stdin=True)

@@ -244,6 +244,14 @@ class SyncClient(unittest.TestCase):
         it.close()  # type: ignore[attr-defined]
         sb2.destroy()
 
+    def test_a_pooled_connection_dsecd_closed_while_idle_is_not_reused(self) -> None:
+        # dsecd closes keep-alive connections idle for 5 s (Node's default keepAliveTimeout,
+        # the door's keep_alive_timeout_s); a POST (not retried: not idempotent) after such a
+        # pause must go out on a fresh connection, not fail on the closed one.
+        self.sb.exec(["true"])
+        time.sleep(6)
+        self.assertEqual(self.sb.exec(["echo", "after idle"]).stdout, b"after idle\n")
+
     def test_context_manager_destroys(self) -> None:
         with self.c.sandboxes.create(image=IMAGE, labels={"run": RUN, "suite": "sync"}) as sb:
             self.assertEqual(sb.exec(["true"]).exit_code, 0)

@@ -8,9 +8,9 @@ import type { WarmPoolConfig } from './sandbox/warm-pool.js';
 import { createHash } from 'node:crypto';
 import { readFileSync, existsSync } from 'node:fs';
 import path from 'node:path';
-import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
+import { readTomlFile } from './toml-file.js';
 import { defaultProfilePath } from './security/seccomp.js';
 import { MIN_DISK_BYTES } from './model/resources.js';
 import { IoMaxSchema } from './host/cgroups/io.js';
@@ -540,22 +540,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
   const env = src.env ?? process.env;
   const explicit = src.config ?? env.DSEC_CONFIG;
   const file = explicit ?? DEFAULT_CONFIG;
-  let fc: z.infer<typeof FileConfig> = {};
-  if (existsSync(file)) {
-    let raw: unknown;
-    try {
-      raw = parseToml(readFileSync(file, 'utf8'));
-    } catch (e) {
-      throw invalidArgument(`config ${file}: ${(e as Error).message}`);
-    }
-    const r = FileConfig.safeParse(raw);
-    if (!r.success) {
-      throw invalidArgument(`config ${file}: ${r.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
-    }
-    fc = r.data;
-  } else if (explicit !== undefined) {
-    throw invalidArgument(`config file ${file} does not exist`);
-  }
+  const fc: z.infer<typeof FileConfig> = readTomlFile(file, FileConfig, explicit !== undefined);
   const pool = fc.uid_pool ?? {};
   if ((pool.base ?? 2 ** 31) + (pool.size ?? 2 ** 30) > 2 ** 32 - 1) {
     throw invalidArgument(`config ${file}: uid_pool base + size must stay below 2^32-1 (4294967295), the largest valid uid`);

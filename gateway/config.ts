@@ -4,10 +4,10 @@
  */
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
-import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { parseListen } from '../daemon/config.js';
 import { invalidArgument } from '../daemon/errors.js';
+import { readTomlFile } from '../daemon/toml-file.js';
 import { DEFAULT_PREFIX, parseEndpoints } from '../daemon/fleet/layout.js';
 import type { DoorLimits } from '../daemon/remote/door.js';
 import { DEFAULT_K } from './placement.js';
@@ -91,20 +91,7 @@ export interface GatewaySources {
  */
 export function loadGatewayConfig(src: GatewaySources, env: NodeJS.ProcessEnv = process.env): GatewayConfig {
   const file = src.config ?? DEFAULT_GATEWAY_CONFIG;
-  let fc: z.infer<typeof FileConfig> = {};
-  if (existsSync(file)) {
-    let raw: unknown;
-    try {
-      raw = parseToml(readFileSync(file, 'utf8'));
-    } catch (e) {
-      throw invalidArgument(`config ${file}: ${(e as Error).message}`);
-    }
-    const r = FileConfig.safeParse(raw);
-    if (!r.success) throw invalidArgument(`config ${file}: ${r.error.issues.map((i) => `${i.path.join('.') || '(top)'}: ${i.message}`).join('; ')}`);
-    fc = r.data;
-  } else if (src.config) {
-    throw invalidArgument(`config file ${file} does not exist`);
-  }
+  const fc: z.infer<typeof FileConfig> = readTomlFile(file, FileConfig, Boolean(src.config));
   const abs = (f: string | undefined | null) => (f ? path.resolve(f) : null);
   const tlsCert = abs(src.tlsCert ?? fc.tls_cert), tlsKey = abs(src.tlsKey ?? fc.tls_key), tlsCa = abs(src.tlsCa ?? fc.tls_ca);
   if (!tlsCert || !tlsKey || !tlsCa) {

@@ -69,6 +69,19 @@ export const HostInfo = z.object({
     }).nullable().optional().describe('The store as a shared pool: use against the sum of quotas; null where the store enforces no quota.'),
     device: z.string().nullable().optional().describe('The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem).'),
   }).optional().describe('The writable-layer store.'),
+  memory_reclaim: z.object({
+    mode: z.enum(['off', 'idle', 'aggressive']).describe('[memory] reclaim or dsecd --reclaim: off (default), idle, aggressive.'),
+    method: z.enum(['damon', 'memory.reclaim', 'memory.force_empty', 'none']).describe('How idle container sandboxes are reclaimed here: a kdamond dsecd owns (paddr, memcg filters), cgroup v2 memory.reclaim, cgroup v1 memory.force_empty, or not at all.'),
+    reason: z.string().describe('Why this method on this host.'),
+    damon: z.object({
+      owned: z.boolean().describe('dsecd owns a kdamond and reclaims with it.'),
+      reason: z.string().describe('What dsecd found of DAMON: no sysfs, a kdamond it did not create (described), or its own.'),
+    }),
+    idle_after_s: z.number().describe('A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU under idle_cpu_permil.'),
+    idle_cpu_permil: z.number().describe('CPU threshold of idle, per mille of one core averaged over a sweep.'),
+    idle_sandboxes: z.number().int().describe('Container sandboxes idle past idle_after_s at the last sweep.'),
+    reclaimed_bytes: z.number().int().describe('Bytes reclaimed from idle container sandboxes since dsecd started (DAMON: bytes its schemes paged out; memory cgroups: usage before minus after).'),
+  }).optional().describe('Proactive reclaim of idle container sandboxes by the host ([memory]; daemon/host/memory/). microVMs reclaim inside their guests ([vm.reclaim]).'),
   fleet: z.object({
     state: z.enum(['connecting', 'registered', 'refused', 'lost', 'stopped']).describe('Registration in etcd: registered (its lease is alive), connecting/lost (etcd unreachable: retrying), refused (its name is held by another host id).'),
     reason: z.string().nullable().describe('Why it is not registered, else null.'),

@@ -473,6 +473,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     log,
     failpoints: r.fp,
     metrics,
+    reclaim,
     transfers,
     trajectories: r.trajectories,
     fncall,

@@ -1008,6 +1008,10 @@ export interface components {
             disk_used_bytes: number | null;
             /** @description The writable layer's quota as the filesystem holds it, bytes; null: none. */
             disk_limit_bytes: number | null;
+            /** @description Container sandboxes, while the host's reclaim runs ([memory] reclaim): idle since (no exec, CPU under idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off). */
+            idle_since?: number | null;
+            /** @description Bytes the host's reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim). */
+            reclaimed_bytes?: number;
         };
         SeccompProfileInfo: {
             /** @description The profile data file ([security] seccomp_profile). */

@@ -86,6 +86,9 @@ describe.skipIf(!IS_ROOT)('host reclaim of idle container sandboxes', () => {
     expect((await d.client.hostInfo()).memory_reclaim!.reclaimed_bytes).toBeGreaterThanOrEqual(mine);
     const st = await d.client.sandboxStats(sb.id);
     expect(st.memory_bytes!).toBeLessThan(32 * 2 ** 20);
+    // Its stats carry the same count and since when it is idle (no exec since the write).
+    expect(st.reclaimed_bytes).toBeGreaterThanOrEqual(mine);
+    expect(st.idle_since).toBeGreaterThan(sb.created_at);
     const r = await d.client.exec(sb.id, { argv: ['sh', '-c', 'wc -c < /root/cold'] });
     expect(out(r).trim()).toBe(String(64 * 2 ** 20));
     await d.client.deleteSandbox(sb.id, { force: true });

@@ -161,6 +161,9 @@ describe.each(['6.12', '6.18'] as const)('host reclaim with DAMON on a %s-shaped
     expect(r.status().reclaimedBytes).toBe(3 * 2 ** 20);
     expect(r.status().bySandbox.get('a')).toBe(3 * 2 ** 20);
     expect(r.status().bySandbox.has('b')).toBe(false);
+    expect(r.sandbox('a')).toEqual({ idleSinceMs: 1_000_000, reclaimedBytes: 3 * 2 ** 20 });
+    expect(r.sandbox('b')).toEqual({ idleSinceMs: 1_020_000, reclaimedBytes: 0 });
+    expect(r.sandbox('v')).toEqual({ idleSinceMs: null, reclaimedBytes: 0 });
     // An exec in a: busy, so no target: the kdamond is turned off (and kept).
     activity.begin('a');
     advance(5000);

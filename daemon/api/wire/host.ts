@@ -135,6 +135,8 @@ export const SandboxStatsView = z.object({
   }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
   disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
   disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
+  idle_since: z.number().int().nullable().optional().describe('Container sandboxes, while the host\'s reclaim runs ([memory] reclaim): idle since (no exec, CPU under idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off).'),
+  reclaimed_bytes: z.number().int().optional().describe('Bytes the host\'s reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim).'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

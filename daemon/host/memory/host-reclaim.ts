@@ -74,6 +74,8 @@ export class HostReclaim {
   private idleCount = 0;
   private total = 0;
   private readonly bySandbox = new Map<string, number>();
+  /** Per container sandbox at the last sweep: idle since (ms since the epoch), or null when busy. */
+  private idleSince = new Map<string, number | null>();
   /** DAMON: the idle set last applied (sorted keys), and each scheme's sz_applied counted so far. */
   private damonSet = '';
   private readonly damonSeen = new Map<string, number>();
@@ -129,6 +131,15 @@ export class HostReclaim {
     };
   }
 
+  /**
+   * One sandbox as of the last sweep (for its stats): since when it is idle (ms since
+   * the epoch; null: busy, or not judged: another tier, or reclaim off) and the bytes
+   * reclaimed from it since dsecd started.
+   */
+  sandbox(id: string): { idleSinceMs: number | null; reclaimedBytes: number } {
+    return { idleSinceMs: this.idleSince.get(id) ?? null, reclaimedBytes: this.bySandbox.get(id) ?? 0 };
+  }
+
   /** One sweep (the timer's; tests call it directly). Overlapping calls join the one in flight. Errors are logged, never thrown. */
   sweep(): Promise<void> {
     this.inFlight ??= this.sweepOnce().catch((e) => this.d.log.error({ err: e }, `memory reclaim (${this.method}): sweep failed`)).finally(() => { this.inFlight = null; });
@@ -149,6 +160,7 @@ export class HostReclaim {
       samples.push({ id: c.id, state: c.state, cpuNs, execsRunning: a.running, lastExecMs: a.lastMs });
     }
     const idle = this.tracker.observe(samples);
+    this.idleSince = idle;
     const t = this.now();
     this.idleCount = [...idle.values()].filter((s) => s !== null && t - s >= this.d.config.idleAfterMs).length;
     if (this.method === 'damon') await this.sweepDamon(idle, t);

@@ -2,8 +2,8 @@
  * The host's reclaim of idle container sandboxes in a real dsecd (daemon/host/memory/
  * host-reclaim.ts): `--reclaim` and `[memory]` accepted (the flag wins) and reported in
  * GET /v1/host and `dsec host info`; a bad mode refused; an idle sandbox's page cache
- * reclaimed through this host's memory cgroups and counted in /metrics; the sandbox
- * answers exec afterwards.
+ * reclaimed through this host's memory cgroups and counted in /metrics and its stats, while
+ * one with an exec session running is not; the sandbox answers exec afterwards.
  *
  * DAMON: the daemon is pointed at a directory tree shaped like DAMON's sysfs holding a
  * kdamond dsecd did not create (test/fixtures/damon-sysfs.ts), so it must stand aside and
@@ -68,6 +68,12 @@ describe.skipIf(!IS_ROOT)('host reclaim of idle container sandboxes', () => {
   });
 
   it('reclaims an idle sandbox\'s page cache, counts it per sandbox and in total, and the sandbox answers exec after', async () => {
+    // busy: the same page cache, and an exec session running the whole time (written
+    // first, so without its exec counted it would be due before the idle one).
+    const busy = await d.client.createSandbox({ image: 'busybox' });
+    const wb = await d.client.exec(busy.id, { argv: ['sh', '-c', 'dd if=/dev/zero of=/root/cold bs=1M count=64 2>/dev/null; sync; echo ok'] });
+    expect(out(wb)).toBe('ok\n');
+    const session = await d.client.startExec(busy.id, { argv: ['sleep', '600'] });
     const sb = await d.client.createSandbox({ image: 'busybox' });
     // 64 MiB of page cache on the writable layer, written back so that it can be dropped.
     const w = await d.client.exec(sb.id, { argv: ['sh', '-c', 'dd if=/dev/zero of=/root/cold bs=1M count=64 2>&1 >/dev/null | grep -v records; sync && echo ok'] });
@@ -89,6 +95,13 @@ describe.skipIf(!IS_ROOT)('host reclaim of idle container sandboxes', () => {
     // Its stats carry the same count and since when it is idle (no exec since the write).
     expect(st.reclaimed_bytes).toBeGreaterThanOrEqual(mine);
     expect(st.idle_since).toBeGreaterThan(sb.created_at);
+    // The sandbox with an exec running was not touched, and is not idle.
+    const sbusy = await d.client.sandboxStats(busy.id);
+    expect(sbusy.reclaimed_bytes).toBe(0);
+    expect(sbusy.idle_since).toBeNull();
+    expect(new RegExp(`^dsec_sandbox_reclaimed_bytes\\{sandbox="${busy.id}"\\}`, 'm').test(text)).toBe(false);
+    expect(session.state).toBe('running');
+    await d.client.deleteSandbox(busy.id, { force: true });
     const r = await d.client.exec(sb.id, { argv: ['sh', '-c', 'wc -c < /root/cold'] });
     expect(out(r).trim()).toBe(String(64 * 2 ** 20));
     await d.client.deleteSandbox(sb.id, { force: true });

@@ -517,9 +517,9 @@ export interface components {
                     /** @description What dsecd found of DAMON: no sysfs, a kdamond it did not create (described), or its own. */
                     reason: string;
                 };
-                /** @description A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU under idle_cpu_permil. */
+                /** @description A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU at most idle_cpu_permil. */
                 idle_after_s: number;
-                /** @description CPU threshold of idle, per mille of one core averaged over a sweep. */
+                /** @description CPU threshold of idle (at most this), per mille of one core averaged over a sweep. */
                 idle_cpu_permil: number;
                 /** @description Container sandboxes idle past idle_after_s at the last sweep. */
                 idle_sandboxes: number;
@@ -1008,7 +1008,7 @@ export interface components {
             disk_used_bytes: number | null;
             /** @description The writable layer's quota as the filesystem holds it, bytes; null: none. */
             disk_limit_bytes: number | null;
-            /** @description Container sandboxes, while the host's reclaim runs ([memory] reclaim): idle since (no exec, CPU under idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off). */
+            /** @description Container sandboxes, while the host's reclaim runs ([memory] reclaim): idle since (no exec, CPU at most idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off). */
             idle_since?: number | null;
             /** @description Bytes the host's reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim). */
             reclaimed_bytes?: number;

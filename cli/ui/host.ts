@@ -49,7 +49,7 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
   }
   if (h.memory_reclaim) {
     const r = h.memory_reclaim;
-    facts.push(['reclaim', `${r.mode} via ${r.method}: ${r.idle_sandboxes} idle sandbox(es) (idle after ${r.idle_after_s} s, CPU under ${r.idle_cpu_permil}‰ of a core), ${formatBytes(r.reclaimed_bytes)} reclaimed since start; ${r.reason}`]);
+    facts.push(['reclaim', `${r.mode} via ${r.method}: ${r.idle_sandboxes} idle sandbox(es) (idle after ${r.idle_after_s} s, CPU at most ${r.idle_cpu_permil}‰ of a core), ${formatBytes(r.reclaimed_bytes)} reclaimed since start; ${r.reason}`]);
     facts.push(['damon', `${r.damon.owned ? 'owned by dsecd' : 'not owned'}: ${r.damon.reason}`]);
   }
   const width = Math.max(...facts.map(([k]) => k.length));

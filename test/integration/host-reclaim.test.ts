@@ -57,13 +57,13 @@ describe.skipIf(!IS_ROOT)('host reclaim of idle container sandboxes', () => {
     const m = h.memory_reclaim!;
     expect(m.mode).toBe('aggressive');
     expect(m.idle_after_s).toBe(3);
-    expect(m.idle_cpu_permil).toBe(10);
+    expect(m.idle_cpu_permil).toBe(5);
     expect(m.method).toBe(h.cgroup.version === 2 ? 'memory.reclaim' : 'memory.force_empty');
     expect(m.damon.owned).toBe(false);
     expect(m.damon.reason).toMatch(/1 kdamond\(s\) exist that dsecd did not create \(kdamond 0: state on, pid 4242, operations paddr, 1 scheme\(s\)\)/);
     const cli = await runCli(d, ['host', 'info']);
     expect(cli.code).toBe(0);
-    expect(cli.stdout).toMatch(new RegExp(`^reclaim +aggressive via ${m.method.replace('.', '\\.')}: \\d+ idle sandbox\\(es\\) \\(idle after 3 s, CPU under 10‰ of a core\\)`, 'm'));
+    expect(cli.stdout).toMatch(new RegExp(`^reclaim +aggressive via ${m.method.replace('.', '\\.')}: \\d+ idle sandbox\\(es\\) \\(idle after 3 s, CPU at most 5‰ of a core\\)`, 'm'));
     expect(cli.stdout).toMatch(/^damon +not owned: 1 kdamond\(s\) exist that dsecd did not create/m);
   });
 

@@ -71,7 +71,7 @@ describe('idle policy', () => {
 describe('[memory] and --reclaim', () => {
   it('defaults off; presets; keys override; the flag wins; bad values refused', () => {
     const off = resolveHostReclaim(undefined);
-    expect(off).toMatchObject({ mode: 'off', idleAfterMs: 120_000, idleCpuPermil: 10, repeatMs: 0, sweepMs: 5000, fraction: 0.5, damon: true, damonSysfs: '/sys/kernel/mm/damon' });
+    expect(off).toMatchObject({ mode: 'off', idleAfterMs: 120_000, idleCpuPermil: 5, repeatMs: 0, sweepMs: 5000, fraction: 0.5, damon: true, damonSysfs: '/sys/kernel/mm/damon' });
     expect(resolveHostReclaim({ reclaim: 'idle' }, 'aggressive')).toMatchObject({ mode: 'aggressive', idleAfterMs: 15_000, repeatMs: 60_000, fraction: 1, damonParams: { minAgeMs: 10_000, cpuMsPerS: 50, bytesPerS: 256 * 2 ** 20 } });
     expect(resolveHostReclaim({ reclaim: 'idle', idle_after_s: 30, idle_cpu_permil: 2, damon: false })).toMatchObject({ mode: 'idle', idleAfterMs: 30_000, idleCpuPermil: 2, damon: false });
     expect(() => resolveHostReclaim({}, 'sometimes')).toThrow(/--reclaim "sometimes": one of off, idle, aggressive/);

@@ -77,8 +77,8 @@ export const HostInfo = z.object({
       owned: z.boolean().describe('dsecd owns a kdamond and reclaims with it.'),
       reason: z.string().describe('What dsecd found of DAMON: no sysfs, a kdamond it did not create (described), or its own.'),
     }),
-    idle_after_s: z.number().describe('A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU under idle_cpu_permil.'),
-    idle_cpu_permil: z.number().describe('CPU threshold of idle, per mille of one core averaged over a sweep.'),
+    idle_after_s: z.number().describe('A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU at most idle_cpu_permil.'),
+    idle_cpu_permil: z.number().describe('CPU threshold of idle (at most this), per mille of one core averaged over a sweep.'),
     idle_sandboxes: z.number().int().describe('Container sandboxes idle past idle_after_s at the last sweep.'),
     reclaimed_bytes: z.number().int().describe('Bytes reclaimed from idle container sandboxes since dsecd started (DAMON: bytes its schemes paged out; memory cgroups: usage before minus after).'),
   }).optional().describe('Proactive reclaim of idle container sandboxes by the host ([memory]; daemon/host/memory/). microVMs reclaim inside their guests ([vm.reclaim]).'),
@@ -135,7 +135,7 @@ export const SandboxStatsView = z.object({
   }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
   disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
   disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
-  idle_since: z.number().int().nullable().optional().describe('Container sandboxes, while the host\'s reclaim runs ([memory] reclaim): idle since (no exec, CPU under idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off).'),
+  idle_since: z.number().int().nullable().optional().describe('Container sandboxes, while the host\'s reclaim runs ([memory] reclaim): idle since (no exec, CPU at most idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off).'),
   reclaimed_bytes: z.number().int().optional().describe('Bytes the host\'s reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim).'),
 });
 

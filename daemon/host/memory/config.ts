@@ -18,7 +18,7 @@
  * Every key below overrides its preset value.
  *
  * Idle (host/memory/idle.ts): no exec of the sandbox running, none started or ended for
- * `idle_after_s`, and its cgroup's CPU time growing by less than `idle_cpu_permil` of one
+ * `idle_after_s`, and its cgroup's CPU time growing by no more than `idle_cpu_permil` of one
  * core over each sweep interval for as long; or paused.
  */
 import { z } from 'zod';
@@ -51,9 +51,11 @@ export interface HostReclaimConfig {
   /** A sandbox idle at least this long is reclaimed, ms (`idle_after_s`; idle 120 s, aggressive 15 s). */
   idleAfterMs: number;
   /**
-   * CPU below which a sandbox counts as idle, per mille of one core averaged over a sweep
-   * (`idle_cpu_permil`; default 10, 1% of a core: an idle shell sandbox's init and
-   * sleeping processes use about 0; a process that polls every few ms uses more).
+   * CPU at or below which a sandbox counts as idle, per mille of one core averaged over a
+   * sweep (`idle_cpu_permil`; default {@link DEFAULT_IDLE_CPU_PERMIL}). Measured on this
+   * host: an idle busybox sandbox (the agent as init, nothing running) used 0 ns of CPU in
+   * 20 s; a shell loop waking 10 times a second (`while :; do sleep 0.1; done`) used 10 per
+   * mille, so it counts as busy.
    */
   idleCpuPermil: number;
   /** While a sandbox stays idle it is reclaimed again after this long, ms (`repeat_s`; idle 0: once per idle period; aggressive 60 s). */
@@ -80,8 +82,8 @@ const PRESETS: Record<'idle' | 'aggressive', { idleAfterS: number; repeatS: numb
   aggressive: { idleAfterS: 15, repeatS: 60, fraction: 1, minAgeS: 10, cpuMsPerS: 50, bytesPerS: 256 * 2 ** 20 },
 };
 
-/** Default CPU threshold of idle: 10 per mille (1% of one core). */
-export const DEFAULT_IDLE_CPU_PERMIL = 10;
+/** Default CPU threshold of idle: 5 per mille (0.5% of one core; see HostReclaimConfig.idleCpuPermil for the measurements). */
+export const DEFAULT_IDLE_CPU_PERMIL = 5;
 /** Default sweep interval: 5 s. */
 export const DEFAULT_SWEEP_S = 5;
 /** DAMON's sampling and aggregation intervals for the host's kdamond, µs (as the guest's: 100 ms, 2 s). */

@@ -111,7 +111,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
     .option('--ca <file>', 'CA certificate to trust for --host (default $DSEC_CA, or the context\'s)')
     .option('--context <name>', 'a saved context (`dsec context ls`)')
     .option('--json', 'machine-readable JSON output')
-    .version(clientVersion(), '-V, --version', 'print the client\'s version (`dsec version` asks dsecd for its own too)')
+    // Under --json the version is the client half of `dsec --json version`'s object.
+    .version(jsonRequested(argv) ? JSON.stringify({ client: { version: clientVersion() } }, null, 2) : clientVersion(), '-V, --version', 'print the client\'s version (`dsec version` asks dsecd for its own too); JSON with --json')
     .exitOverride()
     .showSuggestionAfterError(true);
 

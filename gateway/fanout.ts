@@ -144,7 +144,9 @@ export async function applyAll(ctx: GatewayContext, req: FastifyRequest): Promis
 
 /**
  * `GET /v1/stats` of the fleet: every host's sandboxes (naming their host), the host
- * section summed (cores, memory; load averages of the first host), and each host's outcome.
+ * section summed (cores, memory bytes and load averages added), and each host's outcome
+ * with, for a host that answered, its sandbox count and its own host section (`dsec top`
+ * drills into one host with it).
  */
 export async function mergeStats(ctx: GatewayContext, req: FastifyRequest): Promise<Record<string, unknown>> {
   const { answers, hosts } = await askAll(ctx, req);
@@ -160,7 +162,12 @@ export async function mergeStats(ctx: GatewayContext, req: FastifyRequest): Prom
     }
     for (const s of (a.body.sandboxes as Array<Record<string, unknown>> | undefined) ?? []) sandboxes.push({ ...s, host: a.host.name });
   }
-  return { time: Date.now(), host, sandboxes, hosts };
+  const own = new Map(answers.map((a) => [a.host.name, a.body]));
+  const detailed = hosts.map((o) => {
+    const body = own.get(o.name);
+    return body ? { ...o, sandboxes: ((body.sandboxes as unknown[] | undefined) ?? []).length, host: body.host } : { ...o, sandboxes: 0 };
+  });
+  return { time: Date.now(), host, sandboxes, hosts: detailed };
 }
 
 /** The gateway's own metrics, then every up host's with a `host` label on each sample (HELP/TYPE lines once). */

@@ -33,8 +33,9 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # slirp4netns and nftables for sandbox networking (in a network namespace of dsec's own),
 # btrfs-progs and xfsprogs for the writable-layer filesystem with per-sandbox quotas,
 # qemu-system-x86 and qemu-utils for the microvm and vm tiers (e2fsprogs formats their disks; seabios is the
-# vm tier's q35 firmware, named so a minimal install that skips recommends still has it).
-PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
+# vm tier's q35 firmware, named so a minimal install that skips recommends still has it),
+# python3-venv for the Python client's offline install into a venv (sdk/python, its tests).
+PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 python3-venv util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
       debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs
       qemu-system-x86 qemu-utils e2fsprogs seabios)
 missing=()

@@ -3,7 +3,7 @@
  * and the network policies, and the seccomp profile in force.
  */
 import type { HostInfo, NetworkInput, NetworkPolicy, PolicyReloadResult, SandboxNetwork, SeccompProfileInfo, VersionInfo } from './types.js';
-import { sandboxPath } from './paths.js';
+import { query, sandboxPath } from './paths.js';
 import type { TransportClass } from './transport.js';
 
 /** Mixes the host, network and security calls into a {@link Transport} class (composed into DsecClient by sdk/client.ts). */
@@ -26,11 +26,14 @@ export function withHostCalls<B extends TransportClass>(Base: B) {
 
     /**
      * PUT /v1/sandboxes/{id}/network: changes a sandbox's network; a running sandbox gets
-     * it at once. Errors: `InvalidArgument` (bad rules, unknown policy), `NotFound`,
-     * `FailedPrecondition` (between none and allow/open, or networking unavailable).
+     * it at once. `opts.ifRevision`: only if the network's `revision` (from
+     * {@link getNetwork} or a previous setNetwork) is still this one, so a read, change
+     * and write back never overwrites a change made in between. Errors: `InvalidArgument`
+     * (bad rules, unknown policy), `NotFound`, `FailedPrecondition` (between none and
+     * allow/open, or networking unavailable), `Conflict` (the revision moved on: read again).
      */
-    setNetwork(id: string, network: NetworkInput): Promise<SandboxNetwork> {
-      return this.request<SandboxNetwork>('PUT', sandboxPath(id) + '/network', network);
+    setNetwork(id: string, network: NetworkInput, opts: { ifRevision?: string } = {}): Promise<SandboxNetwork> {
+      return this.request<SandboxNetwork>('PUT', sandboxPath(id) + '/network' + query({ if_revision: opts.ifRevision }), network);
     }
 
     /** GET /v1/network/policies: the loaded network policies. */

@@ -221,7 +221,7 @@ export interface components {
         Event: {
             /** @description ms since the Unix epoch. */
             time: number;
-            /** @description e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store filled while the sandbox was writing: its writes fail with EDQUOT until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished. */
+            /** @description e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store is nearly full and the sandbox wrote all of its share of it: its writes fail with EDQUOT below its quota until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished. */
             type: string;
             sandbox_id: string | null;
             state?: components["schemas"]["SandboxState"];
@@ -491,8 +491,10 @@ export interface components {
                     disk_overcommit: number;
                     /** @description Free space kept for sandboxes that are not filling the store ([storage] reserve_bytes; 0: no pool guard). */
                     reserve_bytes: number;
-                    /** @description Sandboxes the pool guard now holds below their quota because the store is nearly full (their events: sandbox.disk_pool_full). */
+                    /** @description Sandboxes that wrote all of their share of the nearly full store and are held there, below their quota, until it has room again (their events: sandbox.disk_pool_full). */
                     guarded: number;
+                    /** @description Sandboxes whose kernel limit the pool guard has set below their quota, to their use plus their share of the free space, because the room above the reserve is less than the headrooms together (the guarded ones included; an idle sandbox is capped too, before it writes). */
+                    capped: number;
                 } | null;
                 /** @description The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem). */
                 device?: string | null;
@@ -970,6 +972,8 @@ export interface components {
             /** @description Addresses allowed because the resolver answered them for an allow host rule (wildcards included). */
             learned: number;
             denied: components["schemas"]["NetworkDenials"];
+            /** @description Revision of the sandbox's own network spec (16 hex digits, the same for the same spec): give it as PUT's `if_revision` to change the spec only if nobody changed it since. */
+            revision: string;
         };
         /** @enum {string} */
         SandboxState: "creating" | "running" | "paused" | "stopped" | "failed" | "destroyed";

@@ -64,13 +64,30 @@ interface CopyEnv {
   /** Set when a local file was created, so an interrupted or failed copy removes it. */
   partial?: string;
   /** Members of a copy out that were refused (each `MEMBER: why`), reported after the copy. */
-  refused: string[];
+  refused: Tally;
   /** Members of a copy out that could not be written as they are (each `MEMBER (why)`): the copy failed. */
-  failed: string[];
+  failed: Tally;
 }
 
 /** Most skipped or refused members named one by one; the rest are counted. */
 const MAX_LISTED = 20;
+
+/**
+ * Members reported by the extraction (skipped, refused, failed): the first
+ * {@link MAX_LISTED} messages kept to be named, the rest only counted, so an archive of
+ * millions of refused links costs a counter, not a message each.
+ */
+export class Tally {
+  /** The first MAX_LISTED messages, in order. */
+  readonly listed: string[] = [];
+  /** How many were reported in all. */
+  count = 0;
+
+  add(message: string): void {
+    if (this.listed.length < MAX_LISTED) this.listed.push(message);
+    this.count++;
+  }
+}
 
 /** Adds `cp` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
@@ -109,8 +126,8 @@ export function register(parent: Command, ctx: Ctx): Command {
         user: opts.user,
         follow: opts.followLink === true,
         signal: abort.signal,
-        refused: [],
-        failed: [],
+        refused: new Tally(),
+        failed: new Tally(),
         progress: (what, size) => (progress = createByteProgress(ctx.io.stderr, showProgress, what, size)),
       };
       let bytes: number;
@@ -130,19 +147,19 @@ export function register(parent: Command, ctx: Ctx): Command {
         ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
         return;
       }
-      for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
-      if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
-      for (const f of env.failed.slice(0, MAX_LISTED)) ctx.err(`dsec: error: could not copy ${printable(f)}\n`);
-      if (env.failed.length > MAX_LISTED) ctx.err(`dsec: error: could not copy ${env.failed.length - MAX_LISTED} more\n`);
-      if (env.failed.length) {
+      for (const r of env.refused.listed) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
+      if (env.refused.count > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.count - MAX_LISTED} more\n`);
+      for (const f of env.failed.listed) ctx.err(`dsec: error: could not copy ${printable(f)}\n`);
+      if (env.failed.count > MAX_LISTED) ctx.err(`dsec: error: could not copy ${env.failed.count - MAX_LISTED} more\n`);
+      if (env.failed.count) {
         throw new UserError(
-          `${env.failed.length} ${env.failed.length === 1 ? 'entry' : 'entries'} could not be copied (above); ${dstText} is incomplete`,
+          `${env.failed.count} ${env.failed.count === 1 ? 'entry' : 'entries'} could not be copied (above); ${dstText} is incomplete`,
           'a local write failed (no space left, no permission), or the archive was corrupt; fix that and copy again',
         );
       }
-      if (env.refused.length) {
+      if (env.refused.count) {
         throw new UserError(
-          `${env.refused.length} ${env.refused.length === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
+          `${env.refused.count} ${env.refused.count === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
           'a link is made here only when it resolves inside the destination; `dsec cp -L ID:/path/to/link LOCAL` copies what a link points to',
           'FailedPrecondition',
         );
@@ -266,7 +283,7 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     }
     const p = env.progress(`${id}:${src} to ${dst}`);
     const counter = byteCounter((n) => p.update(n));
-    const skipped: string[] = [];
+    const skipped = new Tally();
     const res = await client.getArchive(id, src, { ...opts, follow: env.follow });
     let broke = false;
     res.on('error', (e) => {
@@ -279,17 +296,17 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
         strip,
         // The archive's members are named from src's base name; with strip 1 that name is gone.
         origin: { sandboxDir: path.posix.normalize(src), localDir: strip === 1 ? '' : baseName(src) },
-        onSkip: (member, why) => skipped.push(member ? `${member} (${why})` : why),
-        onFail: (member, why) => env.failed.push(member ? `${member} (${why})` : why),
-        onRefuse: (member, why) => env.refused.push(`${member}: ${why}`),
+        onSkip: (member, why) => skipped.add(member ? `${member} (${why})` : why),
+        onFail: (member, why) => env.failed.add(member ? `${member} (${why})` : why),
+        onRefuse: (member, why) => env.refused.add(`${member}: ${why}`),
       });
     } catch (e) {
       res.destroy();
       if (broke && !env.signal.aborted) throw brokeOff(id, src, dst);
       throw e;
     }
-    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${printable(s)}\n`);
-    if (skipped.length > MAX_LISTED) env.ctx.err(`dsec: warning: skipped ${skipped.length - MAX_LISTED} more\n`);
+    for (const s of skipped.listed) env.ctx.err(`dsec: warning: skipped ${printable(s)}\n`);
+    if (skipped.count > MAX_LISTED) env.ctx.err(`dsec: warning: skipped ${skipped.count - MAX_LISTED} more\n`);
     return counter.bytes();
   }
   const file = local?.isDirectory() ? path.join(dst, baseName(src)) : dst;

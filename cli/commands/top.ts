@@ -14,13 +14,17 @@
  * not asked for, stderr says so first: `(stdout is not a terminal: printing one snapshot)`.
  *
  * The host header comes from systeminformation (this host's memory and CPU load), falling
- * back to the host block of GET /v1/stats.
+ * back to the host block of GET /v1/stats. Against a gateway (DSEC_HOST naming one) the
+ * sample is the fleet's: the header gives the fleet's sums and a line of its hosts, the
+ * table a HOST column, and `--filter host=NAME` (or `h` on a row in the live view) drills
+ * into one host, whose own figures the header then gives; `--json` adds `hosts` and each
+ * row's `host`.
  */
 import os from 'node:os';
 import { Option, type Command } from 'commander';
 import { DsecApiError, type StatsResponse } from '../../sdk/index.js';
 import { renderPauseLine } from '../ui/jobs.js';
-import { TOP_SORTS, hostFromStats, renderTopHeader, renderTopRows, renderTopTable, topRowJson, type TopHost, type TopSort } from '../ui/top-rows.js';
+import { TOP_SORTS, filteredHost, fleetHeader, fleetHosts, hostFromStats, renderFleetLine, renderTopHeader, renderTopRows, renderTopTable, topRowJson, type TopHost, type TopSort } from '../ui/top-rows.js';
 import type { Ctx } from '../util/context.js';
 import { EXIT, UserError, apiErrorMessage } from '../util/errors.js';
 import { signalNumber } from '../util/exec.js';
@@ -204,12 +208,23 @@ async function snapshot(ctx: Ctx, opts: TopOptions, stop: Promise<void>): Promis
   if (!waited) return;
   const second = await client.stats();
   const rows = renderTopRows(first, second, opts.sort, opts.filter ?? '');
-  const host = await sampleHost(second);
+  // A gateway's sample is the fleet's: its header figures come from the sample, not from this machine.
+  const fleet = fleetHosts(second);
+  const head = fleet ? fleetHeader(second, opts.filter ?? '') : { label: 'host', host: await sampleHost(second) };
+  const host = head.host;
   if (ctx.json) {
-    writeJson(ctx.io.stdout, { time: second.time, host: { cores: host.cores, cpu_percent: host.cpuPercent, memory_used_bytes: host.memoryUsedBytes, memory_bytes: host.memoryTotalBytes, load_avg: host.loadAvg }, sandboxes: rows.map(topRowJson) });
+    writeJson(ctx.io.stdout, {
+      time: second.time,
+      host: { cores: host.cores, cpu_percent: host.cpuPercent, memory_used_bytes: host.memoryUsedBytes, memory_bytes: host.memoryTotalBytes, load_avg: host.loadAvg },
+      ...(fleet ? { hosts: fleet } : {}),
+      sandboxes: rows.map(topRowJson),
+    });
     return;
   }
   // The host line only for a person (--once on a terminal): a pipe gets just the table.
-  if (ctx.io.stdout.isTTY) ctx.out(renderTopHeader(host, second.sandboxes.length, rows.length) + '\n');
-  ctx.out(renderTopTable(rows, { color: ctx.color }));
+  if (ctx.io.stdout.isTTY) {
+    ctx.out(renderTopHeader(host, second.sandboxes.length, rows.length, head.label) + '\n');
+    if (fleet) ctx.out(renderFleetLine(fleet, filteredHost(opts.filter ?? '')) + '\n');
+  }
+  ctx.out(renderTopTable(rows, { color: ctx.color, fleet: fleet !== null }));
 }

@@ -44,7 +44,7 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
       const p = st.pool;
       const ratio = st.size_bytes ? ` (${+(p.quota_sum_bytes / st.size_bytes).toFixed(2)}x the store)` : '';
       facts.push(['disk pool', `${formatBytes(p.available_bytes)} free; quotas sum to ${formatBytes(p.quota_sum_bytes)}${ratio}, admission allows ${formatBytes(p.quota_cap_bytes)} (disk_overcommit ${p.disk_overcommit}); `
-        + `reserve ${formatBytes(p.reserve_bytes)}${p.guarded ? `; ${p.guarded} sandbox(es) held below their quota (store nearly full)` : ''}`]);
+        + `reserve ${formatBytes(p.reserve_bytes)}${p.capped ? `; store nearly full: ${p.capped} sandbox(es) limited to their share of the free space` : ''}${p.guarded ? `, ${p.guarded} of them held after writing all of it` : ''}`]);
     }
   }
   if (h.memory_reclaim) {

@@ -9,6 +9,8 @@
  * - `l`: its log, followed (q, Esc or ^C comes back);
  * - `p`: pause it (running) or resume it (paused);
  * - `d`: destroy it, after a `y` to the question asked (any other key keeps it);
+ * - `h` (a fleet, through a gateway): show only the selected sandbox's host (the filter
+ *   `host=NAME`); `h` again shows the whole fleet;
  * - `c`/`m`/`a`/`i`: sort by CPU, memory, age, id;
  * - `/`: type a filter (`k=v` or text), Enter applies, Esc clears; Esc alone clears it too;
  * - `q` (or Ctrl-C, which Ink handles): quit.
@@ -17,7 +19,7 @@
  * terminal is read, is one string (`/job=a` + Enter). {@link keysFromInk} splits such a
  * string into its keys, so a pasted filter applies as if typed.
  */
-import type { TopRow, TopSort } from './top-rows.js';
+import { filteredHost, type TopRow, type TopSort } from './top-rows.js';
 
 /** One key, as the reducer sees it. */
 export type TopKey =
@@ -102,7 +104,7 @@ export function selectedIndex(s: Pick<TopUiState, 'selected'>, rows: Pick<TopRow
  * shown) and `page` rows per screen; `effect` when the key asks for more (see the module
  * comment). A key the current mode does not use changes nothing.
  */
-export function reduceKey(s: TopUiState, k: TopKey, rows: Pick<TopRow, 'id' | 'state'>[], page: number): { state: TopUiState; effect?: TopEffect } {
+export function reduceKey(s: TopUiState, k: TopKey, rows: Array<Pick<TopRow, 'id' | 'state'> & { host?: string | null }>, page: number): { state: TopUiState; effect?: TopEffect } {
   if (s.editing !== null) {
     if (k.name === 'return') return { state: { ...s, filter: s.editing.trim(), editing: null, selected: null } };
     if (k.name === 'escape') return { state: { ...s, filter: '', editing: null } };
@@ -141,6 +143,10 @@ export function reduceKey(s: TopUiState, k: TopKey, rows: Pick<TopRow, 'id' | 's
   if (ch === 's') return { state: s, effect: { kind: 'shell', id: sel.id } };
   if (ch === 'l') return { state: s, effect: { kind: 'logs', id: sel.id } };
   if (ch === 'd') return { state: { ...s, confirm: sel.id } };
+  if (ch === 'h') {
+    if (!sel.host) return { state: s, effect: { kind: 'notice', text: 'h drills into a host of a fleet: this is one host (dsecd, not a gateway)' } };
+    return filteredHost(s.filter) === sel.host ? { state: { ...s, filter: '' } } : { state: { ...s, filter: `host=${sel.host}`, selected: sel.id } };
+  }
   if (ch === 'p') {
     if (sel.state === 'running') return { state: s, effect: { kind: 'pause', id: sel.id } };
     if (sel.state === 'paused') return { state: s, effect: { kind: 'resume', id: sel.id } };

@@ -7,6 +7,12 @@
  * sandbox can show up to cores × 100%. Unknown (`-`) on the first sample, for a sandbox
  * that was not in the previous sample or not running, and when the counter went back
  * (the sandbox restarted).
+ *
+ * Against a gateway (issue 20's fleet) a sample is the fleet's: each sandbox names its
+ * `host` and the sample lists every host with its outcome and host block
+ * (gateway/fanout.ts mergeStats). Then the table has a HOST column, `host=NAME` filters
+ * to one host, and the header speaks of the fleet or of the host filtered to
+ * ({@link fleetHosts}, {@link renderFleetLine}).
  */
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
 import { formatAge, formatBytes, formatLabels, makeTable, tableText } from '../util/output.js';
@@ -19,14 +25,69 @@ export type TopSort = (typeof TOP_SORTS)[number];
 /** Characters of a sandbox id shown by `top`. */
 export const SHORT_ID = 12;
 
-/** Column headers of the `top` table, in order. */
+/** Column headers of the `top` table, in order (one host's sample; a fleet's adds HOST, {@link topColumns}). */
 export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'IDLE/RECL', 'AGE', 'LABELS'] as const;
+
+/** Column headers for a sample of one host (`fleet` false) or of a fleet (HOST after STATE). */
+export function topColumns(fleet: boolean): readonly string[] {
+  return fleet ? [...TOP_COLUMNS.slice(0, 2), 'HOST', ...TOP_COLUMNS.slice(2)] : TOP_COLUMNS;
+}
+
+/** A host of a fleet sample, as a gateway's GET /v1/stats lists it. */
+export interface FleetHost {
+  name: string;
+  /** `ok`: the host answered; `down`: its lease lapsed (not asked); `error`: it failed to answer. */
+  outcome: 'ok' | 'down' | 'error';
+  /** Sandboxes it reported in this sample. */
+  sandboxes: number;
+  /** Its own host block (cores, memory bytes, load averages); absent unless `ok`. */
+  host?: StatsResponse['host'];
+  error?: { code: string; message: string };
+}
+
+/** The hosts of a fleet sample (a gateway's), or null for one host's sample (dsecd's own). */
+export function fleetHosts(s: StatsResponse): FleetHost[] | null {
+  const hosts = (s as { hosts?: unknown }).hosts;
+  return Array.isArray(hosts) ? (hosts as FleetHost[]) : null;
+}
+
+/** The host a `host=NAME` filter names, or null when the filter is something else. */
+export function filteredHost(filter: string): string | null {
+  const m = /^\s*host\s*=\s*(\S+)\s*$/.exec(filter);
+  return m ? m[1] : null;
+}
+
+/**
+ * The fleet line of the header: every host with its state and sandbox count, the one
+ * filtered to marked: `fleet: 3 hosts · h1 up 4 · [h2 up 5] · h3 down`.
+ */
+export function renderFleetLine(hosts: FleetHost[], selected: string | null): string {
+  const part = (h: FleetHost) => {
+    const t = h.outcome === 'ok' ? `${h.name} up ${h.sandboxes}` : `${h.name} ${h.outcome}`;
+    return h.name === selected ? `[${t}]` : t;
+  };
+  return [`fleet: ${hosts.length} host${hosts.length === 1 ? '' : 's'}`, ...hosts.map(part)].join(' · ');
+}
+
+/**
+ * The header figures of a fleet sample: those of the host `host=NAME` filters to (when it
+ * answered), else the fleet's sums (cores and memory added, load averages added).
+ * Returns the label for {@link renderTopHeader} with them.
+ */
+export function fleetHeader(s: StatsResponse, filter: string): { label: string; host: TopHost } {
+  const name = filteredHost(filter);
+  const one = name === null ? undefined : fleetHosts(s)?.find((h) => h.name === name && h.host);
+  if (one?.host) return { label: `host ${one.name}`, host: hostFromStats({ ...s, host: one.host }) };
+  return { label: 'fleet', host: hostFromStats(s) };
+}
 
 /** One sandbox as `top` shows it. */
 export interface TopRow {
   /** Full sandbox id. */
   id: string;
   state: string;
+  /** The host it runs on, in a fleet sample; null in one host's sample. */
+  host: string | null;
   image: string;
   labels: Record<string, string>;
   /** CPU use since the previous sample, percent of one core; null when unknown. */
@@ -68,10 +129,10 @@ export function cpuPercent(prev: Pick<SandboxStats, 'cpu_usage_ns'> | undefined,
 /**
  * Whether a sandbox matches a `top` filter: empty matches all; `k=v` matches label k
  * equal to v, or (when the sandbox has no label k) the field `state`, `image` or `id`
- * (a prefix) equal to v; anything else is a case-insensitive substring of the id, state,
+ * (a prefix) or `host` (in a fleet sample) equal to v; anything else is a case-insensitive substring of the id, state,
  * image or `k=v` labels.
  */
-export function matchesFilter(s: Pick<SandboxStats, 'id' | 'state' | 'image' | 'labels'>, filter: string): boolean {
+export function matchesFilter(s: Pick<SandboxStats, 'id' | 'state' | 'image' | 'labels'> & { host?: string }, filter: string): boolean {
   const f = filter.trim();
   if (f === '') return true;
   const eq = f.indexOf('=');
@@ -82,10 +143,11 @@ export function matchesFilter(s: Pick<SandboxStats, 'id' | 'state' | 'image' | '
     if (k === 'state') return s.state === v;
     if (k === 'image') return s.image === v;
     if (k === 'id') return s.id.startsWith(v);
+    if (k === 'host') return s.host === v;
     return false;
   }
   const needle = f.toLowerCase();
-  return [s.id, s.state, s.image, formatLabels(s.labels)].some((x) => x.toLowerCase().includes(needle));
+  return [s.id, s.state, s.image, formatLabels(s.labels), s.host ?? ''].some((x) => x.toLowerCase().includes(needle));
 }
 
 /** `a` before `b` under `sort`; unknown values last, ties broken by id. */
@@ -106,11 +168,12 @@ export function renderTopRows(prev: StatsResponse | undefined, cur: StatsRespons
   const before = new Map((prev?.sandboxes ?? []).map((s) => [s.id, s]));
   const elapsedMs = prev ? cur.time - prev.time : 0;
   const rows: TopRow[] = [];
-  for (const s of cur.sandboxes) {
+  for (const s of cur.sandboxes as Array<SandboxStats & { host?: string }>) {
     if (!matchesFilter(s, filter)) continue;
     rows.push({
       id: s.id,
       state: s.state,
+      host: typeof s.host === 'string' ? s.host : null,
       image: s.image,
       labels: s.labels,
       cpuPercent: s.state === 'running' ? cpuPercent(before.get(s.id), s, elapsedMs) : null,
@@ -151,12 +214,13 @@ export function idleCell(r: Pick<TopRow, 'idleMs' | 'reclaimedBytes'>): string {
   return `${r.idleMs === null ? '-' : formatAge(r.idleMs)}/${r.reclaimedBytes === null ? '-' : formatBytes(r.reclaimedBytes)}`;
 }
 
-/** A row's cells, in {@link TOP_COLUMNS} order. */
-export function topCells(r: TopRow): string[] {
+/** A row's cells, in {@link topColumns} order (HOST only when `fleet`). */
+export function topCells(r: TopRow, fleet = false): string[] {
   const opt = (n: number | null, f: (n: number) => string) => (n === null ? '-' : f(n));
   return [
     r.id.slice(0, SHORT_ID),
     r.state,
+    ...(fleet ? [r.host ?? '-'] : []),
     opt(r.cpuPercent, (n) => n.toFixed(1)),
     opt(r.memoryBytes, formatBytes),
     opt(r.memoryLimitBytes, formatBytes),
@@ -180,12 +244,15 @@ export interface TopHost {
   loadAvg: number[];
 }
 
-/** The host header line: `host: 2 cores, cpu 12%, mem 3.1GiB / 24GiB, load 0.52 0.40 0.33`. */
-export function renderTopHeader(h: TopHost, sandboxes: number, shown: number): string {
+/**
+ * The header line: `host: 2 cores, cpu 12%, mem 3.1GiB / 24GiB, load 0.52 0.40 0.33; 5 sandboxes`;
+ * `label` replaces `host` (`fleet`, `host h2`: {@link fleetHeader}).
+ */
+export function renderTopHeader(h: TopHost, sandboxes: number, shown: number, label = 'host'): string {
   const cpu = h.cpuPercent === null ? '' : `, cpu ${h.cpuPercent.toFixed(0)}%`;
   const load = h.loadAvg.slice(0, 3).map((l) => l.toFixed(2)).join(' ');
   const count = shown === sandboxes ? `${sandboxes} sandboxes` : `${shown} of ${sandboxes} sandboxes`;
-  return `host: ${h.cores} cores${cpu}, mem ${formatBytes(h.memoryUsedBytes)} / ${formatBytes(h.memoryTotalBytes)}, load ${load}; ${count}`;
+  return `${label}: ${h.cores} cores${cpu}, mem ${formatBytes(h.memoryUsedBytes)} / ${formatBytes(h.memoryTotalBytes)}, load ${load}; ${count}`;
 }
 
 /** The host block of a stats sample as a {@link TopHost} (the fallback when systeminformation fails). */
@@ -199,18 +266,19 @@ export function hostFromStats(s: StatsResponse): TopHost {
   };
 }
 
-/** The plain table of `top --once` (and of a non-terminal stdout): header first even when empty. */
-export function renderTopTable(rows: TopRow[], opts: { color?: boolean } = {}): string {
-  const t = makeTable([...TOP_COLUMNS], { color: opts.color ?? false });
-  for (const r of rows) t.push(topCells(r));
+/** The plain table of `top --once` (and of a non-terminal stdout): header first even when empty; HOST with `fleet`. */
+export function renderTopTable(rows: TopRow[], opts: { color?: boolean; fleet?: boolean } = {}): string {
+  const t = makeTable([...topColumns(opts.fleet ?? false)], { color: opts.color ?? false });
+  for (const r of rows) t.push(topCells(r, opts.fleet ?? false));
   return tableText(t);
 }
 
-/** A row as `top --json` prints it: the full id and raw numbers (CPU% rounded to 0.1). */
+/** A row as `top --json` prints it: the full id and raw numbers (CPU% rounded to 0.1); `host` in a fleet sample. */
 export function topRowJson(r: TopRow): Record<string, unknown> {
   return {
     id: r.id,
     state: r.state,
+    ...(r.host !== null ? { host: r.host } : {}),
     image: r.image,
     labels: r.labels,
     cpu_percent: r.cpuPercent === null ? null : Math.round(r.cpuPercent * 10) / 10,
@@ -269,15 +337,16 @@ export function pressureColor(p: Pressure): TopColor | undefined {
 }
 
 /**
- * Colours of a row's cells, in {@link TOP_COLUMNS} order (undefined: the terminal's own):
+ * Colours of a row's cells, in {@link topColumns} order (undefined: the terminal's own):
  * STATE by state; CPU%, MEM and DISK by pressure; OOM red when the OOM killer struck;
  * DENIED yellow when a defence refused something.
  */
-export function topCellColors(r: TopRow): (TopColor | undefined)[] {
+export function topCellColors(r: TopRow, fleet = false): (TopColor | undefined)[] {
   const p = rowPressure(r);
   return [
     undefined,
     stateColor(r.state),
+    ...(fleet ? [undefined] : []),
     pressureColor(p.cpu),
     pressureColor(p.mem),
     undefined,

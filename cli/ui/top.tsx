@@ -5,6 +5,9 @@
  * near their limits yellow, at them red; OOM kills red, refusals yellow). The keys are
  * those of ./top-keys.ts: select with ↑/↓, `s`/Enter a shell, `l` the log, `p`
  * pause/resume, `d` destroy (asks first), `c`/`m`/`a`/`i` sort, `/` filter, `q` quit.
+ * Through a gateway the sample is the fleet's: a fleet line lists the hosts, the table
+ * has a HOST column, and `h` drills into the selected sandbox's host (and back); the
+ * header then shows that host's figures, else the fleet's sums.
  *
  * The arithmetic and text live in ./top-rows.ts and the keys in ./top-keys.ts (pure);
  * this file holds state, timers and drawing. A failed sample is shown in the view and
@@ -20,14 +23,15 @@ import type { StatsResponse } from '../../sdk/index.js';
 import { formatBytes } from '../util/output.js';
 import { keysFromInk, reduceKey, selectedIndex, type TopEffect, type TopUiState } from './top-keys.js';
 import {
-  TOP_COLUMNS, meter, meterPressure, pressureColor, renderTopHeader, renderTopRows, topCellColors, topCells, type TopColor, type TopHost, type TopSort,
+  fleetHeader, fleetHosts, filteredHost, meter, meterPressure, pressureColor, renderFleetLine, renderTopHeader, renderTopRows, topCellColors, topCells, topColumns,
+  type TopColor, type TopHost, type TopSort,
 } from './top-rows.js';
 
 /** Where the view gets its data; injected so tests drive it without a daemon. */
 export interface TopSources {
   /** One GET /v1/stats sample. */
   sample(): Promise<StatsResponse>;
-  /** The host header for a sample (systeminformation, else the sample's host block). */
+  /** The host header for one host's sample (systeminformation, else the sample's host block); a fleet sample's header comes from the sample itself. */
   host(s: StatsResponse): Promise<TopHost>;
 }
 
@@ -226,22 +230,26 @@ export function TopView(props: TopViewProps) {
   const color = props.color ?? false;
   const width = Math.max(20, props.columns ?? stdout?.columns ?? 80);
   const rows = samples.cur ? renderTopRows(samples.prev, samples.cur, ui.sort, ui.filter) : [];
-  const maxRows = Math.max(1, (props.rows ?? stdout?.rows ?? 24) - CHROME_LINES);
+  const fleet = samples.cur ? fleetHosts(samples.cur) : null;
+  const maxRows = Math.max(1, (props.rows ?? stdout?.rows ?? 24) - CHROME_LINES - (fleet ? 1 : 0));
   const sel = selectedIndex(ui, rows);
   // Scroll so the selected row is on screen.
   const offset = sel < maxRows ? 0 : sel - maxRows + 1;
   const visible = rows.slice(offset, offset + maxRows);
   shownRef.current = rows;
   pageRef.current = maxRows;
-  const lines = layoutSegments(TOP_COLUMNS, visible.map(topCells), visible.map((r) => (color ? topCellColors(r) : [])), width);
+  const lines = layoutSegments(topColumns(fleet !== null), visible.map((r) => topCells(r, fleet !== null)), visible.map((r) => (color ? topCellColors(r, fleet !== null) : [])), width);
+  // A fleet's header is the host filtered to, or the fleet's sums; one host's, props.host's.
+  const head = fleet && samples.cur ? fleetHeader(samples.cur, ui.filter) : host ? { label: 'host', host } : undefined;
   const total = samples.cur?.sandboxes.length ?? 0;
-  const help = props.keys ? '   ↑↓ select  [s]hell [l]ogs [p]ause/resume [d]estroy  [c]pu [m]em [a]ge [i]d  [/] filter  [q]uit' : '';
+  const help = props.keys ? `   ↑↓ select  [s]hell [l]ogs [p]ause/resume [d]estroy${fleet ? ' [h]ost' : ''}  [c]pu [m]em [a]ge [i]d  [/] filter  [q]uit` : '';
   const status = `sort: ${ui.sort}${ui.filter ? `  filter: ${ui.filter}` : ''}` + help;
   const below = rows.length - offset - visible.length;
   return (
     <Box flexDirection="column">
-      <Text>{host ? renderTopHeader(host, total, rows.length) : 'host: sampling…'}</Text>
-      {host ? <HostMeters host={host} width={width} color={color} /> : <Text> </Text>}
+      <Text>{head ? renderTopHeader(head.host, total, rows.length, head.label) : 'host: sampling…'}</Text>
+      {fleet ? <Text>{cutText(renderFleetLine(fleet, filteredHost(ui.filter)), width)}</Text> : null}
+      {head ? <HostMeters host={head.host} width={width} color={color} /> : <Text> </Text>}
       <Text dimColor>{cutText(status, width)}</Text>
       {ui.editing !== null ? (
         <Text>filter (k=v or text, Enter applies, Esc clears): {ui.editing}_</Text>

@@ -8,12 +8,25 @@
  * directory are refused: what the sandbox's links name is its own tree, never what else
  * the local directory holds.
  *
- * Regular files and directories are written by node-tar's Unpack (no absolute or `..`
- * member paths, never through a symlink, our ownership, permission bits only). Links are
- * kept from it: node-tar checks a link's target text on its own, and a target that
- * passes through other links of the same archive (`x -> .`, then
- * `up -> x/x/../..`) can still resolve outside. Here links wait until every file and
- * directory of the archive is on disk, then:
+ * The archive is parsed by tar-stream, which reads a PAX extended header record by
+ * record, each by its length prefix, so a member name with a newline or `=` in it (a
+ * file name the sandbox chose) stays one name and cannot add records of its own (a
+ * `size` that would move where the next header is read); node-tar's parser reads PAX
+ * records line by line and could be steered so. A header that does not parse (bad
+ * checksum, PAX records past 4 MiB, an unknown format) ends the extraction there: what
+ * came before is kept, the rest is reported lost (`onFail`), never guessed at.
+ *
+ * Regular files and directories are written here as the archive goes: member paths are
+ * taken relative to the destination (a leading `/` dropped, a `..` component skipped),
+ * never written through a symlink (every parent must be a real directory or missing;
+ * missing ones are made), a file replaces what is at its path (never a directory) and is
+ * created anew with O_EXCL|O_NOFOLLOW, so never written through a link; files and
+ * directories are ours, with the permission bits of the archive (less the umask;
+ * directories also get u+rwx, to write into them) and its modification time. Links are
+ * kept from the first pass: a target that passes through other links of the same
+ * archive (`x -> .`, then `up -> x/x/../..`) can resolve outside although its text
+ * looks harmless. Here links wait until every file and directory of the archive is on
+ * disk, then:
  *
  * 1. Hard links are made, each only to a regular file below the destination reached
  *    without any symlink, and never to a symlink of the archive (a hard link to a symlink
@@ -36,24 +49,42 @@
  * (`a`, from the link's own directory), so it points where the sandbox would see it;
  * any other absolute target would name a host path and is refused.
  *
+ * Links wait in memory, at most {@link MAX_HELD_LINK_BYTES} of them: each one past it is
+ * refused, so an archive of millions of links cannot exhaust the client.
+ *
  * Also refused: any entry below a link of the same archive (the archive is never written
- * through its own links, and node-tar never writes through one already on disk), a link
+ * through its own links, nor through a symlink already on disk), a link
  * where a directory is (an archive that names a directory and then a link of the same
  * name). Devices and FIFOs are skipped. Every refusal and skip is reported (`onRefuse`,
  * `onSkip`) with the member's name and why.
  */
-import { linkSync, lstatSync, mkdirSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, type Stats } from 'node:fs';
+import { constants as fsc, linkSync, lstatSync, mkdirSync, readlinkSync, realpathSync, symlinkSync, unlinkSync, utimesSync, type Stats } from 'node:fs';
+import { open } from 'node:fs/promises';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
-import { Unpack, type ReadEntry } from 'tar';
+import tarStream from 'tar-stream';
 import { cliAddon } from './native.js';
 
 /** Most symlinks one lookup follows before the kernel gives up (ELOOP): MAXSYMLINKS, include/linux/namei.h. */
 export const MAX_SYMLINK_FOLLOWS = 40;
 
-/** Member kinds node-tar writes for us; links are ours, anything else is skipped. */
-const FILE_TYPES = new Set(['File', 'OldFile', 'ContiguousFile']);
-const DIR_TYPES = new Set(['Directory', 'GNUDumpDir']);
+/**
+ * Most memory the links of one archive may hold while they wait for its files (they are
+ * made only after the last member), counted as {@link linkCost}: 64 MiB, about 300,000
+ * links with 100-character paths and targets. Beyond it each further link is refused,
+ * so an archive of millions of links costs the CLI a bounded amount of memory rather
+ * than all the host has.
+ */
+export const MAX_HELD_LINK_BYTES = 64 * 1024 * 1024;
+
+/** What one planned link is counted as against {@link MAX_HELD_LINK_BYTES}: its strings (2 bytes a character) and about 200 bytes of objects and map entry. */
+function linkCost(...texts: string[]): number {
+  return 200 + 2 * texts.reduce((n, t) => n + t.length, 0);
+}
+
+/** Member kinds (tar-stream's names) written as files and as directories; links are made after; anything else is skipped. */
+const FILE_TYPES = new Set(['file', 'contiguous-file']);
+const DIR_TYPES = new Set(['directory']);
 
 /** How a symlink's target resolves: inside, or not with the reason (completes "it ..."). */
 export type Resolution = { inside: true } | { inside: false; why: string };
@@ -371,23 +402,32 @@ export interface ExtractOptions {
   /** Hears about each member skipped by design (devices, FIFOs). */
   onSkip: (member: string, why: string) => void;
   /**
-   * Hears about each member that could not be copied as it is: node-tar's warnings (a
-   * local write that failed, ENOSPC or EACCES, and the file is missing or cut; an entry
-   * whose header is corrupt, and what follows it may be lost). The copy is then not
-   * faithful, unlike a skip.
+   * Hears about each member that could not be copied as it is (a local write that failed,
+   * ENOSPC or EACCES, and the file is missing or cut; a member below a symlink or a file
+   * already in the destination), and about an archive that stops parsing (member '':
+   * what followed is lost). The copy is then not faithful, unlike a skip.
    */
   onFail: (member: string, why: string) => void;
   /** Hears about each member refused by the rule of this module. */
   onRefuse: OnRefuse;
   /** The kernel's check; default {@link kernelBeneathCheck} (null: the portable check alone). */
   beneath?: BeneathCheck | null;
+  /** Memory the planned links may hold, bytes as {@link linkCost} counts; default {@link MAX_HELD_LINK_BYTES}. */
+  maxHeldLinkBytes?: number;
+}
+
+/** A member's body as tar-stream gives it, and whether a writer read it (else it is drained). */
+interface EntryBody {
+  stream: AsyncIterable<unknown>;
+  consumed: boolean;
 }
 
 /**
  * Extracts the tar stream `src` into `opts.dest` (see the file comment); the links'
  * boundary is `dest/origin.localDir`.
- * @returns once every entry is written and every link made or refused
- * @throws the stream's or node-tar's error (a missing destination, a broken stream)
+ * @returns once every entry is written and every link made or refused (an archive that
+ *   stops parsing is reported through `onFail` and what arrived before is kept)
+ * @throws the stream's error (a broken connection), or the fs error of a missing destination
  */
 export async function extractArchive(src: Readable, opts: ExtractOptions): Promise<void> {
   const { dest, onSkip, onFail, onRefuse } = opts;
@@ -404,85 +444,168 @@ export async function extractArchive(src: Readable, opts: ExtractOptions): Promi
   };
   /** A member path after `strip`, below `root`, as components; null when it is not below it. */
   const below = (ps: string[]) => (ps.length >= base.length && base.every((c, i) => ps[i] === c) ? ps.slice(base.length) : null);
+  /** Memory the planned links hold, as {@link linkCost} counts it. */
+  const maxHeld = opts.maxHeldLinkBytes ?? MAX_HELD_LINK_BYTES;
+  let held = 0;
+  /** Drops the link planned at `rel`, if any (a later member of the same path replaces it). */
+  const unplan = (rel: string) => {
+    const s = symlinks.get(rel);
+    const h = hardlinks.get(rel);
+    if (s) held -= linkCost(s.rel, s.target, s.member);
+    if (h) held -= linkCost(h.rel, h.to, h.member);
+    symlinks.delete(rel);
+    hardlinks.delete(rel);
+  };
+  /** Directories below `dest` (paths relative to it) seen to be real directories, made or found. */
+  const realDirs = new Set<string>();
 
-  const filter = (_p: string, entry: ReadEntry | unknown): boolean => {
-    const e = entry as ReadEntry;
-    const member = e.path;
-    const ps = parts(e.path).slice(opts.strip);
-    if (parts(e.path).length <= opts.strip && !DIR_TYPES.has(e.type)) return false;
-    if (ps.includes('..')) {
-      onSkip(member, "its path has a '..' component");
-      return false;
+  /**
+   * Makes the missing parents of `ps` (components below `dest`), each a real directory;
+   * returns why the member cannot be written there, or null.
+   */
+  const parentsOf = (ps: string[]): string | null => {
+    for (let i = 1; i < ps.length; i++) {
+      const p = ps.slice(0, i).join('/');
+      if (realDirs.has(p)) continue;
+      const abs = path.join(dest, p);
+      const st = lstatOrNull(abs);
+      if (!st) mkdirSync(abs, 0o777);
+      else if (st.isSymbolicLink()) return `it is below ${p}, a symlink already in the destination (never written through)`;
+      else if (!st.isDirectory()) return `it is below ${p}, which is not a directory`;
+      realDirs.add(p);
     }
+    return null;
+  };
+
+  /**
+   * Writes the file member at `ps` (below `dest`) from `body`, created anew, never
+   * through a link; reads `body` to its end even when a write fails.
+   */
+  const writeFile = async (member: string, ps: string[], h: tarStream.Header, body: EntryBody): Promise<void> => {
+    const why = parentsOf(ps);
+    if (why) return onFail(member, why);
+    const rel = ps.join('/');
+    const abs = path.join(dest, rel);
+    const st = lstatOrNull(abs);
+    if (st?.isDirectory()) return onFail(member, `a file where the directory ${rel} is`);
+    if (st) unlinkSync(abs);
+    const fh = await open(abs, fsc.O_WRONLY | fsc.O_CREAT | fsc.O_EXCL | fsc.O_NOFOLLOW, (h.mode ?? 0o644) & 0o777);
+    let failed: unknown = null;
+    try {
+      body.consumed = true;
+      for await (const chunk of body.stream) {
+        if (failed) continue;
+        try {
+          await fh.write(chunk as Buffer);
+        } catch (e) {
+          failed = e;
+        }
+      }
+      if (failed) throw failed;
+      if (h.mtime) await fh.utimes(new Date(), h.mtime);
+    } finally {
+      await fh.close();
+    }
+  };
+
+  /** Makes the directory member at `ps` (below `dest`); a non-directory at its path is replaced. */
+  const writeDir = (member: string, ps: string[], h: tarStream.Header): void => {
+    const why = parentsOf(ps);
+    if (why) return onFail(member, why);
+    const rel = ps.join('/');
+    const abs = path.join(dest, rel);
+    const st = lstatOrNull(abs);
+    if (!st?.isDirectory()) {
+      if (st) unlinkSync(abs);
+      mkdirSync(abs, ((h.mode ?? 0o755) | 0o700) & 0o777);
+      if (h.mtime) utimesSync(abs, new Date(), h.mtime);
+    }
+    realDirs.add(rel);
+  };
+
+  /** One member: written, planned (links), skipped or refused; its body is read to the end by the caller. */
+  const onEntry = async (h: tarStream.Header, body: EntryBody): Promise<void> => {
+    const member = h.name;
+    const type = (h.type as string | null) ?? 'unknown';
+    const all = parts(member);
+    const ps = all.slice(opts.strip);
+    if (all.length <= opts.strip && !DIR_TYPES.has(type)) return;
+    if (ps.includes('..')) return onSkip(member, "its path has a '..' component");
     const inner = below(ps);
-    if (inner === null) {
-      onRefuse(member, `it is outside ${base.join('/')}, the copied directory`);
-      return false;
-    }
+    if (inner === null) return onRefuse(member, `it is outside ${base.join('/')}, the copied directory`);
     const rel = inner.join('/');
     for (let i = 1; i < inner.length; i++) {
       const p = inner.slice(0, i).join('/');
-      if (symlinks.has(p) || hardlinks.has(p)) {
-        onRefuse(member, `it is below ${p}, a link of the same archive (never written through)`);
-        return false;
-      }
+      if (symlinks.has(p) || hardlinks.has(p)) return onRefuse(member, `it is below ${p}, a link of the same archive (never written through)`);
     }
-    if (FILE_TYPES.has(e.type) || DIR_TYPES.has(e.type)) {
-      symlinks.delete(rel);
-      hardlinks.delete(rel);
+    if (FILE_TYPES.has(type) || DIR_TYPES.has(type)) {
+      unplan(rel);
       addParents(inner);
-      if (DIR_TYPES.has(e.type)) dirs.add(rel);
-      e.path = ps.length ? ps.join('/') : '.';
-      if (typeof e.mode === 'number') e.mode &= 0o777;
-      return true;
+      if (DIR_TYPES.has(type)) dirs.add(rel);
+      if (ps.length === 0) return; // the destination itself
+      try {
+        if (DIR_TYPES.has(type)) writeDir(member, ps, h);
+        else await writeFile(member, ps, h, body);
+      } catch (e) {
+        const err = e as NodeJS.ErrnoException;
+        onFail(member, err.code ? `${err.code}: ${err.message}` : err.message);
+      }
+      return;
     }
-    if (e.type === 'SymbolicLink' || e.type === 'Link') {
-      if (rel === '') {
-        onRefuse(member, 'a link in place of the copied directory itself');
-        return false;
+    if (type === 'symlink' || type === 'link') {
+      if (rel === '') return onRefuse(member, 'a link in place of the copied directory itself');
+      if (isDirHere(rel)) return onRefuse(member, `a link where the directory ${rel} is (a directory is never replaced by a link)`);
+      unplan(rel);
+      const target = h.linkname ?? '';
+      let to = '';
+      if (type === 'link') {
+        const ts = parts(target).slice(opts.strip);
+        const toInner = ts.includes('..') ? null : below(ts);
+        if (!toInner?.length) return onRefuse(member, `a hard link to ${JSON.stringify(h.linkname)}, outside the archive`);
+        to = toInner.join('/');
       }
-      if (isDirHere(rel)) {
-        onRefuse(member, `a link where the directory ${rel} is (a directory is never replaced by a link)`);
-        return false;
+      const cost = linkCost(rel, type === 'link' ? to : target, member);
+      if (held + cost > maxHeld) {
+        return onRefuse(member, `one link more than dsec cp holds in memory until the archive's files are written (${symlinks.size + hardlinks.size} links, ${maxHeld} bytes); copy such a tree with \`dsec cp ID:DIR - | tar -x\``);
       }
-      symlinks.delete(rel);
-      hardlinks.delete(rel);
+      held += cost;
       addParents(inner);
-      if (e.type === 'SymbolicLink') {
-        symlinks.set(rel, { rel, target: String(e.linkpath ?? ''), member });
-      } else {
-        const to = parts(String(e.linkpath ?? '')).slice(opts.strip);
-        const toInner = to.includes('..') ? null : below(to);
-        if (!toInner?.length) {
-          onRefuse(member, `a hard link to ${JSON.stringify(e.linkpath)}, outside the archive`);
-          return false;
-        }
-        hardlinks.set(rel, { rel, to: toInner.join('/'), member });
-      }
-      return false;
+      if (type === 'symlink') symlinks.set(rel, { rel, target, member });
+      else hardlinks.set(rel, { rel, to, member });
+      return;
     }
-    onSkip(member, `a ${e.type}`);
-    return false;
+    onSkip(member, `a ${type.replace(/-/g, ' ')}`);
   };
 
-  const unpack = new Unpack({
-    cwd: dest,
-    preserveOwner: false,
-    filter,
-    onwarn: (code: string, message: string | Error, data: unknown) => {
-      if (code === 'TAR_ENTRY_INFO') return;
-      onFail((data as { entry?: ReadEntry } | undefined)?.entry?.path ?? '', `${code}: ${message instanceof Error ? message.message : message}`);
-    },
-  });
+  const extract = tarStream.extract();
+  let entries = 0;
   await new Promise<void>((resolve, reject) => {
-    const fail = (e: Error) => {
-      src.destroy();
+    let srcError: Error | null = null;
+    let inflight: Promise<void> = Promise.resolve();
+    src.on('error', (e) => {
+      srcError = e;
+      extract.destroy(e);
       reject(e);
-    };
-    src.on('error', fail);
-    unpack.on('error', fail);
-    unpack.on('close', () => resolve());
-    src.pipe(unpack as unknown as NodeJS.WritableStream);
+    });
+    extract.on('entry', (h, stream, next) => {
+      entries++;
+      const body: EntryBody = { stream, consumed: false };
+      inflight = onEntry(h, body).then(async () => {
+        if (!body.consumed) for await (const _ of stream);
+      });
+      inflight.then(() => next(), (e: unknown) => next(e as Error));
+    });
+    extract.on('error', (e) => {
+      if (srcError) return;
+      src.unpipe(extract);
+      src.destroy();
+      inflight.finally(() => {
+        onFail('', `the rest of the archive: it stops parsing after ${entries} ${entries === 1 ? 'entry' : 'entries'} (${e.message}), and nothing after that point is read`);
+        resolve();
+      });
+    });
+    extract.on('finish', () => inflight.then(() => resolve(), reject));
+    src.pipe(extract);
   });
   if (symlinks.size === 0 && hardlinks.size === 0) return;
 

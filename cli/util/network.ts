@@ -13,10 +13,11 @@
  *
  * `dsec network add` and `dsec network rm` take `--allow`/`--deny` alone
  * ({@link addRuleOptions}) and change a sandbox's own rules one by one
- * ({@link addRules}, {@link removeRules}).
+ * ({@link addRules}, {@link removeRules}), read, changed and written back with
+ * {@link changeNetwork}, which never overwrites a change made in between.
  */
 import type { Command } from 'commander';
-import type { NetworkInput } from '../../sdk/index.js';
+import { DsecApiError, type DsecClient, type NetworkInput, type SandboxNetwork } from '../../sdk/index.js';
 import { formatRule } from '../ui/network.js';
 import { UserError } from './errors.js';
 import { flag } from './parse.js';
@@ -173,4 +174,30 @@ export function networkRequest(f: NetworkFlags): NetworkInput | undefined {
     ...(f.allow ? { allow: f.allow } : {}),
     ...(f.deny ? { deny: f.deny } : {}),
   };
+}
+
+/** Most times {@link changeNetwork} reads and writes again after a Conflict: a sandbox whose rules change that often is being fought over. */
+export const NETWORK_CHANGE_ATTEMPTS = 20;
+
+/**
+ * Reads sandbox `id`'s own network spec, changes it with `change` and writes it back
+ * only if nobody changed it in between (PUT .../network?if_revision=, optimistic
+ * concurrency): on Conflict it reads again and calls `change` again, up to
+ * {@link NETWORK_CHANGE_ATTEMPTS} times, so two `dsec network add`/`rm` racing on one
+ * sandbox both take effect. The revision is read before the spec, so a change made after
+ * it was read moves it on and the write is refused rather than losing that change. A
+ * dsecd that answers no revision gets a plain write.
+ * @returns the network as the successful write answered it.
+ * @throws what `change` throws (e.g. UserError), and the API's errors (Conflict after the last attempt).
+ */
+export async function changeNetwork(client: DsecClient, id: string, change: (spec: NetworkInput) => NetworkInput): Promise<SandboxNetwork> {
+  for (let attempt = 1; ; attempt++) {
+    const { revision } = await client.getNetwork(id);
+    const spec = (await client.getSandbox(id)).network ?? {};
+    try {
+      return await client.setNetwork(id, change(spec), { ifRevision: revision });
+    } catch (e) {
+      if (!(e instanceof DsecApiError && e.code === 'Conflict') || attempt >= NETWORK_CHANGE_ATTEMPTS) throw e;
+    }
+  }
 }

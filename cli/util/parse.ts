@@ -77,24 +77,37 @@ const LABEL_VALUE = /^[A-Za-z0-9._/-]{0,63}$/;
 /** Environment variable names, as the API accepts them. */
 const ENV_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
+/** Most characters of a user's value an error message quotes (a label or env name can be any length). */
+export const QUOTE_MAX_CHARS = 64;
+
+/**
+ * `text` as a JSON string for an error message, cut to its first {@link QUOTE_MAX_CHARS}
+ * characters with `...` and its length when longer, so a megabyte-long flag does not
+ * become a megabyte-long error line.
+ */
+export function quoteInput(text: string): string {
+  if (text.length <= QUOTE_MAX_CHARS) return JSON.stringify(text);
+  return `${JSON.stringify(text.slice(0, QUOTE_MAX_CHARS))}... (${text.length} characters)`;
+}
+
 /** Parses one `--label k=v` into its key and value; the value may be empty. */
 export function parseLabel(text: string): [string, string] {
   const eq = text.indexOf('=');
-  if (eq < 0) throw new UserError(`invalid label ${JSON.stringify(text)}: expected key=value`, 'write --label key=value, e.g. --label job=a');
+  if (eq < 0) throw new UserError(`invalid label ${quoteInput(text)}: expected key=value`, 'write --label key=value, e.g. --label job=a');
   const k = text.slice(0, eq);
   const v = text.slice(eq + 1);
-  if (!LABEL_KEY.test(k)) throw new UserError(`invalid label key ${JSON.stringify(k)}`, 'label keys are 1-63 of [A-Za-z0-9._/-], starting with a letter or digit');
-  if (!LABEL_VALUE.test(v)) throw new UserError(`invalid label value ${JSON.stringify(v)} for ${k}`, 'label values are 0-63 of [A-Za-z0-9._/-] (no , or =)');
+  if (!LABEL_KEY.test(k)) throw new UserError(`invalid label key ${quoteInput(k)}`, 'label keys are 1-63 of [A-Za-z0-9._/-], starting with a letter or digit');
+  if (!LABEL_VALUE.test(v)) throw new UserError(`invalid label value ${quoteInput(v)} for ${k}`, 'label values are 0-63 of [A-Za-z0-9._/-] (no , or =)');
   return [k, v];
 }
 
 /** Parses one `--env K=V`; the value may be empty or contain `=`, not NUL. */
 export function parseEnv(text: string): [string, string] {
   const eq = text.indexOf('=');
-  if (eq < 0) throw new UserError(`invalid env ${JSON.stringify(text)}: expected NAME=value`, 'write --env NAME=value, e.g. --env PATH=/bin');
+  if (eq < 0) throw new UserError(`invalid env ${quoteInput(text)}: expected NAME=value`, 'write --env NAME=value, e.g. --env PATH=/bin');
   const k = text.slice(0, eq);
   const v = text.slice(eq + 1);
-  if (!ENV_KEY.test(k)) throw new UserError(`invalid env name ${JSON.stringify(k)}`, 'env names match [A-Za-z_][A-Za-z0-9_]*');
+  if (!ENV_KEY.test(k)) throw new UserError(`invalid env name ${quoteInput(k)}`, 'env names match [A-Za-z_][A-Za-z0-9_]*');
   if (v.includes('\0')) throw new UserError(`env value of ${k} contains NUL`);
   return [k, v];
 }
@@ -163,8 +176,8 @@ export function parseSelector(text: string): string {
     const ne = t.indexOf('!=');
     const eq = t.indexOf('=');
     const key = ne > 0 ? t.slice(0, ne) : eq < 0 ? t : t.slice(0, eq);
-    if (eq === 0) throw new UserError(`selector term ${JSON.stringify(t)} has an empty key`, SELECTOR_HINT);
-    if (!LABEL_KEY.test(key)) throw new UserError(`invalid key ${JSON.stringify(key)} in selector term ${JSON.stringify(t)}`, SELECTOR_HINT);
+    if (eq === 0) throw new UserError(`selector term ${quoteInput(t)} has an empty key`, SELECTOR_HINT);
+    if (!LABEL_KEY.test(key)) throw new UserError(`invalid key ${quoteInput(key)} in selector term ${quoteInput(t)}`, SELECTOR_HINT);
   }
   return text;
 }

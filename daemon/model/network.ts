@@ -4,6 +4,7 @@
  * validation are daemon/api/schema.ts (NetworkSpec) and daemon/security/egress.ts
  * (EgressRuleSchema); this is the shape both produce.
  */
+import { createHash } from 'node:crypto';
 
 /** `none`: loopback only; `allow`: egress only to allow rules; `open`: egress anywhere but deny rules. */
 export type NetworkMode = 'none' | 'allow' | 'open';
@@ -34,4 +35,17 @@ export interface NetworkSpec {
   policy?: string;
   allow?: EgressRule[];
   deny?: EgressRule[];
+}
+
+/**
+ * The revision of a sandbox's stored network spec (null: none): 16 hex digits of the
+ * SHA-256 of its JSON, the same for the same spec. GET and PUT
+ * /v1/sandboxes/{id}/network answer it; a PUT with `if_revision` is refused with Conflict
+ * unless the stored spec still has that revision, so a client that read, changed and
+ * writes back the rules (`dsec network add`/`rm`) never overwrites a change made since
+ * it read them. A spec that changed and changed back has its old revision again, which
+ * is harmless: a change computed from it is still computed from what is stored.
+ */
+export function networkRevision(spec: NetworkSpec | null | undefined): string {
+  return createHash('sha256').update(JSON.stringify(spec ?? null)).digest('hex').slice(0, 16);
 }

@@ -3,6 +3,14 @@
  * selects sandboxes by label takes (list, bulk, events, leases).
  */
 
+/** Most characters of a selector term an error quotes; longer ones are cut, with their length (a query string can be long). */
+const QUOTE_MAX_CHARS = 64;
+
+/** `text` as a JSON string for an error message, cut to {@link QUOTE_MAX_CHARS} characters. */
+function quote(text: string): string {
+  return text.length <= QUOTE_MAX_CHARS ? JSON.stringify(text) : `${JSON.stringify(text.slice(0, QUOTE_MAX_CHARS))}... (${text.length} characters)`;
+}
+
 /**
  * Parses a label selector `k=v,k2=v2` (every pair must match; `k` alone means "has k";
  * `k!=v` means "k absent or different").
@@ -21,12 +29,12 @@ export function parseSelector(sel: string | undefined): (labels: Record<string, 
     const ne = t.indexOf('!=');
     if (ne > 0) return { k: t.slice(0, ne), v: t.slice(ne + 2), op: 'ne' as const, at };
     const eq = t.indexOf('=');
-    if (eq === 0) throw new Error(`bad selector term "${t}" at position ${at}: empty key`);
+    if (eq === 0) throw new Error(`bad selector term ${quote(t)} at position ${at}: empty key`);
     if (eq < 0) return { k: t, v: '', op: 'has' as const, at };
     return { k: t.slice(0, eq), v: t.slice(eq + 1), op: 'eq' as const, at };
   });
   for (const t of terms) {
-    if (!/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/.test(t.k)) throw new Error(`bad selector key "${t.k}" at position ${t.at}`);
+    if (!/^[A-Za-z0-9][A-Za-z0-9._/-]{0,62}$/.test(t.k)) throw new Error(`bad selector key ${quote(t.k)} at position ${t.at}`);
   }
   return (labels) =>
     terms.every((t) => (t.op === 'has' ? t.k in labels : t.op === 'eq' ? labels[t.k] === t.v : labels[t.k] !== t.v));

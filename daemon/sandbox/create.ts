@@ -31,6 +31,7 @@ import type { MachineRestore } from '../model/snapshot.js';
 import type { Failpoints } from './failpoints.js';
 import type { Admission } from './admission.js';
 import type { Backends } from './backends.js';
+import type { DiskQuotaWatch } from './disk-quota.js';
 import type { LayerLeases } from './layer-leases.js';
 import { noteRefusal, type SandboxLifecycle } from './lifecycle.js';
 import type { LivenessWatch } from './liveness.js';
@@ -85,6 +86,13 @@ export interface CreateDeps {
   liveness: LivenessWatch;
   /** Destroys what a failed claim or create left. */
   lifecycle: Pick<SandboxLifecycle, 'destroy'>;
+  /**
+   * The pool guard of the writable-layer store, run once a container's writable layer
+   * exists and before its init starts, so that a layer made while the store is nearly
+   * full starts at its share of the free space, not at its quota
+   * (daemon/storage/pool.ts); absent: the reaper's sweep alone sets it.
+   */
+  disks?: Pick<DiskQuotaWatch, 'guard'>;
   /** Sandbox networking (a claimed shell's rules); absent: mode none only. */
   network?: Pick<SandboxNetworking, 'update'>;
   /** In a fleet, the host's id tag (6 hex) that begins new sandbox ids (daemon/model/ids.ts); else absent. */
@@ -189,6 +197,7 @@ export class SandboxCreator {
       let init: InitInfo;
       try {
         await step('prepare', what, () => drv.prepare(rec, steps, opts.restore));
+        if (spec.backend === 'container') this.d.disks?.guard();
         init = await step('start', what, () => drv.start(rec, steps, opts.restore));
       } catch (e) {
         await this.rollback(drv, rec, e as CreateStepError);

@@ -8,19 +8,11 @@
 import type { Logger } from 'pino';
 import type { DaemonConfig } from '../config.js';
 import type { DiskUsage, WritableLayerStore } from '../storage/writable-layers.js';
-import { defaultReserveBytes, guardPool, humanBytes, quotaCap, type PoolEntry } from '../storage/pool.js';
+import { defaultReserveBytes, diskFullSlack, guardPool, humanBytes, quotaCap, type PoolEntry } from '../storage/pool.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 
-/**
- * How close to its quota a writable layer counts as full for the `sandbox.disk_quota`
- * event: 4 MiB, or 1/16 of a smaller quota. A write that hits the limit fails with
- * EDQUOT once usage plus the write's reservation would pass it, so a layer that was
- * filled stops below the limit by up to one write batch (btrfs reserves a few MiB per
- * batch of pages); usage must fall below twice the slack before another event.
- */
-export function diskFullSlack(limitBytes: number): number {
-  return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
-}
+/** How close to its limit a layer counts as full: daemon/storage/pool.ts diskFullSlack (re-exported for the quota check's callers). */
+export { diskFullSlack };
 
 /** The pool as host info shows it (bytes; see {@link DiskQuotaWatch.poolInfo}). */
 export interface PoolInfo {
@@ -31,7 +23,10 @@ export interface PoolInfo {
   quota_cap_bytes: number;
   disk_overcommit: number;
   reserve_bytes: number;
+  /** Sandboxes held after writing all of their share of the nearly full store (each had `sandbox.disk_pool_full`). */
   guarded: number;
+  /** Sandboxes whose kernel limit the guard set below their quota (their share; the guarded ones included). */
+  capped: number;
 }
 
 /** What the watch reads and acts through. */
@@ -51,7 +46,7 @@ export class DiskQuotaWatch {
   private readonly guarded = new Map<string, number>();
   /** Live layer use at the previous guard check, bytes, of the entries it looked at. */
   private readonly poolPrevious = new Map<string, number>();
-  /** Sandboxes stopped by the full store that have had their `sandbox.disk_pool_full` event. */
+  /** Sandboxes that filled their share of the store (each had its `sandbox.disk_pool_full` event) and whose quota was not restored since. */
   private readonly poolFull = new Set<string>();
   /** Whether the first guard check (which adopts limits a previous dsecd left) has run. */
   private guardAdopted = false;
@@ -124,11 +119,26 @@ export class DiskQuotaWatch {
   }
 
   /**
-   * One check of the pool guard (daemon/storage/pool.ts): while the store's free space
-   * above its reserve is less than some sandbox's headroom, limits each sandbox that
-   * wrote since the last check so the kernel stops it before the reserve, and puts quotas
-   * back once there is room. Records `sandbox.disk_pool_full` (edge-triggered) for a
-   * sandbox that reached such a limit: it was filling the store.
+   * Runs the pool guard alone, outside the reaper's sweep: the create path calls it once a
+   * new writable layer exists and before the sandbox runs anything, so a layer made while
+   * the store is nearly full starts at its share, not at its quota (daemon/storage/pool.ts).
+   * Failures are logged, never thrown (the sweep retries within a second).
+   */
+  guard(): void {
+    try {
+      this.guardStore(this.d.storage.usageAll());
+    } catch (e) {
+      this.d.log.warn({ err: e }, 'the writable-layer pool guard failed');
+    }
+  }
+
+  /**
+   * One check of the pool guard (daemon/storage/pool.ts), part of {@link check}: while
+   * the store's room above its reserve is less than the sandboxes' headrooms together,
+   * sets every sandbox's kernel limit to its use plus its share of the free space (the
+   * reserve only for sandboxes that did not fill the store), and puts quotas back once
+   * there is room. Records `sandbox.disk_pool_full` for a sandbox that wrote all of its
+   * share (once, until its quota is back).
    * @param usage the store's usage counters of this check (committed; btrfs: as of the last transaction).
    * @returns ids that got the event in this check.
    */
@@ -137,8 +147,6 @@ export class DiskQuotaWatch {
     const space = store.enforcesQuota ? store.space() : null;
     if (!space) return [];
     const reserve = this.reserveBytes(space.sizeBytes);
-    if (reserve === 0 && this.guarded.size === 0) return [];
-    const room = space.availableBytes - reserve;
     const quotas = this.d.repo.diskQuotas();
     if (!this.guardAdopted) {
       // Limits below quotas that a previous dsecd's guard left in the kernel.
@@ -148,28 +156,43 @@ export class DiskQuotaWatch {
       }
       this.guardAdopted = true;
     }
+    for (const id of this.guarded.keys()) if (!quotas.has(id)) this.guarded.delete(id);
+    for (const id of this.poolFull) if (!quotas.has(id)) this.poolFull.delete(id);
+    // Headrooms from the committed counters against statfs: the same test as with live
+    // use and the page cache subtracted (both sides differ by the same bytes), without a
+    // live read per sandbox while the store has room.
+    // A layer made since the committed counters were read (a create that runs the guard
+    // at once) is missing from them: read live.
+    const committed = (id: string) => usage.get(id) ?? store.usage(id);
+    let headrooms = 0;
+    for (const [id, q] of quotas) {
+      const u = committed(id);
+      if (u) headrooms += Math.max(0, q - u.usedBytes);
+    }
+    if ((reserve === 0 || headrooms <= space.availableBytes - reserve) && this.guarded.size === 0) {
+      this.poolPrevious.clear();
+      this.poolFull.clear();
+      return [];
+    }
     const entries: PoolEntry[] = [];
-    const live = new Map<string, number>();
-    // Bytes the examined sandboxes wrote that statfs does not count yet (in the page cache
-    // or not committed): their live use above the committed counters of this check.
+    // Bytes the sandboxes wrote that statfs does not count yet (in the page cache or not
+    // committed): their live use above the committed counters of this check. Read after
+    // statfs, so a write in between only makes the free space look smaller.
     let pending = 0;
     for (const [id, q] of quotas) {
-      const u = usage.get(id);
+      const u = committed(id);
       if (!u) continue;
-      // Entries with room for their whole headroom need no live reading unless guarded.
-      if (room >= q - u.usedBytes && !this.guarded.has(id)) {
-        this.poolPrevious.delete(id);
-        continue;
-      }
       const used = store.usage(id)?.usedBytes ?? u.usedBytes;
-      live.set(id, used);
       pending += Math.max(0, used - u.usedBytes);
-      entries.push({ id, quotaBytes: q, usedBytes: used, previousBytes: this.poolPrevious.get(id) ?? null, guardLimitBytes: this.guarded.get(id) ?? null });
-      this.poolPrevious.set(id, used);
+      entries.push({ id, quotaBytes: q, usedBytes: used, previousBytes: this.poolPrevious.get(id) ?? null, guardLimitBytes: this.guarded.get(id) ?? null, filled: this.poolFull.has(id) });
     }
-    for (const id of this.guarded.keys()) if (!quotas.has(id)) this.guarded.delete(id);
-    for (const id of this.poolPrevious.keys()) if (!quotas.has(id)) this.poolPrevious.delete(id);
-    for (const dcs of guardPool(space.availableBytes - pending, reserve, entries)) {
+    this.poolPrevious.clear();
+    for (const e of entries) this.poolPrevious.set(e.id, e.usedBytes);
+    const check = guardPool(space.availableBytes - pending, reserve, entries);
+    // Lower before raising: the limits in force never add up to more than the free space.
+    const raises = (l: { id: string; limitBytes: number }) => Number(l.limitBytes > (this.guarded.get(l.id) ?? Infinity));
+    const order = [...check.decisions].sort((a, b) => raises(a) - raises(b));
+    for (const dcs of order) {
       if (!store.setPoolLimit(dcs.id, dcs.limitBytes)) continue;
       if (dcs.restore) {
         this.guarded.delete(dcs.id);
@@ -177,17 +200,19 @@ export class DiskQuotaWatch {
         this.d.log.info({ id: dcs.id, limitBytes: dcs.limitBytes }, 'the writable-layer store has room again: quota restored');
       } else this.guarded.set(dcs.id, dcs.limitBytes);
     }
+    if (!check.tight) this.poolFull.clear();
     const hit: string[] = [];
-    for (const [id, limit] of this.guarded) {
-      const used = live.get(id);
-      if (used === undefined || this.poolFull.has(id) || used < limit - diskFullSlack(limit)) continue;
+    const byId = new Map(entries.map((e) => [e.id, e]));
+    for (const id of check.filled) {
       const sb = this.d.repo.find(id);
-      if (!sb) continue;
+      const e = byId.get(id);
+      if (!sb || !e) continue;
       this.poolFull.add(id);
       this.d.repo.event('sandbox.disk_pool_full', sb,
-        `the writable-layer store ${store.location} is full: ${space.availableBytes} bytes free of ${space.sizeBytes} (${humanBytes(space.availableBytes)} of ${humanBytes(space.sizeBytes)}), `
-        + `with ${reserve} bytes (${humanBytes(reserve)}) kept for other sandboxes; this sandbox was writing, so its writes now fail with EDQUOT at ${used} bytes, `
-        + `below its disk_bytes ${quotas.get(id)} (${humanBytes(quotas.get(id)!)}), until the store has room again (sum of quotas: ${humanBytes([...quotas.values()].reduce((a, b) => a + b, 0))}, admission.disk_overcommit ${this.d.config.admission.diskOvercommit})`);
+        `the writable-layer store ${store.location} is nearly full: ${space.availableBytes} bytes free of ${space.sizeBytes} (${humanBytes(space.availableBytes)} of ${humanBytes(space.sizeBytes)}), `
+        + `${reserve} bytes (${humanBytes(reserve)}) of it the reserve, while the sandboxes' quotas sum to ${humanBytes([...quotas.values()].reduce((a, b) => a + b, 0))} (admission.disk_overcommit ${this.d.config.admission.diskOvercommit}). `
+        + `Each of the ${check.sharing} sandboxes on the store may write only its share of the free space, and this sandbox wrote all of its share: its writes now fail with EDQUOT at ${e.usedBytes} bytes, `
+        + `below its disk_bytes ${e.quotaBytes} (${humanBytes(e.quotaBytes)}). It gets more as the others' shares free up, none of the reserve (kept for the sandboxes that did not fill the store), and its quota back once the store has room for every sandbox's quota`);
       hit.push(id);
     }
     return hit;
@@ -195,9 +220,10 @@ export class DiskQuotaWatch {
 
   /**
    * The pool as host info shows it: the store's space, the sum of the quotas it holds
-   * (warm-pool shells included), what admission allows them to sum to, the reserve, and
-   * how many sandboxes the guard holds below their quotas. Null without a store that
-   * enforces quotas.
+   * (warm-pool shells included), what admission allows them to sum to, the reserve, how
+   * many sandboxes filled their share of the store (`guarded`: held there, their event
+   * sandbox.disk_pool_full) and how many have a kernel limit below their quota, their
+   * share (`capped`, the guarded ones included). Null without a store that enforces quotas.
    */
   poolInfo(): PoolInfo | null {
     const space = this.d.storage.enforcesQuota ? this.d.storage.space() : null;
@@ -208,7 +234,7 @@ export class DiskQuotaWatch {
     return {
       size_bytes: space.sizeBytes, used_bytes: space.usedBytes, available_bytes: space.availableBytes, quota_sum_bytes: sum,
       quota_cap_bytes: quotaCap({ sizeBytes: space.sizeBytes, overcommit }), disk_overcommit: overcommit,
-      reserve_bytes: this.reserveBytes(space.sizeBytes), guarded: this.guarded.size,
+      reserve_bytes: this.reserveBytes(space.sizeBytes), guarded: this.poolFull.size, capped: this.guarded.size,
     };
   }
 }

@@ -11,7 +11,7 @@
  * Creation is ./create.ts; pause and resume are ./rounds.ts; snapshots ./snapshots.ts.
  */
 import type { Logger } from 'pino';
-import { DsecError, failedPrecondition, invalidArgument, wrap } from '../errors.js';
+import { DsecError, conflict, failedPrecondition, invalidArgument, wrap } from '../errors.js';
 import type { DaemonConfig } from '../config.js';
 import type { LayerStore } from '../image/layer-store.js';
 import type { SandboxNetworking } from '../net/network.js';
@@ -20,7 +20,7 @@ import { WRITABLE_PATH_REFUSED_REASON } from '../security/filesystem.js';
 import type { SandboxStats } from '../drivers/types.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import { resolveFilesystem, type ResolvedFilesystem } from '../model/filesystem.js';
-import type { NetworkSpec } from '../model/network.js';
+import { networkRevision, type NetworkSpec } from '../model/network.js';
 import type { DefenceStatus, SandboxRecord } from '../model/sandbox.js';
 import { parseSelector } from '../model/selector.js';
 import type { StepObserver } from '../model/steps.js';
@@ -171,11 +171,19 @@ export class SandboxLifecycle {
    * Changes the network of a sandbox: stored at once, applied at once to a running or
    * paused one (allow <-> open, rules, policy), or at its next start. Between none and
    * allow/open the sandbox would need a different network namespace, so that is refused.
-   * @throws DsecError NotFound, InvalidArgument (bad rules), FailedPrecondition (none <-> other).
+   * `opts.ifRevision`: change it only if the stored spec still has this revision
+   * (model/network.ts networkRevision), checked under the sandbox's lock, so a
+   * read-change-write of the rules cannot lose a change made in between.
+   * @throws DsecError NotFound, InvalidArgument (bad rules), FailedPrecondition (none <-> other),
+   *   Conflict (the stored spec's revision is not `opts.ifRevision`).
    */
-  async setNetwork(id: string, spec: NetworkSpec): Promise<SandboxRecord> {
+  async setNetwork(id: string, spec: NetworkSpec, opts: { ifRevision?: string } = {}): Promise<SandboxRecord> {
     return this.d.locks.run(id, async () => {
       const sb = this.d.repo.get(id);
+      if (opts.ifRevision !== undefined) {
+        const now = networkRevision(sb.network);
+        if (now !== opts.ifRevision) throw conflict(`the network of sandbox ${id} changed since it was read (revision ${opts.ifRevision}, now ${now}): read it again and reapply the change`);
+      }
       const next = await this.d.resolver.network(spec, sb.backend);
       const from = sb.network?.mode ?? 'none', to = next?.mode ?? 'none';
       if ((from === 'none') !== (to === 'none')) {

@@ -78,7 +78,8 @@ export function buildServices(s: ServiceSources): Services {
   const lifecycle = new SandboxLifecycle({
     config, repo, backends, locks, steps: failpoints, liveness, leases, execs: sessions, resolver, network, images, storage, log,
   });
-  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, network, idTag: s.idTag, log });
+  const disks = new DiskQuotaWatch({ config, repo, storage, log });
+  const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, disks, network, idTag: s.idTag, log });
   const activity = new ExecActivity();
   const exec = new ExecService({ config, repo, backends, sessions, trajectories: s.trajectories, liveness, failpoints, activity });
   const rounds = new RoundService({ config, repo, backends, locks, lifecycle, log });
@@ -87,6 +88,6 @@ export function buildServices(s: ServiceSources): Services {
   });
   return {
     backends, leases, liveness, lifecycle, creator, exec, sessions, rounds, snapshots, activity,
-    limits: new LimitWatch(repo, backends), disks: new DiskQuotaWatch({ config, repo, storage, log }),
+    limits: new LimitWatch(repo, backends), disks,
   };
 }

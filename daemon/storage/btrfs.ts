@@ -117,8 +117,9 @@ export class BtrfsEntries implements StoreEntries {
         if (errnoCode(e) !== 'EEXIST') throw e;
       }
     }
-    if (this.quota !== 'none') fsops.btrfsQgroupLimit(dir, limitBytes);
-    this.ids.set(id, fsops.btrfsSubvolId(dir));
+    const sid = fsops.btrfsSubvolId(dir);
+    if (this.quota !== 'none') fsops.btrfsQgroupLimit(this.mountDir, sid, limitBytes);
+    this.ids.set(id, sid);
     chmodSync(dir, 0o700); // a new subvolume's root is 0755
   }
 
@@ -131,7 +132,7 @@ export class BtrfsEntries implements StoreEntries {
   }
 
   setLimit(id: string, bytes: number): void {
-    fsops.btrfsQgroupLimit(path.join(this.entriesDir, id), bytes);
+    fsops.btrfsQgroupLimit(this.mountDir, this.ids.get(id) ?? fsops.btrfsSubvolId(path.join(this.entriesDir, id)), bytes);
   }
 
   /**

@@ -35,7 +35,7 @@ interface FsAddon {
   btrfsSubvolCreate(parentDir: string, name: string): void;
   btrfsSubvolDestroy(parentDir: string, name: string): Promise<void>;
   btrfsSubvolId(path: string): number;
-  btrfsQgroupLimit(path: string, bytes: number): void;
+  btrfsQgroupLimit(mnt: string, qgroupid: number, bytes: number): void;
   btrfsQgroupRemove(mnt: string, qgroupid: number): void;
   btrfsQgroups(mnt: string): BtrfsQgroup[];
   btrfsFsid(mnt: string): string;
@@ -86,11 +86,14 @@ export function btrfsSubvolId(path: string): number {
 }
 
 /**
- * Sets the max-referenced limit of the subvolume at `path` (its qgroup 0/<id>) to
- * `bytes`; 0 clears the limit. Writes beyond it fail with EDQUOT inside. Idempotent.
+ * Sets the max-referenced limit of subvolume `qgroupid` (its qgroup 0/<id>) to `bytes`;
+ * 0 clears the limit. Writes beyond it fail with EDQUOT inside. Idempotent. The ioctl
+ * goes through `mnt`, a directory of the filesystem outside that subvolume (the store's
+ * mount): through the subvolume itself it fails with EDQUOT once the subvolume is at its
+ * limit (native/addon/fsops.c says why), so a full layer's limit could not be raised.
  */
-export function btrfsQgroupLimit(path: string, bytes: number): void {
-  fs().btrfsQgroupLimit(path, bytes);
+export function btrfsQgroupLimit(mnt: string, qgroupid: number, bytes: number): void {
+  fs().btrfsQgroupLimit(mnt, qgroupid, bytes);
 }
 
 /** Deletes the level-0 qgroup 0/`qgroupid`. Throws EBUSY while it still accounts bytes (its subvolume is not fully dropped yet), ENOENT when absent. */

@@ -1,30 +1,50 @@
 /**
- * The writable-layer store as a shared pool: what admission allows, and how the last
- * free space of an overcommitted store is kept for the sandboxes that did not fill it.
- * Pure: the manager feeds numbers in and applies the limits that come out
- * (daemon/sandbox/manager.ts checkDiskQuotas).
+ * The writable-layer store as a shared pool: what admission allows, and how the free
+ * space of an overcommitted store is shared so that no sandbox can take it from the
+ * others. Pure: daemon/sandbox/disk-quota.ts feeds numbers in and applies the limits that
+ * come out (DiskQuotaWatch.check every second from the reaper, and DiskQuotaWatch.guard
+ * in the create path once a container's writable layer exists, before its init starts).
  *
  * Why a guard: quotas may add up to more than the store (`[admission] disk_overcommit`
  * above 1), so the store can fill before any sandbox reaches its quota. Then every
  * sandbox's next write fails with ENOSPC, not only the one that filled it (measured on a
  * loop-mounted btrfs: a neighbour's 6-byte write failed, while reads, deletes, mkdir and
- * new sandboxes still worked; docs/OPERATIONS.md "When the store fills"). The guard keeps
- * a reserve (`[storage] reserve_bytes`) for the others: while the free space above the
- * reserve is smaller than some sandbox's headroom (quota minus use), each sandbox that
- * wrote since the last check gets a kernel limit of its use plus that free space, so the
- * kernel stops it (EDQUOT) before it reaches the reserve, however fast it writes; once
- * the free space is inside the reserve, a writer is held at its use. A guard limit is
- * only ever lowered until the quota is restored, and a quota is restored only to a
- * sandbox that did not write since the last check: statfs counts a write's blocks only
- * once writeback allocates them, so the caller subtracts what the examined sandboxes
- * hold in the page cache (their live use above the committed counters) from the free
- * space, and a sandbox still writing keeps its limit. Sandboxes that did
- * not write keep their own quota and can use the reserve. Limits go back to the quota as
- * soon as the store has room for the sandbox's whole headroom above the reserve.
+ * new sandboxes still worked; docs/OPERATIONS.md "When the store fills").
  *
- * What it cannot do: a sandbox that starts writing between two checks (one second) is
- * stopped only at the next check, so several new fast writers can still reach the
- * reserve; the reserve should hold what a sandbox writes in a second or two.
+ * What it guarantees, between two checks and whatever the write speed (buffered writes
+ * land at memory speed, fallocate takes any size at once): while the room above the
+ * reserve (`[storage] reserve_bytes`) is smaller than the sandboxes' headrooms (quota
+ * minus use) together, every sandbox's kernel limit (the qgroup or project limit that
+ * holds its quota) is lowered to its use plus its **share** of the free space, set before
+ * it writes, so the kernel itself stops it with EDQUOT:
+ *
+ * - the room above the reserve is split among all sandboxes of the store, max-min fair
+ *   ({@link fairShares}: each gets its whole headroom or an equal level, whichever is
+ *   smaller), so the limits together never reach into the reserve, and no sandbox,
+ *   however it writes, takes another's share;
+ * - a sandbox that wrote all of its share ("filled the store": it wrote since the last
+ *   check and reached its limit) is marked until its quota is restored; once one is, or
+ *   once the free space is inside the reserve, the reserve (what is free of it) is split
+ *   the same way among the sandboxes that did not fill, on top of their share of the room.
+ *   A sandbox that filled gets none of it: the reserve is for the others.
+ *
+ * Shares are worked out again at each check from what is free then (a sandbox that
+ * deleted files, or a neighbour that left, gives room back), so limits move both ways;
+ * a level share is rounded down to whole MiB so idle sandboxes' limits do not move with
+ * every byte another writes. Limits go back to the quotas once the room above the reserve
+ * holds every sandbox's whole headroom.
+ *
+ * Free space: statfs counts a write's blocks only once writeback allocates them, so the
+ * caller subtracts what the sandboxes hold in the page cache (their live use above the
+ * committed counters) before calling. Use is the kernel's own count for the limit
+ * (referenced plus reserved bytes), so a limit of use plus share lets exactly the share
+ * through; data allocated but not yet committed is missing from both and only makes the
+ * limit tighter once committed.
+ *
+ * What it cannot do: a sandbox created since the last check has its quota until the
+ * guard has run for it (the create path runs it once the layer exists, before the sandbox
+ * runs anything of the caller's); and the reserve must also hold btrfs's metadata growth,
+ * which no qgroup limit counts.
  */
 
 /** Admission's view of the pool: the sum of quotas it may admit. */
@@ -43,6 +63,18 @@ export function quotaCap(a: PoolAdmission): number {
   return Math.floor(a.sizeBytes * a.overcommit);
 }
 
+/**
+ * How close to its limit a writable layer counts as full (the `sandbox.disk_quota` event
+ * at its quota, a filled share under the pool guard): 4 MiB, or 1/16 of a smaller limit.
+ * A write that hits the limit fails with EDQUOT once usage plus the write's reservation
+ * would pass it, so a layer that was filled stops below the limit by up to one write
+ * batch (btrfs reserves a few MiB per batch of pages); usage must fall below twice the
+ * slack before another quota event.
+ */
+export function diskFullSlack(limitBytes: number): number {
+  return Math.min(4 * 1024 * 1024, Math.floor(limitBytes / 16));
+}
+
 /** One sandbox's writable layer as the guard sees it. */
 export interface PoolEntry {
   id: string;
@@ -54,6 +86,8 @@ export interface PoolEntry {
   previousBytes: number | null;
   /** The limit the guard set on it below its quota, or null when its limit is its quota. */
   guardLimitBytes: number | null;
+  /** It filled its share at an earlier check (and its quota was not restored since). */
+  filled: boolean;
 }
 
 /** What the guard decides for one entry. */
@@ -65,38 +99,89 @@ export interface PoolDecision {
   restore: boolean;
 }
 
-/** The smallest change of a guard limit worth an ioctl: 1 MiB (limits of writers move with every check). */
+/** One check of the guard: the limits to change, and who filled the store. */
+export interface PoolCheck {
+  /** Limits to change (only changes). */
+  decisions: PoolDecision[];
+  /** Entries found filling the store at this check (not those marked before). */
+  filled: string[];
+  /** False when the room above the reserve holds every headroom: no sandbox needs a guard limit. */
+  tight: boolean;
+  /** The room above the reserve that was shared, bytes (0 when the free space is inside the reserve). */
+  roomBytes: number;
+  /** How many sandboxes shared the room. */
+  sharing: number;
+}
+
+/** The grain of a level share, and the smallest raise worth an ioctl: 1 MiB. */
 export const GUARD_STEP_BYTES = 1024 * 1024;
 
 /**
- * The limits to change for `entries` when the store has `availableBytes` free (statfs
- * f_bavail) and keeps `reserveBytes` for sandboxes that are not filling it; see the
- * module comment. Only changes are returned.
+ * Splits `total` bytes max-min fair over `demands` (bytes each): every demand gets
+ * min(demand, level), the level the largest (rounded down to `grain`) for which the sum
+ * stays within `total`. So demands below the level are met whole and the rest share
+ * what is left equally. Returns the shares in the order of `demands`; all 0 when
+ * `total` is 0 or less.
  */
-export function guardPool(availableBytes: number, reserveBytes: number, entries: PoolEntry[]): PoolDecision[] {
-  const room = availableBytes - reserveBytes;
-  const out: PoolDecision[] = [];
-  for (const e of entries) {
-    const headroom = e.quotaBytes - e.usedBytes;
-    const wrote = e.previousBytes !== null && e.usedBytes > e.previousBytes;
-    if (room >= headroom) {
-      if (e.guardLimitBytes === null) continue;
-      if (!wrote) {
-        out.push({ id: e.id, limitBytes: e.quotaBytes, restore: true });
-        continue;
-      }
+export function fairShares(total: number, demands: readonly number[], grain = GUARD_STEP_BYTES): number[] {
+  const out = new Array<number>(demands.length).fill(0);
+  if (total <= 0) return out;
+  const order = demands.map((_, i) => i).sort((a, b) => demands[a] - demands[b]);
+  let left = total;
+  for (let k = 0; k < order.length; k++) {
+    const i = order[k];
+    const d = Math.max(0, demands[i]);
+    const level = left / (order.length - k);
+    if (d <= level) {
+      out[i] = d;
+      left -= d;
+      continue;
     }
-    if (!wrote) continue;
-    // Only ever lowered while guarded: statfs counts a write's blocks only once they are
-    // allocated at writeback, so free space read while a writer has data in the page
-    // cache is too high, and a limit raised on it would let the writer into the reserve.
-    const target = Math.min(e.quotaBytes, e.guardLimitBytes ?? Infinity, e.usedBytes + Math.max(room, 0));
-    if (target >= e.quotaBytes) continue;
-    if (e.guardLimitBytes === null || e.guardLimitBytes - target >= GUARD_STEP_BYTES || (target < e.guardLimitBytes && room <= 0)) {
-      out.push({ id: e.id, limitBytes: target, restore: false });
-    }
+    const share = Math.floor(level / grain) * grain;
+    for (let j = k; j < order.length; j++) out[order[j]] = Math.min(Math.max(0, demands[order[j]]), share);
+    break;
   }
   return out;
+}
+
+/**
+ * One check of the guard for `entries` (every sandbox with a quota on the store) when
+ * the store has `availableBytes` free (statfs f_bavail, less what the sandboxes hold in
+ * the page cache) and keeps `reserveBytes`; see the module comment. A reserve of 0 turns
+ * the guard off: every guard limit is restored.
+ */
+export function guardPool(availableBytes: number, reserveBytes: number, entries: PoolEntry[]): PoolCheck {
+  const room = availableBytes - reserveBytes;
+  const headroom = (e: PoolEntry) => Math.max(0, e.quotaBytes - e.usedBytes);
+  const restoreAll = (): PoolDecision[] => entries.filter((e) => e.guardLimitBytes !== null).map((e) => ({ id: e.id, limitBytes: e.quotaBytes, restore: true }));
+  const total = entries.reduce((a, e) => a + headroom(e), 0);
+  if (reserveBytes <= 0 || total <= room) return { decisions: restoreAll(), filled: [], tight: false, roomBytes: Math.max(0, room), sharing: 0 };
+
+  // Filled at this check: it wrote since the last one, up to the guard limit it had.
+  const filled = entries.filter((e) => !e.filled && e.guardLimitBytes !== null && e.previousBytes !== null
+    && e.usedBytes > e.previousBytes && e.usedBytes >= e.guardLimitBytes - diskFullSlack(e.guardLimitBytes)).map((e) => e.id);
+  const filler = (e: PoolEntry) => e.filled || filled.includes(e.id);
+
+  const roomShares = fairShares(Math.max(0, room), entries.map(headroom));
+  // The reserve goes to those that did not fill, once someone did or it is being used.
+  const reserveOpen = room <= 0 || entries.some(filler);
+  const rest = entries.map((e, i) => (reserveOpen && !filler(e) ? headroom(e) - roomShares[i] : 0));
+  const reserveShares = fairShares(Math.max(0, Math.min(availableBytes, reserveBytes)), rest);
+
+  const decisions: PoolDecision[] = [];
+  entries.forEach((e, i) => {
+    const target = e.usedBytes + roomShares[i] + reserveShares[i];
+    if (target >= e.quotaBytes) {
+      if (e.guardLimitBytes !== null) decisions.push({ id: e.id, limitBytes: e.quotaBytes, restore: true });
+      return;
+    }
+    // Down at once, whatever the amount (the limits must add up within the free space);
+    // up only by a step, so a limit does not move with every byte.
+    if (e.guardLimitBytes === null || target < e.guardLimitBytes || target - e.guardLimitBytes >= GUARD_STEP_BYTES) {
+      decisions.push({ id: e.id, limitBytes: target, restore: false });
+    }
+  });
+  return { decisions, filled, tight: true, roomBytes: Math.max(0, room), sharing: entries.length };
 }
 
 /**

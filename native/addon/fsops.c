@@ -17,8 +17,15 @@
  *                                          files), which is why it runs off the JS thread.
  *   btrfsSubvolId(path) -> number          BTRFS_IOC_INO_LOOKUP: the id of the subvolume
  *                                          holding `path` (its level-0 qgroup is 0/<id>).
- *   btrfsQgroupLimit(path, bytes)          BTRFS_IOC_QGROUP_LIMIT on the subvolume at `path`:
- *                                          max referenced = bytes (0 clears the limit).
+ *   btrfsQgroupLimit(mnt, qgroupid, bytes) BTRFS_IOC_QGROUP_LIMIT on level-0 qgroup
+ *                                          0/`qgroupid`, through a directory `mnt` of another
+ *                                          subvolume (the top level): max referenced = bytes
+ *                                          (0 clears the limit). Not through the limited
+ *                                          subvolume itself: the ioctl reserves metadata in
+ *                                          the fd's subvolume (btrfs_start_transaction since
+ *                                          Linux 6.17 and stable backports), which its own
+ *                                          qgroup refuses with EDQUOT once it is at its
+ *                                          limit, so a full layer's limit could not be raised.
  *   btrfsQgroupRemove(mnt, qgroupid)       BTRFS_IOC_QGROUP_CREATE(create = 0): deletes a
  *                                          level-0 qgroup (EBUSY while it still has usage).
  *   btrfsQgroups(mnt) -> [{id, referenced, exclusive, maxReferenced}]
@@ -288,15 +295,21 @@ static napi_value js_btrfs_subvol_id(napi_env env, napi_callback_info info) {
 }
 
 static napi_value js_btrfs_qgroup_limit(napi_env env, napi_callback_info info) {
-  napi_value argv[2];
+  napi_value argv[3];
   char path[FS_PATH_BUF];
-  uint64_t bytes;
-  if (get_args(env, info, 2, argv) || get_path(env, argv[0], path, "path") || get_u64(env, argv[1], &bytes, "bytes")) return NULL;
+  uint64_t id, bytes;
+  if (get_args(env, info, 3, argv) || get_path(env, argv[0], path, "mnt") || get_u64(env, argv[1], &id, "qgroupid") ||
+      get_u64(env, argv[2], &bytes, "bytes"))
+    return NULL;
+  if (id == 0) {
+    throw_type(env, "qgroupid must be a subvolume id (not 0)");
+    return NULL;
+  }
   int fd = open_dir(env, path);
   if (fd < 0) return NULL;
   struct btrfs_ioctl_qgroup_limit_args a;
   memset(&a, 0, sizeof a);
-  a.qgroupid = 0; /* 0: the level-0 qgroup of the fd's subvolume */
+  a.qgroupid = id; /* level 0: 0/<subvolume id> */
   a.lim.flags = BTRFS_QGROUP_LIMIT_MAX_RFER;
   a.lim.max_rfer = bytes ? bytes : (uint64_t)-1; /* -1 clears the limit */
   int rc = ioctl(fd, BTRFS_IOC_QGROUP_LIMIT, &a);

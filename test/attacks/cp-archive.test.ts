@@ -11,9 +11,15 @@
  *
  * Against a real dsecd, each archive must parse to the end with exactly the members of
  * the directory, each as long as its header says (daemon/api/routes/files.ts `exactly`).
+ *
+ * The same desynchronisation through names: a file the sandbox names `é\n12 size=600`
+ * travels in a PAX extended header (non-ASCII or long names do), whose records are
+ * length-prefixed; a parser that splits them at newlines (node-tar's) reads a `size`
+ * record the sandbox wrote, and the next header from the file's bytes. `dsec cp` must
+ * copy such names, out and in, byte for byte.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { mkdtempSync, readdirSync, readFileSync, rmSync } from 'node:fs';
+import { mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import tarStream from 'tar-stream';
@@ -101,5 +107,43 @@ describe.skipIf(!IS_ROOT)('attack: a sandbox file that changes size while it is 
     } finally {
       await d.client.signalExec(sb, grower.exec_id, 'SIGKILL').catch(() => undefined);
     }
+  });
+
+  it('file names that read as PAX records (a newline, `12 size=600`, `=`): dsec cp copies them out and in under exactly those names, with their bytes', async () => {
+    const names = ['\u00e9\n12 size=600', 'a=b\n30 path=forged', `${'n'.repeat(120)}\n12 size=1`, 'x\ny', 'after'];
+    const bodyOf = (i: number) => `${'A'.repeat(1000)} ${i}`;
+    // Each name given to printf as octal escapes, so the shell never interprets it.
+    const esc = (n: string) => [...Buffer.from(n)].map((b) => `\\${b.toString(8).padStart(3, '0')}`).join('');
+    const made = await sh(`mkdir -p /root/names && cd /root/names && ${names.map((n, i) => `printf '%s' '${bodyOf(i)}' > "$(printf '${esc(n)}')"`).join(' && ')} && echo ok`);
+    expect(out(made)).toBe('ok\n');
+    /** Names (NUL-separated) and bodies of the files in a sandbox directory. */
+    const inside = async (dir: string) => {
+      const r = await sh(`cd ${dir} && for f in *; do printf '%s\\0' "$f"; cat "$f"; printf '\\0'; done`);
+      const parts = Buffer.from(r.stdout_b64, 'base64').toString().split('\0').slice(0, -1);
+      const m = new Map<string, string>();
+      for (let i = 0; i < parts.length; i += 2) m.set(parts[i], parts[i + 1]);
+      return m;
+    };
+    const want = new Map(names.map((n, i) => [n, bodyOf(i)]));
+    expect(await inside('/root/names')).toEqual(want);
+
+    // Out: the archive dsecd sends parses (tar-stream) to exactly these members ...
+    const got = await members(await d.client.getArchive(sb, '/root/names'));
+    expect(got.map((m) => m.name).sort()).toEqual(['names', ...names.map((n) => `names/${n}`)].sort());
+    // ... and the CLI writes exactly these files.
+    const dest = path.join(tmp, 'names');
+    const r = await runCli(d, ['cp', `${sb}:/root/names`, dest]);
+    expect(r.stderr).toBe('');
+    expect(r.code).toBe(0);
+    expect(readdirSync(dest).sort()).toEqual([...names].sort());
+    for (const [n, b] of want) expect(readFileSync(path.join(dest, n), 'utf8'), JSON.stringify(n)).toBe(b);
+
+    // In: the same names from here, unpacked by dsecd.
+    const src = path.join(tmp, 'up');
+    mkdirSync(src);
+    for (const [n, b] of want) writeFileSync(path.join(src, n), b);
+    const up = await runCli(d, ['cp', src, `${sb}:/root/`]);
+    expect(up.code, up.stderr).toBe(0);
+    expect(await inside('/root/up')).toEqual(want);
   });
 });

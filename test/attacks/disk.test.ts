@@ -322,18 +322,19 @@ describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs
 });
 
 /** Host info's writable-layer pool (GET /v1/host storage.pool). */
-async function pool(d: TestDaemon): Promise<{ available_bytes: number; quota_sum_bytes: number; quota_cap_bytes: number; disk_overcommit: number; reserve_bytes: number; guarded: number }> {
+async function pool(d: TestDaemon): Promise<{ used_bytes: number; available_bytes: number; quota_sum_bytes: number; quota_cap_bytes: number; disk_overcommit: number; reserve_bytes: number; guarded: number; capped: number }> {
   return (await d.client.hostInfo()).storage!.pool!;
 }
 
 /**
  * (c) The store as a shared pool, on a 1 GiB btrfs store with quotas allowed to add up to
  * 1.5 times it (slot 30 again, a third daemon): admission refuses quotas beyond that;
- * host info shows use against the sum of quotas; a sandbox that fills the store while its
- * neighbour still has data to write is stopped by the pool guard before the reserve
- * (EDQUOT, below its own quota, with a `sandbox.disk_pool_full` event naming it), the
- * neighbour writes into the reserve, and the writer's quota comes back once there is
- * room. And I/O limits on cgroup v1: applied to the store's loop device, enforced for
+ * host info shows use against the sum of quotas; a sandbox that stayed idle and then
+ * fills the store at once (buffered writes at memory speed, or fallocate) while its
+ * neighbour still has data to write is stopped by the limit the pool guard set before it
+ * wrote, before the reserve (EDQUOT, below its own quota, with a `sandbox.disk_pool_full`
+ * event naming it), the neighbour writes into the reserve, and the writer's quota comes
+ * back once there is room. And I/O limits on cgroup v1: applied to the store's loop device, enforced for
  * direct I/O (a throttled dd writes no more than the rate allows), not charged for
  * buffered writes, and host info says exactly that.
  */
@@ -345,6 +346,13 @@ describe.skipIf(!IS_ROOT)('attack: overcommit the writable-layer pool (1 GiB sto
   afterEach(async () => {
     // Each test starts on an empty pool, whatever the last one left.
     for (const sb of await d.client.listSandboxes()) await d.client.deleteSandbox(sb.id, { force: true });
+    // btrfs frees a deleted subvolume's extents in the background: wait until the store
+    // holds about nothing again (a fresh one uses a few MiB of metadata), so the next test
+    // starts with the room it expects.
+    while ((await pool(d)).used_bytes > 64 * MiB) {
+      await execa('sync');
+      await new Promise((r) => setTimeout(r, 200));
+    }
   });
   afterAll(async () => {
     await d?.cleanup();
@@ -375,51 +383,74 @@ describe.skipIf(!IS_ROOT)('attack: overcommit the writable-layer pool (1 GiB sto
     expect((await pool(d)).quota_sum_bytes).toBe(0);
   });
 
-  it('a sandbox filling the store is stopped before the reserve (EDQUOT, event names it); the neighbour writes into the reserve; the quota comes back', async () => {
-    const quota = 600 * MiB;
-    const writer = await d.client.createSandbox({ image: 'busybox', disk_bytes: quota });
-    const neighbour = await d.client.createSandbox({ image: 'busybox', disk_bytes: quota });
+  /**
+   * Two sandboxes with 600 MiB quotas; the neighbour holds 300 MiB, so the store (about
+   * 650 MiB free, 256 MiB of it the reserve) has less room above the reserve than the two
+   * headrooms (900 MiB) together. Waits until the guard has set both kernel limits (host
+   * info's `capped`): an idle sandbox is limited before it writes anything.
+   */
+  async function tightPool(): Promise<{ writer: { id: string }; neighbour: { id: string }; reserve: number }> {
+    const writer = await d.client.createSandbox({ image: 'busybox', disk_bytes: 600 * MiB });
+    const neighbour = await d.client.createSandbox({ image: 'busybox', disk_bytes: 600 * MiB });
     expect((await fill(d, neighbour.id, '/root/pre', 300)).size).toBe(300 * MiB);
     const reserve = (await pool(d)).reserve_bytes;
     expect(reserve).toBe(256 * MiB);
-    // The writer writes slowly until the guard has seen it write (host info counts the
-    // sandboxes it holds below their quota), then as fast as it can.
-    const slow = sh(d, writer.id, 'i=0; while [ ! -e /tmp/stop ]; do dd if=/dev/zero of=/root/slow$i bs=1M count=4 2>/dev/null; i=$((i+1)); sleep 0.2; done; echo stopped');
-    while ((await pool(d)).guarded < 1) await new Promise((r) => setTimeout(r, 200));
-    await sh(d, writer.id, 'touch /tmp/stop');
-    expect((await slow).out).toBe('stopped\n');
-    const f = await fill(d, writer.id, '/root/fill', 1024);
+    // (Before the guard limited idle sandboxes there was no `capped`: the loop ends at once.)
+    for (let p = await pool(d); p.capped !== undefined && p.capped < 2; p = await pool(d)) await new Promise((r) => setTimeout(r, 200));
+    return { writer, neighbour, reserve };
+  }
+
+  it('an idle sandbox that writes as fast as it can (dd bs=8M) is stopped at its share of the room, before the reserve (EDQUOT, event names it); the neighbour writes into the reserve; the quota comes back', async () => {
+    const quota = 600 * MiB;
+    const { writer, neighbour, reserve } = await tightPool();
+    // The attack: nothing written before, then buffered writes at memory speed, far more
+    // than a guard check apart could catch.
+    const f = await sh(d, writer.id, 'dd if=/dev/zero of=/root/fill bs=8M count=128 2>&1; echo "rc=$?"; sync');
     expect(f.out).toMatch(/Disk quota exceeded/);
     const used = (await d.client.sandboxStats(writer.id)).disk_used_bytes!;
     expect(used).toBeLessThan(quota - 64 * MiB); // stopped well below its own quota
     // The reserve is still free (less what btrfs needed for metadata).
-    const free = (await pool(d)).available_bytes;
-    // Most of the reserve is still free: what is missing went to btrfs metadata and to the
-    // writer's data still in the page cache when its limit was set (statfs counts blocks
-    // only once they are allocated). Without the guard the writer takes all of it.
-    expect(free).toBeGreaterThan(reserve - 64 * MiB);
+    expect((await pool(d)).available_bytes).toBeGreaterThan(reserve - 64 * MiB);
 
     let evs: { type: string; message?: string }[] = [];
     while (!(evs = await eventsOf(d, writer.id)).some((e) => e.type === 'sandbox.disk_pool_full')) await new Promise((r) => setTimeout(r, 200));
     const ev = evs.find((e) => e.type === 'sandbox.disk_pool_full')!;
-    expect(ev.message).toMatch(/writable-layer store .* is full: .* this sandbox was writing, so its writes now fail with EDQUOT .* below its disk_bytes 629145600/);
+    expect(ev.message).toMatch(/writable-layer store .* is nearly full: .* this sandbox wrote all of its share: its writes now fail with EDQUOT at \d+ bytes, below its disk_bytes 629145600/);
     expect(evs.filter((e) => e.type === 'sandbox.disk_quota')).toEqual([]);
     expect((await eventsOf(d, neighbour.id)).filter((e) => e.type.startsWith('sandbox.disk_'))).toEqual([]);
+    expect((await pool(d)).guarded).toBe(1);
 
-    // The neighbour still writes, into the reserve, and reads back.
-    const n = await sh(d, neighbour.id, 'dd if=/dev/zero of=/root/more bs=1M count=128 2>&1 | tail -1; sync; cat /root/pre /root/more | wc -c');
-    expect(n.out.trim().split('\n').pop()).toBe(String(428 * MiB));
+    // The neighbour, which did not fill the store, writes its whole headroom (290 MiB:
+    // more than its share of the room above the reserve, so into the reserve), and a
+    // small file, and reads back.
+    const n = await sh(d, neighbour.id, 'echo hi > /root/small && dd if=/dev/zero of=/root/more bs=1M count=290 2>&1 | tail -1; sync; cat /root/pre /root/more | wc -c; cat /root/small');
+    expect(n.out.trim().split('\n').slice(-2)).toEqual([String(590 * MiB), 'hi']);
     // The writer is still held.
     expect((await fill(d, writer.id, '/root/again', 64)).out).toMatch(/Disk quota exceeded/);
 
-    // Room again: its quota is back, and it writes.
-    await sh(d, neighbour.id, 'rm /root/pre /root/more; sync');
-    await sh(d, writer.id, 'rm -f /root/fill /root/again /root/slow*; sync');
-    while ((await pool(d)).guarded > 0) await new Promise((r) => setTimeout(r, 200));
+    // Room again (the neighbour gone: the writer's headroom fits above the reserve): its
+    // quota is back, and it writes.
+    await d.client.deleteSandbox(neighbour.id, { force: true });
+    await sh(d, writer.id, 'rm -f /root/again; sync');
+    for (let p = await pool(d); p.guarded > 0 || p.capped > 0; p = await pool(d)) await new Promise((r) => setTimeout(r, 200));
     expect((await d.client.sandboxStats(writer.id)).disk_limit_bytes).toBe(quota);
     expect((await fill(d, writer.id, '/root/after', 64)).size).toBe(64 * MiB);
-    await d.client.deleteSandbox(writer.id, { force: true });
-    await d.client.deleteSandbox(neighbour.id, { force: true });
+  });
+
+  it('an idle sandbox that fallocates its whole headroom at once gets EDQUOT before the reserve; the neighbour keeps writing', async () => {
+    const quota = 600 * MiB;
+    const { writer, neighbour, reserve } = await tightPool();
+    const before = (await d.client.sandboxStats(writer.id)).disk_used_bytes!;
+    // fallocate reserves the blocks at once, without writing a byte.
+    const f = await sh(d, writer.id, 'fallocate -l 590M /root/big 2>&1; echo "rc=$?"; sync');
+    expect(f.out).toMatch(/Disk quota exceeded/);
+    expect(f.out).not.toMatch(/rc=0/);
+    expect((await pool(d)).available_bytes).toBeGreaterThan(reserve - 64 * MiB);
+    expect((await d.client.sandboxStats(writer.id)).disk_used_bytes!).toBeLessThan(before + 8 * MiB);
+    expect((await d.client.sandboxStats(writer.id)).disk_limit_bytes!).toBeLessThan(quota);
+    // The neighbour writes a small file and 128 MiB, and reads them back.
+    const n = await sh(d, neighbour.id, 'echo hi > /root/small && dd if=/dev/zero of=/root/more bs=1M count=128 2>&1 | tail -1; sync; cat /root/more | wc -c; cat /root/small');
+    expect(n.out.trim().split('\n').slice(-2)).toEqual([String(128 * MiB), 'hi']);
   });
 
   it('io_max on cgroup v1: written to blkio.throttle for the store\'s loop device; a direct-I/O writer is held to the rate; buffered writes are not charged; host info says so', async () => {

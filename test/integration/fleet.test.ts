@@ -214,6 +214,16 @@ run('fleet: three hosts in their own namespaces, two gateways, real etcd', () =>
     const logs = await dsec(['logs', id]);
     expect(logs.exitCode, logs.stderr).toBe(0);
     expect(String(logs.stdout)).toContain('sandbox.created');
+    // top shows the fleet: every host listed, each row naming its host; host=NAME drills in.
+    const top = await dsec(['--json', 'top', '--interval', '200ms', '--filter', 'host=h2']);
+    expect(top.exitCode, top.stderr).toBe(0);
+    const t = JSON.parse(String(top.stdout));
+    expect(t.hosts.map((h: { name: string; outcome: string }) => [h.name, h.outcome])).toEqual([['h1', 'ok'], ['h2', 'ok'], ['h3', 'ok']]);
+    const h2 = t.hosts.find((h: { name: string }) => h.name === 'h2');
+    expect(t.sandboxes.length).toBe(h2.sandboxes);
+    expect(t.sandboxes.length).toBeGreaterThan(0);
+    expect(t.sandboxes.every((x: { host: string }) => x.host === 'h2')).toBe(true);
+    expect(t.host.cores).toBe(h2.host.cores);
   }, 120_000);
 
   it('pauses and resumes the job across hosts in one bulk call', async () => {

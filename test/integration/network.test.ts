@@ -186,6 +186,28 @@ describe.skipIf(!IS_ROOT)('sandbox networking and egress control', () => {
     }
   });
 
+  it('if_revision: a write computed from rules read before another change is refused with Conflict and changes nothing; with the current revision it goes through', async () => {
+    const sb = await d.client.createSandbox({ network: { mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443] }] } });
+    try {
+      const r0 = (await d.client.getNetwork(sb.id)).revision;
+      expect(r0).toMatch(/^[0-9a-f]{16}$/);
+      // Someone else adds a rule after r0 was read.
+      const other = await d.client.setNetwork(sb.id, { mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443] }, { cidr: `${NET.other}/32`, ports: [443] }] }, { ifRevision: r0 });
+      expect(other.revision).not.toBe(r0);
+      // The stale write (computed from r0) is refused, and the other change stays.
+      const e = await rejection(d.client.setNetwork(sb.id, { mode: 'allow', allow: [{ cidr: `${NET.pypi}/32`, ports: [443, 80] }] }, { ifRevision: r0 }));
+      expect(e.code).toBe('Conflict');
+      expect(e.message).toMatch(/changed since it was read/);
+      expect((await d.client.getSandbox(sb.id)).network?.allow).toHaveLength(2);
+      expect(await probeIn(d, sb.id, `/tmp/p tcp ${NET.other} 443`)).toEqual(['ok other-https']);
+      expect((await d.client.getNetwork(sb.id)).revision).toBe(other.revision);
+      // A malformed revision is bad input.
+      expect((await rejection(d.client.setNetwork(sb.id, { mode: 'allow' }, { ifRevision: 'x' }))).code).toBe('InvalidArgument');
+    } finally {
+      await d.client.deleteSandbox(sb.id, { force: true });
+    }
+  });
+
   it('named policies: applied at create, reload refuses a malformed file (the previous version stays in force), a good change is re-applied live', async () => {
     const sb = await d.client.createSandbox({ network: { policy: 'only-pypi' } });
     const shadow = path.join(policyDir, 'pypi-only.json');

@@ -10,7 +10,8 @@ import * as tar from 'tar';
 import tarStream from 'tar-stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { parseCpArgs, parseCpEndpoint, wantsContents } from '../../cli/util/cp.js';
-import { kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
+import { extractArchive, kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
+import { Tally } from '../../cli/commands/cp.js';
 import { linkLeads, throughArchiveLink } from '../../daemon/api/routes/files.js';
 import { hintFor } from '../../cli/util/errors.js';
 import { json, runCli, startFakeDsecd, type FakeDsecd, type Ran, type Seen } from '../fixtures/fake-dsecd.js';
@@ -49,6 +50,8 @@ describe('dsec cp', () => {
   let fs: Map<string, { type: 'file'; data: Buffer; mode: number } | { type: 'dir' } | { type: 'symlink'; target: string }>;
   /** Members of each PUT archive, in order. */
   let archives: { dir: string; entries: { path: string; type: string; size: number; body: string }[] }[];
+  /** The raw body of each PUT archive, in order. */
+  let uploaded: Buffer[];
   const ID = 'sb1';
 
   const dsec = (args: string[], opts: { stdin?: Readable; stderrTTY?: boolean } = {}): Promise<Ran> =>
@@ -106,6 +109,7 @@ describe('dsec cp', () => {
     fs.set('/srv/app/lib/x.txt', { type: 'file', data: Buffer.from('x'), mode: 0o600 });
     fs.set('/srv/link', { type: 'symlink', target: '/srv/app/run.sh' });
     archives = [];
+    uploaded = [];
     const notFound = (res: http.ServerResponse, p: string) => json(res, 404, { error: { code: 'NotFound', message: `no such file or directory: ${p}` } });
     fake.routes['GET /v1/sandboxes/:id/files/stat'] = (req, res) => {
       const p = req.query.get('path')!.replace(/(.)\/+$/, '$1');
@@ -137,6 +141,7 @@ describe('dsec cp', () => {
     fake.routes['PUT /v1/sandboxes/:id/archive'] = async (req, res) => {
       const d = req.query.get('path')!;
       if (fs.get(d)?.type !== 'dir') return notFound(res, d);
+      uploaded.push(req.raw);
       const entries = await members(req.raw);
       archives.push({ dir: d, entries });
       json(res, 200, { entries: entries.length, bytes: entries.reduce((n, e) => n + e.size, 0) });
@@ -316,7 +321,7 @@ describe('dsec cp', () => {
     return Buffer.concat(chunks);
   }
 
-  it('an entry that cannot be copied as it is (a corrupt header) fails the copy: named as an error, the rest written, exit 125', async () => {
+  it('an archive that stops parsing (a corrupt header) fails the copy: named as an error, what came before written, nothing guessed after it, exit 125', async () => {
     const body = await appTar(['a', 'b', 'c']);
     // Headers at 0 (app/), 512 (app/a), 1536 (app/b): break app/b's checksum.
     expect(body.subarray(1536, 1541).toString()).toBe('app/b');
@@ -327,11 +332,137 @@ describe('dsec cp', () => {
     };
     const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
     expect(r.code).toBe(125);
-    expect(r.err).toMatch(/^dsec: error: could not copy .*TAR_ENTRY_INVALID/m);
-    // (The broken header, then its body block read as one: two.)
-    expect(r.err).toMatch(/^dsec: \d+ entries could not be copied \(above\); .*out is incomplete\nhint: /m);
+    expect(r.err).toMatch(/^dsec: error: could not copy the rest of the archive: it stops parsing after 2 entries \(Invalid tar header.*\), and nothing after that point is read$/m);
+    expect(r.err).toMatch(/^dsec: 1 entry could not be copied \(above\); .*out is incomplete\nhint: /m);
     expect(readFileSync(join(dir, 'out', 'a'), 'utf8')).toBe('a');
-    expect(readFileSync(join(dir, 'out', 'c'), 'utf8')).toBe('c');
+    // Not resynchronised on what follows (bytes after a broken header could be anything).
+    expect(existsSync(join(dir, 'out', 'b'))).toBe(false);
+    expect(existsSync(join(dir, 'out', 'c'))).toBe(false);
+  });
+
+  /** One ustar header block (name of at most 100 ASCII bytes) of `type` (`0` file, `x` PAX extended header) for `size` bytes. */
+  const ustarHeader = (name: string, type: string, size: number): Buffer => {
+    const h = Buffer.alloc(512);
+    h.write(name, 0, 'latin1');
+    h.write('0000644\0', 100);
+    h.write('0000000\0', 108);
+    h.write('0000000\0', 116);
+    h.write(size.toString(8).padStart(11, '0') + '\0', 124);
+    h.write('00000000000\0', 136);
+    h.write(' '.repeat(8), 148);
+    h.write(type, 156);
+    h.write('ustar\0', 257);
+    h.write('00', 263);
+    let sum = 0;
+    for (const b of h) sum += b;
+    h.write(sum.toString(8).padStart(6, '0') + '\0 ', 148);
+    return h;
+  };
+
+  /** A tar of `entries` in order, built byte by byte: `pax` entries are raw PAX extended headers (as crafted as one likes). */
+  function rawTar(entries: ({ name: string; body: string } | { pax: Buffer })[]): Buffer {
+    const blocks: Buffer[] = [];
+    const pad = (b: Buffer) => Buffer.concat([b, Buffer.alloc((512 - (b.length % 512)) % 512)]);
+    for (const e of entries) {
+      const body = 'pax' in e ? e.pax : Buffer.from(e.body);
+      blocks.push(ustarHeader('pax' in e ? 'PaxHeader' : e.name, 'pax' in e ? 'x' : '0', body.length), pad(body));
+    }
+    blocks.push(Buffer.alloc(1024));
+    return Buffer.concat(blocks);
+  }
+
+  /** One PAX record `LEN key=value\n` with its true length (or `len` when given: a lying one). */
+  const paxRecord = (key: string, value: string, len?: number): string => {
+    const rest = ` ${key}=${value}\n`;
+    let n = Buffer.byteLength(rest) + 1;
+    while (String(n).length + Buffer.byteLength(rest) !== n) n++;
+    return `${len ?? n}${rest}`;
+  };
+
+  it('member names with a newline, `=` or a record of their own inside a PAX header stay one name: nothing vanishes, nothing is forged', async () => {
+    // What dsecd sends for files a sandbox named so (tar-stream writes a PAX path for a
+    // non-ASCII or long name): the newline in the name is inside the length-prefixed
+    // record, and must not be read as the start of a `size` record.
+    const names = ['\u00e9\n12 size=600', 'a=b', 'x\ny', `${'long/'.repeat(25)}end\n30 path=forged`, 'after'];
+    const pack = tarStream.pack();
+    for (const n of names) pack.entry({ name: `app/${n}`, type: 'file', mode: 0o644 }, `body of ${JSON.stringify(n)}`);
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    const body = Buffer.concat(chunks);
+    expect(body.toString('latin1')).toContain(' path=app/\u00c3\u00a9\n12 size=600\n'); // a PAX record holds the name
+    fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.end(body);
+    };
+    const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
+    expect(r.err).toBe('');
+    expect(r.code).toBe(0);
+    for (const n of names) expect(readFileSync(join(dir, 'out', n), 'utf8'), JSON.stringify(n)).toBe(`body of ${JSON.stringify(n)}`);
+    expect(readdirSync(join(dir, 'out')).sort()).toEqual(['a=b', 'after', 'long', 'x\ny', '\u00e9\n12 size=600'].sort());
+  });
+
+  it('crafted PAX headers: a record whose length lies, a huge length, a header past 4 MiB: the framing stays the ustar header\'s, or the copy fails saying so', async () => {
+    const serve = (b: Buffer) => {
+      fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+        res.writeHead(200, { 'content-type': 'application/x-tar' });
+        res.end(b);
+      };
+    };
+    // One record whose length covers a second line: it is one `path` record (a name with
+    // a newline), the `size` inside it is not a record; the body keeps its header's size.
+    const covering = paxRecord('path', 'app/one\n12 size=600');
+    serve(rawTar([{ pax: Buffer.from(covering) }, { name: 'app/ignored', body: 'x'.repeat(700) }, { name: 'app/next', body: 'next' }]));
+    let r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'o1')]);
+    expect(r.code, r.err).toBe(0);
+    expect(readFileSync(join(dir, 'o1', 'one\n12 size=600'), 'utf8')).toBe('x'.repeat(700));
+    expect(readFileSync(join(dir, 'o1', 'next'), 'utf8')).toBe('next');
+
+    // A length shorter than its record, and one far past the header: records stop there,
+    // nothing is read past the header, the next member is intact.
+    for (const pax of [`5 path=app/evil\n${paxRecord('size', '600')}`, `99999999999999999999 path=app/huge\n${paxRecord('size', '600')}`]) {
+      serve(rawTar([{ pax: Buffer.from(pax) }, { name: 'app/plain', body: 'plain' }, { name: 'app/next', body: 'next' }]));
+      const out = join(dir, `o-${pax.length}`);
+      r = await dsec(['cp', `${ID}:/srv/app`, out]);
+      expect(r.code, r.err).toBe(0);
+      expect(readFileSync(join(out, 'next'), 'utf8')).toBe('next');
+      expect(readdirSync(out).filter((n) => n !== 'next').map((n) => readFileSync(join(out, n), 'utf8'))).toEqual(['plain']);
+    }
+
+    // A PAX header of 5 MiB: refused where it starts, what came before is kept.
+    serve(rawTar([{ name: 'app/first', body: 'first' }, { pax: Buffer.from(paxRecord('comment', 'c'.repeat(5 * 1024 * 1024))) }, { name: 'app/next', body: 'next' }]));
+    r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'o3')]);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/could not copy the rest of the archive: it stops parsing after 1 entry \(Header exceeds max size\)/);
+    expect(readdirSync(join(dir, 'o3'))).toEqual(['first']);
+  });
+
+  it('a local file named with a newline is uploaded under exactly its name (a PAX record the daemon\'s parser reads by length)', async () => {
+    const src = join(dir, 'up');
+    mkdirSync(src);
+    const names = ['\u00e9\n12 size=600', 'a=b\nc=d', `${'d'.repeat(120)}\nx`];
+    for (const n of names) writeFileSync(join(src, n), `body of ${JSON.stringify(n)}`);
+    fs.set('/work/up', { type: 'dir' });
+    const r = await dsec(['cp', `${src}/.`, `${ID}:/work/up`]);
+    expect(r.code, r.err).toBe(0);
+    // Parsed as dsecd parses it (tar-stream).
+    const got = new Map<string, string>();
+    const ex = tarStream.extract();
+    const done = new Promise<void>((resolve, reject) => {
+      ex.on('entry', (h, stream, next) => {
+        const parts: Buffer[] = [];
+        stream.on('data', (c: Buffer) => parts.push(c));
+        stream.on('end', () => {
+          if (h.type === 'file') got.set(h.name, Buffer.concat(parts).toString());
+          next();
+        });
+      });
+      ex.on('finish', () => resolve());
+      ex.on('error', reject);
+    });
+    ex.end(uploaded[0]);
+    await done;
+    expect(new Map([...got].map(([k, v]) => [k.replace(/^\.\//, ''), v]))).toEqual(new Map(names.map((n) => [n, `body of ${JSON.stringify(n)}`])));
   });
 
   it('an archive dsecd breaks off midway is an error saying so (not a bug report), for a directory and for `-`', async () => {
@@ -407,6 +538,41 @@ describe('links on the host resolve inside the destination (cli/util/extract.ts)
     dir = mkdtempSync(join(tmpdir(), 'dsec-links-'));
   });
   afterEach(() => rmSync(dir, { recursive: true, force: true }));
+
+  it('links wait for the files in bounded memory: past the budget each further link is refused, named, and what came before is made; a file that replaces a planned link frees its part', async () => {
+    const pack = tarStream.pack();
+    pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+    pack.entry({ name: 'app/f', type: 'file', mode: 0o644 }, 'f');
+    // The first link is replaced by a file at its path: its part of the budget is free again.
+    pack.entry({ name: 'app/l0', type: 'symlink', linkname: 'f' });
+    pack.entry({ name: 'app/l0', type: 'file', mode: 0o644 }, 'file now');
+    for (let i = 1; i <= 40; i++) pack.entry({ name: `app/l${i}`, type: i % 2 ? 'symlink' : 'link', linkname: i % 2 ? 'f' : 'app/f' });
+    pack.finalize();
+    const refused: [string, string][] = [];
+    // Ten links of this size: 200 + 2 x (3 + 1 + 6) = 220 bytes each for symlinks, a few more for hard links.
+    await extractArchive(pack as unknown as Readable, {
+      dest: dir, strip: 0, origin: { sandboxDir: '/srv/app', localDir: 'app' },
+      onSkip: () => expect.fail('nothing to skip'), onFail: (m, w) => expect.fail(`${m}: ${w}`), onRefuse: (m, w) => refused.push([m, w]),
+      maxHeldLinkBytes: 10 * 222,
+    });
+    const made = readdirSync(join(dir, 'app')).filter((n) => /^l\d+$/.test(n) && n !== 'l0');
+    expect(made.length).toBe(10);
+    expect(refused.length).toBe(30);
+    expect(made.length + refused.length).toBe(40);
+    for (const [m, w] of refused) {
+      expect(m).toMatch(/^app\/l\d+$/);
+      expect(w).toMatch(/^one link more than dsec cp holds in memory until the archive's files are written \(10 links, 2220 bytes\)/);
+    }
+    expect(readFileSync(join(dir, 'app/l0'), 'utf8')).toBe('file now');
+    for (const n of made) expect(readFileSync(join(dir, 'app', n), 'utf8')).toBe('f');
+  });
+
+  it('reports are tallied: the first 20 kept to be named, the rest only counted', () => {
+    const t = new Tally();
+    for (let i = 0; i < 100_000; i++) t.add(`member${i}: refused`);
+    expect(t.count).toBe(100_000);
+    expect(t.listed).toEqual(Array.from({ length: 20 }, (_, i) => `member${i}: refused`));
+  });
 
   it('resolveInside follows links as the kernel does, treats a missing directory as one that may appear, and counts at most 40 links', () => {
     mkdirSync(join(dir, 'sub/deep'), { recursive: true });

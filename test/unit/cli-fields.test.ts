@@ -32,6 +32,7 @@ describe('API field names in error messages said as flags', () => {
     fake.routes['POST /v1/sandboxes/:id/stop'] = validated(StopRequest, 'stop request', fakeSandbox());
     fake.routes['POST /v1/snapshots/:ref/fork'] = validated(ForkRequest, 'fork request', { sandboxes: [] });
     fake.routes['GET /v1/sandboxes/:id'] = (_req, res) => json(res, 200, fakeSandbox({ network: { mode: 'allow', allow: [] } }));
+    fake.routes['GET /v1/sandboxes/:id/network'] = (_req, res) => json(res, 200, { id: 'x', mode: 'allow', revision: '0123456789abcdef' });
     fake.routes['PUT /v1/sandboxes/:id/network'] = validated(NetworkSpec, 'network', {});
   });
   afterEach(async () => {

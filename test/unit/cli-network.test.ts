@@ -1,7 +1,8 @@
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { NetworkInput } from '../../sdk/index.js';
 import { fakeSandbox, json, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
-import { networkRequest, parseRule } from '../../cli/util/network.js';
+import { NETWORK_CHANGE_ATTEMPTS, networkRequest, parseRule } from '../../cli/util/network.js';
+import { networkRevision } from '../../daemon/model/network.js';
 import { formatRule, renderNetwork } from '../../cli/ui/network.js';
 import { createRequest } from '../../cli/commands/create.js';
 
@@ -91,6 +92,71 @@ describe('dsec network add / rm (against the fake dsecd)', () => {
     expect(puts()).toHaveLength(1);
     const none = await runCli(['network', 'add', ID], { socket: fake.socketPath });
     expect(none.err).toMatch(/^dsec: nothing to add/);
+  });
+
+  /**
+   * The fake with dsecd's optimistic concurrency: GET .../network answers the stored
+   * spec's revision, a PUT with a stale `if_revision` is refused with Conflict. The first
+   * `readers` reads of the sandbox wait for each other, so that many CLIs have all read
+   * the same rules before any writes: the race, every time.
+   */
+  function withRevisions(readers: number) {
+    fake.routes['GET /v1/sandboxes/:id/network'] = (_req, res) => json(res, 200, { ...view(stored), revision: networkRevision(stored) });
+    let arrived = 0;
+    let release: () => void = () => undefined;
+    const all = new Promise<void>((r) => (release = r));
+    fake.routes['GET /v1/sandboxes/:id'] = async (req, res) => {
+      const snapshot = stored;
+      if (++arrived <= readers) {
+        if (arrived === readers) release();
+        await all;
+      }
+      json(res, 200, fakeSandbox({ id: req.params.id, network: snapshot }));
+    };
+    const refused: string[] = [];
+    fake.routes['PUT /v1/sandboxes/:id/network'] = (req, res) => {
+      const want = req.query.get('if_revision');
+      if (want !== null && want !== networkRevision(stored)) {
+        refused.push(want);
+        return json(res, 409, { error: { code: 'Conflict', message: 'the network changed since it was read' } });
+      }
+      stored = req.body;
+      json(res, 200, { ...view(stored), revision: networkRevision(stored) });
+    };
+    return refused;
+  }
+
+  it('two network add racing on one sandbox both take effect: the write that read stale rules is refused (Conflict) and made again from fresh ones', async () => {
+    const refused = withRevisions(2);
+    const [a, b] = await Promise.all([
+      runCli(['network', 'add', ID, '--allow', 'a.example.org'], { socket: fake.socketPath }),
+      runCli(['network', 'add', ID, '--deny', '10.0.0.0/8'], { socket: fake.socketPath }),
+    ]);
+    expect([a.code, a.err, b.code, b.err]).toEqual([0, '', 0, '']);
+    expect(refused).toHaveLength(1);
+    expect(stored).toEqual({ mode: 'allow', policy: 'pypi', allow: [{ host: 'pypi.org', ports: [443], protocol: 'tcp' }, { host: 'a.example.org' }], deny: [{ cidr: '10.0.0.0/8' }] });
+    // Every write named the revision it was computed from.
+    expect(fake.seen.filter((s) => s.method === 'PUT').every((s) => /[?&]if_revision=[0-9a-f]{16}\b/.test(s.url))).toBe(true);
+  });
+
+  it('an add and an rm racing: the rule removed stays removed and the rule added stays added', async () => {
+    stored = { mode: 'allow', allow: [{ host: 'old.example.org' }] };
+    withRevisions(2);
+    const [a, r] = await Promise.all([
+      runCli(['network', 'add', ID, '--allow', 'new.example.org'], { socket: fake.socketPath }),
+      runCli(['network', 'rm', ID, '--allow', 'old.example.org'], { socket: fake.socketPath }),
+    ]);
+    expect([a.code, a.err, r.code, r.err]).toEqual([0, '', 0, '']);
+    expect(stored).toEqual({ mode: 'allow', allow: [{ host: 'new.example.org' }] });
+  });
+
+  it('a sandbox whose rules change under every attempt: Conflict after a bounded number of attempts, said as an error', async () => {
+    fake.routes['GET /v1/sandboxes/:id/network'] = (_req, res) => json(res, 200, { ...view(stored), revision: '0123456789abcdef' });
+    fake.routes['PUT /v1/sandboxes/:id/network'] = (_req, res) => json(res, 409, { error: { code: 'Conflict', message: 'the network of sandbox x changed since it was read' } });
+    const r = await runCli(['network', 'add', ID, '--allow', 'a.example.org'], { socket: fake.socketPath });
+    expect(r.code).not.toBe(0);
+    expect(r.err).toMatch(/changed since it was read/);
+    expect(fake.seen.filter((s) => s.method === 'PUT')).toHaveLength(NETWORK_CHANGE_ATTEMPTS);
   });
 
   it('set still replaces: the rules and the policy not given are dropped', async () => {

@@ -103,6 +103,20 @@ describe('labels, env, selectors', () => {
       expect(() => parseLabel(bad), bad).toThrow(UserError);
     }
   });
+  it('an error quotes at most 64 characters of a long label, env or selector, with its length', () => {
+    const long = `${'x'.repeat(5000)} y`;
+    const cases: [() => unknown, RegExp][] = [
+      [() => parseLabel(`job=${long}`), /^invalid label value "x{64}"\.\.\. \(5002 characters\) for job$/],
+      [() => parseLabel(`${long}=a`), /^invalid label key "x{64}"\.\.\. \(5002 characters\)$/],
+      [() => parseLabel(long), /^invalid label "x{64}"\.\.\. \(5002 characters\): expected key=value$/],
+      [() => parseEnv(`${long}=a`), /^invalid env name "x{64}"\.\.\. \(5002 characters\)$/],
+      [() => parseSelector(`${long}=a`), /^invalid key "x{64}"\.\.\. \(5002 characters\) in selector term "x{64}"\.\.\. \(5004 characters\)$/],
+    ];
+    for (const [f, want] of cases) expect(f).toThrow(want);
+    expect(() => daemonParseSelector(`a=1,${long}=b`)).toThrow(/^bad selector key "x{64}"\.\.\. \(5002 characters\) at position 4$/);
+    // Short ones are quoted whole, as before.
+    expect(() => parseLabel('a b=c')).toThrow(/^invalid label key "a b"$/);
+  });
   it('repeatable --label accumulates, never changing a record it did not make', () => {
     const first = collectLabel('job=a', undefined);
     const second = collectLabel('round=3', first);

@@ -7,7 +7,8 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { TopView } from '../../cli/ui/top.js';
 import { keysFromInk, reduceKey, type TopUiState } from '../../cli/ui/top-keys.js';
 import {
-  cpuPercent, denialCount, diskCell, hostFromStats, idleCell, matchesFilter, meter, pressure, renderTopHeader, renderTopRows, renderTopTable, stateColor, topCellColors, type TopHost,
+  cpuPercent, denialCount, diskCell, fleetHeader, fleetHosts, hostFromStats, idleCell, matchesFilter, meter, pressure, renderFleetLine, renderTopHeader, renderTopRows, renderTopTable, stateColor,
+  topCellColors, type FleetHost, type TopHost,
 } from '../../cli/ui/top-rows.js';
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
 import { Interrupts, Sink, ok, runCli, startFakeDsecd, type FakeDsecd } from '../fixtures/fake-dsecd.js';
@@ -185,6 +186,19 @@ describe('top view (Ink)', () => {
   const host: TopHost = { cores: 2, cpuPercent: 30, memoryUsedBytes: 4 * GiB, memoryTotalBytes: 24 * GiB, loadAvg: [1, 1, 1] };
   const tick = (ms = 20) => new Promise((r) => setTimeout(r, ms));
   const rowsOf = (frame: string) => frame.split('\n').filter((l) => /^[abc]{12}\s/.test(l)).map((l) => l.slice(0, 1));
+  /**
+   * Waits until the last frame satisfies `ok` (renders and samples run on timers: a busy
+   * machine delays them, never changes them); fails with the frame after 10 s.
+   */
+  async function frameWhere(app: { lastFrame(): string | undefined }, ok: (frame: string) => boolean, what: string): Promise<string> {
+    for (let i = 0; i < 1000; i++) {
+      const f = app.lastFrame() ?? '';
+      if (ok(f)) return f;
+      await tick(10);
+    }
+    throw new Error(`no frame with ${what}; the last:\n${app.lastFrame()}`);
+  }
+  const rowsAre = (want: string[]) => (f: string) => rowsOf(f).join() === want.join();
 
   /** Sample n (0, 1, ...): 2 s apart; A burns 1.5 cores, B 5% of one, C (from sample 1 on) nothing. */
   const nth = (n: number): StatsResponse => (n === 0 ? prev : sample(T0 + 2000 * n, [
@@ -207,7 +221,7 @@ describe('top view (Ink)', () => {
         rows: 30,
       }),
     );
-    for (let i = 0; i < 100 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    for (let i = 0; i < 1000 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick(10);
     return app;
   }
 
@@ -224,27 +238,19 @@ describe('top view (Ink)', () => {
   it('`m` sorts by memory, `i` by id; `/` types a filter, Enter applies, Esc clears', async () => {
     const app = await view();
     app.stdin.write('m');
-    await tick();
-    expect(rowsOf(app.lastFrame()!)).toEqual(['c', 'b', 'a']);
-    expect(app.lastFrame()).toContain('sort: mem');
+    expect(await frameWhere(app, rowsAre(['c', 'b', 'a']), 'rows by memory')).toContain('sort: mem');
     app.stdin.write('i');
-    await tick();
-    expect(rowsOf(app.lastFrame()!)).toEqual(['a', 'b', 'c']);
+    await frameWhere(app, rowsAre(['a', 'b', 'c']), 'rows by id');
     app.stdin.write('/');
-    await tick();
-    for (const ch of 'job=eval') {
-      app.stdin.write(ch);
-      await tick(5);
-    }
-    expect(app.lastFrame()).toContain('filter (k=v or text, Enter applies, Esc clears): job=eval_');
+    await frameWhere(app, (f) => f.includes('filter (k=v'), 'the filter prompt');
+    for (const ch of 'job=eval') app.stdin.write(ch);
+    await frameWhere(app, (f) => f.includes('filter (k=v or text, Enter applies, Esc clears): job=eval_'), 'the typed filter');
     app.stdin.write('\r');
-    await tick();
-    expect(rowsOf(app.lastFrame()!)).toEqual(['b']);
-    expect(app.lastFrame()).toContain('filter: job=eval');
-    expect(app.lastFrame()).toContain('1 of 3 sandboxes');
+    const f = await frameWhere(app, rowsAre(['b']), 'the filtered rows');
+    expect(f).toContain('filter: job=eval');
+    expect(f).toContain('1 of 3 sandboxes');
     app.stdin.write('\x1b');
-    await tick(60);
-    expect(rowsOf(app.lastFrame()!)).toEqual(['a', 'b', 'c']);
+    await frameWhere(app, rowsAre(['a', 'b', 'c']), 'every row after Esc');
     app.unmount();
   });
 
@@ -257,9 +263,7 @@ describe('top view (Ink)', () => {
   it('a pasted filter (one write of `/job=eval` and Enter) applies', async () => {
     const app = await view();
     app.stdin.write('/job=eval\r');
-    await tick(60);
-    expect(rowsOf(app.lastFrame()!)).toEqual(['b']);
-    expect(app.lastFrame()).toContain('filter: job=eval');
+    expect(await frameWhere(app, rowsAre(['b']), 'the filtered rows')).toContain('filter: job=eval');
     app.unmount();
   });
 
@@ -273,19 +277,18 @@ describe('top view (Ink)', () => {
         return `${id} ${op}d`;
       },
     }));
-    for (let i = 0; i < 100 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    for (let i = 0; i < 1000 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    // Keys are handled in order through the view's state ref: no wait between them.
     app.stdin.write('\x1b[B');
-    await tick();
     app.stdin.write('p');
-    for (let i = 0; i < 100 && !acts.length; i++) await tick(10);
+    for (let i = 0; i < 1000 && !acts.length; i++) await tick(10);
     expect(acts).toEqual([`pause ${B}`]);
-    for (let i = 0; i < 100 && !/bbbbbbbbbbbbbbbb paused/.test(app.lastFrame() ?? ''); i++) await tick(10);
+    for (let i = 0; i < 1000 && !/bbbbbbbbbbbbbbbb paused/.test(app.lastFrame() ?? ''); i++) await tick(10);
     expect(app.lastFrame()).toContain(`${B} paused`);
     app.stdin.write('d');
-    await tick();
-    expect(app.lastFrame()).toContain(`destroy sandbox ${B} (running), killing its processes? [y/N]`);
+    await frameWhere(app, (f) => f.includes(`destroy sandbox ${B} (running), killing its processes? [y/N]`), 'the destroy question');
     app.stdin.write('y');
-    for (let i = 0; i < 100 && acts.length < 2; i++) await tick(10);
+    for (let i = 0; i < 1000 && acts.length < 2; i++) await tick(10);
     expect(acts).toEqual([`pause ${B}`, `destroy ${B}`]);
     app.unmount();
   });
@@ -295,7 +298,7 @@ describe('top view (Ink)', () => {
     expect(rowsOf(app.lastFrame()!)).toEqual(['a']);
     app.unmount();
     const broken = render(createElement(TopView, { sample: async () => Promise.reject(new Error('dsecd is gone')), host: async () => host, intervalMs: 1000, sort: 'cpu', filter: '', keys: false }));
-    for (let i = 0; i < 50 && !/error/.test(broken.lastFrame() ?? ''); i++) await tick(10);
+    for (let i = 0; i < 1000 && !/error/.test(broken.lastFrame() ?? ''); i++) await tick(10);
     expect(broken.lastFrame()).toContain('error: dsecd is gone (retrying)');
     broken.unmount();
   });
@@ -354,5 +357,107 @@ describe('dsec top (snapshot)', () => {
     const bad = await runCli(['top', '--sort', 'disk'], { socket: fake.socketPath });
     expect(bad.code).toBe(125);
     expect(bad.err).toMatch(/^dsec: --sort: unknown sort "disk"/);
+  });
+});
+
+// A gateway's GET /v1/stats (gateway/fanout.ts mergeStats): sandboxes name their host and
+// the sample lists the hosts, each with its own host block when it answered.
+const fleetSample = (time: number, sandboxes: Array<SandboxStats & { host: string }>): StatsResponse => {
+  const hostBlock = (cores: number) => ({ cores, memory_bytes: cores * 4 * GiB, memory_available_bytes: cores * GiB, load_avg: [cores, 0, 0] });
+  const hosts: FleetHost[] = [
+    { name: 'h1', outcome: 'ok', sandboxes: sandboxes.filter((x) => x.host === 'h1').length, host: hostBlock(2) },
+    { name: 'h2', outcome: 'ok', sandboxes: sandboxes.filter((x) => x.host === 'h2').length, host: hostBlock(4) },
+    { name: 'h3', outcome: 'down', sandboxes: 0, error: { code: 'Unavailable', message: 'host h3 is down' } },
+  ];
+  return { time, host: { cores: 6, memory_bytes: 24 * GiB, memory_available_bytes: 6 * GiB, load_avg: [6, 0, 0] }, sandboxes, hosts } as StatsResponse;
+};
+const fprev = fleetSample(T0, [{ ...sb(A, { cpu_usage_ns: 1e9 }), host: 'h1' }, { ...sb(B, { cpu_usage_ns: 5e9 }), host: 'h2' }]);
+const fcur = fleetSample(T0 + 2000, [{ ...sb(A, { cpu_usage_ns: 4e9 }), host: 'h1' }, { ...sb(B, { cpu_usage_ns: 5.1e9 }), host: 'h2' }, { ...sb(C), host: 'h2' }]);
+
+describe('top against a gateway: the fleet', () => {
+  it('one host\'s sample is not a fleet; a gateway\'s names its hosts, rows carry their host, host=NAME filters', () => {
+    expect(fleetHosts(cur)).toBeNull();
+    expect(fleetHosts(fcur)?.map((h) => h.name)).toEqual(['h1', 'h2', 'h3']);
+    const rows = renderTopRows(fprev, fcur, 'id');
+    expect(rows.map((r) => [r.id.slice(0, 1), r.host])).toEqual([['a', 'h1'], ['b', 'h2'], ['c', 'h2']]);
+    expect(renderTopRows(fprev, fcur, 'id', 'host=h2').map((r) => r.id.slice(0, 1))).toEqual(['b', 'c']);
+    expect(renderTopRows(fprev, fcur, 'id', 'host=h3')).toEqual([]);
+    expect(renderTopRows(prev, cur, 'id').every((r) => r.host === null)).toBe(true);
+  });
+
+  it('the table gets a HOST column, the header the fleet\'s sums or the drilled-into host\'s own figures', () => {
+    const rows = renderTopRows(fprev, fcur, 'id');
+    const table = renderTopTable(rows, { fleet: true }).split('\n');
+    expect(table[0]).toMatch(/^ID\s+STATE\s+HOST\s+CPU%/);
+    expect(table[1]).toMatch(/^aaaaaaaaaaaa\s+running\s+h1\s+150\.0\s/);
+    expect(renderTopTable(rows).split('\n')[0]).toMatch(/^ID\s+STATE\s+CPU%/);
+    const all = fleetHeader(fcur, '');
+    expect(renderTopHeader(all.host, 3, 3, all.label)).toMatch(/^fleet: 6 cores, mem 18GiB \/ 24GiB, load 6\.00 /);
+    const h2 = fleetHeader(fcur, 'host=h2');
+    expect(renderTopHeader(h2.host, 3, 2, h2.label)).toMatch(/^host h2: 4 cores, mem 12GiB \/ 16GiB, load 4\.00 .*; 2 of 3 sandboxes$/);
+    // A host that is down has no figures of its own: the fleet's stay.
+    expect(fleetHeader(fcur, 'host=h3').label).toBe('fleet');
+    expect(renderFleetLine(fleetHosts(fcur)!, 'h2')).toBe('fleet: 3 hosts · h1 up 1 · [h2 up 2] · h3 down');
+  });
+
+  it('h drills into the selected row\'s host and h again leaves it; on one host it says why it does nothing', () => {
+    const s: TopUiState = { sort: 'id', filter: '', editing: null, selected: null, confirm: null };
+    const rows = renderTopRows(fprev, fcur, 'id');
+    const down = reduceKey(s, { name: 'down' }, rows, 10).state;
+    const drilled = reduceKey(down, { name: 'char', ch: 'h' }, rows, 10).state;
+    expect(drilled.filter).toBe('host=h2');
+    expect(drilled.selected).toBe(B);
+    expect(reduceKey(drilled, { name: 'char', ch: 'h' }, rows.filter((r) => r.host === 'h2'), 10).state.filter).toBe('');
+    const one = reduceKey(s, { name: 'char', ch: 'h' }, renderTopRows(prev, cur, 'id'), 10);
+    expect(one.state.filter).toBe('');
+    expect(one.effect).toEqual({ kind: 'notice', text: expect.stringContaining('one host') });
+  });
+
+  it('the live view shows the fleet line and HOST column, and h on a row shows only its host', async () => {
+    let n = 0;
+    const app = render(createElement(TopView, {
+      sample: async () => (n++ === 0 ? fprev : fcur),
+      host: async () => { throw new Error('a fleet sample takes its header from the sample'); },
+      intervalMs: 30, sort: 'id', filter: '', keys: true, columns: 140, rows: 30,
+    }));
+    const tick = (ms = 10) => new Promise((r) => setTimeout(r, ms));
+    for (let i = 0; i < 200 && !/150\.0/.test(app.lastFrame() ?? ''); i++) await tick();
+    let frame = app.lastFrame()!;
+    expect(frame).toContain('fleet: 3 hosts · h1 up 1 · h2 up 2 · h3 down');
+    expect(frame).toMatch(/^fleet: 6 cores/m);
+    expect(frame).toMatch(/ID\s+STATE\s+HOST\s+CPU%/);
+    expect(frame).toContain('[h]ost');
+    app.stdin.write('j');
+    await tick(30);
+    app.stdin.write('h');
+    for (let i = 0; i < 200 && !/^host h2:/m.test(app.lastFrame() ?? ''); i++) await tick();
+    frame = app.lastFrame()!;
+    expect(frame).toMatch(/^host h2: 4 cores/m);
+    expect(frame).toContain('[h2 up 2]');
+    expect(frame.split('\n').filter((l) => /^[abc]{12}\s/.test(l)).map((l) => l.slice(0, 1))).toEqual(['b', 'c']);
+    app.unmount();
+  });
+
+  it('dsec top --json through a gateway adds hosts and each row\'s host; --once on a terminal prints the fleet line', async () => {
+    const fake = await startFakeDsecd();
+    try {
+      let n = 0;
+      fake.routes['GET /v1/stats'] = (req, res) => ok(n++ % 2 === 0 ? fprev : fcur)(req, res);
+      const r = await runCli(['--json', 'top', '--interval', '100ms', '--filter', 'host=h2'], { socket: fake.socketPath });
+      expect(r.code, r.err).toBe(0);
+      const j = JSON.parse(r.out);
+      expect(j.hosts.map((h: { name: string; outcome: string }) => [h.name, h.outcome])).toEqual([['h1', 'ok'], ['h2', 'ok'], ['h3', 'down']]);
+      expect(j.host.cores).toBe(4);
+      expect(j.sandboxes.map((x: { id: string; host: string }) => [x.id.slice(0, 1), x.host])).toEqual([['b', 'h2'], ['c', 'h2']]);
+      const stdout = new Sink(true, 140, 40);
+      const t = await runCli(['top', '--once', '--interval', '100ms', '--sort', 'id'], { socket: fake.socketPath, stdout });
+      expect(t.code, t.err).toBe(0);
+      const lines = stdout.text.replace(/\x1b\[[0-9;]*m/g, '').trimEnd().split('\n');
+      expect(lines[0]).toMatch(/^fleet: 6 cores/);
+      expect(lines[1]).toBe('fleet: 3 hosts · h1 up 1 · h2 up 2 · h3 down');
+      expect(lines[2]).toMatch(/^ID\s+STATE\s+HOST\s/);
+    } finally {
+      await fake.close();
+    }
   });
 });

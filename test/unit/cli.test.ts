@@ -196,6 +196,15 @@ describe('version and host info', () => {
     }
   });
 
+  it('--json with --version or -V prints JSON, the client half of `dsec --json version`, on either side of the flag', async () => {
+    for (const args of [['--json', '--version'], ['--version', '--json'], ['--json', '-V']]) {
+      const r = await dsec(args, { socket: join(dir, 'missing.sock') });
+      expect(r.code, args.join(' ')).toBe(0);
+      expect(JSON.parse(r.out)).toEqual({ client: { version: expect.stringMatching(/^\d+\.\d+\.\d+$/) } });
+      expect(r.err).toBe('');
+    }
+  });
+
   it('version still exits 0 when the daemon is unreachable', async () => {
     const r = await dsec(['version'], { socket: join(dir, 'missing.sock') });
     expect(r.code).toBe(0);

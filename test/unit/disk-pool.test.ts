@@ -5,13 +5,13 @@
  * test/attacks/disk.test.ts.
  */
 import { describe, expect, it } from 'vitest';
-import { defaultReserveBytes, guardPool, humanBytes, quotaCap, type PoolEntry } from '../../daemon/storage/pool.js';
+import { defaultReserveBytes, fairShares, guardPool, humanBytes, quotaCap, type PoolEntry } from '../../daemon/storage/pool.js';
 import { bfqWeight, ioMaxLine, parseBlkioRw, parseIoStat, v1ThrottleLines, v1Weight } from '../../daemon/host/cgroups/io.js';
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
 
-const entry = (id: string, o: Partial<PoolEntry>): PoolEntry => ({ id, quotaBytes: 10 * GiB, usedBytes: 0, previousBytes: 0, guardLimitBytes: null, ...o });
+const entry = (id: string, o: Partial<PoolEntry>): PoolEntry => ({ id, quotaBytes: 10 * GiB, usedBytes: 0, previousBytes: 0, guardLimitBytes: null, filled: false, ...o });
 
 describe('pool admission and reserve', () => {
   it('the cap is the store size times the ratio', () => {
@@ -32,35 +32,82 @@ describe('pool admission and reserve', () => {
 });
 
 describe('pool guard', () => {
+  it('fairShares: demands below the level are met whole, the rest share what is left equally, in whole MiB', () => {
+    expect(fairShares(900 * MiB, [100 * MiB, 600 * MiB, 600 * MiB])).toEqual([100 * MiB, 400 * MiB, 400 * MiB]);
+    expect(fairShares(444 * MiB, [600 * MiB, 300 * MiB])).toEqual([222 * MiB, 222 * MiB]);
+    expect(fairShares(10 * MiB, [MiB, 2 * MiB])).toEqual([MiB, 2 * MiB]);
+    expect(fairShares(10 * MiB + 1, [9 * MiB, 9 * MiB])).toEqual([5 * MiB, 5 * MiB]);
+    expect(fairShares(0, [MiB])).toEqual([0]);
+    expect(fairShares(-5, [MiB, 0])).toEqual([0, 0]);
+    const s = fairShares(1000 * MiB + 12345, [700 * MiB, 300 * MiB, 999 * MiB, 5]);
+    expect(s.reduce((a, b) => a + b, 0)).toBeLessThanOrEqual(1000 * MiB + 12345);
+  });
+
   it('does nothing while every headroom fits above the reserve', () => {
-    expect(guardPool(30 * GiB, GiB, [entry('a', { usedBytes: GiB, previousBytes: 0 }), entry('b', {})])).toEqual([]);
+    expect(guardPool(30 * GiB, GiB, [entry('a', { usedBytes: GiB, previousBytes: 0 }), entry('b', {})])).toMatchObject({ decisions: [], tight: false });
   });
-  it('limits a writer to its use plus the room above the reserve, and leaves sandboxes that did not write alone', () => {
-    const d = guardPool(5 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: GiB }), entry('b', { usedBytes: MiB, previousBytes: MiB })]);
-    expect(d).toEqual([{ id: 'a', limitBytes: 6 * GiB, restore: false }]);
+
+  it('limits every sandbox, idle ones too, to its use plus its share of the room above the reserve, before it writes', () => {
+    // The reviewer's case: 1 GiB store, 256 MiB reserve, two 600 MiB quotas, the neighbour holds 300 MiB.
+    const c = guardPool(700 * MiB, 256 * MiB, [
+      entry('idle', { quotaBytes: 600 * MiB, usedBytes: 0, previousBytes: 0 }),
+      entry('nb', { quotaBytes: 600 * MiB, usedBytes: 300 * MiB, previousBytes: 300 * MiB }),
+    ]);
+    expect(c.decisions).toEqual([
+      { id: 'idle', limitBytes: 222 * MiB, restore: false },
+      { id: 'nb', limitBytes: 522 * MiB, restore: false },
+    ]);
+    // Whatever both write before the next check, the reserve stays free.
+    expect(c.decisions.reduce((a, d) => a + d.limitBytes, 0) - 300 * MiB).toBeLessThanOrEqual(700 * MiB - 256 * MiB);
+    expect(c.filled).toEqual([]);
   });
-  it('holds a writer at its use once the free space is inside the reserve', () => {
-    expect(guardPool(512 * MiB, GiB, [entry('a', { usedBytes: 8 * GiB, previousBytes: 7 * GiB, guardLimitBytes: 8 * GiB + 300 * MiB })]))
-      .toEqual([{ id: 'a', limitBytes: 8 * GiB, restore: false }]);
+
+  it('a sandbox that wrote up to its limit filled the store: the reserve goes to the others, none to it', () => {
+    const c = guardPool(478 * MiB, 256 * MiB, [
+      entry('w', { quotaBytes: 600 * MiB, usedBytes: 222 * MiB, previousBytes: 0, guardLimitBytes: 222 * MiB }),
+      entry('nb', { quotaBytes: 600 * MiB, usedBytes: 300 * MiB, previousBytes: 300 * MiB, guardLimitBytes: 522 * MiB }),
+    ]);
+    expect(c.filled).toEqual(['w']);
+    // The room (222 MiB) is split again: 111 MiB each; the neighbour's headroom (300 MiB)
+    // fits in its share of the room plus the reserve: its quota is back.
+    expect(c.decisions).toEqual([
+      { id: 'w', limitBytes: 333 * MiB, restore: false },
+      { id: 'nb', limitBytes: 600 * MiB, restore: true },
+    ]);
+    // Once marked, it is not reported again, and still gets none of the reserve.
+    const again = guardPool(256 * MiB, 256 * MiB, [
+      entry('w', { quotaBytes: 600 * MiB, usedBytes: 333 * MiB, previousBytes: 300 * MiB, guardLimitBytes: 333 * MiB, filled: true }),
+      entry('x', { quotaBytes: 600 * MiB, usedBytes: 0, previousBytes: 0, guardLimitBytes: 10 * MiB }),
+    ]);
+    expect(again.filled).toEqual([]);
+    expect(again.decisions).toEqual([{ id: 'x', limitBytes: 256 * MiB, restore: false }]);
   });
-  it('moves a guard limit only by at least 1 MiB while there is room, and never up (statfs lags behind the page cache)', () => {
-    expect(guardPool(5 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: GiB, guardLimitBytes: 6 * GiB + 1000 })])).toEqual([]);
-    expect(guardPool(5 * GiB, GiB, [entry('a', { usedBytes: 3 * GiB, previousBytes: 2 * GiB, guardLimitBytes: 6 * GiB })])).toEqual([]);
+
+  it('an idle sandbox at a tiny limit did not fill the store: filling needs a write since the last check', () => {
+    const c = guardPool(100 * MiB, 256 * MiB, [entry('a', { quotaBytes: 600 * MiB, usedBytes: 5 * MiB, previousBytes: 5 * MiB, guardLimitBytes: 5 * MiB })]);
+    expect(c.filled).toEqual([]);
+    // The free space is inside the reserve: it is shared among those that did not fill.
+    expect(c.decisions).toEqual([{ id: 'a', limitBytes: 105 * MiB, restore: false }]);
+    expect(guardPool(100 * MiB, 256 * MiB, [entry('a', { quotaBytes: 600 * MiB, usedBytes: 5 * MiB, previousBytes: null, guardLimitBytes: 5 * MiB })]).filled).toEqual([]);
   });
-  it('does not take a sandbox as a writer on the first check (no previous use)', () => {
-    expect(guardPool(2 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: null })])).toEqual([]);
+
+  it('lowers a limit by any amount, raises it only by at least 1 MiB', () => {
+    const base = { quotaBytes: 10 * GiB, usedBytes: 2 * GiB, previousBytes: 2 * GiB };
+    // One sandbox, 4 GiB of room: its share is 4 GiB, limit 6 GiB.
+    expect(guardPool(5 * GiB, GiB, [entry('a', { ...base, guardLimitBytes: 6 * GiB + 1000 })]).decisions).toEqual([{ id: 'a', limitBytes: 6 * GiB, restore: false }]);
+    expect(guardPool(5 * GiB, GiB, [entry('a', { ...base, guardLimitBytes: 6 * GiB - 1000 })]).decisions).toEqual([]);
+    expect(guardPool(5 * GiB, GiB, [entry('a', { ...base, guardLimitBytes: 6 * GiB - MiB })]).decisions).toEqual([{ id: 'a', limitBytes: 6 * GiB, restore: false }]);
   });
-  it('restores the quota once the whole headroom fits above the reserve again', () => {
-    expect(guardPool(20 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: 2 * GiB, guardLimitBytes: 2 * GiB })]))
-      .toEqual([{ id: 'a', limitBytes: 10 * GiB, restore: true }]);
-    // Still writing: keeps its limit, whatever statfs says.
-    expect(guardPool(20 * GiB, GiB, [entry('a', { usedBytes: 3 * GiB, previousBytes: 2 * GiB, guardLimitBytes: 3 * GiB })])).toEqual([]);
+
+  it('restores every quota once all headrooms fit above the reserve; a reserve of 0 turns the guard off', () => {
+    const c = guardPool(20 * GiB, GiB, [entry('a', { usedBytes: 2 * GiB, previousBytes: GiB, guardLimitBytes: 2 * GiB, filled: true }), entry('b', { usedBytes: 0 })]);
+    expect(c).toMatchObject({ tight: false, decisions: [{ id: 'a', limitBytes: 10 * GiB, restore: true }] });
+    expect(guardPool(MiB, 0, [entry('a', { usedBytes: 2 * GiB, guardLimitBytes: 2 * GiB })]).decisions).toEqual([{ id: 'a', limitBytes: 10 * GiB, restore: true }]);
   });
-  it('a writer whose headroom is just over the room gets a limit just under its quota; a guarded sandbox whose headroom fits is restored', () => {
-    expect(guardPool(10 * GiB + MiB, GiB, [entry('a', { quotaBytes: 10 * GiB, usedBytes: MiB, previousBytes: 0 })]))
-      .toEqual([{ id: 'a', limitBytes: 9 * GiB + 2 * MiB, restore: false }]);
-    expect(guardPool(9 * GiB, GiB, [entry('a', { quotaBytes: 4 * GiB, usedBytes: 3 * GiB, previousBytes: 3 * GiB, guardLimitBytes: 3 * GiB })]))
-      .toEqual([{ id: 'a', limitBytes: 4 * GiB, restore: true }]);
+
+  it('a sandbox whose headroom is below its share keeps its quota', () => {
+    const c = guardPool(3 * GiB, GiB, [entry('small', { quotaBytes: GiB, usedBytes: 512 * MiB }), entry('big', { quotaBytes: 10 * GiB, usedBytes: 0 })]);
+    expect(c.decisions).toEqual([{ id: 'big', limitBytes: 1536 * MiB, restore: false }]);
   });
 });
 

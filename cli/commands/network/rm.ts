@@ -5,13 +5,14 @@
  * sandbox does not have is an error and nothing changes (a policy's rules are not its
  * own: `dsec network set` replaces the policy).
  *
- * Read, change, write back whole, as `dsec network add` (see there for the race).
+ * Read, change, write back whole only if nothing changed in between, as `dsec network
+ * add` (cli/util/network.ts changeNetwork).
  */
 import type { Command } from 'commander';
 import { renderNetwork } from '../../ui/network.js';
 import type { Ctx } from '../../util/context.js';
 import { UserError } from '../../util/errors.js';
-import { addRuleOptions, removeRules, type NetworkFlags } from '../../util/network.js';
+import { addRuleOptions, changeNetwork, removeRules, type NetworkFlags } from '../../util/network.js';
 import { writeJson } from '../../util/output.js';
 
 /** Adds `rm` to the `network` command `parent`. */
@@ -24,13 +25,13 @@ export function register(parent: Command, ctx: Ctx): Command {
     .addHelpText('after', '\nExample:\n  dsec network rm ID --allow pypi.org:443/tcp')
     .action(async (id: string, f: Pick<NetworkFlags, 'allow' | 'deny'>) => {
       if (!f.allow && !f.deny) throw new UserError('nothing to remove', 'give --allow RULE or --deny RULE (repeatable), as `dsec network show ID` lists them');
-      const client = ctx.client();
-      const spec = (await client.getSandbox(id)).network ?? {};
-      const rules = removeRules({ allow: spec.allow ?? [], deny: spec.deny ?? [] }, f);
-      const n = await client.setNetwork(id, {
-        ...spec,
-        ...(rules.allow.length ? { allow: rules.allow } : { allow: undefined }),
-        ...(rules.deny.length ? { deny: rules.deny } : { deny: undefined }),
+      const n = await changeNetwork(ctx.client(), id, (spec) => {
+        const rules = removeRules({ allow: spec.allow ?? [], deny: spec.deny ?? [] }, f);
+        return {
+          ...spec,
+          ...(rules.allow.length ? { allow: rules.allow } : { allow: undefined }),
+          ...(rules.deny.length ? { deny: rules.deny } : { deny: undefined }),
+        };
       });
       if (ctx.json) writeJson(ctx.io.stdout, n);
       else ctx.out(renderNetwork(n, { color: ctx.color }));

@@ -1,12 +1,14 @@
 /**
  * Sandbox networks and network policies:
  *   GET  /v1/sandboxes/{id}/network      the settled network, address, resolved hosts, denial counters
- *   PUT  /v1/sandboxes/{id}/network      change it (takes effect at once on a running sandbox)
+ *   PUT  /v1/sandboxes/{id}/network      change it (takes effect at once on a running sandbox);
+ *                                        ?if_revision=R: only if nobody changed it since revision R
  *   GET  /v1/network/policies            the loaded policy files
  *   POST /v1/network/policies/reload     reload them (all or nothing; as SIGHUP does)
  */
 import type { FastifyInstance } from 'fastify';
-import { NetworkPolicyList, NetworkSpec, PolicyReloadResult, SandboxNetwork } from '../schema.js';
+import { NetworkPolicyList, NetworkPutQuery, NetworkSpec, PolicyReloadResult, SandboxNetwork } from '../schema.js';
+import { networkRevision } from '../../model/network.js';
 import { parseWith } from '../parse.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { PolicySet } from '../../security/egress-policy.js';
@@ -21,7 +23,7 @@ const getRoute = route({
 });
 const putRoute = route({
   method: 'PUT', url: '/v1/sandboxes/:id/network', summary: 'Change the network of a sandbox (allow <-> open, rules, policy); a running sandbox gets it at once. none <-> allow/open is refused.',
-  body: NetworkSpec, status: 200, response: SandboxNetwork, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'],
+  query: NetworkPutQuery, body: NetworkSpec, status: 200, response: SandboxNetwork, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'Conflict'],
 });
 const policiesRoute = route({ method: 'GET', url: '/v1/network/policies', summary: 'The loaded network policies (shipped examples and the operator\'s policy_dir).', status: 200, response: NetworkPolicyList, errors: [] });
 const reloadRoute = route({
@@ -52,13 +54,14 @@ export function registerNetworkRoutes(app: FastifyInstance, deps: NetworkRouteDe
   };
   const view = (id: string) => {
     const sb = deps.lifecycle.get(id);
-    return { id: sb.id, ...net().networking.view(sb) };
+    return { id: sb.id, ...net().networking.view(sb), revision: networkRevision(sb.network) };
   };
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => view(req.params.id));
   app.put<{ Params: { id: string } }>(putRoute.url, async (req) => {
+    const q = parseWith(NetworkPutQuery, req.query, 'query');
     const body = parseWith(NetworkSpec, req.body, 'network');
     net();
-    await deps.lifecycle.setNetwork(req.params.id, body);
+    await deps.lifecycle.setNetwork(req.params.id, body, { ifRevision: q.if_revision });
     return view(req.params.id);
   });
   app.get(policiesRoute.url, async () => ({

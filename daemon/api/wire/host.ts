@@ -65,7 +65,8 @@ export const HostInfo = z.object({
       quota_cap_bytes: z.number().int().describe('What admission lets the quotas of sandboxes (warm-pool shells excepted) sum to: size_bytes x disk_overcommit.'),
       disk_overcommit: z.number().describe('[admission] disk_overcommit.'),
       reserve_bytes: z.number().int().describe('Free space kept for sandboxes that are not filling the store ([storage] reserve_bytes; 0: no pool guard).'),
-      guarded: z.number().int().describe('Sandboxes the pool guard now holds below their quota because the store is nearly full (their events: sandbox.disk_pool_full).'),
+      guarded: z.number().int().describe('Sandboxes that wrote all of their share of the nearly full store and are held there, below their quota, until it has room again (their events: sandbox.disk_pool_full).'),
+      capped: z.number().int().describe('Sandboxes whose kernel limit the pool guard has set below their quota, to their use plus their share of the free space, because the room above the reserve is less than the headrooms together (the guarded ones included; an idle sandbox is capped too, before it writes).'),
     }).nullable().optional().describe('The store as a shared pool: use against the sum of quotas; null where the store enforces no quota.'),
     device: z.string().nullable().optional().describe('The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem).'),
   }).optional().describe('The writable-layer store.'),
@@ -96,7 +97,7 @@ export const HostInfo = z.object({
 /** One line of GET /v1/events (NDJSON). */
 export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
-  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store filled while the sandbox was writing: its writes fail with EDQUOT until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished.'),
+  type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store is nearly full and the sandbox wrote all of its share of it: its writes fail with EDQUOT below its quota until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished.'),
   sandbox_id: z.string().nullable(),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),

@@ -44,7 +44,14 @@ export const SandboxNetwork = z.object({
   hosts: z.record(z.string(), z.array(z.string())).describe('Addresses dsecd resolved for each exact host rule (refreshed on the DNS TTL, clamped).'),
   learned: z.number().int().describe('Addresses allowed because the resolver answered them for an allow host rule (wildcards included).'),
   denied: NetworkDenials,
+  revision: z.string().describe("Revision of the sandbox's own network spec (16 hex digits, the same for the same spec): give it as PUT's `if_revision` to change the spec only if nobody changed it since."),
 });
+
+/** PUT /v1/sandboxes/{id}/network query. */
+export const NetworkPutQuery = z.object({
+  if_revision: z.string().regex(/^[0-9a-f]{16}$/, 'if_revision is 16 hex digits, as GET .../network answers it').optional()
+    .describe("Change the network only if its revision is still this one (from GET or PUT .../network), else Conflict: a read-change-write (dsec network add/rm) never overwrites another change."),
+}).strict();
 
 /** One loaded network policy (GET /v1/network/policies). */
 export const NetworkPolicyView = z.object({

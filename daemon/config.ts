@@ -18,6 +18,7 @@ import { MIN_STORE_BYTES, type StorageConfig } from './storage/writable-layers.j
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
 import { FilesystemOptionsSchema } from './security/filesystem.js';
 import { CERT_ROLES, type CertRole } from '../pki/roles.js';
+import { MemorySchema, resolveHostReclaim, type HostReclaimConfig } from './host/memory/config.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
 import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './model/resources.js';
 import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from './model/filesystem.js';
@@ -83,6 +84,7 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    memory: MemorySchema.optional(),
     exec: z.object({ max_output_bytes: z.number().int().min(1024).optional() }).strict().optional(),
     metrics: z.object({ address: z.string().optional() }).strict().optional(),
     remote: z
@@ -468,6 +470,8 @@ export interface DaemonConfig {
   security: { seccompProfile: string };
   /** The microvm tier (`[vm]`): guest kernel, QEMU, accelerator, timeouts, disk size ({@link VmConfig}). */
   vm: VmConfig;
+  /** Proactive reclaim of idle container sandboxes by the host (`[memory]`, `--reclaim`; daemon/host/memory/config.ts). */
+  memory: HostReclaimConfig;
   /** Fleet membership (`[fleet]`, `--etcd`; daemon/fleet/): null without etcd endpoints, and dsecd is a host of its own. */
   fleet: FleetConfig | null;
 }
@@ -518,6 +522,8 @@ export interface ConfigSources extends FleetSources {
   tlsCa?: string;
   /** `--tls-peer-roles ROLE,...`. */
   peerRoles?: string;
+  /** `--reclaim off|idle|aggressive` (wins over `[memory] reclaim`). */
+  reclaim?: string;
   env?: NodeJS.ProcessEnv;
 }
 
@@ -573,6 +579,12 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     if (isDsecError(e) && !src.etcd && fc.fleet?.etcd) throw invalidArgument(`config ${file}: fleet: ${e.message}`);
     throw e;
   }
+  let memory: HostReclaimConfig;
+  try {
+    memory = resolveHostReclaim(fc.memory, src.reclaim);
+  } catch (e) {
+    throw invalidArgument((e as Error).message);
+  }
   let remoteCfg = remote;
   if (fleet) [fleet, remoteCfg] = fleetHost(fleet, remote);
   return Object.freeze({
@@ -580,6 +592,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     remote: remoteCfg,
     root,
     socket,
+    memory,
     instance: fc.instance ?? instanceNameFor(root),
     logLevel: env.DSEC_LOG_LEVEL ?? fc.log_level ?? 'info',
     runtime: { name: fc.runtime?.name ?? 'auto', path: fc.runtime?.path ?? null },

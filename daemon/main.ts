@@ -3,7 +3,7 @@
  *
  *   dsecd [--root DIR] [--socket PATH] [--config FILE] [--listen ADDR:PORT [--tls-cert FILE --tls-key FILE] [--tls-ca FILE]]
  *         [--etcd URL[,URL...] --advertise URL [--host-name NAME] [--host-label K=V]...]
- *         [--etcd URL[,URL...] --advertise URL [--host-name NAME] [--host-label K=V]...]
+ *         [--reclaim off|idle|aggressive]
  *
  * {@link startDaemon} runs named start phases, in order: the seccomp profile and the
  * state directories, then {@link openHost} (instance registration, the sandbox-files
@@ -12,7 +12,8 @@
  * touched), {@link startDrivers} (layer mounts, networking, the seccomp monitor, one
  * driver per tier), the lifecycle services (daemon/startup/services.ts),
  * {@link reconcileHost} (adopt live sandboxes, undo half-done work, remove orphans),
- * {@link startPools} (fncall workers, warm pools) and {@link serveApi} (the API socket,
+ * {@link startPools} (fncall workers, warm pools) and {@link serveApi} (the host's reclaim
+ * of idle sandboxes, daemon/startup/reclaim.ts, then the API socket,
  * then the TCP door when `--listen` is set, then the fleet registration with `--etcd`,
  * daemon/fleet/). SIGTERM/SIGINT
  * close the API and exit; sandboxes keep running (systemd's KillMode=process) and are
@@ -69,6 +70,8 @@ import { agentBinaryPath, checkCgroupParents, checkRootLength, claimSocket, prep
 import { hostInfo } from './api/host-info.js';
 import { loadPolicies, reloadPolicies } from './startup/policies.js';
 import { buildServices, type Services } from './startup/services.js';
+import { startHostReclaim } from './startup/reclaim.js';
+import { DamonController } from './host/memory/damon.js';
 import { AuditLog } from './remote/audit.js';
 import { unixDoor } from './remote/door.js';
 import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
@@ -294,6 +297,8 @@ async function purge(config: DaemonConfig, log: Logger, h: HostParts, st: Stores
   await d.layers.reconcile(new Map());
   await st.storage.purge();
   await h.cgroups.removeInstance();
+  // A kdamond this instance created (its record in the root) goes too; any other is left alone.
+  await new DamonController({ root: config.memory.damonSysfs, ownerFile: path.join(config.root, 'damon-owner.json') }).release();
   await st.images.syncLeases([]);
   await d.network.purge();
   await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
@@ -450,7 +455,8 @@ async function serveApi(r: Running): Promise<Daemon> {
   const { config, log, h, st, d, svc, fncall, warm } = r;
   const { repo } = st;
   const transfers = new TransferMeter();
-  const metrics = new Metrics(() => repo.countByState(), () => svc.sessions.countByState(), () => warm.stats(), transfers);
+  const reclaim = await startHostReclaim(config, h.cgroups, repo, svc.activity, log);
+  const metrics = new Metrics(() => repo.countByState(), () => svc.sessions.countByState(), () => warm.stats(), transfers, () => reclaim.status());
   const metricsServer = config.metricsAddress ? await metrics.listen(config.metricsAddress) : null;
   const reaper = new Reaper(repo, svc, log.child({ component: 'reaper' }), config.retention, undefined, r.trajectories);
   await reaper.sweep();
@@ -467,6 +473,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     log,
     failpoints: r.fp,
     metrics,
+    reclaim,
     transfers,
     trajectories: r.trajectories,
     fncall,
@@ -485,7 +492,7 @@ async function serveApi(r: Running): Promise<Daemon> {
       hostInfo: () => hostInfo({
         config, cgroups: h.cgroups, runtime: h.runtimeInfo, backends: svc.backends, container: d.container, microvm: d.microvm, repo, fncall, warm,
         criu: r.criu, schedIdle: d.schedIdle, coreSched: d.coreSched, network: d.network, storage: st.storage, disks: svc.disks,
-        seccompMonitor: d.seccompMonitor, builder: st.builder, fleet: () => fleet?.status() ?? null,
+        seccompMonitor: d.seccompMonitor, builder: st.builder, fleet: () => fleet?.status() ?? null, reclaim: () => reclaim.status(), reclaimConfig: config.memory,
       }),
     },
   };
@@ -564,6 +571,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     async close() {
       await fleet?.stop();
       reaper.stop();
+      await reclaim.stop();
       metricsServer?.close();
       // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.
       await sfApp?.close();
@@ -610,6 +618,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--tls-key <file>', 'private key of --tls-cert, PEM')
     .option('--tls-ca <file>', 'require client certificates signed by this CA, PEM (mutual TLS; a fleet CA of `dsec fleet ca`)')
     .option('--tls-peer-roles <roles>', 'roles a client certificate may name with --tls-ca, comma-separated (default client,gateway)')
+    .option('--reclaim <mode>', 'reclaim idle container sandboxes\' memory: off (default), idle or aggressive ([memory] reclaim; see docs/OPERATIONS.md)')
     .option('--purge', 'destroy every sandbox of this instance, unmount its layers and writable-layer store (deleting the store image), remove its cgroups, and exit')
     .version(DSEC_VERSION)
     .exitOverride();
@@ -619,7 +628,7 @@ export async function main(argv: string[]): Promise<number> {
     const code = (e as { exitCode?: number }).exitCode ?? 2;
     return code === 0 ? 0 : 2;
   }
-  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string;
+  const opts = program.opts<{ root?: string; socket?: string; config?: string; purge?: boolean; reclaim?: string; listen?: string; tlsCert?: string; tlsKey?: string; tlsCa?: string; tlsPeerRoles?: string;
     etcd?: string; etcdCert?: string; etcdKey?: string; etcdCa?: string; etcdPrefix?: string; advertise?: string; hostName?: string; hostLabel?: string[] }>();
   let config: DaemonConfig;
   try {

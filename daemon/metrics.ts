@@ -21,11 +21,18 @@
  *   the port does not accept);
  * - `dsec_auth_denied_total{role}`: authenticated requests refused because the token's
  *   role may not make them (403);
+ * - `dsec_reclaimed_bytes_total{method}`: bytes the host's reclaim of idle container
+ *   sandboxes took back since dsecd started (daemon/host/memory/host-reclaim.ts; method
+ *   `damon`, `memory.reclaim` or `memory.force_empty`), and
+ *   `dsec_sandbox_reclaimed_bytes{sandbox}` the same per live sandbox;
+ *   `dsec_idle_sandboxes`: container sandboxes idle past `[memory] idle_after_s` at the
+ *   last sweep (read at scrape time);
  * - the default process metrics (RSS, CPU, event loop lag, ...), prefixed `dsec_`.
  */
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { invalidArgument } from './errors.js';
+import type { HostReclaimStatus } from './host/memory/host-reclaim.js';
 
 /** Latency buckets in seconds: 1 ms .. 10 s, dense where the targets are (2 ms exec, 30 ms create). */
 const BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10];
@@ -44,10 +51,12 @@ export class Metrics {
    * @param warmPools called at scrape time: the warm pools' counters (daemon/sandbox/warm-pool.ts WarmPoolStats).
    * @param transfers what file transfers hold in dsecd's buffers now and at most, bytes
    *   (daemon/api/transfer.ts TransferMeter, which the files routes account into).
+   * @param reclaim called at scrape time: the host's reclaim status (HostReclaim.status).
    */
   constructor(sandboxesByState: () => Record<string, number>, execSessions: () => Record<string, number>,
     warmPools: () => Array<{ image: string; network: string; ready: number; filling: number; claimed: number; misses: number }> = () => [],
-    transfers: { readonly bufferedBytes: number; readonly peakBytes: number } = { bufferedBytes: 0, peakBytes: 0 }) {
+    transfers: { readonly bufferedBytes: number; readonly peakBytes: number } = { bufferedBytes: 0, peakBytes: 0 },
+    reclaim: () => Pick<HostReclaimStatus, 'method' | 'reclaimedBytes' | 'bySandbox' | 'idleSandboxes'> = () => ({ method: 'none', reclaimedBytes: 0, bySandbox: new Map(), idleSandboxes: 0 })) {
     const states = ['creating', 'running', 'paused', 'stopped', 'failed'];
     new Gauge({
       name: 'dsec_sandboxes', help: 'Sandboxes by state.', labelNames: ['state'], registers: [this.registry],
@@ -95,6 +104,28 @@ export class Metrics {
       name: 'dsec_file_transfer_buffered_bytes_peak', help: 'The most bytes one file transfer has held in dsecd\'s buffers at once since dsecd started.', registers: [this.registry],
       collect() {
         this.set(transfers.peakBytes);
+      },
+    });
+    // Counters kept by the reclaim; gauges read at scrape time (monotonic while dsecd runs).
+    new Gauge({
+      name: 'dsec_reclaimed_bytes_total', help: 'Bytes the host\'s reclaim took back from idle container sandboxes since dsecd started, by method.', labelNames: ['method'], registers: [this.registry],
+      collect() {
+        const r = reclaim();
+        this.reset();
+        this.set({ method: r.method }, r.reclaimedBytes);
+      },
+    });
+    new Gauge({
+      name: 'dsec_sandbox_reclaimed_bytes', help: 'Bytes the host\'s reclaim took back from one live container sandbox since dsecd started.', labelNames: ['sandbox'], registers: [this.registry],
+      collect() {
+        this.reset();
+        for (const [id, b] of reclaim().bySandbox) this.set({ sandbox: id }, b);
+      },
+    });
+    new Gauge({
+      name: 'dsec_idle_sandboxes', help: 'Container sandboxes idle past [memory] idle_after_s at the last reclaim sweep.', registers: [this.registry],
+      collect() {
+        this.set(reclaim().idleSandboxes);
       },
     });
     collectDefaultMetrics({ register: this.registry, prefix: 'dsec_' });

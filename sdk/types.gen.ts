@@ -499,6 +499,35 @@ export interface components {
                 /** @description The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem). */
                 device?: string | null;
             };
+            /** @description Proactive reclaim of idle container sandboxes by the host ([memory]; daemon/host/memory/). microVMs reclaim inside their guests ([vm.reclaim]). */
+            memory_reclaim?: {
+                /**
+                 * @description [memory] reclaim or dsecd --reclaim: off (default), idle, aggressive.
+                 * @enum {string}
+                 */
+                mode: "off" | "idle" | "aggressive";
+                /**
+                 * @description How idle container sandboxes are reclaimed here: a kdamond dsecd owns (paddr, memcg filters), cgroup v2 memory.reclaim, cgroup v1 memory.force_empty, or not at all.
+                 * @enum {string}
+                 */
+                method: "damon" | "memory.reclaim" | "memory.force_empty" | "none";
+                /** @description Why this method on this host. */
+                reason: string;
+                damon: {
+                    /** @description dsecd owns a kdamond and reclaims with it. */
+                    owned: boolean;
+                    /** @description What dsecd found of DAMON: no sysfs, a kdamond it did not create (described), or its own. */
+                    reason: string;
+                };
+                /** @description A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU at most idle_cpu_permil. */
+                idle_after_s: number;
+                /** @description CPU threshold of idle (at most this), per mille of one core averaged over a sweep. */
+                idle_cpu_permil: number;
+                /** @description Container sandboxes idle past idle_after_s at the last sweep. */
+                idle_sandboxes: number;
+                /** @description Bytes reclaimed from idle container sandboxes since dsecd started (DAMON: bytes its schemes paged out; memory cgroups: usage before minus after). */
+                reclaimed_bytes: number;
+            };
             /** @description Fleet membership (dsecd --etcd; daemon/fleet/); null: no fleet configured. */
             fleet?: {
                 /**
@@ -983,6 +1012,10 @@ export interface components {
             disk_used_bytes: number | null;
             /** @description The writable layer's quota as the filesystem holds it, bytes; null: none. */
             disk_limit_bytes: number | null;
+            /** @description Container sandboxes, while the host's reclaim runs ([memory] reclaim): idle since (no exec, CPU at most idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off). */
+            idle_since?: number | null;
+            /** @description Bytes the host's reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim). */
+            reclaimed_bytes?: number;
         };
         SeccompProfileInfo: {
             /** @description The profile data file ([security] seccomp_profile). */

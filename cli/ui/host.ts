@@ -47,6 +47,11 @@ export function renderHostInfo(h: HostInfo, opts: RenderHostOptions = {}): strin
         + `reserve ${formatBytes(p.reserve_bytes)}${p.capped ? `; store nearly full: ${p.capped} sandbox(es) limited to their share of the free space` : ''}${p.guarded ? `, ${p.guarded} of them held after writing all of it` : ''}`]);
     }
   }
+  if (h.memory_reclaim) {
+    const r = h.memory_reclaim;
+    facts.push(['reclaim', `${r.mode} via ${r.method}: ${r.idle_sandboxes} idle sandbox(es) (idle after ${r.idle_after_s} s, CPU at most ${r.idle_cpu_permil}‰ of a core), ${formatBytes(r.reclaimed_bytes)} reclaimed since start; ${r.reason}`]);
+    facts.push(['damon', `${r.damon.owned ? 'owned by dsecd' : 'not owned'}: ${r.damon.reason}`]);
+  }
   const width = Math.max(...facts.map(([k]) => k.length));
   let out = facts.map(([k, v]) => `${k.padEnd(width)}  ${v}`).join('\n') + '\n';
 

@@ -26,7 +26,7 @@ export type TopSort = (typeof TOP_SORTS)[number];
 export const SHORT_ID = 12;
 
 /** Column headers of the `top` table, in order (one host's sample; a fleet's adds HOST, {@link topColumns}). */
-export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'AGE', 'LABELS'] as const;
+export const TOP_COLUMNS = ['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'IDLE/RECL', 'AGE', 'LABELS'] as const;
 
 /** Column headers for a sample of one host (`fleet` false) or of a fleet (HOST after STATE). */
 export function topColumns(fleet: boolean): readonly string[] {
@@ -108,6 +108,10 @@ export interface TopRow {
    * socket, DNS) + forks refused at the pids limit; null when none of them is counted.
    */
   denials: number | null;
+  /** ms the sandbox has been idle at the sample's time (host reclaim's view: no exec, CPU under its threshold); null: busy or not judged. */
+  idleMs: number | null;
+  /** Bytes the host's reclaim took back from it since dsecd started; null when dsecd does not say. */
+  reclaimedBytes: number | null;
   /** ms since the sandbox was created, at the sample's time. */
   ageMs: number;
   /** CPU limit, cores; null when dsecd did not say (an older dsecd). */
@@ -180,6 +184,8 @@ export function renderTopRows(prev: StatsResponse | undefined, cur: StatsRespons
       diskLimitBytes: s.disk_limit_bytes ?? null,
       oomKills: s.oom_kills,
       denials: denialCount(s),
+      idleMs: s.idle_since === null || s.idle_since === undefined ? null : Math.max(0, cur.time - s.idle_since),
+      reclaimedBytes: s.reclaimed_bytes ?? null,
       ageMs: Math.max(0, cur.time - s.created_at),
       cpuLimit: typeof s.cpus === 'number' && s.cpus > 0 ? s.cpus : null,
     });
@@ -202,6 +208,12 @@ export function diskCell(r: Pick<TopRow, 'diskUsedBytes' | 'diskLimitBytes'>): s
   return r.diskLimitBytes === null ? formatBytes(r.diskUsedBytes) : `${formatBytes(r.diskUsedBytes)}/${formatBytes(r.diskLimitBytes)}`;
 }
 
+/** The IDLE/RECL cell: how long idle / bytes the host's reclaim took (`5m/40MiB`), `-` for an unknown part, `-` alone when both are. */
+export function idleCell(r: Pick<TopRow, 'idleMs' | 'reclaimedBytes'>): string {
+  if (r.idleMs === null && !r.reclaimedBytes) return '-';
+  return `${r.idleMs === null ? '-' : formatAge(r.idleMs)}/${r.reclaimedBytes === null ? '-' : formatBytes(r.reclaimedBytes)}`;
+}
+
 /** A row's cells, in {@link topColumns} order (HOST only when `fleet`). */
 export function topCells(r: TopRow, fleet = false): string[] {
   const opt = (n: number | null, f: (n: number) => string) => (n === null ? '-' : f(n));
@@ -216,6 +228,7 @@ export function topCells(r: TopRow, fleet = false): string[] {
     diskCell(r),
     opt(r.oomKills, String),
     opt(r.denials, String),
+    idleCell(r),
     formatAge(r.ageMs),
     formatLabels(r.labels),
   ];
@@ -274,6 +287,8 @@ export function topRowJson(r: TopRow): Record<string, unknown> {
     pids: r.pids,
     disk_used_bytes: r.diskUsedBytes,
     disk_limit_bytes: r.diskLimitBytes,
+    idle_ms: r.idleMs,
+    reclaimed_bytes: r.reclaimedBytes,
     age_ms: r.ageMs,
   };
 }
@@ -339,6 +354,7 @@ export function topCellColors(r: TopRow, fleet = false): (TopColor | undefined)[
     pressureColor(p.disk),
     r.oomKills ? 'red' : undefined,
     r.denials ? 'yellow' : undefined,
+    undefined,
     undefined,
     undefined,
   ];

@@ -14,6 +14,8 @@ import { BUILDER_SLOT_IDS, type Builder } from '../host/builder.js';
 import type { ContainerDriver } from '../drivers/container/driver.js';
 import type { MicrovmDriver } from '../drivers/microvm/driver.js';
 import type { FncallPools } from '../fncall/pool.js';
+import type { HostReclaimConfig } from '../host/memory/config.js';
+import type { HostReclaimStatus } from '../host/memory/host-reclaim.js';
 import type { SandboxNetworking } from '../net/network.js';
 import { overlayLayerNaming } from '../image/rootfs.js';
 import { monitorPid, type SeccompMonitor } from '../security/seccomp-monitor.js';
@@ -49,6 +51,9 @@ export interface HostInfoSources {
   builder: Builder | undefined;
   /** Fleet membership (daemon/fleet/): its status, or null when no fleet is configured. */
   fleet: () => z.infer<typeof HostInfo>['fleet'];
+  /** The host's reclaim of idle container sandboxes (HostReclaim.status), and its settings. */
+  reclaim?: () => HostReclaimStatus;
+  reclaimConfig?: Pick<HostReclaimConfig, 'idleAfterMs' | 'idleCpuPermil'>;
 }
 
 /**
@@ -161,5 +166,9 @@ export async function hostInfo(s: HostInfoSources): Promise<z.infer<typeof HostI
     },
     storage: { ...storage.info(), pool: s.disks.poolInfo(), device: ((d) => (d ? `${d.major}:${d.minor}` : null))(storage.blockDevice()) },
     fleet: s.fleet() ?? null,
+    ...(s.reclaim && s.reclaimConfig ? { memory_reclaim: ((r, c) => ({
+      mode: r.mode, method: r.method, reason: r.reason, damon: r.damon,
+      idle_after_s: c.idleAfterMs / 1000, idle_cpu_permil: c.idleCpuPermil, idle_sandboxes: r.idleSandboxes, reclaimed_bytes: r.reclaimedBytes,
+    }))(s.reclaim(), s.reclaimConfig) } : {}),
   };
 }

@@ -160,6 +160,16 @@ export class SandboxRepo {
       .all() as { id: string; backend: Backend; createdAt: number; memoryBytes: number; pids: number }[];
   }
 
+  /**
+   * Running and paused sandboxes with no transition under way (desired state null), by id,
+   * backend and state: the candidates of host reclaim (daemon/host/memory/), read every few
+   * seconds without decoding whole rows.
+   */
+  settledLive(): { id: string; backend: Backend; state: 'running' | 'paused' }[] {
+    return this.stmt(`SELECT id, backend, state FROM sandboxes WHERE state IN ('running', 'paused') AND desired IS NULL`)
+      .all() as { id: string; backend: Backend; state: 'running' | 'paused' }[];
+  }
+
   /** Number of ranges in the pool. */
   get poolRanges(): number {
     return Math.floor(this.pool.size / this.pool.rangeSize);

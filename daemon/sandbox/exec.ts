@@ -19,6 +19,7 @@ import type { CommandInput, ExecInput, ExecResult, StartExecInput } from '../mod
 import { LIMITS } from '../model/resources.js';
 import type { SandboxRecord } from '../model/sandbox.js';
 import { assertRunning } from '../model/state.js';
+import type { ExecActivity } from './activity.js';
 import type { Backends } from './backends.js';
 import type { ExecRegistry, ExecSession } from './exec-sessions.js';
 import type { Failpoints } from './failpoints.js';
@@ -42,6 +43,8 @@ export interface ExecDeps {
   /** Tells a dead init from a lost connection (an exec that lost its agent). */
   liveness: Pick<LivenessWatch, 'markDead'>;
   failpoints: Failpoints;
+  /** Where execs are recorded as they start and end (the idle policy of host reclaim reads it); absent: not recorded. */
+  activity?: ExecActivity;
 }
 
 /** A command as the agent runs it. */
@@ -133,6 +136,7 @@ export class ExecService {
     const id = sb.id;
     if (sb.idleTimeoutS !== null) this.d.repo.touchActive(id);
     const drv = this.d.backends.driver(sb.backend);
+    this.d.activity?.begin(id);
     const r = await drv.exec(sb, {
       ...this.resolveCommand(sb, cmd),
       stdin,
@@ -156,7 +160,7 @@ export class ExecService {
         await new Promise((res) => setTimeout(res, 50));
       }
       throw e;
-    });
+    }).finally(() => this.d.activity?.end(id));
     if (r.kind === 'exec_error') {
       if (r.errno === E2BIG) throw invalidArgument(`sandbox ${id}: argument list and environment are too long for execve (${r.message})`);
       // Shell conventions: 127 command not found, 126 found but not executable.
@@ -204,10 +208,20 @@ export class ExecService {
     // The sandbox's OOM kill counter before and after the command (ExecInfo.oom_kills).
     const oomBefore = drv.oomKillCount ? await drv.oomKillCount(sb) : null;
     let session: ExecSession | null = null;
+    this.d.activity?.begin(id);
+    let ended = false;
+    const endActivity = () => {
+      if (!ended) this.d.activity?.end(id);
+      ended = true;
+    };
     const started = await drv.startExec(sb, { ...cmd, stdin: input.stdin, tty: input.tty, paced: input.paced }, {
       onStdout: (b) => (sink ? sink('stdout', b) : early.push(['stdout', b])),
       onStderr: (b) => (sink ? sink('stderr', b) : early.push(['stderr', b])),
+    }).catch((e) => {
+      endActivity();
+      throw e;
     });
+    started.done.then(endActivity, endActivity);
     // The session ends once the count after is read, so its ExecInfo at the end has it.
     const done = started.done.then(async (outcome) => {
       const after = oomBefore === null || !drv.oomKillCount ? null : await drv.oomKillCount(sb);

@@ -13,6 +13,7 @@ import type { WritableLayerStore } from '../storage/writable-layers.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import type { SnapshotRepo } from '../db/snapshots.js';
 import type { Backend } from '../model/backend.js';
+import { ExecActivity } from '../sandbox/activity.js';
 import { Admission } from '../sandbox/admission.js';
 import { Backends } from '../sandbox/backends.js';
 import { SandboxCreator } from '../sandbox/create.js';
@@ -59,6 +60,8 @@ export interface Services {
   snapshots: SnapshotService;
   limits: LimitWatch;
   disks: DiskQuotaWatch;
+  /** Execs running and last exec per sandbox (read by the host's reclaim, daemon/host/memory/). */
+  activity: ExecActivity;
 }
 
 /** Builds the services over `s`. */
@@ -77,13 +80,14 @@ export function buildServices(s: ServiceSources): Services {
   });
   const disks = new DiskQuotaWatch({ config, repo, storage, log });
   const creator = new SandboxCreator({ repo, backends, locks, failpoints, admission, resolver, leases, liveness, lifecycle, disks, network, idTag: s.idTag, log });
-  const exec = new ExecService({ config, repo, backends, sessions, trajectories: s.trajectories, liveness, failpoints });
+  const activity = new ExecActivity();
+  const exec = new ExecService({ config, repo, backends, sessions, trajectories: s.trajectories, liveness, failpoints, activity });
   const rounds = new RoundService({ config, repo, backends, locks, lifecycle, log });
   const snapshots = new SnapshotService({
     config, repo, snapshots: s.snapshotRepo, images, backends, locks, failpoints, leases, admission, resolver, creator, lifecycle, idTag: s.idTag, log,
   });
   return {
-    backends, leases, liveness, lifecycle, creator, exec, sessions, rounds, snapshots,
+    backends, leases, liveness, lifecycle, creator, exec, sessions, rounds, snapshots, activity,
     limits: new LimitWatch(repo, backends), disks,
   };
 }

@@ -12,7 +12,9 @@
  * above zero and the first cgroup's memory falls while the second's, outside the filter,
  * does not. It then tears down its own kdamond. With a kdamond it did not create, it
  * stands aside and writes nothing. The fallback's memory.reclaim then reclaims the second
- * cgroup.
+ * cgroup. Last, the controller as dsecd runs it (host/memory/host-reclaim.ts, mode
+ * aggressive) owns a kdamond, pages out the idle cgroup and not the one with an exec
+ * running, counts the bytes DAMON applied to it, and removes its kdamond at stop.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { TestDaemon } from './harness.js';
@@ -22,6 +24,8 @@ import { DAMON_GUEST_CONFIG, GUEST_DIST, canRunDamonGuest, startDamonGuest, type
 const SCRIPT = `
 import { DamonController } from '${GUEST_DIST}/daemon/host/memory/damon.js';
 import { IdleReclaimer } from '${GUEST_DIST}/daemon/host/memory/idle-reclaim.js';
+import { HostReclaim } from '${GUEST_DIST}/daemon/host/memory/host-reclaim.js';
+import { resolveHostReclaim } from '${GUEST_DIST}/daemon/host/memory/config.js';
 import { detectCgroups } from '${GUEST_DIST}/daemon/host/cgroups/index.js';
 import { execFileSync } from 'node:child_process';
 import { readFileSync, writeFileSync, existsSync } from 'node:fs';
@@ -84,7 +88,39 @@ writeFileSync(adminDir + '/kdamonds/nr_kdamonds', '0');
 // The fallback: memory.reclaim of the idle second cgroup (v2), half of its usage.
 const r = new IdleReclaimer(cg, { idleAfterMs: 0, repeatMs: 0, fraction: 0.5 });
 out.fallback = await r.sweep([{ id: 'sb2', idleSinceMs: 0 }]);
-for (const id of ['sb1', 'sb2']) await cg.remove(id);
+
+// The controller as dsecd runs it (HostReclaim, mode aggressive): sb3 idle, sb4 with an exec
+// running (the exec activity stand-in says so). It owns a kdamond, points it at sb3 only,
+// counts what DAMON applied to sb3, and removes its kdamond at stop.
+for (const id of ['sb3', 'sb4']) sh('dd if=/dev/urandom of=/var/tmp/' + id + '.bin bs=1M count=64 2>/dev/null');
+sh('sync && echo 3 > /proc/sys/vm/drop_caches');
+for (const id of ['sb3', 'sb4']) {
+  await cg.create(id, limits);
+  sh('echo $$ > ' + cg.sandboxPaths(id).unified + '/cgroup.procs && cat /var/tmp/' + id + '.bin > /dev/null');
+}
+out.wiredBefore = { sb3: current('sb3'), sb4: current('sb4') };
+const log = { info() {}, warn() {}, debug() {}, error(o, m) { (out.wiredErrors ??= []).push(m + ': ' + (o?.err?.message ?? '')); }, child() { return log; } };
+const hr = new HostReclaim({
+  config: resolveHostReclaim({ reclaim: 'aggressive', idle_after_s: 1, sweep_s: 1, damon_min_age_s: 3, damon_cpu_ms_per_s: 200, damon_bytes_per_s: 256 * MiB }),
+  cgroups: cg, damon: new DamonController({ ownerFile: '/opt/dsec/damon-owner.json' }), log,
+  candidates: () => [{ id: 'sb3', backend: 'container', state: 'running' }, { id: 'sb4', backend: 'container', state: 'running' }],
+  activity: { view: (id) => ({ running: id === 'sb4' ? 1 : 0, lastMs: null }), retain() {} },
+});
+await hr.start();
+out.wiredStart = { method: hr.status().method, reason: hr.status().reason };
+const t1 = Date.now();
+for (;;) {
+  await hr.sweep();
+  const st = hr.status();
+  out.wired = { idle: st.idleSandboxes, total: st.reclaimedBytes, sb3: st.bySandbox.get('sb3') ?? 0, sb4: st.bySandbox.get('sb4') ?? 0, after: { sb3: current('sb3'), sb4: current('sb4') } };
+  if (out.wired.sb3 > 0 && out.wired.after.sb3 < out.wiredBefore.sb3 / 2) break;
+  if (Date.now() - t1 > HANG_MS) { out.wiredHang = true; break; }
+  await sleep(1000);
+}
+out.wiredWaitedMs = Date.now() - t1;
+await hr.stop();
+out.wiredAfterStop = { nr: nr(), owner: existsSync('/opt/dsec/damon-owner.json') };
+for (const id of ['sb1', 'sb2', 'sb3', 'sb4']) await cg.remove(id);
 console.log(JSON.stringify(out));
 `;
 
@@ -125,5 +161,16 @@ describe.skipIf(!canRunDamonGuest)('host DAMON controller and memory.reclaim on 
     expect(o.foreignUntouched).toBe(true);
     expect(o.fallback).toHaveLength(1);
     expect(o.fallback[0].afterBytes).toBeLessThan(o.fallback[0].beforeBytes * 0.75);
+    // HostReclaim, as dsecd runs it.
+    expect(o.wiredStart.method).toBe('damon');
+    expect(o.wiredErrors).toBeUndefined();
+    expect(o.wiredHang).toBeUndefined();
+    expect(o.wired.idle).toBe(1);
+    expect(o.wired.sb3).toBeGreaterThan(0);
+    expect(o.wired.total).toBe(o.wired.sb3);
+    expect(o.wired.sb4).toBe(0);
+    expect(o.wired.after.sb3).toBeLessThan(o.wiredBefore.sb3 / 2);
+    expect(o.wired.after.sb4).toBeGreaterThan(o.wiredBefore.sb4 * 0.9);
+    expect(o.wiredAfterStop).toEqual({ nr: '0', owner: false });
   }, 30 * 60_000);
 });

@@ -7,7 +7,7 @@ import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { TopView } from '../../cli/ui/top.js';
 import { keysFromInk, reduceKey, type TopUiState } from '../../cli/ui/top-keys.js';
 import {
-  cpuPercent, denialCount, diskCell, fleetHeader, fleetHosts, hostFromStats, matchesFilter, meter, pressure, renderFleetLine, renderTopHeader, renderTopRows, renderTopTable, stateColor,
+  cpuPercent, denialCount, diskCell, fleetHeader, fleetHosts, hostFromStats, idleCell, matchesFilter, meter, pressure, renderFleetLine, renderTopHeader, renderTopRows, renderTopTable, stateColor,
   topCellColors, type FleetHost, type TopHost,
 } from '../../cli/ui/top-rows.js';
 import type { SandboxStats, StatsResponse } from '../../sdk/index.js';
@@ -49,7 +49,7 @@ const prev = sample(T0, [
 ]);
 const cur = sample(T0 + 2000, [
   sb(A, { cpu_usage_ns: 1e9 + 3e9, labels: { job: 'train', round: '1' } }),
-  sb(B, { cpu_usage_ns: 5e9 + 0.1e9, created_at: T0 - 7_200_000, labels: { job: 'eval' }, memory_bytes: 50 * MiB }),
+  sb(B, { cpu_usage_ns: 5e9 + 0.1e9, created_at: T0 - 7_200_000, labels: { job: 'eval' }, memory_bytes: 50 * MiB, idle_since: T0 + 2000 - 300_000, reclaimed_bytes: 40 * MiB }),
   sb(C, { cpu_usage_ns: 9e9, created_at: T0 + 1000, memory_bytes: 300 * MiB, state: 'running' }),
 ]);
 
@@ -89,16 +89,20 @@ describe('top rows (pure)', () => {
   it('renders the plain table and the host header', () => {
     const text = renderTopTable(renderTopRows(prev, cur, 'cpu'));
     const lines = text.trimEnd().split('\n');
-    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'AGE', 'LABELS']);
-    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '1m', 'job=train,round=1']);
-    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '2h', 'job=eval']);
-    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '1s', '-']);
+    expect(lines[0].split(/\s+/)).toEqual(['ID', 'STATE', 'CPU%', 'MEM', 'LIMIT', 'PIDS', 'DISK', 'OOM', 'DENIED', 'IDLE/RECL', 'AGE', 'LABELS']);
+    expect(lines[1].split(/\s+/)).toEqual([A.slice(0, 12), 'running', '150.0', '10MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '-', '1m', 'job=train,round=1']);
+    // IDLE/RECL: the host reclaim's view (GET /v1/stats idle_since, reclaimed_bytes).
+    expect(lines[2].split(/\s+/)).toEqual([B.slice(0, 12), 'running', '5.0', '50MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '5m/40MiB', '2h', 'job=eval']);
+    expect(lines[3].split(/\s+/)).toEqual([C.slice(0, 12), 'running', '-', '300MiB', '512MiB', '3', '12MiB/64MiB', '0', '-', '-', '1s', '-']);
     // DENIED sums every refusal counter present; none counted is '-'.
     expect(denialCount({ seccomp_denials: { total: 4, by_syscall: { mount: 4 }, flooded: false }, network_denied: { connect: 2, sendmsg: 1, sock_create: 0, dns_refused: 3, last: null }, pids_limit_hits: 5 })).toBe(15);
     expect(denialCount({ seccomp_denials: null, network_denied: null, pids_limit_hits: null })).toBeNull();
     expect(denialCount({ seccomp_denials: { total: 0, by_syscall: {}, flooded: false } })).toBe(0);
     // A layer on the host filesystem has no usage; one without a quota shows its usage alone.
     expect(diskCell({ diskUsedBytes: null, diskLimitBytes: null })).toBe('-');
+    expect(idleCell({ idleMs: null, reclaimedBytes: 0 })).toBe('-');
+    expect(idleCell({ idleMs: null, reclaimedBytes: 3 * MiB })).toBe('-/3MiB');
+    expect(idleCell({ idleMs: 90_000, reclaimedBytes: null })).toBe('1m/-');
     expect(diskCell({ diskUsedBytes: 5 * MiB, diskLimitBytes: null })).toBe('5MiB');
     expect(renderTopHeader(hostFromStats(cur), 3, 3)).toBe('host: 2 cores, mem 4GiB / 24GiB, load 0.50 0.25 0.13; 3 sandboxes');
     expect(renderTopHeader({ ...hostFromStats(cur), cpuPercent: 12.4 }, 3, 1)).toBe('host: 2 cores, cpu 12%, mem 4GiB / 24GiB, load 0.50 0.25 0.13; 1 of 3 sandboxes');
@@ -163,7 +167,7 @@ describe('top colours and meters (pure)', () => {
     expect([pressure(50, 100), pressure(70, 100), pressure(95, 100), pressure(null, 100), pressure(5, null)]).toEqual(['ok', 'high', 'critical', null, null]);
     const [row] = renderTopRows(prev, sample(T0 + 2000, [sb(A, { cpu_usage_ns: 1e9 + 1.9e9, cpus: 1, memory_bytes: 400 * MiB, disk_used_bytes: 60 * MiB, oom_kills: 1, pids_limit_hits: 2 })]), 'cpu');
     // 95% of its one core, 400 of 512 MiB (78%), 60 of 64 MiB disk (94%).
-    expect(topCellColors(row)).toEqual([undefined, 'green', 'red', 'yellow', undefined, undefined, 'red', 'red', 'yellow', undefined, undefined]);
+    expect(topCellColors(row)).toEqual([undefined, 'green', 'red', 'yellow', undefined, undefined, 'red', 'red', 'yellow', undefined, undefined, undefined]);
     const [calm] = renderTopRows(undefined, cur, 'cpu');
     expect(topCellColors(calm).filter(Boolean)).toEqual(['green']);
   });
@@ -225,7 +229,7 @@ describe('top view (Ink)', () => {
     const app = await view();
     const frame = app.lastFrame()!;
     expect(frame).toContain('host: 2 cores, cpu 30%, mem 4GiB / 24GiB, load 1.00 1.00 1.00; 3 sandboxes');
-    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+OOM\s+DENIED\s+AGE\s+LABELS/);
+    expect(frame).toMatch(/ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+OOM\s+DENIED\s+IDLE\/RECL\s+AGE\s+LABELS/);
     expect(frame).toMatch(/aaaaaaaaaaaa\s+running\s+150\.0\s+10MiB/);
     expect(rowsOf(frame)).toEqual(['a', 'b', 'c']);
     app.unmount();

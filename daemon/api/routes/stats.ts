@@ -31,6 +31,8 @@ export interface StatsRouteDeps {
   network?: { networking: Pick<SandboxNetworking, 'denials'> };
   /** Recorded events (a sandbox's log starts with them) and whether the sandbox still exists. */
   repo: Pick<SandboxRepo, 'events' | 'onEvent' | 'find'>;
+  /** The host's reclaim of idle container sandboxes: a sandbox's idle time and bytes reclaimed (HostReclaim.sandbox). */
+  reclaim?: { sandbox(id: string): { idleSinceMs: number | null; reclaimedBytes: number } };
 }
 
 /** Registers the stats and logs routes. */
@@ -45,6 +47,7 @@ export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps):
       pids: st?.pids ?? null, oom_kills: st?.oomKills ?? null, pids_limit_hits: st?.pidsLimitHits ?? null, seccomp_denials: st?.seccompDenials ?? null,
       network_denied: deps.network?.networking.denials(sb) ?? null,
       disk_used_bytes: disk?.usedBytes ?? null, disk_limit_bytes: disk?.limitBytes ?? null,
+      ...(deps.reclaim ? ((r) => ({ idle_since: r.idleSinceMs, reclaimed_bytes: r.reclaimedBytes }))(deps.reclaim.sandbox(sb.id)) : {}),
     };
   };
   app.get(statsRoute.url, async () => ({

@@ -70,6 +70,19 @@ export const HostInfo = z.object({
     }).nullable().optional().describe('The store as a shared pool: use against the sum of quotas; null where the store enforces no quota.'),
     device: z.string().nullable().optional().describe('The block device under the store (MAJ:MIN, e.g. a loop device) on which I/O weights and limits act; null: none (host filesystem).'),
   }).optional().describe('The writable-layer store.'),
+  memory_reclaim: z.object({
+    mode: z.enum(['off', 'idle', 'aggressive']).describe('[memory] reclaim or dsecd --reclaim: off (default), idle, aggressive.'),
+    method: z.enum(['damon', 'memory.reclaim', 'memory.force_empty', 'none']).describe('How idle container sandboxes are reclaimed here: a kdamond dsecd owns (paddr, memcg filters), cgroup v2 memory.reclaim, cgroup v1 memory.force_empty, or not at all.'),
+    reason: z.string().describe('Why this method on this host.'),
+    damon: z.object({
+      owned: z.boolean().describe('dsecd owns a kdamond and reclaims with it.'),
+      reason: z.string().describe('What dsecd found of DAMON: no sysfs, a kdamond it did not create (described), or its own.'),
+    }),
+    idle_after_s: z.number().describe('A container sandbox idle this long is reclaimed: no exec running, none started or ended, CPU at most idle_cpu_permil.'),
+    idle_cpu_permil: z.number().describe('CPU threshold of idle (at most this), per mille of one core averaged over a sweep.'),
+    idle_sandboxes: z.number().int().describe('Container sandboxes idle past idle_after_s at the last sweep.'),
+    reclaimed_bytes: z.number().int().describe('Bytes reclaimed from idle container sandboxes since dsecd started (DAMON: bytes its schemes paged out; memory cgroups: usage before minus after).'),
+  }).optional().describe('Proactive reclaim of idle container sandboxes by the host ([memory]; daemon/host/memory/). microVMs reclaim inside their guests ([vm.reclaim]).'),
   fleet: z.object({
     state: z.enum(['connecting', 'registered', 'refused', 'lost', 'stopped']).describe('Registration in etcd: registered (its lease is alive), connecting/lost (etcd unreachable: retrying), refused (its name is held by another host id).'),
     reason: z.string().nullable().describe('Why it is not registered, else null.'),
@@ -123,6 +136,8 @@ export const SandboxStatsView = z.object({
   }).nullable().optional().describe('null: this sandbox\'s denials are not counted (no seccomp monitor when it started).'),
   disk_used_bytes: z.number().int().nullable().describe('Bytes the writable layer uses (any state): btrfs referenced plus reserved data, or the XFS project\'s blocks; null where the store cannot tell (host filesystem). In GET /v1/stats read for all layers at once, as of the store\'s last commit (btrfs: at most 30 s old).'),
   disk_limit_bytes: z.number().int().nullable().describe('The writable layer\'s quota as the filesystem holds it, bytes; null: none.'),
+  idle_since: z.number().int().nullable().optional().describe('Container sandboxes, while the host\'s reclaim runs ([memory] reclaim): idle since (no exec, CPU at most idle_cpu_permil), ms since the epoch, as of its last sweep; null: busy, or not judged (other tiers, reclaim off).'),
+  reclaimed_bytes: z.number().int().optional().describe('Bytes the host\'s reclaim took back from this sandbox since dsecd started (GET /v1/host memory_reclaim).'),
 });
 
 /** GET /v1/stats response: every sandbox's usage plus the host's. */

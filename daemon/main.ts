@@ -583,7 +583,7 @@ async function serveApi(r: Running): Promise<Daemon> {
       await drained;
       clearTimeout(t);
       tokens.close();
-      audit.close();
+      await audit.close();
       await fncall.close();
       await warm.close();
       await d.container.close();

@@ -39,22 +39,40 @@ export class AuditLog {
     this.dest = pino.destination({ dest: file, append: true, sync: false, mkdir: true }) as unknown as AuditLog['dest'];
   }
 
-  /** Writes one record. */
+  private closed = false;
+  private closing: Promise<void> | null = null;
+
+  /**
+   * Writes one record. After {@link close} a record is dropped: a response that finishes
+   * while dsecd shuts down (its connection closed by the server's close) must not write
+   * to the ended file stream, which throws (sonic-boom "destroyed") and would end dsecd
+   * with an uncaught error instead of a clean stop.
+   */
   write(r: AuditRecord): void {
+    if (this.closed) return;
     this.dest.write(JSON.stringify({ time: new Date().toISOString(), ...r }) + '\n');
   }
 
-  /** Reopens the file (after logrotate moved it). */
+  /** Reopens the file (after logrotate moved it); nothing after {@link close}. */
   reopen(): void {
+    if (this.closed) return;
     this.dest.reopen();
   }
 
-  /** Flushes what is buffered and closes the file. */
-  close(): void {
-    try {
-      this.dest.flushSync();
-    } catch { /* nothing buffered, or closed */ }
-    this.dest.end();
+  /**
+   * Writes out what is buffered and closes the file; resolves once it is closed (records
+   * written before are on disk). Later writes are dropped. Safe to call twice.
+   */
+  close(): Promise<void> {
+    if (this.closing) return this.closing;
+    this.closed = true;
+    const dest = this.dest as unknown as NodeJS.EventEmitter & AuditLog['dest'];
+    this.closing = new Promise<void>((resolve) => {
+      dest.once('close', () => resolve());
+      dest.once('error', () => resolve());
+    });
+    dest.end();
+    return this.closing;
   }
 }
 

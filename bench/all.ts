@@ -106,6 +106,17 @@ function memAvailable(): number {
 }
 
 /** Resident set of a process, bytes (VmRSS of /proc/<pid>/status). */
+/**
+ * CPU time a process has used, user + system, ms (`/proc/PID/stat` utime and stime, in
+ * clock ticks of 10 ms: USER_HZ is 100 on Linux). Differences of it give a process's CPU
+ * per operation, which a busy shared host changes far less than wall-clock latency.
+ */
+function cpuMs(pid: number | undefined): number {
+  if (!pid) return NaN;
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(f[11]) + Number(f[12])) * 10;
+}
+
 function rss(pid: number | undefined): number {
   if (!pid) return NaN;
   return Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? NaN) * 1024;
@@ -163,6 +174,7 @@ interface Opts {
 /** One burst through the API: creates then first exec; ready/s and latencies. */
 async function dsecBurst(d: TempDaemon, n: number, c: number, label: string) {
   const lat: number[] = [];
+  const cpu0 = cpuMs(d.pid);
   const wall = await pool(n, c, async () => {
     const s = performance.now();
     const sb = await d.client.createSandbox({ image: 'busybox', labels: { bench: label } });
@@ -170,7 +182,7 @@ async function dsecBurst(d: TempDaemon, n: number, c: number, label: string) {
     if (r.exit_code !== 0) throw new Error(`exec true failed in ${sb.id}`);
     lat.push(performance.now() - s);
   });
-  return { n, concurrency: c, ready_per_s: r2(n / wall), create_to_first_exec_ms: pct(lat), wall_s: r2(wall) };
+  return { n, concurrency: c, ready_per_s: r2(n / wall), create_to_first_exec_ms: pct(lat), wall_s: r2(wall), dsecd_cpu_ms_per_sandbox: r2((cpuMs(d.pid) - cpu0) / n) };
 }
 
 async function burst(o: Opts, tree: string, res: Record<string, unknown>): Promise<void> {
@@ -238,12 +250,14 @@ async function exec(o: Opts, tree: string, res: Record<string, unknown>): Promis
     const sb = await d.client.createSandbox({ image: 'busybox' });
     for (let i = 0; i < 50; i++) await d.client.exec(sb.id, { argv: ['true'] });
     const api: number[] = [];
+    const cpu0 = cpuMs(d.pid);
     for (let i = 0; i < k; i++) {
       const s = performance.now();
       await d.client.exec(sb.id, { argv: ['true'] });
       api.push(performance.now() - s);
     }
     out.dsec_api = pct(api);
+    out.dsecd_cpu_ms_per_exec = r2((cpuMs(d.pid) - cpu0) / k);
     // runc exec into the very same container, through dsecd's runtime root.
     const runc: number[] = [];
     const rroot = path.join(d.root, 'runtime', 'runc');

@@ -59,6 +59,11 @@ import { AuditLog } from './remote/audit.js';
 import { unixDoor } from './remote/door.js';
 import { startRemoteDoor, type RemoteDoor } from './remote/listen.js';
 import { SqliteTokenStore, TokenService } from './remote/tokens.js';
+import { E2bFront } from './api/e2b/front.js';
+import { localHost } from './api/e2b/host.js';
+import { EnvdTokens } from './api/e2b/tokens.js';
+import { TemplateStore } from './api/e2b/templates.js';
+import { ensureE2bBaseImage } from './image/e2b-base.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -558,6 +563,21 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: { pur
         }),
       },
     };
+    // The E2B front (docs/E2B.md): served on the TCP door; its template aliases on both doors.
+    if (config.e2b.enabled) {
+      apiDeps.e2b = new E2bFront(
+        localHost({ manager, repo, images, metrics }),
+        EnvdTokens.fromFile(path.join(config.root, 'e2b', 'envd.key')),
+        new TemplateStore(path.join(config.root, 'e2b', 'templates.json')),
+        { defaultTimeoutS: config.e2b.defaultTimeoutS, internet: config.e2b.internet },
+        log.child({ component: 'e2b' }),
+      );
+      // The default `base` template's image, where E2B clients can reach this host; a
+      // missing bash-static is reported, not fatal (the other templates still work).
+      if (config.remote.listen) {
+        await ensureE2bBaseImage(images).catch((e) => log.warn({ err: e }, `E2B base template not available: ${(e as Error).message}`));
+      }
+    }
     const audit = new AuditLog(config.audit.path);
     const app = buildApi(apiDeps, unixDoor(audit));
     await app.listen({ path: config.socket });

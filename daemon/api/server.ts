@@ -39,6 +39,8 @@ import { noteErrorKind } from '../remote/audit.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
 import type { TokenService } from '../remote/tokens.js';
 import { registerTokenRoutes } from './routes/tokens.js';
+import { registerTemplateRoutes } from './routes/templates.js';
+import type { E2bFront } from './e2b/front.js';
 
 /** What routes need. */
 export interface ApiDeps {
@@ -71,6 +73,8 @@ export interface ApiDeps {
     /** Reloads the policy files and re-applies changed ones. @throws DsecError InvalidArgument (the previous set stays). */
     reload(): Promise<PolicyReloadResult>;
   };
+  /** The E2B front (daemon/api/e2b): its routes on the TCP door, its template aliases on both doors; absent with `[e2b] enabled = false`. */
+  e2b?: E2bFront;
 }
 
 /** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
@@ -137,6 +141,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerRunRoutes(app, deps);
   registerNetworkRoutes(app, deps);
   registerSecurityRoutes(app, deps);
+  registerTemplateRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecRoutes(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));

@@ -12,6 +12,7 @@ import { failedPrecondition } from '../errors.js';
 import type { AuditLog } from './audit.js';
 import { tcpDoor, type TokenConnections } from './door.js';
 import { ensureServerCert, hostNames, readPem } from './pki.js';
+import { mountE2b } from '../api/e2b/index.js';
 
 /** A listening TCP door. */
 export interface RemoteDoor {
@@ -61,6 +62,8 @@ export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: 
     audit,
   });
   const app = buildApi(deps, door);
+  // E2B's control plane and envd, next to /v1 on the same port (docs/E2B.md).
+  if (deps.e2b) mountE2b(app, deps.e2b);
   const { host, port } = parseListen(remote.listen!, '--listen');
   try {
     await app.listen({ host, port });

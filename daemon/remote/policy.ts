@@ -37,6 +37,9 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   'DELETE /v1/images/:ref',
   'POST /v1/security/seccomp/reload',
   'POST /v1/network/policies/reload',
+  // E2B template aliases: which image every tenant's `Sandbox.create(NAME)` gets.
+  'PUT /v1/templates/:name',
+  'DELETE /v1/templates/:name',
 ]);
 
 /** The metrics route: `metrics` access, which admin, user, reader and metrics tokens have. */
@@ -75,4 +78,7 @@ export const CREATE_ROUTES: ReadonlySet<string> = new Set([
   'POST /v1/sandboxes',
   'POST /v1/snapshots/:ref/restore',
   'POST /v1/snapshots/:ref/fork',
+  // E2B's creates (daemon/api/e2b/control.ts): the same budget.
+  'POST /sandboxes',
+  'POST /v2/sandboxes',
 ]);

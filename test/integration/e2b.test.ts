@@ -12,6 +12,8 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { execa } from 'execa';
+import https from 'node:https';
+import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import { IS_ROOT, REPO, TestDaemon } from './harness.js';
 import { doorRequest, makeToken } from './remote-helpers.js';
@@ -79,6 +81,177 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(sb.image).toBe('e2b-base:latest');
         expect(sb.labels).toMatchObject({ suite: 'e2b', sdk: pkg, 'dsec.e2b.template': 'base', 'dsec.e2b.tenant': 'team-a' });
       });
+
+      it('writes and reads text and a 5 MB binary byte-exact; lists, makes and removes directories; tells what exists', async () => {
+        const r = await sdk(pkg, tenantA, 'files', { sandboxId });
+        expect(r.error).toBeUndefined();
+        expect(r.text).toEqual({ wrote: { name: 'hello.txt', type: 'file', path: '/home/user/hello.txt' }, read: 'hello from e2b\n' });
+        const bin = r.binary as { sent: string; got: string; bytes: number };
+        expect(bin.bytes).toBe(5 * 1024 * 1024);
+        expect(bin.got).toBe(bin.sent);
+        // A relative path is relative to the user's home.
+        expect(r.relative).toEqual({ wrote: { name: 'note.txt', type: 'file', path: '/home/user/rel/note.txt' }, read: 'relative' });
+        expect(r.makeDir).toEqual({ first: true, again: false });
+        const list = r.list as { name: string; type: string; path: string; size: number; owner: string }[];
+        expect(list.map((e) => e.name).sort()).toEqual(['blob.bin', 'd1', 'hello.txt', 'rel']);
+        expect(list.find((e) => e.name === 'blob.bin')).toEqual({ name: 'blob.bin', type: 'file', path: '/home/user/blob.bin', size: 5 * 1024 * 1024, owner: 'user' });
+        expect(list.find((e) => e.name === 'd1')).toMatchObject({ type: 'dir', path: '/home/user/d1' });
+        expect([r.existsBefore, r.existsAfter, r.dirGone]).toEqual([true, false, true]);
+        expect(r.missing).toMatchObject({ threw: true });
+        expect((r.missing as { name: string }).name).toMatch(/NotFound/);
+        expect(r.moved).toEqual({ path: '/home/user/moved.txt', read: 'relative' });
+        // Written as the SDKs' default user, uid 1000 inside the sandbox.
+        expect(r.owner).toBe('user:1000');
+      });
+
+      it('lists sandboxes by metadata: only the matching ones of the caller\'s tenant', async () => {
+        const r = await sdk(pkg, tenantA, 'list', { metadata: { sdk: pkg } });
+        expect(r.error).toBeUndefined();
+        expect(r.items).toEqual([{ sandboxId, templateId: 'base', metadata: { suite: 'e2b', sdk: pkg }, state: 'running' }]);
+        const none = await sdk(pkg, tenantA, 'list', { metadata: { sdk: 'no-such' } });
+        expect(none.items).toEqual([]);
+      });
+
+      it('serves pre-signed file URLs, and refuses one whose path was changed', async () => {
+        const r = await sdk(pkg, tenantA, 'signedUrls', { sandboxId });
+        expect(r.error).toBeUndefined();
+        expect(r).toMatchObject({ hasSignature: true, put: 200, get: 200, body: 'via a signed url', forged: 401 });
+      });
+
+      it('pauses, then connect resumes it with its files and processes where they were', async () => {
+        const r = await sdk(pkg, tenantA, 'pauseConnect', { sandboxId });
+        expect(r.error).toBeUndefined();
+        expect(r).toMatchObject({ paused: true, stateWhilePaused: 'paused', stateAfter: 'running', file: 'kept', sleeping: true });
+        // A command against a paused sandbox is refused as "not running", not hung.
+        expect(r.whilePaused).toMatchObject({ threw: true });
+        expect((await d.client.getSandbox(sandboxId)).state).toBe('running');
+      });
+
+      it('keeps another tenant out: not listed, not connectable, not killable', async () => {
+        const r = await sdk(pkg, tenantB, 'probe', { sandboxId });
+        expect(r.error).toBeUndefined();
+        expect(r.list).toMatchObject({ threw: false });
+        expect((r.list as { value: string[] }).value).not.toContain(sandboxId);
+        expect(r.connect).toMatchObject({ threw: true });
+        expect((r.connect as { message: string }).message).toMatch(/not found/i);
+        // kill answers false (no such sandbox for this caller) and the sandbox lives on.
+        expect(r.kill).toEqual({ threw: false, value: false });
+        expect((await d.client.getSandbox(sandboxId)).state).toBe('running');
+        // An admin token sees every tenant's sandboxes.
+        const adm = await sdk(pkg, admin, 'info', { sandboxId });
+        expect(adm).toMatchObject({ found: true, state: 'running' });
+      });
+
+      it('refuses a wrong API key', async () => {
+        const r = await sdk(pkg, 'e2b_' + '0'.repeat(48), 'probe', { sandboxId });
+        for (const what of ['create', 'list', 'connect']) {
+          expect(r[what]).toMatchObject({ threw: true, name: 'AuthenticationError' });
+        }
+      });
+
+      it('expires at the timeout set with setTimeout', async () => {
+        const r = await sdk(pkg, tenantA, 'setTimeout', { sandboxId, timeoutMs: 2000 });
+        expect(r.error).toBeUndefined();
+        expect(r.running).toBe(true);
+        // Expiry is a time: wait until dsecd has destroyed it (the reaper sweeps every second).
+        for (;;) {
+          const i = await sdk(pkg, tenantA, 'info', { sandboxId });
+          if (!i.found) {
+            expect(i.message).toMatch(/not found/i);
+            break;
+          }
+          await new Promise((res) => setTimeout(res, 500));
+        }
+        expect((await d.client.listSandboxes()).map((s) => s.id)).not.toContain(sandboxId);
+      });
+
+      it('kills', async () => {
+        const c = await sdk(pkg, tenantA, 'commands', { metadata: { purpose: 'kill' } });
+        expect(c.error).toBeUndefined();
+        const r = await sdk(pkg, tenantA, 'kill', { sandboxId: c.sandboxId });
+        expect(r).toMatchObject({ first: true, second: false });
+        expect((await d.client.listSandboxes()).map((s) => s.id)).not.toContain(c.sandboxId);
+      });
     });
   }
+
+  describe('envd access tokens', () => {
+    let a: { id: string; token: string };
+    let b: { id: string; token: string };
+    const create = async (key: string) => {
+      const r = await doorRequest(d, { method: 'POST', path: '/v2/sandboxes', headers: { 'x-api-key': key }, json: { templateID: 'base', timeout: 300 } });
+      expect(r.status).toBe(201);
+      const j = JSON.parse(r.body) as { sandboxID: string; envdAccessToken: string; envdVersion: string };
+      expect(j.envdVersion).toBe('0.5.7');
+      return { id: j.sandboxID, token: j.envdAccessToken };
+    };
+    /** A Connect call of process.List to sandbox `id` with these headers. */
+    const listProcesses = (id: string, headers: Record<string, string>) => doorRequest(d, {
+      method: 'POST', path: '/process.Process/List', json: {}, headers: { 'e2b-sandbox-id': id, 'e2b-sandbox-port': '49983', 'connect-protocol-version': '1', ...headers },
+    });
+    beforeAll(async () => {
+      a = await create(tenantA);
+      b = await create(tenantB);
+    });
+
+    it('are returned by create, connect and info to the owning tenant only, and differ per sandbox', async () => {
+      expect(a.token).not.toBe(b.token);
+      expect(a.token.length).toBeGreaterThanOrEqual(43);
+      const info = await doorRequest(d, { path: `/sandboxes/${a.id}`, headers: { 'x-api-key': tenantA } });
+      expect(JSON.parse(info.body).envdAccessToken).toBe(a.token);
+      const conn = await doorRequest(d, { method: 'POST', path: `/v2/sandboxes/${a.id}/connect`, headers: { 'x-api-key': tenantA }, json: { timeout: 300 } });
+      expect(conn.status).toBe(200);
+      expect(JSON.parse(conn.body).envdAccessToken).toBe(a.token);
+      for (const r of [
+        await doorRequest(d, { path: `/sandboxes/${a.id}`, headers: { 'x-api-key': tenantB } }),
+        await doorRequest(d, { method: 'POST', path: `/v2/sandboxes/${a.id}/connect`, headers: { 'x-api-key': tenantB }, json: {} }),
+      ]) {
+        expect(r.status).toBe(404);
+        expect(r.body).not.toContain(a.token);
+        expect(JSON.parse(r.body)).toEqual({ code: 404, message: `sandbox ${a.id} not found` });
+      }
+    });
+
+    it('must come with every envd request: missing, wrong or another sandbox\'s token is one 401', async () => {
+      expect((await listProcesses(a.id, { 'x-access-token': a.token })).status).toBe(200);
+      const wrong = a.token.slice(0, -2) + (a.token.endsWith('AA') ? 'BB' : 'AA');
+      const refused = await Promise.all([
+        listProcesses(a.id, {}),
+        listProcesses(a.id, { 'x-access-token': wrong }),
+        listProcesses(a.id, { 'x-access-token': b.token }),
+        listProcesses(a.id, { 'x-access-token': 'garbage' }),
+        // An API key is no envd credential.
+        listProcesses(a.id, { 'x-api-key': tenantA, authorization: `Bearer ${tenantA}` }),
+      ]);
+      for (const r of refused) {
+        expect(r.status).toBe(401);
+        expect(JSON.parse(r.body)).toMatchObject({ code: 'unauthenticated' });
+      }
+      // The same for the plain HTTP routes, whatever the sandbox.
+      for (const [id, token] of [[a.id, b.token], [b.id, a.token], ['0123456789abcdef', a.token]]) {
+        const r = await doorRequest(d, { path: '/files?path=/etc/passwd', headers: { 'e2b-sandbox-id': id, 'x-access-token': token } });
+        expect(r.status).toBe(401);
+        expect(JSON.parse(r.body)).toEqual({ code: 401, message: expect.stringContaining('access token') });
+      }
+      const health = await doorRequest(d, { path: '/health', headers: { 'e2b-sandbox-id': b.id } });
+      expect(health.status).toBe(401);
+    });
+
+    it('route by the host name form 49983-<id>.<domain> too, and by the token alone', async () => {
+      /** GET `p` with a Host header of E2B's host form (the TLS name stays one the certificate has). */
+      const viaHost = (host: string, p: string, token: string) => new Promise<number>((resolve, reject) => {
+        https.get({ host: '127.0.0.1', port: d.remotePort!, path: p, servername: 'localhost', ca: readFileSync(d.caFile), headers: { host, 'x-access-token': token }, agent: false }, (res) => {
+          res.resume();
+          res.on('end', () => resolve(res.statusCode ?? 0));
+        }).on('error', reject);
+      });
+      expect(await viaHost(`49983-${a.id}.e2b.test`, '/health', a.token)).toBe(204);
+      expect(await viaHost(`49983-${a.id}.e2b.test`, '/health', b.token)).toBe(401);
+      // Other ports of a sandbox are not forwarded.
+      expect(await viaHost(`3000-${a.id}.e2b.test`, '/health', a.token)).toBe(400);
+      const byToken = await doorRequest(d, { path: '/files?path=/etc/passwd', headers: { 'x-access-token': a.token } });
+      expect(byToken.status).toBe(200);
+      expect(byToken.body).toContain('user:x:1000:1000:');
+    });
+  });
 });

@@ -66,6 +66,7 @@ import type {
   PauseResult as PauseResultSchema,
   Reclaim as ReclaimSchema,
 } from '../daemon/api/routes/jobs.js';
+import type { Template as E2bTemplateSchema } from '../daemon/api/e2b/templates.js';
 import { ExecAttachment, type AttachOptions } from './attach.js';
 
 /**
@@ -119,6 +120,9 @@ export type SeccompProfileInfo = z.infer<typeof SeccompProfileInfoSchema>;
  * is the sum of the layer blob sizes in bytes; `created_at` is ms since the Unix epoch.
  */
 export type Image = z.infer<typeof ImageSchema>;
+
+/** An E2B template (GET /v1/templates): `name` -> `image` on `backend`; `builtin` for the default `base` no alias replaces. */
+export type E2bTemplate = z.infer<typeof E2bTemplateSchema>;
 
 /** The old name of {@link Image}, kept so existing callers compile; the shape is now the full Image. */
 export type ImageInfo = Image;
@@ -1253,6 +1257,29 @@ export class DsecClient {
    */
   tagImage(ref: string, target: string): Promise<Image> {
     return this.request<Image>('POST', imagePath(ref) + '/tag', { target });
+  }
+
+  /**
+   * GET /v1/templates: the E2B template aliases (name -> image and backend) and the
+   * built-in `base` when no alias replaces it (docs/E2B.md). Errors: `Unimplemented`
+   * when the daemon's E2B front is off.
+   */
+  async listTemplates(): Promise<E2bTemplate[]> {
+    return (await this.request<{ templates: E2bTemplate[] }>('GET', '/v1/templates')).templates;
+  }
+
+  /**
+   * PUT /v1/templates/{name}: makes `name` an E2B template for `image` on `backend`
+   * (default container), replacing an alias of that name (admin only). Errors:
+   * `InvalidArgument` (malformed name), `NotFound` (no such image), `PermissionDenied`.
+   */
+  setTemplate(name: string, image: string, backend?: Backend): Promise<E2bTemplate> {
+    return this.request<E2bTemplate>('PUT', `/v1/templates/${encodeURIComponent(name)}`, { image, ...(backend ? { backend } : {}) });
+  }
+
+  /** DELETE /v1/templates/{name}: removes an alias (admin only); resolves with what it was. Errors: `NotFound`. */
+  removeTemplate(name: string): Promise<E2bTemplate> {
+    return this.request<E2bTemplate>('DELETE', `/v1/templates/${encodeURIComponent(name)}`);
   }
 
   /**

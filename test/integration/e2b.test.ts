@@ -15,7 +15,7 @@ import { execa } from 'execa';
 import https from 'node:https';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { IS_ROOT, REPO, TestDaemon } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, runCli } from './harness.js';
 import { doorRequest, makeToken } from './remote-helpers.js';
 
 const CLIENT = path.join(REPO, 'test/fixtures/e2b-client.mjs');
@@ -68,6 +68,8 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(r.run).toEqual({ exitCode: 0, stdout: 'hi\nuser\n/home/user\n', stderr: 'oops\n' });
         expect((r.streamed as { stdout: string[] }).stdout.join('')).toBe('hi\nuser\n/home/user\n');
         expect((r.streamed as { stderr: string[] }).stderr.join('')).toBe('oops\n');
+        expect(r.asRoot).toBe('root\n/root\n');
+        expect(r.envs).toBe('hello in /tmp\n');
         expect(r.failing).toMatchObject({ threw: true, isCommandExitError: true, name: 'CommandExitError', exitCode: 3, stdout: 'before\n' });
         const bg = r.background as { pid: number; seen: string; listed: number[]; killed: boolean; waited: { threw?: boolean; exitCode?: number }; listedAfter: number[] };
         expect(bg.seen).toBe('got:first\ngot:second\n');
@@ -102,6 +104,13 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(r.moved).toEqual({ path: '/home/user/moved.txt', read: 'relative' });
         // Written as the SDKs' default user, uid 1000 inside the sandbox.
         expect(r.owner).toBe('user:1000');
+      });
+
+      it('watches a directory: a file made and removed there shows as create and remove events', async () => {
+        const r = await sdk(pkg, tenantA, 'watch', { sandboxId });
+        expect(r.error).toBeUndefined();
+        const ev = r.events as { name: string; type: string }[];
+        expect(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'create')).toBeLessThan(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'remove'));
       });
 
       it('lists sandboxes by metadata: only the matching ones of the caller\'s tenant', async () => {
@@ -174,6 +183,39 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
       });
     });
   }
+
+  describe('templates', () => {
+    it('are image aliases an admin sets with `dsec image alias`; an image without bash is refused at the first command', async () => {
+      const set = await runCli(d, ['image', 'alias', 'bb', 'busybox']);
+      expect(set).toMatchObject({ code: 0, stdout: 'bb -> busybox (container)\n' });
+      const listed = JSON.parse((await runCli(d, ['--json', 'image', 'alias'])).stdout) as { templates: { name: string; image: string; builtin: boolean }[] };
+      expect(listed.templates).toEqual([
+        { name: 'base', image: 'e2b-base', backend: 'container', builtin: true },
+        { name: 'bb', image: 'busybox', backend: 'container', builtin: false },
+      ]);
+      const r = await sdk('e2b', tenantA, 'run', { template: 'bb', cmd: 'echo hi' });
+      // The SDKs run every command as /bin/bash -l -c; busybox has no bash.
+      expect(r).toMatchObject({ threw: true, name: 'InvalidArgumentError' });
+      expect(r.message).toMatch(/cannot start \/bin\/bash/);
+      const sb = await d.client.getSandbox(r.sandboxId as string);
+      expect(sb.image).toBe('busybox:latest');
+      expect(sb.labels['dsec.e2b.template']).toBe('bb');
+      await d.client.deleteSandbox(sb.id, { force: true });
+      // A template that is neither an alias nor an image.
+      const none = await sdk('e2b', tenantA, 'run', { template: 'no-such-template', cmd: 'true' });
+      expect(none).toMatchObject({ threw: true });
+      expect(none.message).toMatch(/template no-such-template not found/);
+    });
+
+    it('can be set by an admin only', async () => {
+      const user = await doorRequest(d, { method: 'PUT', path: '/v1/templates/mine', headers: { 'x-api-key': tenantA }, json: { image: 'busybox' } });
+      expect(user.status).toBe(403);
+      const adm = await doorRequest(d, { method: 'PUT', path: '/v1/templates/mine', headers: { 'x-api-key': admin }, json: { image: 'busybox' } });
+      expect(adm.status).toBe(200);
+      expect((await runCli(d, ['image', 'alias', 'mine', '--rm'])).code).toBe(0);
+      expect((await runCli(d, ['image', 'alias', 'bb', '--rm'])).code).toBe(0);
+    });
+  });
 
   describe('envd access tokens', () => {
     let a: { id: string; token: string };

@@ -113,6 +113,19 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'create')).toBeLessThan(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'remove'));
       });
 
+      it.runIf(pkg === 'e2b')('runs PTYs, several files in one write, gzip and streamed uploads, connect and closeStdin, command timeouts', async () => {
+        const r = await sdk(pkg, tenantA, 'extras', { sandboxId });
+        expect(r.error).toBeUndefined();
+        expect(r.pty).toEqual({ sizes: ['24 80', '30 100'], exitCode: 0 });
+        expect(r.multi).toEqual([{ name: 'm1.txt', type: 'file', path: '/home/user/m1.txt' }, { name: 'm2.txt', type: 'file', path: '/home/user/m2.txt' }]);
+        expect(r.gzip).toEqual({ wrote: { name: 'gz.txt', type: 'file', path: '/home/user/gz.txt' }, read: 'zipped text' });
+        expect(r.stream).toEqual({ wrote: { name: 'st.txt', type: 'file', path: '/home/user/st.txt' }, read: 'streamed' });
+        expect(r.info).toMatchObject({ name: 'm1.txt', type: 'file', path: '/home/user/m1.txt', size: 3, mode: 0o644, permissions: '-rw-r--r--', owner: 'user', group: 'user' });
+        expect(r.connect).toBe('abc\ndone-cat\n');
+        expect(r.timeout).toMatchObject({ threw: true, name: 'TimeoutError' });
+        expect(r.stillRunning).toContain('-l -c sleep 600');
+      });
+
       it('lists sandboxes by metadata: only the matching ones of the caller\'s tenant', async () => {
         const r = await sdk(pkg, tenantA, 'list', { metadata: { sdk: pkg } });
         expect(r.error).toBeUndefined();
@@ -277,6 +290,18 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
       }
       const health = await doorRequest(d, { path: '/health', headers: { 'e2b-sandbox-id': b.id } });
       expect(health.status).toBe(401);
+    });
+
+    it('count failures against the source address\'s budget, as bad API keys do', async () => {
+      // [remote] auth_failures_per_minute defaults to 30: past 30 failures in the minute the
+      // address is refused (429) whatever it sends. This client is 127.0.0.7 alone.
+      for (let i = 0; i < 31; i++) {
+        const r = await doorRequest(d, { path: '/health', headers: { 'e2b-sandbox-id': a.id, 'x-access-token': b.token }, localAddress: '127.0.0.7' });
+        expect(r.status).toBe(401);
+      }
+      const right = await doorRequest(d, { path: '/health', headers: { 'e2b-sandbox-id': a.id, 'x-access-token': a.token }, localAddress: '127.0.0.7' });
+      expect(right.status).toBe(429);
+      expect((await doorRequest(d, { path: '/health', headers: { 'e2b-sandbox-id': a.id, 'x-access-token': a.token } })).status).toBe(204);
     });
 
     it('route by the host name form 49983-<id>.<domain> too, and by the token alone', async () => {

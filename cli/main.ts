@@ -25,6 +25,9 @@ import * as execsRm from './commands/execs/rm.js';
 import * as fork from './commands/fork.js';
 import * as fleetCa from './commands/fleet/ca.js';
 import * as fleetCert from './commands/fleet/cert.js';
+import * as tokenCreate from './commands/token/create.js';
+import * as tokenLs from './commands/token/ls.js';
+import * as tokenRevoke from './commands/token/revoke.js';
 import * as hostInfo from './commands/host/info.js';
 import * as hostReload from './commands/host/reload.js';
 import * as imageAlias from './commands/image/alias.js';
@@ -138,6 +141,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   for (const verb of [snapshotCreate, snapshotLs, snapshotInspect, snapshotRm]) verb.register(snapshot, ctx);
   restore.register(program, ctx);
   fork.register(program, ctx);
+  const token = program.command('token').description('API tokens of the TCP door (admin): create, ls, revoke');
+  for (const verb of [tokenCreate, tokenLs, tokenRevoke]) verb.register(token, ctx);
   const fleet = program.command('fleet').description('fleet identity (runs locally): ca, cert');
   for (const verb of [fleetCa, fleetCert]) verb.register(fleet, ctx);
   const traj = program.command('traj').alias('trajectory').description('trajectories (steps recorded by `dsec exec --trajectory`): ls, show, export, rm');

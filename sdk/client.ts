@@ -67,6 +67,7 @@ import type {
   Reclaim as ReclaimSchema,
 } from '../daemon/api/routes/jobs.js';
 import type { Template as E2bTemplateSchema } from '../daemon/api/e2b/templates.js';
+import type { CreatedToken as CreatedTokenSchema, TokenView as TokenViewSchema, Whoami as WhoamiSchema } from '../daemon/api/routes/tokens.js';
 import { ExecAttachment, type AttachOptions } from './attach.js';
 
 /**
@@ -439,6 +440,27 @@ export type BulkResult = z.infer<typeof BulkResponseSchema>['results'][number];
  * `sandboxes` (how many sandboxes carry `job=<job>` now).
  */
 export type Lease = z.infer<typeof LeaseViewSchema>;
+
+/** An API token as listed (GET /v1/tokens): id, tenant, role, times (ms since the epoch), state; never its text. */
+export type TokenInfo = z.infer<typeof TokenViewSchema>;
+
+/** POST /v1/tokens response: {@link TokenInfo} plus `token`, the text, shown this once. */
+export type CreatedToken = z.infer<typeof CreatedTokenSchema>;
+
+/** GET /v1/whoami response: the caller as dsecd sees it (door, token id, tenant, role, verified client certificate). */
+export type Whoami = z.infer<typeof WhoamiSchema>;
+
+/** Options of {@link DsecClient.createToken}. */
+export interface CreateTokenOptions {
+  /** Tenant the token acts for: 1-63 of a-z, 0-9, _ and -. */
+  tenant: string;
+  /** `admin`, `user`, `reader` or `metrics` (docs/SECURITY.md "The TCP door"). */
+  role: 'admin' | 'user' | 'reader' | 'metrics';
+  /** Lifetime in seconds; absent: never expires. */
+  ttlS?: number;
+  /** Free text shown by {@link DsecClient.listTokens}. */
+  description?: string;
+}
 
 /** Options of {@link DsecClient.renewLease}. */
 export interface RenewLeaseOptions {
@@ -1713,6 +1735,33 @@ export class DsecClient {
     } finally {
       res.destroy();
     }
+  }
+
+  /**
+   * POST /v1/tokens: makes an API token for the TCP door (admin only: the Unix socket or
+   * an admin token). The answer's `token` is the text, shown this once: dsecd keeps only
+   * its hash. Errors: `InvalidArgument`, `PermissionDenied`.
+   */
+  createToken(opts: CreateTokenOptions): Promise<CreatedToken> {
+    return this.request<CreatedToken>('POST', '/v1/tokens', { tenant: opts.tenant, role: opts.role, ...(opts.ttlS !== undefined ? { ttl_s: opts.ttlS } : {}), ...(opts.description !== undefined ? { description: opts.description } : {}) });
+  }
+
+  /** GET /v1/tokens: every token, without its text (admin only). Errors: `PermissionDenied`. */
+  async listTokens(): Promise<TokenInfo[]> {
+    return (await this.request<{ tokens: TokenInfo[] }>('GET', '/v1/tokens')).tokens;
+  }
+
+  /**
+   * DELETE /v1/tokens/{id}: revokes a token (admin only); it is refused from now on and the
+   * connections it opened close. Errors: `NotFound`, `PermissionDenied`.
+   */
+  revokeToken(id: string): Promise<TokenInfo> {
+    return this.request<TokenInfo>('DELETE', `/v1/tokens/${encodeURIComponent(id)}`);
+  }
+
+  /** GET /v1/whoami: the caller as dsecd sees it. */
+  whoami(): Promise<Whoami> {
+    return this.request<Whoami>('GET', '/v1/whoami');
   }
 
   /**

@@ -92,4 +92,8 @@ export type {
   WriteFileOptions,
   WriteFileResult,
   WriteStdinOptions,
+  TokenInfo,
+  CreatedToken,
+  CreateTokenOptions,
+  Whoami,
 } from './client.js';

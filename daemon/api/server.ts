@@ -170,9 +170,11 @@ function baseApp(deps: ApiDeps, served: readonly RouteDoc[], door: ApiDoor): Fas
     // method, malformed request line) also answer in the API's error shape.
     clientErrorHandler: (err: NodeJS.ErrnoException & { code?: string }, socket) => {
       const tooLarge = err.code === 'HPE_HEADER_OVERFLOW';
-      const body = JSON.stringify({ error: { code: 'InvalidArgument', message: tooLarge ? 'request headers too large' : `malformed HTTP request: ${err.message}` } });
+      // A client too slow to send its headers or request (the TCP door's headers_timeout_s, request_timeout_s).
+      const timedOut = err.code === 'ERR_HTTP_REQUEST_TIMEOUT';
+      const body = JSON.stringify({ error: timedOut ? { code: 'DeadlineExceeded', message: 'request not received in time' } : { code: 'InvalidArgument', message: tooLarge ? 'request headers too large' : `malformed HTTP request: ${err.message}` } });
       if (socket.writable) {
-        socket.end(`HTTP/1.1 ${tooLarge ? '431 Request Header Fields Too Large' : '400 Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
+        socket.end(`HTTP/1.1 ${tooLarge ? '431 Request Header Fields Too Large' : timedOut ? '408 Request Timeout' : '400 Bad Request'}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\nconnection: close\r\n\r\n${body}`);
       } else {
         socket.destroy(err);
       }

@@ -245,7 +245,7 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
       const server = app.server as import('node:https').Server;
       server.headersTimeout = limits.headersTimeoutMs;
       server.maxConnections = limits.maxConnections;
-      type Limiter = (req: FastifyRequest, o?: { increment?: boolean }) => Promise<{ isExceeded?: boolean; ttl?: number }>;
+      type Limiter = (req: FastifyRequest, o?: { increment?: boolean }) => Promise<{ isExceeded?: boolean; remaining?: number; ttl?: number }>;
       // Created at the first request: the plugin's decorator exists once fastify has loaded it.
       let failures: Limiter | undefined, creates: Limiter | undefined;
       const failureLimiter = (): Limiter => (failures ??= (app as unknown as { createRateLimit(o: object): Limiter }).createRateLimit({
@@ -264,8 +264,9 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
             throw permissionDenied(`client certificate ${peer ? `"${peer.name}" of role ${peer.role ?? '(none)'}` : '(none)'} is not accepted on this port (accepted roles: ${tls.peerRoles.join(', ')})`);
           }
         }
+        // A peek: `remaining` 0 means the address already failed authFailuresPerMinute times in this window.
         const spent = await failureLimiter()(req, { increment: false });
-        if (spent.isExceeded) {
+        if (spent.remaining !== undefined && spent.remaining <= 0) {
           metrics.authFailures.inc({ reason: 'rate_limited' });
           reply.header('retry-after', String(Math.max(1, Math.ceil((spent.ttl ?? 60_000) / 1000))));
           throw resourceExhausted(`too many failed authentications from ${req.socket.remoteAddress}; retry after ${Math.ceil((spent.ttl ?? 60_000) / 1000)} s`);

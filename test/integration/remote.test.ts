@@ -3,13 +3,15 @@
  * tokens (missing, malformed, unknown, revoked, expired: one 401), roles, the same routes
  * as the socket, and the audit log.
  */
-import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { afterAll, beforeAll, describe, expect, it, onTestFinished } from 'vitest';
 import net from 'node:net';
 import tls from 'node:tls';
 import { X509Certificate } from 'node:crypto';
 import { readFileSync, statSync } from 'node:fs';
 import path from 'node:path';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import https from 'node:https';
+import WebSocket from 'ws';
+import { IS_ROOT, TestDaemon, runCli } from './harness.js';
 import { doorRequest, makeToken } from './remote-helpers.js';
 
 describe.skipIf(!IS_ROOT)('the TCP door', () => {
@@ -164,5 +166,56 @@ describe.skipIf(!IS_ROOT)('the TCP door', () => {
     const text = readFileSync(file, 'utf8');
     expect(text).not.toContain(user.token);
     expect(text).not.toContain(admin.token);
+  });
+
+  it('dsec token create/ls/revoke on the socket: the text once, a hash kept, revocation closes open attach, logs -f and events streams', async () => {
+    const created = await runCli(d, ['token', 'create', '--tenant', 'team-c', '--role', 'user', '--ttl', '1h', '--description', 'streams']);
+    expect(created.code).toBe(0);
+    const token = created.stdout.trim();
+    expect(token).toMatch(/^e2b_[0-9a-f]{48}$/);
+    const id = token.slice(4, 20);
+    expect(created.stderr).toContain(`token ${id}: tenant team-c, role user, expires `);
+    const ls = await runCli(d, ['--json', 'token', 'ls']);
+    const listed = (JSON.parse(ls.stdout) as { tokens: Array<Record<string, unknown>> }).tokens.find((t) => t.id === id);
+    expect(listed).toMatchObject({ tenant: 'team-c', role: 'user', state: 'active', description: 'streams' });
+    expect(ls.stdout).not.toContain(token.slice(20));
+
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    const ex = await d.client.startExec(sb.id, { argv: ['sh', '-c', 'echo ready; sleep 600'], stdin: true });
+    const ca = readFileSync(d.caFile);
+    const ws = new WebSocket(`wss://127.0.0.1:${d.remotePort}/v1/sandboxes/${sb.id}/execs/${ex.exec_id}/attach`, { ca, headers: { authorization: `Bearer ${token}` } });
+    // A failed assertion must not leave the WebSocket open: dsecd's shutdown waits for it.
+    onTestFinished(() => ws.terminate());
+    const wsClosed = new Promise<number>((resolve) => ws.on('close', (code) => resolve(code)));
+    await new Promise<void>((resolve, reject) => {
+      ws.on('message', (m: Buffer, binary: boolean) => {
+        if (binary && m.subarray(1).toString().includes('ready')) resolve();
+      });
+      ws.on('error', reject);
+    });
+    // Two more streams on their own connections: events and logs, followed.
+    const follow = (p: string) => new Promise<{ ended: Promise<void> }>((resolve, reject) => {
+      const req = https.get({ host: '127.0.0.1', port: d.remotePort!, path: p, ca, agent: false, headers: { authorization: `Bearer ${token}` } }, (res) => {
+        expect(res.statusCode).toBe(200);
+        res.resume();
+        resolve({ ended: new Promise<void>((r) => { res.on('close', () => r()); res.on('error', () => r()); }) });
+      });
+      req.on('error', reject);
+    });
+    const events = await follow('/v1/events?follow=true');
+    const logs = await follow(`/v1/sandboxes/${sb.id}/logs?follow=true`);
+
+    const revoked = await runCli(d, ['token', 'revoke', id]);
+    expect(revoked).toMatchObject({ code: 0, stdout: `${id}\n` });
+    expect(await wsClosed).toBeGreaterThan(0);
+    await events.ended;
+    await logs.ended;
+    // The token is refused from now on; the command it attached to runs on.
+    expect((await doorRequest(d, { path: '/v1/sandboxes', token })).status).toBe(401);
+    expect((await d.client.getExec(sb.id, ex.exec_id)).state).toBe('running');
+    const again = await runCli(d, ['token', 'revoke', 'ffffffffffffffff']);
+    expect(again.code).toBe(125);
+    expect(again.stderr).toMatch(/token ffffffffffffffff not found/);
+    await d.client.deleteSandbox(sb.id, { force: true });
   });
 });

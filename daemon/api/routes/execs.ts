@@ -40,8 +40,11 @@ const attachRoute = route({ method: 'GET', url: `${P}/:exec_id/attach`, summary:
 
 const peerUids = new WeakMap<object, number>();
 
-/** uid of the API caller: the peer of the Unix socket connection (0 when unknown, e.g. in-process tests). */
+/** uid of the API caller: the peer of the Unix socket connection (0 when unknown, e.g. in-process tests, and for the TCP door). */
 export function callerUid(req: FastifyRequest): number {
+  // The TCP door has no uid: its callers are tokens. Until sessions belong to tenants
+  // (docs/SECURITY.md "Tenancy"), they act as root does on the socket and see every session.
+  if (req.principal?.door === 'tcp') return 0;
   const sock = req.raw.socket as Socket & { _handle?: { fd?: number } };
   const cached = peerUids.get(sock);
   if (cached !== undefined) return cached;

@@ -249,6 +249,21 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
       b = await create(tenantB);
     });
 
+    it('leave E2B calls in the audit log, as the owner tenant', async () => {
+      const file = path.join(d.root, 'audit.log');
+      // The log is written asynchronously: wait for the lines.
+      const lines = async (pred: (l: Record<string, unknown>) => boolean) => {
+        for (;;) {
+          const hit = readFileSync(file, 'utf8').split('\n').filter(Boolean).map((l) => JSON.parse(l) as Record<string, unknown>).find(pred);
+          if (hit) return hit;
+          await new Promise((r) => setTimeout(r, 100));
+        }
+      };
+      expect(await lines((l) => l.action === 'POST /v2/sandboxes' && (l.object as { created?: string } | null)?.created === a.id)).toMatchObject({ door: 'tcp', tenant: 'team-a', role: 'user', result: 201 });
+      await listProcesses(a.id, { 'x-access-token': a.token });
+      expect(await lines((l) => l.action === 'POST /process.Process/List')).toMatchObject({ tenant: 'team-a', token: null, result: 200 });
+    });
+
     it('are returned by create, connect and info to the owning tenant only, and differ per sandbox', async () => {
       expect(a.token).not.toBe(b.token);
       expect(a.token.length).toBeGreaterThanOrEqual(43);

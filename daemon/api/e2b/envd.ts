@@ -116,7 +116,7 @@ export function registerEnvdRoutes(app: FastifyInstance, front: E2bFront): void 
     }
     if (sandbox.state !== 'running') throw unavailable(`sandbox ${id} is ${sandbox.state === 'paused' ? 'paused; connect to it (Sandbox.connect) to resume it' : sandbox.state}`);
     // The request acts for the sandbox's owner (the door set an anonymous principal).
-    req.principal = { ...req.principal, tenant: front.ownerOf(sandbox) ?? 'system' };
+    req.principal = { ...req.principal, tenant: front.ownerOf(sandbox) ?? 'system', role: 'user' };
     return { sandbox, username: basicUser(req.headers.authorization) };
   };
 

@@ -69,6 +69,8 @@ interface Accounts {
 
 /** How long a sandbox's /etc/passwd and /etc/group are trusted once read: 5 s. */
 const ACCOUNTS_TTL_MS = 5000;
+/** Cached sandboxes past which stale entries are swept at the next read: 256 (a few KiB each at most). */
+const ACCOUNTS_SWEEP_AT = 256;
 
 /** A process started through envd: the process, how it was asked for, its tag. */
 export interface E2bProcessEntry {
@@ -163,6 +165,8 @@ export class E2bFront {
       if (f.length >= 3 && /^\d+$/.test(f[2])) groups.set(Number(f[2]), f[0]);
     }
     const a = { at: now, users, groups };
+    // Entries of sandboxes gone by other means (a TTL, `dsec rm`) are dropped once stale.
+    if (this.accounts.size >= ACCOUNTS_SWEEP_AT) for (const [k, v] of this.accounts) if (now - v.at >= ACCOUNTS_TTL_MS) this.accounts.delete(k);
     this.accounts.set(id, a);
     return a;
   }

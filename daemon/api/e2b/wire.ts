@@ -11,6 +11,7 @@ import type { FastifyReply } from 'fastify';
 import { Code, ConnectError } from '@connectrpc/connect';
 import { codeToHttpStatus, errorToJson } from '@connectrpc/connect/protocol-connect';
 import { DsecError, type ErrorKind } from '../../errors.js';
+import { noteErrorKind } from '../../remote/audit.js';
 
 /**
  * The HTTP status an E2B client sees for a dsec error kind. As dsec's own, except:
@@ -68,6 +69,7 @@ export function e2bStatus(e: DsecError): number {
 export function sendE2bError(reply: FastifyReply, e: unknown): FastifyReply {
   const err = asDsecError(e);
   const status = E2B_STATUS[err.kind];
+  noteErrorKind(reply, err.kind);
   if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');
   return reply.code(status).type('application/json').send({ code: status, message: err.message });
 }
@@ -86,5 +88,6 @@ export function toConnectError(e: unknown): ConnectError {
  */
 export function sendConnectError(reply: FastifyReply, e: unknown): FastifyReply {
   const ce = toConnectError(e);
+  noteErrorKind(reply, e instanceof DsecError ? e.kind : Code[ce.code]);
   return reply.code(codeToHttpStatus(ce.code)).type('application/json').send(JSON.stringify(errorToJson(ce, undefined)));
 }

@@ -51,6 +51,13 @@ export interface HostProcess {
   closeStdin(): void;
   /** Resizes its terminal. @throws DsecError FailedPrecondition for a process without a tty. */
   resize(rows: number, cols: number): void;
+  /**
+   * Its readers left while it runs: from now on output nobody reads is dropped, so the
+   * process is never held back by a missing reader (envd's contract: a background
+   * command runs on after its client disconnects). A reader that comes later gets the
+   * output from then on. Safe to call twice.
+   */
+  unwatched(): void;
 }
 
 /** What to run (E2B's ProcessConfig, resolved: user, cwd and environment decided by the caller). */
@@ -122,8 +129,15 @@ export interface E2bHost {
   timeCreate?(backend: string): () => void;
 }
 
-/** {@link HostProcess} over an exec session of this daemon. */
+/**
+ * {@link HostProcess} over a paced exec session of this daemon: output is held in memory
+ * for its readers and the command waits for them (daemon/sandbox/execs.ts), with no spool
+ * files: a command's start and end then touch no disk, which is most of its cost on a
+ * slow store. {@link HostProcess.unwatched} adds a reader that drops what it reads, so a
+ * process nobody listens to any more is never paused.
+ */
 function sessionProcess(s: ExecSession): HostProcess {
+  let draining = false;
   return {
     get pid() {
       return s.pid;
@@ -143,6 +157,12 @@ function sessionProcess(s: ExecSession): HostProcess {
     drained: () => s.handle.drained(),
     closeStdin: () => s.handle.closeStdin(),
     resize: (rows, cols) => s.handle.resize(rows, cols),
+    unwatched: () => {
+      if (draining || s.ended) return;
+      draining = true;
+      const drop = async () => {};
+      for (const stream of ['stdout', 'stderr'] as const) void s.pipe(stream, Number.MAX_SAFE_INTEGER, true, drop).catch(() => {});
+    },
   };
 }
 
@@ -195,6 +215,7 @@ export function localHost(d: { manager: SandboxManager; repo: SandboxRepo; image
     async startProcess(id, spec) {
       const s = await m.startExec(id, {
         argv: spec.argv, env: spec.env, cwd: spec.cwd, ...(spec.user !== undefined ? { user: spec.user } : {}), stdin: spec.stdin, ...(spec.tty ? { tty: spec.tty } : {}),
+        paced: true,
       }, E2B_EXEC_OWNER_UID);
       // The pid is known once the program runs (startExec resolves after that, or after it failed).
       await s.handle.pid.catch(() => {});

@@ -107,6 +107,8 @@ export async function* processEvents(proc: HostProcess, tty: boolean, from: { st
     signal.removeEventListener('abort', onAbort);
     // Unblock pumps waiting on events nobody will take (they see `aborted` next).
     for (const q of queue.splice(0)) q.taken();
+    // The client left before the end: the process runs on, unread output is dropped.
+    if (!proc.ended) proc.unwatched();
   }
 }
 

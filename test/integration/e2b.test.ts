@@ -113,7 +113,7 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'create')).toBeLessThan(ev.findIndex((e) => e.name === 'a.txt' && e.type === 'remove'));
       });
 
-      it.runIf(pkg === 'e2b')('runs PTYs, several files in one write, gzip and streamed uploads, connect and closeStdin, command timeouts', async () => {
+      it.runIf(pkg === 'e2b')('runs PTYs, several files in one write, gzip and streamed uploads, connect and closeStdin, command timeouts, chatty commands nobody reads', async () => {
         const r = await sdk(pkg, tenantA, 'extras', { sandboxId });
         expect(r.error).toBeUndefined();
         expect(r.pty).toEqual({ sizes: ['24 80', '30 100'], exitCode: 0 });
@@ -124,6 +124,7 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
         expect(r.connect).toBe('abc\ndone-cat\n');
         expect(r.timeout).toMatchObject({ threw: true, name: 'TimeoutError' });
         expect(r.stillRunning).toContain('-l -c sleep 600');
+        expect(r.chatty).toBe('finished');
       });
 
       it('lists sandboxes by metadata: only the matching ones of the caller\'s tenant', async () => {

@@ -112,6 +112,20 @@ export async function* processEvents(proc: HostProcess, tty: boolean, from: { st
   }
 }
 
+/**
+ * Once the request ends (client gone, deadline, or done), output nobody reads of `proc`
+ * is dropped: whether or not the stream's own reader ever started (a client that leaves
+ * right after the start event may never get its events pumped), the process is not held
+ * back waiting for a reader.
+ */
+function dropUnreadAfter(signal: AbortSignal, proc: HostProcess): void {
+  const leave = () => {
+    if (!proc.ended) proc.unwatched();
+  };
+  if (signal.aborted) leave();
+  else signal.addEventListener('abort', leave, { once: true });
+}
+
 /** The keepalive interval a request asks for (Keepalive-Ping-Interval, seconds), bounded, in ms. */
 function keepaliveMs(ctx: HandlerContext): number {
   const v = Number(ctx.requestHeader.get(KEEPALIVE_HEADER));
@@ -179,6 +193,7 @@ export function processService(front: E2bFront): Partial<ServiceImpl<typeof Proc
         front.track(sandbox.id, e);
         return e;
       });
+      dropUnreadAfter(ctx.signal, entry.proc);
       yield { event: { event: { case: 'start', value: { pid: entry.proc.pid! } } } };
       for await (const event of processEvents(entry.proc, entry.tty, { stdout: 0, stderr: 0 }, keepaliveMs(ctx), ctx.signal)) yield { event };
     },
@@ -188,6 +203,7 @@ export function processService(front: E2bFront): Partial<ServiceImpl<typeof Proc
       const e = select(front, sandbox.id, req.process);
       // From the output that comes next: what was printed before belongs to the earlier stream.
       const from = { stdout: e.proc.size('stdout'), stderr: e.proc.size('stderr') };
+      dropUnreadAfter(ctx.signal, e.proc);
       yield { event: { event: { case: 'start', value: { pid: e.proc.pid! } } } };
       for await (const event of processEvents(e.proc, e.tty, from, keepaliveMs(ctx), ctx.signal)) yield { event };
     },

@@ -39,6 +39,7 @@
  * (host.spawn_true_ms_*): runs on different days differ several-fold on a shared VM.
  * --cpu-prof DIR: the dsecd of the burst runs under `node --cpu-prof` (profiles in DIR).
  */
+import { runRemote } from './remote.js';
 import { readFileSync, writeFileSync, mkdtempSync, rmSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
@@ -46,7 +47,7 @@ import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
 import { prepareBusyboxTree } from '../daemon/image/builtin.js';
-import { repoRoot } from '../daemon/main.js';
+import { repoRoot } from '../daemon/startup/host.js';
 import { spawnNative } from '../daemon/host/spawn.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { runIoNeighbour } from './io-neighbour.js';
@@ -512,7 +513,7 @@ function writeDoc(md: string): void {
 async function main(): Promise<void> {
   const o = new Command('bench')
     .option('--quick', 'small counts: a functional check, not numbers to publish', false)
-    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status,io,e2b')
+    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status,io,remote,e2b')
     .option('--n <n>', 'creations in the burst', '1000')
     .option('--podman-n <n>', 'podman containers in the burst and density peers', '100')
     .option('--concurrency <c>', 'creates in flight in the burst and density runs', '16')
@@ -530,7 +531,7 @@ async function main(): Promise<void> {
     if (o.podmanN === '100') o.podmanN = '20';
     if (o.densityN === '5000') o.densityN = '100';
   }
-  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status,io,e2b').split(','));
+  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status,io,remote,e2b').split(','));
   const res: Record<string, unknown> = {
     bench: 'all', date: new Date().toISOString().slice(0, 16).replace('T', ' ') + ' UTC', quick: o.quick,
     command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
@@ -548,6 +549,11 @@ async function main(): Promise<void> {
     if (only.has('pause')) await pause(o, tree, res);
     if (only.has('fncall')) await fncall(o, res);
     if (only.has('status')) await status(o, tree, res);
+    if (only.has('remote')) {
+      // The TCP door against the socket, same run (bench/remote.ts).
+      res.remote = await runRemote({ n: o.quick ? 10 : 50, concurrency: 4, execRepeats: o.quick ? 200 : 1000 });
+      process.stderr.write(`remote: ${JSON.stringify((res.remote as { ratio: unknown }).ratio)}\n`);
+    }
     if (only.has('io')) {
       res.io = await runIoNeighbour({ samples: o.quick ? 10 : 40, wbps: 32 * 1024 * 1024, podman: o.podman });
       process.stderr.write(`io: ${JSON.stringify(res.io)}\n`);
@@ -560,7 +566,7 @@ async function main(): Promise<void> {
   (res.host as Record<string, unknown>).spawn_true_ms_at_end = await spawnTrueMs();
   if (o.merge) {
     const prev = JSON.parse(readFileSync(path.join(repoRoot(), 'bench/results-all.json'), 'utf8')) as Record<string, unknown>;
-    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status', 'io', 'e2b']) if (!(k in res) && k in prev) res[k] = prev[k];
+    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status', 'io', 'remote', 'e2b']) if (!(k in res) && k in prev) res[k] = prev[k];
     res.command = `${prev.command as string}; then ${res.command as string}`;
   }
   const text = JSON.stringify(res, null, 2);

@@ -22,7 +22,7 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
-import { repoRoot } from '../daemon/main.js';
+import { repoRoot } from '../daemon/startup/host.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 
 /** Uid pool of this bench's dsecd: 2^25 ids from 2^29 + 2^28 + 2^26, clear of the test slots and of the other benches' pools. */

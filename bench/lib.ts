@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import { DsecClient } from '../sdk/client.js';
-import { repoRoot } from '../daemon/main.js';
+import { repoRoot } from '../daemon/startup/host.js';
 import { builderTomlForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../test/fixtures/slots.js';
 
 /** Percentile (nearest-rank) of `xs` in the same unit; `p` in [0, 100]. NaN for no samples. */

@@ -32,7 +32,7 @@ import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
-import { repoRoot } from '../daemon/main.js';
+import { repoRoot } from '../daemon/startup/host.js';
 
 const MiB = 1024 * 1024;
 const DATA_BYTES = 64 * MiB;

@@ -1,5 +1,5 @@
 /**
- * bench/storage: what the writable-layer store (daemon/storage/store.ts) costs per
+ * bench/storage: what the writable-layer store (daemon/storage/writable-layers.ts) costs per
  * sandbox, for each kind, in one run. Prints one JSON object:
  *
  *   { store_ops_us: { host|btrfs|xfs: { create: {p50, p99}, remove: {p50, p99} } },
@@ -26,7 +26,7 @@ import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { execa } from 'execa';
 import pino from 'pino';
-import { UpperStore, type StorageConfig } from '../daemon/storage/store.js';
+import { WritableLayerStore, type StorageConfig } from '../daemon/storage/writable-layers.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 
 const round = (x: number) => Math.round(x * 100) / 100;
@@ -38,12 +38,12 @@ const stats = (xs: number[]) => ({ p50: round(percentile(xs, 50)), p99: round(pe
  */
 async function storeOps(n: number) {
   const kinds = ['host', 'btrfs', 'xfs'] as const;
-  const stores = [] as { kind: (typeof kinds)[number]; root: string; store: UpperStore; create: number[]; remove: number[] }[];
+  const stores = [] as { kind: (typeof kinds)[number]; root: string; store: WritableLayerStore; create: number[]; remove: number[] }[];
   try {
     for (const kind of kinds) {
       const root = mkdtempSync('/tmp/dsec-bench-store-');
       const config: StorageConfig = { upperFs: kind, sizeBytes: 4 * 1024 ** 3, preallocate: false, path: null, reserveBytes: null };
-      stores.push({ kind, root, store: await UpperStore.open({ root, config, log: pino({ level: 'silent' }) }), create: [], remove: [] });
+      stores.push({ kind, root, store: await WritableLayerStore.open({ root, config, log: pino({ level: 'silent' }) }), create: [], remove: [] });
     }
     for (let i = 0; i < n; i++) {
       for (const s of stores) {

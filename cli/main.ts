@@ -1,5 +1,5 @@
 /**
- * The `dsec` CLI: `dsec [--socket PATH] [--json] VERB ...`.
+ * The `dsec` CLI: `dsec [--socket PATH | --host URL --token T --ca FILE | --context NAME] [--json] VERB ...`.
  *
  * One file per verb under cli/commands/; this file wires them into commander, routes
  * all output through injectable streams, and turns every failure into an exit code:
@@ -26,11 +26,20 @@ import * as fork from './commands/fork.js';
 import * as fleetCa from './commands/fleet/ca.js';
 import * as fleetCert from './commands/fleet/cert.js';
 import * as tokenCreate from './commands/token/create.js';
+import * as contextAdd from './commands/context/add.js';
+import * as contextLs from './commands/context/ls.js';
+import * as contextRm from './commands/context/rm.js';
+import * as contextUse from './commands/context/use.js';
 import * as tokenLs from './commands/token/ls.js';
 import * as tokenRevoke from './commands/token/revoke.js';
 import * as hostInfo from './commands/host/info.js';
 import * as hostReload from './commands/host/reload.js';
 import * as imageAlias from './commands/image/alias.js';
+import * as hostCordon from './commands/host/cordon.js';
+import * as hostUncordon from './commands/host/uncordon.js';
+import * as hostDrain from './commands/host/drain.js';
+import * as hostForget from './commands/host/forget.js';
+import * as hosts from './commands/hosts.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
 import * as imageBuild from './commands/image/build.js';
 import * as imageCompose from './commands/image/compose.js';
@@ -75,6 +84,7 @@ import * as trajRm from './commands/traj/rm.js';
 import * as trajShow from './commands/traj/show.js';
 import * as ttl from './commands/ttl.js';
 import * as version from './commands/version.js';
+import { clientVersion } from './util/version.js';
 import { Ctx } from './util/context.js';
 import { EXIT, UserError, reportError, writeJsonError } from './util/errors.js';
 import { exitQuietlyOnEpipe, processIO, type CliIO } from './util/io.js';
@@ -97,7 +107,12 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   program
     .description('control dsec sandboxes through dsecd')
     .option('--socket <path>', 'dsecd socket (default $DSEC_SOCKET, else /run/dsec/dsecd.sock)')
+    .option('--host <url>', "dsecd's TCP door, https://HOST:PORT (default $DSEC_HOST, else the current context, else the socket)")
+    .option('--token <token>', 'API token for --host (default $DSEC_TOKEN, or the context\'s)')
+    .option('--ca <file>', 'CA certificate to trust for --host (default $DSEC_CA, or the context\'s)')
+    .option('--context <name>', 'a saved context (`dsec context ls`)')
     .option('--json', 'machine-readable JSON output')
+    .version(clientVersion(), '-V, --version', 'print the client\'s version (`dsec version` asks dsecd for its own too)')
     .exitOverride()
     .showSuggestionAfterError(true);
 
@@ -105,6 +120,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   const host = program.command('host').description('host commands');
   hostInfo.register(host, ctx);
   hostReload.register(host, ctx);
+  for (const verb of [hostCordon, hostUncordon, hostDrain, hostForget]) verb.register(host, ctx);
+  hosts.register(program, ctx);
   create.register(program, ctx);
   ls.register(program, ctx);
   inspect.register(program, ctx);
@@ -143,6 +160,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   fork.register(program, ctx);
   const token = program.command('token').description('API tokens of the TCP door (admin): create, ls, revoke');
   for (const verb of [tokenCreate, tokenLs, tokenRevoke]) verb.register(token, ctx);
+  const context = program.command('context').description('saved dsecd endpoints (TCP door or gateway, token, CA): add, use, ls, rm');
+  for (const verb of [contextAdd, contextUse, contextLs, contextRm]) verb.register(context, ctx);
   const fleet = program.command('fleet').description('fleet identity (runs locally): ca, cert');
   for (const verb of [fleetCa, fleetCert]) verb.register(fleet, ctx);
   const traj = program.command('traj').alias('trajectory').description('trajectories (steps recorded by `dsec exec --trajectory`): ls, show, export, rm');

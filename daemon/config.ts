@@ -12,13 +12,21 @@ import { parse as parseToml } from 'smol-toml';
 import { z } from 'zod';
 import { invalidArgument, isDsecError } from './errors.js';
 import { defaultProfilePath } from './security/seccomp.js';
-import { IoMaxSchema, MIN_DISK_BYTES } from './api/schema.js';
-import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './host/cgroups/io.js';
-import { MIN_STORE_BYTES, type StorageConfig } from './storage/store.js';
+import { MIN_DISK_BYTES } from './model/resources.js';
+import { IoMaxSchema } from './host/cgroups/io.js';
+import { MIN_STORE_BYTES, type StorageConfig } from './storage/writable-layers.js';
 import { checkBuilderRange, DEFAULT_BUILDER_RANGE } from './host/builder.js';
-import { DEFAULT_FILESYSTEM, FilesystemOptionsSchema, resolveFilesystem, type ResolvedFilesystem } from './security/filesystem.js';
-import { CERT_ROLES, type CertRole } from './remote/roles.js';
+import { FilesystemOptionsSchema } from './security/filesystem.js';
+import { CERT_ROLES, type CertRole } from '../pki/roles.js';
 import { GuestReclaimSchema, resolveGuestReclaim, type GuestReclaimConfig } from './drivers/microvm/reclaim.js';
+import { IO_WEIGHT_DEFAULT, IO_WEIGHT_MAX, IO_WEIGHT_MIN, type IoLimits } from './model/resources.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from './model/filesystem.js';
+import { fleetHost, resolveFleet, type FleetConfig, type FleetSources } from './fleet/config.js';
+import { HOST_LABEL_RE, HOST_NAME_RE } from './fleet/layout.js';
+import { isLoopbackHost, parseListen, type RemoteConfig } from './remote/config.js';
+
+export type { FleetConfig } from './fleet/config.js';
+export { isLoopbackHost, parseListen, type RemoteConfig } from './remote/config.js';
 
 /** Default state directory (`--root`, DSEC_ROOT). */
 export const DEFAULT_ROOT = '/var/lib/dsec';
@@ -186,6 +194,21 @@ const FileConfig = z
       .optional(),
     filesystem: FilesystemOptionsSchema.optional(),
     security: z.object({ seccomp_profile: z.string().min(1).optional() }).strict().optional(),
+    fleet: z
+      .object({
+        etcd: z.array(z.string().min(1)).min(1).optional(),
+        etcd_cert: z.string().min(1).optional(),
+        etcd_key: z.string().min(1).optional(),
+        etcd_ca: z.string().min(1).optional(),
+        prefix: z.string().regex(/^\/[A-Za-z0-9._/-]*$/, 'prefix is an absolute key path').optional(),
+        advertise: z.string().optional(),
+        host_name: z.string().regex(HOST_NAME_RE, 'host_name is a DNS label: 1-63 of [a-z0-9-]').optional(),
+        labels: z.record(z.string().regex(HOST_LABEL_RE), z.string().regex(HOST_LABEL_RE)).optional(),
+        lease_ttl_s: z.number().int().min(2).max(300).optional(),
+        refresh_s: z.number().min(0.25).max(300).optional(),
+      })
+      .strict()
+      .optional(),
     vm: z
       .object({
         kernel: z.string().min(1).optional(),
@@ -355,7 +378,7 @@ export interface DaemonConfig {
    * device (daemon/host/cgroups/io.ts says what each cgroup version enforces).
    */
   defaults: { cpus: number; memoryBytes: number; pids: number; diskBytes: number; io: IoLimits };
-  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/store.ts StorageConfig documents each field). */
+  /** Where sandboxes' writable layers live and how they are limited (daemon/storage/layout.ts StorageConfig documents each field). */
   storage: StorageConfig;
   /** Per-stream cap on exec output kept in an ExecResult: 4 MiB; the rest is discarded and flagged truncated. */
   maxOutputBytes: number;
@@ -462,6 +485,8 @@ export interface DaemonConfig {
   security: { seccompProfile: string };
   /** The microvm tier (`[vm]`): guest kernel, QEMU, accelerator, timeouts, disk size ({@link VmConfig}). */
   vm: VmConfig;
+  /** Fleet membership (`[fleet]`, `--etcd`; daemon/fleet/): null without etcd endpoints, and dsecd is a host of its own. */
+  fleet: FleetConfig | null;
 }
 
 /**
@@ -495,57 +520,8 @@ export interface NetworkConfig {
   ttlMaxS: number;
 }
 
-/**
- * `[remote]`, the TCP door (daemon/remote/door.ts, docs/SECURITY.md "The TCP door"):
- * HTTPS with TLS 1.3 only and a token on every request.
- */
-export interface RemoteConfig {
-  /** `ADDR:PORT` to listen on (`--listen`, `listen`; `[::]:8443` for every IPv6 and IPv4 address), or null: no TCP door. */
-  listen: string | null;
-  /** Server certificate chain and key, PEM files (`--tls-cert`/`--tls-key`); null: dsecd's own CA and certificate under `<root>/tls` (daemon/remote/pki.ts ensureServerCert). */
-  tlsCert: string | null;
-  tlsKey: string | null;
-  /** Client CA, PEM file (`--tls-ca`): when set, every client must present a certificate it signed (mutual TLS), of a role in `peerRoles`. */
-  tlsCa: string | null;
-  /** Roles a client certificate may name (`peer_roles`, `--tls-peer-roles`; default client and gateway: a host's certificate is refused). */
-  peerRoles: CertRole[];
-  /** Extra names dsecd's own server certificate covers besides its host name and addresses (`san`: DNS names or IP addresses). */
-  san: string[];
-  /** Sandbox creates (create, restore, fork) one token may start per minute (`creates_per_minute`; default 6,000: 100/s sustained, far above one RL controller's burst on one host, a brake on a runaway loop). */
-  createsPerMinute: number;
-  /** Failed authentications one source address may make per minute before it gets 429 for the rest of that minute (`auth_failures_per_minute`; default 30). */
-  authFailuresPerMinute: number;
-  /** Most TCP connections at once (`max_connections`; default 10,000: an attach each for thousands of sandboxes, below the default fd limit of dsecd's unit). */
-  maxConnections: number;
-  /** Time for a request's headers, ms (`headers_timeout_s`; default 10 s: a slowloris client holding connections with partial headers is cut). */
-  headersTimeoutMs: number;
-  /** Time to receive a whole request, ms (`request_timeout_s`; default 3,600 s: an upload of a large file over a slow link; 0 for none). */
-  requestTimeoutMs: number;
-  /** Idle keep-alive connections close after this, ms (`keep_alive_timeout_s`; default 5 s, node's). */
-  keepAliveTimeoutMs: number;
-  /** A TLS handshake must finish within this, ms (`handshake_timeout_s`; default 10 s). */
-  handshakeTimeoutMs: number;
-}
-
-/** Whether `host` (of a host:port) is a loopback address or `localhost`. */
-export function isLoopbackHost(host: string): boolean {
-  const h = host.replace(/^\[|\]$/g, '');
-  return h === 'localhost' || /^127\.\d{1,3}\.\d{1,3}\.\d{1,3}$/.test(h) || h === '::1';
-}
-
-/**
- * Splits `ADDR:PORT` (`[v6]:PORT` for IPv6).
- * @throws DsecError InvalidArgument naming `what` for anything else.
- */
-export function parseListen(addr: string, what: string): { host: string; port: number } {
-  const m = /^(?:\[([0-9a-fA-F:.]+)\]|([^:\[\]]+)):(\d{1,5})$/.exec(addr);
-  const port = m ? Number(m[3]) : NaN;
-  if (!m || port > 65535) throw invalidArgument(`${what} ${JSON.stringify(addr)}: want ADDR:PORT, e.g. 0.0.0.0:8443 or [::]:8443`);
-  return { host: m[1] ?? m[2], port };
-}
-
 /** Options from flags and environment; undefined means "not given". */
-export interface ConfigSources {
+export interface ConfigSources extends FleetSources {
   root?: string;
   socket?: string;
   config?: string;
@@ -622,7 +598,18 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     }
   }
   const socket = path.resolve(src.socket ?? env.DSEC_SOCKET ?? fc.socket ?? DEFAULT_SOCKET);
+  let fleet: FleetConfig | null;
+  try {
+    fleet = resolveFleet(src, fc.fleet);
+  } catch (e) {
+    if (isDsecError(e) && !src.etcd && fc.fleet?.etcd) throw invalidArgument(`config ${file}: fleet: ${e.message}`);
+    throw e;
+  }
+  let remoteCfg = remote;
+  if (fleet) [fleet, remoteCfg] = fleetHost(fleet, remote);
   return Object.freeze({
+    fleet,
+    remote: remoteCfg,
     root,
     socket,
     instance: fc.instance ?? instanceNameFor(root),
@@ -656,7 +643,6 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     security: { seccompProfile: fc.security?.seccomp_profile ? path.resolve(fc.security.seccomp_profile) : defaultProfilePath() },
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
-    remote,
     audit: { path: path.resolve(fc.audit?.path ?? path.join(root, 'audit.log')) },
     e2b: { enabled: fc.e2b?.enabled ?? true, defaultTimeoutS: fc.e2b?.default_timeout_s ?? 300, internet: fc.e2b?.internet ?? 'none' },
     admission: {

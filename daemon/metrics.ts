@@ -26,7 +26,6 @@
 import http from 'node:http';
 import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom-client';
 import { invalidArgument } from './errors.js';
-import { TransferMeter } from './api/transfer.js';
 
 /** Latency buckets in seconds: 1 ms .. 10 s, dense where the targets are (2 ms exec, 30 ms create). */
 const BUCKETS = [0.001, 0.002, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10];
@@ -39,16 +38,16 @@ export class Metrics {
   readonly errors = new Counter({ name: 'dsec_api_errors_total', help: 'API errors by kind.', labelNames: ['code'], registers: [this.registry] });
   readonly authFailures = new Counter({ name: 'dsec_auth_failures_total', help: 'Requests on the TCP door refused before a role was known, by reason.', labelNames: ['reason'], registers: [this.registry] });
   readonly authDenied = new Counter({ name: 'dsec_auth_denied_total', help: 'Authenticated requests on the TCP door refused because the role may not make them.', labelNames: ['role'], registers: [this.registry] });
-  /** What file transfers hold in dsecd's buffers (the files routes account into it). */
-  readonly transfers = new TransferMeter();
-
   /**
    * @param sandboxesByState called at scrape time: count of sandboxes per state.
    * @param execSessions called at scrape time: exec sessions per state.
+   * @param warmPools called at scrape time: the warm pools' counters (daemon/sandbox/warm-pool.ts WarmPoolStats).
+   * @param transfers what file transfers hold in dsecd's buffers now and at most, bytes
+   *   (daemon/api/transfer.ts TransferMeter, which the files routes account into).
    */
   constructor(sandboxesByState: () => Record<string, number>, execSessions: () => Record<string, number>,
-    /** Called at scrape time: the warm pools' counters (daemon/sandbox/warm-pool.ts WarmPoolStats). */
-    warmPools: () => Array<{ image: string; network: string; ready: number; filling: number; claimed: number; misses: number }> = () => []) {
+    warmPools: () => Array<{ image: string; network: string; ready: number; filling: number; claimed: number; misses: number }> = () => [],
+    transfers: { readonly bufferedBytes: number; readonly peakBytes: number } = { bufferedBytes: 0, peakBytes: 0 }) {
     const states = ['creating', 'running', 'paused', 'stopped', 'failed'];
     new Gauge({
       name: 'dsec_sandboxes', help: 'Sandboxes by state.', labelNames: ['state'], registers: [this.registry],
@@ -86,7 +85,6 @@ export class Metrics {
         for (const p of warmPools()) this.set({ image: p.image, network: p.network }, p.misses);
       },
     });
-    const transfers = this.transfers;
     new Gauge({
       name: 'dsec_file_transfer_buffered_bytes', help: 'Bytes of file transfers held in dsecd\'s buffers now.', registers: [this.registry],
       collect() {

@@ -53,8 +53,8 @@ LIB=$PREFIX/lib/dsec
 NATIVE_EXE=(native/agent/dsec-agent native/seccomp-monitor/dsec-seccomp-monitor native/vmm/dsec-vmm-launch native/builder/dsec-builder)
 NATIVE_DATA=(native/addon/build/Release/dsec_native.node native/builder/libdsec-mkfs.so native/seccomp-monitor/syscalls.json)
 missing=()
-for f in package.json package-lock.json bin/dsec bin/dsecd dist/daemon/main.js dist/cli/main.js dist/sdk node_modules/.package-lock.json \
-  "${NATIVE_EXE[@]}" "${NATIVE_DATA[@]}" daemon/security/profiles/seccomp-default.json etc/dsecd.toml systemd/dsecd.service; do
+for f in package.json package-lock.json bin/dsec bin/dsecd bin/dsec-gateway dist/daemon/main.js dist/cli/main.js dist/gateway/main.js dist/sdk dist/pki node_modules/.package-lock.json \
+  "${NATIVE_EXE[@]}" "${NATIVE_DATA[@]}" daemon/security/profiles/seccomp-default.json etc/dsecd.toml systemd/dsecd.service systemd/dsec-gateway.service; do
   [[ -e $f ]] || missing+=("$f")
 done
 compgen -G 'native/bpf/build/*.o' >/dev/null || missing+=(native/bpf/build/*.o)
@@ -67,8 +67,8 @@ trap 'rm -rf "$STAGE"' EXIT
 say "staging release from $REPO"
 cp package.json package-lock.json "$STAGE/"
 mkdir -p "$STAGE/bin" "$STAGE/dist" "$STAGE/daemon/security"
-cp bin/dsec bin/dsecd "$STAGE/bin/"
-cp -R dist/daemon dist/cli dist/sdk "$STAGE/dist/"
+cp bin/dsec bin/dsecd bin/dsec-gateway "$STAGE/bin/"
+cp -R dist/daemon dist/cli dist/sdk dist/gateway dist/pki "$STAGE/dist/"
 cp -R daemon/security/profiles "$STAGE/daemon/security/"
 for f in "${NATIVE_EXE[@]}"; do install -D -m 0755 "$f" "$STAGE/$f"; done
 for f in "${NATIVE_DATA[@]}"; do install -D -m 0644 "$f" "$STAGE/$f"; done
@@ -103,7 +103,7 @@ fi
 PREV=$(readlink "$LIB/current" 2>/dev/null || true)
 ln -sfn "releases/$ID" "$LIB/.current.tmp"
 mv -T "$LIB/.current.tmp" "$LIB/current"
-for b in dsec dsecd; do
+for b in dsec dsecd dsec-gateway; do
   ln -sfn "../lib/dsec/current/bin/$b" "$PREFIX/bin/.$b.tmp"
   mv -T "$PREFIX/bin/.$b.tmp" "$PREFIX/bin/$b"
 done
@@ -135,14 +135,17 @@ fi
 
 if [[ -n $UNITDIR ]]; then
   mkdir -p "$UNITDIR"
-  sed "s#^ExecStart=/usr/local/bin/dsecd #ExecStart=$PREFIX/bin/dsecd #" systemd/dsecd.service > "$UNITDIR/.dsecd.service.tmp"
-  if cmp -s "$UNITDIR/.dsecd.service.tmp" "$UNITDIR/dsecd.service"; then
-    rm -f "$UNITDIR/.dsecd.service.tmp"
-  else
-    chmod 0644 "$UNITDIR/.dsecd.service.tmp"
-    mv -T "$UNITDIR/.dsecd.service.tmp" "$UNITDIR/dsecd.service"
-    say "installed $UNITDIR/dsecd.service (run: systemctl daemon-reload)"
-  fi
+  # dsec-gateway.service is installed but never enabled here: a gateway runs only where a fleet is set up.
+  for unit in dsecd dsec-gateway; do
+    sed "s#^ExecStart=/usr/local/bin/$unit #ExecStart=$PREFIX/bin/$unit #" "systemd/$unit.service" > "$UNITDIR/.$unit.service.tmp"
+    if cmp -s "$UNITDIR/.$unit.service.tmp" "$UNITDIR/$unit.service"; then
+      rm -f "$UNITDIR/.$unit.service.tmp"
+    else
+      chmod 0644 "$UNITDIR/.$unit.service.tmp"
+      mv -T "$UNITDIR/.$unit.service.tmp" "$UNITDIR/$unit.service"
+      say "installed $UNITDIR/$unit.service (run: systemctl daemon-reload)"
+    fi
+  done
 fi
 
 # Processes that map a file of a release (dsecd maps its addon, the seccomp monitor is a

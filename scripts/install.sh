@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# dsec install: Debian 12, as root. Installs the apt packages dsec needs, the npm
+# dsec install: Debian 12, as root. Installs the apt packages dsec needs (etcd for fleets, its service disabled), the npm
 # packages, builds the native parts (agent, addon, ...) and the TypeScript in this
 # checkout, installs the build as a release of its own under /usr/local/lib/dsec with
 # `dsec` and `dsecd` in /usr/local/bin and the configuration in /etc/dsec
@@ -45,6 +45,35 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# etcd for fleets (docs/OPERATIONS.md "A fleet"): Debian's etcd-server and etcd-client (3.4).
+# The package enables and starts an etcd without authentication on 127.0.0.1:2379 (a
+# systemd unit, or its init script where PID 1 is not systemd); dsec runs etcd only where
+# a fleet is configured, with TLS and users, so the packaged service is kept from
+# starting at install (a policy-rc.d that denies starts, for this install only, when the
+# host has none) and disabled afterwards.
+if ! dpkg-query -W -f='${Status}' etcd-server 2>/dev/null | grep -q "ok installed"; then
+  say "apt-get install etcd-server etcd-client (its service stays disabled)"
+  export DEBIAN_FRONTEND=noninteractive
+  made_policy=0
+  if [[ ! -e /usr/sbin/policy-rc.d ]]; then
+    printf '#!/bin/sh\n# dsec install: no service starts while packages install\nexit 101\n' > /usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    made_policy=1
+  fi
+  apt-get install -y -qq --no-install-recommends etcd-server etcd-client >/dev/null || { ((made_policy)) && rm -f /usr/sbin/policy-rc.d; die "apt-get install etcd-server etcd-client failed"; }
+  ((made_policy)) && rm -f /usr/sbin/policy-rc.d
+fi
+if [[ -d /run/systemd/system ]]; then
+  if systemctl is-enabled --quiet etcd.service 2>/dev/null || systemctl is-active --quiet etcd.service 2>/dev/null; then
+    say "disabling the packaged etcd.service (unauthenticated; a fleet runs its own etcd)"
+    systemctl disable --now etcd.service >/dev/null 2>&1 || true
+  fi
+elif [[ -x /etc/init.d/etcd ]]; then
+  # Without systemd: stop the init script's etcd if it runs, and keep it from starting at boot.
+  /etc/init.d/etcd status >/dev/null 2>&1 && /etc/init.d/etcd stop >/dev/null 2>&1 || true
+  update-rc.d etcd disable >/dev/null 2>&1 || true
 fi
 
 if [[ ! -d node_modules || package-lock.json -nt node_modules/.package-lock.json ]]; then

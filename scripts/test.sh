@@ -12,15 +12,25 @@ else
   make -s -C native && npx tsc -p tsconfig.json || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
 fi
 out=$(mktemp -d)
-npx vitest run --reporter=default --reporter=json --outputFile.json="$out/results.json" "$@"
+# The import rules first (.dependency-cruiser.cjs; a few seconds): a layering break shows
+# at the top of the output and counts in the final line like any failed test.
+deps=test/unit/dependencies.test.ts
+npx vitest run --reporter=default --reporter=json --outputFile.json="$out/deps.json" "$deps"
+rc_deps=$?
+npx vitest run --reporter=default --reporter=json --outputFile.json="$out/results.json" --exclude "$deps" "$@"
 rc=$?
+[[ $rc_deps -ne 0 ]] && rc=1
 node -e '
-  const r = JSON.parse(require("fs").readFileSync(process.argv[1], "utf8"));
-  const skipped = r.numPendingTests + (r.numTodoTests || 0);
-  let failed = r.numFailedTests;
-  // A test file that failed to load has no tests counted: count it as one failure.
-  for (const f of r.testResults) if (f.status === "failed" && f.assertionResults.length === 0) failed++;
-  console.log(`${r.numPassedTests} passed, ${failed} failed` + (skipped ? `, ${skipped} skipped` : ""));
-' "$out/results.json" || { echo "0 passed, 1 failed"; rc=1; }
+  let passed = 0, failed = 0, skipped = 0;
+  for (const file of process.argv.slice(1)) {
+    const r = JSON.parse(require("fs").readFileSync(file, "utf8"));
+    passed += r.numPassedTests;
+    skipped += r.numPendingTests + (r.numTodoTests || 0);
+    failed += r.numFailedTests;
+    // A test file that failed to load has no tests counted: count it as one failure.
+    for (const f of r.testResults) if (f.status === "failed" && f.assertionResults.length === 0) failed++;
+  }
+  console.log(`${passed} passed, ${failed} failed` + (skipped ? `, ${skipped} skipped` : ""));
+' "$out/deps.json" "$out/results.json" || { echo "0 passed, 1 failed"; rc=1; }
 rm -rf "$out"
 exit $rc

@@ -22,7 +22,7 @@ import { EventEmitter } from 'node:events';
 import type http from 'node:http';
 import { createRequire } from 'node:module';
 import type WebSocketType from 'ws';
-import type { ErrorKind } from '../daemon/errors.js';
+import type { ErrorKind } from './types.js';
 
 type WebSocket = WebSocketType;
 
@@ -41,7 +41,7 @@ const CONNECTING = 0;
 const OPEN = 1;
 const CLOSED = 3;
 
-/** How an exec session looks on the wire (ExecInfo of daemon/api/schema.ts), as far as this module needs it. */
+/** How an exec session looks on the wire (ExecInfo, sdk/types.ts), as far as this module needs it. */
 export interface AttachExecInfo {
   exec_id: string;
   exit_code: number | null;
@@ -126,11 +126,12 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
   private rejectDone!: (e: Error) => void;
 
   /**
-   * @param url `ws+unix://SOCKET:/v1/...` of the attach endpoint
+   * @param url `ws+unix://SOCKET:/v1/...` or `wss://HOST:PORT/v1/...` of the attach endpoint
    * @param errors error constructors of the client
    * @param signal aborting it closes the attachment
+   * @param wsOptions extra options of the `ws` client (TLS trust and the token of the TCP door, sdk/remote.ts)
    */
-  constructor(url: string, errors: AttachErrorFactory, signal?: AbortSignal) {
+  constructor(url: string, errors: AttachErrorFactory, signal?: AbortSignal, wsOptions: Record<string, unknown> = {}) {
     super();
     this.errors = errors;
     this.opened = new Promise((res, rej) => {
@@ -146,7 +147,7 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
     this.done.catch(() => {});
     // No compression: output is often already dense (or huge), and the socket is local.
     const WebSocketClass = webSocketClass();
-    this.ws = new WebSocketClass(url, { perMessageDeflate: false });
+    this.ws = new WebSocketClass(url, { ...wsOptions, perMessageDeflate: false });
     this.ws.on('open', () => this.onOpen());
     this.ws.on('message', (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
     this.ws.on('unexpected-response', (req: http.ClientRequest, res: http.IncomingMessage) => this.onRefused(req, res));

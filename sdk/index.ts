@@ -1,6 +1,6 @@
 /**
  * Public entry point of the dsec SDK: the typed client of the dsecd API and its types.
- * See sdk/client.ts for the contract of each call.
+ * Each call is documented in its resource module (listed in sdk/client.ts); the types in sdk/types.ts.
  */
 /** The client, its error class and defaults. */
 export {
@@ -47,6 +47,8 @@ export type {
   ExportTrajectoryOptions,
   FileOptions,
   FileStat,
+  FleetHost,
+  FleetHostList,
   ForkInput,
   HostInfo,
   Image,
@@ -94,6 +96,6 @@ export type {
   WriteStdinOptions,
   TokenInfo,
   CreatedToken,
-  CreateTokenOptions,
+  CreateTokenInput,
   Whoami,
 } from './client.js';

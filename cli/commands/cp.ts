@@ -15,7 +15,11 @@
  *   only their permission bits (no setuid/setgid from a sandbox); devices and FIFOs are
  *   skipped. Nothing made here resolves outside the destination, however the sandbox
  *   shaped its links (cli/util/extract.ts): a symlink or hard link that would is refused
- *   with a warning naming it, the rest is copied, and the command then fails.
+ *   with a warning naming it, the rest is copied, and the command then fails. So does
+ *   an entry that could not be written (a local ENOSPC or EACCES, a corrupt header):
+ *   an error line names it, the rest is tried, and the copy is reported incomplete. An
+ *   archive dsecd breaks off midway (it could not read something below /p after it
+ *   started answering) fails with what arrived left in place.
  * - `-` as the local side is a tar stream: `dsec cp - ID:/dir` extracts stdin into /dir;
  *   `dsec cp ID:/p -` writes the tar of /p (members named `p/...`) to stdout.
  *
@@ -24,7 +28,7 @@
  * SIGINT/SIGTERM stop the copy (exit 128+N); a partly written local file is removed.
  */
 import { createReadStream, createWriteStream } from 'node:fs';
-import { chmod, lstat, mkdir, readdir, readlink, stat, unlink } from 'node:fs/promises';
+import { chmod, lstat, mkdir, readdir, readlink, realpath, stat, unlink } from 'node:fs/promises';
 import path from 'node:path';
 import { Readable, pipeline } from 'node:stream';
 import { pipeline as pipelineAsync } from 'node:stream/promises';
@@ -39,7 +43,7 @@ import { extractArchive, makeSymlinks } from '../util/extract.js';
 import { EXIT, UserError } from '../util/errors.js';
 import { signalNumber } from '../util/exec.js';
 import type { OutStream } from '../util/io.js';
-import { writeJson } from '../util/output.js';
+import { printable, writeJson } from '../util/output.js';
 
 /** Options of `cp`. */
 interface CpOptions {
@@ -61,6 +65,8 @@ interface CopyEnv {
   partial?: string;
   /** Members of a copy out that were refused (each `MEMBER: why`), reported after the copy. */
   refused: string[];
+  /** Members of a copy out that could not be written as they are (each `MEMBER (why)`): the copy failed. */
+  failed: string[];
 }
 
 /** Most skipped or refused members named one by one; the rest are counted. */
@@ -104,6 +110,7 @@ export function register(parent: Command, ctx: Ctx): Command {
         follow: opts.followLink === true,
         signal: abort.signal,
         refused: [],
+        failed: [],
         progress: (what, size) => (progress = createByteProgress(ctx.io.stderr, showProgress, what, size)),
       };
       let bytes: number;
@@ -123,9 +130,17 @@ export function register(parent: Command, ctx: Ctx): Command {
         ctx.exitCode = EXIT.signalBase + (signalNumber(interrupted) ?? 2);
         return;
       }
+      for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${printable(r)}\n`);
+      if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
+      for (const f of env.failed.slice(0, MAX_LISTED)) ctx.err(`dsec: error: could not copy ${printable(f)}\n`);
+      if (env.failed.length > MAX_LISTED) ctx.err(`dsec: error: could not copy ${env.failed.length - MAX_LISTED} more\n`);
+      if (env.failed.length) {
+        throw new UserError(
+          `${env.failed.length} ${env.failed.length === 1 ? 'entry' : 'entries'} could not be copied (above); ${dstText} is incomplete`,
+          'a local write failed (no space left, no permission), or the archive was corrupt; fix that and copy again',
+        );
+      }
       if (env.refused.length) {
-        for (const r of env.refused.slice(0, MAX_LISTED)) ctx.err(`dsec: warning: refused ${r}\n`);
-        if (env.refused.length > MAX_LISTED) ctx.err(`dsec: warning: refused ${env.refused.length - MAX_LISTED} more\n`);
         throw new UserError(
           `${env.refused.length} ${env.refused.length === 1 ? 'entry was' : 'entries were'} refused (above); the rest was copied to ${dstText}`,
           'a link is made here only when it resolves inside the destination; `dsec cp -L ID:/path/to/link LOCAL` copies what a link points to',
@@ -198,8 +213,12 @@ async function copyIn(env: CopyEnv, plan: Extract<CpPlan, { direction: 'in' }>):
     }
     const p = env.progress(`${src} to ${id}:${dst}`);
     const counter = byteCounter((n) => p.update(n));
+    // node-tar lstats `cwd/.` as the normalised `cwd`: with SRC a symlink to a directory
+    // (-L, or SRC/) that is the link, sent as a link. The real directory is archived
+    // instead, under SRC's name; the links inside it stay links.
+    const cwd = await localOp(src, () => realpath(src));
     // portable: no host uids, gids or user names inside the sandbox (dsecd decides ownership).
-    const tarStream = createTar({ cwd: src, prefix, portable: true }, names) as unknown as NodeJS.ReadableStream;
+    const tarStream = createTar({ cwd, prefix, portable: true }, names) as unknown as NodeJS.ReadableStream;
     await client.putArchive(id, into, pipeline(tarStream, counter, () => {}), opts);
     return counter.bytes();
   }
@@ -224,7 +243,14 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const p = env.progress(`${id}:${src} to stdout`);
     const counter = byteCounter((n) => p.update(n));
     const res = await client.getArchive(id, src, opts);
-    await writeAll(pipeline(res, counter, () => {}), env.ctx.io.stdout);
+    let broke = false;
+    res.on('error', () => { broke = true; });
+    try {
+      await writeAll(pipeline(res, counter, () => {}), env.ctx.io.stdout);
+    } catch (e) {
+      if (broke && !env.signal.aborted) throw brokeOff(id, src, 'stdout');
+      throw e;
+    }
     return counter.bytes();
   }
 
@@ -242,7 +268,11 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const counter = byteCounter((n) => p.update(n));
     const skipped: string[] = [];
     const res = await client.getArchive(id, src, { ...opts, follow: env.follow });
-    res.on('error', (e) => counter.destroy(e));
+    let broke = false;
+    res.on('error', (e) => {
+      broke = true;
+      counter.destroy(e);
+    });
     try {
       await extractArchive(res.pipe(counter), {
         dest: dst,
@@ -250,13 +280,15 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
         // The archive's members are named from src's base name; with strip 1 that name is gone.
         origin: { sandboxDir: path.posix.normalize(src), localDir: strip === 1 ? '' : baseName(src) },
         onSkip: (member, why) => skipped.push(member ? `${member} (${why})` : why),
+        onFail: (member, why) => env.failed.push(member ? `${member} (${why})` : why),
         onRefuse: (member, why) => env.refused.push(`${member}: ${why}`),
       });
     } catch (e) {
       res.destroy();
+      if (broke && !env.signal.aborted) throw brokeOff(id, src, dst);
       throw e;
     }
-    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${s}\n`);
+    for (const s of skipped.slice(0, MAX_LISTED)) env.ctx.err(`dsec: warning: skipped ${printable(s)}\n`);
     if (skipped.length > MAX_LISTED) env.ctx.err(`dsec: warning: skipped ${skipped.length - MAX_LISTED} more\n`);
     return counter.bytes();
   }
@@ -270,7 +302,7 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
     const why: string[] = [];
     const made = makeSymlinks(path.dirname(file), [{ rel: path.basename(file), target: st.target, member: `${id}:${src}` }], (_m, w) => why.push(w), { sandboxDir: parentDir(src), localDir: '' });
     if (made.length === 0) {
-      throw new UserError(`refused ${id}:${src}: ${why.join('; ')} (here the destination is ${path.dirname(file)}, the directory that receives the link)`, 'a link is made here only when it resolves inside the directory that receives it; -L copies what it points to', 'FailedPrecondition');
+      throw new UserError(`refused ${id}:${src}: ${printable(why.join('; '))} (here the destination is ${path.dirname(file)}, the directory that receives the link)`, 'a link is made here only when it resolves inside the directory that receives it; -L copies what it points to', 'FailedPrecondition');
     }
     return 0;
   }
@@ -278,13 +310,36 @@ async function copyOut(env: CopyEnv, plan: Extract<CpPlan, { direction: 'out' }>
   const p = env.progress(`${id}:${src} to ${file}`, st.size);
   const counter = byteCounter((n) => p.update(n));
   const res = await client.readFile(id, src, opts);
+  let broke = false;
+  res.on('error', () => { broke = true; });
   const existed = (await localStatOrNull(file)) !== null;
   const out = createWriteStream(file, { mode: st.mode & 0o777 });
   if (!existed) env.partial = file;
-  await pipelineAsync(res, counter, out);
+  try {
+    await pipelineAsync(res, counter, out);
+  } catch (e) {
+    if (broke && !env.signal.aborted) throw brokeOff(id, src, file, 'read');
+    throw e;
+  }
   // An existing file keeps its mode unless we can set the sandbox's (permission bits only).
   await chmod(file, st.mode & 0o777).catch(() => {});
   return counter.bytes();
+}
+
+/**
+ * The error of an archive (or a file read) dsecd broke off midway (its response ended
+ * without the rest): the walk or read inside the sandbox failed after the answer had
+ * begun, too late for an error response. dsecd's log has the reason ("archive stream
+ * failed").
+ */
+function brokeOff(id: string, src: string, dst: string, what: 'archive' | 'read' = 'archive'): UserError {
+  return new UserError(
+    what === 'archive'
+      ? `dsecd broke off the archive of ${id}:${src} midway; what arrived before is in ${dst}, the rest is missing`
+      : `dsecd broke off the read of ${id}:${src} midway; nothing was kept at ${dst}`,
+    `dsecd could not read ${what === 'archive' ? 'something below it' : 'it'}: a file --user may not read, a path longer than 4096 bytes, a file removed meanwhile, or the sandbox stopped; dsecd's log says which${what === 'archive' ? ' ("archive stream failed")' : ''}`,
+    'FailedPrecondition',
+  );
 }
 
 /** The stat of `p` in the sandbox, or null when nothing is there. */

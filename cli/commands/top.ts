@@ -65,6 +65,21 @@ export async function sampleHost(stats: StatsResponse): Promise<TopHost> {
   }
 }
 
+/**
+ * Runs `load` (an import) with CI and CONTINUOUS_INTEGRATION removed from process.env,
+ * then puts them back as they were; children started later see them unchanged.
+ */
+async function withoutCiEnv<T>(load: () => Promise<T>): Promise<T> {
+  const saved = { CI: process.env.CI, CONTINUOUS_INTEGRATION: process.env.CONTINUOUS_INTEGRATION };
+  delete process.env.CI;
+  delete process.env.CONTINUOUS_INTEGRATION;
+  try {
+    return await load();
+  } finally {
+    for (const [k, v] of Object.entries(saved)) if (v !== undefined) process.env[k] = v;
+  }
+}
+
 /** Options of `top`. */
 interface TopOptions {
   once?: boolean;
@@ -97,7 +112,10 @@ export function register(parent: Command, ctx: Ctx): Command {
       try {
         if (interactive) {
           // Ink and React load only here (~0.3 s and ~40 MB that no other verb should pay).
-          const { renderTop } = await import('../ui/top.js');
+          // Ink holds every frame until exit when CI or CONTINUOUS_INTEGRATION is set in the
+          // environment (its is-in-ci check, read once at import); a live view on a terminal
+          // must draw whatever the environment says, so both are hidden from that import.
+          const { renderTop } = await withoutCiEnv(() => import('../ui/top.js'));
           await renderTop({
             stdout: ctx.io.stdout as NodeJS.WriteStream,
             stdin: ctx.io.stdin as unknown as NodeJS.ReadStream,

@@ -3,7 +3,10 @@
  * created API client.
  */
 import type { Command } from 'commander';
-import { DsecClient } from '../../sdk/index.js';
+import { readFileSync } from 'node:fs';
+import { DEFAULT_SOCKET_PATH, DsecClient } from '../../sdk/index.js';
+import { readContexts } from './contexts.js';
+import { UserError } from './errors.js';
 import type { CliIO } from './io.js';
 import { useColor } from './output.js';
 
@@ -11,6 +14,14 @@ import { useColor } from './output.js';
 export interface GlobalOptions {
   /** `--socket PATH`: the dsecd socket. */
   socket?: string;
+  /** `--host https://HOST:PORT`: dsecd's TCP door (or a gateway). */
+  host?: string;
+  /** `--token TOKEN`: the API token for the TCP door. */
+  token?: string;
+  /** `--ca FILE`: CA certificate to trust on the TCP door. */
+  ca?: string;
+  /** `--context NAME`: a saved context (cli/util/contexts.ts). */
+  context?: string;
   /** `--json`: machine-readable output. */
   json?: boolean;
 }
@@ -56,8 +67,41 @@ export class Ctx {
 
   /** The API client for `--socket`, else `$DSEC_SOCKET` (from this run's env), else the default; created on first use. */
   client(): DsecClient {
-    this.clientInstance ??= new DsecClient({ socketPath: this.globals.socket || this.io.env.DSEC_SOCKET || undefined });
+    this.clientInstance ??= new DsecClient(this.target());
     return this.clientInstance;
+  }
+
+  /**
+   * Which dsecd this run talks to, first match wins: `--socket`; `--host` (with `--token`
+   * or DSEC_TOKEN, `--ca` or DSEC_CA); `--context NAME`; DSEC_HOST (with DSEC_TOKEN,
+   * DSEC_CA); DSEC_SOCKET; the current context (`dsec context use`); the default socket.
+   * A context's token gives way to `--token`, its CA to `--ca`.
+   * @throws UserError for an unknown context or an unreadable CA file.
+   */
+  target(): { socketPath: string; remote?: undefined } | { socketPath?: undefined; remote: { url: string; token?: string; ca?: Buffer } } {
+    const g = this.globals;
+    const env = this.io.env;
+    const ca = (file: string | undefined, what: string): Buffer | undefined => {
+      if (!file) return undefined;
+      try {
+        return readFileSync(file);
+      } catch (e) {
+        throw new UserError(`${what} ${file}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : (e as Error).message}`, "copy dsecd's CA certificate (<root>/tls/ca.crt on its host, or the fleet CA) here");
+      }
+    };
+    const fromContext = (name: string) => {
+      const c = readContexts(env).contexts[name];
+      if (!c) throw new UserError(`no context ${JSON.stringify(name)}`, 'list them with `dsec context ls`; add one with `dsec context add`');
+      return { remote: { url: c.host, token: g.token || c.token || env.DSEC_TOKEN || undefined, ca: g.ca ? ca(g.ca, '--ca') : ca(c.ca, `context ${name}: CA`) } };
+    };
+    if (g.socket) return { socketPath: g.socket };
+    if (g.host) return { remote: { url: g.host, token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
+    if (g.context) return fromContext(g.context);
+    if (env.DSEC_HOST) return { remote: { url: env.DSEC_HOST, token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
+    if (env.DSEC_SOCKET) return { socketPath: env.DSEC_SOCKET };
+    const current = readContexts(env).current;
+    if (current) return fromContext(current);
+    return { socketPath: DEFAULT_SOCKET_PATH };
   }
 
   /** Writes text to stdout. */

@@ -15,7 +15,7 @@
 import { DsecApiError, type ErrorKind } from '../../sdk/index.js';
 import { rewriteFieldMessage } from './fields.js';
 import type { OutStream } from './io.js';
-import { writeJsonLine } from './output.js';
+import { printable, writeJsonLine } from './output.js';
 
 /** Exit codes of the CLI; `exec` and `run` otherwise pass the command's code through. */
 export const EXIT = {
@@ -200,6 +200,8 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
     case 'ResourceExhausted':
       if (image || layer || verb === 'commit') return 'the layer store may be full: `dsec image prune` removes unused layers';
       if (verb === 'snapshot create') return 'the layer store may be full: `dsec snapshot rm` and `dsec image prune` free space';
+      // A file write of the sandbox's: its writable layer is at its quota (or the store is full).
+      if (verb === 'cp') return 'the sandbox\'s disk is full (its --disk quota, `dsec inspect ID` disk_bytes and disk_used_bytes): remove files in it, or create it with a larger --disk';
       return 'remove idle sandboxes (`dsec ls`, `dsec rm`) or retry later; `dsec host info` shows capacity';
     case 'Internal':
       return LOG_HINT;
@@ -216,6 +218,11 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
 
 /** The hint of an `Unavailable` error; see {@link hintFor}. */
 function unavailableHint(verb: string, d: ErrorDetail, imageOrLayer: boolean): string {
+  if (!d.status && /\bdsecd at https:\/\//.test(d.message ?? '')) {
+    // The TCP door (--host, DSEC_HOST, a context): no local dsecd to start.
+    if (/^TLS:/.test(d.message ?? '')) return "the message says what TLS refused; `dsec context ls` shows the CA a context trusts";
+    return "check the address (--host, $DSEC_HOST, `dsec context ls`) and that dsecd there runs with --listen";
+  }
   if (!d.status) {
     // dsecd never answered: the connection failed, or broke before an answer.
     switch (d.errno) {
@@ -256,8 +263,8 @@ export function apiErrorMessage(err: DsecApiError, verb: string): string {
 
 /** Writes the two-line report of an API error: `dsec: <message> (<code>)` and its hint. */
 export function reportApiError(err: DsecApiError, stderr: OutStream, verb: string, prefix = ''): void {
-  stderr.write(`dsec: ${prefix}${apiErrorMessage(err, verb)} (${err.code})\n`);
-  stderr.write(`hint: ${apiErrorHint(err, verb)}\n`);
+  stderr.write(`dsec: ${prefix}${printable(apiErrorMessage(err, verb), { lines: true })} (${err.code})\n`);
+  stderr.write(`hint: ${printable(apiErrorHint(err, verb), { lines: true })}\n`);
 }
 
 /** The error object of `--json` output: `{"error": ErrorDoc}`. `hint` is null when there is none. */
@@ -292,8 +299,8 @@ export function reportError(err: unknown, stderr: OutStream, verb: string, debug
     doc = { code: err.code, message: apiErrorMessage(err, verb), hint: apiErrorHint(err, verb) };
     if (err.reason !== undefined) doc.reason = err.reason;
   } else if (err instanceof UserError) {
-    stderr.write(`dsec: ${err.message}\n`);
-    if (err.hint) stderr.write(`hint: ${err.hint}\n`);
+    stderr.write(`dsec: ${printable(err.message, { lines: true })}\n`);
+    if (err.hint) stderr.write(`hint: ${printable(err.hint, { lines: true })}\n`);
     doc = { code: err.code, message: err.message, hint: err.hint ?? null };
   } else {
     const msg = err instanceof Error ? err.message : String(err);

@@ -5,7 +5,7 @@
 import type { Ctx } from './context.js';
 import { UserError } from './errors.js';
 
-/** Length of a full exec id: 128 random bits in hex (daemon/sandbox/execs.ts). */
+/** Length of a full exec id: 128 random bits in hex (daemon/sandbox/exec-sessions.ts). */
 export const EXEC_ID_LENGTH = 32;
 
 /**

@@ -46,7 +46,7 @@ import { linkSync, lstatSync, mkdirSync, readlinkSync, realpathSync, symlinkSync
 import path from 'node:path';
 import type { Readable } from 'node:stream';
 import { Unpack, type ReadEntry } from 'tar';
-import { addonModule, nativeAvailable } from '../../daemon/host/native.js';
+import { cliAddon } from './native.js';
 
 /** Most symlinks one lookup follows before the kernel gives up (ELOOP): MAXSYMLINKS, include/linux/namei.h. */
 export const MAX_SYMLINK_FOLLOWS = 40;
@@ -184,8 +184,7 @@ let kernel: BeneathCheck | null | undefined;
 export function kernelBeneathCheck(): BeneathCheck | null {
   if (kernel !== undefined) return kernel;
   kernel = null;
-  if (process.platform !== 'linux' || !nativeAvailable()) return kernel;
-  const f = addonModule().resolveBeneath;
+  const f = cliAddon()?.resolveBeneath;
   if (typeof f !== 'function') return kernel;
   const check = f as BeneathCheck;
   if (check('/', '.') === 'ENOSYS') return kernel;
@@ -369,8 +368,15 @@ export interface ExtractOptions {
    * what else the local directory holds.
    */
   origin: SandboxOrigin;
-  /** Hears about each member skipped (devices, FIFOs, node-tar's own refusals). */
+  /** Hears about each member skipped by design (devices, FIFOs). */
   onSkip: (member: string, why: string) => void;
+  /**
+   * Hears about each member that could not be copied as it is: node-tar's warnings (a
+   * local write that failed, ENOSPC or EACCES, and the file is missing or cut; an entry
+   * whose header is corrupt, and what follows it may be lost). The copy is then not
+   * faithful, unlike a skip.
+   */
+  onFail: (member: string, why: string) => void;
   /** Hears about each member refused by the rule of this module. */
   onRefuse: OnRefuse;
   /** The kernel's check; default {@link kernelBeneathCheck} (null: the portable check alone). */
@@ -384,7 +390,7 @@ export interface ExtractOptions {
  * @throws the stream's or node-tar's error (a missing destination, a broken stream)
  */
 export async function extractArchive(src: Readable, opts: ExtractOptions): Promise<void> {
-  const { dest, onSkip, onRefuse } = opts;
+  const { dest, onSkip, onFail, onRefuse } = opts;
   const base = parts(opts.origin.localDir);
   const root = path.join(dest, ...base);
   /** Symlinks and hard links of the archive still to be made, by path below `root`, in archive order. */
@@ -465,7 +471,7 @@ export async function extractArchive(src: Readable, opts: ExtractOptions): Promi
     filter,
     onwarn: (code: string, message: string | Error, data: unknown) => {
       if (code === 'TAR_ENTRY_INFO') return;
-      onSkip((data as { entry?: ReadEntry } | undefined)?.entry?.path ?? '', `${code}: ${message instanceof Error ? message.message : message}`);
+      onFail((data as { entry?: ReadEntry } | undefined)?.entry?.path ?? '', `${code}: ${message instanceof Error ? message.message : message}`);
     },
   });
   await new Promise<void>((resolve, reject) => {

@@ -88,3 +88,22 @@ export function formatLabels(labels: Record<string, string> | undefined): string
   const keys = Object.keys(labels ?? {}).sort();
   return keys.length === 0 ? '-' : keys.map((k) => `${k}=${labels![k]}`).join(',');
 }
+
+/** C0 controls, DEL and the C1 controls (U+0080-U+009F: some terminals read U+009B as CSI). */
+const CONTROL_CHARS = /[\u0000-\u001f\u007f-\u009f]/g;
+/** {@link CONTROL_CHARS} but tab and newline. */
+const CONTROL_BUT_LINES = /[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/g;
+
+/**
+ * `text` safe to print on a terminal: each control character shown as `\xNN` (`\u00NN`
+ * for the C1 ones), so what a sandbox named (a file name, a link target) can neither
+ * drive the terminal with escape sequences nor, with `lines: false` (the default), start
+ * a line that looks like one of ours. `lines: true` keeps tabs and newlines (messages of
+ * several lines).
+ */
+export function printable(text: string, opts: { lines?: boolean } = {}): string {
+  return text.replace(opts.lines ? CONTROL_BUT_LINES : CONTROL_CHARS, (c) => {
+    const n = c.charCodeAt(0);
+    return n < 0x80 ? `\\x${n.toString(16).padStart(2, '0')}` : `\\u${n.toString(16).padStart(4, '0')}`;
+  });
+}

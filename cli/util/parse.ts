@@ -7,7 +7,7 @@
  * - DUR: `500ms`, `2s`, `1m`, `1h`, `1d`, or combinations such as `1m30s`. A unit is
  *   required: a bare number (`10`) is refused as ambiguous (it once meant ms), except `0`.
  * - `k=v` pairs for `--label` and `--env`, repeatable; a key given twice is refused.
- * - Label selectors as dsecd parses them (parseSelector in daemon/sandbox/repo.ts).
+ * - Label selectors as dsecd parses them (parseSelector in daemon/model/selector.ts).
  */
 import { UserError } from './errors.js';
 
@@ -149,7 +149,7 @@ const SELECTOR_HINT = 'a selector is comma-separated terms: key=value, key!=valu
 
 /**
  * Validates a label selector and returns it unchanged. The syntax is dsecd's
- * (parseSelector in daemon/sandbox/repo.ts), checked here so a typo fails before any
+ * (parseSelector in daemon/model/selector.ts), checked here so a typo fails before any
  * request: comma-separated terms, each trimmed, empty terms skipped; a term is `k!=v`
  * (label k is not v, or absent), `k=v` (label k is v) or `k` (has label k), and every
  * key is a label key. Values are not checked (dsecd does not either; a value no label can
@@ -187,14 +187,15 @@ export function parsePositiveInt(text: string): number {
 
 /**
  * Wraps a parser for use as a commander option parser, prefixing errors with the flag,
- * e.g. `--memory: invalid size "lots"` (unless the message already starts with it).
+ * e.g. `--memory: invalid size "lots"` (unless the message already names it: `invalid
+ * --ttl "5x"`, `--timeout "10" has no unit`).
  */
 export function flag<T, P = T>(name: string, parse: (text: string, prev: P) => T): (text: string, prev: P) => T {
   return (text, prev) => {
     try {
       return parse(text, prev);
     } catch (e) {
-      if (e instanceof UserError) throw e.message.startsWith(name) ? e : new UserError(`${name}: ${e.message}`, e.hint);
+      if (e instanceof UserError) throw e.message.startsWith(name) || e.message.split(/\s+/).includes(name) ? e : new UserError(`${name}: ${e.message}`, e.hint);
       throw e;
     }
   };

@@ -7,7 +7,8 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import { DsecError } from '../errors.js';
-import type { ApiDeps } from './server.js';
+import type { Logger } from 'pino';
+import type { Metrics } from '../metrics.js';
 
 /** Whether the request asked for a streamed (NDJSON) answer. */
 export function wantsNdjson(req: FastifyRequest): boolean {
@@ -21,7 +22,7 @@ export function wantsNdjson(req: FastifyRequest): boolean {
  * there is counted in the error metric as an error response is). A client that goes away
  * mid-stream does not stop `fn`; its progress is then dropped.
  */
-export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, deps: Pick<ApiDeps, 'log' | 'metrics'>, fn: (progress: (p: object) => void) => Promise<T>, status = 201): Promise<unknown> {
+export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, deps: { log: Logger; metrics?: Pick<Metrics, 'errors'> }, fn: (progress: (p: object) => void) => Promise<T>, status = 201): Promise<unknown> {
   if (!wantsNdjson(req)) {
     const result = await fn(() => {});
     return reply.code(status).send(result);
@@ -38,7 +39,7 @@ export async function runLong<T>(req: FastifyRequest, reply: FastifyReply, deps:
   } catch (e) {
     const err = e instanceof DsecError ? e : new DsecError('Internal', (e as Error).message);
     if (err.kind === 'Internal') deps.log.error({ err: e }, 'long operation failed');
-    // Counted as the error responses of other calls are (sendError in ./server.ts).
+    // Counted as the error responses of other calls are (sendError in ./reply.ts).
     deps.metrics?.errors.inc({ code: err.kind });
     res.end(JSON.stringify({ type: 'error', error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } }) + '\n');
   }

@@ -1,122 +1,40 @@
 /**
- * The HTTP+JSON API (fastify), served on the Unix socket and, with `--listen`, on the TCP
- * door (daemon/remote/door.ts): the same routes on both, each door adding its hooks. Parsing is done with the zod schemas of
+ * The HTTP+JSON API on a Unix socket (fastify). Parsing is done with the zod schemas of
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
-import type { LanguageImages } from '../fncall/runcode.js';
-import type { FncallPools } from '../fncall/pool.js';
-import { registerRunCodeRoute, registerRunRoutes } from './routes/run.js';
-import type { TrajectoryLog } from '../sandbox/trajectory.js';
-import { registerSnapshotRoutes } from './routes/snapshots.js';
-import { registerTrajectoryRoutes } from './routes/trajectories.js';
-import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyReply, type FastifyRequest } from 'fastify';
-import type { Logger } from 'pino';
-import type { z } from 'zod';
-import type { PolicyReloadResult, SeccompProfileInfo } from './schema.js';
-import { DsecError, invalidArgument, notFound } from '../errors.js';
-import type { SandboxManager } from '../sandbox/manager.js';
-import type { SandboxRepo } from '../sandbox/repo.js';
-import type { ImageStore } from '../image/store.js';
-import type { Failpoints } from '../sandbox/failpoints.js';
-import type { Metrics } from '../metrics.js';
-import { registerSandboxRoutes } from './routes/sandboxes.js';
-import { registerEventRoutes } from './routes/events.js';
-import { registerImageRoutes } from './routes/images.js';
-import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
-import { registerExecRoutes } from './routes/execs.js';
-import { registerConsoleRoutes } from './routes/console.js';
-import { registerStatsRoutes } from './routes/stats.js';
-import { registerFileRoutes } from './routes/files.js';
-import { registerJobRoutes } from './routes/jobs.js';
+import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import websocket from '@fastify/websocket';
-import { registerHostRoutes, type HostInfoProvider } from './routes/host.js';
-import { registerNetworkRoutes } from './routes/network.js';
-import { registerSecurityRoutes } from './routes/security.js';
-import type { SandboxNetworking } from '../net/network.js';
-import type { PolicySet } from '../security/egress-policy.js';
-import { noteErrorKind } from '../remote/audit.js';
+import { DsecError, invalidArgument, notFound } from '../errors.js';
+import { BODY_LIMIT_BYTES, sendError } from './reply.js';
+import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
+import { registerConsoleRoutes, type ConsoleRouteDeps } from './routes/console.js';
+import { registerEventRoutes, type EventRouteDeps } from './routes/events.js';
+import { registerExecRoute, registerExecSessionRoutes, type ExecRouteDeps, type ExecSessionRouteDeps } from './routes/execs.js';
+import { registerFileRoutes, type FileRouteDeps } from './routes/files.js';
+import { registerHostRoutes, type HostRouteDeps } from './routes/host.js';
+import { registerImageRoutes, type ImageRouteDeps } from './routes/images.js';
+import { registerNetworkRoutes, type NetworkRouteDeps } from './routes/network.js';
+import { registerRoundRoutes, type RoundRouteDeps } from './routes/rounds.js';
+import { registerRunCodeRoute, registerRunRoutes, type RunCodeRouteDeps, type RunRouteDeps } from './routes/run.js';
+import { registerSandboxRoutes, type SandboxRouteDeps } from './routes/sandboxes.js';
+import { registerSecurityRoutes, type SecurityRouteDeps } from './routes/security.js';
+import { registerSnapshotRoutes, type SnapshotRouteDeps } from './routes/snapshots.js';
+import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
+import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/trajectories.js';
+import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
+import { registerTemplateRoutes, type TemplateRouteDeps } from './routes/templates.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
-import type { TokenService } from '../remote/tokens.js';
-import { registerTokenRoutes } from './routes/tokens.js';
-import { registerTemplateRoutes } from './routes/templates.js';
-import type { E2bFront } from './e2b/front.js';
-
-/** What routes need. */
-export interface ApiDeps {
-  manager: SandboxManager;
-  repo: SandboxRepo;
-  images: ImageStore;
-  host: HostInfoProvider;
-  failpoints: Failpoints;
-  metrics: Metrics;
-  log: Logger;
-  /** The trajectory log (routes/trajectories.ts). */
-  trajectories: TrajectoryLog;
-  /** The fncall pools (routes/run.ts). */
-  fncall: FncallPools;
-  /** Image per language of POST /run_code (config `[sandboxfusion] images`). */
-  sandboxfusionImages: LanguageImages;
-  /** The seccomp profile in force and its reload (routes/security.ts). */
-  security: {
-    /** @returns the file, sha256 and denied-syscall count of the profile in force. */
-    seccompInfo(): SeccompProfileInfo;
-    /** Loads the configured profile file again. @throws DsecError InvalidArgument naming the file and field (the profile in force stays). */
-    reloadSeccomp(): SeccompProfileInfo;
-  };
-  /** API tokens of the TCP door (routes/tokens.ts; admin only). */
-  tokens: TokenService;
-  /** Sandbox networking and network policies (routes/network.ts); absent: those routes answer Unimplemented. */
-  network?: {
-    networking: SandboxNetworking;
-    policies: PolicySet;
-    /** Reloads the policy files and re-applies changed ones. @throws DsecError InvalidArgument (the previous set stays). */
-    reload(): Promise<PolicyReloadResult>;
-  };
-  /** The E2B front (daemon/api/e2b): its routes on the TCP door, its template aliases on both doors; absent with `[e2b] enabled = false`. */
-  e2b?: E2bFront;
-}
-
-/** Largest request body: 32 MiB (16 MiB of stdin as base64 plus headroom). */
-export const BODY_LIMIT_BYTES = 32 * 1024 * 1024;
+import type { Logger } from 'pino';
+import type { Metrics } from '../metrics.js';
 
 /**
- * Parses `input` with `schema`, turning zod issues into one InvalidArgument message
- * such as `memory_bytes: Too small: expected number to be >=4194304; unknown field "foo"`.
- * An absent body (`undefined`: the request had none) parses as `{}`; a JSON `null` is
- * parsed as given, so a route whose schema is an object refuses it.
+ * Everything the routes use: the union of each route module's own deps (each route is
+ * given only its part). Built by the daemon (daemon/main.ts).
  */
-export function parseWith<S extends z.ZodType>(schema: S, input: unknown, what: string): z.infer<S> {
-  const r = schema.safeParse(input === undefined ? {} : input);
-  if (r.success) return r.data;
-  const msg = r.error.issues
-    .map((i) => {
-      if (i.code === 'unrecognized_keys') return `unknown field${i.keys.length > 1 ? 's' : ''} ${i.keys.map((k) => `"${k}"`).join(', ')}`;
-      return `${i.path.length ? i.path.join('.') + ': ' : ''}${i.message}`;
-    })
-    .join('; ');
-  throw invalidArgument(`invalid ${what}: ${msg}`);
-}
-
-/** Sends a DsecError (or any thrown value, as Internal) in the API error shape. */
-export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: FastifyRequest, metrics?: Metrics): FastifyReply {
-  let err: DsecError;
-  if (e instanceof DsecError) err = e;
-  else if (e && typeof e === 'object' && 'statusCode' in e && typeof (e as { statusCode: unknown }).statusCode === 'number' && (e as { statusCode: number }).statusCode < 500) {
-    // fastify's own client errors (body too large, bad content type, malformed JSON)
-    const fe = e as { statusCode: number; message: string };
-    // A body over the limit never succeeds on retry: InvalidArgument, not the retryable ResourceExhausted.
-    err = new DsecError('InvalidArgument', fe.statusCode === 413 ? `request body larger than ${BODY_LIMIT_BYTES} bytes` : fe.message);
-  } else {
-    log.error({ err: e, url: req?.url }, 'internal error');
-    err = new DsecError('Internal', `internal error: ${(e as Error)?.message ?? String(e)}`);
-  }
-  if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
-  metrics?.errors.inc({ code: err.kind });
-  noteErrorKind(reply, err.kind);
-  if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');
-  return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } });
-}
+export type ApiDeps = SandboxRouteDeps & ExecRouteDeps & ExecSessionRouteDeps & ConsoleRouteDeps & FileRouteDeps & EventRouteDeps
+  & StatsRouteDeps & ImageRouteDeps & RoundRouteDeps & SnapshotRouteDeps & TrajectoryRouteDeps & RunRouteDeps & NetworkRouteDeps
+  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & TemplateRouteDeps & { log: Logger; metrics: Metrics };
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
 function routeRegex(url: string): RegExp {
@@ -132,10 +50,11 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerHostRoutes(app, deps);
   registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
+  registerExecRoute(app, deps);
   registerEventRoutes(app, deps);
   registerImageRoutes(app, deps);
   registerStatsRoutes(app, deps);
-  registerJobRoutes(app, deps);
+  registerRoundRoutes(app, deps);
   registerSnapshotRoutes(app, deps);
   registerTrajectoryRoutes(app, deps);
   registerRunRoutes(app, deps);
@@ -143,7 +62,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerSecurityRoutes(app, deps);
   registerTemplateRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
-  app.register(async (scoped) => registerExecRoutes(scoped, deps));
+  app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
   return app;
@@ -153,7 +72,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
  * The SandboxFusion endpoint alone (POST /run_code), for the TCP address of
  * `[sandboxfusion] address`: nothing else of the API is reachable over TCP.
  */
-export function buildRunCodeApi(deps: ApiDeps): FastifyInstance {
+export function buildRunCodeApi(deps: RunCodeRouteDeps & { log: Logger; metrics: Metrics }): FastifyInstance {
   const app = baseApp(deps, ROUTE_DOCS.filter((r) => r.url === '/run_code'), unixDoor(null));
   registerRunCodeRoute(app, deps);
   return app;
@@ -163,7 +82,7 @@ export function buildRunCodeApi(deps: ApiDeps): FastifyInstance {
  * A fastify app with the API's body parsing, limits and error shapes, and no routes.
  * @param served the routes it will serve: a known path with another method is 405, anything else 404.
  */
-function baseApp(deps: ApiDeps, served: readonly RouteDoc[], door: ApiDoor): FastifyInstance {
+function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly RouteDoc[], door: ApiDoor): FastifyInstance {
   const app = Fastify({
     ...door.serverOptions,
     // Errors the HTTP parser raises before fastify routes (headers too large, unknown

@@ -36,7 +36,7 @@ import { HEADER_LENGTH, MAX_PAYLOAD } from '../agent/protocol.js';
 export const NODE_STREAM_HWM = 16 * 1024;
 /** The most one read of a socket delivers: Node reads stream sockets into 64 KiB buffers. */
 export const SOCKET_READ_BYTES = 64 * 1024;
-/** The largest FILE_DATA payload the agent sends (FILE_CHUNK in native/agent/agent.c). */
+/** The largest FILE_DATA payload the agent sends (FILE_CHUNK in native/agent/files.c). */
 export const AGENT_FILE_CHUNK_BYTES = 256 * 1024;
 
 /** Most bytes of one upload dsecd holds at once (see the file comment): 4,656 KiB + 12 bytes (4.55 MiB). */

@@ -1,7 +1,11 @@
 /**
- * The backend contract. Every isolation tier (container, fncall, microvm, vm)
- * implements {@link SandboxDriver}; the lifecycle state machine, the store and the API
- * live once in daemon/sandbox/ and never per driver (DESIGN.md §3).
+ * The backend contract. Every isolation tier (container, fncall, microvm, vm) has a
+ * driver: {@link SandboxController} for the lifecycle (about ten methods, each with a
+ * one-line contract), {@link SandboxIo} for what reaches inside (exec, files, console),
+ * and {@link SandboxExtras} for what a tier may offer beyond. Drivers take the sandbox's
+ * record from the model (daemon/model/), never a wire type; what a tier can do is its
+ * {@link BackendCapabilities}, so the lifecycle (daemon/sandbox/) never tests a backend's
+ * name and lives once for every tier.
  *
  * Contract for every method: it may be interrupted by a crash at any point and called
  * again (or `destroy`ed) after a restart, so each is idempotent with respect to what it
@@ -10,72 +14,39 @@
 import type { GuestReclaimStats } from './microvm/reclaim.js';
 import type { IsolateOptions } from '../agent/protocol.js';
 import type { SeccompCounts } from '../security/seccomp-monitor.js';
-import type { Backend, DefenceStatus, ImageConfig } from '../api/schema.js';
-import type { z } from 'zod';
-import type { SandboxRecord } from '../sandbox/repo.js';
-import type { Failpoints } from '../sandbox/failpoints.js';
 import type { AgentClient, AgentExecHandle, AgentExecResult } from '../agent/client.js';
-import type { IoLimits } from '../host/cgroups/io.js';
+import type { Backend } from '../model/backend.js';
+import type { ImageSource } from '../model/image.js';
+import type { NetworkMode } from '../model/network.js';
+import type { IoLimits } from '../model/resources.js';
+import type { DefenceStatus, SandboxRecord } from '../model/sandbox.js';
+import type { MachineRestore, MachineSnapshot } from '../model/snapshot.js';
+import type { StepObserver } from '../model/steps.js';
 
-/** What a backend can do on this host; reported by `dsec host info`. */
-export interface DriverCapabilities {
+/** What a driver can do for one tier on this host; `dsec host info` reports `available` and `reason`. */
+export interface BackendCapabilities {
   /** Plugin id, versioned like containerd's: e.g. `dsec.driver.container.v1`. */
   id: string;
   backend: Backend;
   /** False when the host lacks what the backend needs; `reason` says what. */
   available: boolean;
   reason: string | null;
+  /** How sandboxes are isolated: a container on the host kernel, or a VM with a guest kernel of its own (wording of progress and messages). */
+  isolation: 'container' | 'vm';
+  /** Pause and resume (freeze, or stop the vCPUs). */
   pause: boolean;
-  snapshot: boolean;
-}
-
-/**
- * What a machine snapshot (`kind: vm`, the microvm tier) captured and how to boot it
- * again: the machine's QEMU configuration, which a restore must repeat exactly (the
- * migration stream carries RAM and device state, not the device set), and the two files
- * in the snapshot's directory ({@link MACHINE_STATE_FILE}, {@link MACHINE_DISK_FILE}).
- * Stored as JSON in the snapshot row; field names are part of the store format.
- */
-export interface MachineSnapshot {
-  /** QEMU that wrote the state, `major.minor.micro` (from the QMP greeting). */
-  qemuVersion: string;
-  accel: 'kvm' | 'tcg';
-  /** Guest RAM, MiB (`-m`). */
-  memoryMiB: number;
-  /** vCPUs (`-smp`). */
-  vcpus: number;
-  /** Host paths of the boot kernel and initramfs the source booted (both content-addressed under `<root>/vm`). */
-  kernel: string;
-  initrd: string;
-  /** `tsc_early_khz` of the source's command line (TCG), or null. */
-  tscKhz: number | null;
-  /** Layer digests attached as read-only disks, lowest first (virtio-mmio slot order). */
-  layers: string[];
-  /** Bytes of the migration stream file and its sha256 (hex), checked before a restore. */
-  stateBytes: number;
-  stateSha256: string;
-  /** Apparent size of the writable disk copy, bytes (the guest's ext4 size). */
-  diskBytes: number;
-  /** Host bytes the disk copy takes (allocated blocks; 0 extra where it is a reflink). */
-  diskAllocatedBytes: number;
-  /** Whether the disk copy shares its blocks with the source (`cp --reflink=auto` made a reflink). */
-  diskReflinked: boolean;
-  /** How long the source's vCPUs were stopped for the capture, ms. */
-  pausedMs: number;
-}
-
-/** File of a machine snapshot's migration stream (QEMU's savevm format), in its directory. */
-export const MACHINE_STATE_FILE = 'state.qemu';
-/** File of a machine snapshot's writable-disk copy, in its directory. */
-export const MACHINE_DISK_FILE = 'disk.raw';
-
-/** Where a create restores a machine snapshot from (microvm restores and forks). */
-export interface MachineRestore {
-  /** Snapshot id, for messages. */
-  snapshotId: string;
-  /** The snapshot's directory, holding {@link MACHINE_STATE_FILE} and {@link MACHINE_DISK_FILE}. */
-  dir: string;
-  machine: MachineSnapshot;
+  /** What a snapshot captures: the writable layer (`filesystem`), the whole machine (`machine`), or nothing (null: snapshots are not built). */
+  snapshot: 'filesystem' | 'machine' | null;
+  /** Network modes a sandbox may have (a VM's guest has only loopback: `none`). */
+  networkModes: readonly NetworkMode[];
+  /** I/O weight and limits on the writable-layer store's device (`io_weight`, `io_max`). */
+  io: boolean;
+  /** The writable layer is an entry of the writable-layer store, whose quotas admission sums. */
+  storeDisk: boolean;
+  /** Warm-pool shells can be made and claimed: limits and I/O settings can change on a running sandbox ({@link SandboxController.update}). */
+  pool: boolean;
+  /** A serial console ({@link SandboxIo.attachConsole}). */
+  console: boolean;
 }
 
 /** Resource usage of one sandbox: bytes, nanoseconds of CPU, process count. */
@@ -159,6 +130,13 @@ export interface DriverExecHandlers {
  */
 export type DriverExecResult = AgentExecResult & { oom: boolean; oomKills: number | null };
 
+/**
+ * File operations inside a sandbox (the agent's, daemon/agent/files.ts), with the buffer
+ * counts of its connection that transfers account for (daemon/api/transfer.ts): what
+ * {@link SandboxIo.files} hands out, never the connection itself.
+ */
+export type AgentFiles = Pick<AgentClient, 'readFile' | 'writeFile' | 'stat' | 'list' | 'mkdir' | 'remove' | 'symlink' | 'outboundQueuedBytes' | 'inboundPendingBytes'>;
+
 /** Leftovers found on the host that no store row accounts for. */
 export interface OrphanReport {
   /** Human-readable description of each leftover removed. */
@@ -166,13 +144,7 @@ export interface OrphanReport {
 }
 
 /** An image reference a driver resolves itself (the vm tier's `disk:NAME`), in place of the image store. */
-export interface ResolvedImage {
-  /** The reference as stored in the sandbox row. */
-  image: string;
-  /** Layer digests (none for a disk image). */
-  layers: string[];
-  config: z.infer<typeof ImageConfig>;
-}
+export type ResolvedImage = ImageSource;
 
 /** One client of a VM's serial console (see daemon/drivers/vm/console.ts). */
 export interface ConsoleClientHandlers {
@@ -182,126 +154,120 @@ export interface ConsoleClientHandlers {
   onEnd(reason: string): void;
 }
 
-/** The backend contract; see the module comment for the idempotency rule. */
-export interface SandboxDriver {
-  readonly backend: Backend;
-  capabilities(): DriverCapabilities;
-  /**
-   * Creates and starts the sandbox described by `sb` (state creating); returns its init.
-   * With `restore` (backends with {@link snapshotMachine} only), the sandbox is the
-   * machine of that snapshot, resumed where it was captured, instead of a fresh boot.
-   */
-  create(sb: SandboxRecord, fp: Failpoints, restore?: MachineRestore): Promise<InitInfo>;
-  /** Starts a stopped sandbox again on its kept writable layer. */
-  start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo>;
-  /**
-   * Ends every process of the sandbox; keeps its writable layer. Safe on a dead sandbox.
-   * With `graceMs` > 0, processes first get SIGTERM and up to that long to exit before
-   * everything is killed.
-   */
-  stop(sb: SandboxRecord, fp: Failpoints, opts?: { graceMs?: number }): Promise<void>;
-  /** Removes everything of the sandbox from the host. Safe on any partial state. */
-  destroy(sb: SandboxRecord, fp: Failpoints): Promise<void>;
-  /** Runs a command to completion. @throws DsecError FailedPrecondition when the sandbox is not running. */
-  exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult>;
-  /**
-   * Starts a command and returns its handle at once; output arrives through `handlers`.
-   * @throws DsecError Unavailable when the agent cannot be reached.
-   */
-  startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle>;
-  /**
-   * The sandbox's agent connection (the same protocol for every backend), for file
-   * operations and other agent requests.
-   * @throws DsecError Unavailable when the agent cannot be reached.
-   */
-  agentClient(sb: SandboxRecord): Promise<AgentClient>;
-  /** Resource usage of a running sandbox, or null when it has none (stopped). */
-  stats(sb: SandboxRecord): Promise<SandboxStats | null>;
-  /**
-   * The kernel's limit counters of a running sandbox (OOM kills, forks refused at the
-   * pids limit), cheap enough for a periodic sweep; null when it has none.
-   */
-  limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
-  /**
-   * The cumulative OOM kill count of the sandbox's processes (its memory cgroup's), read
-   * before and after an exec session to give its `oom_kills`; null when it cannot be read.
-   * Absent: the backend cannot see the kills of its sandboxes' processes (a VM's guest
-   * kernel kills inside the guest), and sessions report null.
-   */
-  oomKillCount?(sb: Pick<SandboxRecord, 'id'>): Promise<number | null>;
-  /**
-   * Sets the CPU (cores), memory (bytes) and pids limits of a running sandbox of the
-   * `latency` priority class, as its create would have (claiming a warm-pool shell,
-   * daemon/sandbox/warm-pool.ts). Absent: the backend cannot, and its sandboxes are never pooled.
-   * @throws DsecError NotFound (no cgroup), FailedPrecondition/Internal (cgroupfs errors).
-   */
-  applyLimits?(sb: SandboxRecord, limits: { cpus: number; memoryBytes: number; pids: number }): Promise<void>;
-  /**
-   * Applies I/O settings (daemon/host/cgroups/io.ts) to a running sandbox's cgroup on the
-   * writable-layer store's device, replacing its current ones; null: the kernel's
-   * defaults. A no-op where the store has no device of its own. Absent: the backend has
-   * no I/O settings.
-   * @throws DsecError NotFound (no cgroup), FailedPrecondition (limits the host cannot apply), Internal.
-   */
-  applyIo?(sb: SandboxRecord, io: IoLimits | null): Promise<void>;
-  /**
-   * Which per-sandbox defences are in force for `sb`, by name (e.g. `readonly_paths`,
-   * `landlock`), each saying truthfully whether and why (for GET /v1/sandboxes/{id}).
-   * Optional: a backend without per-sandbox defences omits it.
-   */
-  defences?(sb: SandboxRecord): Promise<Record<string, DefenceStatus>>;
-  /** Host path of the sandbox's agent log, or null for backends without one. */
-  logPath(sb: SandboxRecord): string | null;
-  /** Whether the sandbox's init (as recorded) is alive; used at restart to adopt it. */
-  isAlive(sb: SandboxRecord): Promise<boolean>;
-  /** Re-establishes in-memory state (agent connection, layer refs) for a live sandbox after a restart. */
-  adopt(sb: SandboxRecord): Promise<void>;
-  /** Removes host leftovers of this backend that belong to none of `known` sandbox ids. */
-  cleanOrphans(known: Set<string>): Promise<OrphanReport>;
-  /**
-   * Runs `fn` on the sandbox's writable layer (its overlay upper dir) while no process
-   * of the sandbox can change it (frozen when running; stopped sandboxes need nothing).
-   * `dsecCreated` lists the paths (relative to the sandbox root, no leading `/`) that dsec
-   * itself created in the upper dir (mount points for bind mounts such as
-   * /etc/resolv.conf, `writable_paths` directories): commit strips them, because they are
-   * runtime state rather than the sandbox's work. Used by commit and snapshots.
-   * @throws DsecError FailedPrecondition when the sandbox has no writable layer on this host.
-   */
-  withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T>;
-  /**
-   * Captures a running or paused sandbox's whole machine (guest RAM, CPU and device
-   * state, and its writable disk) into the empty directory `dir`; the sandbox is left in
-   * the run state it had. Optional: backends with machine snapshots only (capability
-   * `snapshot` of a VM tier).
-   * @throws DsecError FailedPrecondition (not running or paused, started by a dsecd
-   *   without machine records), DeadlineExceeded / Unavailable (QMP), Internal (the copy
-   *   or the migration failed; `dir` may hold partial files the caller removes).
-   */
-  snapshotMachine?(sb: SandboxRecord, dir: string): Promise<MachineSnapshot>;
-  /**
-   * Checks that a machine snapshot can be restored on this host before anything is
-   * created: its files are complete and intact (size and sha256 of the state), and the
-   * QEMU, accelerator, kernel and initramfs it needs are here.
-   * @throws DsecError FailedPrecondition naming what is wrong (without the snapshot's
-   *   name: the caller prefixes it).
-   */
-  checkMachine?(restore: MachineRestore): Promise<void>;
+/** A client attached to a VM's serial console: its input writer and how it leaves. */
+export interface ConsoleAttachment {
+  /** Sends input to the guest; false when the input side is full (wait for {@link drained}). */
+  write(b: Buffer): boolean;
+  /** Leaves the console; the VM keeps running. */
+  detach(): void;
+  /** Resolves when the input side has room again. */
+  drained(): Promise<void>;
+}
+
+/** Limits a running sandbox's cgroup can take on without a restart ({@link SandboxController.update}). */
+export interface LiveUpdate {
+  /** CPU (cores), memory (bytes) and pids limits, as a create of the `latency` class sets them. */
+  limits?: { cpus: number; memoryBytes: number; pids: number };
+  /** I/O settings on the writable-layer store's device; null: the kernel's defaults. */
+  io?: IoLimits | null;
+}
+
+/**
+ * The lifecycle of one tier's sandboxes, in the spirit of containerd's sandbox
+ * Controller: each method takes the sandbox's record and, where it does durable work, a
+ * {@link StepObserver} it tells each named step it reaches (failpoints, create progress).
+ * See the module comment for the idempotency rule.
+ */
+export interface SandboxController {
+  /** The tiers this driver serves (the container driver also serves fncall workers). */
+  readonly backends: readonly Backend[];
+  /** What this driver can do for sandboxes of `backend` (one of {@link backends}) on this host. */
+  capabilities(backend: Backend): BackendCapabilities;
+  /** Makes the root filesystem of a new sandbox (state creating): layers, writable layer or disk; from the machine snapshot `restore` when given. */
+  prepare(sb: SandboxRecord, steps: StepObserver, restore?: MachineRestore): Promise<void>;
+  /** Runs the init until its agent answers: a new sandbox's after {@link prepare} (state creating; resumed from `restore` when given), or a stopped one's on its kept writable layer. */
+  start(sb: SandboxRecord, steps: StepObserver, restore?: MachineRestore): Promise<InitInfo>;
+  /** Ends every process (SIGTERM and up to `graceMs` first, when > 0) and keeps the writable layer; safe on a dead sandbox. */
+  stop(sb: SandboxRecord, steps: StepObserver, opts?: { graceMs?: number }): Promise<void>;
+  /** Removes everything of the sandbox from the host; safe on any partial state. */
+  destroy(sb: SandboxRecord, steps: StepObserver): Promise<void>;
   /** Freezes every process of a running sandbox and reclaims what memory the host can. */
   pause(sb: SandboxRecord): Promise<ReclaimReport>;
   /** Thaws a paused sandbox: every process continues where it stopped. */
   resume(sb: SandboxRecord): Promise<void>;
+  /**
+   * Applies limits to a running sandbox as its create would have (a warm-pool claim).
+   * @throws DsecError FailedPrecondition without the capability (`pool` for limits, `io` for I/O), NotFound (no cgroup), Internal.
+   */
+  update(sb: SandboxRecord, u: LiveUpdate): Promise<void>;
+  /** Whether the sandbox's init (as recorded: pid and start time) is alive; used to adopt it and to tell a dead one. */
+  isAlive(sb: SandboxRecord): Promise<boolean>;
+  /** Re-establishes in-memory state (agent connection, layer refs) for a live sandbox after a dsecd restart. */
+  adopt(sb: SandboxRecord): Promise<void>;
+  /** Resource usage of a running or paused sandbox, or null when it has none. */
+  stats(sb: SandboxRecord): Promise<SandboxStats | null>;
+  /** The kernel's limit counters (OOM kills, forks refused at the pids limit), cheap enough for a periodic sweep; null when it has none. */
+  limitCounters(sb: Pick<SandboxRecord, 'id' | 'state'>): Promise<{ oomKills: number; pidsLimitHits: number } | null>;
+  /** Removes host leftovers of this driver that belong to none of `known` sandbox ids. */
+  cleanOrphans(known: Set<string>): Promise<OrphanReport>;
   /** Releases in-memory resources at daemon shutdown; sandboxes keep running. */
   close(): Promise<void>;
+}
+
+/** Commands, files and consoles of running sandboxes: what reaches inside. */
+export interface SandboxIo {
+  /** Runs a command to completion. @throws DsecError InvalidArgument (a cwd or user the sandbox lacks), Unavailable (agent unreachable or lost). */
+  exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult>;
+  /** Starts a command and returns its handle at once; output arrives through `handlers`. @throws DsecError Unavailable. */
+  startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle>;
+  /** File operations inside the sandbox, over its agent connection. @throws DsecError Unavailable. */
+  files(sb: SandboxRecord): Promise<AgentFiles>;
+  /**
+   * The cumulative OOM kill count of the sandbox's processes (its memory cgroup's), read
+   * before and after an exec session; null when it cannot be read. Absent: the backend
+   * cannot see its sandboxes' kills (a VM's guest kernel kills inside the guest).
+   */
+  oomKillCount?(sb: Pick<SandboxRecord, 'id'>): Promise<number | null>;
+  /** Host path of the sandbox's agent log (a VM without the agent: its console log), or null. */
+  logPath(sb: SandboxRecord): string | null;
+  /** Attaches to the serial console (capability `console`). @throws DsecError Unavailable when dsecd holds no console connection. */
+  attachConsole?(sb: SandboxRecord, c: ConsoleClientHandlers): ConsoleAttachment;
+}
+
+/** What a tier may offer beyond the lifecycle; each is optional or gated by a capability. */
+export interface SandboxExtras {
+  /** Which per-sandbox defences are in force for `sb`, by name (e.g. `readonly_paths`, `landlock`), each saying truthfully whether and why. */
+  defences?(sb: SandboxRecord): Promise<Record<string, DefenceStatus>>;
+  /**
+   * Runs `fn` on the sandbox's writable layer (its overlay upper dir) while no process of
+   * the sandbox can change it (frozen when running). `dsecCreated` lists the paths
+   * (relative to the sandbox root, no leading `/`) dsec itself created there (mount
+   * points, writable_paths directories): commit strips them. Used by commit and
+   * filesystem snapshots.
+   * @throws DsecError FailedPrecondition when the sandbox has no writable layer directory on this host.
+   */
+  withWritableLayer<T>(sb: SandboxRecord, fn: (upperDir: string, dsecCreated: readonly string[]) => Promise<T>): Promise<T>;
+  /**
+   * Captures a running or paused sandbox's whole machine (RAM, CPU and device state, its
+   * writable disk) into the empty directory `dir` (capability `snapshot: "machine"`); the
+   * sandbox keeps the run state it had.
+   * @throws DsecError FailedPrecondition (not running or paused, no machine record),
+   *   DeadlineExceeded / Unavailable (QMP), Internal (`dir` may hold partial files the caller removes).
+   */
+  snapshotMachine?(sb: SandboxRecord, dir: string): Promise<MachineSnapshot>;
+  /**
+   * Checks that a machine snapshot can be restored here before anything is created: its
+   * files intact, and the QEMU, accelerator, kernel and initramfs it needs present.
+   * @throws DsecError FailedPrecondition naming what is wrong (the caller names the snapshot).
+   */
+  checkMachine?(restore: MachineRestore): Promise<void>;
   /**
    * Resolves an image reference this backend owns (the vm tier's `disk:NAME`), or null:
-   * the image store resolves it. Optional.
+   * the image store resolves it.
    * @throws DsecError NotFound / FailedPrecondition for a reference it owns but cannot use.
    */
   resolveImage?(ref: string): Promise<ResolvedImage | null>;
-  /**
-   * Attaches to the sandbox's serial console (vm tier only); returns the input writer, a
-   * promise of the input side draining, and the detach function.
-   * @throws DsecError Unavailable when the console is not connected.
-   */
-  attachConsole?(sb: SandboxRecord, c: ConsoleClientHandlers): { write(b: Buffer): boolean; detach(): void; drained(): Promise<void> };
 }
+
+/** A driver: the lifecycle, access to the inside, and what it offers beyond. */
+export type SandboxDriver = SandboxController & SandboxIo & SandboxExtras;

@@ -16,9 +16,9 @@
  * `idleMs` without a call.
  */
 import type { Logger } from 'pino';
-import type { ExecResult } from '../api/schema.js';
 import { deadlineExceeded, DsecError, resourceExhausted, unavailable } from '../errors.js';
-import type { SandboxRecord } from '../sandbox/repo.js';
+import type { ExecResult } from '../model/exec.js';
+import type { SandboxRecord } from '../model/sandbox.js';
 
 /** Label every worker sandbox carries (`dsec ls --selector dsec.fncall` lists them). */
 export const FNCALL_WORKER_LABEL = 'dsec.fncall';

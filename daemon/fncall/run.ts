@@ -3,13 +3,42 @@
  * `backend`. `fncall` is served by the worker pools; `container` (and, once built,
  * `microvm` and `vm`) creates a sandbox, runs the command and destroys the sandbox.
  */
-import { LIMITS, type ExecResult, type RunRequest } from '../api/schema.js';
 import { DsecError, invalidArgument, wrap } from '../errors.js';
-import type { SandboxManager } from '../sandbox/manager.js';
+import type { Backend } from '../model/backend.js';
+import type { ExecResult } from '../model/exec.js';
+import { LIMITS } from '../model/resources.js';
+import type { SandboxCreator } from '../sandbox/create.js';
+import type { ExecService } from '../sandbox/exec.js';
+import type { SandboxLifecycle } from '../sandbox/lifecycle.js';
 import type { FncallPools } from './pool.js';
 
 /** Label on the sandbox of a one-shot container run (it lives only for the call). */
 export const RUN_LABEL = 'dsec.run';
+
+/** One call of POST /v1/run: a command in a fresh environment of `backend`. Sizes in bytes, times in ms. */
+export interface RunCall {
+  backend: Backend;
+  /** Image reference. */
+  image: string;
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  stdin?: Buffer;
+  /** Wall-clock limit; fncall's default is 60 s. */
+  timeoutMs?: number;
+  memoryBytes?: number;
+  /** Container only: fncall workers have their pool's CPU and pids limits. */
+  cpus?: number;
+  pids?: number;
+}
+
+/** The lifecycle services a one-shot container run goes through. */
+export interface RunServices {
+  creator: Pick<SandboxCreator, 'create'>;
+  exec: Pick<ExecService, 'exec'>;
+  lifecycle: Pick<SandboxLifecycle, 'destroy'>;
+}
 
 /**
  * Runs one call on its tier and returns the exec result. `signal` (the client went away)
@@ -17,26 +46,26 @@ export const RUN_LABEL = 'dsec.run';
  * @throws DsecError InvalidArgument, NotFound (image), ResourceExhausted (admission,
  *   fncall queue), Unimplemented (tier not built), Unavailable.
  */
-export async function runOnce(m: SandboxManager, pools: FncallPools, r: RunRequest, signal?: AbortSignal): Promise<ExecResult> {
-  const stdin = r.stdin_b64 !== undefined ? Buffer.from(r.stdin_b64, 'base64') : undefined;
+export async function runOnce(s: RunServices, pools: FncallPools, r: RunCall, signal?: AbortSignal): Promise<ExecResult> {
+  const stdin = r.stdin;
   if (stdin && stdin.length > LIMITS.maxStdinBytes) throw invalidArgument(`stdin_b64 decodes to ${stdin.length} bytes, more than the ${LIMITS.maxStdinBytes} a call takes`);
   if (r.backend === 'fncall') {
     return pools.run({
-      image: r.image, argv: r.argv, env: r.env, cwd: r.cwd, user: r.user, stdin, timeoutMs: r.timeout_ms, memoryBytes: r.memory_bytes,
+      image: r.image, argv: r.argv, env: r.env, cwd: r.cwd, user: r.user, stdin, timeoutMs: r.timeoutMs, memoryBytes: r.memoryBytes,
     }, signal);
   }
-  const sb = await m.create({
+  const sb = await s.creator.create({
     backend: r.backend, image: r.image, labels: { [RUN_LABEL]: 'once' },
-    ...(r.cpus !== undefined ? { cpus: r.cpus } : {}), ...(r.memory_bytes !== undefined ? { memory_bytes: r.memory_bytes } : {}),
+    ...(r.cpus !== undefined ? { cpus: r.cpus } : {}), ...(r.memoryBytes !== undefined ? { memoryBytes: r.memoryBytes } : {}),
     ...(r.pids !== undefined ? { pids: r.pids } : {}),
   });
   try {
-    return await m.exec(sb.id, {
+    return await s.exec.exec(sb.id, {
       argv: r.argv, ...(r.env ? { env: r.env } : {}), ...(r.cwd ? { cwd: r.cwd } : {}), ...(r.user ? { user: r.user } : {}),
-      ...(r.stdin_b64 !== undefined ? { stdin_b64: r.stdin_b64 } : {}), ...(r.timeout_ms !== undefined ? { timeout_ms: r.timeout_ms } : {}),
+      ...(stdin !== undefined ? { stdin } : {}), ...(r.timeoutMs !== undefined ? { timeoutMs: r.timeoutMs } : {}),
     });
   } finally {
-    await m.destroy(sb.id, true, 'one-shot run finished');
+    await s.lifecycle.destroy(sb.id, true, 'one-shot run finished');
   }
 }
 
@@ -48,11 +77,11 @@ const BATCH_CONTAINER_CONCURRENCY = 4;
  * container calls {@link BATCH_CONTAINER_CONCURRENCY} at a time) and reports each.
  * A call dsec cannot run is an entry with `ok: false`, never a failure of the batch.
  */
-export async function runBatch(m: SandboxManager, pools: FncallPools, calls: RunRequest[]): Promise<Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }>> {
+export async function runBatch(s: RunServices, pools: FncallPools, calls: RunCall[]): Promise<Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }>> {
   const out: Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }> = new Array(calls.length);
   const one = async (i: number) => {
     try {
-      out[i] = { ok: true, result: await runOnce(m, pools, calls[i]) };
+      out[i] = { ok: true, result: await runOnce(s, pools, calls[i]) };
     } catch (e) {
       const err = e instanceof DsecError ? e : wrap(e, `call ${i}`);
       out[i] = { ok: false, error: { code: err.kind, message: err.message } };

@@ -10,7 +10,7 @@
  * (daemon/fncall/pool.ts). Wire shapes: {@link RunCodeRequest}, {@link RunCodeResponse}.
  */
 import { z } from 'zod';
-import { LIMITS } from '../api/schema.js';
+import { LIMITS } from '../model/resources.js';
 import { DsecError, invalidArgument } from '../errors.js';
 import type { FncallPools } from './pool.js';
 

@@ -28,3 +28,13 @@ const SIGNAL_NAMES: Record<number, string> = Object.fromEntries(
 export function signalName(n: number): string {
   return SIGNAL_NAMES[n] ?? `SIG${n}`;
 }
+
+/** True when /proc/meminfo reports any swap (SwapTotal > 0). */
+export function hostHasSwap(): boolean {
+  try {
+    const m = /^SwapTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'));
+    return !!m && Number(m[1]) > 0;
+  } catch {
+    return false;
+  }
+}

@@ -3,7 +3,7 @@
  *
  * {@link bootstrapDebian} runs `debootstrap --variant=minbase --include=<pkgs> <suite>`
  * into a scratch tree, removes what must not ship in an image (see {@link cleanTree}),
- * packs the tree into ONE EROFS layer with {@link ImageStore.addLayerFromDir} and stores
+ * packs the tree into ONE EROFS layer with {@link LayerStore.addLayerFromDir} and stores
  * the manifest `<name>:<tag>` (default `debian:bookworm`).
  *
  * Cache (under `cacheDir`, default /var/cache/dsec/bootstrap):
@@ -38,7 +38,7 @@ import { execa } from 'execa';
 import { DsecError } from '../errors.js';
 import * as native from '../host/native.js';
 import { listMountsUnder } from './rootfs.js';
-import { parseRef, type ImageManifest, type ImageStore } from './store.js';
+import { parseRef, type ImageManifest, type LayerStore } from './layer-store.js';
 
 /** Options of {@link bootstrapDebian}. */
 export interface BootstrapDebianOptions {
@@ -210,10 +210,10 @@ export function bootstrapCacheKey(k: BootstrapCacheKeyInput): string {
  * root, debootstrap missing), Unavailable (the mirror could not
  * be reached or served a file that failed to download), Internal (debootstrap or tar
  * failed otherwise; the message quotes the tail of debootstrap's output and log), and
- * errors of ImageStore.addLayerFromDir / putManifest. Rejects with `signal.reason` when
+ * errors of LayerStore.addLayerFromDir / putManifest. Rejects with `signal.reason` when
  * aborted. Scratch dirs are removed in every case.
  */
-export async function bootstrapDebian(store: ImageStore, opts: BootstrapDebianOptions = {}): Promise<ImageManifest> {
+export async function bootstrapDebian(store: LayerStore, opts: BootstrapDebianOptions = {}): Promise<ImageManifest> {
   const name = opts.name ?? 'debian';
   const tag = opts.tag ?? 'bookworm';
   const suite = opts.suite ?? 'bookworm';

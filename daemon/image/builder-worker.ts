@@ -5,7 +5,7 @@
  * Node code, so that they run without any of root's power:
  *
  *   extract       {dest, ociWhiteouts}: the tar on fd 3 (opened by root: it may be a
- *                 root-only file) into `dest`, sanitised as daemon/image/import/tar.ts
+ *                 root-only file) into `dest`, sanitised as daemon/image/import/tar-extract.ts
  *                 describes; opaque directories are reported, not marked (trusted.*
  *                 xattrs are out of the builder's reach), and owners above 65535 are
  *                 recorded as 65534. Result: the ExtractReport.

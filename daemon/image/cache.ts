@@ -12,7 +12,7 @@ import { join } from 'node:path';
 import { pipeline } from 'node:stream/promises';
 import { Transform } from 'node:stream';
 import { DsecError } from '../errors.js';
-import { digestHex } from './store.js';
+import { digestHex } from './layer-store.js';
 
 /** Options of {@link BlobCache}. */
 export interface BlobCacheOptions {

@@ -41,7 +41,7 @@ import { minimatch } from 'minimatch';
 import { failedPrecondition, internal, invalidArgument } from '../errors.js';
 import type { BuilderJob } from '../host/builder.js';
 import { splitLines, unescapeOctal, type BuildErofsOptions } from './erofs.js';
-import type { ImageStore, LayerMeta } from './store.js';
+import type { LayerStore, LayerMeta } from './layer-store.js';
 
 /**
  * Paths (globs relative to the sandbox root, matched with dotfiles) stripped from every
@@ -70,13 +70,13 @@ export const COMMIT_STRIP: readonly string[] = [
  * Files the agent itself may leave in a sandbox's filesystem, removed from commits AND
  * snapshots: the temp file of an upload that had not finished when the layer was copied
  * (`.<name>.dsec-<pid>-<n>.tmp`, or `.dsec-<pid>-<n>.tmp` for long names; renamed over
- * the target when the upload completes, see native/agent/agent.c FILE_DONE).
+ * the target when the upload completes, see native/agent/files.c FILE_DONE).
  */
 export const DSEC_ARTEFACTS: readonly string[] = ['**/.*.dsec-*-*.tmp', '**/.dsec-*-*.tmp'];
 
 /** Result of {@link prepareCopy} and {@link prepareBuilderCopy}. */
 export interface PackedUpper {
-  /** The prepared tree, ready for ImageStore.addLayerFromDir. */
+  /** The prepared tree, ready for LayerStore.addLayerFromDir. */
   dir: string;
   /** Relative paths removed by the strip rules, sorted. */
   stripped: string[];
@@ -409,7 +409,7 @@ export type WithWritableLayer = <T>(fn: (upperDir: string, dsecCreated: readonly
  *   failed: disk full, a tool missing), FailedPrecondition (no writable layer, from the driver).
  */
 export async function packWritableLayer(
-  store: ImageStore, withLayer: WithWritableLayer, opts: PackWritableLayerOptions,
+  store: LayerStore, withLayer: WithWritableLayer, opts: PackWritableLayerOptions,
 ): Promise<{ layer: LayerMeta & { sizeBytes: number }; stripped: string[]; unmatched: string[] }> {
   for (const g of opts.exclude) normaliseExclude(g);
   const builder = store.builder;

@@ -13,7 +13,7 @@
 import { chmod, chown, copyFile, lstat, mkdir, rm, stat, writeFile } from 'node:fs/promises';
 import { join } from 'node:path';
 import { DsecError } from '../errors.js';
-import { BUILTIN_BUSYBOX, DEFAULT_TAG, type ImageStore } from './store.js';
+import { BUILTIN_BUSYBOX, DEFAULT_TAG, type LayerStore } from './layer-store.js';
 import { BUSYBOX_PATH_ENV } from './builtin.js';
 
 /** Name of the image (`e2b-base:latest`). */
@@ -34,13 +34,13 @@ const GROUP = `root:x:0:\n${E2B_USER.name}:x:${E2B_USER.gid}:\nnogroup:x:65534:\
 
 /**
  * Builds `e2b-base:latest` when it is missing (or a blob of it is gone): the busybox image
- * first (ImageStore.ensureBuiltinImages), then the layer above. Idempotent and cheap when
+ * first (LayerStore.ensureBuiltinImages), then the layer above. Idempotent and cheap when
  * present.
  * @param bash the static bash binary (default {@link BASH_STATIC_HOST_PATH})
  * @throws DsecError FailedPrecondition when the bash binary is missing (install Debian's
  *   bash-static), or what building a layer throws.
  */
-export async function ensureE2bBaseImage(store: ImageStore, opts: { bash?: string } = {}): Promise<void> {
+export async function ensureE2bBaseImage(store: LayerStore, opts: { bash?: string } = {}): Promise<void> {
   try {
     const m = await store.get(E2B_BASE_IMAGE);
     let complete = true;

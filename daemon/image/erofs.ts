@@ -25,7 +25,7 @@
  * through an fd (`/proc/self/fd/3/.`) and gets the overlay opaque directories as a list
  * (it cannot read trusted.* xattrs; root finds them with {@link listOpaqueDirs}), through
  * the LD_PRELOAD shim native/builder/mkfs-shim.c. The blob it writes is then checked and
- * taken over by root (ImageStore).
+ * taken over by root (LayerStore).
  */
 import { createHash } from 'node:crypto';
 import { createReadStream } from 'node:fs';

@@ -22,18 +22,18 @@ import { dirname, join, resolve } from 'node:path';
 import { DsecError } from '../errors.js';
 import * as native from '../host/native.js';
 import { listMountsUnder } from './rootfs.js';
-import { digestHex } from './store.js';
+import { digestHex } from './layer-store.js';
 
 /** Options for {@link LayerMounts}. */
 export interface LayerMountsOptions {
   /** Directory holding one mount point per mounted blob: `<instance root>/layers`. */
   mountDir: string;
-  /** Maps a digest to its blob file (ImageStore.blobPath). */
+  /** Maps a digest to its blob file (LayerStore.blobPath). */
   blobPath: (digest: string) => string;
   /**
    * Called before a blob is mounted (first reference); resolves with the file to mount.
    * The daemon verifies the blob's digest here and, with a local cache, copies it in
-   * (ImageStore.prepareForMount). Default: `blobPath(digest)` as is.
+   * (LayerStore.prepareForMount). Default: `blobPath(digest)` as is.
    */
   prepare?: (digest: string) => Promise<string>;
   /** Called after a blob was mounted (e.g. to record a lease in a shared store). */

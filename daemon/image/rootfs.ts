@@ -8,7 +8,7 @@
  *               removeSandboxDir). Owned uidBase:gidBase, i.e. root inside the sandbox.
  *   work/       overlayfs's work dir (same filesystem as upper/).
  *               Both may live elsewhere instead: in the writable-layer store
- *               (daemon/storage/store.ts), passed as PrepareRootfsOptions.upper/work.
+ *               (daemon/storage/writable-layers.ts), passed as PrepareRootfsOptions.upper/work.
  *   rootfs/     the overlay mount: what runc gets as the container's root.
  *   lower/<i>   only on kernels that cannot take layers as file descriptors (below), and
  *               only while prepareRootfs runs unless `keepLowerMounts` is set: layer i

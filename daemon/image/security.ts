@@ -1,6 +1,6 @@
 /**
  * Per-image security defaults: the optional `security` object of an image's config
- * (ImageManifest.config.security, daemon/image/store.ts). A sandbox of the image gets
+ * (ImageManifest.config.security, daemon/image/layer-store.ts). A sandbox of the image gets
  * them unless its create request says otherwise, field by field:
  *   - `seccomp`: an override of the default seccomp profile, merged before the
  *     sandbox's own (buildSeccomp in daemon/security/seccomp.ts: profile < image <

@@ -67,7 +67,7 @@ import {
   removeTree,
 } from './bootstrap.js';
 import { OVERLAY_OPTIONS, unescapeMountinfo } from './rootfs.js';
-import { MAX_LAYERS, parseRef, type ImageManifest, type ImageStore } from './store.js';
+import { MAX_LAYERS, parseRef, type ImageManifest, type LayerStore } from './layer-store.js';
 
 /** Toolkits `bootstrap` knows: name -> packages (on top of the base image) and default image ref. */
 export const TOOLKITS = {
@@ -163,7 +163,7 @@ export interface BuildToolkitOptions {
  * tail of apt's output). Rejects with `signal.reason` when aborted. Every mount is undone
  * and the scratch dir removed in every case.
  */
-export async function buildToolkitImage(store: ImageStore, opts: BuildToolkitOptions): Promise<ImageManifest> {
+export async function buildToolkitImage(store: LayerStore, opts: BuildToolkitOptions): Promise<ImageManifest> {
   const suite = opts.suite ?? 'bookworm';
   const packages = [...new Set(opts.packages)];
   const cacheDir = resolve(opts.cacheDir ?? DEFAULT_BOOTSTRAP_CACHE_DIR);
@@ -273,7 +273,7 @@ export interface BootstrapToolkitOptions {
  * {@link bootstrapDebian} and its defaults when the store lacks it), then
  * {@link buildToolkitImage}. Errors as those two.
  */
-export async function bootstrapToolkit(store: ImageStore, toolkit: ToolkitName, opts: BootstrapToolkitOptions = {}): Promise<ImageManifest> {
+export async function bootstrapToolkit(store: LayerStore, toolkit: ToolkitName, opts: BootstrapToolkitOptions = {}): Promise<ImageManifest> {
   const t = TOOLKITS[toolkit];
   if (!t) throw new DsecError('InvalidArgument', `unknown toolkit ${JSON.stringify(toolkit)}: want one of ${Object.keys(TOOLKITS).join(', ')}`);
   const def = parseRef(t.image);
@@ -432,7 +432,7 @@ export function classifyAptFailure(output: string): AptFailure {
 
 /** Everything {@link installInOverlay} needs. */
 interface InstallArgs {
-  store: ImageStore;
+  store: LayerStore;
   work: string;
   upper: string;
   lowers: string[];

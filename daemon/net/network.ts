@@ -14,39 +14,39 @@
  * policy name, inline rules). The kernel is the truth: veths in the instance netns,
  * program attachments on sandbox cgroups, and entries in maps pinned in `<root>/bpf/egress`,
  * which keep enforcing while dsecd is down. In memory: one {@link Live} per attached
- * sandbox (rebuilt by {@link SandboxNetworking.adopt} after a restart). Learned DNS pins are
- * written to `<root>/net/pins/<id>.json` (at most once a second per sandbox) so that an
- * address a sandbox resolved before a restart stays allowed after it. The resolver's
- * refusal count lives in dsecd (the egress counters live in the kernel's pinned map); it
- * is written to `<root>/net/counters/<id>.json` before any value of it is shown (API,
- * stats, event), so what a client saw is never lower after a restart, even a SIGKILL.
+ * sandbox (rebuilt by {@link SandboxNetworking.adopt} after a restart). Learned DNS pins
+ * and the resolver's refusal counts are kept on disk across restarts (./records.ts); the
+ * egress counters live in the kernel's pinned map. The destinations every sandbox is
+ * denied and the resolver's decision per name are pure (./decisions.ts).
  *
  * Concurrency. Every map change for a sandbox is computed and written synchronously
  * (compile, diff, bpf(2) calls) inside one turn of the event loop, so a DNS pin, a
  * refresh and a live update never interleave half-applied. Lifecycle calls (attach,
- * detach, adopt, update) are serialised per sandbox by the manager's mutex.
+ * detach, adopt, update) are serialised per sandbox by the lifecycle's locks
+ * (daemon/sandbox/locks.ts).
  */
-import { existsSync, mkdirSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
-import os from 'node:os';
+import { existsSync, mkdirSync, readdirSync, rmSync, statSync } from 'node:fs';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import type { NetworkSpec } from '../api/schema.js';
 import type { NetworkConfig } from '../config.js';
 import { failedPrecondition, internal, invalidArgument } from '../errors.js';
 import { BpfObject, ensureBpffs } from '../host/bpf.js';
-import type { SandboxRecord } from '../sandbox/repo.js';
 import {
-  cgroupKey, compileEgress, confValue, COUNTERS_BYTES, effectiveNetwork, exactHosts, hostMatches, normaliseHost, parseCounters, parseTrieKey, portsetValue, trieKey,
+  cgroupKey, compileEgress, confValue, COUNTERS_BYTES, effectiveNetwork, exactHosts, parseCounters, parseTrieKey, portsetValue, trieKey,
   PROTO_ANY, type CompiledEgress, type DenialCounters, type EffectiveNetwork, type PortRange,
 } from '../security/egress.js';
 import type { PolicySet } from '../security/egress-policy.js';
 import { addressForSlot, formatAddr, parseAddr, parsePrefix, parseSubnet, type Prefix, type Subnet } from './addr.js';
 import { HostNames } from './hostnames.js';
-import { InstanceNetwork, SLIRP } from './instance.js';
+import { InstanceNetwork } from './instance.js';
 import { SandboxResolver } from './resolver.js';
 import { attachVeth, detachVeth, listVeths, sandboxLinkOk, vethName } from './veth.js';
 import { typeName } from './dnswire.js';
+import { builtinDeny, dnsDecision } from './decisions.js';
+import { NetworkRecords, prunePins } from './records.js';
 import type { SandboxFiles } from '../host/sandbox-files.js';
+import type { NetworkSpec } from '../model/network.js';
+import type { SandboxRecord } from '../model/sandbox.js';
 
 /** Programs of egress.bpf.o, attached together to every allow/open sandbox. */
 export const EGRESS_PROGRAMS = ['egress_connect4', 'egress_connect6', 'egress_sendmsg4', 'egress_sendmsg6', 'egress_sock_create'] as const;
@@ -60,8 +60,6 @@ const PIN_GRACE_S = 60;
 const PIN_MAX_S = 3600;
 /** Pins files are written at most once per this interval per sandbox: 1 s. */
 const PIN_WRITE_MS = 1000;
-/** Most learned addresses per sandbox: 4,096 (a wildcard allow over a CDN yields many; beyond that the oldest go first). */
-const MAX_PINS = 4096;
 
 /** What the driver passes to the OCI spec for an allow/open sandbox. */
 export interface SpecNetwork {
@@ -109,48 +107,6 @@ interface Live {
   countersDirty: boolean;
 }
 
-/** What `<root>/net/counters/<id>.json` holds: the resolver's refusals of one container (its cgroup id, decimal). */
-interface CountersFile { cgid: string; dnsRefused: number; lastRefused: string | null }
-
-/** A destination denied to every allow/open sandbox whatever its rules, and why (for messages). */
-export interface BuiltinDeny {
-  prefix: Prefix;
-  reason: string;
-}
-
-/**
- * Link-local IPv4, 169.254.0.0/16: where cloud instance metadata services answer
- * (169.254.169.254 on AWS, GCP, Azure, OpenStack; 169.254.170.2 for ECS task
- * credentials). Through the user-mode uplink a sandbox's connect there becomes a socket of
- * the host, which would reach the host's metadata service and its credentials.
- */
-export const LINK_LOCAL_4 = '169.254.0.0/16';
-
-/**
- * The destinations every allow/open sandbox is denied whatever its rules (deny wins over
- * allow): the bridge subnet, the user-mode DNS forwarder, the user-mode gateway to the
- * host's loopback (unless `host_loopback`), link-local addresses ({@link LINK_LOCAL_4}),
- * and the host's own interface addresses (the uplink would reach the host's services on
- * them). Pure but for `interfaces` (default: this host's).
- */
-export function builtinDeny(subnet: Subnet, hostLoopback: boolean, interfaces: NodeJS.Dict<os.NetworkInterfaceInfo[]> = os.networkInterfaces()): BuiltinDeny[] {
-  const out: BuiltinDeny[] = [
-    { prefix: subnet.prefix, reason: 'the sandbox bridge subnet ([network] subnet)' },
-    { prefix: parsePrefix(`${SLIRP.dns}/32`), reason: "the user-mode network's DNS forwarder (only the sandbox resolver asks it)" },
-    { prefix: parsePrefix(LINK_LOCAL_4), reason: 'link-local addresses, where cloud instance metadata services answer' },
-  ];
-  if (!hostLoopback) out.push({ prefix: parsePrefix(`${SLIRP.hostGateway}/32`), reason: "the user-mode gateway to the host's loopback ([network] host_loopback is off)" });
-  for (const [name, addrs] of Object.entries(interfaces)) {
-    for (const a of addrs ?? []) {
-      if (a.internal || a.address.startsWith('fe80')) continue;
-      try {
-        out.push({ prefix: parsePrefix(a.address), reason: `an address of this host (${name})` });
-      } catch { /* an address form the rules do not take */ }
-    }
-  }
-  return out;
-}
-
 /** A sandbox's network as GET /v1/sandboxes/{id}/network shows it. */
 export interface NetworkView {
   mode: 'none' | 'allow' | 'open';
@@ -179,6 +135,8 @@ export class SandboxNetworking {
   readonly subnet: Subnet;
   readonly instanceNet: InstanceNetwork;
   private readonly stateDir: string;
+  /** Pins and refusal counts kept across restarts. */
+  private readonly records: NetworkRecords;
   private bpf: BpfObject | null = null;
   private bpfProblem: string | null = null;
   private resolver: SandboxResolver | null = null;
@@ -201,6 +159,7 @@ export class SandboxNetworking {
       throw invalidArgument(`[network] subnet ${d.config.subnet} holds ${this.subnet.capacity} sandbox addresses, fewer than the uid pool's ${slots} ranges; choose a larger subnet (e.g. a /16)`);
     }
     this.stateDir = path.join(d.root, 'net');
+    this.records = new NetworkRecords(this.stateDir, d.log);
     this.instanceNet = new InstanceNetwork({ instance: d.instance, stateDir: this.stateDir, subnet: this.subnet, userMode: d.config.userMode, hostLoopback: d.config.hostLoopback, log: d.log });
     this.names = new HostNames({ servers: d.config.hostResolvers, ttlMinS: d.config.ttlMinS, ttlMaxS: d.config.ttlMaxS, log: d.log, onChange: (n) => this.nameChanged(n) });
   }
@@ -238,7 +197,7 @@ export class SandboxNetworking {
     this.names.start();
     this.poll = setInterval(() => this.pollCounters(), POLL_MS);
     this.poll.unref();
-    this.pinWriter = setInterval(() => this.writePins(), PIN_WRITE_MS);
+    this.pinWriter = setInterval(() => this.records.writePins(this.live.values()), PIN_WRITE_MS);
     this.pinWriter.unref();
     this.ready = true;
     if (opts.eager || this.instanceNet.exists()) await this.up();
@@ -420,63 +379,6 @@ export class SandboxNetworking {
     }
   }
 
-  private pinsFile(id: string): string {
-    return path.join(this.stateDir, 'pins', `${id}.json`);
-  }
-
-  private countersFile(id: string): string {
-    return path.join(this.stateDir, 'counters', `${id}.json`);
-  }
-
-  /** The resolver's refusals recorded for this container (same cgroup id) before a restart, else zero. */
-  private loadCounters(id: string, cgid: bigint): { dnsRefused: number; lastRefused: string | null } {
-    try {
-      const raw = JSON.parse(readFileSync(this.countersFile(id), 'utf8')) as CountersFile;
-      if (raw.cgid === String(cgid) && Number.isSafeInteger(raw.dnsRefused) && raw.dnsRefused >= 0) return { dnsRefused: raw.dnsRefused, lastRefused: raw.lastRefused ?? null };
-    } catch { /* none */ }
-    return { dnsRefused: 0, lastRefused: null };
-  }
-
-  /** Writes a sandbox's refusal count when it changed; called before any value of it is shown (see the module comment). */
-  private saveCounters(l: Live): void {
-    if (!l.countersDirty) return;
-    const f: CountersFile = { cgid: String(l.cgid), dnsRefused: l.dnsRefused, lastRefused: l.lastRefused };
-    try {
-      writeFileSync(this.countersFile(l.id), JSON.stringify(f), { mode: 0o600 });
-      l.countersDirty = false;
-    } catch (e) {
-      this.d.log.warn({ err: e, id: l.id }, 'writing the DNS refusal count failed');
-    }
-  }
-
-  /** Loads a sandbox's learned addresses written before a restart (expired ones dropped). */
-  private loadPins(id: string): Map<string, Map<string, number>> {
-    const out = new Map<string, Map<string, number>>();
-    try {
-      const raw = JSON.parse(readFileSync(this.pinsFile(id), 'utf8')) as Record<string, Record<string, number>>;
-      const now = Date.now();
-      for (const [host, addrs] of Object.entries(raw)) {
-        const m = new Map(Object.entries(addrs).filter(([, exp]) => exp > now));
-        if (m.size) out.set(host, m);
-      }
-    } catch { /* none */ }
-    return out;
-  }
-
-  private writePins(): void {
-    for (const l of this.live.values()) {
-      if (!l.pinsDirty) continue;
-      l.pinsDirty = false;
-      const obj: Record<string, Record<string, number>> = {};
-      for (const [h, m] of l.pins) obj[h] = Object.fromEntries(m);
-      try {
-        writeFileSync(this.pinsFile(l.id), JSON.stringify(obj), { mode: 0o600 });
-      } catch (e) {
-        this.d.log.warn({ err: e, id: l.id }, 'writing learned DNS addresses failed');
-      }
-    }
-  }
-
   /**
    * Plugs a freshly started allow/open sandbox in: veth and address, egress entries,
    * programs on its cgroup. Called after the runtime started its init and before the
@@ -490,7 +392,7 @@ export class SandboxNetworking {
     const slot = this.slotOf(sb);
     const address = addressForSlot(this.subnet, slot);
     // A new container: its counters start at zero, as the kernel's do for its new cgroup.
-    rmSync(this.countersFile(sb.id), { force: true });
+    rmSync(this.records.countersFile(sb.id), { force: true });
     const l = this.register(sb, slot, address, new Map());
     await this.names.ensure(exactHosts(l.net));
     this.apply(l);
@@ -507,7 +409,7 @@ export class SandboxNetworking {
     if (prev) this.unregister(prev);
     const found = this.found.get(cgid);
     this.found.delete(cgid);
-    const dns = opts.adopted ? this.loadCounters(sb.id, cgid) : { dnsRefused: 0, lastRefused: null };
+    const dns = opts.adopted ? this.records.loadCounters(sb.id, cgid) : { dnsRefused: 0, lastRefused: null };
     const l: Live = {
       id: sb.id, slot, address, cgroupDir, cgid, net: this.effective(sb.network), pins, applied: found ?? new Map(),
       // Refusals counted before the restart were reported by then (they were written before they were shown).
@@ -558,8 +460,8 @@ export class SandboxNetworking {
     }
     if (SandboxNetworking.hasNetwork(sb) && sb.uidBase !== null && this.isUp) await detachVeth(this.instanceNet.name, this.slotOf(sb));
     // The container is gone: its counters go with it (as the kernel's do with its cgroup).
-    if (SandboxNetworking.hasNetwork(sb)) rmSync(this.countersFile(sb.id), { force: true });
-    if (opts.forget && SandboxNetworking.hasNetwork(sb)) rmSync(this.pinsFile(sb.id), { force: true });
+    if (SandboxNetworking.hasNetwork(sb)) rmSync(this.records.countersFile(sb.id), { force: true });
+    if (opts.forget && SandboxNetworking.hasNetwork(sb)) rmSync(this.records.pinsFile(sb.id), { force: true });
   }
 
   /**
@@ -577,7 +479,7 @@ export class SandboxNetworking {
     }
     const slot = this.slotOf(sb);
     const address = addressForSlot(this.subnet, slot);
-    const l = this.register(sb, slot, address, this.loadPins(sb.id), { adopted: true });
+    const l = this.register(sb, slot, address, this.records.loadPins(sb.id), { adopted: true });
     await this.names.ensure(exactHosts(l.net));
     this.apply(l);
     for (const p of EGRESS_PROGRAMS) this.bpf!.attachCgroup(p, l.cgroupDir);
@@ -706,7 +608,7 @@ export class SandboxNetworking {
       }
     }
     if (l.dnsRefused > l.dnsRefusedSeen) {
-      this.saveCounters(l);
+      this.records.saveCounters(l);
       this.d.event(l.id, 'network.dns_refused', `refused=${l.dnsRefused - l.dnsRefusedSeen} last=${l.lastRefused}`);
       l.dnsRefusedSeen = l.dnsRefused;
     }
@@ -739,7 +641,7 @@ export class SandboxNetworking {
     })();
     const counters = l && this.bpf ? this.bpf.map('egress_counters').lookup(cgroupKey(l.cgid)) : null;
     const c = counters ? parseCounters(counters) : null;
-    if (l) this.saveCounters(l);
+    if (l) this.records.saveCounters(l);
     const has = eff.mode !== 'none';
     return {
       mode: eff.mode,
@@ -762,7 +664,7 @@ export class SandboxNetworking {
     const v = l && this.bpf ? this.bpf.map('egress_counters').lookup(cgroupKey(l.cgid)) : null;
     if (!l || !v) return null;
     const c = parseCounters(v);
-    this.saveCounters(l);
+    this.records.saveCounters(l);
     return { connect: c.connect, sendmsg: c.sendmsg, sock_create: c.sockCreate, dns_refused: l.dnsRefused, last: describeLast(c) };
   }
 
@@ -816,8 +718,8 @@ export class SandboxNetworking {
     if (this.poll) clearInterval(this.poll);
     if (this.pinWriter) clearInterval(this.pinWriter);
     this.instanceNet.unwatch();
-    this.writePins();
-    for (const l of this.live.values()) this.saveCounters(l);
+    this.records.writePins(this.live.values());
+    for (const l of this.live.values()) this.records.saveCounters(l);
     this.names.close();
     await this.resolver?.close();
     this.bpf?.close();
@@ -833,30 +735,5 @@ export class SandboxNetworking {
     rmSync(path.join(this.d.root, 'bpf', 'egress'), { recursive: true, force: true });
     rmSync(this.stateDir, { recursive: true, force: true });
   }
-}
-
-/** Drops expired pins and keeps at most {@link MAX_PINS} (the ones expiring last). */
-function prunePins(pins: Map<string, Map<string, number>>, now: number): void {
-  const all: [string, string, number][] = [];
-  for (const [h, m] of pins) for (const [a, exp] of m) if (exp > now) all.push([h, a, exp]); else m.delete(a);
-  if (all.length <= MAX_PINS) return;
-  all.sort((x, y) => x[2] - y[2]);
-  for (const [h, a] of all.slice(0, all.length - MAX_PINS)) pins.get(h)?.delete(a);
-}
-
-/**
- * The resolver's decision for `name` under a sandbox's network (pure; unit-tested):
- * mode none refuses everything; a name matching a deny host rule is refused; in allow
- * mode only names matching an allow host rule are forwarded, and `patterns` names those
- * rules (the answer's addresses are pinned under them); open mode forwards the rest.
- */
-export function dnsDecision(net: EffectiveNetwork, name: string): { action: 'refuse'; reason: string } | { action: 'forward'; patterns: string[] } {
-  if (net.mode === 'none') return { action: 'refuse', reason: 'mode none' };
-  const deny = net.deny.find((r) => r.host !== undefined && hostMatches(normaliseHost(r.host), name));
-  if (deny) return { action: 'refuse', reason: `deny ${deny.host}` };
-  if (net.mode === 'open') return { action: 'forward', patterns: [] };
-  const patterns = [...new Set(net.allow.filter((r) => r.host !== undefined && hostMatches(normaliseHost(r.host), name)).map((r) => normaliseHost(r.host!)))];
-  if (!patterns.length) return { action: 'refuse', reason: 'not in allow rules' };
-  return { action: 'forward', patterns };
 }
 

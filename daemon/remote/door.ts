@@ -26,9 +26,9 @@ import type { Logger } from 'pino';
 import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.js';
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
-import { peerIdentity, type CertRole, type PeerIdentity } from './pki.js';
+import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
 import { CREATE_ROUTES, accessOf, allows } from './policy.js';
-import { SYSTEM_TENANT, type TokenRole, type TokenService } from './tokens.js';
+import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
 /**
  * Who is calling, as routes read it from `req.principal`. On the Unix socket: door
@@ -204,9 +204,35 @@ export interface TcpDoorOptions {
   tokens: TokenService;
   tls: DoorTls;
   limits: DoorLimits;
-  metrics: Metrics;
+  metrics: Pick<Metrics, 'authFailures' | 'authDenied'>;
   log: Logger;
   audit: AuditLog | null;
+  /**
+   * A fleet host's door (dsecd --etcd): a request over a verified gateway certificate
+   * names its caller in the gateway's identity headers ({@link GATEWAY_HEADERS}) instead
+   * of a token, the gateway having authenticated the token itself. The headers are read
+   * from gateway certificates only; any other peer still needs a token.
+   */
+  gatewayIdentity?: boolean;
+}
+
+/** Headers in which a gateway names the caller to a host (gateway/upstream.ts sets them). */
+export const GATEWAY_HEADERS = { tenant: 'x-dsec-tenant', role: 'x-dsec-role', tokenId: 'x-dsec-token-id' } as const;
+
+/**
+ * The caller a gateway named in its headers.
+ * @throws DsecError PermissionDenied when the tenant or role header is missing or malformed (a gateway bug, never a caller's).
+ */
+export function gatewayPrincipal(req: FastifyRequest, peer: PeerIdentity): Principal {
+  const h = (n: string) => {
+    const v = req.headers[n];
+    return Array.isArray(v) ? undefined : v;
+  };
+  const tenant = h(GATEWAY_HEADERS.tenant), role = h(GATEWAY_HEADERS.role), tokenId = h(GATEWAY_HEADERS.tokenId);
+  if (!tenant || !TENANT_RE.test(tenant) || !role || !(TOKEN_ROLES as readonly string[]).includes(role) || (tokenId !== undefined && !/^[0-9a-f]{16}$/.test(tokenId))) {
+    throw permissionDenied(`gateway "${peer.name}" named no valid caller (headers ${GATEWAY_HEADERS.tenant}, ${GATEWAY_HEADERS.role})`);
+  }
+  return { door: 'tcp', tokenId: tokenId ?? null, tenant, role: role as TokenRole, peer };
 }
 
 /** The TCP door (see the module comment). @returns the door and the registry of connections per token. */
@@ -263,6 +289,16 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
             metrics.authFailures.inc({ reason: 'client_cert' });
             throw permissionDenied(`client certificate ${peer ? `"${peer.name}" of role ${peer.role ?? '(none)'}` : '(none)'} is not accepted on this port (accepted roles: ${tls.peerRoles.join(', ')})`);
           }
+        }
+        if (opts.gatewayIdentity && peer?.role === 'gateway') {
+          // The gateway authenticated the caller's token and applies its create budget.
+          req.principal = gatewayPrincipal(req, peer);
+          const access = accessOf(req.method, req.routeOptions.url, isUpgrade(req));
+          if (!allows(req.principal.role, access)) {
+            metrics.authDenied.inc({ role: req.principal.role });
+            throw permissionDenied(`a ${req.principal.role} caller may not ${req.method} ${req.routeOptions.url ?? req.url.split('?')[0]}${access === 'admin' ? ' (admin only)' : ''}`);
+          }
+          return;
         }
         // A peek: `remaining` 0 means the address already failed authFailuresPerMinute times in this window.
         const spent = await failureLimiter()(req, { increment: false });

@@ -6,13 +6,23 @@ import type { FastifyInstance } from 'fastify';
 import net from 'node:net';
 import path from 'node:path';
 import type { Logger } from 'pino';
-import { buildApi, type ApiDeps } from '../api/server.js';
 import { parseListen, type RemoteConfig } from '../config.js';
 import { failedPrecondition } from '../errors.js';
 import type { AuditLog } from './audit.js';
-import { tcpDoor, type TokenConnections } from './door.js';
-import { ensureServerCert, hostNames, readPem } from './pki.js';
-import { mountE2b } from '../api/e2b/index.js';
+import { tcpDoor, type ApiDoor, type TokenConnections } from './door.js';
+import type { Metrics } from '../metrics.js';
+import type { TokenService } from './tokens.js';
+import { PkiError, ensureServerCert, hostNames, readPem as readPemFile } from '../../pki/certs.js';
+import { DsecError } from '../errors.js';
+
+/** readPem with its refusal as a DsecError of the same kind (dsecd prints it as one line). */
+function readPem(file: string, label: 'CERTIFICATE' | 'PRIVATE KEY', what: string): string {
+  try {
+    return readPemFile(file, label, what);
+  } catch (e) {
+    throw e instanceof PkiError ? new DsecError(e.kind, e.message) : e;
+  }
+}
 
 /** A listening TCP door. */
 export interface RemoteDoor {
@@ -47,10 +57,14 @@ export async function serverTls(remote: RemoteConfig, root: string, log: Logger)
 }
 
 /**
- * Builds and starts the TCP door.
+ * Builds and starts the TCP door. `buildApi` makes the API app for a door (daemon/api/server.ts
+ * buildApi, passed in by the composition root so this module stays below daemon/api/).
+ * With `gatewayIdentity` (a fleet host) a gateway certificate's requests carry their
+ * caller in headers (daemon/remote/door.ts).
  * @throws DsecError InvalidArgument for unreadable TLS files, FailedPrecondition when the address is taken.
  */
-export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: ApiDeps, audit: AuditLog | null, log: Logger): Promise<RemoteDoor> {
+export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: { tokens: TokenService; metrics: Metrics }, buildApi: (door: ApiDoor) => FastifyInstance, audit: AuditLog | null, log: Logger,
+  opts: { gatewayIdentity?: boolean } = {}): Promise<RemoteDoor> {
   const tls = await serverTls(remote, root, log);
   const clientCa = remote.tlsCa ? readPem(remote.tlsCa, 'CERTIFICATE', '--tls-ca') : null;
   const door = tcpDoor({
@@ -60,10 +74,9 @@ export async function startRemoteDoor(remote: RemoteConfig, root: string, deps: 
     metrics: deps.metrics,
     log: log.child({ component: 'door' }),
     audit,
+    gatewayIdentity: opts.gatewayIdentity,
   });
-  const app = buildApi(deps, door);
-  // E2B's control plane and envd, next to /v1 on the same port (docs/E2B.md).
-  if (deps.e2b) mountE2b(app, deps.e2b);
+  const app = buildApi(door);
   const { host, port } = parseListen(remote.listen!, '--listen');
   try {
     await app.listen({ host, port });

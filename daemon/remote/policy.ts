@@ -40,6 +40,11 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   // E2B template aliases: which image every tenant's `Sandbox.create(NAME)` gets.
   'PUT /v1/templates/:name',
   'DELETE /v1/templates/:name',
+  // A gateway's host routes (gateway/hosts.ts): they change where the whole fleet places.
+  'POST /v1/hosts/:name/cordon',
+  'POST /v1/hosts/:name/uncordon',
+  'POST /v1/hosts/:name/drain',
+  'DELETE /v1/hosts/:name',
 ]);
 
 /** The metrics route: `metrics` access, which admin, user, reader and metrics tokens have. */

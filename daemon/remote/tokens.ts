@@ -16,7 +16,7 @@
  * A stolen hash does not authenticate: the door hashes what it is given.
  */
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
-import type { Db } from '../store/db.js';
+import type { Db } from '../db/db.js';
 import { invalidArgument, notFound } from '../errors.js';
 
 /** Roles a token carries (docs/SECURITY.md "The TCP door"). */

@@ -6,38 +6,16 @@
  * names in {@link FAILPOINTS} are accepted, so a typo in a test fails loudly at start.
  */
 import { invalidArgument } from '../errors.js';
+import { STEPS, type Step, type StepObserver } from '../model/steps.js';
 
-/** Every failpoint, in the order the steps run. */
-export const FAILPOINTS = [
-  'create.after-intent', // row (state creating) and uid range committed
-  'create.after-layers', // image layers mounted
-  'create.after-rootfs', // idmapped lowers + overlay mounted
-  'create.after-bundle', // OCI spec written, agent socket bound
-  'create.after-runtime', // runtime started the container (init running)
-  'create.after-agent', // agent answered HELLO
-  'create.after-ack', // state running committed, before the HTTP response
-  'destroy.after-intent', // desired=destroyed committed
-  'destroy.after-kill', // container processes killed
-  'destroy.after-runtime', // runtime state deleted
-  'destroy.after-rootfs', // overlay and lowers unmounted
-  'destroy.after-cgroup', // cgroups removed
-  'destroy.after-dir', // sandbox dir removed, before the row is deleted
-  'stop.after-intent',
-  'stop.after-kill',
-  'start.after-intent',
-  'start.after-rootfs', // overlay mounted, the layer's quota still lifted for the mount (UpperStore.withRoomToMount)
-  'start.after-runtime',
-  'image.after-blob', // an imported layer's blob published, before its manifest
-  'trajectory.before-record', // a trajectory step's command ended, before its result is recorded
-  'snapshot.after-layer', // a snapshot's layer (or a machine snapshot's files) stored, before its row
-  'fork.after-create', // one sandbox of a fork created (acknowledged), before the fork commits
-] as const;
+/** Every failpoint: each named step (daemon/model/steps.ts), in the order the steps run. */
+export const FAILPOINTS = STEPS;
 
 /** A failpoint name. */
-export type Failpoint = (typeof FAILPOINTS)[number];
+export type Failpoint = Step;
 
 /** Parsed failpoint setting: kill the process at the `hits`-th time `name` is reached. */
-export class Failpoints {
+export class Failpoints implements StepObserver {
   private readonly name: Failpoint | null;
   private remaining: number;
 

@@ -5,7 +5,6 @@
  * with the sandbox's id. Boundaries are the create failpoints every driver marks
  * (daemon/sandbox/failpoints.ts), so all backends report the same phases.
  */
-import type { Backend } from '../api/schema.js';
 import type { Failpoint } from './failpoints.js';
 
 /**
@@ -37,9 +36,13 @@ const PHASE_AT: Partial<Record<Failpoint, CreatePhase>> = {
   'create.after-ack': 'ready',
 };
 
-/** A phase in words for `backend`; `restoring` a machine snapshot loads its state instead of booting. */
-export function phaseMessage(phase: CreatePhase, backend: Backend, restoring: boolean): string {
-  const vm = backend === 'microvm' || backend === 'vm';
+/**
+ * A phase in words for a sandbox isolated as `isolation` (its backend's capability: a
+ * container, or a VM with disks, QEMU and a guest boot); `restoring` a machine snapshot
+ * loads its state instead of booting.
+ */
+export function phaseMessage(phase: CreatePhase, isolation: 'container' | 'vm', restoring: boolean): string {
+  const vm = isolation === 'vm';
   switch (phase) {
     case 'rootfs':
       return vm ? 'preparing the disks' : 'mounting the root filesystem';
@@ -57,7 +60,7 @@ export function phaseMessage(phase: CreatePhase, backend: Backend, restoring: bo
  * The failpoint observer that reports the create of `id` to `sink`: each phase once,
  * in order (a step reached twice, or out of order, reports nothing new).
  */
-export function createObserver(id: string, backend: Backend, restoring: boolean, sink: CreateProgressSink): (step: Failpoint) => void {
+export function createObserver(id: string, isolation: 'container' | 'vm', restoring: boolean, sink: CreateProgressSink): (step: Failpoint) => void {
   let last = -1;
   return (step) => {
     const phase = PHASE_AT[step];
@@ -65,6 +68,6 @@ export function createObserver(id: string, backend: Backend, restoring: boolean,
     const i = CREATE_PHASES.indexOf(phase);
     if (i <= last) return;
     last = i;
-    sink({ phase, id, message: phaseMessage(phase, backend, restoring) });
+    sink({ phase, id, message: phaseMessage(phase, isolation, restoring) });
   };
 }

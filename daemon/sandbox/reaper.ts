@@ -10,8 +10,12 @@
  */
 import type { TrajectoryLog } from './trajectory.js';
 import type { Logger } from 'pino';
-import type { SandboxManager } from './manager.js';
-import type { SandboxRepo } from './repo.js';
+import type { SandboxRepo } from '../db/sandboxes.js';
+import type { DiskQuotaWatch } from './disk-quota.js';
+import type { SandboxLifecycle } from './lifecycle.js';
+import type { LimitWatch } from './limits.js';
+import type { LivenessWatch } from './liveness.js';
+import type { RoundService } from './rounds.js';
 import { isDsecError } from '../errors.js';
 
 /** Sweep interval: 1 s, so a TTL fires at most ~1 s late; one indexed query per sweep. */
@@ -24,6 +28,15 @@ export const REAP_INTERVAL_MS = 1000;
  */
 export const LIMIT_WATCH_SWEEPS = 5;
 
+/** The services a sweep drives. */
+export interface ReaperServices {
+  liveness: Pick<LivenessWatch, 'check'>;
+  limits: Pick<LimitWatch, 'sweep'>;
+  disks: Pick<DiskQuotaWatch, 'check'>;
+  rounds: Pick<RoundService, 'sweepLeases'>;
+  lifecycle: Pick<SandboxLifecycle, 'destroy'>;
+}
+
 /** Periodic TTL enforcement and event pruning; `start()` after reconcile, `stop()` at shutdown. */
 export class Reaper {
   private timer: NodeJS.Timeout | null = null;
@@ -33,7 +46,7 @@ export class Reaper {
 
   constructor(
     private readonly repo: SandboxRepo,
-    private readonly manager: SandboxManager,
+    private readonly services: ReaperServices,
     private readonly log: Logger,
     /** Event and trajectory retention (see DaemonConfig.retention). */
     private readonly retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs?: number } = { eventsMax: 100_000, eventsMaxAgeMs: 7 * 86400_000 },
@@ -67,16 +80,16 @@ export class Reaper {
         const age = this.retention.trajectoryMaxAgeMs;
         if (this.trajectories && age !== undefined) this.trajectories.prune(now - age, now - 2 * age, now);
       }
-      await this.manager.checkLiveness().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
+      await this.services.liveness.check().catch((e) => this.log.error({ err: e }, 'reaper: liveness check failed'));
       if (this.sweeps % LIMIT_WATCH_SWEEPS === 1)
-        await this.manager.watchLimits().catch((e) => this.log.error({ err: e }, 'reaper: limit counters sweep failed'));
-      this.manager.checkDiskQuotas();
-      await this.manager.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
+        await this.services.limits.sweep().catch((e) => this.log.error({ err: e }, 'reaper: limit counters sweep failed'));
+      this.services.disks.check();
+      await this.services.rounds.sweepLeases(now).catch((e) => this.log.error({ err: e }, 'reaper: lease/idle sweep failed'));
       for (const id of this.repo.expired(now)) {
         if (this.inFlight.has(id)) continue;
         this.inFlight.add(id);
         try {
-          await this.manager.destroy(id, true, 'ttl expired');
+          await this.services.lifecycle.destroy(id, true, 'ttl expired');
           done.push(id);
         } catch (e) {
           if (!isDsecError(e, 'NotFound')) this.log.error({ err: e, id }, 'reaper: destroy of expired sandbox failed');

@@ -7,7 +7,7 @@
  * - A step is reduced to a canonical hash of its request ({@link canonicalRequest}).
  * - `started` is committed to SQLite before the command runs; the result (output,
  *   exit, signal, oom, timings) is committed when it ends. WAL with synchronous=NORMAL
- *   makes both durable across a dsecd crash (daemon/store/db.ts).
+ *   makes both durable across a dsecd crash (daemon/db/db.ts).
  * - Re-issuing a finished step with the same hash replays the recorded result; with a
  *   different hash it is Conflict `step_mismatch`; a step that started and never
  *   finished is Conflict `outcome_unknown`. `truncate` discards the step and every
@@ -23,9 +23,9 @@
  * per-host logs later.
  */
 import { createHash } from 'node:crypto';
-import type { Db } from '../store/db.js';
-import type { ExecResult } from '../api/schema.js';
+import type { Db } from '../db/db.js';
 import { DsecError, notFound } from '../errors.js';
+import type { ExecResult } from '../model/exec.js';
 
 /** The parts of an exec request that define a step; absent fields are null. */
 export interface CanonicalRequest {
@@ -40,21 +40,37 @@ export interface CanonicalRequest {
 }
 
 /**
+ * An exec request as the trajectory log reduces it: the wire's field names (the
+ * canonical form keeps them), stdin as bytes (`stdin`) or as their base64 (`stdin_b64`;
+ * `stdin` wins when both are given).
+ */
+export interface CanonicalInput {
+  argv: string[];
+  env?: Record<string, string>;
+  cwd?: string;
+  user?: string;
+  timeout_ms?: number;
+  stdin_b64?: string;
+  stdin?: Buffer;
+}
+
+/**
  * Reduces an exec request to its canonical form and hash: sha256 (hex) of the
  * version tag `dsec-trajectory-v1` and a newline, then the canonical JSON (keys
  * sorted, env keys sorted, absent fields null). Two requests with the same hash run
  * the same command in the same way, whatever sandbox they target.
  */
-export function canonicalRequest(req: { argv: string[]; env?: Record<string, string>; cwd?: string; user?: string; timeout_ms?: number; stdin_b64?: string }): { request: CanonicalRequest; hash: string } {
+export function canonicalRequest(req: CanonicalInput): { request: CanonicalRequest; hash: string } {
   const env: Record<string, string> = {};
   for (const k of Object.keys(req.env ?? {}).sort()) env[k] = req.env![k];
+  const stdin = req.stdin ?? (req.stdin_b64 !== undefined ? Buffer.from(req.stdin_b64, 'base64') : undefined);
   const request: CanonicalRequest = {
     argv: [...req.argv],
     env,
     cwd: req.cwd ?? null,
     user: req.user ?? null,
     timeout_ms: req.timeout_ms ?? null,
-    stdin_sha256: req.stdin_b64 !== undefined ? createHash('sha256').update(Buffer.from(req.stdin_b64, 'base64')).digest('hex') : null,
+    stdin_sha256: stdin !== undefined ? createHash('sha256').update(stdin).digest('hex') : null,
   };
   const canon = JSON.stringify({
     argv: request.argv, cwd: request.cwd, env: request.env, stdin_sha256: request.stdin_sha256, timeout_ms: request.timeout_ms, user: request.user,
@@ -180,7 +196,7 @@ export class TrajectoryLog {
    *   `in_progress` or `out_of_order`; FailedPrecondition `trajectory_removed`; what
    *   `canRun` throws.
    */
-  begin(trajectory: string, step: number, sandboxId: string, req: Parameters<typeof canonicalRequest>[0], truncate = false, now = Date.now(), canRun: () => void = () => {}): StepDecision {
+  begin(trajectory: string, step: number, sandboxId: string, req: CanonicalInput, truncate = false, now = Date.now(), canRun: () => void = () => {}): StepDecision {
     const { request, hash } = canonicalRequest(req);
     return this.db.transaction((): StepDecision => {
       const t = this.db.prepare('SELECT * FROM trajectories WHERE id = ?').get(trajectory) as TrajRow | undefined;

@@ -14,7 +14,7 @@
  * env, TTL, idle timeout, CPU/memory/pids limits, network rules) is applied at the claim,
  * so a claimed sandbox is indistinguishable from a fresh one: its id, uid range and
  * writable layer were never seen by anyone, nothing ran in it, and its limits, env and
- * creation time are the request's (daemon/sandbox/manager.ts `claim`).
+ * creation time are the request's (daemon/sandbox/create.ts `claim`).
  *
  * Refill is low priority: a pool below its count creates shells in the background, at
  * most {@link WarmPoolConfig.fillConcurrency} at a time, and only once no user create is
@@ -27,10 +27,15 @@
  */
 import { createHash } from 'node:crypto';
 import type { Logger } from 'pino';
-import type { SandboxRecord } from './repo.js';
+import type { SandboxRecord } from '../model/sandbox.js';
 
 /** Label every pool shell carries; its value is the shell's {@link shellKey} hash. */
 export const POOL_LABEL = 'dsec.pool';
+
+/** Whether a row is a warm-pool shell not yet claimed. */
+export function isPoolShell(sb: Pick<SandboxRecord, 'labels'>): boolean {
+  return sb.labels[POOL_LABEL] !== undefined;
+}
 
 /** One `[[pool.entries]]` table: which shells to keep ready. */
 export interface WarmPoolEntry {

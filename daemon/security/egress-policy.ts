@@ -27,9 +27,8 @@ import { closeSync, constants as fsc, existsSync, fstatSync, openSync, readdirSy
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { z } from 'zod';
-import { EgressRule, PolicyName } from '../api/schema.js';
 import { invalidArgument } from '../errors.js';
-import { policyWarnings, type AlwaysDenied, type NetworkPolicy } from './egress.js';
+import { EgressRuleSchema, PolicyNameSchema, policyWarnings, type AlwaysDenied, type NetworkPolicy } from './egress.js';
 
 /** Directory of the policies shipped with dsec: `daemon/security/profiles/network` under the package root (the checkout, or the installed release: scripts/install-release.sh), whether this runs from source or from dist/. */
 export function shippedPolicyDir(): string {
@@ -43,8 +42,8 @@ export const PolicyFile = z
   .object({
     description: z.string().max(4096).optional(),
     mode: z.enum(['allow', 'open']).describe('The mode of a sandbox that names this policy and no mode of its own.'),
-    allow: z.array(EgressRule).max(4096).optional(),
-    deny: z.array(EgressRule).max(4096).optional(),
+    allow: z.array(EgressRuleSchema).max(4096).optional(),
+    deny: z.array(EgressRuleSchema).max(4096).optional(),
   })
   .strict();
 
@@ -60,7 +59,7 @@ export interface PolicyProblem {
  */
 export function parsePolicyFile(file: string, text: string): NetworkPolicy | PolicyProblem {
   const name = path.basename(file, '.json');
-  const n = PolicyName.safeParse(name);
+  const n = PolicyNameSchema.safeParse(name);
   if (!n.success) return { file, message: `file name: ${n.error.issues[0].message}` };
   let raw: unknown;
   try {
@@ -161,7 +160,7 @@ export class PolicySet {
   /**
    * @param dirs directories read in order (shipped examples first, then the operator's).
    * @param alwaysDenied destinations every sandbox is denied whatever its rules, for the
-   *   warnings (daemon/net/network.ts `builtinDeny`); none when omitted.
+   *   warnings (daemon/net/decisions.ts `builtinDeny`); none when omitted.
    */
   constructor(private readonly dirs: readonly string[], private readonly alwaysDenied: () => readonly AlwaysDenied[] = () => []) {}
 

@@ -12,9 +12,39 @@
  * entry no longer than P and containing a, hence containing P. Entries are computed per
  * list (allow, deny) and family; deny is checked first, so deny wins.
  */
-import type { EgressRule, NetworkSpec } from '../api/schema.js';
 import { contains, formatPrefix, parsePrefix, type Family, type Prefix } from '../net/addr.js';
 import { invalidArgument } from '../errors.js';
+import { z } from 'zod';
+import type { EgressRule, NetworkSpec } from '../model/network.js';
+
+/**
+ * Network policy names (and the `policy` of a sandbox's network): lowercase
+ * `[a-z0-9][a-z0-9._-]{0,62}`, so a name is a file name as is (policies are data files,
+ * docs/SECURITY.md).
+ */
+export const PolicyNameSchema = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,62}$/, 'policy names are 1-63 characters of [a-z0-9._-], starting with a letter or digit');
+
+/**
+ * One egress rule as the API and policy files give it: a destination (exactly one of
+ * `cidr` and `host`), optional ports and a protocol. `host` names are resolved by dsecd
+ * and refreshed on their DNS TTL (docs/SECURITY.md "Networking"); `*.example.org` matches
+ * every name below example.org. Syntax beyond the shape is {@link ruleProblem}'s.
+ */
+export const EgressRuleSchema = z
+  .object({
+    cidr: z.string().min(2).max(43).optional().describe('IPv4 or IPv6 prefix, e.g. `10.0.0.0/8`, `2001:db8::/32`; a bare address means /32 or /128.'),
+    host: z.string().min(1).max(253).optional().describe('DNS name, or `*.` and a name for every name below it; resolved by dsecd.'),
+    ports: z.array(z.union([z.number().int().min(1).max(65535), z.string().regex(/^\d{1,5}-\d{1,5}$/, 'port ranges are "low-high"')])).min(1).max(16).optional()
+      .describe('Destination ports or "low-high" ranges; default every port.'),
+    protocol: z.enum(['tcp', 'udp', 'any']).optional().describe('Default any.'),
+  })
+  .strict()
+  .refine((r) => (r.cidr === undefined) !== (r.host === undefined), 'an egress rule has exactly one of cidr and host')
+  .superRefine((r, ctx) => {
+    // Prefix syntax and host bits, host-name syntax, port-range order.
+    const problem = ruleProblem(r);
+    if (problem) ctx.addIssue({ code: 'custom', message: problem });
+  }) satisfies z.ZodType<EgressRule>; // parses into the model's shape
 
 /** Protocol bits of a port range, as in egress.bpf.c. */
 export const PROTO_TCP = 1;
@@ -338,7 +368,7 @@ export function parseCounters(b: Buffer): DenialCounters {
 
 // ---- policy lint ----
 
-/** A destination denied whatever the rules, and why (daemon/net/network.ts `builtinDeny`). */
+/** A destination denied whatever the rules, and why (daemon/net/decisions.ts `builtinDeny`). */
 export interface AlwaysDenied {
   prefix: Prefix;
   reason: string;

@@ -5,7 +5,7 @@
  *
  * The model. The sandbox's root `/` is mounted read-only (OCI `root.readonly`), even to
  * root inside. Every top-level directory of the composed rootfs that does not match
- * `readonly_paths` (default {@link DEFAULT_READONLY_PATHS}) gets a read-write bind of
+ * `readonly_paths` (default DEFAULT_READONLY_PATHS, daemon/model/filesystem.ts) gets a read-write bind of
  * itself, as does every `writable_paths` entry: an exception below a read-only path
  * (`/usr/local`), or a directory the image does not have yet, which dsecd creates in the
  * writable layer (as the sandbox's root) before the container starts. Consequences,
@@ -50,7 +50,7 @@
  * made, e.g. `ln -s /etc /root/data` over its writable path /root/data. Following that
  * would bind /etc read-write at the next start (and a link to `/` would drop every
  * top-level bind). So a writable path is refused (FailedPrecondition, reason
- * {@link WRITABLE_PATH_REFUSED_REASON}; the manager records a
+ * {@link WRITABLE_PATH_REFUSED_REASON}; the lifecycle records a
  * `sandbox.writable_path_refused` event) when it resolves to `/`, through any symlink
  * onto or above a read-only place, or through a symlink in a directory the sandbox may
  * write to a place not writable without it; see {@link planFilesystem}. Refused, never
@@ -62,7 +62,7 @@
  * Precedence of the options, field by field: the create request's `filesystem` > the
  * image's security defaults (`config.security`, daemon/image/security.ts) > `[filesystem]`
  * in dsecd's config > the defaults here. The resolved values are stored with the sandbox
- * at create ({@link resolveFilesystem}), so a later change of config or image never
+ * at create (resolveFilesystem in daemon/model/filesystem.ts), so a later change of config or image never
  * alters an existing sandbox.
  */
 import { lstatSync, readdirSync, readlinkSync } from 'node:fs';
@@ -70,9 +70,7 @@ import { chmod, chown, lstat, mkdir } from 'node:fs/promises';
 import path from 'node:path';
 import { z } from 'zod';
 import { DsecError, failedPrecondition } from '../errors.js';
-
-/** Default `readonly_paths`: the system paths an agent under RL pressure tried to overwrite (/bin/bash), and the libraries and config they load. */
-export const DEFAULT_READONLY_PATHS: readonly string[] = ['/bin', '/sbin', '/usr', '/lib*', '/etc'];
+import type { FilesystemOptions, ResolvedFilesystem } from '../model/filesystem.js';
 
 /** Top-level directories of the runtime's own mounts (spec.ts): never bound, never named in the options. */
 export const RUNTIME_MOUNT_DIRS: readonly string[] = ['/proc', '/sys', '/dev'];
@@ -82,14 +80,14 @@ export const MAX_FILESYSTEM_PATHS = 64;
 
 /**
  * Most writable places one sandbox may have: 128, the agent's limit of `--writable`
- * flags (LL_MAX_WRITABLE in native/agent/agent.c), twice the 64 writable_paths a request
+ * flags (LL_MAX_WRITABLE in native/agent/landlock.h), twice the 64 writable_paths a request
  * may name plus room for an image's top-level directories.
  */
 export const MAX_WRITABLE_PLACES = 128;
 
 /**
  * Reason (`error.reason`) of a start, create, restore or fork refused because a writable
- * path resolves somewhere it must not (see {@link planFilesystem}); the manager records
+ * path resolves somewhere it must not (see {@link planFilesystem}); the lifecycle records
  * a `sandbox.writable_path_refused` event with the message.
  */
 export const WRITABLE_PATH_REFUSED_REASON = 'writable_path_refused';
@@ -136,32 +134,7 @@ export const FilesystemOptionsSchema = z
       .describe('Paths kept writable: exceptions below read-only paths (e.g. /usr/local), or directories the image lacks (e.g. /work), which dsecd creates before start. Wins over readonly_paths.'),
     landlock: z.boolean().optional().describe('Restrict file access with Landlock where the kernel has it (docs/SECURITY.md "Landlock"); default true.'),
   })
-  .strict();
-export type FilesystemOptions = z.infer<typeof FilesystemOptionsSchema>;
-
-/** Filesystem options with every field decided: what a sandbox row stores. */
-export interface ResolvedFilesystem {
-  readonly_paths: string[];
-  writable_paths: string[];
-  landlock: boolean;
-}
-
-/** The built-in defaults, below `[filesystem]` in the config. */
-export const DEFAULT_FILESYSTEM: Readonly<ResolvedFilesystem> = Object.freeze({
-  readonly_paths: [...DEFAULT_READONLY_PATHS],
-  writable_paths: [],
-  landlock: true,
-});
-
-/**
- * The options in force for a new sandbox, field by field: `request` > `image` >
- * `config` (itself already resolved over {@link DEFAULT_FILESYSTEM}). Pure.
- * @returns fresh arrays (never aliases of the inputs).
- */
-export function resolveFilesystem(request: FilesystemOptions | null | undefined, image: FilesystemOptions | null | undefined, config: ResolvedFilesystem): ResolvedFilesystem {
-  const pick = <K extends keyof ResolvedFilesystem>(k: K): ResolvedFilesystem[K] => (request?.[k] ?? image?.[k] ?? config[k]) as ResolvedFilesystem[K];
-  return { readonly_paths: [...pick('readonly_paths')], writable_paths: [...pick('writable_paths')], landlock: pick('landlock') };
-}
+  .strict() satisfies z.ZodType<FilesystemOptions>; // parses into the model's shape
 
 /** True when `name` (one path component) matches the glob `pattern` (`*`: any run of characters, `?`: one). */
 export function globMatch(pattern: string, name: string): boolean {

@@ -51,7 +51,7 @@
  * each isolated call, and runc's filter applies to the agent. So a worker's filter leaves
  * exactly {@link WORKER_AGENT_SYSCALLS} allowed, and the agent (`--worker`) installs a
  * second, fixed filter denying them with EPERM in every process it starts, before the
- * command's execve (native/agent/agent.c, worker_filter_install). Filters stack and the
+ * command's execve (native/agent/confine.c, worker_filter_install). Filters stack and the
  * strictest verdict wins, so every command of a worker runs under exactly the default
  * profile (`Seccomp_filters: 2` in its /proc/self/status).
  *

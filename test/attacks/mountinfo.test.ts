@@ -7,7 +7,7 @@
  * (docs/SECURITY.md "What a sandbox sees of the host's mounts").
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readFileSync, realpathSync } from 'node:fs';
+import { readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import { IS_ROOT, REPO, TestDaemon, out } from '../integration/harness.js';
 
@@ -75,6 +75,24 @@ describe.skipIf(!IS_ROOT)('attack: read the host layout from the mount table', (
   it('with networking and writable paths: resolv.conf and the filesystem binds name nothing of the host', async () => {
     const sb = await d.client.createSandbox({ image: 'busybox', network: { mode: 'open' }, filesystem: { writable_paths: ['/work'] } });
     await expectNoHostNames(sb.id);
+  });
+
+  it('sysfs: no loop device behind the store names its image (loop/backing_file), nor any other host path of dsecd', async () => {
+    // Precondition: the store is a loop device here, whose backing file the host names.
+    const hostBacking = readdirSync('/sys/block').filter((b) => b.startsWith('loop')).map((b) => {
+      try {
+        return readFileSync(`/sys/block/${b}/loop/backing_file`, 'utf8');
+      } catch {
+        return '';
+      }
+    });
+    expect(hostBacking.some((f) => f.startsWith(d.root + '/'))).toBe(true);
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    const r = await d.client.exec(sb.id, { argv: ['sh', '-c', 'ls /sys/block; cat /sys/block/*/loop/backing_file /sys/class/block/*/loop/backing_file /sys/devices/virtual/block/*/loop/backing_file /sys/dev/block/*/loop/backing_file 2>/dev/null; true'] });
+    const text = out(r);
+    expect(text).toMatch(/\bloop\d+\b/); // the names are still listed
+    for (const s of [d.root, realpathSync(d.root), REPO]) expect(text, `sysfs names ${s}:\n${text}`).not.toContain(s);
+    expect(text).not.toMatch(/\/storage\/upper\.img/);
   });
 
   it('after a stop and start (the overlay is mounted again)', async () => {

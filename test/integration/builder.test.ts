@@ -23,7 +23,7 @@ import tarStream from 'tar-stream';
 import { BUILDER_SLOT_IDS, Builder } from '../../daemon/host/builder.js';
 import { importArchive, importTarWithNotes } from '../../daemon/image/import/oci.js';
 import type { ExtractReport } from '../../daemon/image/import/tar.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 import { IS_ROOT, REPO, TestDaemon, builderRangeForSlot, leaseSlot, releaseSlot } from './harness.js';
 
 /** A label for the daemon's temp root (the harness leases its id ranges). */
@@ -142,7 +142,7 @@ function processesOf(uid: number): Array<{ pid: number; uidMap: string; cmdline:
   return found;
 }
 
-describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageStore in this process)', () => {
+describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an LayerStore in this process)', () => {
   let base: string;
   let builder: Builder;
   let sentinelDir: string;
@@ -322,7 +322,7 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageS
     }
 
     // dsec's own importer, as the builder, refuses the same archive outright.
-    const store = new ImageStore({ root: path.join(base, 'store-hostile'), builder });
+    const store = new LayerStore({ root: path.join(base, 'store-hostile'), builder });
     await store.init();
     await expect(importTarWithNotes(store, tarFile, { name: 'hostile', tag: '1' })).rejects.toMatchObject({ kind: 'InvalidArgument' });
     await expect(store.get('hostile:1')).rejects.toMatchObject({ kind: 'NotFound' });
@@ -361,8 +361,8 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageS
     ];
     const archive = path.join(base, 'image.tar');
     await writeFile(archive, await dockerArchive(layers), { mode: 0o600 });
-    const asRoot = new ImageStore({ root: path.join(base, 'store-root') });
-    const asBuilder = new ImageStore({ root: path.join(base, 'store-builder'), builder });
+    const asRoot = new LayerStore({ root: path.join(base, 'store-root') });
+    const asBuilder = new LayerStore({ root: path.join(base, 'store-builder'), builder });
     await asRoot.init();
     await asBuilder.init();
     const mr = await importArchive(asRoot, archive, { name: 'exact', tag: '1' });
@@ -400,7 +400,7 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an ImageS
   it('owners beyond the 65,536 ids a sandbox sees are recorded as 65534, and said so', async () => {
     const tarFile = path.join(base, 'big-ids.tar');
     await writeFile(tarFile, await makeTar([{ name: 'f', body: 'x', uid: 100000, gid: 3 }, { name: 'g', body: 'y', uid: 5, gid: 70000 }]));
-    const store = new ImageStore({ root: path.join(base, 'store-ids'), builder });
+    const store = new LayerStore({ root: path.join(base, 'store-ids'), builder });
     await store.init();
     const r = await importTarWithNotes(store, tarFile, { name: 'ids', tag: '1' });
     expect(r.notes).toEqual([expect.stringMatching(/^owners above 65535 recorded as 65534 .*\(2 entries, e\.g\. "f"\)$/)]);

@@ -241,7 +241,9 @@ describe('top on a terminal', () => {
       });
     };
   });
-  const topPty = () => dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30);
+  // CI=true as a CI runner sets it: the live view must draw on a terminal whatever it says
+  // (Ink alone would hold every frame until exit).
+  const topPty = () => dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30, { NO_COLOR: '1', CI: 'true' });
 
   it('draws on the alternate screen and gives the screen back on q: no frame is left on the normal screen', async () => {
     const t = topPty();
@@ -259,7 +261,7 @@ describe('top on a terminal', () => {
   });
 
   it('colours states on a colour terminal (running green, paused cyan), none under NO_COLOR', async () => {
-    const t = dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30, { NO_COLOR: undefined, FORCE_COLOR: undefined });
+    const t = dsecPty(['top', '--interval', '200ms', '--sort', 'id'], 150, 30, { NO_COLOR: undefined, FORCE_COLOR: undefined, CI: 'true' });
     await t.waitFor(/\x1b\[32mrunning/);
     await t.waitFor(/\x1b\[36mpaused/);
     t.p.write('q');

@@ -3,9 +3,9 @@
  * git) into a running dsecd's image store, then a real workload in a sandbox made from
  * it: Python, git, os-release.
  *
- * How the image gets into the daemon: dsecd's ImageStore lives at `<daemon root>/images`
- * and reads the manifest file on every create (ImageStore.get, no in-memory cache), so
- * the test writes blob + manifest there through a second ImageStore on the same root and
+ * How the image gets into the daemon: dsecd's LayerStore lives at `<daemon root>/images`
+ * and reads the manifest file on every create (LayerStore.get, no in-memory cache), so
+ * the test writes blob + manifest there through a second LayerStore on the same root and
  * the daemon serves it on the next create (checked here through GET /v1/images and a
  * create). The second store does not call init(): the daemon already made the layout,
  * and init() would add leases/ for a made-up owner.
@@ -30,7 +30,7 @@ import {
   parseAptSources,
 } from '../../daemon/image/bootstrap.js';
 import { listMountsUnder } from '../../daemon/image/rootfs.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 import { isDsecError } from '../../daemon/errors.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
 
@@ -98,7 +98,7 @@ describe('apt sources and the bootstrap cache key', () => {
   });
 
   it('rejects bad arguments before doing any work', async () => {
-    const store = new ImageStore({ root: path.join(tmpdir(), 'dsec-never-created') });
+    const store = new LayerStore({ root: path.join(tmpdir(), 'dsec-never-created') });
     await expect(bootstrapDebian(store, { include: ['python3; rm -rf /'] })).rejects.toSatisfy((e: unknown) => isDsecError(e, 'InvalidArgument'));
     await expect(bootstrapDebian(store, { name: 'Not A Name' })).rejects.toSatisfy((e: unknown) => isDsecError(e, 'InvalidArgument'));
     await expect(bootstrapDebian(store, { suite: 'sid' as 'bookworm' })).rejects.toSatisfy((e: unknown) => isDsecError(e, 'InvalidArgument'));
@@ -116,7 +116,7 @@ describe.skipIf(!IS_ROOT)('bootstrap with a package the mirror does not have (ro
     'is InvalidArgument naming the package, and leaves no scratch dir or cached tree',
     async () => {
       const cacheDir = mkdtempSync(path.join(tmpdir(), 'dsec-bootstrap-unknown-'));
-      const store = new ImageStore({ root: path.join(cacheDir, 'store') });
+      const store = new LayerStore({ root: path.join(cacheDir, 'store') });
       try {
         const pkg = `dsec-no-such-package-${process.pid}`;
         await expect(bootstrapDebian(store, { name: 'debian', tag: 'unknown-pkg', include: ['python3', pkg], cacheDir })).rejects.toSatisfy((e: unknown) => {
@@ -137,12 +137,12 @@ describe.skipIf(!IS_ROOT)('bootstrap with a package the mirror does not have (ro
 
 describe.skipIf(!IS_ROOT)('debian:bookworm from the mirror, in a sandbox', () => {
   let d: TestDaemon;
-  let store: ImageStore;
+  let store: LayerStore;
   let digest: string;
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 9 });
-    store = new ImageStore({ root: path.join(d.root, 'images') });
+    store = new LayerStore({ root: path.join(d.root, 'images') });
   });
   afterAll(async () => {
     await d?.cleanup();

@@ -184,12 +184,18 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
     const e = await api<Info>('POST', '/execs', { argv: ['sleep', '30'] });
     await expect(api('POST', `/execs/${e.exec_id}/resize`, { rows: 5, cols: 5 })).rejects.toMatchObject({ code: 'InvalidArgument' });
     await expect(api('POST', `/execs/${e.exec_id}/signal`, { signal: 'SIGNOPE' })).rejects.toMatchObject({ code: 'InvalidArgument' });
-    const sock = ws(e.exec_id);
-    const closeCode = await new Promise<number>((resolve) => {
-      sock.on('open', () => sock.send('this is not json'));
-      sock.on('close', (code: number) => resolve(code));
-    });
-    expect(closeCode).toBe(1008);
+    // Each kind of garbage closes the socket (policy violation) with an InvalidArgument.
+    for (const garbage of ['this is not json', 'null', '[]', JSON.stringify({ type: 'signal', signal: { name: 'TERM' } })]) {
+      const sock = ws(e.exec_id);
+      const said: string[] = [];
+      const closeCode = await new Promise<number>((resolve) => {
+        sock.on('open', () => sock.send(garbage));
+        sock.on('message', (m: Buffer, binary: boolean) => { if (!binary) said.push(m.toString()); });
+        sock.on('close', (code: number) => resolve(code));
+      });
+      expect(closeCode, garbage).toBe(1008);
+      expect(said.map((m) => JSON.parse(m))).toEqual([{ type: 'error', error: { code: 'InvalidArgument', message: expect.any(String) } }]);
+    }
     await api('DELETE', `/execs/${e.exec_id}`);
     await expect(api('GET', `/execs/${e.exec_id}`)).rejects.toMatchObject({ code: 'NotFound' });
     expect((await d.client.version()).api).toBe('v1');

@@ -11,6 +11,7 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { createHash } from 'node:crypto';
 import http from 'node:http';
+import net from 'node:net';
 import { readFileSync } from 'node:fs';
 import { Readable } from 'node:stream';
 import tarStream from 'tar-stream';
@@ -248,5 +249,79 @@ describe.skipIf(!IS_ROOT)('files', () => {
     expect(json(refused)).toMatchObject({ error: { code: 'InvalidArgument' } });
     const left = await d.client.exec(sb, { argv: ['sh', '-c', 'ls -A /copy; ls -A /copy/x'] });
     expect(left.stdout.toString()).toBe('x\n1\nlink\ny\n');
+  });
+
+  it('a file read is one HTTP message, however the file reads: no byte the sandbox wrote lands past its end (a forged response for a keep-alive client)', async () => {
+    // A process whose environment is a whole HTTP response: /proc/PID/environ stats as 0
+    // bytes and reads as that text, as a file the sandbox grows while it is read does.
+    const forged = 'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}x=1';
+    const holder = await d.client.startExec(sb, { argv: ['env', '-i', forged, 'sleep', '100000'] });
+    try {
+      const found = await d.client.exec(sb, { argv: ['sh', '-c', 'for p in /proc/[0-9]*; do grep -qs "^HTTP/1.1 200" $p/environ && echo ${p#/proc/}; done'] });
+      const pid = found.stdout.toString().trim();
+      expect(pid).toMatch(/^\d+$/);
+      // Two requests on one connection, as a keep-alive client sends them: the file, then
+      // the version (which closes the connection). The raw bytes of both answers:
+      const raw = await new Promise<Buffer>((resolve, reject) => {
+        const c = net.connect(d.socket);
+        const parts: Buffer[] = [];
+        c.on('data', (b: Buffer) => parts.push(b));
+        c.on('end', () => resolve(Buffer.concat(parts)));
+        c.on('error', reject);
+        c.write(`GET /v1/sandboxes/${sb}/files?path=/proc/${pid}/environ HTTP/1.1\r\nHost: localhost\r\n\r\n`
+          + 'GET /v1/version HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n');
+      });
+      /** One HTTP response at the start of `buf`: its head, its body, and what follows it. */
+      const message = (buf: Buffer): { head: string; body: Buffer; after: Buffer } => {
+        const at = buf.indexOf('\r\n\r\n');
+        const head = buf.subarray(0, at).toString();
+        let rest = buf.subarray(at + 4);
+        const length = /^content-length: (\d+)$/im.exec(head);
+        if (length) return { head, body: rest.subarray(0, Number(length[1])), after: rest.subarray(Number(length[1])) };
+        expect(head).toMatch(/^transfer-encoding: chunked$/im);
+        const chunks: Buffer[] = [];
+        for (;;) {
+          const eol = rest.indexOf('\r\n');
+          const n = parseInt(rest.subarray(0, eol).toString(), 16);
+          if (n === 0) return { head, body: Buffer.concat(chunks), after: rest.subarray(eol + 4) };
+          chunks.push(rest.subarray(eol + 2, eol + 2 + n));
+          rest = rest.subarray(eol + 2 + n + 2);
+        }
+      };
+      const first = message(raw);
+      expect(first.head).toMatch(/^HTTP\/1.1 200 /);
+      // The next bytes are dsecd's answer to the second request, not the sandbox's.
+      const second = message(first.after);
+      expect(second.head).toMatch(/^HTTP\/1.1 200 /);
+      expect(JSON.parse(second.body.toString())).toMatchObject({ api: 'v1' });
+      expect(second.after.length).toBe(0);
+      const body = first.body;
+      // What the read gave, all of it, as the body.
+      expect(body.toString()).toBe(`${forged}\0`);
+    } finally {
+      await d.client.signalExec(sb, holder.exec_id, 'SIGKILL').catch(() => undefined);
+    }
+  });
+
+  it('an archive upload that fills the sandbox\'s quota midway fails with the quota\'s error, its entries removed; dsecd stays up', async () => {
+    // A sandbox can fill its own quota at will, so an upload into it must fail cleanly:
+    // the agent's write fails mid-file (EDQUOT) and the entry's body stream is cut.
+    const full = (await d.client.createSandbox({ image: 'busybox', disk_bytes: 16 * 1024 ** 2 })).id;
+    const pack = tarStream.pack();
+    pack.entry({ name: 'up', type: 'directory' });
+    pack.entry({ name: 'up/big', type: 'file', size: 32 * 1024 ** 2 }, Buffer.alloc(32 * 1024 ** 2, 1));
+    pack.entry({ name: 'up/after', type: 'file' }, 'after');
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    const e = await d.client.putArchive(full, '/root', Buffer.concat(chunks)).then(() => null, (x: unknown) => x as { code?: string; message?: string });
+    expect(e).not.toBeNull();
+    expect(e!.code, e!.message).toBe('ResourceExhausted');
+    expect(e!.message).toMatch(/quota|No space/i);
+    // Still up, and the sandbox is as before: nothing of the archive stays.
+    expect((await d.client.version()).version).toBeTruthy();
+    const left = await d.client.exec(full, { argv: ['sh', '-c', 'ls -A /root; echo end'] });
+    expect(left.stdout.toString()).toBe('end\n');
+    await d.client.deleteSandbox(full, { force: true });
   });
 });

@@ -22,7 +22,7 @@ import { instanceNameFor } from '../../daemon/config.js';
 import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
-import { kernelRelease } from '../../daemon/drivers/microvm/kmod.js';
+import { kernelRelease } from '../../daemon/drivers/vmm/kmod.js';
 
 /** Repository root. */
 export const REPO = path.resolve(new URL('../..', import.meta.url).pathname);
@@ -45,6 +45,10 @@ export interface StartOptions {
    * (16,384: 1,024 sandboxes).
    */
   uidRangeSize?: number;
+  /** Extra dsecd flags (e.g. `--etcd URL --host-name h1`), kept for restarts. */
+  args?: string[];
+  /** Run dsecd inside this named network namespace (`nsenter --net=/run/netns/<netns>`: the host's mount namespace stays). */
+  netns?: string;
   /**
    * Serve the TCP door too: dsecd gets `--listen 127.0.0.1:PORT` on a free port
    * ({@link TestDaemon.remotePort}); `true`, or extra dsecd flags (e.g. `--tls-ca`).
@@ -133,6 +137,10 @@ export class TestDaemon {
   /** Whether cleanup() releases the slot (false when the pool is borrowed, see StartOptions.samePoolAs). */
   private ownsSlot = true;
   private cg: CgroupManager | null = null;
+  /** Extra dsecd flags of every launch (StartOptions.args). */
+  args: string[] = [];
+  /** Network namespace dsecd runs in (StartOptions.netns), or null for the caller's. */
+  netns: string | null = null;
   /** The TCP door's port on 127.0.0.1, when started with `listen`. */
   remotePort: number | null = null;
   /** Extra dsecd flags of every launch (the TCP door's). */
@@ -155,6 +163,8 @@ export class TestDaemon {
     const pool = { ...uidPoolForSlot(slot), ...(opts.uidRangeSize ? { rangeSize: opts.uidRangeSize } : {}) };
     const d = new TestDaemon(root, slot, '', pool);
     d.setConfig(opts.config ?? '');
+    d.args = opts.args ?? [];
+    d.netns = opts.netns ?? null;
     d.ownsSlot = !opts.samePoolAs;
     if (opts.listen) {
       d.remotePort = await freePort();
@@ -186,7 +196,7 @@ export class TestDaemon {
     return builderRangeForSlot(this.slot);
   }
 
-  /** The writable-layer store's mount point and image (daemon/storage/store.ts). */
+  /** The writable-layer store's mount point and image (daemon/storage/writable-layers.ts). */
   get storeMount(): string {
     return path.join(this.root, 'storage', 'mnt');
   }
@@ -215,7 +225,10 @@ export class TestDaemon {
   async launch(env: Record<string, string> = {}): Promise<void> {
     writeFileSync(path.join(this.root, 'dsecd.toml'), this.baseConfig);
     this.stderr = '';
-    const proc = spawn(path.join(REPO, 'bin/dsecd'), ['--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.extraArgs], {
+    const argv = [path.join(REPO, 'bin/dsecd'), '--root', this.root, '--socket', this.socket, '--config', path.join(this.root, 'dsecd.toml'), ...this.extraArgs, ...this.args];
+    // nsenter joins only the network namespace and then execs dsecd (same pid).
+    const cmd = this.netns ? ['nsenter', `--net=/run/netns/${this.netns}`, ...argv] : argv;
+    const proc = spawn(cmd[0], cmd.slice(1), {
       env: { ...process.env, DSEC_LOG_LEVEL: process.env.DSEC_LOG_LEVEL ?? 'warn', ...env },
       stdio: ['ignore', 'ignore', 'pipe'],
     });

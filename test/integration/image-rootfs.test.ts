@@ -11,7 +11,7 @@ import { isDsecError } from '../../daemon/errors.js';
 import * as native from '../../daemon/host/native.js';
 import { LayerMounts } from '../../daemon/image/mounts.js';
 import { listMountsUnder, overlayLayerNaming, prepareRootfs, removeSandboxDir, teardownRootfs } from '../../daemon/image/rootfs.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 
 const isRoot = process.getuid?.() === 0;
 const COUNT = 65536;
@@ -20,7 +20,7 @@ const BASE_B = 1_300_000;
 
 describe.skipIf(!isRoot)('image store, layer mounts and rootfs (root)', () => {
   let base: string;
-  let store: ImageStore;
+  let store: LayerStore;
   let layers: LayerMounts;
   let busybox: string; // digest of the busybox layer
 
@@ -29,7 +29,7 @@ describe.skipIf(!isRoot)('image store, layer mounts and rootfs (root)', () => {
     if (!existsSync(addon)) await execa('make', ['-C', join(native.repoRoot(), 'native/addon')]);
     base = mkdtempSync(join(tmpdir(), 'dsec-rootfs-'));
     await chmod(base, 0o711); // host uid BASE_A must be able to reach the rootfs below
-    store = new ImageStore({ root: join(base, 'images') });
+    store = new LayerStore({ root: join(base, 'images') });
     await store.init();
     layers = new LayerMounts({ mountDir: join(base, 'layers'), blobPath: (d) => store.blobPath(d) });
   });
@@ -61,7 +61,7 @@ describe.skipIf(!isRoot)('image store, layer mounts and rootfs (root)', () => {
     expect(await readdir(join(base, 'images/tmp'))).toEqual([]);
 
     // A second store on the same root (a daemon restart) finds it instead of rebuilding.
-    const again = new ImageStore({ root: join(base, 'images') });
+    const again = new LayerStore({ root: join(base, 'images') });
     await again.init();
     await again.ensureBuiltinImages();
     expect((await again.get('busybox')).created_ms).toBe(m.created_ms);

@@ -28,7 +28,7 @@ import * as native from '../../daemon/host/native.js';
 import { importArchive, importArchiveWithNotes, importTar } from '../../daemon/image/import/oci.js';
 import { LayerMounts } from '../../daemon/image/mounts.js';
 import { listMountsUnder, prepareRootfs, removeSandboxDir } from '../../daemon/image/rootfs.js';
-import { ImageStore, type ImageManifest } from '../../daemon/image/store.js';
+import { LayerStore, type ImageManifest } from '../../daemon/image/layer-store.js';
 
 const isRoot = process.getuid?.() === 0;
 const hasPodman = existsSync('/usr/bin/podman') && existsSync('/bin/busybox');
@@ -64,7 +64,7 @@ async function tree(root: string, uidShift = 0): Promise<Map<string, string>> {
 
 describe.skipIf(!isRoot || !hasPodman)('import from podman archives, composed like a sandbox (root, podman)', () => {
   let base: string;
-  let store: ImageStore;
+  let store: LayerStore;
   let layers: LayerMounts;
   const podmanMounted = new Set<string>();
   const held: string[] = []; // layer digests acquired and not yet released
@@ -79,7 +79,7 @@ describe.skipIf(!isRoot || !hasPodman)('import from podman archives, composed li
     if (!existsSync(addon)) await execa('make', ['-C', join(native.repoRoot(), 'native/addon')]);
     base = mkdtempSync(join(tmpdir(), 'dsec-import-oci-'));
     await chmod(base, 0o711);
-    store = new ImageStore({ root: join(base, 'images') });
+    store = new LayerStore({ root: join(base, 'images') });
     await store.init();
     layers = new LayerMounts({ mountDir: join(base, 'layers'), blobPath: (d) => store.blobPath(d) });
 

@@ -15,7 +15,7 @@ import { execa } from 'execa';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { DEFAULT_BOOTSTRAP_CACHE_DIR } from '../../daemon/image/bootstrap.js';
 import { listMountsUnder } from '../../daemon/image/rootfs.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 import { buildToolkitImage } from '../../daemon/image/toolkit.js';
 import { isDsecError } from '../../daemon/errors.js';
 import * as native from '../../daemon/host/native.js';
@@ -199,8 +199,8 @@ describe.skipIf(!IS_ROOT)('judge:bookworm: debian base + toolkit layer, in a san
   it(
     'a package the mirror does not have is InvalidArgument naming it; nothing stays mounted, cached or written',
     async () => {
-      // The daemon's store, through a second ImageStore on the same root (no init: see debian-image.test.ts).
-      const store = new ImageStore({ root: path.join(d.root, 'images') });
+      // The daemon's store, through a second LayerStore on the same root (no init: see debian-image.test.ts).
+      const store = new LayerStore({ root: path.join(d.root, 'images') });
       const cacheDir = mkdtempSync('/tmp/dsec-judge-cache-');
       try {
         const pkg = `dsec-no-such-package-${process.pid}`;

@@ -36,7 +36,7 @@ import { readFileSync, statSync } from 'node:fs';
 import { mkdir, open, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { ImageStore, digestHex } from '../../daemon/image/store.js';
+import { LayerStore, digestHex } from '../../daemon/image/layer-store.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
 
 const MiB = 2 ** 20;
@@ -111,7 +111,7 @@ function readaheadBytes(file: string): number | undefined {
 
 describe.skipIf(!IS_ROOT)('file-backed EROFS layers load on demand', () => {
   let d: TestDaemon;
-  let store: ImageStore;
+  let store: LayerStore;
   let bigDigest: string;
   let blob: string;
   let blobSize: number;
@@ -122,7 +122,7 @@ describe.skipIf(!IS_ROOT)('file-backed EROFS layers load on demand', () => {
     d = await TestDaemon.start({ slot: 10 });
     // The daemon's own store root: dsecd reads manifests from disk on every create. No
     // init(): that would empty the daemon's tmp/.
-    store = new ImageStore({ root: path.join(d.root, 'images') });
+    store = new LayerStore({ root: path.join(d.root, 'images') });
   });
   afterAll(async () => {
     await d?.cleanup();
@@ -178,7 +178,7 @@ describe.skipIf(!IS_ROOT)('file-backed EROFS layers load on demand', () => {
     await evict(blob);
     expect(await residentBytes(blob)).toBe(0);
     const a = await d.client.createSandbox({ image: 'bigdata:1' });
-    // dsecd hashes a blob before its first mount on a host (ImageStore.prepareForMount;
+    // dsecd hashes a blob before its first mount on a host (LayerStore.prepareForMount;
     // the marker in images-local/verified/ is keyed on size, mtime and inode), which reads
     // it whole. Recorded, not asserted: it is the store's policy, not the kernel's.
     const firstMount = await settledResidentBytes(blob);

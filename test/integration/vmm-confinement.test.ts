@@ -16,7 +16,7 @@ import { chmodSync, chownSync, existsSync, mkdtempSync, readFileSync, readdirSyn
 import path from 'node:path';
 import { execa } from 'execa';
 import { GUEST_DIR, GUEST_KERNEL, IS_ROOT, REPO, TestDaemon } from './harness.js';
-import { confinementArgs, qemuRuntimePaths } from '../../daemon/drivers/microvm/qemu.js';
+import { confinementArgs, qemuRuntimePaths } from '../../daemon/drivers/vmm/qemu.js';
 
 const HAS_QEMU = existsSync('/usr/bin/qemu-system-x86_64');
 const KERNEL = GUEST_KERNEL;

@@ -1,5 +1,5 @@
 /**
- * Landlock in the agent (`--landlock`, `--writable PATH`; native/agent/agent.c "Landlock",
+ * Landlock in the agent (`--landlock`, `--writable PATH`; native/agent/landlock.c,
  * docs/AGENT_PROTOCOL.md "Agent flags"), with the agent run as a normal process on the
  * host (test/fixtures/agent.ts). Landlock needs no privilege and holds for root too, so
  * the ruleset can be checked here exactly as a sandbox gets it: what is granted works

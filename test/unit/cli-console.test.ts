@@ -76,6 +76,6 @@ describe('dsec console --tail (against the fake dsecd)', () => {
     expect(Object.fromEntries(queries[1])).toEqual({ tail_lines: '50' });
     const bad = await runCli(['console', '--tail', '100001', ID], { socket: fake.socketPath });
     expect(bad.code).toBe(125);
-    expect(bad.err).toMatch(/^dsec: --tail: invalid --tail "100001"\nhint: a number of lines from 0 to 100000/);
+    expect(bad.err).toMatch(/^dsec: invalid --tail "100001"\nhint: a number of lines from 0 to 100000/);
   });
 });

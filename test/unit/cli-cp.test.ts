@@ -7,6 +7,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { Readable } from 'node:stream';
 import * as tar from 'tar';
+import tarStream from 'tar-stream';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { parseCpArgs, parseCpEndpoint, wantsContents } from '../../cli/util/cp.js';
 import { kernelBeneathCheck, makeSymlinks, relativeTarget, resolveInside, TreeView } from '../../cli/util/extract.js';
@@ -253,6 +254,111 @@ describe('dsec cp', () => {
     expect(archives).toHaveLength(2);
   });
 
+  it('-L on a local symlink to a directory uploads the directory under the link\'s name, its own links kept as links', async () => {
+    const real = join(dir, 'release-7');
+    mkdirSync(join(real, 'bin'), { recursive: true });
+    writeFileSync(join(real, 'bin', 'tool'), 'tool');
+    symlinkSync('bin/tool', join(real, 'tool-link'));
+    const current = join(dir, 'current');
+    symlinkSync('release-7', current);
+    const r = await dsec(['cp', '-L', current, `${ID}:/work`]);
+    expect(r.code, r.err).toBe(0);
+    expect(archives[0].dir).toBe('/work');
+    expect(archives[0].entries.map((e) => `${e.path} ${e.type}`).sort()).toEqual(['current/ Directory', 'current/bin/ Directory', 'current/bin/tool File', 'current/tool-link SymbolicLink']);
+    // Onto a missing path: the directory under the new name.
+    expect((await dsec(['cp', '-L', current, `${ID}:/work/app`])).code).toBe(0);
+    expect(archives[1].entries.map((e) => `${e.path} ${e.type}`).sort()).toEqual(['app/ Directory', 'app/bin/ Directory', 'app/bin/tool File', 'app/tool-link SymbolicLink']);
+    // Without -L: the link itself.
+    expect((await dsec(['cp', current, `${ID}:/work`])).code).toBe(0);
+    expect(archives[2].entries).toEqual([{ path: 'current', type: 'SymbolicLink', size: 0, body: '' }]);
+  });
+
+  it('names and link targets the sandbox chose reach our stderr with their control characters escaped: no terminal escapes, no forged lines', async () => {
+    // (No C1 character in the archive: tar-stream writes a non-ASCII name as a pax record,
+    // which node-tar splits at the newline; the lone link below has one.)
+    const evil = '\x1b]0;owned\x07\x1b[2J\x7f\ndsec: all good';
+    const shown = '\\x1b]0;owned\\x07\\x1b[2J\\x7f\\x0adsec: all good';
+    fake.routes['GET /v1/sandboxes/:id/archive'] = async (_req, res) => {
+      const pack = tarStream.pack();
+      pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+      pack.entry({ name: 'app/ok', type: 'file', mode: 0o644 }, 'ok');
+      pack.entry({ name: `app/${evil}`, type: 'symlink', linkname: `/etc/${evil}`, mode: 0o777 });
+      pack.finalize();
+      const chunks: Buffer[] = [];
+      for await (const c of pack) chunks.push(c as Buffer);
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.end(Buffer.concat(chunks));
+    };
+    const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
+    expect(r.code).toBe(125);
+    expect(r.err).toContain(`dsec: warning: refused app/${shown}: a symlink to the absolute path /etc/${shown}, outside`);
+    expect(r.err).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/);
+    expect(r.err.split('\n').filter((l) => l.startsWith('dsec: all good'))).toEqual([]);
+    expect(readFileSync(join(dir, 'out', 'ok'), 'utf8')).toBe('ok');
+
+    // A lone symlink copied by name: its refusal is an error message, escaped the same way.
+    fs.set('/srv/evil', { type: 'symlink', target: `/etc/${evil}\u009b31m` });
+    const lone = await dsec(['cp', `${ID}:/srv/evil`, join(dir, 'lone')]);
+    expect(lone.code).toBe(125);
+    expect(lone.err).toContain(`a symlink to the absolute path /etc/${shown}\\u009b31m`);
+    expect(lone.err).not.toMatch(/[\u0000-\u0008\u000b-\u001f\u007f-\u009f]/);
+    expect(lone.err.split('\n').filter((l) => l.startsWith('dsec: all good'))).toEqual([]);
+  });
+
+  /** A tar of `app/` holding the files `names` (each's body its name), in memory. */
+  async function appTar(names: string[]): Promise<Buffer> {
+    const pack = tarStream.pack();
+    pack.entry({ name: 'app', type: 'directory', mode: 0o755 });
+    for (const n of names) pack.entry({ name: `app/${n}`, type: 'file', mode: 0o644 }, n);
+    pack.finalize();
+    const chunks: Buffer[] = [];
+    for await (const c of pack) chunks.push(c as Buffer);
+    return Buffer.concat(chunks);
+  }
+
+  it('an entry that cannot be copied as it is (a corrupt header) fails the copy: named as an error, the rest written, exit 125', async () => {
+    const body = await appTar(['a', 'b', 'c']);
+    // Headers at 0 (app/), 512 (app/a), 1536 (app/b): break app/b's checksum.
+    expect(body.subarray(1536, 1541).toString()).toBe('app/b');
+    body[1536 + 148] ^= 0x01;
+    fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.end(body);
+    };
+    const r = await dsec(['cp', `${ID}:/srv/app`, join(dir, 'out')]);
+    expect(r.code).toBe(125);
+    expect(r.err).toMatch(/^dsec: error: could not copy .*TAR_ENTRY_INVALID/m);
+    // (The broken header, then its body block read as one: two.)
+    expect(r.err).toMatch(/^dsec: \d+ entries could not be copied \(above\); .*out is incomplete\nhint: /m);
+    expect(readFileSync(join(dir, 'out', 'a'), 'utf8')).toBe('a');
+    expect(readFileSync(join(dir, 'out', 'c'), 'utf8')).toBe('c');
+  });
+
+  it('an archive dsecd breaks off midway is an error saying so (not a bug report), for a directory and for `-`', async () => {
+    const body = await appTar(['a', 'b']);
+    fake.routes['GET /v1/sandboxes/:id/archive'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/x-tar' });
+      res.write(body.subarray(0, 1024));
+      setTimeout(() => res.destroy(), 50);
+    };
+    for (const to of [join(dir, 'out'), '-']) {
+      const r = await dsec(['cp', `${ID}:/srv/app`, to]);
+      expect(r.code, to).toBe(125);
+      expect(r.err).toMatch(new RegExp(`^dsec: dsecd broke off the archive of sb1:/srv/app midway; what arrived before is in ${to === '-' ? 'stdout' : '.*out'}, the rest is missing\nhint: dsecd could not read something below it`));
+      expect(r.err).not.toMatch(/internal error/);
+    }
+    // A single file whose read fails after the answer began: the same, and no partial file.
+    fake.routes['GET /v1/sandboxes/:id/files'] = (_req, res) => {
+      res.writeHead(200, { 'content-type': 'application/octet-stream' });
+      res.write('12345');
+      setTimeout(() => res.destroy(), 50);
+    };
+    const one = await dsec(['cp', `${ID}:/etc/hosts`, join(dir, 'hosts')]);
+    expect(one.code).toBe(125);
+    expect(one.err).toMatch(/^dsec: dsecd broke off the read of sb1:\/etc\/hosts midway; nothing was kept at .*hosts\nhint: dsecd could not read it: /);
+    expect(existsSync(join(dir, 'hosts'))).toBe(false);
+  });
+
   it('`-` streams a tar: stdin into a sandbox directory; a sandbox path to stdout', async () => {
     const tarBody = await archiveOf('/srv/app');
     const r = await dsec(['cp', '-', `${ID}:/work`], { stdin: Readable.from([tarBody.subarray(0, 1000), tarBody.subarray(1000)]) });
@@ -366,5 +472,7 @@ describe('a tar upload that goes through its own symlink (daemon/api/routes/file
     expect(throughArchiveLink('l/f', '/root', 'l', '/etc', new Error('x'))!.message).toMatch(/which leads out of \/root to \/etc; writing there failed: x$/);
     expect(throughArchiveLink('l/f', '/root', 'l', 'sub', new Error('x'))).toBeNull();
     expect(hintFor('FailedPrecondition', 'cp', { reason: 'archive_link' })).toMatch(/a symlink in the archive leads the entries below it out of the destination/);
+    // A write into a sandbox at its quota: its own disk, not the host's capacity.
+    expect(hintFor('ResourceExhausted', 'cp')).toMatch(/^the sandbox's disk is full \(its --disk quota/);
   });
 });

@@ -16,7 +16,7 @@ const ID = '0123456789abcdef';
 describe('create phases (dsecd)', () => {
   it('each phase once, in order, from the create failpoints every driver marks; worded per backend', () => {
     const got: CreateProgress[] = [];
-    const fp = new Failpoints(undefined).observed(createObserver(ID, 'microvm', false, (p) => got.push(p)));
+    const fp = new Failpoints(undefined).observed(createObserver(ID, 'vm', false, (p) => got.push(p)));
     for (const step of ['create.after-intent', 'create.after-layers', 'create.after-rootfs', 'create.after-bundle', 'create.after-runtime', 'create.after-agent', 'create.after-ack'] as const) fp.hit(step);
     fp.hit('create.after-rootfs'); // out of order: nothing new
     expect(got).toEqual([

@@ -4,7 +4,7 @@
 import type http from 'node:http';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { CreateSandboxRequest, ExecRequest, ForkRequest, NetworkSpec, StopRequest } from '../../daemon/api/schema.js';
-import { parseWith } from '../../daemon/api/server.js';
+import { parseWith } from '../../daemon/api/parse.js';
 import { DsecError } from '../../daemon/errors.js';
 import { inUnit, rewriteFieldMessage } from '../../cli/util/fields.js';
 import { fakeSandbox, json, runCli, startFakeDsecd, type FakeDsecd, type Seen } from '../fixtures/fake-dsecd.js';

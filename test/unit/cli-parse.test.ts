@@ -14,7 +14,7 @@ import {
   parseSelector,
   parseSize,
 } from '../../cli/util/parse.js';
-import { parseSelector as daemonParseSelector } from '../../daemon/sandbox/repo.js';
+import { parseSelector as daemonParseSelector } from '../../daemon/model/selector.js';
 
 describe('parseSize', () => {
   it('takes plain bytes', () => {
@@ -57,6 +57,8 @@ describe('parseDuration', () => {
     const e = catchErr(() => flag<number, unknown>('--timeout', (t: string) => parseTimeout(t))('10', undefined));
     expect(e.message).toBe('--timeout "10" has no unit');
     expect(e.hint).toBe('write 10s or 10ms');
+    // Nor one it names further on.
+    expect(catchErr(() => flag<number, unknown>('--ttl', (t: string) => parseDuration(t, '--ttl'))('5x', undefined)).message).toBe('invalid --ttl "5x"');
   });
   it('takes ms, s, m, h, d and combinations', () => {
     expect(parseDuration('500ms')).toBe(500);

@@ -93,7 +93,7 @@ describe('help and usage errors', () => {
       expect(r.err.split('\n'), args.join(' ')).toHaveLength(2); // one line + final newline
       expect(r.err).toMatch(/^dsec: /);
     }
-    expect((await dsec(['host'])).err).toBe('dsec: missing command (one of: info, reload); see `dsec host --help`\n');
+    expect((await dsec(['host'])).err).toBe('dsec: missing command (one of: info, reload, cordon, uncordon, drain, forget); see `dsec host --help`\n');
   });
 
   it('exec with an option-like command word not after -- says to use --', async () => {
@@ -185,6 +185,15 @@ describe('version and host info', () => {
     const j = JSON.parse((await dsec(['--json', 'version'])).out);
     expect(j.client.version).toMatch(/^\d+\.\d+\.\d+$/);
     expect(j.daemon).toEqual({ version: '0.1.0', api: 'v1', agent_protocol: 2, node: 'v20.20.2' });
+  });
+
+  it('--version and -V print the client\'s version alone, without asking dsecd', async () => {
+    for (const flag of ['--version', '-V']) {
+      const r = await dsec([flag], { socket: join(dir, 'missing.sock') });
+      expect(r.code, flag).toBe(0);
+      expect(r.out).toMatch(/^\d+\.\d+\.\d+\n$/);
+      expect(r.err).toBe('');
+    }
   });
 
   it('version still exits 0 when the daemon is unreachable', async () => {

@@ -2,15 +2,15 @@ import { mkdtempSync, rmSync, symlinkSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
 import { afterAll, describe, expect, it } from 'vitest';
-import { EgressRule, NetworkSpec } from '../../daemon/api/schema.js';
 import { parsePrefix, parseSubnet } from '../../daemon/net/addr.js';
-import { builtinDeny, dnsDecision } from '../../daemon/net/network.js';
+import { builtinDeny, dnsDecision } from '../../daemon/net/decisions.js';
 import { slirpArgv, slirpArgvDiff } from '../../daemon/net/instance.js';
 import {
   cgroupKey, compileEgress, confValue, effectiveNetwork, exactHosts, hostMatches, normaliseHost, normaliseRanges, parseCounters, parseTrieKey, portsetValue,
   PROTO_ANY, PROTO_TCP, PROTO_UDP, policyWarnings, rulePorts, trieKey, type EffectiveNetwork,
 } from '../../daemon/security/egress.js';
 import { parsePolicyFile, PolicySet, shippedPolicyDir } from '../../daemon/security/egress-policy.js';
+import { EgressRule, NetworkSpec } from '../../daemon/api/schema.js';
 
 const noHosts = { addressesOf: () => [] as string[], infraDeny: [] };
 

@@ -10,7 +10,7 @@ import { afterAll, describe, expect, it } from 'vitest';
 import { isDsecError } from '../../daemon/errors.js';
 import { buildErofs, sha256File } from '../../daemon/image/erofs.js';
 import { parseMountinfo, unescapeMountinfo } from '../../daemon/image/rootfs.js';
-import { digestHex, parseRef } from '../../daemon/image/store.js';
+import { digestHex, parseRef } from '../../daemon/image/layer-store.js';
 
 const hasMkfs = (() => {
   try {

@@ -1,4 +1,4 @@
-// Paced exec sessions (daemon/sandbox/execs.ts): output held for the readers, the
+// Paced exec sessions (daemon/sandbox/exec-sessions.ts): output held for the readers, the
 // command's output paused while a stream holds more than the window and resumed once the
 // readers caught up; nothing dropped, nothing written to disk.
 import { existsSync, mkdtempSync, readdirSync, rmSync } from 'node:fs';
@@ -6,7 +6,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import type { AgentExecHandle, AgentExecOutcome } from '../../daemon/agent/client.js';
-import { ExecSession, PACED_WINDOW_BYTES } from '../../daemon/sandbox/execs.js';
+import { ExecSession, PACED_WINDOW_BYTES } from '../../daemon/sandbox/exec-sessions.js';
 
 let dir: string;
 beforeEach(() => {

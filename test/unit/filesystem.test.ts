@@ -9,16 +9,14 @@ import { describe, expect, it } from 'vitest';
 import fs from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
-import {
-  DEFAULT_FILESYSTEM, FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, readonlyAdvice, resolveFilesystem, resolveInTree,
-  type ResolvedFilesystem, type TreeView,
-} from '../../daemon/security/filesystem.js';
+import { FilesystemOptionsSchema, createPlannedDirs, globMatch, hostTree, pathMatches, planFilesystem, readonlyAdvice, resolveInTree, type TreeView } from '../../daemon/security/filesystem.js';
 import { checkImageSecurity } from '../../daemon/image/security.js';
 import type { DsecError } from '../../daemon/errors.js';
 import { AGENT_FLAG_LANDLOCK, AGENT_FLAG_WRITABLE, AGENT_PATH, buildSpec } from '../../daemon/drivers/container/spec.js';
 import { loadConfig } from '../../daemon/config.js';
 import { mergeConfig } from '../../daemon/api/routes/images.js';
 import { CreateSandboxRequest } from '../../daemon/api/schema.js';
+import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '../../daemon/model/filesystem.js';
 
 /** A tree from a flat description: `dir/` a directory, `a -> b` a symlink, anything else a file. */
 function tree(entries: string[]): TreeView {

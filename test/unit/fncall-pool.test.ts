@@ -2,8 +2,8 @@ import { describe, expect, it } from 'vitest';
 import pino from 'pino';
 import { FncallPools, type FncallCall, type FncallPoolConfig, type WorkerHost } from '../../daemon/fncall/pool.js';
 import { DsecError, notFound } from '../../daemon/errors.js';
-import type { ExecResult } from '../../daemon/api/schema.js';
-import type { SandboxRecord } from '../../daemon/sandbox/repo.js';
+import type { ExecResult } from '../../daemon/model/exec.js';
+import type { SandboxRecord } from '../../daemon/model/sandbox.js';
 
 const cfg = (over: Partial<FncallPoolConfig> = {}): FncallPoolConfig => ({
   maxWorkers: 2, minIdle: 0, idleMs: 1000, callsPerWorker: 1000, maxQueue: 100, memoryBytes: 256 << 20, cpus: 1, pids: 64, ...over,

@@ -20,7 +20,7 @@ import { isDsecError } from '../../daemon/errors.js';
 import { buildErofs, findForbiddenDevice } from '../../daemon/image/erofs.js';
 import { importArchive, importArchiveWithNotes, importTar, importTarWithNotes, type ImportProgress } from '../../daemon/image/import/oci.js';
 import { detectCompression, extractLayerTar, normaliseEntryPath } from '../../daemon/image/import/tar.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 
 const isRoot = process.getuid?.() === 0;
 const hasMkfs = ['/usr/bin/mkfs.erofs', '/usr/sbin/mkfs.erofs', '/sbin/mkfs.erofs'].some((p) => existsSync(p));
@@ -509,7 +509,7 @@ describe('extractLayerTar', () => {
 });
 
 describe('importTar and importArchive: refusals, error kinds, sanitisation notes', () => {
-  let store: ImageStore;
+  let store: LayerStore;
   let dir: string;
   const storeRoot = join(base, 'store');
 
@@ -546,7 +546,7 @@ describe('importTar and importArchive: refusals, error kinds, sanitisation notes
   };
 
   it('refuses an empty tar (0 bytes, or end-of-archive blocks only) the same way, naming no internal function', async () => {
-    store = new ImageStore({ root: storeRoot });
+    store = new LayerStore({ root: storeRoot });
     await store.init();
     dir = (await fresh()).dir;
     const empty = await writeTar(dir, 'empty.tar', Buffer.alloc(10240));
@@ -703,7 +703,7 @@ describe.skipIf(!isRoot || !hasMkfs)('building a layer from a directory with dev
     await rm(join(tree, 'usr/lib/x/sda'));
     await execa('mknod', ['-m', '0600', join(tree, 'mem'), 'c', '1', '1']);
     await execa('mknod', ['-m', '0600', join(tree, 'big'), 'c', '300', '70000']);
-    const store = new ImageStore({ root: join(dir, 'store') });
+    const store = new LayerStore({ root: join(dir, 'store') });
     await store.init();
     await expectInvalid(store.addLayerFromDir(tree), /character device .*\/(mem \(1:1\)|big \(300:70000\))/);
     await rm(join(tree, 'mem'));

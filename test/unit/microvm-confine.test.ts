@@ -7,7 +7,7 @@ import { describe, expect, it } from 'vitest';
 import { AgentFileError, type AgentClient } from '../../daemon/agent/client.js';
 import { capMask, confinePayload, guestSeccompRules, planGuestFilesystem } from '../../daemon/drivers/microvm/confine.js';
 import { DEFAULT_CAPS } from '../../daemon/drivers/container/spec.js';
-import { DEFAULT_FILESYSTEM } from '../../daemon/security/filesystem.js';
+import { DEFAULT_FILESYSTEM } from '../../daemon/model/filesystem.js';
 
 /** A fake agent over an in-memory tree: dirs (with children), symlinks, files. */
 function fakeAgent(tree: Record<string, { type: 'dir' | 'file' | 'symlink'; target?: string }>): { client: AgentClient; calls: string[] } {

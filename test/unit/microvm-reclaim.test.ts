@@ -17,8 +17,8 @@ import {
   RECLAIM_ARG_BYTES, decodeReclaimStats, encodeReclaimStart, encodeReclaimStop, resolveGuestReclaim, startGuestReclaim, readGuestReclaimStats,
 } from '../../daemon/drivers/microvm/reclaim.js';
 import { guestCmdline, qemuArgs } from '../../daemon/drivers/microvm/qemu.js';
-import { initScript } from '../../daemon/drivers/microvm/initramfs.js';
-import { GuestOp, VmuxSession } from '../../daemon/drivers/microvm/vmux.js';
+import { initScript } from '../../daemon/drivers/vmm/initramfs.js';
+import { GuestOp, VmuxSession } from '../../daemon/drivers/vmm/vmux.js';
 import { IdleReclaimer } from '../../daemon/host/memory/idle-reclaim.js';
 import { notFound } from '../../daemon/errors.js';
 import { AGENT, buildAgent } from '../fixtures/agent.js';

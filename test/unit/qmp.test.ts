@@ -1,5 +1,5 @@
 /**
- * The QMP client (daemon/drivers/microvm/qmp.ts) against a scripted QMP server on a Unix
+ * The QMP client (daemon/drivers/vmm/qmp.ts) against a scripted QMP server on a Unix
  * socket: greeting and capabilities, replies matched by id (out of order), error replies,
  * events, a monitor that stops answering, and a connection that is lost.
  */
@@ -8,7 +8,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import net from 'node:net';
 import os from 'node:os';
 import path from 'node:path';
-import { QmpClient, QmpCommandError, type QmpEvent } from '../../daemon/drivers/microvm/qmp.js';
+import { QmpClient, QmpCommandError, type QmpEvent } from '../../daemon/drivers/vmm/qmp.js';
 
 const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-qmp-test-'));
 afterAll(() => rmSync(dir, { recursive: true, force: true }));

@@ -3,8 +3,8 @@ import pino from 'pino';
 import { FncallPools, type FncallCall, type WorkerHost } from '../../daemon/fncall/pool.js';
 import { RunCodeRequest, runCode } from '../../daemon/fncall/runcode.js';
 import { notFound } from '../../daemon/errors.js';
-import type { ExecResult } from '../../daemon/api/schema.js';
-import type { SandboxRecord } from '../../daemon/sandbox/repo.js';
+import type { ExecResult } from '../../daemon/model/exec.js';
+import type { SandboxRecord } from '../../daemon/model/sandbox.js';
 
 /** Pools whose single worker answers every call with `answer(call)`. */
 function pools(answer: (c: FncallCall) => Partial<ExecResult>, images = new Set(['judge:bookworm'])) {

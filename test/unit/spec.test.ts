@@ -1,5 +1,6 @@
 import { describe, expect, it } from 'vitest';
-import { AGENT_FLAG_WORKER, AGENT_PATH, BATCH_CPU_SHARES, buildSpec, DEFAULT_CAPS, WORKER_AGENT_CAPS } from '../../daemon/drivers/container/spec.js';
+import { AGENT_FLAG_WORKER, AGENT_PATH, buildSpec, DEFAULT_CAPS, WORKER_AGENT_CAPS } from '../../daemon/drivers/container/spec.js';
+import { BATCH_CPU_SHARES } from '../../daemon/drivers/cgroup-limits.js';
 
 const input = {
   id: 'abcd', rootfs: '/r/rootfs', agentBinary: '/opt/dsec-agent', uidBase: 2 ** 31, uidCount: 65536,

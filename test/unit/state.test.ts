@@ -1,5 +1,5 @@
 import { describe, expect, it } from 'vitest';
-import { assertTransition, canTransition, TRANSITIONS } from '../../daemon/sandbox/state.js';
+import { assertTransition, canTransition, TRANSITIONS } from '../../daemon/model/state.js';
 import { SandboxState } from '../../daemon/api/schema.js';
 
 describe('state machine', () => {

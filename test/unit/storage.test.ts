@@ -1,5 +1,5 @@
 /**
- * The writable-layer store's pure parts (daemon/storage/store.ts), its config, and the
+ * The writable-layer store's pure parts (daemon/storage/), its config, and the
  * manager's quota check, without privileges: the store itself is exercised on real
  * btrfs and XFS in test/integration/storage.test.ts and test/attacks/disk.test.ts.
  */
@@ -9,8 +9,8 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import pino from 'pino';
 import { DEFAULT_DISK_BYTES, loadConfig } from '../../daemon/config.js';
-import { MAX_DEFAULT_STORE_BYTES, MIN_STORE_BYTES, defaultStoreBytes, mountSourceOf, type DiskUsage } from '../../daemon/storage/store.js';
-import { SandboxManager, diskFullSlack } from '../../daemon/sandbox/manager.js';
+import { MAX_DEFAULT_STORE_BYTES, MIN_STORE_BYTES, defaultStoreBytes, mountSourceOf, type DiskUsage } from '../../daemon/storage/writable-layers.js';
+import { DiskQuotaWatch, diskFullSlack } from '../../daemon/sandbox/disk-quota.js';
 
 const MiB = 1024 ** 2;
 const GiB = 1024 ** 3;
@@ -67,13 +67,13 @@ describe('store sizing and mount lookup', () => {
   });
 });
 
-describe('quota check (SandboxManager.checkDiskQuotas)', () => {
-  /** A manager over a fake store whose usage the test sets, and a repo that records events. */
+describe('quota check (DiskQuotaWatch.check)', () => {
+  /** A watch over a fake store whose usage the test sets, and a repo that records events. */
   function setup() {
     let usage = new Map<string, DiskUsage>();
     const events: { type: string; id: string; message?: string }[] = [];
     const rows = new Set(['a', 'b']);
-    const m = new SandboxManager({
+    const m = new DiskQuotaWatch({
       config: { root: '/nonexistent' },
       repo: {
         find: (id: string) => (rows.has(id) ? { id } : null),
@@ -89,16 +89,16 @@ describe('quota check (SandboxManager.checkDiskQuotas)', () => {
     const { m, events, set } = setup();
     const limit = 64 * MiB;
     set({ a: { usedBytes: 10 * MiB, limitBytes: limit }, b: { usedBytes: 5 * MiB, limitBytes: null } });
-    expect(m.checkDiskQuotas()).toEqual([]);
+    expect(m.check()).toEqual([]);
     set({ a: { usedBytes: limit - diskFullSlack(limit) + 1, limitBytes: limit }, b: { usedBytes: 500 * GiB, limitBytes: null } });
-    expect(m.checkDiskQuotas()).toEqual(['a']);
-    expect(m.checkDiskQuotas()).toEqual([]); // still full: no second event
+    expect(m.check()).toEqual(['a']);
+    expect(m.check()).toEqual([]); // still full: no second event
     set({ a: { usedBytes: limit - diskFullSlack(limit) - MiB, limitBytes: limit } }); // a little below: still counted as full
-    expect(m.checkDiskQuotas()).toEqual([]);
+    expect(m.check()).toEqual([]);
     set({ a: { usedBytes: MiB, limitBytes: limit } });
-    expect(m.checkDiskQuotas()).toEqual([]);
+    expect(m.check()).toEqual([]);
     set({ a: { usedBytes: limit, limitBytes: limit } });
-    expect(m.checkDiskQuotas()).toEqual(['a']);
+    expect(m.check()).toEqual(['a']);
     expect(events.map((e) => `${e.type} ${e.id}`)).toEqual(['sandbox.disk_quota a', 'sandbox.disk_quota a']);
     expect(events[0].message).toMatch(/of 67108864 bytes/);
   });
@@ -107,13 +107,13 @@ describe('quota check (SandboxManager.checkDiskQuotas)', () => {
     const { m, events, rows, set } = setup();
     rows.delete('b');
     set({ b: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
-    expect(m.checkDiskQuotas()).toEqual([]);
+    expect(m.check()).toEqual([]);
     set({ a: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
-    expect(m.checkDiskQuotas()).toEqual(['a']);
+    expect(m.check()).toEqual(['a']);
     set({});
-    m.checkDiskQuotas();
+    m.check();
     set({ a: { usedBytes: 64 * MiB, limitBytes: 64 * MiB } });
-    expect(m.checkDiskQuotas()).toEqual(['a']); // a new layer of the same id fills up: a new event
+    expect(m.check()).toEqual(['a']); // a new layer of the same id fills up: a new event
     expect(events).toHaveLength(2);
   });
 

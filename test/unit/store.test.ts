@@ -3,9 +3,10 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import path from 'node:path';
 import Database from 'better-sqlite3';
-import { migrate, openDb } from '../../daemon/store/db.js';
-import { MIGRATIONS } from '../../daemon/store/migrations.js';
-import { parseSelector, SandboxRepo } from '../../daemon/sandbox/repo.js';
+import { migrate, openDb } from '../../daemon/db/db.js';
+import { MIGRATIONS } from '../../daemon/db/migrations.js';
+import { SandboxRepo } from '../../daemon/db/sandboxes.js';
+import { parseSelector } from '../../daemon/model/selector.js';
 
 const pool = { base: 1 << 20, size: 4 * 65536, rangeSize: 65536 };
 

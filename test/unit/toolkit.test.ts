@@ -9,7 +9,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { afterEach, beforeEach, describe, expect, it } from 'vitest';
 import { isDsecError } from '../../daemon/errors.js';
-import { ImageStore } from '../../daemon/image/store.js';
+import { LayerStore } from '../../daemon/image/layer-store.js';
 import { OVERLAY_PRIVATE_XATTRS, TOOLKITS, bootstrapToolkit, buildToolkitImage, classifyAptFailure, cleanUpper, toolkitCacheKey } from '../../daemon/image/toolkit.js';
 
 const BASE = `sha256:${'a'.repeat(64)}`;
@@ -153,7 +153,7 @@ describe('classifyAptFailure', () => {
 });
 
 describe('argument checks', () => {
-  const store = new ImageStore({ root: path.join(tmpdir(), 'dsec-toolkit-never-created') });
+  const store = new LayerStore({ root: path.join(tmpdir(), 'dsec-toolkit-never-created') });
   const bad = (p: Promise<unknown>) => expect(p).rejects.toSatisfy((e: unknown) => isDsecError(e, 'InvalidArgument'));
 
   it('refuses bad packages, refs, suites and an empty package list before doing any work', async () => {

@@ -1,10 +1,10 @@
 import { describe, expect, it } from 'vitest';
 import Database from 'better-sqlite3';
-import { openDb } from '../../daemon/store/db.js';
-import { migrate } from '../../daemon/store/db.js';
-import { MIGRATIONS } from '../../daemon/store/migrations.js';
+import { openDb } from '../../daemon/db/db.js';
+import { migrate } from '../../daemon/db/db.js';
+import { MIGRATIONS } from '../../daemon/db/migrations.js';
 import { canonicalRequest, TrajectoryLog } from '../../daemon/sandbox/trajectory.js';
-import type { ExecResult } from '../../daemon/api/schema.js';
+import type { ExecResult } from '../../daemon/model/exec.js';
 
 const result = (out: string, exit = 0): ExecResult => ({
   exit_code: exit, signal: null, stdout_b64: Buffer.from(out).toString('base64'), stderr_b64: '', stdout_truncated: false,

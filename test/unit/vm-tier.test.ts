@@ -10,10 +10,10 @@ import { existsSync, mkdtempSync, readFileSync, rmSync, statSync, writeFileSync 
 import os from 'node:os';
 import path from 'node:path';
 import { vmCmdline, vmQemuArgs, type VmSpec } from '../../daemon/drivers/vm/qemu.js';
-import { confinementArgs } from '../../daemon/drivers/microvm/qemu.js';
-import { initScript } from '../../daemon/drivers/microvm/initramfs.js';
+import { initScript } from '../../daemon/drivers/vmm/initramfs.js';
 import { ConsoleHub } from '../../daemon/drivers/vm/console.js';
 import { loadConfig } from '../../daemon/config.js';
+import { confinementArgs } from '../../daemon/drivers/vmm/qemu.js';
 
 const tmp = mkdtempSync(path.join(os.tmpdir(), 'dsec-vm-unit-'));
 afterAll(() => rmSync(tmp, { recursive: true, force: true }));

@@ -1,6 +1,6 @@
 /**
  * The agent stream multiplexer of the microvm tier, both ends: the host codec and session
- * (daemon/drivers/microvm/vmux.ts) and the guest side (native/agent/vmux.c), with the real
+ * (daemon/drivers/vmm/vmux.ts) and the guest side (native/agent/vmux.c), with the real
  * agent run on the host as `dsec-agent --vmux-fd 3` on a socketpair instead of a
  * virtio-serial port. Covers the handshake and version negotiation, streams carrying the
  * agent protocol, per-stream credits (a stalled reader blocks nobody else), large
@@ -20,7 +20,7 @@ import { FrameDecoder, FrameType, encodeExecRequest, encodeFrame, encodeU32 } fr
 import {
   GuestOp, MUX_BREAK_BYTES, MUX_MAX_PAYLOAD, MuxDecoder, MuxType, VmuxSession, decodeHelloAck, encodeHello, encodeMuxFrame, findFrame,
   type MuxFrame,
-} from '../../daemon/drivers/microvm/vmux.js';
+} from '../../daemon/drivers/vmm/vmux.js';
 import { AGENT, buildAgent, waitFor } from '../fixtures/agent.js';
 
 const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-vmux-test-'));

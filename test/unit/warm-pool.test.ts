@@ -2,11 +2,11 @@
 import pino from 'pino';
 import { describe, expect, it } from 'vitest';
 import { QUIET_MS, shellKey, WarmPools, type ShellHost, type WarmPoolEntry } from '../../daemon/sandbox/warm-pool.js';
-import type { SandboxRecord } from '../../daemon/sandbox/repo.js';
 import { loadConfig } from '../../daemon/config.js';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import type { SandboxRecord } from '../../daemon/model/sandbox.js';
 
 /** A host whose shells are plain objects; `busy` stands for user creates in flight. */
 function fakeHost() {

@@ -6,19 +6,18 @@
  * Prints the two paths, or `{cert, key}` with --json.
  */
 import type { Command } from 'commander';
-import { isDsecError } from '../../../daemon/errors.js';
-import { makeFleetCa } from '../../../daemon/remote/pki.js';
+import { PkiError, makeFleetCa } from '../../../pki/certs.js';
 import type { Ctx } from '../../util/context.js';
 import { UserError } from '../../util/errors.js';
 import { writeJson } from '../../util/output.js';
 import { flag, parsePositiveInt } from '../../util/parse.js';
 
-/** Runs `fn`, turning a DsecError of the certificate code into a UserError (printed without a stack). */
+/** Runs `fn`, turning a refusal of the certificate code (PkiError) into a UserError (printed without a stack). */
 export async function asUserError<T>(fn: () => Promise<T>, hint?: string): Promise<T> {
   try {
     return await fn();
   } catch (e) {
-    if (isDsecError(e)) throw new UserError(e.message, hint, e.kind);
+    if (e instanceof PkiError) throw new UserError(e.message, hint, e.kind);
     throw e;
   }
 }

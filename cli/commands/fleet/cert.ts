@@ -12,7 +12,7 @@
 import type { Command } from 'commander';
 import { existsSync } from 'node:fs';
 import net from 'node:net';
-import { CERT_ROLES, issueCert, loadFleetCa, writeAtomic, type CertRole } from '../../../daemon/remote/pki.js';
+import { CERT_ROLES, issueCert, loadFleetCa, writeAtomic, type CertRole } from '../../../pki/certs.js';
 import type { Ctx } from '../../util/context.js';
 import { UserError } from '../../util/errors.js';
 import { writeJson } from '../../util/output.js';
@@ -21,7 +21,6 @@ import { asUserError } from './ca.js';
 
 /** Options of `fleet cert`. */
 interface CertOptions {
-  ca: string;
   role: string;
   name: string;
   san?: string[];
@@ -35,7 +34,7 @@ export function register(parent: Command, ctx: Ctx): Command {
   return parent
     .command('cert')
     .description('issue a host, gateway or client certificate of a fleet CA: PREFIX.crt and PREFIX.key')
-    .requiredOption('--ca <dir>', 'the fleet CA directory (of `dsec fleet ca`)')
+    .addHelpText('after', '\n--ca DIR (required) names the fleet CA directory of `dsec fleet ca`: the global --ca option, read here as that directory.')
     .requiredOption('--role <role>', `what the certificate is: ${CERT_ROLES.join(', ')}`)
     .requiredOption('--name <name>', 'its name (common name): a host name, a gateway name, a person or controller')
     .option('--san <name>', 'a DNS name or IP address it is valid for (repeatable)', (v: string, prev: string[] = []) => [...prev, v])
@@ -43,6 +42,9 @@ export function register(parent: Command, ctx: Ctx): Command {
     .requiredOption('--out <prefix>', 'write PREFIX.crt and PREFIX.key')
     .option('--force', 'replace existing PREFIX.crt and PREFIX.key')
     .action(async (opts: CertOptions) => {
+      // --ca is a global option (the CA to trust for --host); commander gives it to the root command wherever it stands.
+      const caDir = ctx.globals.ca;
+      if (!caDir) throw new UserError('dsec fleet cert needs --ca DIR, the fleet CA directory', 'make one with `dsec fleet ca DIR`');
       if (!(CERT_ROLES as readonly string[]).includes(opts.role)) throw new UserError(`--role ${JSON.stringify(opts.role)}: one of ${CERT_ROLES.join(', ')}`);
       const role = opts.role as CertRole;
       const certFile = `${opts.out}.crt`, keyFile = `${opts.out}.key`;
@@ -51,7 +53,7 @@ export function register(parent: Command, ctx: Ctx): Command {
       const ips = sans.filter((s) => net.isIP(s) !== 0);
       const dns = sans.filter((s) => net.isIP(s) === 0);
       if (role !== 'client' && /^[A-Za-z0-9][A-Za-z0-9.-]*$/.test(opts.name) && !dns.includes(opts.name)) dns.unshift(opts.name);
-      const ca = await asUserError(async () => loadFleetCa(opts.ca), 'make one with `dsec fleet ca DIR`');
+      const ca = await asUserError(async () => loadFleetCa(caDir), 'make one with `dsec fleet ca DIR`');
       const leaf = await asUserError(() => issueCert(ca, { name: opts.name, role, dns, ips, usage: role === 'client' ? ['client'] : ['server', 'client'], days: opts.days }));
       writeAtomic(keyFile, leaf.key, 0o600);
       writeAtomic(certFile, leaf.cert, 0o644);

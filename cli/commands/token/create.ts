@@ -37,7 +37,7 @@ export function register(parent: Command, ctx: Ctx): Command {
     .option('--description <text>', 'free text shown by `dsec token ls`')
     .action(async (opts: { tenant: string; role: string; ttl?: number; description?: string }) => {
       if (!(ROLES as readonly string[]).includes(opts.role)) throw new UserError(`--role ${JSON.stringify(opts.role)}: one of ${ROLES.join(', ')}`);
-      const t = await ctx.client().createToken({ tenant: opts.tenant, role: opts.role as (typeof ROLES)[number], ttlS: opts.ttl, description: opts.description });
+      const t = await ctx.client().createToken({ tenant: opts.tenant, role: opts.role as (typeof ROLES)[number], ...(opts.ttl !== undefined ? { ttl_s: opts.ttl } : {}), ...(opts.description !== undefined ? { description: opts.description } : {}) });
       if (ctx.json) {
         writeJson(ctx.io.stdout, t);
         return;

@@ -3,7 +3,7 @@
  * the Connect services (process.ts, filesystem.ts) as a context value.
  */
 import { createContextKey } from '@connectrpc/connect';
-import type { Sandbox } from '../schema.js';
+import type { Sandbox } from '../wire/sandboxes.js';
 
 /** An authenticated envd request: its sandbox (running) and the user it asks to act as. */
 export interface EnvdRequestContext {

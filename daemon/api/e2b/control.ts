@@ -19,8 +19,9 @@
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import { z } from 'zod';
-import { CreateSandboxRequest, LIMITS, type Sandbox } from '../schema.js';
-import { parseWith } from '../server.js';
+import { CreateSandboxRequest, type Sandbox } from '../wire/sandboxes.js';
+import { LIMITS } from '../../model/resources.js';
+import { parseWith } from '../parse.js';
 import { DsecError, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
 import { E2B_BASE_IMAGE } from '../../image/e2b-base.js';
 import { ENVD_VERSION, TEMPLATE_LABEL, TENANT_LABEL, ttlFor, type E2bFront } from './front.js';

@@ -28,8 +28,8 @@ import { universalRequestFromNodeRequest, universalResponseToNodeResponse } from
 import { Busboy, type BusboyInstance } from '@fastify/busboy';
 import { invalidArgument, isDsecError, unauthenticated, unavailable } from '../../errors.js';
 import { AgentFileError } from '../../agent/client.js';
-import { BODY_LIMIT_BYTES } from '../server.js';
-import type { Sandbox } from '../schema.js';
+import { BODY_LIMIT_BYTES } from '../reply.js';
+import type { Sandbox } from '../wire/sandboxes.js';
 import { Process } from './gen/process/process_pb.js';
 import { Filesystem } from './gen/filesystem/filesystem_pb.js';
 import { ENVD_CONTEXT, type EnvdRequestContext } from './context.js';

@@ -17,7 +17,7 @@
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { Principal } from '../../remote/door.js';
-import type { Sandbox } from '../schema.js';
+import type { Sandbox } from '../wire/sandboxes.js';
 import { invalidArgument } from '../../errors.js';
 import type { E2bHost, HostProcess } from './host.js';
 import type { EnvdTokens } from './tokens.js';

@@ -1,10 +1,10 @@
 /**
  * The E2B front's one door into dsec: {@link E2bHost}, the few operations E2B's control
  * plane and envd need of a host, and {@link localHost}, its implementation over this
- * dsecd's sandbox manager. Everything else under daemon/api/e2b speaks only to this
+ * dsecd's lifecycle services. Everything else under daemon/api/e2b speaks only to this
  * interface, so:
- * - when the daemon's core changes shape (services instead of one manager, a driver
- *   contract), only {@link localHost} changes;
+ * - the daemon's lifecycle services (daemon/sandbox/) are reached only through
+ *   {@link localHost};
  * - the fleet gateway can mount the same E2B routes over an E2bHost of its own that
  *   forwards each call to the dsecd that owns the sandbox (every operation here maps to
  *   one /v1 route: create, get, list, destroy, pause, resume, stop, start, TTL, an exec
@@ -12,12 +12,16 @@
  * Sandboxes are ordinary dsec sandboxes: what the E2B front creates, `dsec ls` lists.
  */
 import type { Readable } from 'node:stream';
-import type { Sandbox, CreateSandboxRequest } from '../schema.js';
-import type { SandboxManager } from '../../sandbox/manager.js';
-import type { SandboxRepo } from '../../sandbox/repo.js';
-import type { ImageStore } from '../../image/store.js';
-import { toApi } from '../../sandbox/repo.js';
-import type { ExecSession, StreamName } from '../../sandbox/execs.js';
+import type { Sandbox } from '../wire/sandboxes.js';
+import { sandboxView } from '../convert.js';
+import type { SandboxInput } from '../../model/sandbox.js';
+import type { SandboxRepo } from '../../db/sandboxes.js';
+import type { LayerStore } from '../../image/layer-store.js';
+import type { SandboxCreator } from '../../sandbox/create.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { RoundService } from '../../sandbox/rounds.js';
+import type { ExecService } from '../../sandbox/exec.js';
+import type { ExecSession, StreamName } from '../../sandbox/exec-sessions.js';
 import type { AgentFileRead } from '../../agent/client.js';
 import type { FileEntry, FileInfo } from '../../agent/protocol.js';
 import { FileWriteFlag } from '../../agent/protocol.js';
@@ -85,13 +89,13 @@ export interface HostFiles {
 /** A sandbox to create: resolved from an E2B create request by the front. */
 export interface HostCreate {
   image: string;
-  backend: CreateSandboxRequest['backend'];
+  backend: SandboxInput['backend'];
   /** The caller's metadata (already checked against dsec's label rules) plus the front's own `dsec.e2b.*` labels. */
   labels: Record<string, string>;
   env: Record<string, string>;
   /** Seconds after creation when it is destroyed. */
   ttlS: number;
-  network: CreateSandboxRequest['network'];
+  network: SandboxInput['network'];
 }
 
 /** What the E2B front needs of a dsec host (see the module comment). All may throw DsecErrors of the closed set. */
@@ -173,37 +177,48 @@ function sessionProcess(s: ExecSession): HostProcess {
  */
 const E2B_EXEC_OWNER_UID = 0;
 
-/** {@link E2bHost} over this dsecd's manager, repo and image store. */
-export function localHost(d: { manager: SandboxManager; repo: SandboxRepo; images: ImageStore; metrics?: Metrics }): E2bHost {
-  const m = d.manager;
+/** The services {@link localHost} drives (daemon/startup/services.ts builds them). */
+export interface LocalHostDeps {
+  creator: Pick<SandboxCreator, 'create'>;
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'list' | 'destroy' | 'stop' | 'start'>;
+  rounds: Pick<RoundService, 'pause' | 'resume'>;
+  exec: Pick<ExecService, 'startExec' | 'exec' | 'files'>;
+  repo: Pick<SandboxRepo, 'setTtl'>;
+  images: Pick<LayerStore, 'get'>;
+  metrics?: Metrics;
+}
+
+/** {@link E2bHost} over this dsecd's lifecycle services, repo and image store. */
+export function localHost(d: LocalHostDeps): E2bHost {
+  const lc = d.lifecycle;
   return {
     async create(req) {
-      const sb = await m.create({ backend: req.backend, image: req.image, labels: req.labels, env: req.env, ttl_s: req.ttlS, ...(req.network ? { network: req.network } : {}) });
-      return toApi(sb);
+      const sb = await d.creator.create({ backend: req.backend, image: req.image, labels: req.labels, env: req.env, ttlS: req.ttlS, ...(req.network ? { network: req.network } : {}) });
+      return sandboxView(sb);
     },
     async get(id) {
-      return toApi(m.get(id));
+      return sandboxView(lc.get(id));
     },
     async list() {
-      return m.list().map(toApi);
+      return lc.list().map(sandboxView);
     },
     async destroy(id) {
-      await m.destroy(id, true, 'killed through the E2B API');
+      await lc.destroy(id, true, 'killed through the E2B API');
     },
     async pause(id) {
-      await m.pause(id);
+      await d.rounds.pause(id);
     },
     async resume(id) {
-      await m.resume(id);
+      await d.rounds.resume(id);
     },
     async stop(id) {
-      await m.stop(id);
+      await lc.stop(id);
     },
     async start(id) {
-      await m.start(id);
+      await lc.start(id);
     },
     async setTtl(id, ttlS) {
-      m.get(id);
+      lc.get(id);
       d.repo.setTtl(id, ttlS);
     },
     async imageExists(ref) {
@@ -213,7 +228,7 @@ export function localHost(d: { manager: SandboxManager; repo: SandboxRepo; image
       });
     },
     async startProcess(id, spec) {
-      const s = await m.startExec(id, {
+      const s = await d.exec.startExec(id, {
         argv: spec.argv, env: spec.env, cwd: spec.cwd, ...(spec.user !== undefined ? { user: spec.user } : {}), stdin: spec.stdin, ...(spec.tty ? { tty: spec.tty } : {}),
         paced: true,
       }, E2B_EXEC_OWNER_UID);
@@ -222,7 +237,7 @@ export function localHost(d: { manager: SandboxManager; repo: SandboxRepo; image
       return sessionProcess(s);
     },
     async files(id) {
-      const a = await m.agent(id);
+      const a = await d.exec.files(id);
       return {
         readFile: (p, o) => a.readFile(p, { user: o.user }),
         writeFile: (p, src, o) => a.writeFile(p, src, { user: o.user, flags: FileWriteFlag.CREATE | (o.parents ? FileWriteFlag.PARENTS : 0) }),
@@ -233,7 +248,7 @@ export function localHost(d: { manager: SandboxManager; repo: SandboxRepo; image
       };
     },
     async run(id, argv, user) {
-      const r = await m.exec(id, { argv, user });
+      const r = await d.exec.exec(id, { argv, user });
       return { exitCode: r.exit_code, stdout: Buffer.from(r.stdout_b64, 'base64').toString(), stderr: Buffer.from(r.stderr_b64, 'base64').toString() };
     },
     timeCreate: d.metrics ? (backend) => d.metrics!.createSeconds.startTimer({ backend }) : undefined,

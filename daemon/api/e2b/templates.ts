@@ -14,7 +14,8 @@
 import { mkdirSync, readFileSync, renameSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
-import { Backend } from '../schema.js';
+import { Backend } from '../wire/common.js';
+import type { Template } from '../wire/templates.js';
 import { internal, invalidArgument, notFound } from '../../errors.js';
 import { E2B_BASE_IMAGE } from '../../image/e2b-base.js';
 
@@ -24,14 +25,6 @@ export const TEMPLATE_NAME_RE = /^[a-z0-9][a-z0-9._-]{0,63}$/;
 /** The default template of E2B's SDKs. */
 export const DEFAULT_TEMPLATE = 'base';
 
-/** One template: its name and what it creates. */
-export const Template = z.object({
-  name: z.string().describe('Template name E2B clients pass as templateID.'),
-  image: z.string().describe('dsec image ref the sandbox is created from.'),
-  backend: Backend.describe('Backend (isolation tier) of its sandboxes.'),
-  builtin: z.boolean().describe('True for the built-in default (base -> e2b-base, container) that no alias overrides.'),
-});
-export type Template = z.infer<typeof Template>;
 
 const FileShape = z.record(z.string(), z.object({ image: z.string(), backend: Backend }).strict());
 

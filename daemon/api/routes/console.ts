@@ -20,9 +20,9 @@ import { open, stat } from 'node:fs/promises';
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { WebSocket } from 'ws';
 import { z } from 'zod';
-import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
-import { parseWith } from '../server.js';
-import type { ApiDeps } from '../server.js';
+import { DsecError, invalidArgument } from '../../errors.js';
+import { parseWith } from '../parse.js';
+import type { ExecService } from '../../sandbox/exec.js';
 import { route } from './table.js';
 
 /** Most lines `tail_lines` replays: 100,000 (the replay is also bounded by the log's size, `[vm] console_log_bytes`). */
@@ -95,15 +95,18 @@ export async function tailLines(file: string, n: number): Promise<Buffer> {
   }
 }
 
+/** What the console routes use. */
+export interface ConsoleRouteDeps {
+  exec: Pick<ExecService, 'attachConsole' | 'consoleLogPath'>;
+}
+
 /** Registers the console routes; must run inside a context where @fastify/websocket is registered. */
-export function registerConsoleRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  const m = deps.manager;
+export function registerConsoleRoutes(app: FastifyInstance, deps: ConsoleRouteDeps): void {
+  const m = deps.exec;
   type R = FastifyRequest<{ Params: { id: string } }>;
 
   app.get(logRoute.url, async (req, reply) => {
-    const sb = m.get((req as R).params.id);
-    if (sb.backend !== 'vm') throw failedPrecondition(`sandbox ${sb.id} is a ${sb.backend} sandbox: only vm sandboxes have a serial console`);
-    const b = await tail(m.consoleLogPath(sb.id), 1 << 30);
+    const b = await tail(m.consoleLogPath((req as R).params.id), 1 << 30);
     return reply.type('application/octet-stream').send(b);
   });
 

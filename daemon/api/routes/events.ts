@@ -1,11 +1,11 @@
 /** GET /v1/events: lifecycle events as NDJSON, optionally followed. */
 import type { FastifyInstance } from 'fastify';
 import { Event, EventsQuery } from '../schema.js';
-import { parseWith } from '../server.js';
-import { parseSelector } from '../../sandbox/repo.js';
+import { parseWith } from '../parse.js';
 import { invalidArgument } from '../../errors.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { SandboxRepo } from '../../db/sandboxes.js';
+import { parseSelector } from '../../model/selector.js';
 
 const eventsRoute = route({
   method: 'GET', url: '/v1/events', summary: 'Lifecycle events, one JSON object per line; follow=true keeps the stream open.',
@@ -13,7 +13,13 @@ const eventsRoute = route({
 });
 
 /** Registers the events route. Followed streams end when the server closes. */
-export function registerEventRoutes(app: FastifyInstance, deps: ApiDeps): void {
+/** What the event routes use: the recorded events and their listeners. */
+export interface EventRouteDeps {
+  repo: Pick<SandboxRepo, 'events' | 'onEvent'>;
+}
+
+/** Registers GET /v1/events. */
+export function registerEventRoutes(app: FastifyInstance, deps: EventRouteDeps): void {
   const followers = new Set<{ end(): void }>();
   app.addHook('preClose', async () => {
     for (const f of followers) f.end();

@@ -1,6 +1,7 @@
 /**
- * Exec sessions: start, list, inspect, stream output, feed stdin, signal, resize, wait,
- * kill, and attach over a WebSocket (daemon/sandbox/execs.ts has the lifecycle).
+ * Commands: an exec to completion (POST .../exec, optionally a trajectory step), and exec
+ * sessions: start, list, inspect, stream output, feed stdin, signal, resize, wait, kill,
+ * and attach over a WebSocket (daemon/sandbox/exec-sessions.ts has their lifecycle).
  *
  * Ownership: a session belongs to the uid of the process that started it (SO_PEERCRED
  * of the Unix socket connection). Other uids get NotFound for its id; root sees all.
@@ -18,14 +19,22 @@
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { WebSocket } from 'ws';
 import type { Socket } from 'node:net';
-import { AttachQuery, ExecInfo, ExecList, OutputQuery, ResizeRequest, SignalRequest, StartExecRequest, WaitQuery } from '../schema.js';
-import { parseWith } from '../server.js';
+import { AttachQuery, ExecInfo, ExecList, ExecRequest, ExecResult, OutputQuery, ResizeRequest, SignalRequest, StartExecRequest, WaitQuery } from '../schema.js';
+import { execInput, startExecInput } from '../convert.js';
+import { parseWith } from '../parse.js';
 import { DsecError, invalidArgument } from '../../errors.js';
-import { assertStdin, parseSignal, type ExecSession, type StreamName } from '../../sandbox/execs.js';
+import { assertStdin, parseSignal, type ExecSession, type StreamName } from '../../sandbox/exec-sessions.js';
 import * as native from '../../host/native.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { Metrics } from '../../metrics.js';
+import type { ExecService } from '../../sandbox/exec.js';
+import type { ExecRegistry } from '../../sandbox/exec-sessions.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
 
+const execRoute = route({
+  method: 'POST', url: '/v1/sandboxes/:id/exec', summary: 'Run a command to completion inside the sandbox.', body: ExecRequest, status: 200, response: ExecResult,
+  errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'Unavailable'],
+});
 const P = '/v1/sandboxes/:id/execs';
 const startRoute = route({ method: 'POST', url: P, summary: 'Start an exec session (streamed output, optional stdin and PTY); it runs until it exits, whoever is connected.', body: StartExecRequest, status: 201, response: ExecInfo, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'Unavailable'] });
 const listRoute = route({ method: 'GET', url: P, summary: "The caller's exec sessions in this sandbox.", status: 200, response: ExecList, errors: ['NotFound'] });
@@ -61,13 +70,38 @@ export function callerUid(req: FastifyRequest): number {
 
 const truthy = (v: string | undefined) => v === 'true' || v === '1';
 
+/** What the exec-to-completion route uses. */
+export interface ExecRouteDeps {
+  exec: Pick<ExecService, 'exec'>;
+  metrics: Pick<Metrics, 'execSeconds'>;
+}
+
+/** Registers POST /v1/sandboxes/{id}/exec (at the top level: it is the hot path, with no scope of its own). */
+export function registerExecRoute(app: FastifyInstance, deps: ExecRouteDeps): void {
+  app.post<{ Params: { id: string } }>(execRoute.url, async (req) => {
+    const body = parseWith(ExecRequest, req.body, 'exec request');
+    const end = deps.metrics.execSeconds.startTimer();
+    const r = await deps.exec.exec(req.params.id, execInput(body));
+    end();
+    return r;
+  });
+}
+
+/** What the exec-session routes use. */
+export interface ExecSessionRouteDeps {
+  exec: Pick<ExecService, 'startExec'>;
+  /** The sandbox (NotFound for an unknown one first). */
+  lifecycle: Pick<SandboxLifecycle, 'get'>;
+  sessions: ExecRegistry;
+}
+
 /** Registers the exec-session routes; must run inside a context where @fastify/websocket is registered. */
-export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  const m = deps.manager;
+export function registerExecSessionRoutes(app: FastifyInstance, deps: ExecSessionRouteDeps): void {
+  const m = deps.sessions;
   type R = FastifyRequest<{ Params: { id: string; exec_id: string } }>;
   const session = (req: R): ExecSession => {
-    m.get(req.params.id); // NotFound for an unknown sandbox first
-    return m.execs.get(req.params.id, req.params.exec_id, callerUid(req));
+    deps.lifecycle.get(req.params.id); // NotFound for an unknown sandbox first
+    return m.get(req.params.id, req.params.exec_id, callerUid(req));
   };
 
   // Raw bodies for stdin: handed to the route as a stream, never parsed.
@@ -75,19 +109,19 @@ export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
 
   app.post<{ Params: { id: string } }>(startRoute.url, async (req, reply) => {
     const body = parseWith(StartExecRequest, req.body, 'exec request');
-    const s = await m.startExec(req.params.id, body, callerUid(req));
+    const s = await deps.exec.startExec(req.params.id, startExecInput(body), callerUid(req));
     await s.handle.pid.catch(() => {});
     return reply.code(201).send(s.info());
   });
   app.get<{ Params: { id: string } }>(listRoute.url, async (req) => {
-    m.get(req.params.id);
-    return { execs: m.execs.list(req.params.id, callerUid(req)).map((s) => s.info()) };
+    deps.lifecycle.get(req.params.id);
+    return { execs: m.list(req.params.id, callerUid(req)).map((s) => s.info()) };
   });
   app.get(getRoute.url, async (req) => session(req as R).info());
   app.delete(deleteRoute.url, async (req) => {
     const r = req as R;
     session(r);
-    return m.execs.remove(r.params.id, r.params.exec_id, callerUid(r));
+    return m.remove(r.params.id, r.params.exec_id, callerUid(r));
   });
   app.post(signalRoute.url, async (req) => {
     const s = session(req as R);
@@ -190,6 +224,8 @@ export function registerExecRoutes(app: FastifyInstance, deps: ApiDeps): void {
         } catch {
           throw invalidArgument('text messages must be JSON');
         }
+        if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) throw invalidArgument('text messages must be JSON objects with a "type"');
+        if (msg.type === 'signal' && typeof msg.signal !== 'string' && typeof msg.signal !== 'number') throw invalidArgument('a signal message needs "signal": a name (e.g. "SIGTERM") or a number');
         if (msg.type === 'stdin_eof') s.handle.closeStdin();
         else if (msg.type === 'resize') {
           const rz = parseWith(ResizeRequest, { rows: msg.rows, cols: msg.cols }, 'resize message');

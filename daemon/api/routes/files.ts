@@ -20,13 +20,18 @@ import { PassThrough, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
 import tarStream from 'tar-stream';
 import { z } from 'zod';
-import { parseWith } from '../server.js';
+import { parseWith } from '../parse.js';
 import { DsecError, failedPrecondition, invalidArgument } from '../../errors.js';
 import { FileWriteFlag, type FileInfo } from '../../agent/protocol.js';
-import { AgentFileError, type AgentClient } from '../../agent/client.js';
+import { AgentFileError } from '../../agent/client.js';
+import type { AgentFiles } from '../../drivers/types.js';
 import { route } from './table.js';
-import { readonlyAdvice, type ReadonlyAdvice, type ResolvedFilesystem } from '../../security/filesystem.js';
-import type { ApiDeps } from '../server.js';
+import { readonlyAdvice, type ReadonlyAdvice } from '../../security/filesystem.js';
+import type { Logger } from 'pino';
+import type { TransferMeter } from '../transfer.js';
+import type { ExecService } from '../../sandbox/exec.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { ResolvedFilesystem } from '../../model/filesystem.js';
 
 const user = z.string().regex(/^[A-Za-z0-9_.-]+(:[A-Za-z0-9_.-]+)?$/).optional().describe('User inside the sandbox (name or uid[:gid]); default the image user.');
 const absPath = z.string().startsWith('/').max(4096).describe('Absolute path inside the sandbox.');
@@ -53,7 +58,7 @@ export const FileStat = z.object({
 });
 
 const B = '/v1/sandboxes/:id';
-const getRoute = route({ method: 'GET', url: `${B}/files`, summary: 'Read a file (raw bytes, streamed).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
+const getRoute = route({ method: 'GET', url: `${B}/files`, summary: 'Read a file (raw bytes, streamed in chunks to its end as read: no Content-Length, since the sandbox may grow the file while it is read and a /proc file stats as 0 bytes; X-Dsec-Mode gives its mode bits in octal).', query: FileQuery, status: 200, response: null, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
 const putRoute = route({ method: 'PUT', url: `${B}/files`, summary: 'Write a file from the raw request body (streamed; replaced atomically).', query: PutFileQuery, status: 201, response: z.object({ path: z.string(), bytes: z.number().int() }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'] });
 const statRoute = route({ method: 'GET', url: `${B}/files/stat`, summary: 'Stat a path.', query: FileQuery, status: 200, response: FileStat, errors: ['InvalidArgument', 'NotFound'] });
 const listRoute = route({ method: 'GET', url: `${B}/files/list`, summary: 'List a directory.', query: FileQuery, status: 200, response: z.object({ entries: z.array(FileStat.extend({ name: z.string() })) }), errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'] });
@@ -78,6 +83,35 @@ export function safeEntryName(name: string): string | null {
   const parts = name.split('/').filter((x) => x !== '' && x !== '.');
   if (parts.some((x) => x === '..')) throw invalidArgument(`archive entry ${JSON.stringify(name)} has a ".." component; refusing the archive`);
   return parts.length ? parts.join('/') : null;
+}
+
+/**
+ * Exactly `size` bytes for a tar entry whose header said `size`, from `src` (a file's
+ * bytes as read): a tar entry's body must be as long as its header says, or the bytes
+ * after it are read as the next headers. The file is the sandbox's and may change while
+ * it is read (it grows as it is copied; a /proc file stats as 0 bytes and reads as
+ * more, a sysfs file as 4096 and reads as less), so, as GNU tar does, what comes past
+ * `size` is left unread (the source is destroyed, cancelling the read) and a short file
+ * is padded with zero bytes. `onChange` is told which happened.
+ */
+export async function* exactly(src: AsyncIterable<Buffer>, size: number, onChange: (how: 'longer' | 'shorter') => void): AsyncGenerator<Buffer> {
+  let left = size;
+  for await (const chunk of src) {
+    if (chunk.length > left) {
+      if (left > 0) yield chunk.subarray(0, left);
+      onChange('longer');
+      // Returning ends the for-await, which destroys `src`: nothing past `size` is read.
+      return;
+    }
+    left -= chunk.length;
+    if (chunk.length > 0) yield chunk;
+  }
+  if (left > 0) onChange('shorter');
+  while (left > 0) {
+    const n = Math.min(left, 64 * 1024);
+    left -= n;
+    yield Buffer.alloc(n);
+  }
 }
 
 /**
@@ -189,8 +223,19 @@ async function upload<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
   }
 }
 
+/** What the file routes use. */
+export interface FileRouteDeps {
+  /** The agent of a running sandbox. */
+  exec: Pick<ExecService, 'files'>;
+  /** The sandbox (its image's default user) and its filesystem options (the read-only path hint). */
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'filesystemOf'>;
+  /** What transfers hold in dsecd's buffers. */
+  transfers: TransferMeter;
+  log: Logger;
+}
+
 /** Registers the file routes (in their own scope: request bodies are raw streams here). */
-export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerFileRoutes(app: FastifyInstance, deps: FileRouteDeps): void {
   type R = FastifyRequest<{ Params: { id: string } }>;
   // Bodies of PUT .../files and .../archive are streamed to the agent, never parsed; the
   // JSON body of POST .../files/mkdir is parsed here.
@@ -208,13 +253,13 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     const id = (req.params as { id?: string }).id ?? '?';
     let fs: Pick<ResolvedFilesystem, 'readonly_paths' | 'writable_paths'> | null = null;
     try {
-      fs = deps.manager.filesystemOf(id);
+      fs = deps.lifecycle.filesystemOf(id);
     } catch { /* gone meanwhile: the generic advice */ }
     throw readonlyPathError(e, id, fs);
   });
 
-  const agent = (req: R): Promise<AgentClient> => deps.manager.agent(req.params.id);
-  const userOf = (req: R, u?: string) => u ?? deps.manager.get(req.params.id).imageConfig.user ?? '0';
+  const agent = (req: R): Promise<AgentFiles> => deps.exec.files(req.params.id);
+  const userOf = (req: R, u?: string) => u ?? deps.lifecycle.get(req.params.id).imageConfig.user ?? '0';
 
   app.get(getRoute.url, async (req, reply) => {
     const r = req as R;
@@ -226,9 +271,17 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
     reply.hijack();
     const res = reply.raw;
     // Held here: the read stream, the response, and the agent frame being received.
-    const held = deps.metrics.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
+    const held = deps.transfers.track(() => f.stream.readableLength + res.writableLength + a.inboundPendingBytes);
     sample = held.sample;
-    res.writeHead(200, { 'content-type': 'application/octet-stream', 'content-length': String(info.size), 'x-dsec-mode': info.mode.toString(8) });
+    // No Content-Length: the size at open is not what the read gives when the sandbox
+    // grows the file meanwhile (or for a /proc file, 0 in stat), and bytes past a declared
+    // length would be read by a keep-alive client as the start of its next response, a
+    // response the sandbox wrote. Chunked, the body ends where the read ends, and a read
+    // that fails midway destroys the response, which the client sees as cut short.
+    res.writeHead(200, { 'content-type': 'application/octet-stream', 'x-dsec-mode': info.mode.toString(8) });
+    // Sent now: a read that fails before its first byte (EIO) is then a response cut short
+    // for the client, not a connection closed without an answer.
+    res.flushHeaders();
     try {
       const piped = pipeline(f.stream, res);
       f.stream.on('data', held.sample); // after the pipe's own listener: the chunk is in the response by now
@@ -254,7 +307,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       // Held here: the request body, the pass-through, and of the agent connection's send
       // queue at most what the agent has not acknowledged yet.
       let unacked = 0;
-      const held = deps.metrics.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
+      const held = deps.transfers.track(() => body.readableLength + pass.readableLength + pass.writableLength + Math.min(unacked, a.outboundQueuedBytes));
       body.pipe(pass);
       body.on('data', held.sample); // after the pipe's own listener: the chunk is in the pass-through by now
       try {
@@ -329,8 +382,11 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
         const f = a.readFile(p, { user: u });
         const info = await f.info;
         const entry = pack.entry({ ...header(name, info), type: 'file', size: info.size });
-        await pipeline(f.stream, entry);
-        await f.done;
+        const seen: { changed?: 'longer' | 'shorter' } = {};
+        await pipeline(exactly(f.stream, info.size, (how) => { seen.changed = how; }), entry);
+        // Cut short, the read was cancelled (its `done` rejects); otherwise it ended on its own.
+        if (seen.changed !== 'longer') await f.done;
+        if (seen.changed) deps.log.info({ path: p, sizeBytes: info.size, changed: seen.changed }, 'a file changed size while it was archived: its entry holds exactly the size it had when opened');
       }
       // sockets, fifos and devices are skipped: they cannot be copied as bytes.
     };
@@ -377,6 +433,10 @@ export function registerFileRoutes(app: FastifyInstance, deps: ApiDeps): void {
       throw e;
     });
     extract.on('entry', (h, stream, next) => {
+      // When the agent fails mid-file (EDQUOT, ENOSPC), writeFile destroys the body it was
+      // reading and the entry's pipe into it errors here ("Writable stream closed"). The
+      // failure is writeFile's to report (below); unheard, this error event would end dsecd.
+      stream.on('error', () => {});
       const run = async () => {
         const rel = safeEntryName(h.name);
         if (rel === null) {

@@ -9,15 +9,20 @@ import type { FastifyInstance } from 'fastify';
 import {
   BootstrapRequest, CommitRequest, CommitResult, ComposeRequest, Image, ImageList, ImportRequest, Layer, LayerList, PruneRequest, PruneResult, TagRequest,
 } from '../schema.js';
-import { parseWith } from '../server.js';
+import { parseWith } from '../parse.js';
 import { invalidArgument } from '../../errors.js';
-import { parseRef, type ImageManifest, type ImageStore, type LayerMeta } from '../../image/store.js';
+import { parseRef, type ImageManifest, type LayerStore, type LayerMeta } from '../../image/layer-store.js';
 import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
 import { TOOLKITS, bootstrapToolkit } from '../../image/toolkit.js';
 import { runLong } from '../long.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { Logger } from 'pino';
+import type { Metrics } from '../../metrics.js';
+import type { SandboxRepo } from '../../db/sandboxes.js';
+import type { StepObserver } from '../../model/steps.js';
+import type { LayerLeases } from '../../sandbox/layer-leases.js';
+import type { SnapshotService } from '../../sandbox/snapshots.js';
 import { z } from 'zod';
 
 const listRoute = route({ method: 'GET', url: '/v1/images', summary: 'Images in the layer store.', status: 200, response: ImageList, errors: [] });
@@ -43,7 +48,7 @@ const commitRoute = route({
 });
 
 /** API view of a manifest. */
-export async function imageView(store: ImageStore, m: ImageManifest): Promise<z.infer<typeof Image>> {
+export async function imageView(store: LayerStore, m: ImageManifest): Promise<z.infer<typeof Image>> {
   let size = 0;
   for (const d of m.layers) size += (await store.layer(d).catch(() => undefined))?.size_bytes ?? 0;
   return { ref: `${m.name}:${m.tag}`, name: m.name, tag: m.tag, layers: m.layers, config: m.config, size_bytes: size, created_at: m.created_ms };
@@ -65,8 +70,23 @@ const SCRATCH_CONFIG: ImageManifest['config'] = {
   env: ['PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin'], cwd: '/', user: '0', cmd: ['/bin/sh'],
 };
 
+/** What the image routes use. */
+export interface ImageRouteDeps {
+  images: LayerStore;
+  /** Sandbox counts per layer. */
+  repo: Pick<SandboxRepo, 'all'>;
+  /** The layers prune must keep. */
+  leases: Pick<LayerLeases, 'inUse'>;
+  /** Commit of a sandbox into an image. */
+  snapshots: Pick<SnapshotService, 'commit'>;
+  /** Told `image.after-blob` (an imported layer published, before its manifest). */
+  failpoints: StepObserver;
+  metrics: Pick<Metrics, 'errors'>;
+  log: Logger;
+}
+
 /** Registers the image, layer and commit routes. */
-export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps): void {
   const store = deps.images;
   const layerView = async (meta: LayerMeta): Promise<z.infer<typeof Layer>> => {
     const images = (await store.list()).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
@@ -137,7 +157,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   });
   app.post(pruneRoute.url, async (req) => {
     const body = parseWith(PruneRequest, req.body ?? {}, 'prune request');
-    const rep = await store.prune(deps.manager.layersInUse(), { dryRun: body.dry_run });
+    const rep = await store.prune(deps.leases.inUse(), { dryRun: body.dry_run });
     return {
       removed: rep.removed.map((l) => ({ digest: l.digest, size_bytes: l.size_bytes, source: l.source })),
       freed_bytes: rep.freed_bytes, kept_young: rep.kept_young, tmp_removed: rep.tmp_removed, dry_run: !!body.dry_run,
@@ -147,7 +167,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ApiDeps): void {
   app.get<{ Params: { digest: string } }>(layerRoute.url, async (req) => layerView(await store.layer(req.params.digest)));
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
-    const r = await deps.manager.commit(req.params.id, body.image, body.exclude, body.security);
+    const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security);
     return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped, warnings: r.warnings });
   });
 }

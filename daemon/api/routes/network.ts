@@ -7,7 +7,11 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { NetworkPolicyList, NetworkSpec, PolicyReloadResult, SandboxNetwork } from '../schema.js';
-import { parseWith, type ApiDeps } from '../server.js';
+import { parseWith } from '../parse.js';
+import type { SandboxNetworking } from '../../net/network.js';
+import type { PolicySet } from '../../security/egress-policy.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { PolicyReloadResult as PolicyReloadResultBody } from '../schema.js';
 import { unimplemented } from '../../errors.js';
 import { route } from './table.js';
 
@@ -25,21 +29,36 @@ const reloadRoute = route({
   status: 200, response: PolicyReloadResult, errors: ['InvalidArgument'],
 });
 
+/** Sandbox networking and its policies, as the API serves them. */
+export interface NetworkApi {
+  networking: SandboxNetworking;
+  policies: PolicySet;
+  /** Reloads the policy files and re-applies changed ones. @throws DsecError InvalidArgument (the previous set stays). */
+  reload(): Promise<PolicyReloadResultBody>;
+}
+
+/** What the network routes use. */
+export interface NetworkRouteDeps {
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'setNetwork'>;
+  /** Absent: the routes answer Unimplemented. */
+  network?: NetworkApi;
+}
+
 /** Registers the network routes (answered Unimplemented when the daemon has no networking). */
-export function registerNetworkRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerNetworkRoutes(app: FastifyInstance, deps: NetworkRouteDeps): void {
   const net = () => {
     if (!deps.network) throw unimplemented('this dsecd has no sandbox networking');
     return deps.network;
   };
   const view = (id: string) => {
-    const sb = deps.manager.get(id);
+    const sb = deps.lifecycle.get(id);
     return { id: sb.id, ...net().networking.view(sb) };
   };
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => view(req.params.id));
   app.put<{ Params: { id: string } }>(putRoute.url, async (req) => {
     const body = parseWith(NetworkSpec, req.body, 'network');
     net();
-    await deps.manager.setNetwork(req.params.id, body);
+    await deps.lifecycle.setNetwork(req.params.id, body);
     return view(req.params.id);
   });
   app.get(policiesRoute.url, async () => ({

@@ -1,11 +1,14 @@
 /** One-shot runs on any tier: POST /v1/run and POST /v1/run:batch. */
 import type { FastifyInstance } from 'fastify';
 import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
-import { parseWith } from '../server.js';
+import { parseWith } from '../parse.js';
+import { runInput } from '../convert.js';
 import { runBatch, runOnce } from '../../fncall/run.js';
 import { RunCodeRequest, RunCodeResponse, runCode } from '../../fncall/runcode.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { FncallPools } from '../../fncall/pool.js';
+import type { RunServices } from '../../fncall/run.js';
+import type { LanguageImages } from '../../fncall/runcode.js';
 
 const runRoute = route({
   method: 'POST', url: '/v1/run', summary: 'Run one command in a fresh environment of any tier (fncall: a pooled isolated worker; container: create, exec, destroy).',
@@ -21,25 +24,35 @@ const runCodeRoute = route({
   body: RunCodeRequest, status: 200, response: RunCodeResponse, errors: ['InvalidArgument', 'FailedPrecondition', 'ResourceExhausted'],
 });
 
+/** What the run_code route uses. */
+export interface RunCodeRouteDeps {
+  fncall: FncallPools;
+  /** Image per language of POST /run_code (config `[sandboxfusion] images`). */
+  sandboxfusionImages: LanguageImages;
+}
+
+/** What the run routes use: the pools, and the lifecycle a one-shot container run goes through. */
+export interface RunRouteDeps extends RunCodeRouteDeps, RunServices {}
+
 /** Registers POST /run_code (on the API socket, and alone on the SandboxFusion TCP address). */
-export function registerRunCodeRoute(app: FastifyInstance, deps: Pick<ApiDeps, 'fncall' | 'sandboxfusionImages'>): void {
+export function registerRunCodeRoute(app: FastifyInstance, deps: RunCodeRouteDeps): void {
   app.post(runCodeRoute.url, async (req) => runCode(deps.fncall, parseWith(RunCodeRequest, req.body, 'run_code request'), deps.sandboxfusionImages));
 }
 
 /** Registers the run routes. */
-export function registerRunRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): void {
   app.post(runRoute.url, async (req, reply) => {
     const body = parseWith(RunRequest, req.body, 'run request');
     const gone = new AbortController();
     reply.raw.on('close', () => {
       if (!reply.raw.writableFinished) gone.abort();
     });
-    return runOnce(deps.manager, deps.fncall, body, gone.signal);
+    return runOnce(deps, deps.fncall, runInput(body), gone.signal);
   });
   // `::` is fastify's escape for a literal colon in a path.
   app.post(batchRoute.url.replace(':', '::'), async (req) => {
     const b = parseWith(RunBatchRequest, req.body, 'batch request');
-    return { results: await runBatch(deps.manager, deps.fncall, b.calls) };
+    return { results: await runBatch(deps, deps.fncall, b.calls.map(runInput)) };
   });
   registerRunCodeRoute(app, deps);
 }

@@ -1,16 +1,22 @@
 /**
- * The sandbox resource: create, list, get, destroy, stop, start, exec. A create asked
- * with `Accept: application/x-ndjson` streams its phases (daemon/sandbox/progress.ts) as
- * `{type:"progress", phase, id, message}` lines before the `{type:"result"}` line
+ * The sandbox resource: create, list, get, destroy, stop, start, pause, resume. A create
+ * asked with `Accept: application/x-ndjson` streams its phases (daemon/sandbox/progress.ts)
+ * as `{type:"progress", phase, id, message}` lines before the `{type:"result"}` line
  * (daemon/api/long.ts).
  */
 import type { FastifyInstance } from 'fastify';
-import { CreateSandboxRequest, DeleteQuery, ExecRequest, ExecResult, ListQuery, Sandbox, SandboxList, StopRequest } from '../schema.js';
+import type { Logger } from 'pino';
+import { CreateSandboxRequest, DeleteQuery, ListQuery, PauseResult, Sandbox, SandboxList, StopRequest } from '../schema.js';
+import { sandboxInput, sandboxView } from '../convert.js';
 import { runLong } from '../long.js';
-import { parseWith } from '../server.js';
-import { toApi } from '../../sandbox/repo.js';
+import { parseWith } from '../parse.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { Metrics } from '../../metrics.js';
+import type { SandboxNetworking } from '../../net/network.js';
+import type { SandboxCreator } from '../../sandbox/create.js';
+import type { DiskQuotaWatch } from '../../sandbox/disk-quota.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { RoundService } from '../../sandbox/rounds.js';
 
 const createRoute = route({
   method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox. With `Accept: application/x-ndjson` the answer is a stream: {type:"progress", phase, id, message} lines (phases rootfs, launch, boot, ready), then {type:"result", result} or {type:"error", error}.', body: CreateSandboxRequest, status: 201, response: Sandbox,
@@ -27,50 +33,58 @@ const stopRoute = route({
   status: 200, response: Sandbox, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition'],
 });
 const startRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/start', summary: 'Start a stopped sandbox on its writable layer.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
-const execRoute = route({
-  method: 'POST', url: '/v1/sandboxes/:id/exec', summary: 'Run a command to completion inside the sandbox.', body: ExecRequest, status: 200, response: ExecResult,
-  errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'Unavailable'],
-});
+const pauseRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/pause', summary: 'Freeze every process and reclaim memory; idempotent.', status: 200, response: PauseResult, errors: ['NotFound', 'FailedPrecondition'] });
+const resumeRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/resume', summary: 'Thaw a paused sandbox; idempotent.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
+
+/** What the sandbox routes use. */
+export interface SandboxRouteDeps {
+  creator: Pick<SandboxCreator, 'create'>;
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'list' | 'destroy' | 'stop' | 'start' | 'defences'>;
+  rounds: Pick<RoundService, 'pause' | 'resume'>;
+  disks: Pick<DiskQuotaWatch, 'usage'>;
+  /** Sandbox networking: its per-sandbox defences join GET of a sandbox. */
+  network?: { networking: Pick<SandboxNetworking, 'sandboxDefences'> };
+  metrics: Pick<Metrics, 'createSeconds' | 'errors'>;
+  log: Logger;
+}
 
 /** Registers the sandbox routes. */
-export function registerSandboxRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  const m = deps.manager;
+export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDeps): void {
+  const lc = deps.lifecycle;
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
     return runLong(req, reply, deps, async (progress) => {
       const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
-      const sb = await m.create(body, { onProgress: progress });
+      const sb = await deps.creator.create(sandboxInput(body), { onProgress: progress });
       end();
-      return toApi(sb);
+      return sandboxView(sb);
     });
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');
-    return { sandboxes: m.list(q.selector, q.state).map(toApi) };
+    return { sandboxes: lc.list(q.selector, q.state).map(sandboxView) };
   });
   app.delete(listRoute.url, async (_req, reply) =>
     reply.code(405).header('allow', 'GET, POST').send({
       error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
     }));
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
-    const sb = m.get(req.params.id);
-    return { ...toApi(sb), defences: { ...(await m.defences(sb)), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: m.diskUsage(sb.id)?.usedBytes ?? null };
+    const sb = lc.get(req.params.id);
+    return { ...sandboxView(sb), defences: { ...(await lc.defences(sb)), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: deps.disks.usage(sb.id)?.usedBytes ?? null };
   });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {
     const q = parseWith(DeleteQuery, req.query, 'query');
-    return toApi(await m.destroy(req.params.id, q.force === 'true' || q.force === '1'));
+    return sandboxView(await lc.destroy(req.params.id, q.force === 'true' || q.force === '1'));
   });
   app.post<{ Params: { id: string } }>(stopRoute.url, async (req) => {
     const body = parseWith(StopRequest, req.body ?? {}, 'stop request');
-    return toApi(await m.stop(req.params.id, body.timeout_ms));
+    return sandboxView(await lc.stop(req.params.id, body.timeout_ms));
   });
-  app.post<{ Params: { id: string } }>(startRoute.url, async (req) => toApi(await m.start(req.params.id)));
-  app.post<{ Params: { id: string } }>(execRoute.url, async (req) => {
-    const body = parseWith(ExecRequest, req.body, 'exec request');
-    const end = deps.metrics.execSeconds.startTimer();
-    const r = await m.exec(req.params.id, body);
-    end();
-    return r;
+  app.post<{ Params: { id: string } }>(startRoute.url, async (req) => sandboxView(await lc.start(req.params.id)));
+  app.post<{ Params: { id: string } }>(pauseRoute.url, async (req) => {
+    const r = await deps.rounds.pause(req.params.id);
+    return { sandbox: sandboxView(r.sandbox), reclaim: r.reclaim };
   });
+  app.post<{ Params: { id: string } }>(resumeRoute.url, async (req) => sandboxView(await deps.rounds.resume(req.params.id)));
 }

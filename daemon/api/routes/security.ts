@@ -7,8 +7,7 @@
  * kernel already installed.
  */
 import type { FastifyInstance } from 'fastify';
-import { SeccompProfileInfo } from '../schema.js';
-import type { ApiDeps } from '../server.js';
+import { SeccompProfileInfo, type SeccompProfileInfo as SeccompProfileInfoBody } from '../schema.js';
 import { route } from './table.js';
 
 const getRoute = route({
@@ -21,7 +20,21 @@ const reloadRoute = route({
 });
 
 /** Registers the security profile routes. */
-export function registerSecurityRoutes(app: FastifyInstance, deps: ApiDeps): void {
+/** The seccomp profile in force and its reload. */
+export interface SecurityApi {
+  /** @returns the file, sha256 and denied-syscall count of the profile in force. */
+  seccompInfo(): SeccompProfileInfoBody;
+  /** Loads the configured profile file again. @throws DsecError InvalidArgument naming the file and field (the profile in force stays). */
+  reloadSeccomp(): SeccompProfileInfoBody;
+}
+
+/** What the security routes use. */
+export interface SecurityRouteDeps {
+  security: SecurityApi;
+}
+
+/** Registers the seccomp profile routes. */
+export function registerSecurityRoutes(app: FastifyInstance, deps: SecurityRouteDeps): void {
   app.get(getRoute.url, async () => deps.security.seccompInfo());
   app.post(reloadRoute.url, async () => deps.security.reloadSeccomp());
 }

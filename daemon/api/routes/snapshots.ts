@@ -5,12 +5,13 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { ForkRequest, ForkResult, RestoreRequest, Sandbox, Snapshot, SnapshotList, SnapshotRequest } from '../schema.js';
+import type { Logger } from 'pino';
+import { forkInput, restoreInput, sandboxView, snapshotInput, snapshotView } from '../convert.js';
 import { runLong } from '../long.js';
-import { parseWith } from '../server.js';
-import { toApi } from '../../sandbox/repo.js';
-import { snapshotToApi } from '../../sandbox/snapshots.js';
+import { parseWith } from '../parse.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { Metrics } from '../../metrics.js';
+import type { SnapshotService } from '../../sandbox/snapshots.js';
 
 const takeRoute = route({
   method: 'POST', url: '/v1/sandboxes/:id/snapshot', summary: 'Snapshot the sandbox: its writable layer, unstripped, as a private layer (a running sandbox is frozen while it is copied).',
@@ -30,22 +31,29 @@ const forkRoute = route({
   body: ForkRequest, status: 201, response: ForkResult, errors: ['InvalidArgument', 'NotFound', 'FailedPrecondition', 'ResourceExhausted'],
 });
 
+/** What the snapshot routes use. */
+export interface SnapshotRouteDeps {
+  snapshots: Pick<SnapshotService, 'snapshot' | 'list' | 'get' | 'remove' | 'restore' | 'fork'>;
+  metrics: Pick<Metrics, 'errors'>;
+  log: Logger;
+}
+
 /** Registers the snapshot routes. */
-export function registerSnapshotRoutes(app: FastifyInstance, deps: ApiDeps): void {
-  const m = deps.manager;
+export function registerSnapshotRoutes(app: FastifyInstance, deps: SnapshotRouteDeps): void {
+  const m = deps.snapshots;
   app.post<{ Params: { id: string } }>(takeRoute.url, async (req, reply) => {
     const body = parseWith(SnapshotRequest, req.body ?? {}, 'snapshot request');
-    return reply.code(201).send(snapshotToApi(await m.snapshot(req.params.id, body)));
+    return reply.code(201).send(snapshotView(await m.snapshot(req.params.id, snapshotInput(body))));
   });
-  app.get(listRoute.url, async () => ({ snapshots: m.listSnapshots().map(snapshotToApi) }));
-  app.get<{ Params: { ref: string } }>(getRoute.url, async (req) => snapshotToApi(m.getSnapshot(req.params.ref)));
-  app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotToApi(await m.removeSnapshot(req.params.ref)));
+  app.get(listRoute.url, async () => ({ snapshots: m.list().map(snapshotView) }));
+  app.get<{ Params: { ref: string } }>(getRoute.url, async (req) => snapshotView(m.get(req.params.ref)));
+  app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotView(await m.remove(req.params.ref)));
   app.post<{ Params: { ref: string } }>(restoreRoute.url, async (req, reply) => {
     const body = parseWith(RestoreRequest, req.body ?? {}, 'restore request');
-    return runLong(req, reply, deps, async (progress) => toApi(await m.restore(req.params.ref, body, { onProgress: progress })));
+    return runLong(req, reply, deps, async (progress) => sandboxView(await m.restore(req.params.ref, restoreInput(body), { onProgress: progress })));
   });
   app.post<{ Params: { ref: string } }>(forkRoute.url, async (req, reply) => {
     const body = parseWith(ForkRequest, req.body, 'fork request');
-    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, body, { onProgress: progress })).map(toApi) }));
+    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, forkInput(body), { onProgress: progress })).map(sandboxView) }));
   });
 }

@@ -4,11 +4,14 @@ import { open, stat } from 'node:fs/promises';
 import os from 'node:os';
 import type { z } from 'zod';
 import { LogsQuery, SandboxStatsView, StatsResponse } from '../schema.js';
-import { parseWith } from '../server.js';
-import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { DiskUsage } from '../../storage/store.js';
+import { parseWith } from '../parse.js';
+import type { DiskUsage } from '../../storage/writable-layers.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { SandboxRepo } from '../../db/sandboxes.js';
+import type { SandboxNetworking } from '../../net/network.js';
+import type { DiskQuotaWatch } from '../../sandbox/disk-quota.js';
+import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
+import type { SandboxRecord } from '../../model/sandbox.js';
 
 const statsRoute = route({ method: 'GET', url: '/v1/stats', summary: 'Resource usage of every sandbox and of the host (for dsec top).', status: 200, response: StatsResponse, errors: [] });
 const oneRoute = route({ method: 'GET', url: '/v1/sandboxes/:id/stats', summary: 'Resource usage of one sandbox.', status: 200, response: SandboxStatsView, errors: ['NotFound'] });
@@ -20,12 +23,22 @@ const logsRoute = route({
 /** How often a followed agent log is checked for new bytes: 250 ms. */
 const LOG_POLL_MS = 250;
 
+/** What the stats and logs routes use. */
+export interface StatsRouteDeps {
+  lifecycle: Pick<SandboxLifecycle, 'get' | 'list' | 'stats' | 'logPath'>;
+  disks: Pick<DiskQuotaWatch, 'usage' | 'usageAll'>;
+  /** Sandbox networking: egress denials of a sandbox. */
+  network?: { networking: Pick<SandboxNetworking, 'denials'> };
+  /** Recorded events (a sandbox's log starts with them) and whether the sandbox still exists. */
+  repo: Pick<SandboxRepo, 'events' | 'onEvent' | 'find'>;
+}
+
 /** Registers the stats and logs routes. */
-export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps): void {
   /** One sandbox's stats; `disks` (the store's usage of all layers, read at once) serves the list, else one live read. */
   const view = async (sb: SandboxRecord, disks?: Map<string, DiskUsage>): Promise<z.infer<typeof SandboxStatsView>> => {
-    const st = await deps.manager.stats(sb.id).catch(() => null);
-    const disk = disks ? disks.get(sb.id) : deps.manager.diskUsage(sb.id);
+    const st = await deps.lifecycle.stats(sb.id).catch(() => null);
+    const disk = disks ? disks.get(sb.id) : deps.disks.usage(sb.id);
     return {
       id: sb.id, state: sb.state, image: sb.image, labels: sb.labels, created_at: sb.createdAt, cpus: sb.cpus,
       cpu_usage_ns: st?.cpuUsageNs ?? null, memory_bytes: st?.memoryBytes ?? null, memory_limit_bytes: st?.memoryLimitBytes ?? null,
@@ -38,16 +51,16 @@ export function registerStatsRoutes(app: FastifyInstance, deps: ApiDeps): void {
     time: Date.now(),
     host: { cores: os.cpus().length, memory_bytes: os.totalmem(), memory_available_bytes: os.freemem(), load_avg: os.loadavg() },
     sandboxes: await (async () => {
-      const disks = deps.manager.diskUsageAll();
-      return Promise.all(deps.manager.list().map((sb) => view(sb, disks)));
+      const disks = deps.disks.usageAll();
+      return Promise.all(deps.lifecycle.list().map((sb) => view(sb, disks)));
     })(),
   }));
-  app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.manager.get(req.params.id)));
+  app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.lifecycle.get(req.params.id)));
   app.get<{ Params: { id: string } }>(logsRoute.url, async (req, reply) => {
-    const sb = deps.manager.get(req.params.id);
+    const sb = deps.lifecycle.get(req.params.id);
     const q = parseWith(LogsQuery, req.query, 'query');
     const follow = q.follow === 'true' || q.follow === '1';
-    const logFile = deps.manager.logPath(sb.id);
+    const logFile = deps.lifecycle.logPath(sb.id);
     reply.hijack();
     const res = reply.raw;
     res.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });

@@ -5,28 +5,24 @@
  * `dsec image alias` is the CLI.
  */
 import type { FastifyInstance } from 'fastify';
-import { z } from 'zod';
-import { parseWith } from '../server.js';
-import { Backend } from '../schema.js';
+import { parseWith } from '../parse.js';
+import { SetTemplateRequest, Template, TemplateList } from '../wire/templates.js';
 import { notFound, unimplemented } from '../../errors.js';
-import { Template } from '../e2b/templates.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { E2bFront } from '../e2b/front.js';
 
-/** PUT /v1/templates/{name} request. */
-export const SetTemplateRequest = z
-  .object({
-    image: z.string().min(1).max(255).describe('Image the template creates sandboxes from; it must be in the store.'),
-    backend: Backend.default('container').describe('Backend of its sandboxes; default container.'),
-  })
-  .strict();
+/** What the template routes use. */
+export interface TemplateRouteDeps {
+  /** The E2B front (daemon/api/e2b); absent with `[e2b] enabled = false`: the routes answer Unimplemented. */
+  e2b?: Pick<E2bFront, 'templates' | 'host'>;
+}
 
-const listRoute = route({ method: 'GET', url: '/v1/templates', summary: 'E2B templates: aliases name -> image and backend, and the built-in base.', status: 200, response: z.object({ templates: z.array(Template) }), errors: ['Unimplemented'] });
+const listRoute = route({ method: 'GET', url: '/v1/templates', summary: 'E2B templates: aliases name -> image and backend, and the built-in base.', status: 200, response: TemplateList, errors: ['Unimplemented'] });
 const setRoute = route({ method: 'PUT', url: '/v1/templates/:name', summary: 'Set an E2B template alias (admin).', body: SetTemplateRequest, status: 200, response: Template, errors: ['InvalidArgument', 'NotFound', 'Unimplemented'] });
 const deleteRoute = route({ method: 'DELETE', url: '/v1/templates/:name', summary: 'Remove an E2B template alias (admin); removing base brings back the built-in one.', status: 200, response: Template, errors: ['NotFound', 'Unimplemented'] });
 
 /** Registers the template routes. */
-export function registerTemplateRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerTemplateRoutes(app: FastifyInstance, deps: TemplateRouteDeps): void {
   const store = () => {
     if (!deps.e2b) throw unimplemented('the E2B front is off ([e2b] enabled = false)');
     return deps.e2b.templates;

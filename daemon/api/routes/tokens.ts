@@ -5,10 +5,10 @@
  */
 import type { FastifyInstance } from 'fastify';
 import { z } from 'zod';
-import { parseWith } from '../server.js';
+import { parseWith } from '../parse.js';
 import { TENANT_RE, TOKEN_ROLES } from '../../remote/tokens.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { TokenService } from '../../remote/tokens.js';
 
 /** POST /v1/tokens request. */
 export const CreateTokenRequest = z
@@ -50,7 +50,12 @@ const listRoute = route({ method: 'GET', url: '/v1/tokens', summary: 'Every API 
 const revokeRoute = route({ method: 'DELETE', url: '/v1/tokens/:id', summary: 'Revoke a token (admin only): refused from now on, and the connections it opened (attach, logs -f, events) are closed.', status: 200, response: TokenView, errors: ['NotFound', 'PermissionDenied'] });
 
 /** Registers the token routes. */
-export function registerTokenRoutes(app: FastifyInstance, deps: Pick<ApiDeps, 'tokens'>): void {
+/** What the token routes use: the token store of the TCP door (admin only, daemon/remote/policy.ts). */
+export interface TokenRouteDeps {
+  tokens: TokenService;
+}
+
+export function registerTokenRoutes(app: FastifyInstance, deps: TokenRouteDeps): void {
   app.get(whoamiRoute.url, async (req) => {
     const p = req.principal;
     return { door: p.door, token_id: p.tokenId, tenant: p.tenant, role: p.role, peer: p.peer };

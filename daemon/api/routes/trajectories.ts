@@ -1,9 +1,9 @@
-/** The trajectory log: list, show, export (JSONL) and remove. Steps are recorded by exec (routes/sandboxes.ts). */
+/** The trajectory log: list, show, export (JSONL) and remove. Steps are recorded by exec (routes/execs.ts). */
 import { Readable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { TrajectoryDetail, TrajectoryList, TrajectoryRecord, TrajectoryRemoved } from '../schema.js';
 import { route } from './table.js';
-import type { ApiDeps } from '../server.js';
+import type { TrajectoryLog } from '../../sandbox/trajectory.js';
 
 const listRoute = route({ method: 'GET', url: '/v1/trajectories', summary: 'Every trajectory recorded on this host, most recently updated first.', status: 200, response: TrajectoryList, errors: [] });
 const getRoute = route({ method: 'GET', url: '/v1/trajectories/:id', summary: 'One trajectory and its steps (without output).', status: 200, response: TrajectoryDetail, errors: ['NotFound'] });
@@ -16,8 +16,13 @@ const delRoute = route({
   status: 200, response: TrajectoryRemoved, errors: ['NotFound', 'Conflict'],
 });
 
+/** What the trajectory routes use. */
+export interface TrajectoryRouteDeps {
+  trajectories: TrajectoryLog;
+}
+
 /** Registers the trajectory routes. */
-export function registerTrajectoryRoutes(app: FastifyInstance, deps: ApiDeps): void {
+export function registerTrajectoryRoutes(app: FastifyInstance, deps: TrajectoryRouteDeps): void {
   const log = deps.trajectories;
   app.get(listRoute.url, async () => ({ trajectories: log.list() }));
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => log.get(req.params.id));

@@ -27,25 +27,30 @@ import { chmod, chown, lstat, mkdir, readdir, rename, rm, writeFile } from 'node
 import path from 'node:path';
 import type { Logger } from 'pino';
 import type { CgroupManager } from '../../host/cgroups/index.js';
-import { NO_IO_LIMITS, type IoLimits } from '../../host/cgroups/io.js';
 import type { LayerMounts } from '../../image/mounts.js';
 import { prepareRootfs, teardownRootfs, removeSandboxDir, listMountsUnder } from '../../image/rootfs.js';
-import { AgentClient, type AgentExecHandle } from '../../agent/client.js';
-import { DsecError, failedPrecondition, internal, invalidArgument, unavailable } from '../../errors.js';
-import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { Failpoints } from '../../sandbox/failpoints.js';
-import type { DriverCapabilities, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
-import { buildSpec, CPU_PERIOD_US } from './spec.js';
+import type { AgentExecHandle } from '../../agent/client.js';
+import { AgentConnections, refuseBadCwdOrUser } from '../agent-connections.js';
+import { DsecError, failedPrecondition, internal } from '../../errors.js';
+import type { StepObserver } from '../../model/steps.js';
+import { effectiveLayers } from '../../model/image.js';
+import type { Backend } from '../../model/backend.js';
+import type { AgentFiles, BackendCapabilities, LiveUpdate, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
+import { buildSpec } from './spec.js';
+import { CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
+import { hostHasSwap } from '../../host/proc.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
 import type { OciRuntime } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
-import { CORE_DENIALS, profileInfo, type SeccompOverride } from '../../security/seccomp.js';
-import type { UpperStore } from '../../storage/store.js';
-import { createPlannedDirs, hostTree, planFilesystem, resolveFilesystem, type FilesystemPlan, type ResolvedFilesystem } from '../../security/filesystem.js';
-import type { DefenceStatus } from '../../api/schema.js';
-import { refuseAfterClose, shuttingDown } from '../shutdown.js';
+import { CORE_DENIALS, profileInfo } from '../../security/seccomp.js';
+import type { WritableLayerStore } from '../../storage/writable-layers.js';
+import { createPlannedDirs, hostTree, planFilesystem, type FilesystemPlan } from '../../security/filesystem.js';
+import { NO_IO_LIMITS, type IoLimits } from '../../model/resources.js';
+import type { SandboxRecord, DefenceStatus } from '../../model/sandbox.js';
+import type { SeccompOverride } from '../../model/image.js';
+import { resolveFilesystem, type ResolvedFilesystem } from '../../model/filesystem.js';
 
 /** How long create waits for the agent's HELLO after the runtime started the container: 15 s (TCG-free, but a loaded 2-core host under a 1,000-create burst can be slow). */
 const AGENT_CONNECT_TIMEOUT_MS = 15_000;
@@ -80,7 +85,7 @@ export interface ContainerDriverDeps {
    */
   seccompMonitor?: SeccompMonitor;
   /** Where writable layers live and how they are limited (opened and mounted before the driver is used). */
-  storage: UpperStore;
+  storage: WritableLayerStore;
   /**
    * `[filesystem]` of the config: resolves the options of a sandbox row that predates
    * them (filesystem null); newer rows carry their resolved options.
@@ -99,34 +104,11 @@ export function probeLandlock(agentBinary: string): { abi: number; reason: strin
   }
 }
 
-/**
- * The layer stack to mount: a layer that occurs twice (an image that repeats a blob,
- * e.g. two identical COPY steps) is kept only at its topmost position. That yields the
- * same tree: the upper copy covers every path of the lower one, and the lower copy's
- * whiteouts only hide layers that the upper copy's whiteouts hide too. overlayfs
- * refuses the same lower twice (ELOOP).
- * @param layers digests, lowest first.
- */
-export function effectiveLayers(layers: readonly string[]): string[] {
-  return layers.filter((d, i) => layers.indexOf(d, i + 1) === -1);
-}
-
-/** True when /proc/meminfo reports any swap (SwapTotal > 0). */
-export function hostHasSwap(): boolean {
-  try {
-    const m = /^SwapTotal:\s+(\d+)/m.exec(readFileSync('/proc/meminfo', 'utf8'));
-    return !!m && Number(m[1]) > 0;
-  } catch {
-    return false;
-  }
-}
-
 /** The container backend. */
 export class ContainerDriver implements SandboxDriver {
-  readonly backend = 'container' as const;
-  private readonly agents = new Map<string, Promise<AgentClient>>();
-  /** Set by {@link close}: no agent connection is made any more. */
-  private closed = false;
+  readonly backends = ['container', 'fncall'] as const;
+  /** The agent connections of its sandboxes (`<dir>/agent.sock`). */
+  private readonly agents: AgentConnections;
   /** Memory-cgroup OOM kill count after the last isolated call, per fncall worker (see exec). */
   private readonly oomSeen = new Map<string, number>();
   /** Layer digests each sandbox holds a reference on (in-memory; rebuilt by adopt()). */
@@ -138,6 +120,7 @@ export class ContainerDriver implements SandboxDriver {
   readonly landlock: { abi: number; reason: string | null };
 
   constructor(private readonly d: ContainerDriverDeps) {
+    this.agents = new AgentConnections({ socketPath: (id) => path.join(this.dir(id), 'agent.sock'), timeoutMs: 5_000 });
     this.apparmorKernel = kernelHasAppArmor();
     this.landlock = probeLandlock(d.agentBinary);
   }
@@ -172,7 +155,7 @@ export class ContainerDriver implements SandboxDriver {
    * directories (see daemon/security/filesystem.ts). Workers: no binds, read-only root.
    * @throws DsecError FailedPrecondition for options the image's tree cannot honour; with
    *   reason `writable_path_refused` for a writable path resolved through a symlink to
-   *   where it must not lead (the reason is kept, the manager records an event of it).
+   *   where it must not lead (the reason is kept; the lifecycle records an event of it).
    */
   private async planFilesystem(sb: SandboxRecord, rootfs: string): Promise<FilesystemPlan & { landlock: boolean }> {
     const fs = this.filesystemOf(sb);
@@ -279,7 +262,7 @@ export class ContainerDriver implements SandboxDriver {
     if (!fs.landlock) return { enforced: false, detail: 'off for this sandbox (filesystem.landlock false)' };
     let info;
     try {
-      info = (await this.agent(sb.id)).info.landlock;
+      info = (await this.agents.get(sb.id)).info.landlock;
     } catch (e) {
       return { enforced: false, detail: `cannot ask the agent: ${(e as Error).message}` };
     }
@@ -313,29 +296,38 @@ export class ContainerDriver implements SandboxDriver {
     return path.join(this.sandboxesDir, id);
   }
 
-  capabilities(): DriverCapabilities {
-    return { id: 'dsec.driver.container.v1', backend: 'container', available: true, reason: null, pause: true, snapshot: false };
+  /**
+   * `container`: user sandboxes, with filesystem snapshots, I/O settings, writable layers
+   * in the store and warm pools. `fncall`: the pool's workers, which have none of those.
+   */
+  capabilities(backend: Backend): BackendCapabilities {
+    const user = backend === 'container';
+    return {
+      id: `dsec.driver.${user ? 'container' : 'fncall'}.v1`, backend, available: true, reason: null, isolation: 'container', pause: true,
+      snapshot: user ? 'filesystem' : null, networkModes: ['none', 'allow', 'open'], io: user, storeDisk: user, pool: user, console: false,
+    };
   }
 
-  async create(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
+  async prepare(sb: SandboxRecord, steps: StepObserver): Promise<void> {
     // Owned by the sandbox's base uid, mode 0700: its init (that uid, in its user
     // namespace) can reach rootfs/, no other local user can enter.
     await mkdir(this.dir(sb.id), { recursive: true, mode: 0o700 });
     await chown(this.dir(sb.id), sb.uidBase!, sb.uidBase!);
     await chmod(this.dir(sb.id), 0o700);
-    await this.mountRootfs(sb, fp, 'create');
-    return this.launch(sb, fp, 'create');
+    await this.mountRootfs(sb, steps, 'create');
   }
 
-  async start(sb: SandboxRecord, fp: Failpoints): Promise<InitInfo> {
-    await this.mountRootfs(sb, fp, 'start');
-    return this.launch(sb, fp, 'start');
+  async start(sb: SandboxRecord, steps: StepObserver): Promise<InitInfo> {
+    // A new sandbox's rootfs was mounted by prepare; a stopped one's is mounted again.
+    if (sb.state === 'creating') return this.launch(sb, steps, 'create');
+    await this.mountRootfs(sb, steps, 'start');
+    return this.launch(sb, steps, 'start');
   }
 
-  private async mountRootfs(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<string> {
+  private async mountRootfs(sb: SandboxRecord, steps: StepObserver, op: 'create' | 'start'): Promise<string> {
     if (sb.uidBase === null || sb.uidCount === null) throw internal(`sandbox ${sb.id} has no uid range`);
     await this.acquireLayers(sb);
-    if (op === 'create') fp.hit('create.after-layers');
+    if (op === 'create') steps.hit('create.after-layers');
     const lowers = effectiveLayers(sb.imageLayers).map((dg) => this.d.layers.dirFor(dg));
     // A new sandbox's layer goes where the store puts new layers (with its quota); a
     // start finds the layer wherever it was made, and never makes an empty one in its place.
@@ -349,14 +341,14 @@ export class ContainerDriver implements SandboxDriver {
     if (op === 'create') {
       // A new layer is empty, so overlayfs has room for its work dir.
       const { rootfs } = await prepare();
-      fp.hit('create.after-rootfs');
+      steps.hit('create.after-rootfs');
       return rootfs;
     }
     // A layer at its quota leaves overlayfs no room for its work dir (it would mount
     // read-only, which prepareRootfs refuses), so the quota is lifted for the mount only.
     const { rootfs } = await this.d.storage.withRoomToMount(sb.id, async () => {
       const r = await prepare();
-      fp.hit('start.after-rootfs');
+      steps.hit('start.after-rootfs');
       return r;
     });
     return rootfs;
@@ -390,7 +382,7 @@ export class ContainerDriver implements SandboxDriver {
    * Node's listener unlinks its path when closed, and dsecd closes its copy of the
    * listening fd as soon as the runtime has passed it into the container.
    */
-  private async launch(sb: SandboxRecord, fp: Failpoints, op: 'create' | 'start'): Promise<InitInfo> {
+  private async launch(sb: SandboxRecord, steps: StepObserver, op: 'create' | 'start'): Promise<InitInfo> {
     const dir = this.dir(sb.id);
     // AppArmor: only where the kernel has it (never here): render, compile, load, attach.
     let apparmorProfile: string | undefined;
@@ -445,60 +437,32 @@ export class ContainerDriver implements SandboxDriver {
     const logFd = openSync(path.join(dir, 'agent.log'), 'a', 0o600);
     try {
       await rename(tmpSock, sock);
-      if (op === 'create') fp.hit('create.after-bundle');
+      if (op === 'create') steps.hit('create.after-bundle');
       const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
       pid = await this.d.runtime.run(sb.id, dir, { pidFile: path.join(dir, 'init.pid'), logFile: path.join(dir, 'runtime.log'), stdioFd: logFd, extraFd: fd });
     } finally {
       closeSync(logFd);
       await new Promise<void>((resolve) => server.close(() => resolve()));
     }
-    fp.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
+    steps.hit(op === 'create' ? 'create.after-runtime' : 'start.after-runtime');
     // I/O settings go on the cgroup runc made, before the agent answers: no command of the
     // sandbox runs before create or start returns.
     await this.applyIo(sb, sb.io);
     const start = procStartTime(pid);
     if (start === null) throw internal(`sandbox ${sb.id}: init ${pid} exited right after start; see ${dir}/agent.log`);
     // The veth and egress programs go in while the agent says hello: both before create returns.
-    await Promise.all([this.agent(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
-    if (op === 'create') fp.hit('create.after-agent');
+    await Promise.all([this.agents.get(sb.id, AGENT_CONNECT_TIMEOUT_MS), this.d.network?.attach(sb, pid)]);
+    if (op === 'create') steps.hit('create.after-agent');
     return { pid, start };
   }
 
-  /**
-   * The sandbox's agent connection, connecting (and caching) on first use.
-   * @throws DsecError Unavailable once {@link close} ran (dsecd is shutting down).
-   */
-  private agent(id: string, timeoutMs = 5_000): Promise<AgentClient> {
-    if (this.closed) return Promise.reject(shuttingDown());
-    let p = this.agents.get(id);
-    if (!p) {
-      p = refuseAfterClose(() => this.closed, AgentClient.connect(path.join(this.dir(id), 'agent.sock'), { timeoutMs })).then((c) => {
-        c.onLost(() => {
-          if (this.agents.get(id) === p) this.agents.delete(id);
-        });
-        return c;
-      });
-      p.catch(() => {
-        if (this.agents.get(id) === p) this.agents.delete(id);
-      });
-      this.agents.set(id, p);
-    }
-    return p;
-  }
-
-  private async dropAgent(id: string): Promise<void> {
-    const p = this.agents.get(id);
-    this.agents.delete(id);
-    if (p) await p.then((c) => c.close()).catch(() => {});
-  }
-
-  async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+  async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     // A frozen task cannot act on a signal: thaw a paused sandbox before ending it.
     if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
     if (opts.graceMs && opts.graceMs > 0 && sb.initPid && sb.state === 'running') await this.terminate(sb, opts.graceMs);
-    await this.dropAgent(sb.id);
+    await this.agents.drop(sb.id);
     await this.d.runtime.deleteForce(sb.id);
-    fp.hit('stop.after-kill');
+    steps.hit('stop.after-kill');
     await this.d.network?.detach(sb);
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
@@ -521,10 +485,10 @@ export class ContainerDriver implements SandboxDriver {
     while (Date.now() < deadline && (await others()).length > 0) await new Promise((r) => setTimeout(r, 50));
   }
 
-  async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
+  async destroy(sb: SandboxRecord, steps: StepObserver): Promise<void> {
     this.oomSeen.delete(sb.id);
     if (sb.state === 'paused') await this.d.cgroups.thaw(sb.id).catch(() => {});
-    await this.dropAgent(sb.id);
+    await this.agents.drop(sb.id);
     // SIGKILL to the init, when it is still the process the row recorded (pid and start
     // time), ends the sandbox's pid namespace without a runtime binary spawn (a third of
     // destroy's CPU in a burst profile: spawning forks dsecd). `delete --force` below kills
@@ -534,53 +498,36 @@ export class ContainerDriver implements SandboxDriver {
         process.kill(sb.initPid, 'SIGKILL');
       } catch { /* exited meanwhile */ }
     }
-    fp.hit('destroy.after-kill');
+    steps.hit('destroy.after-kill');
     await this.d.runtime.deleteForce(sb.id);
-    fp.hit('destroy.after-runtime');
+    steps.hit('destroy.after-runtime');
     await this.d.network?.detach(sb, { forget: true });
     await teardownRootfs(this.dir(sb.id));
     await this.releaseLayers(sb.id);
-    fp.hit('destroy.after-rootfs');
+    steps.hit('destroy.after-rootfs');
     await this.d.cgroups.killAll(sb.id).catch(() => {});
     await this.d.cgroups.remove(sb.id);
-    fp.hit('destroy.after-cgroup');
+    steps.hit('destroy.after-cgroup');
     if (this.apparmorKernel && this.d.apparmor)
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
     await this.d.storage.remove(sb.id);
     await removeSandboxDir(this.dir(sb.id));
     this.d.seccompMonitor?.forget(sb.id);
-    fp.hit('destroy.after-dir');
+    steps.hit('destroy.after-dir');
   }
 
   async exec(sb: SandboxRecord, req: DriverExecRequest): Promise<DriverExecResult> {
-    let client: AgentClient;
-    try {
-      client = await this.agent(sb.id);
-    } catch (e) {
-      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-    }
     // An fncall worker runs one call at a time, so the count read after its previous call
     // is exact and saves a cgroup read per call; other sandboxes read it afresh.
     const cached = req.isolate ? this.oomSeen.get(sb.id) : undefined;
     const oomBefore = cached ?? await this.oomKillCount(sb);
-    let res;
-    try {
-      res = await client.exec({
-        argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs,
-        stdin: req.stdin, maxOutputBytes: req.maxOutputBytes, ...(req.isolate ? { isolate: req.isolate } : {}),
-      });
-    } catch (e) {
-      if (e instanceof DsecError) throw e;
-      throw unavailable(`sandbox ${sb.id}: exec interrupted: ${(e as Error).message}`, e);
-    }
+    const res = await this.agents.exec(sb.id, req);
     const oomAfter = await this.oomKillCount(sb);
     if (req.isolate) {
       if (oomAfter === null) this.oomSeen.delete(sb.id);
       else this.oomSeen.set(sb.id, oomAfter);
     }
-    if (res.kind === 'exec_error' && /^(chdir|user)\b/.test(res.message)) {
-      throw invalidArgument(`sandbox ${sb.id}: ${res.message}`);
-    }
+    refuseBadCwdOrUser(sb.id, res);
     // The counter is per sandbox: every kill while the command ran is reported
     // (oomKills: a process of a pipeline, or of another command running at the same
     // time), and `oom` says the command itself died of SIGKILL while it rose.
@@ -593,46 +540,12 @@ export class ContainerDriver implements SandboxDriver {
     return this.d.cgroups.oomKills(sb.id).catch(() => null);
   }
 
-  async agentClient(sb: SandboxRecord): Promise<AgentClient> {
-    try {
-      return await this.agent(sb.id);
-    } catch (e) {
-      throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-    }
+  async files(sb: SandboxRecord): Promise<AgentFiles> {
+    return this.agents.client(sb.id);
   }
 
   async startExec(sb: SandboxRecord, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
-    // An exec that takes stdin gets a connection of its own: the agent stops reading a
-    // connection while one of its execs has a large stdin backlog (a command that does
-    // not read), and that must never stall the sandbox's other execs and file copies.
-    // So does a paced one: pausing its output pauses the whole connection.
-    if (req.stdin || req.tty || req.paced) {
-      let own: AgentClient;
-      try {
-        own = await AgentClient.connect(path.join(this.dir(sb.id), 'agent.sock'), { timeoutMs: 5_000 });
-      } catch (e) {
-        throw unavailable(`sandbox ${sb.id}: cannot reach its agent: ${(e as Error).message}`, e);
-      }
-      const h = own.startExec(
-        { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
-        handlers,
-      );
-      void h.done.then(() => own.close(), () => own.close());
-      // A SIGKILL frame can sit behind a stdin backlog the agent is not reading; closing
-      // the exec's own connection makes the agent kill it regardless.
-      return {
-        ...h,
-        signal: (signo: number) => {
-          h.signal(signo);
-          if (signo === 9) setTimeout(() => own.close(), 1000).unref();
-        },
-      };
-    }
-    const client = await this.agentClient(sb);
-    return client.startExec(
-      { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) },
-      handlers,
-    );
+    return this.agents.startExec(sb.id, req, handlers);
   }
 
   async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
@@ -648,11 +561,15 @@ export class ContainerDriver implements SandboxDriver {
     return this.d.cgroups.limitCounters(sb.id).catch(() => null);
   }
 
-  async applyLimits(sb: SandboxRecord, l: { cpus: number; memoryBytes: number; pids: number }): Promise<void> {
+  async update(sb: SandboxRecord, u: LiveUpdate): Promise<void> {
+    const l = u.limits;
     // The values buildSpec gives the runtime for a latency sandbox (no shares: the kernel default).
-    await this.d.cgroups.create(sb.id, {
-      cpuQuotaUs: Math.max(1000, Math.round(l.cpus * CPU_PERIOD_US)), cpuPeriodUs: CPU_PERIOD_US, cpuShares: null, memoryBytes: l.memoryBytes, pids: l.pids,
-    });
+    if (l) {
+      await this.d.cgroups.create(sb.id, {
+        cpuQuotaUs: cpuQuotaUs(l.cpus), cpuPeriodUs: CPU_PERIOD_US, cpuShares: null, memoryBytes: l.memoryBytes, pids: l.pids,
+      });
+    }
+    if (u.io !== undefined) await this.applyIo(sb, u.io);
   }
 
   /**
@@ -661,7 +578,7 @@ export class ContainerDriver implements SandboxDriver {
    * the store has no device (layers on the host filesystem) or for an fncall worker.
    * @throws DsecError as CgroupManager.setIo.
    */
-  async applyIo(sb: SandboxRecord, io: IoLimits | null): Promise<void> {
+  private async applyIo(sb: SandboxRecord, io: IoLimits | null): Promise<void> {
     if (sb.backend !== 'container') return;
     const dev = this.d.storage.blockDevice();
     if (!dev) return;
@@ -797,13 +714,6 @@ export class ContainerDriver implements SandboxDriver {
    * process alive). Safe to call twice.
    */
   async close(): Promise<void> {
-    this.closed = true;
-    for (const id of [...this.agents.keys()]) await this.dropAgent(id);
-  }
-
-  /** Throws FailedPrecondition unless the sandbox is running (for exec). */
-  static assertRunning(sb: SandboxRecord): void {
-    if (sb.state === 'paused') throw failedPrecondition(`sandbox ${sb.id} is paused; exec needs a running sandbox (resume it with \`dsec resume ${sb.id}\`)`);
-    if (sb.state !== 'running') throw failedPrecondition(`sandbox ${sb.id} is ${sb.state}; exec needs a running sandbox (start it with \`dsec start ${sb.id}\`)`);
+    await this.agents.close();
   }
 }

@@ -41,15 +41,17 @@
  * runtime generates under /etc) then lands on top of them. Writable binds are
  * `nosuid,nodev`. With `landlock` the agent gets `--landlock` and one `--writable PATH`
  * per writable place of the plan. A worker keeps its fully read-only root and no binds:
- * only `--landlock` reaches it (each isolated call applies it; native/agent/agent.c).
+ * only `--landlock` reaches it (each isolated call applies it; native/agent/isolate.c).
  *
  * AppArmor: `process.apparmorProfile` only when the caller passes a loaded profile's name
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
  * AppArmor (daemon/security/apparmor.ts). Elsewhere the spec never names one.
  */
+import { BATCH_CPU_SHARES, CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
 import path from 'node:path';
-import { buildSeccomp, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
+import { buildSeccomp, type OciSeccomp } from '../../security/seccomp.js';
 import type { FilesystemPlan } from '../../security/filesystem.js';
+import type { SeccompOverride } from '../../model/image.js';
 
 /** Where the agent binary appears inside the sandbox. Under /dev (a tmpfs runc creates), so the writable layer stays untouched. */
 export const AGENT_PATH = '/dev/.dsec-agent';
@@ -70,22 +72,12 @@ export const DEFAULT_CAPS = [
  * The alternative, a nested user namespace per call, needs no extra capability but
  * cannot mount a fresh /proc: every mount copied into a less privileged user namespace is
  * locked, and the kernel refuses a new proc mount while the sandbox's /proc has locked
- * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/agent.c.
+ * mounts over files (runc's masked paths such as /proc/kcore); see native/agent/isolate.c.
  */
 export const WORKER_AGENT_CAPS = ['CAP_SYS_ADMIN'] as const;
 
 /** Agent flag of a worker: drop {@link WORKER_AGENT_CAPS} from the bounding set at start, serve isolated execs. */
 export const AGENT_FLAG_WORKER = '--worker';
-
-/** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
-export const CPU_PERIOD_US = 100_000;
-
-/**
- * cpu.shares of a batch sandbox: 2, the smallest value cgroup v1 accepts (the default is
- * 1024), so under contention a batch sandbox's cgroup gets ~1/512 of a latency sibling's
- * CPU time. On cgroup v2 runc maps shares to cpu.weight (2 → 1, the minimum).
- */
-export const BATCH_CPU_SHARES = 2;
 
 /** Agent flag that puts the agent and every process it forks in SCHED_IDLE (batch sandboxes). */
 export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
@@ -93,7 +85,7 @@ export const AGENT_FLAG_SCHED_IDLE = '--sched-idle';
 /** Agent flag that gives the sandbox its own core-scheduling cookie (hosts with core scheduling). */
 export const AGENT_FLAG_CORE_SCHED = '--core-sched';
 
-/** Agent flag: restrict file access with Landlock (native/agent/agent.c "Landlock"). */
+/** Agent flag: restrict file access with Landlock (native/agent/landlock.c). */
 export const AGENT_FLAG_LANDLOCK = '--landlock';
 
 /** Agent flag naming one writable place for Landlock (repeated; follows {@link AGENT_FLAG_LANDLOCK}). */
@@ -167,10 +159,19 @@ export interface SpecInput {
   filesystem?: FilesystemPlan & { landlock: boolean };
 }
 
-/** Paths masked and made read-only in /proc and /sys, as runc's default spec does. */
+/**
+ * Paths masked and made read-only in /proc and /sys: runc's default spec's, plus
+ * `/sys/devices/virtual/block`, the host's loop, zram and device-mapper devices, where
+ * each loop device's `loop/backing_file` names the file behind it on the host (the
+ * writable-layer store's image under dsecd's root, other instances' stores, whatever
+ * else the host loop-mounts), which the mount table hides (docs/SECURITY.md "What a
+ * sandbox sees of the host's mounts"). Their names stay listed in /sys/block and
+ * /proc/partitions.
+ */
 const MASKED_PATHS = [
   '/proc/acpi', '/proc/asound', '/proc/kcore', '/proc/keys', '/proc/latency_stats', '/proc/timer_list',
   '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
+  '/sys/devices/virtual/block',
 ];
 const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 
@@ -193,7 +194,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
     destination: b.path, type: 'bind', source: path.join(i.rootfs, b.path),
     options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
   }));
-  const cpu: Record<string, number> = { quota: Math.max(1000, Math.round(i.cpus * CPU_PERIOD_US)), period: CPU_PERIOD_US };
+  const cpu: Record<string, number> = { quota: cpuQuotaUs(i.cpus), period: CPU_PERIOD_US };
   if (batch) cpu.shares = BATCH_CPU_SHARES;
   const proc: Record<string, unknown> = {
     terminal: false,

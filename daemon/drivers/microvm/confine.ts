@@ -1,7 +1,7 @@
 /**
  * The confinement of a microVM guest's commands (docs/SECURITY.md "The microvm tier:
  * inside the guest"): the container tier's in-sandbox defences, computed by dsecd and
- * applied by the guest agent (native/agent/agent.c, "guest confinement").
+ * applied by the guest agent (native/agent/confine.c, "guest confinement").
  *
  * At every boot, after the agent's HELLO and before any command can run (the guest agent
  * runs with `--guest-confine` and refuses execs until this arrives), dsecd:
@@ -27,9 +27,11 @@ import { readFileSync } from 'node:fs';
 import type { AgentClient } from '../../agent/client.js';
 import { AgentFileError } from '../../agent/client.js';
 import { failedPrecondition, internal } from '../../errors.js';
-import { planFilesystem, type FilesystemPlan, type ResolvedFilesystem, type TreeView } from '../../security/filesystem.js';
-import { buildSeccomp, syscallNumbersX86_64, type OciSeccomp, type SeccompOverride } from '../../security/seccomp.js';
+import { planFilesystem, type FilesystemPlan, type TreeView } from '../../security/filesystem.js';
+import { buildSeccomp, syscallNumbersX86_64, type OciSeccomp } from '../../security/seccomp.js';
 import { DEFAULT_CAPS } from '../container/spec.js';
+import type { ResolvedFilesystem } from '../../model/filesystem.js';
+import type { SeccompOverride } from '../../model/image.js';
 
 /**
  * Capability numbers (include/uapi/linux/capability.h), for the names dsec uses.
@@ -202,7 +204,7 @@ export interface GuestConfinement {
 }
 
 /**
- * The CONFINE op's argument: the directive lines the agent parses (native/agent/agent.c
+ * The CONFINE op's argument: the directive lines the agent parses (native/agent/confine.c
  * guest_confine: mkdir, bind, rootro, caps, rule, landlock, writable).
  * @throws DsecError FailedPrecondition for a path containing a newline.
  */

@@ -15,11 +15,10 @@
  * console is a chardev socket dsecd holds (console.ts), logged to a bounded file and
  * served to `dsec console` over a WebSocket.
  *
- * Why a subclass of MicrovmDriver: the lifecycle of a QEMU process (cgroup, launcher and
- * confinement, QMP and its resync, the agent endpoint and mux, stop/pause/resume, adopt,
- * orphans) is the same for both tiers; only the machine, the disk and the boot steps
- * differ, and those are the hooks overridden here. The microvm tier's behaviour is
- * unchanged by them.
+ * The life of its QEMU process (cgroup, launcher and confinement, QMP and its resync, the
+ * agent endpoint and mux, stop/pause/resume, adopt, orphans) is the one both VM tiers
+ * share (daemon/drivers/vmm/driver.ts); the machine, the disks and the boot steps are the
+ * hooks implemented here.
  */
 import { existsSync, readFileSync } from 'node:fs';
 import { mkdir, chmod, readFile, writeFile } from 'node:fs/promises';
@@ -27,25 +26,27 @@ import path from 'node:path';
 import type { VmDiskConfig } from '../../config.js';
 import type { Builder } from '../../host/builder.js';
 import { failedPrecondition, invalidArgument, notFound } from '../../errors.js';
-import type { AgentClient, AgentExecHandle } from '../../agent/client.js';
-import type { SandboxRecord } from '../../sandbox/repo.js';
-import type { Failpoints } from '../../sandbox/failpoints.js';
+import type { AgentExecHandle } from '../../agent/client.js';
+import type { StepObserver } from '../../model/steps.js';
+import type { Backend } from '../../model/backend.js';
 import type {
-  DriverCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
+  AgentFiles, BackendCapabilities, DriverExecHandlers, DriverExecRequest, DriverExecResult, DriverStartExecRequest, OrphanReport, ResolvedImage,
 } from '../types.js';
-import { MicrovmDriver, type BootContext, type MicrovmDriverDeps, type Platform } from '../microvm/driver.js';
-import { GUEST_MODULES } from '../microvm/initramfs.js';
-import { MICROVM_MIN_MEMORY_BYTES, isVmmOf, vmPaths } from '../microvm/qemu.js';
-import { effectiveLayers } from '../container/driver.js';
+import { VmmDriver, type BootContext, type VmmDriverDeps } from '../vmm/driver.js';
+import type { Platform } from '../vmm/platform.js';
+import { GUEST_MODULES } from '../vmm/initramfs.js';
 import { ConsoleHub, type ConsoleClient } from './console.js';
 import { BASE_FILE, BaseDisks, createOverlay, type LayerSource } from './disk.js';
 import { vmQemuArgs } from './qemu.js';
+import type { DefenceStatus, SandboxRecord } from '../../model/sandbox.js';
+import { effectiveLayers } from '../../model/image.js';
+import { VM_MIN_MEMORY_BYTES, isVmmOf, vmPaths } from '../vmm/qemu.js';
 
 /** The image reference prefix that names a registered disk: `disk:NAME`. */
 export const DISK_REF_PREFIX = 'disk:';
 
-/** Dependencies of the vm driver: the microvm driver's plus layer mounts and the builder (base disks). */
-export interface VmDriverDeps extends MicrovmDriverDeps {
+/** Dependencies of the vm driver: the VM drivers' plus layer mounts and the builder (base disks). */
+export interface VmDriverDeps extends VmmDriverDeps {
   layers: LayerSource;
   builder: Builder | null;
 }
@@ -54,8 +55,10 @@ export interface VmDriverDeps extends MicrovmDriverDeps {
 const POWERDOWN_POLL_MS = 100;
 
 /** The vm backend; see the module comment. */
-export class VmDriver extends MicrovmDriver {
-  override readonly backend = 'vm' as const;
+export class VmDriver extends VmmDriver {
+  readonly backend = 'vm' as const;
+  readonly backends: readonly Backend[] = ['vm'];
+  protected readonly machineName = 'VM';
   private readonly consoles = new Map<string, ConsoleHub>();
   private readonly bases: BaseDisks;
 
@@ -64,9 +67,12 @@ export class VmDriver extends MicrovmDriver {
     this.bases = new BaseDisks({ root: v.root, layers: v.layers, builder: v.builder, log: v.log });
   }
 
-  override capabilities(): DriverCapabilities {
+  capabilities(_backend: Backend = 'vm'): BackendCapabilities {
     const missing = this.missing();
-    return { id: 'dsec.driver.vm.v1', backend: 'vm', pause: true, snapshot: false, available: missing === null, reason: missing };
+    return {
+      id: 'dsec.driver.vm.v1', backend: 'vm', available: missing === null, reason: missing, isolation: 'vm', pause: true,
+      snapshot: null, networkModes: ['none'], io: false, storeDisk: false, pool: false, console: true,
+    };
   }
 
   /**
@@ -111,6 +117,16 @@ export class VmDriver extends MicrovmDriver {
     return vmPaths(this.dir(id)).qcow;
   }
 
+  protected override writableDiskKind(id: string): string {
+    return `qcow2 disk ${vmPaths(this.dir(id)).qcow}`;
+  }
+
+  /** Nothing inside a vm's guest is confined by dsec, and the defences say so. */
+  protected override guestDefences(): Record<string, DefenceStatus> {
+    const d: DefenceStatus = { enforced: false, detail: 'vm tier: commands run as root of the guest with every capability, no seccomp filter and a writable root; the guest kernel (and the VMM confinement) is the only boundary' };
+    return Object.fromEntries(['readonly_paths', 'capabilities', 'no_new_privileges', 'seccomp', 'landlock'].map((n) => [n, d]));
+  }
+
   protected override attachedLayers(): string[] {
     return [];
   }
@@ -118,8 +134,8 @@ export class VmDriver extends MicrovmDriver {
   protected override check(sb: SandboxRecord): void {
     const missing = this.missing();
     if (missing) throw failedPrecondition(`cannot create vm sandbox ${sb.id}: ${missing}`);
-    if (sb.memoryBytes < MICROVM_MIN_MEMORY_BYTES) {
-      throw invalidArgument(`a vm needs at least ${MICROVM_MIN_MEMORY_BYTES} bytes of memory (the guest kernel and initramfs); memory_bytes is ${sb.memoryBytes}`);
+    if (sb.memoryBytes < VM_MIN_MEMORY_BYTES) {
+      throw invalidArgument(`a vm needs at least ${VM_MIN_MEMORY_BYTES} bytes of memory (the guest kernel and initramfs); memory_bytes is ${sb.memoryBytes}`);
     }
     const d = this.diskOf(sb);
     if (d?.ready) {
@@ -136,7 +152,7 @@ export class VmDriver extends MicrovmDriver {
    * composed from the image's layers (made once per image and size), whose path is kept
    * in `<dir>/base` for later boots and for collection.
    */
-  protected override async makeDisk(sb: SandboxRecord): Promise<void> {
+  protected override async makeDisks(sb: SandboxRecord): Promise<void> {
     const dir = this.dir(sb.id);
     const d = this.diskOf(sb);
     if (d) {
@@ -230,9 +246,9 @@ export class VmDriver extends MicrovmDriver {
     return super.startExec(sb, req, handlers);
   }
 
-  override async agentClient(sb: SandboxRecord): Promise<AgentClient> {
+  override async files(sb: SandboxRecord): Promise<AgentFiles> {
     this.needAgent(sb, 'file operations and other agent requests');
-    return super.agentClient(sb);
+    return super.files(sb);
   }
 
   /**
@@ -240,21 +256,21 @@ export class VmDriver extends MicrovmDriver {
    * to the grace period to power off by itself; then the microvm tier's stop (agent: SIGTERM
    * to every process, guest sync; then QMP quit, SIGKILL after 5 s).
    */
-  override async stop(sb: SandboxRecord, fp: Failpoints, opts: { graceMs?: number } = {}): Promise<void> {
+  override async stop(sb: SandboxRecord, steps: StepObserver, opts: { graceMs?: number } = {}): Promise<void> {
     if (!this.hasAgent(sb) && sb.state === 'running' && opts.graceMs && opts.graceMs > 0 && sb.initPid !== null && isVmmOf(sb.initPid, this.dir(sb.id))) {
       try {
-        await this.qmpRun(sb, 'system_powerdown');
+        await this.qmp.run(sb, 'system_powerdown');
         const until = Date.now() + opts.graceMs;
         while (Date.now() < until && isVmmOf(sb.initPid, this.dir(sb.id))) await new Promise((r) => setTimeout(r, POWERDOWN_POLL_MS));
       } catch (e) {
         this.v.log.warn({ err: e, id: sb.id }, 'ACPI power-down at stop failed');
       }
     }
-    await super.stop(sb, fp, opts);
+    await super.stop(sb, steps, opts);
   }
 
-  override async destroy(sb: SandboxRecord, fp: Failpoints): Promise<void> {
-    await super.destroy(sb, fp);
+  override async destroy(sb: SandboxRecord, steps: StepObserver): Promise<void> {
+    await super.destroy(sb, steps);
     await this.bases.collect(path.join(this.v.root, 'sandboxes')).catch((e) => this.v.log.warn({ err: e }, 'collecting unused VM base disks failed'));
   }
 

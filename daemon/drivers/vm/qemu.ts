@@ -6,8 +6,8 @@
  * with the agent, the same virtio-serial ports as a microVM (now virtio-serial-pci).
  * Pure and unit-tested; the host layout is the microvm tier's (microvm/qemu.ts vmPaths).
  */
-import { AGENT_PORT, LOG_PORT } from '../microvm/initramfs.js';
-import { vmPaths, type Accel } from '../microvm/qemu.js';
+import { AGENT_PORT, LOG_PORT } from '../vmm/initramfs.js';
+import { vmPaths, type Accel } from '../vmm/qemu.js';
 
 /** The machine: q35 with its default firmware (SeaBIOS); the legacy PIT stays on (TSC calibration under TCG). */
 export const VM_MACHINE = 'q35';

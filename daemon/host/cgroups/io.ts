@@ -17,6 +17,9 @@
  *     BFQ nor iocost runs on the device is accepted and has no effect: reported as such.
  */
 
+import { z } from 'zod';
+import { IO_MAX_MIN_BPS, type IoLimits } from '../../model/resources.js';
+
 /** A block device as cgroup files name it (`MAJ:MIN`). */
 export interface BlockDevice {
   major: number;
@@ -24,33 +27,20 @@ export interface BlockDevice {
 }
 
 /**
- * The I/O settings of one sandbox, applied to its cgroup for one device (the
- * writable-layer store's device). Units: weight on the v2 `io.weight` scale; bytes per
- * second; IOs per second. null leaves a setting at the kernel's default (weight 100,
- * no limit).
+ * The `io_max` format of the API and of `[defaults.io_max]` in the config: bytes per
+ * second and IOs per second, each optional (absent: unlimited), at least one given.
+ * Applied as cgroup v2 `io.max` or v1 `blkio.throttle.*` (docs/OPERATIONS.md "Disk I/O").
  */
-export interface IoLimits {
-  /** Proportional weight, 1-10,000 (cgroup v2 `io.weight` scale; the kernel default is 100). */
-  weight: number | null;
-  readBps: number | null;
-  writeBps: number | null;
-  readIops: number | null;
-  writeIops: number | null;
-}
-
-/** No setting: the kernel's defaults. */
-export const NO_IO_LIMITS: IoLimits = Object.freeze({ weight: null, readBps: null, writeBps: null, readIops: null, writeIops: null });
-
-/** Bounds of {@link IoLimits.weight}: cgroup v2 `io.weight`'s range. */
-export const IO_WEIGHT_MIN = 1;
-export const IO_WEIGHT_MAX = 10_000;
-/** The kernel's default weight on the v2 scale (`io.weight`, `io.bfq.weight`). */
-export const IO_WEIGHT_DEFAULT = 100;
-
-/** Whether `l` limits anything (a rate or a count). */
-export function hasIoMax(l: IoLimits): boolean {
-  return l.readBps !== null || l.writeBps !== null || l.readIops !== null || l.writeIops !== null;
-}
+export const IoMaxSchema = z
+  .object({
+    read_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Read bytes per second (at least ${IO_MAX_MIN_BPS}).`),
+    write_bps: z.number().int().min(IO_MAX_MIN_BPS).optional().describe(`Written bytes per second (at least ${IO_MAX_MIN_BPS}).`),
+    read_iops: z.number().int().min(1).optional().describe('Read IOs per second.'),
+    write_iops: z.number().int().min(1).optional().describe('Write IOs per second.'),
+  })
+  .strict()
+  .refine((m) => Object.keys(m).length > 0, 'io_max names at least one of read_bps, write_bps, read_iops, write_iops');
+export type IoMax = z.infer<typeof IoMaxSchema>;
 
 /**
  * A v2-scale weight (1-10,000, default 100) on the BFQ scale (`io.bfq.weight`,

@@ -15,13 +15,14 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
-import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
+import { bfqWeight, devKey, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
+import { IO_WEIGHT_DEFAULT, hasIoMax, type IoLimits } from '../../model/resources.js';
 
 /** Default wait for freeze/thaw/killAll, in ms: long enough for a loaded host, short enough to surface a stuck cgroup. */
 const DEFAULT_TIMEOUT_MS = 5000;

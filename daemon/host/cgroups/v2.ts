@@ -21,13 +21,14 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './index.js';
-import { IO_WEIGHT_DEFAULT, bfqWeight, devKey, hasIoMax, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoLimits, type IoSupport } from './io.js';
+import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
+import { bfqWeight, devKey, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, parsePids, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
+import { IO_WEIGHT_DEFAULT, hasIoMax, type IoLimits } from '../../model/resources.js';
 
 /** Name of the leaf cgroup, under dsecd's own cgroup, that the daemon moves itself into on v2. */
 export const DAEMON_LEAF = 'dsecd';

@@ -12,7 +12,7 @@
  * Without swap only page cache (and anything else file-backed) goes; anonymous memory
  * stays where the host has no swap.
  *
- * Idle comes from the caller (the sandbox manager's view: no exec running and none for
+ * Idle comes from the caller (the lifecycle's view: no exec running and none for
  * the idle period, or paused); this module only decides when to reclaim and does it.
  */
 import type { CgroupManager } from '../cgroups/index.js';

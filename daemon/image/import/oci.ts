@@ -37,7 +37,7 @@ import { hostname } from 'node:os';
 import { join, resolve, sep } from 'node:path';
 import { DsecError } from '../../errors.js';
 import type { BuilderJob } from '../../host/builder.js';
-import { parseRef, type ImageManifest, type ImageStore } from '../store.js';
+import { parseRef, type ImageManifest, type LayerStore as ImageStore } from '../layer-store.js';
 import { extractLayerTar, type ExtractOptions, type ExtractReport } from './tar.js';
 
 /** Progress of an import. `bytes` counts input bytes of the current phase (compressed, as stored). */

@@ -1,0 +1,81 @@
+/**
+ * Admission: whether the host takes a new sandbox (or a fork's group) at all, decided
+ * before anything is written, so a refused create leaves nothing behind.
+ */
+import os from 'node:os';
+import { invalidArgument, resourceExhausted } from '../errors.js';
+import type { DaemonConfig } from '../config.js';
+import type { WritableLayerStore } from '../storage/writable-layers.js';
+import { humanBytes, quotaCap } from '../storage/pool.js';
+import type { Resources } from '../model/resources.js';
+import type { BackendCapabilities } from '../drivers/types.js';
+import type { SandboxRepo } from '../db/sandboxes.js';
+
+/** Cores of this host, read once (os.cpus() reads /proc/cpuinfo on every call). */
+export const HOST_CORES = os.cpus().length;
+
+/** What admission reads. */
+export interface AdmissionDeps {
+  /** `[admission]`: the count and overcommit ratios. */
+  config: Pick<DaemonConfig, 'admission'>;
+  repo: Pick<SandboxRepo, 'admissionTotals'>;
+  /** The writable-layer store: its size and where it is (for messages). */
+  storage: Pick<WritableLayerStore, 'capacityBytes' | 'location'>;
+}
+
+/** The host's limits on new sandboxes. */
+export class Admission {
+  constructor(private readonly d: AdmissionDeps) {}
+
+  /**
+   * Refuses limits above what the host has: they can never be honoured, so say so
+   * instead of overcommitting silently.
+   * @param req CPU (cores) and memory (bytes) as asked for; absent: the defaults, which fit.
+   * @throws DsecError InvalidArgument.
+   */
+  checkLimits(req: { cpus?: number; memoryBytes?: number }): void {
+    if (req.cpus !== undefined && req.cpus > HOST_CORES) throw invalidArgument(`cpus ${req.cpus} is more than this host's ${HOST_CORES} cores`);
+    if (req.memoryBytes !== undefined && req.memoryBytes > os.totalmem()) {
+      throw invalidArgument(`memory_bytes ${req.memoryBytes} is more than this host's ${os.totalmem()} bytes of memory`);
+    }
+  }
+
+  /**
+   * Refuses `count` new sandboxes of `res` that would take the host past its configured
+   * limits: count of sandboxes, sum of memory limits over total memory times the memory
+   * overcommit ratio, sum of CPU limits over cores times the CPU overcommit ratio, sum of
+   * writable-layer quotas over the store's size times the disk overcommit ratio (only for
+   * tiers whose writable layer is in the store: capability `storeDisk`). Warm-pool shells
+   * are not counted: `[pool]` bounds them and they give way to the creates that claim them.
+   * @throws DsecError ResourceExhausted naming the limit.
+   */
+  admit(res: Resources, caps: Pick<BackendCapabilities, 'storeDisk'>, count = 1): void {
+    const a = this.d.config.admission;
+    const diskBytes = caps.storeDisk ? res.diskBytes : null;
+    const live = this.d.repo.admissionTotals();
+    if (live.count + count > a.maxSandboxes) {
+      throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes)`
+        + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.count)} more, not ${count}` : ''}; destroy some first`);
+    }
+    const mem = live.memoryBytes + res.memoryBytes * count;
+    const memCap = os.totalmem() * a.memoryOvercommit;
+    if (mem > memCap) {
+      throw resourceExhausted(`memory limits would total ${mem} bytes, over ${Math.floor(memCap)} (host memory x admission.memory_overcommit ${a.memoryOvercommit})`);
+    }
+    const cpu = live.cpus + res.cpus * count;
+    const cpuCap = HOST_CORES * a.cpuOvercommit;
+    if (cpu > cpuCap) {
+      throw resourceExhausted(`CPU limits would total ${cpu} cores, over ${cpuCap} (host cores x admission.cpu_overcommit ${a.cpuOvercommit})`);
+    }
+    const size = diskBytes === null ? null : this.d.storage.capacityBytes();
+    if (diskBytes !== null && size !== null) {
+      const disk = live.diskBytes + diskBytes * count;
+      const cap = quotaCap({ sizeBytes: size, overcommit: a.diskOvercommit });
+      if (disk > cap) {
+        throw resourceExhausted(`writable-layer quotas would total ${disk} bytes (${humanBytes(disk)}: ${humanBytes(live.diskBytes)} of sandboxes on this host + ${count > 1 ? `${count} x ` : ''}${humanBytes(diskBytes)}), `
+          + `over ${cap} bytes (${humanBytes(cap)}: the ${humanBytes(size)} writable-layer store pool ${this.d.storage.location} x admission.disk_overcommit ${a.diskOvercommit}); `
+          + 'ask for a smaller disk_bytes, destroy sandboxes, or raise admission.disk_overcommit (docs/OPERATIONS.md)');
+      }
+    }
+  }
+}

@@ -1,0 +1,198 @@
+/**
+ * Placement: which host takes a new sandbox. Pure functions over a snapshot of the host
+ * table, so the same code is unit-tested on 160 simulated hosts and benchmarked.
+ *
+ * 1. Filter: every host is checked, in this order, and the first filter that excludes it
+ *    is counted: `down` (its lease lapsed), `cordoned` (`dsec host cordon/drain`),
+ *    `backend` (the tier is not available there), `refused` (it already refused this
+ *    create: ResourceExhausted or Unavailable), `room` (its admission limits, less what
+ *    it carries and what this gateway has in flight there, cannot take the request).
+ *    When no host passes, the answer names the count each filter excluded (peers' users
+ *    complain of opaque "failed to place" errors, e2b-dev/infra#3553).
+ * 2. Sample K of the hosts that passed, uniformly without replacement (E2B's best-of-K,
+ *    the "power of K choices": K = 3 by default, as theirs), so concurrent decisions of
+ *    many gateways spread instead of all choosing the one best host.
+ * 3. Take the best sampled host: for a request with a job, first by the job's sandboxes
+ *    there (fewest when spreading, most when packing: a topology spread constraint with
+ *    no skew allowed among the sampled hosts), then by {@link score}.
+ * The create goes to that host; if the host refuses (ResourceExhausted, Unavailable) the
+ * gateway adds it to `refused` and decides again (gateway/create.ts).
+ */
+
+/** What placement knows of one host (built from the host table, gateway/table.ts). */
+export interface PlacementHost {
+  name: string;
+  up: boolean;
+  cordoned: boolean;
+  backends: ReadonlySet<string>;
+  /** Admission limits: sandboxes, cores and bytes that limits of admitted sandboxes may sum to. */
+  cap: { count: number; cpus: number; memoryBytes: number };
+  /** What admission counts now: the host's report plus this gateway's in-flight and recent creates there. */
+  used: { count: number; cpus: number; memoryBytes: number };
+  /** Busy fraction of its CPUs (0..1) and available memory over total (0..1), from its last report. */
+  cpuBusy: number;
+  memFree: number;
+  /** Image refs (`name:tag`) and digests present. */
+  images: ReadonlySet<string>;
+  /** Ready warm-pool shells by `image|network`. */
+  warm: ReadonlyMap<string, number>;
+  /** Sandboxes per job (label `job`). */
+  jobs: Readonly<Record<string, number>>;
+}
+
+/** One create to place. */
+export interface PlacementRequest {
+  backend: string;
+  /** Image ref normalized to `name:tag` (see {@link normalizeImage}). */
+  image: string;
+  /** Network mode (`none`, `allow`, `open`), for the warm-pool key. */
+  network: string;
+  cpus: number;
+  memoryBytes: number;
+  /** Value of the `job` label, or null. */
+  job: string | null;
+  /** Hosts that already refused this create. */
+  refused?: ReadonlySet<string>;
+}
+
+/** Weights of the score's terms (each term is in 0..1). */
+export interface ScoreWeights {
+  /** Free capacity (admission room and measured load). */
+  free: number;
+  /** The image is already on the host (no layer fetch). */
+  image: number;
+  /** A warm-pool shell for the request is ready there (no runtime start). */
+  warm: number;
+}
+
+/** How placement decides. */
+export interface PlacementPolicy {
+  /** Hosts sampled per decision (best of K); default {@link DEFAULT_K}. */
+  k: number;
+  /** `spread` a job's sandboxes over hosts (default: a host's loss costs a job the least) or `pack` them (fewer hosts to pause and resume). */
+  job: 'spread' | 'pack';
+  weights: ScoreWeights;
+  /** Random numbers in [0, 1): Math.random, or a seeded one in tests. */
+  random: () => number;
+}
+
+/** K of best-of-K: 3, as E2B's default. */
+export const DEFAULT_K = 3;
+
+/**
+ * Default weights: free capacity counts most; a ready warm shell (a create that skips the
+ * runtime) more than a present image (a create that skips a layer fetch).
+ */
+export const DEFAULT_WEIGHTS: ScoreWeights = { free: 1, image: 0.3, warm: 0.5 };
+
+/** The filters, in the order they are applied. */
+export const FILTERS = ['down', 'cordoned', 'backend', 'refused', 'room'] as const;
+export type FilterName = (typeof FILTERS)[number];
+
+/** Why no host was chosen: how many hosts each filter excluded. */
+export interface NoHost {
+  hosts: number;
+  excluded: Record<FilterName, number>;
+}
+
+/** `name` or `name:tag` -> `name:tag` (tag `latest` when absent; a digest reference is kept). */
+export function normalizeImage(ref: string): string {
+  if (ref.includes('@') || ref.startsWith('sha256:') || ref.startsWith('disk:')) return ref;
+  const slash = ref.lastIndexOf('/');
+  return ref.indexOf(':', slash + 1) >= 0 ? ref : `${ref}:latest`;
+}
+
+/** The first filter that excludes `h` for `req`, or null when it passes. */
+export function excludedBy(h: PlacementHost, req: PlacementRequest): FilterName | null {
+  if (!h.up) return 'down';
+  if (h.cordoned) return 'cordoned';
+  if (!h.backends.has(req.backend)) return 'backend';
+  if (req.refused?.has(h.name)) return 'refused';
+  if (h.used.count + 1 > h.cap.count || h.used.cpus + req.cpus > h.cap.cpus || h.used.memoryBytes + req.memoryBytes > h.cap.memoryBytes) return 'room';
+  return null;
+}
+
+/**
+ * The score of `h` for `req` (higher is better), a weighted sum of terms in 0..1:
+ * - free: 0.6 x (1 - the fullest admission ratio after placing: count, cores, memory)
+ *   + 0.4 x (1 - the larger of CPU busy and memory in use), so both the limits a host
+ *   promised and what it really carries count;
+ * - image: 1 when the image (by ref) is on the host;
+ * - warm: 1 when a warm-pool shell of (image, network) is ready there.
+ * A job's spread is not a term of the score but the first key of the choice ({@link choose}):
+ * a weighted term would lose to noise in measured load once a host holds a few of the job.
+ */
+export function score(h: PlacementHost, req: PlacementRequest, p: Pick<PlacementPolicy, 'weights'>): number {
+  const ratio = Math.max(
+    (h.used.count + 1) / Math.max(1, h.cap.count),
+    (h.used.cpus + req.cpus) / Math.max(1e-9, h.cap.cpus),
+    (h.used.memoryBytes + req.memoryBytes) / Math.max(1, h.cap.memoryBytes),
+  );
+  const load = Math.max(h.cpuBusy, 1 - h.memFree);
+  const free = 0.6 * (1 - Math.min(1, ratio)) + 0.4 * (1 - Math.min(1, load));
+  const image = h.images.has(req.image) ? 1 : 0;
+  const warm = (h.warm.get(`${req.image}|${req.network}`) ?? 0) > 0 ? 1 : 0;
+  const w = p.weights;
+  return w.free * free + w.image * image + w.warm * warm;
+}
+
+/**
+ * Chooses a host for `req`: filter, sample K, best score (see the module comment).
+ * @returns the host, or {@link NoHost} when every host was excluded.
+ */
+export function choose(hosts: readonly PlacementHost[], req: PlacementRequest, p: PlacementPolicy): PlacementHost | NoHost {
+  const excluded: Record<FilterName, number> = { down: 0, cordoned: 0, backend: 0, refused: 0, room: 0 };
+  const ok: PlacementHost[] = [];
+  for (const h of hosts) {
+    const f = excludedBy(h, req);
+    if (f) excluded[f] += 1;
+    else ok.push(h);
+  }
+  if (ok.length === 0) return { hosts: hosts.length, excluded };
+  // Partial Fisher-Yates: the first k entries of `ok` become a uniform sample.
+  const k = Math.min(Math.max(1, p.k), ok.length);
+  let best: PlacementHost | null = null;
+  let bestJob = 0;
+  let bestScore = -Infinity;
+  for (let i = 0; i < k; i++) {
+    const j = i + Math.floor(p.random() * (ok.length - i));
+    const t = ok[i];
+    ok[i] = ok[j];
+    ok[j] = t;
+    const h = ok[i];
+    // The job key: fewer of the job's sandboxes is better when spreading, more when packing.
+    const jk = req.job === null ? 0 : (p.job === 'spread' ? -1 : 1) * (h.jobs[req.job] ?? 0);
+    if (best !== null && jk < bestJob) continue;
+    const s = score(h, req, p);
+    if (best === null || jk > bestJob || s > bestScore) {
+      best = h;
+      bestJob = jk;
+      bestScore = s;
+    }
+  }
+  return best!;
+}
+
+/** Whether a {@link choose} answer is {@link NoHost}. */
+export function isNoHost(x: PlacementHost | NoHost): x is NoHost {
+  return (x as NoHost).excluded !== undefined;
+}
+
+/**
+ * The message and kind of a create no host could take: ResourceExhausted when some host
+ * has the backend but no room (or refused), Unavailable when no host is up, else
+ * FailedPrecondition (no up host offers the backend, or every one is cordoned).
+ */
+export function noHostError(n: NoHost, req: Pick<PlacementRequest, 'backend' | 'cpus' | 'memoryBytes'>): { kind: 'ResourceExhausted' | 'Unavailable' | 'FailedPrecondition'; message: string } {
+  const e = n.excluded;
+  const parts = [
+    `${e.down} down`, `${e.cordoned} cordoned`, `${e.backend} without the ${req.backend} backend`,
+    `${e.refused} refused it (ResourceExhausted or Unavailable)`,
+    `${e.room} without room for ${req.cpus} cores and ${req.memoryBytes} bytes of memory (admission limits)`,
+  ];
+  const message = n.hosts === 0
+    ? 'no host is registered in the fleet'
+    : `no host can take this sandbox: of ${n.hosts} hosts, ${parts.join(', ')}`;
+  const kind = e.room + e.refused > 0 ? 'ResourceExhausted' : n.hosts === e.down ? 'Unavailable' : 'FailedPrecondition';
+  return { kind, message };
+}

@@ -1,0 +1,423 @@
+/*
+ * isolate: the namespace init of an isolated exec, and the /proc masks (isolate.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <linux/capability.h>
+#include <sched.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+
+#include "confine.h"
+#include "isolate.h"
+#include "landlock.h"
+#include "oom.h"
+#include "spawn.h"
+#include "util.h"
+
+/* Isolated execs (EXEC ISOLATE): mount_setattr (Linux 5.12) with its ABI spelled out, so
+ * the build does not depend on the libc headers having it. */
+#ifndef SYS_mount_setattr
+#define SYS_mount_setattr 442
+#endif
+#ifndef AT_RECURSIVE
+#define AT_RECURSIVE 0x8000
+#endif
+#define MOUNT_ATTR_RDONLY_ 0x00000001
+struct mount_attr_ {
+	uint64_t attr_set, attr_clr, propagation, userns_fd;
+};
+/* At most this many mounts below /proc that an isolated exec re-creates on its fresh
+ * /proc (runc's masked and read-only paths: 16). */
+#define ISO_MAX_PROC_MASKS 64
+
+/* Isolated execs: available (feature "isolate" in HELLO) when the agent holds
+ * CAP_SYS_ADMIN in its user namespace, the kernel has mount_setattr and /proc could be
+ * read; g_isolate_why says why not otherwise. */
+int g_isolate;
+char g_isolate_why[160];
+/* The mounts below the sandbox's /proc (runc's maskedPaths and readonlyPaths), found in
+ * /proc/self/mountinfo at start and re-created on the fresh /proc of every isolated exec. */
+enum proc_mask_kind { PM_NULL = 1, PM_EMPTY_DIR, PM_RO_BIND, PM_BIND };
+struct proc_mask {
+	char *path;
+	int kind;
+};
+static struct proc_mask g_proc_masks[ISO_MAX_PROC_MASKS];
+static int g_nproc_masks;
+
+/*
+ * An isolated exec (EXEC ISOLATE, docs/AGENT_PROTOCOL.md "Isolated execs") runs in fresh
+ * pid, mount, IPC and UTS namespaces, so nothing it does survives it:
+ *
+ *   agent --clone(NEWPID|NEWNS|NEWIPC|NEWUTS)--> namespace init (pid 1 of the call)
+ *                                                   --fork--> the command (pid 2)
+ *
+ * The init makes every mount private and read-only (one recursive mount_setattr), mounts
+ * fresh tmpfs on /tmp, /dev/shm and the SCRATCH paths, a fresh mqueue on /dev/mqueue (the
+ * new IPC namespace's), a fresh /proc for the new pid namespace with the sandbox's /proc
+ * masks re-created on it, applies Landlock (--landlock), drops CAP_SYS_ADMIN, forks the command, reaps whatever gets
+ * reparented to it, and when the command has exited writes its wait status to the status
+ * pipe and exits. The kernel then SIGKILLs everything left in the pid namespace and waits
+ * for it before the agent sees the init exit; the mount namespace (with its tmpfs pages)
+ * and the IPC namespace (SysV shm/sem/msg, POSIX mqueues) go with their last process.
+ *
+ * Signals: the init is a session leader and the command stays in its process group, so
+ * SIGNAL (kill(-pid)) reaches the command and its group; the init ignores every signal
+ * but SIGKILL from the agent (a pid namespace's init with default dispositions), and
+ * SIGKILL of the init (timeout, connection loss) takes the whole call down.
+ *
+ * Why CAP_SYS_ADMIN in the sandbox's user namespace and not a nested user namespace per
+ * call (which needs no extra capability): measured in a worker container here, a nested
+ * user namespace cannot mount the fresh /proc at all — every mount copied into a less
+ * privileged user namespace is locked, and the kernel refuses a new proc mount while the
+ * existing /proc has locked mounts over files (runc's masked /proc/kcore etc.; EPERM from
+ * mount_too_revealing) — and even without /proc it cost ~1.1-2.1 ms per call against
+ * ~0.9-1.0 ms, for the uid/gid map writes and the parent/child handshake. The capability
+ * stays with the agent and this init: a worker's agent drops it from its bounding set at
+ * start (--worker), so no program it executes can hold it, and the init drops it from
+ * its own sets once the mounts are made.
+ */
+
+/* The init failed at some step: report it (stage ST_ISOLATE, errno, a text) and exit. */
+static void __attribute__((noreturn, format(printf, 3, 4))) iso_fail(int errfd, int err, const char *fmt, ...)
+{
+	char text[CHILD_REPORT_TEXT];
+	va_list ap;
+	va_start(ap, fmt);
+	vsnprintf(text, sizeof text, fmt, ap);
+	va_end(ap);
+	child_report(errfd, ST_ISOLATE, err, text);
+	_exit(127);
+}
+
+/* close_range(first, last) for a possibly empty range; 0 or -1 (ENOSYS: kernel < 5.9). */
+static int close_span(int first, int last)
+{
+	if (first > last)
+		return 0;
+	return (int)syscall(SYS_close_range, (unsigned)first, (unsigned)last, 0);
+}
+
+/* Close every fd >= 3 except keep1 and keep2 (two distinct fds >= 3). */
+static void close_all_but(int keep1, int keep2)
+{
+	int lo = keep1 < keep2 ? keep1 : keep2, hi = keep1 < keep2 ? keep2 : keep1;
+	if (close_span(3, lo - 1) == 0 && close_span(lo + 1, hi - 1) == 0 &&
+	    syscall(SYS_close_range, (unsigned)hi + 1, ~0U, 0) == 0)
+		return;
+	/* Kernel < 5.9: walk the table up to the soft limit. */
+	struct rlimit rl;
+	long max = 65536;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur < 1048576)
+		max = (long)rl.rlim_cur;
+	for (long fd = 3; fd < max; fd++)
+		if (fd != keep1 && fd != keep2)
+			close((int)fd);
+}
+
+/* mkdir -p (0755) of an absolute path; existing components are fine. */
+static int mkdir_parents(const char *path)
+{
+	char buf[PATH_MAX];
+	size_t n = strlen(path);
+	if (n >= sizeof buf)
+		return errno = ENAMETOOLONG, -1;
+	memcpy(buf, path, n + 1);
+	for (char *p = buf + 1;; p++) {
+		if (*p == '/' || *p == 0) {
+			char c = *p;
+			*p = 0;
+			if (mkdir(buf, 0755) < 0 && errno != EEXIST)
+				return -1;
+			*p = c;
+			if (!c)
+				return 0;
+		}
+	}
+}
+
+/* A fresh tmpfs of `bytes` on `path` (mode 1777). `optional`: a missing mount point is
+ * skipped (an image without /tmp); otherwise it is created (mkdir -p), which only works
+ * below another fresh tmpfs since everything else is read-only by then. */
+static void iso_tmpfs(int errfd, const char *path, uint64_t bytes, unsigned long flags, int optional)
+{
+	char opts[64];
+	snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)bytes);
+	if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
+		return;
+	if (errno == ENOENT && optional)
+		return;
+	if (errno == ENOENT) {
+		if (mkdir_parents(path) < 0)
+			iso_fail(errfd, errno, "mkdir %s", path);
+		if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
+			return;
+	}
+	iso_fail(errfd, errno, "mount tmpfs on %s", path);
+}
+
+static void iso_setup(const struct exec_req *r, int errfd)
+{
+	/* 1. Nothing propagates into or out of this mount namespace. */
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		iso_fail(errfd, errno, "make mounts private");
+	/* 2. Every inherited mount read-only: the image, /dev (a tmpfs), /dev/pts, ...; device
+	 *    nodes stay usable (a read-only mount only refuses changes to the filesystem). */
+	struct mount_attr_ ma = { .attr_set = MOUNT_ATTR_RDONLY_ };
+	if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ma, sizeof ma) < 0)
+		iso_fail(errfd, errno, "make mounts read-only");
+	/* 3. Fresh writable places. */
+	iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1);
+	iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1);
+	/* The new IPC namespace's POSIX message queues (the old mount shows the sandbox's). */
+	if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 && errno != ENOENT &&
+	    errno != ENODEV)
+		iso_fail(errfd, errno, "mount mqueue on /dev/mqueue");
+	/* 4. /proc of the new pid namespace, with the sandbox's masks re-created on it. */
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+		iso_fail(errfd, errno, "mount proc on /proc");
+	for (int i = 0; i < g_nproc_masks; i++) {
+		const struct proc_mask *m = &g_proc_masks[i];
+		int rc;
+		switch (m->kind) {
+		case PM_NULL:
+			rc = mount("/dev/null", m->path, NULL, MS_BIND, NULL);
+			break;
+		case PM_EMPTY_DIR:
+			rc = mount("tmpfs", m->path, "tmpfs", MS_RDONLY, NULL);
+			break;
+		default:
+			rc = mount(m->path, m->path, NULL, MS_BIND | MS_REC, NULL);
+			if (rc == 0 && m->kind == PM_RO_BIND)
+				rc = mount(NULL, m->path, NULL, MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC,
+					   NULL);
+			break;
+		}
+		/* A path this kernel's proc lacks is fine, as runc has it. */
+		if (rc < 0 && errno != ENOENT)
+			iso_fail(errfd, errno, "mask %s", m->path);
+	}
+	/* 5. Scratch directories, in request order (one may lie below another). */
+	for (int i = 0; i < r->nscratch; i++)
+		iso_tmpfs(errfd, r->scratch[i], r->scratch_bytes[i], MS_NOSUID | MS_NODEV, 0);
+	/* 6. Landlock (--landlock): after the mounts, since a Landlock domain forbids mount(2).
+	 *    The call's writable places are its fresh tmpfs mounts (/tmp when the image has
+	 *    it, the SCRATCH paths; /dev/shm is in every ruleset) and any --writable path. */
+	if (g_landlock && g_landlock_abi) {
+		const char *w[1 + ISO_MAX_SCRATCH + LL_MAX_WRITABLE];
+		int nw = 0;
+		if (access("/tmp", F_OK) == 0)
+			w[nw++] = "/tmp";
+		for (int i = 0; i < r->nscratch; i++)
+			w[nw++] = r->scratch[i];
+		int from = nw;
+		for (int i = 0; i < g_nwritable; i++)
+			w[nw++] = g_writable[i];
+		char err[PATH_MAX + 64];
+		if (landlock_apply(w, nw, from, err, sizeof err) < 0)
+			iso_fail(errfd, errno, "landlock: %s", err);
+	}
+	/* 7. Done with CAP_SYS_ADMIN. */
+	if (caps_drop(CAP_SYS_ADMIN) < 0)
+		iso_fail(errfd, errno, "drop CAP_SYS_ADMIN");
+}
+
+void __attribute__((noreturn))
+ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd, int statusfd)
+{
+	/* If the agent goes away (a non-PID-1 agent killed), so does the call. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	child_stdio(r, in_r, out_w, err_w, errfd);
+	child_reset_signals();
+	/* This process lives as long as the call: it must not keep copies of the agent's
+	 * sockets and pipes (another exec's stdin would never see EOF). */
+	close_all_but(errfd, statusfd);
+	iso_setup(r, errfd);
+	/* The helper raises this init (the pid the agent saw); the command inherits it. */
+	oom_wait_raised();
+	pid_t cmd = vfork();
+	if (cmd < 0)
+		iso_fail(errfd, errno, "fork");
+	if (cmd == 0) {
+		close(statusfd);
+		child_run(r, errfd);
+	}
+	/* The error pipe reaches EOF once the command has exec'd (its copy is CLOEXEC). */
+	close(errfd);
+	close(0);
+	close(1);
+	close(2);
+	for (;;) {
+		int st;
+		pid_t p = waitpid(-1, &st, 0);
+		if (p == cmd) {
+			int32_t v = st;
+			ssize_t w = write(statusfd, &v, sizeof v);
+			(void)w;
+			_exit(0);
+		}
+		if (p < 0 && errno != EINTR)
+			_exit(126); /* ECHILD: cannot happen while cmd is unreaped */
+	}
+}
+
+/* fork() into fresh pid, mount, IPC and UTS namespaces: a raw clone without a new stack
+ * behaves like fork (the agent is single-threaded, so this is safe). The child is pid 1
+ * of its pid namespace. */
+pid_t clone_isolated(void)
+{
+	return (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD),
+			      NULL, NULL, NULL, NULL);
+}
+
+/* Decode the octal escapes (\040 etc.) of a mountinfo field in place. */
+static void mountinfo_unescape(char *s)
+{
+	char *o = s;
+	for (char *p = s; *p; p++) {
+		if (p[0] == '\\' && p[1] >= '0' && p[1] <= '3' && p[2] >= '0' && p[2] <= '7' && p[3] >= '0' && p[3] <= '7') {
+			*o++ = (char)(((p[1] - '0') << 6) | ((p[2] - '0') << 3) | (p[3] - '0'));
+			p += 3;
+		} else {
+			*o++ = *p;
+		}
+	}
+	*o = 0;
+}
+
+/* Find the mounts below the visible /proc (runc's masks) in /proc/self/mountinfo, in
+ * mount order, and how to re-create each on a fresh proc: a proc bind (a readonlyPath) is
+ * bound again, read-only if it was; anything else over a directory (a masked directory's
+ * tmpfs, binfmt_misc) becomes an empty read-only tmpfs; anything else over a file (a
+ * masked file: /dev/null) becomes a /dev/null bind. Returns 0, or -1 with a reason. */
+static int proc_masks_scan(char *why, size_t whylen)
+{
+	char *mi = slurp("/proc/self/mountinfo");
+	if (!mi) {
+		snprintf(why, whylen, "cannot read /proc/self/mountinfo: %s", strerror(errno));
+		return -1;
+	}
+	/* Pass 1: the id of the topmost mount on /proc. Pass 2: its descendants. */
+	struct ent {
+		long id, parent;
+		char *mp, *fstype, *opts;
+	} *ents = NULL;
+	size_t n = 0, cap = 0;
+	long proc_id = -1;
+	for (char *line = mi, *next; line && *line; line = next) {
+		next = strchr(line, '\n');
+		if (next)
+			*next++ = 0;
+		char *f[24];
+		int nf = 0;
+		char *save = NULL;
+		for (char *tok = strtok_r(line, " ", &save); tok && nf < 24; tok = strtok_r(NULL, " ", &save))
+			f[nf++] = tok;
+		if (nf < 10)
+			continue;
+		int dash = -1;
+		for (int i = 6; i < nf; i++)
+			if (strcmp(f[i], "-") == 0) {
+				dash = i;
+				break;
+			}
+		if (dash < 0 || dash + 1 >= nf)
+			continue;
+		if (n == cap) {
+			cap = cap ? cap * 2 : 64;
+			struct ent *ne = realloc(ents, cap * sizeof *ents);
+			if (!ne) {
+				free(ents);
+				free(mi);
+				snprintf(why, whylen, "out of memory");
+				return -1;
+			}
+			ents = ne;
+		}
+		mountinfo_unescape(f[4]);
+		ents[n] = (struct ent){ strtol(f[0], NULL, 10), strtol(f[1], NULL, 10), f[4], f[dash + 1], f[5] };
+		if (strcmp(f[4], "/proc") == 0 && strcmp(f[dash + 1], "proc") == 0)
+			proc_id = ents[n].id;
+		n++;
+	}
+	if (proc_id < 0) {
+		free(ents);
+		free(mi);
+		snprintf(why, whylen, "no proc mount on /proc");
+		return -1;
+	}
+	/* Descendants of proc_id: mountinfo lists a mount after its parent. */
+	long *ids = xmalloc(sizeof(long) * (n + 1));
+	size_t nids = 0;
+	ids[nids++] = proc_id;
+	int rc = 0;
+	for (size_t i = 0; i < n; i++) {
+		int under = 0;
+		for (size_t k = 0; k < nids; k++)
+			if (ents[i].parent == ids[k] && ents[i].id != proc_id)
+				under = 1;
+		if (!under || strncmp(ents[i].mp, "/proc/", 6) != 0)
+			continue;
+		ids[nids++] = ents[i].id;
+		if (g_nproc_masks == ISO_MAX_PROC_MASKS) {
+			snprintf(why, whylen, "more than %d mounts below /proc", ISO_MAX_PROC_MASKS);
+			rc = -1;
+			break;
+		}
+		struct proc_mask *m = &g_proc_masks[g_nproc_masks++];
+		m->path = xstrndup(ents[i].mp, strlen(ents[i].mp));
+		if (strcmp(ents[i].fstype, "proc") == 0) {
+			int ro = strncmp(ents[i].opts, "ro", 2) == 0 && (ents[i].opts[2] == ',' || ents[i].opts[2] == 0);
+			m->kind = ro ? PM_RO_BIND : PM_BIND;
+		} else {
+			struct stat st;
+			m->kind = stat(ents[i].mp, &st) == 0 && S_ISDIR(st.st_mode) ? PM_EMPTY_DIR : PM_NULL;
+		}
+	}
+	free(ids);
+	free(ents);
+	free(mi);
+	return rc;
+}
+
+/* At start: can this agent serve isolated execs? Sets g_isolate / g_isolate_why. */
+void isolate_probe(void)
+{
+	if (!caps_has_effective(CAP_SYS_ADMIN)) {
+		snprintf(g_isolate_why, sizeof g_isolate_why, "no CAP_SYS_ADMIN in the agent's user namespace (not a worker)");
+		return;
+	}
+	if (syscall(SYS_mount_setattr, -1, NULL, 0, NULL, (size_t)0) < 0 && errno == ENOSYS) {
+		snprintf(g_isolate_why, sizeof g_isolate_why, "the kernel has no mount_setattr (Linux < 5.12)");
+		return;
+	}
+	if (proc_masks_scan(g_isolate_why, sizeof g_isolate_why) < 0)
+		return;
+	g_isolate = 1;
+	char list[1024];
+	size_t off = 0;
+	list[0] = 0;
+	for (int i = 0; i < g_nproc_masks && off < sizeof list; i++) {
+		static const char *kinds[] = { "", "null", "empty", "ro", "bind" };
+		int n = snprintf(list + off, sizeof list - off, "%s%s(%s)", i ? " " : "", g_proc_masks[i].path,
+				 kinds[g_proc_masks[i].kind]);
+		if (n < 0)
+			break;
+		off += (size_t)n;
+	}
+	logf_("isolate: %d /proc masks re-created per call: %s", g_nproc_masks, g_nproc_masks ? list : "none");
+}

@@ -1,0 +1,428 @@
+/*
+ * spawn: pipes or pty, fork, and the child up to execve (spawn.h).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <termios.h>
+#include <unistd.h>
+#include <sys/ioctl.h>
+#include <sys/resource.h>
+
+#include "confine.h"
+#include "isolate.h"
+#include "oom.h"
+#include "spawn.h"
+#include "user.h"
+#include "util.h"
+
+#ifndef TIOCGPTPEER
+#define TIOCGPTPEER _IO('T', 0x41)
+#endif
+
+#define DEFAULT_PATH "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+int g_worker_filter;
+static int g_devnull = -1;             /* /dev/null, read-only: stdin of an exec without STDIN */
+static struct rlimit g_orig_nofile;    /* RLIMIT_NOFILE as the agent found it */
+/* Signals whose disposition was not SIG_DFL once the agent had set itself up; every exec
+ * child resets exactly these (child_reset_signals). */
+static int g_sig_nondefault[64];
+static int g_nsig_nondefault;
+
+/* ---- the child side of an exec ---------------------------------------------------- */
+
+void child_report(int errfd, int stage, int err, const char *text)
+{
+	unsigned char b[8 + CHILD_REPORT_TEXT];
+	int32_t v[2] = { stage, err };
+	memcpy(b, v, 8);
+	size_t n = text ? strnlen(text, CHILD_REPORT_TEXT) : 0;
+	if (n)
+		memcpy(b + 8, text, n);
+	ssize_t w = write(errfd, b, 8 + n);
+	(void)w;
+}
+
+void child_fail(int errfd, int stage, int err)
+{
+	child_report(errfd, stage, err, NULL);
+	_exit(127);
+}
+
+static struct creds g_child_cr; /* in the forked child only */
+
+static void child_set_user(const char *spec, int errfd)
+{
+	int st = user_resolve(spec, &g_child_cr);
+	if (st)
+		child_fail(errfd, st, st == ST_SETUP ? ENOMEM : ENOENT);
+	if (g_child_cr.noop)
+		return;
+	if (setgroups((size_t)g_child_cr.ngroups, g_child_cr.groups) < 0)
+		child_fail(errfd, ST_SETGROUPS, errno);
+	if (setgid((gid_t)g_child_cr.gid) < 0)
+		child_fail(errfd, ST_SETGID, errno);
+	if (setuid((uid_t)g_child_cr.uid) < 0)
+		child_fail(errfd, ST_SETUID, errno);
+}
+
+/* In the child: the request's env, plus HOME from the user's passwd entry when the
+ * request has none (as login, docker and podman do). Returns envp or a new array. */
+static char **child_env_with_home(char **envp)
+{
+	size_t n = 0;
+	for (; envp[n]; n++)
+		if (strncmp(envp[n], "HOME=", 5) == 0)
+			return envp;
+	char **out = malloc(sizeof(char *) * (n + 2));
+	char *home = malloc(strlen(g_child_cr.home) + 6);
+	if (!out || !home)
+		return envp;
+	memcpy(out, envp, sizeof(char *) * n);
+	strcpy(home, "HOME=");
+	strcat(home, g_child_cr.home);
+	out[n] = home;
+	out[n + 1] = NULL;
+	return out;
+}
+
+/* A file with no #! line: run it with /bin/sh, as execvp does. */
+static void exec_script(const char *path, char **argv, char **envp)
+{
+	int argc = 0;
+	while (argv[argc])
+		argc++;
+	char **nargv = malloc(sizeof(char *) * (size_t)(argc + 2));
+	if (!nargv)
+		return;
+	nargv[0] = (char *)"/bin/sh";
+	nargv[1] = (char *)path;
+	for (int i = 1; i <= argc; i++)
+		nargv[i + 1] = argv[i];
+	execve("/bin/sh", nargv, envp);
+	free(nargv);
+}
+
+/* execvpe semantics, but PATH comes from the request's env (envp), not the agent's. */
+static void child_exec(char **argv, char **envp, int errfd)
+{
+	const char *file = argv[0];
+	if (!*file)
+		child_fail(errfd, ST_EXEC, ENOENT);
+	if (strchr(file, '/')) {
+		execve(file, argv, envp);
+		int err = errno;
+		if (err == ENOEXEC)
+			exec_script(file, argv, envp);
+		child_fail(errfd, ST_EXEC, err);
+	}
+	const char *path = NULL;
+	for (char **e = envp; *e; e++)
+		if (strncmp(*e, "PATH=", 5) == 0) {
+			path = *e + 5;
+			break;
+		}
+	if (!path)
+		path = DEFAULT_PATH;
+	size_t flen = strlen(file);
+	char *buf = malloc(strlen(path) + flen + 3);
+	if (!buf)
+		child_fail(errfd, ST_SETUP, ENOMEM);
+	int seen_eacces = 0, last = ENOENT;
+	const char *p = path;
+	for (;;) {
+		const char *colon = strchr(p, ':');
+		size_t dlen = colon ? (size_t)(colon - p) : strlen(p);
+		if (dlen == 0) {
+			memcpy(buf, file, flen + 1); /* empty element = current directory */
+		} else {
+			memcpy(buf, p, dlen);
+			buf[dlen] = '/';
+			memcpy(buf + dlen + 1, file, flen + 1);
+		}
+		execve(buf, argv, envp);
+		switch (errno) {
+		case EACCES:
+			seen_eacces = 1;
+			break;
+		case ENOENT:
+		case ENOTDIR:
+		case ESTALE:
+		case ENODEV:
+		case ETIMEDOUT:
+		case ELOOP:
+		case ENAMETOOLONG:
+			break;
+		case ENOEXEC:
+			exec_script(buf, argv, envp);
+			child_fail(errfd, ST_EXEC, ENOEXEC);
+			break;
+		default:
+			child_fail(errfd, ST_EXEC, errno);
+		}
+		last = errno;
+		if (!colon)
+			break;
+		p = colon + 1;
+	}
+	(void)last;
+	child_fail(errfd, ST_EXEC, seen_eacces ? EACCES : ENOENT);
+}
+
+/* The first half of a forked exec child: its own session (so its process group id is
+ * its pid: SIGNAL and timeouts reach the whole group) and its stdio on fds 0-2. For an
+ * isolated exec this runs in the namespace init, and the command inherits both. */
+void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+{
+	if (setsid() < 0)
+		child_fail(errfd, ST_SETUP, errno);
+	if (r->tty) {
+		/* The slave becomes stdin/stdout/stderr and, as the first tty this new session
+		 * leader acquires explicitly, its controlling terminal. */
+		if (dup2(in_r, 0) < 0 || dup2(in_r, 1) < 0 || dup2(in_r, 2) < 0)
+			child_fail(errfd, ST_SETUP, errno);
+		if (ioctl(0, TIOCSCTTY, 0) < 0)
+			child_fail(errfd, ST_SETUP, errno);
+		return;
+	}
+	/* Move the stdio ends into place. Every source fd is >= 3 (fds 0-2 are always open
+	 * in the agent), so dup2 cannot clobber a source before it is used. */
+	int src_in = in_r >= 0 ? in_r : g_devnull;
+	int empty[2] = { -1, -1 };
+	if (src_in < 0) { /* no /dev/null in this sandbox: an empty pipe reads as EOF */
+		if (pipe(empty) < 0)
+			child_fail(errfd, ST_SETUP, errno);
+		close(empty[1]);
+		src_in = empty[0];
+	}
+	if (dup2(src_in, 0) < 0 || dup2(out_w, 1) < 0 || dup2(err_w, 2) < 0)
+		child_fail(errfd, ST_SETUP, errno);
+}
+
+/* Default dispositions (the agent ignores SIGPIPE, and may have inherited other
+ * non-default ones), then an empty mask. Only the signals found non-default at start are
+ * reset (g_sig_nondefault): the agent never changes a disposition afterwards, and this
+ * saves ~60 system calls per exec. */
+void child_reset_signals(void)
+{
+	struct sigaction sa;
+	memset(&sa, 0, sizeof sa);
+	sa.sa_handler = SIG_DFL;
+	for (int i = 0; i < g_nsig_nondefault; i++)
+		sigaction(g_sig_nondefault[i], &sa, NULL);
+	sigset_t none;
+	sigemptyset(&none);
+	sigprocmask(SIG_SETMASK, &none, NULL);
+}
+
+/* The second half: working directory, user, limits, fds, execve. */
+void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
+{
+	oom_wait_raised();
+	child_reset_signals();
+	if (chdir(r->cwd) < 0)
+		child_fail(errfd, ST_CHDIR, errno);
+	if (guest_confine_applied()) {
+		int err = guest_confine_child_caps();
+		if (err)
+			child_fail(errfd, ST_SETUP, err);
+	}
+	child_set_user(r->user, errfd);
+
+	/* The agent's raised fd limit is not the sandbox's business. */
+	setrlimit(RLIMIT_NOFILE, &g_orig_nofile);
+	/* Everything the agent owns is already CLOEXEC; make sure nothing else leaks.
+	 * errfd must survive until execve, and CLOEXEC closes it exactly then. */
+	cloexec_from(3);
+	if (g_worker_filter && worker_filter_install() < 0)
+		child_fail(errfd, ST_SETUP, errno);
+	if (guest_confine_applied()) {
+		int err = guest_confine_child_filter();
+		if (err)
+			child_fail(errfd, ST_SETUP, err);
+	}
+	child_exec(r->argv, child_env_with_home(r->envp), errfd);
+	_exit(127);
+}
+
+static void __attribute__((noreturn))
+child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+{
+	child_stdio(r, in_r, out_w, err_w, errfd);
+	child_run(r, errfd);
+}
+
+/* ---- exec start ------------------------------------------------------------------- */
+
+static int pipe_cloexec(int p[2])
+{
+	return pipe2(p, O_CLOEXEC);
+}
+
+static void close_pair(int p[2])
+{
+	if (p[0] >= 0)
+		close(p[0]);
+	if (p[1] >= 0)
+		close(p[1]);
+	p[0] = p[1] = -1;
+}
+
+/* Open a pty master through one ptmx path and unlock it; -1 with errno on failure. */
+static int pty_master(const char *ptmx)
+{
+	int m = open(ptmx, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (m < 0)
+		return -1;
+	if (grantpt(m) < 0 || unlockpt(m) < 0) { /* e.g. not a ptmx at all (ENOTTY) */
+		int err = errno;
+		close(m);
+		errno = err;
+		return -1;
+	}
+	return m;
+}
+
+/* Allocate a pseudo-terminal inside the sandbox: the master via /dev/ptmx (what
+ * posix_openpt opens) or, if that fails at any step (missing, not a ptmx, or bound to
+ * another devpts instance), via /dev/pts/ptmx of the sandbox's own devpts (newinstance,
+ * ptmxmode=0666). The slave is opened with TIOCGPTPEER (no path lookup, always the
+ * master's devpts instance), or by ptsname on kernels before 4.13. Both O_NOCTTY: the
+ * agent itself must never acquire a controlling terminal. Returns 0 or -1 with errno. */
+static int pty_open(int *master, int *slave, uint16_t rows, uint16_t cols)
+{
+	int m = pty_master("/dev/ptmx");
+	if (m < 0) {
+		int e1 = errno;
+		m = pty_master("/dev/pts/ptmx");
+		if (m < 0) {
+			if (errno == ENOENT)
+				errno = e1;
+			return -1;
+		}
+	}
+	int s = ioctl(m, TIOCGPTPEER, O_RDWR | O_NOCTTY | O_CLOEXEC);
+	if (s < 0) {
+		char name[128];
+		if (ptsname_r(m, name, sizeof name) != 0)
+			goto fail;
+		s = open(name, O_RDWR | O_NOCTTY | O_CLOEXEC);
+		if (s < 0)
+			goto fail;
+	}
+	struct winsize ws = { .ws_row = rows, .ws_col = cols };
+	if (ioctl(m, TIOCSWINSZ, &ws) < 0)
+		goto fail;
+	*master = m;
+	*slave = s;
+	return 0;
+fail:;
+	int err = errno;
+	if (s >= 0)
+		close(s);
+	close(m);
+	errno = err;
+	return -1;
+}
+
+int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
+{
+	s->clone_failed = 0;
+	int in_p[2] = { -1, -1 }, out_p[2] = { -1, -1 }, err_p[2] = { -1, -1 }, st_p[2] = { -1, -1 };
+	int stat_p[2] = { -1, -1 }; /* isolated: the namespace init's status report */
+	int err = 0;
+	if (r->tty) {
+		/* in_p[0] = slave (the child's stdio), out_p[0] = master (read: output),
+		 * in_p[1] = a dup of the master (written: STDIN frames), so reading and writing
+		 * have their own epoll registrations. O_NONBLOCK is shared by both master fds. */
+		if (pty_open(&out_p[0], &in_p[0], r->rows, r->cols) < 0 ||
+		    (in_p[1] = fcntl(out_p[0], F_DUPFD_CLOEXEC, 3)) < 0 || pipe_cloexec(st_p) < 0)
+			err = errno;
+		if (!err && (set_nonblock(out_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
+			err = errno;
+	} else {
+		if ((r->want_stdin && pipe_cloexec(in_p) < 0) || pipe_cloexec(out_p) < 0 || pipe_cloexec(err_p) < 0 ||
+		    pipe_cloexec(st_p) < 0)
+			err = errno;
+		if (!err && ((in_p[1] >= 0 && set_nonblock(in_p[1]) < 0) || set_nonblock(out_p[0]) < 0 ||
+			     set_nonblock(err_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
+			err = errno;
+	}
+	if (!err && r->isolate && (pipe_cloexec(stat_p) < 0 || set_nonblock(stat_p[0]) < 0))
+		err = errno;
+	pid_t pid = -1;
+	if (!err) {
+		s->t0_ns = mono_ns();
+		oom_before_fork();
+		pid = r->isolate ? clone_isolated() : fork();
+		if (pid > 0)
+			oom_raise_child(pid);
+		if (pid < 0) {
+			err = errno;
+			s->clone_failed = r->isolate;
+		}
+	}
+	if (pid == 0) {
+		close(st_p[0]);
+		if (r->isolate) {
+			close(stat_p[0]);
+			ns_init_main(r, in_p[0], out_p[1], err_p[1], st_p[1], stat_p[1]);
+		}
+		child_main(r, in_p[0], out_p[1], err_p[1], st_p[1]);
+	}
+	if (err) {
+		close_pair(in_p);
+		close_pair(out_p);
+		close_pair(err_p);
+		close_pair(st_p);
+		close_pair(stat_p);
+		return err;
+	}
+	close(in_p[0]);
+	if (out_p[1] >= 0)
+		close(out_p[1]);
+	if (err_p[1] >= 0)
+		close(err_p[1]);
+	close(st_p[1]);
+	if (r->isolate)
+		close(stat_p[1]);
+	s->pid = pid;
+	s->out = out_p[0];
+	s->err = err_p[0];
+	s->in = in_p[1];
+	s->start = st_p[0];
+	s->status = r->isolate ? stat_p[0] : -1;
+	return 0;
+}
+
+void spawn_raise_nofile(void)
+{
+	getrlimit(RLIMIT_NOFILE, &g_orig_nofile);
+	struct rlimit rl = g_orig_nofile;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		setrlimit(RLIMIT_NOFILE, &rl);
+	}
+}
+
+void spawn_record_signals(void)
+{
+	signal(SIGPIPE, SIG_IGN);
+	for (int sig = 1; sig < NSIG && g_nsig_nondefault < (int)(sizeof g_sig_nondefault / sizeof g_sig_nondefault[0]); sig++) {
+		struct sigaction old;
+		if (sig != SIGKILL && sig != SIGSTOP && sigaction(sig, NULL, &old) == 0 && old.sa_handler != SIG_DFL)
+			g_sig_nondefault[g_nsig_nondefault++] = sig;
+	}
+}
+
+void spawn_open_devnull(void)
+{
+	g_devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}

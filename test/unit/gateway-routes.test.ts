@@ -1,0 +1,32 @@
+/**
+ * Every route of dsecd's API has a class in the gateway (gateway/server.ts classify), read
+ * from the route table itself: a route added to dsecd fails here until the gateway
+ * knows how to answer it (route it, place it, fan it out, or refuse it on purpose).
+ */
+import { describe, expect, it } from 'vitest';
+import '../../daemon/api/server.js';
+import { ROUTE_DOCS } from '../../daemon/api/routes/table.js';
+import { classify } from '../../gateway/server.js';
+
+/** Routes the gateway refuses on purpose, and why. */
+const REFUSED: Record<string, string> = {
+  'DELETE /v1/sandboxes': 'dsecd answers it 405 (destroy one id, or bulk by selector)',
+};
+
+describe('gateway route classes', () => {
+  it('classifies every route of the table', () => {
+    const unclassified = ROUTE_DOCS.map((r) => `${r.method} ${r.url}`).filter((k) => classify(k.split(' ')[0], k.split(' ')[1]) === 'none' && !(k in REFUSED));
+    expect(unclassified).toEqual([]);
+  });
+  it('routes sandbox and snapshot paths by id, places creates, fans out lists and bulk', () => {
+    expect(classify('POST', '/v1/sandboxes/:id/exec')).toBe('sandbox');
+    expect(classify('GET', '/v1/sandboxes/:id/execs/:exec_id/attach')).toBe('sandbox');
+    expect(classify('POST', '/v1/snapshots/:ref/fork')).toBe('snapshot');
+    expect(classify('POST', '/v1/sandboxes')).toBe('create');
+    expect(classify('POST', '/v1/run')).toBe('create');
+    expect(classify('GET', '/v1/sandboxes')).toBe('list');
+    expect(classify('POST', '/v1/sandboxes/bulk')).toBe('bulk');
+    expect(classify('GET', '/v1/events')).toBe('events');
+    expect(classify('POST', '/v1/images/import')).toBe('pinned');
+  });
+});

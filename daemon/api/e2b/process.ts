@@ -67,12 +67,20 @@ export async function* processEvents(proc: HostProcess, tty: boolean, from: { st
     wake = null;
     w?.();
   };
+  // Once the client left, nothing will take an event: a pump's write returns at once (it
+  // then sees `aborted` and leaves the output, so its position holds nothing back).
   const push = (ev: EventInit) => new Promise<void>((taken) => {
+    if (signal.aborted) return taken();
     queue.push({ ev, taken });
     notify();
   });
   const aborted = () => signal.aborted;
-  const onAbort = () => notify();
+  // The generator may never be resumed after the client left (its consumer stops pulling):
+  // pumps waiting on queued events are released here, not only in the `finally` below.
+  const onAbort = () => {
+    for (const q of queue.splice(0)) q.taken();
+    notify();
+  };
   signal.addEventListener('abort', onAbort);
   const data = (stream: 'stdout' | 'stderr') => (b: Buffer) => push({ event: { case: 'data', value: { output: { case: tty ? 'pty' : stream, value: b } } } });
   let pumping = 2;

@@ -291,6 +291,12 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
           }
         }
         if (opts.gatewayIdentity && peer?.role === 'gateway') {
+          if (req.routeOptions.config?.selfAuthenticated) {
+            // A request that carries its own credential (E2B's envd access token), passed
+            // on by a gateway: the route checks it; the gateway counts failures by source.
+            req.principal = { door: 'tcp', tokenId: null, tenant: '', role: 'reader', peer };
+            return;
+          }
           // The gateway authenticated the caller's token and applies its create budget.
           req.principal = gatewayPrincipal(req, peer);
           const access = accessOf(req.method, req.routeOptions.url, isUpgrade(req));

@@ -5,10 +5,8 @@
  * interface, so:
  * - the daemon's lifecycle services (daemon/sandbox/) are reached only through
  *   {@link localHost};
- * - the fleet gateway can mount the same E2B routes over an E2bHost of its own that
- *   forwards each call to the dsecd that owns the sandbox (every operation here maps to
- *   one /v1 route: create, get, list, destroy, pause, resume, stop, start, TTL, an exec
- *   session with its output, stdin and signals, and the file routes).
+ * - another implementation (e.g. over a remote dsecd's /v1) can stand in for it: every
+ *   operation here maps to one /v1 route.
  * Sandboxes are ordinary dsec sandboxes: what the E2B front creates, `dsec ls` lists.
  */
 import type { Readable } from 'node:stream';

@@ -6,22 +6,15 @@
  * only E2B_API_URL, E2B_SANDBOX_URL, E2B_API_KEY and NODE_EXTRA_CA_CERTS set, as a user's
  * program would.
  *
- * Through the fleet gateway: the gateway does not exist yet (issue 20); when it does, run
- * the same scenarios with E2B_API_URL and E2B_SANDBOX_URL pointing at it (`sdkAt` below
- * takes the URL).
+ * Through the fleet gateway: test/integration/e2b-gateway.test.ts.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { execa } from 'execa';
 import https from 'node:https';
 import { readFileSync } from 'node:fs';
 import path from 'node:path';
-import { IS_ROOT, REPO, TestDaemon, runCli } from './harness.js';
+import { IS_ROOT, TestDaemon, runCli } from './harness.js';
 import { doorRequest, makeToken } from './remote-helpers.js';
-
-const CLIENT = path.join(REPO, 'test/fixtures/e2b-client.mjs');
-
-/** What a scenario of the client program observed. */
-type Observed = { ok: boolean; error?: { name: string; message: string; stack?: string }; [k: string]: unknown };
+import { runE2bClient } from '../fixtures/e2b-sdk.js';
 
 describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
   let d: TestDaemon;
@@ -29,22 +22,7 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
   let tenantB: string;
   let admin: string;
 
-  /** Runs scenario `name` of the client program with SDK package `pkg` and API key `key`, against `url`. */
-  const sdkAt = async (url: string, pkg: string, key: string, name: string, args: unknown = {}): Promise<Observed> => {
-    const r = await execa(process.execPath, [CLIENT, pkg, name, JSON.stringify(args)], {
-      cwd: REPO,
-      env: { E2B_API_URL: url, E2B_SANDBOX_URL: url, E2B_API_KEY: key, NODE_EXTRA_CA_CERTS: d.caFile, E2B_DEBUG: 'false' },
-      extendEnv: true,
-      reject: false,
-    });
-    const line = String(r.stdout).trim().split('\n').pop() ?? '';
-    try {
-      return JSON.parse(line) as Observed;
-    } catch {
-      throw new Error(`client ${pkg} ${name} printed no result (exit ${r.exitCode}):\n${r.stdout}\n${r.stderr}`);
-    }
-  };
-  const sdk = (pkg: string, key: string, name: string, args: unknown = {}) => sdkAt(d.remoteUrl, pkg, key, name, args);
+  const sdk = (pkg: string, key: string, name: string, args: unknown = {}) => runE2bClient(d.remoteUrl, d.caFile, pkg, key, name, args);
 
   beforeAll(async () => {
     d = await TestDaemon.start({ slot: 42, listen: true });

@@ -163,7 +163,10 @@ function sessionProcess(s: ExecSession): HostProcess {
       if (draining || s.ended) return;
       draining = true;
       const drop = async () => {};
-      for (const stream of ['stdout', 'stderr'] as const) void s.pipe(stream, Number.MAX_SAFE_INTEGER, true, drop).catch(() => {});
+      // From the oldest byte held (offset 0 is clamped to it): output already held must go
+      // too, since the command may be paused on it and then nothing new would come to move
+      // a reader that started at the end.
+      for (const stream of ['stdout', 'stderr'] as const) void s.pipe(stream, 0, true, drop).catch(() => {});
     },
   };
 }

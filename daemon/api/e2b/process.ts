@@ -100,8 +100,12 @@ export async function* processEvents(proc: HostProcess, tty: boolean, from: { st
       if (signal.aborted) throw signal.reason instanceof ConnectError ? signal.reason : new ConnectError('the stream was cancelled', Code.Canceled);
       const next = queue.shift();
       if (next) {
-        yield next.ev;
+        // Released before the yield: a consumer that leaves while holding this event never
+        // resumes the generator, and a pump left waiting would keep its place in the
+        // command's paced output forever (holding the command). A pump runs at most one
+        // event ahead of the consumer.
         next.taken();
+        yield next.ev;
         continue;
       }
       if (pumping === 0) break;

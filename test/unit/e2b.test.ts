@@ -1,8 +1,8 @@
 /**
  * The E2B front's pieces that need no daemon: envd access tokens and pre-signed URL
  * signatures (checked against the SDK's own signing function), template aliases, the
- * metadata filter as the SDKs encode it, routing headers, watch diffs, and the freshness
- * of the generated Connect code.
+ * metadata filter as the SDKs encode it, routing headers, watch diffs, a process stream
+ * whose client leaves, and the freshness of the generated Connect code.
  */
 import { describe, expect, it } from 'vitest';
 import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync, writeFileSync } from 'node:fs';
@@ -15,7 +15,8 @@ import { TemplateStore } from '../../daemon/api/e2b/templates.js';
 import { parseMetadataFilter } from '../../daemon/api/e2b/control.js';
 import { basicUser, namedSandbox } from '../../daemon/api/e2b/envd.js';
 import { diffListings, permissionsText } from '../../daemon/api/e2b/filesystem.js';
-import { endEvent } from '../../daemon/api/e2b/process.js';
+import { endEvent, processEvents } from '../../daemon/api/e2b/process.js';
+import type { HostProcess } from '../../daemon/api/e2b/host.js';
 import { ttlFor } from '../../daemon/api/e2b/front.js';
 import { EventType } from '../../daemon/api/e2b/gen/filesystem/filesystem_pb.js';
 import type { FileInfo } from '../../daemon/agent/protocol.js';
@@ -148,6 +149,39 @@ describe('wire details', () => {
     expect(permissionsText({ type: 'dir', mode: 0o755 })).toBe('drwxr-xr-x');
     expect(permissionsText({ type: 'file', mode: 0o640 })).toBe('-rw-r-----');
     expect(permissionsText({ type: 'symlink', mode: 0o777 })).toBe('Lrwxrwxrwx');
+  });
+});
+
+describe('process event streams', () => {
+  it('let their output pumps go when the client leaves holding an event (the command is never held by a reader that left)', async () => {
+    // A process with output on stdout: the pump writes two chunks; each write resolves
+    // when the stream takes the chunk. The client takes the first event and leaves.
+    let written = 0;
+    let pumpDone!: () => void;
+    const pumped = new Promise<void>((r) => (pumpDone = r));
+    const proc: HostProcess = {
+      pid: 7, ended: false, size: () => 0,
+      async pipe(stream, _offset, _follow, write) {
+        if (stream === 'stderr') return 0;
+        for (const c of ['a', 'b']) {
+          await write(Buffer.from(c));
+          written += 1;
+        }
+        pumpDone();
+        return 2;
+      },
+      wait: () => new Promise(() => {}),
+      result: () => ({ exitCode: null, signal: null, error: null }),
+      signal() {}, writeStdin() {}, drained: async () => {}, closeStdin() {}, resize() {}, unwatched() {},
+    };
+    const ac = new AbortController();
+    const events = processEvents(proc, false, { stdout: 0, stderr: 0 }, 60_000, ac.signal);
+    const first = await events.next();
+    expect(first.value).toMatchObject({ event: { case: 'data', value: { output: { case: 'stdout' } } } });
+    // The client is gone; the generator is never resumed (its consumer stopped pulling).
+    ac.abort();
+    await pumped;
+    expect(written).toBe(2);
   });
 });
 

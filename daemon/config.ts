@@ -106,6 +106,14 @@ const FileConfig = z
       .strict()
       .optional(),
     audit: z.object({ path: z.string().min(1).optional() }).strict().optional(),
+    e2b: z
+      .object({
+        enabled: z.boolean().optional(),
+        default_timeout_s: z.number().int().min(1).max(30 * 24 * 3600).optional(),
+        internet: z.enum(['none', 'allow', 'open']).optional(),
+      })
+      .strict()
+      .optional(),
     admission: z
       .object({
         max_sandboxes: z.number().int().min(1).optional(),
@@ -408,6 +416,15 @@ export interface DaemonConfig {
   /** The audit log of mutating API calls (`[audit] path`; default `<root>/audit.log`; daemon/remote/audit.ts). */
   audit: { path: string };
   /**
+   * `[e2b]`, the E2B front on the TCP door (daemon/api/e2b, docs/E2B.md):
+   * - `enabled`: serve E2B's control plane and envd next to /v1 (default true; only with `--listen`);
+   * - `defaultTimeoutS`: timeout of a create or connect that names none (default 300 s, what E2B's SDKs send by default);
+   * - `internet`: network mode of a sandbox created with internet access (E2B's default):
+   *   default `none` (dsec's default: loopback only); `open` gives E2B's behaviour,
+   *   `allow` the allow-list of the default network policy. `allow_internet_access: false` is always none.
+   */
+  e2b: { enabled: boolean; defaultTimeoutS: number; internet: 'none' | 'allow' | 'open' };
+  /**
    * Admission limits, checked at create. Defaults are permissive, because RL sandboxes
    * idle far below their limits and the density target is thousands per host; operators
    * tighten them per fleet:
@@ -625,6 +642,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
     audit: { path: path.resolve(fc.audit?.path ?? path.join(root, 'audit.log')) },
+    e2b: { enabled: fc.e2b?.enabled ?? true, defaultTimeoutS: fc.e2b?.default_timeout_s ?? 300, internet: fc.e2b?.internet ?? 'none' },
     admission: {
       maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,
       memoryOvercommit: fc.admission?.memory_overcommit ?? 100,

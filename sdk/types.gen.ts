@@ -1029,6 +1029,15 @@ export interface components {
             /** @description Warnings about the profile, e.g. missing core denials; empty when none. */
             warnings: string[];
         };
+        SetTemplateRequest: {
+            /** @description Image the template creates sandboxes from; it must be in the store. */
+            image: string;
+            /**
+             * @description Backend of its sandboxes; default container.
+             * @default container
+             */
+            backend?: components["schemas"]["Backend"];
+        };
         SignalRequest: {
             /** @description Name (SIGTERM, TERM) or number. */
             signal: string | number;
@@ -1143,6 +1152,19 @@ export interface components {
         TagRequest: {
             /** @description Image reference, name[:tag]. */
             target: string;
+        };
+        Template: {
+            /** @description Template name E2B clients pass as templateID. */
+            name: string;
+            /** @description dsec image ref the sandbox is created from. */
+            image: string;
+            /** @description Backend (isolation tier) of its sandboxes. */
+            backend: components["schemas"]["Backend"];
+            /** @description True for the built-in default (base -> e2b-base, container) that no alias overrides. */
+            builtin: boolean;
+        };
+        TemplateList: {
+            templates: components["schemas"]["Template"][];
         };
         TokenView: {
             /** @description 16 hex: the first part of the token text after e2b_. */

@@ -23,6 +23,7 @@ import { registerSnapshotRoutes, type SnapshotRouteDeps } from './routes/snapsho
 import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
 import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/trajectories.js';
 import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
+import { registerTemplateRoutes, type TemplateRouteDeps } from './routes/templates.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics.js';
@@ -33,7 +34,7 @@ import type { Metrics } from '../metrics.js';
  */
 export type ApiDeps = SandboxRouteDeps & ExecRouteDeps & ExecSessionRouteDeps & ConsoleRouteDeps & FileRouteDeps & EventRouteDeps
   & StatsRouteDeps & ImageRouteDeps & RoundRouteDeps & SnapshotRouteDeps & TrajectoryRouteDeps & RunRouteDeps & NetworkRouteDeps
-  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & { log: Logger; metrics: Metrics };
+  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & TemplateRouteDeps & { log: Logger; metrics: Metrics };
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
 function routeRegex(url: string): RegExp {
@@ -59,6 +60,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerRunRoutes(app, deps);
   registerNetworkRoutes(app, deps);
   registerSecurityRoutes(app, deps);
+  registerTemplateRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));

@@ -224,6 +224,8 @@ export interface components {
             /** @description e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store filled while the sandbox was writing: its writes fail with EDQUOT until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished. */
             type: string;
             sandbox_id: string | null;
+            /** @description The tenant the event belongs to (its sandbox's or lease's); a caller sees only its own tenant's events, an admin every tenant's. */
+            tenant?: string;
             state?: components["schemas"]["SandboxState"];
             labels?: {
                 [key: string]: string;
@@ -629,6 +631,8 @@ export interface components {
             ttl_s: number;
         };
         LeaseView: {
+            /** @description The tenant whose job it is: leases are per (tenant, job). */
+            tenant: string;
             job: string;
             ttl_s: number;
             /** @description ms since the epoch; a renewal at or after it is refused. */
@@ -854,6 +858,8 @@ export interface components {
         Sandbox: {
             /** @description Sandbox id: 16 lowercase hex characters. */
             id: string;
+            /** @description The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made. */
+            tenant: string;
             backend: components["schemas"]["Backend"];
             /** @description Image reference as resolved, `name:tag`. */
             image: string;
@@ -999,6 +1005,9 @@ export interface components {
         Snapshot: {
             /** @description Snapshot id: `snap-` and 16 lowercase hex characters. */
             id: string;
+            /** @description The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made. */
+            tenant: string;
+            /** @description Unique within its tenant: two tenants may each have a snapshot of the same name. */
             name: string | null;
             /**
              * @description What was captured: `filesystem` (a container: the writable layer, unstripped), `vm` (a microVM: the whole machine, its RAM, CPU and device state and its writable disk; a restore resumes its processes).
@@ -1121,7 +1130,10 @@ export interface components {
             state: "active" | "expired" | "revoked";
         };
         TrajectoryDetail: {
+            /** @description The trajectory's id, unique within its tenant. */
             id: string;
+            /** @description The tenant it belongs to: the tenant of the sandboxes its steps ran in. */
+            tenant: string;
             /** @description Host name of the dsecd that holds the log. */
             host: string;
             /** @description Recorded steps. */
@@ -1206,7 +1218,10 @@ export interface components {
             error: string | null;
         };
         TrajectorySummary: {
+            /** @description The trajectory's id, unique within its tenant. */
             id: string;
+            /** @description The tenant it belongs to: the tenant of the sandboxes its steps ran in. */
+            tenant: string;
             /** @description Host name of the dsecd that holds the log. */
             host: string;
             /** @description Recorded steps. */

@@ -24,6 +24,7 @@ import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
 import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/trajectories.js';
 import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
+import { assertScoped, installTenancy } from './tenancy.js';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics.js';
 
@@ -46,6 +47,10 @@ function routeRegex(url: string): RegExp {
  */
 export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): FastifyInstance {
   const app = baseApp(deps, ROUTE_DOCS, door);
+  // Every path parameter has a tenant scope (or dsecd does not start), and a sandbox id
+  // the caller's tenant does not own is NotFound before any route runs.
+  assertScoped(ROUTE_DOCS);
+  installTenancy(app, deps);
   registerHostRoutes(app, deps);
   registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);

@@ -114,6 +114,12 @@ function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly Route
     forceCloseConnections: 'idle',
   }) as unknown as FastifyInstance;
   door.install(app);
+  // An upgrade request refused before @fastify/websocket's own hooks ran (a door's 401 or
+  // 403, the tenancy hook's 404) is answered on a socket no HTTP server tracks: close it
+  // once the answer is out, or it stays open and dsecd's shutdown waits for it forever.
+  app.addHook('onResponse', async (req, reply) => {
+    if (reply.statusCode !== 101 && /websocket/i.test(String(req.headers.upgrade ?? '')) && !req.raw.socket.destroyed) req.raw.socket.destroy();
+  });
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {

@@ -370,4 +370,18 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
       await d.client.deleteSandbox(small.id, { force: true });
     }
   });
+
+  // Last: it stops the daemon.
+  it('dsecd exits on SIGTERM while an attach WebSocket holds an exec with stdin open (its own agent connection is closed)', async () => {
+    const e = await api<Info>('POST', '/execs', { argv: ['cat'], stdin: true });
+    const sock = ws(e.exec_id);
+    await new Promise<void>((resolve, reject) => {
+      sock.on('open', () => resolve());
+      sock.on('error', reject);
+    });
+    const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
+    await d.stop(); // resolves once the process exited; before the fix it never did
+    await closed;
+    expect(d.proc?.exitCode).toBe(0);
+  });
 });

@@ -8,6 +8,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
+import tls from 'node:tls';
 import WebSocket from 'ws';
 import { renderOpenApi } from '../../daemon/api/openapi.js';
 import { ROUTE_DOCS, type RouteDoc } from '../../daemon/api/routes/table.js';
@@ -146,6 +147,24 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     }
     expect(tried.length).toBeGreaterThan(40);
     expect(await stateOfA()).toEqual(before);
+  });
+
+  it('closes the connection of a refused WebSocket upgrade (tenant 404, door 401) once the answer is out', async () => {
+    const ca = readFileSync(d.caFile);
+    for (const [token, status] of [[b, 404], ['', 401]] as const) {
+      const got = await new Promise<string>((resolve, reject) => {
+        const s = tls.connect({ host: '127.0.0.1', port: d.remotePort!, ca, servername: 'localhost' }, () => {
+          s.write(`GET /v1/sandboxes/${A.sandbox}/execs/${A.exec}/attach HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n`
+            + `Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n${token ? `Authorization: Bearer ${token}\r\n` : ''}\r\n`);
+        });
+        let text = '';
+        s.on('data', (c: Buffer) => (text += c.toString('latin1')));
+        // dsecd ends the connection; before, it stayed open (untracked by the HTTP server, so shutdown waited on it).
+        s.on('close', () => resolve(text));
+        s.on('error', reject);
+      });
+      expect(got.startsWith(`HTTP/1.1 ${status} `), got).toBe(true);
+    }
   });
 
   it("shows B none of A's objects in any list, and B's label selectors and leases never reach A's", async () => {

@@ -1071,7 +1071,7 @@ export interface components {
         };
         SnapshotName: string;
         SnapshotRequest: {
-            /** @description Unique name to restore by; default none (use the id). */
+            /** @description Name to restore by, unique within the tenant; default none (use the id). */
             name?: components["schemas"]["SnapshotName"];
             /** @description Containers: also checkpoint memory and processes (CRIU); answered Unimplemented, with the reason, where `criu check` fails on the host. microvm sandboxes: ignored, their snapshot always captures the whole machine (kind `vm`: RAM, processes, devices and the writable disk). */
             process?: boolean;

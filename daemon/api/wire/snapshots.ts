@@ -9,7 +9,7 @@ import { Sandbox } from './sandboxes.js';
 /** POST /v1/sandboxes/{id}/snapshot request (the body is optional). */
 export const SnapshotRequest = z
   .object({
-    name: SnapshotName.optional().describe('Unique name to restore by; default none (use the id).'),
+    name: SnapshotName.optional().describe('Name to restore by, unique within the tenant; default none (use the id).'),
     process: z.boolean().optional().describe(
       'Containers: also checkpoint memory and processes (CRIU); answered Unimplemented, with the reason, where `criu check` fails on the host. '
       + 'microvm sandboxes: ignored, their snapshot always captures the whole machine (kind `vm`: RAM, processes, devices and the writable disk).'),

@@ -6,6 +6,7 @@ import Database from 'better-sqlite3';
 import { migrate, openDb } from '../../daemon/db/db.js';
 import { MIGRATIONS } from '../../daemon/db/migrations.js';
 import { SandboxRepo } from '../../daemon/db/sandboxes.js';
+import { SnapshotRepo } from '../../daemon/db/snapshots.js';
 import { parseSelector } from '../../daemon/model/selector.js';
 
 const pool = { base: 1 << 20, size: 4 * 65536, rangeSize: 65536 };
@@ -166,6 +167,29 @@ describe('leases', () => {
     expect(repo.lease('team-a', 'a')).toMatchObject({ tenant: 'team-a', job: 'a' });
     expect(repo.leases('team-b')).toEqual([]);
     expect(repo.leases(null).map((l) => `${l.tenant}/${l.job}`)).toEqual(['team-a/a']);
+  });
+});
+
+describe('snapshots per tenant', () => {
+  const snap = (id: string, tenant: string, name: string | null) => ({
+    id, tenant, name, kind: 'filesystem' as const, sandboxId: 'sb', backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
+    imageConfig: { env: [], cwd: '/', user: '0', cmd: [] }, layer: 'sha256:aa', sizeBytes: 1, cpus: 1, memoryBytes: 1, pids: 1, priority: 'latency' as const,
+    labels: {}, env: {}, createdAt: 1, network: null, diskBytes: null, filesystem: null, machine: null,
+  });
+  it("names are unique per tenant; another tenant's snapshot answers as a missing one, by id and by name", () => {
+    const repo = new SnapshotRepo(openDb(':memory:'));
+    const A = { tenant: 'team-a', all: false }, B = { tenant: 'team-b', all: false };
+    repo.insert(snap('snap-000000000000000a', 'team-a', 'n'));
+    repo.insert(snap('snap-000000000000000b', 'team-b', 'n'));
+    expect(() => repo.insert(snap('snap-000000000000000c', 'team-b', 'n'))).toThrow(expect.objectContaining({ kind: 'AlreadyExists' }));
+    expect(repo.get('n', A).id).toBe('snap-000000000000000a');
+    expect(repo.get('n', B).id).toBe('snap-000000000000000b');
+    const missing = (() => { try { repo.get('snap-0000000000000fff', B); } catch (e) { return e; } })() as Error;
+    expect(() => repo.get('snap-000000000000000a', B)).toThrow(missing.message.replace('snap-0000000000000fff', 'snap-000000000000000a'));
+    expect(() => repo.get('snap-000000000000000a', B)).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+    expect(repo.all(B).map((x) => x.id)).toEqual(['snap-000000000000000b']);
+    expect(repo.all().length).toBe(2); // the system admin's scope sees every tenant
+    expect(repo.get('snap-000000000000000b').tenant).toBe('team-b');
   });
 });
 

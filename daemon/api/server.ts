@@ -25,6 +25,7 @@ import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/tra
 import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
 import { registerTemplateRoutes, type TemplateRouteDeps } from './routes/templates.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
+import { assertScoped, installTenancy } from './tenancy.js';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics.js';
 
@@ -47,6 +48,10 @@ function routeRegex(url: string): RegExp {
  */
 export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): FastifyInstance {
   const app = baseApp(deps, ROUTE_DOCS, door);
+  // Every path parameter has a tenant scope (or dsecd does not start), and a sandbox id
+  // the caller's tenant does not own is NotFound before any route runs.
+  assertScoped(ROUTE_DOCS);
+  installTenancy(app, deps);
   registerHostRoutes(app, deps);
   registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
@@ -111,6 +116,12 @@ function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly Route
     forceCloseConnections: 'idle',
   }) as unknown as FastifyInstance;
   door.install(app);
+  // An upgrade request refused before @fastify/websocket's own hooks ran (a door's 401 or
+  // 403, the tenancy hook's 404) is answered on a socket no HTTP server tracks: close it
+  // once the answer is out, or it stays open and dsecd's shutdown waits for it forever.
+  app.addHook('onResponse', async (req, reply) => {
+    if (reply.statusCode !== 101 && /websocket/i.test(String(req.headers.upgrade ?? '')) && !req.raw.socket.destroyed) req.raw.socket.destroy();
+  });
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {

@@ -10,6 +10,7 @@ import { CreateSandboxRequest, DeleteQuery, ListQuery, PauseResult, Sandbox, San
 import { sandboxInput, sandboxView } from '../convert.js';
 import { runLong } from '../long.js';
 import { parseWith } from '../parse.js';
+import { scopeOf } from '../scope.js';
 import { route } from './table.js';
 import type { Metrics } from '../../metrics.js';
 import type { SandboxNetworking } from '../../net/network.js';
@@ -22,7 +23,7 @@ const createRoute = route({
   method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox. With `Accept: application/x-ndjson` the answer is a stream: {type:"progress", phase, id, message} lines (phases rootfs, launch, boot, ready), then {type:"result", result} or {type:"error", error}.', body: CreateSandboxRequest, status: 201, response: Sandbox,
   errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
 });
-const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: 'List sandboxes, optionally by label selector and state.', query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
+const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: "List the caller's tenant's sandboxes (every tenant's for an admin), optionally by label selector and state.", query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
 const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox, with the defences in force for it and its writable layer\'s disk use.', status: 200, response: Sandbox, errors: ['NotFound'] });
 const deleteRoute = route({
   method: 'DELETE', url: '/v1/sandboxes/:id', summary: 'Destroy a sandbox (force=true to destroy a running one).', query: DeleteQuery, status: 200, response: Sandbox,
@@ -56,21 +57,21 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
     return runLong(req, reply, deps, async (progress) => {
       const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
-      const sb = await deps.creator.create(sandboxInput(body), { onProgress: progress });
+      const sb = await deps.creator.create({ ...sandboxInput(body), tenant: scopeOf(req).tenant }, { onProgress: progress });
       end();
       return sandboxView(sb);
     });
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');
-    return { sandboxes: lc.list(q.selector, q.state).map(sandboxView) };
+    return { sandboxes: lc.list(q.selector, q.state, scopeOf(req)).map(sandboxView) };
   });
   app.delete(listRoute.url, async (_req, reply) =>
     reply.code(405).header('allow', 'GET, POST').send({
       error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
     }));
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
-    const sb = lc.get(req.params.id);
+    const sb = lc.get(req.params.id, scopeOf(req));
     return { ...sandboxView(sb), defences: { ...(await lc.defences(sb)), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: deps.disks.usage(sb.id)?.usedBytes ?? null };
   });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {

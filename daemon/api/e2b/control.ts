@@ -175,6 +175,7 @@ export function registerControlRoutes(app: FastifyInstance, front: E2bFront): vo
       env,
       ttlS: Math.max(1, body.timeout ?? front.settings.defaultTimeoutS),
       network: mode === 'none' ? undefined : { mode },
+      tenant: req.principal.tenant,
     });
     end?.();
     return reply.code(201).send(sandboxAnswer(front, sb));

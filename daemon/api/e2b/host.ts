@@ -94,6 +94,8 @@ export interface HostCreate {
   /** Seconds after creation when it is destroyed. */
   ttlS: number;
   network: SandboxInput['network'];
+  /** The caller's tenant: the sandbox is that tenant's in dsec's model too (its /v1 views, its quotas). */
+  tenant: string;
 }
 
 /** What the E2B front needs of a dsec host (see the module comment). All may throw DsecErrors of the closed set. */
@@ -194,7 +196,7 @@ export function localHost(d: LocalHostDeps): E2bHost {
   const lc = d.lifecycle;
   return {
     async create(req) {
-      const sb = await d.creator.create({ backend: req.backend, image: req.image, labels: req.labels, env: req.env, ttlS: req.ttlS, ...(req.network ? { network: req.network } : {}) });
+      const sb = await d.creator.create({ backend: req.backend, image: req.image, labels: req.labels, env: req.env, ttlS: req.ttlS, tenant: req.tenant, ...(req.network ? { network: req.network } : {}) });
       return sandboxView(sb);
     },
     async get(id) {

@@ -12,8 +12,8 @@
  *   (an exec id of another sandbox is NotFound there);
  * - `scoped`: a name or id the service resolves within the caller's scope (snapshots,
  *   trajectories, leases: names are per tenant, so the service must know the tenant);
- * - `shared`: a host-wide object every tenant reads (images, layers), changed only by
- *   admin routes;
+ * - `shared`: a host-wide object every tenant reads (images, layers, E2B template
+ *   aliases), changed only by admin routes;
  * - `admin`: a parameter of a route only an admin may call at all (tokens, fleet hosts).
  * {@link paramScope} classifies by URL and parameter name; {@link assertScoped} refuses,
  * at startup, a route whose parameter no rule covers, so a route added later cannot
@@ -38,6 +38,7 @@ const RULES: readonly { prefix: string; param: string; scope: ParamScope }[] = [
   { prefix: '/v1/leases/:job', param: 'job', scope: 'scoped' },
   { prefix: '/v1/images/:ref', param: 'ref', scope: 'shared' },
   { prefix: '/v1/layers/:digest', param: 'digest', scope: 'shared' },
+  { prefix: '/v1/templates/:name', param: 'name', scope: 'shared' },
   { prefix: '/v1/tokens/:id', param: 'id', scope: 'admin' },
   { prefix: '/v1/hosts/:name', param: 'name', scope: 'admin' },
 ];

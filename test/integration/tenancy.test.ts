@@ -20,7 +20,7 @@ import { doorRequest, makeToken, type DoorAnswer } from './remote-helpers.js';
 renderOpenApi(); // imports every route module, filling ROUTE_DOCS
 
 /** Prefixes of routes whose parameter names no tenant's object (host-wide images and layers, admin-only tokens and fleet hosts). */
-const NOT_TENANT_OBJECTS = ['/v1/images/:ref', '/v1/layers/:digest', '/v1/tokens/:id', '/v1/hosts/:name'];
+const NOT_TENANT_OBJECTS = ['/v1/images/:ref', '/v1/layers/:digest', '/v1/templates/:name', '/v1/tokens/:id', '/v1/hosts/:name'];
 
 /** Bodies a tenant-scoped route needs to get past its parsing to the lookup (every other route's lookup comes first). */
 const BODIES: Record<string, unknown> = {
@@ -51,7 +51,7 @@ function tenantRoutes(): RouteDoc[] {
 }
 
 describe('the tenant scope of every path parameter', () => {
-  it('covers every route of the table; only images, layers, tokens and fleet hosts are not tenant objects', () => {
+  it('covers every route of the table; only images, layers, E2B templates, tokens and fleet hosts are not tenant objects', () => {
     for (const r of ROUTE_DOCS) {
       for (const p of pathParams(r.url)) {
         const s = paramScope(r.url, p);

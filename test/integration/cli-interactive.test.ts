@@ -364,7 +364,7 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     expect(top.code).toBe(0);
     expect(top.stderr).toBe('');
     const lines = top.stdout.trimEnd().split('\n');
-    expect(lines[0]).toMatch(/^ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+OOM\s+DENIED\s+AGE\s+LABELS$/);
+    expect(lines[0]).toMatch(/^ID\s+STATE\s+CPU%\s+MEM\s+LIMIT\s+PIDS\s+DISK\s+OOM\s+DENIED\s+IDLE\/RECL\s+AGE\s+LABELS$/);
     expect(lines.some((l) => l.startsWith(sb.slice(0, 12)) && /\srunning\s+\d+\.\d\s/.test(l))).toBe(true);
 
     const piped = await dsec(['top', '--interval', '200ms']);

@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 
@@ -472,8 +473,13 @@ int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
 		} else {
 			oom_child_prepare(&pl.oom);
 			pid = spawn_clone(child_main, &pl);
-			if (pid > 0)
+			if (pid > 0) {
 				oom_child_done(&pl.oom);
+				/* The child's setuid reset the dumpability of the memory it shared
+				 * with the agent to the host's fs.suid_dumpable: the agent stays
+				 * non-dumpable (agent.c). */
+				prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+			}
 		}
 		if (pid < 0)
 			err = errno;

@@ -46,9 +46,11 @@
  * ... oom_score_adj=500`, then the agent killed). So a helper process does it: forked once
  * at start, before Landlock (oom_helper_start), it reads pids from a socketpair (the
  * agent's end is inherited by each exec child and closed at its exec) and raises each
- * one's value (raising needs no privilege). The child sends its own pid and waits, at
- * most OOM_RAISE_WAIT_MS, until its value reads raised (reading /proc/self is allowed).
- * The agent is suspended for that wait (CLONE_VFORK): ~0.1 ms on an idle host. An isolated
+ * one's value (raising needs no privilege). The child sends its own pid first thing, does
+ * the rest of its setup meanwhile, and before its seccomp filters and execve waits, at
+ * most OOM_RAISE_WAIT_MS from the send, until its value reads raised (reading /proc/self
+ * is allowed, after the user switch too). The agent is suspended while its child waits
+ * (CLONE_VFORK): ~0.1 ms on an idle host. An isolated
  * exec's namespace init is a fork, not a vfork child: the agent raises it (or sends its
  * pid to the helper) right after the fork, and the init waits the same way before it
  * starts its command, which inherits the value. The helper is one more process in the
@@ -249,6 +251,8 @@ void oom_wait_raised(void)
 void oom_child_prepare(struct oom_child *o)
 {
 	o->err = 0;
+	o->sent = 0;
+	o->until_ns = 0;
 	o->fd = g_oomh_fd;
 	o->mode = g_oom_direct ? OOM_CHILD_SELF : g_oomh_fd >= 0 ? OOM_CHILD_HELPER : OOM_CHILD_NONE;
 }
@@ -257,7 +261,7 @@ void oom_child_prepare(struct oom_child *o)
 #define OOM_VALUE_TEXT "500"
 _Static_assert(EXEC_OOM_SCORE_ADJ == 500, "OOM_VALUE_TEXT must spell EXEC_OOM_SCORE_ADJ");
 
-void oom_child_raise(struct oom_child *o)
+void oom_child_start(struct oom_child *o)
 {
 	if (o->mode == OOM_CHILD_SELF) {
 		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
@@ -269,11 +273,13 @@ void oom_child_raise(struct oom_child *o)
 	}
 	if (o->mode != OOM_CHILD_HELPER)
 		return;
-	uint64_t until = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
+	o->until_ns = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
 	int32_t pid = (int32_t)getpid();
 	for (;;) {
-		if (send(o->fd, &pid, sizeof pid, MSG_NOSIGNAL) == (ssize_t)sizeof pid)
-			break;
+		if (send(o->fd, &pid, sizeof pid, MSG_NOSIGNAL) == (ssize_t)sizeof pid) {
+			o->sent = 1;
+			return;
+		}
 		if (errno == EINTR)
 			continue;
 		if (errno != EAGAIN) { /* the helper is gone: the agent stops using it */
@@ -282,12 +288,17 @@ void oom_child_raise(struct oom_child *o)
 		}
 		/* Its queue is full (the socket is non-blocking: the agent's end): wait for room. */
 		uint64_t now = mono_ns();
-		if (now >= until)
+		if (now >= o->until_ns)
 			return;
 		struct pollfd pfd = { .fd = o->fd, .events = POLLOUT };
-		poll(&pfd, 1, (int)((until - now) / 1000000ull) + 1);
+		poll(&pfd, 1, (int)((o->until_ns - now) / 1000000ull) + 1);
 	}
-	wait_raised_until(until);
+}
+
+void oom_child_wait(const struct oom_child *o)
+{
+	if (o->mode == OOM_CHILD_HELPER && o->sent)
+		wait_raised_until(o->until_ns);
 }
 
 void oom_child_done(const struct oom_child *o)

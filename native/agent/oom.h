@@ -5,7 +5,8 @@
  * history are in oom.c). An exec child (clone with CLONE_VM | CLONE_VFORK, spawn.h) raises
  * itself before it execs: it writes its own value (an agent without Landlock), or sends
  * its pid to the dsec-oom-adj helper process (a Landlocked agent and its children may not
- * write under /proc) and waits until it reads raised (at most OOM_RAISE_WAIT_MS). An
+ * write under /proc) as it starts and, before its execve, waits until it reads raised (at
+ * most OOM_RAISE_WAIT_MS). An
  * isolated exec's namespace init, a fork, is raised by the agent or the helper right after
  * the fork and waits the same way; its command inherits the value. Without the helper, or
  * without /proc, commands start at the agent's value; nothing fails.
@@ -28,10 +29,14 @@ void oom_adj_open(void);
 void oom_helper_start(int agent_landlocked);
 /* In the agent, before the clone of an exec child: how the child is to raise itself. */
 void oom_child_prepare(struct oom_child *o);
-/* In an exec child sharing the agent's memory, before it execs: raise itself (a write to
- * /proc/self, or the helper and a wait until it reads raised). Only system calls; a
- * failure is left in o->err. */
-void oom_child_raise(struct oom_child *o);
+/* In an exec child sharing the agent's memory, first thing: raise itself (a write to
+ * /proc/self), or send its pid to the helper. Only system calls; a failure is left in
+ * o->err. */
+void oom_child_start(struct oom_child *o);
+/* In that child, after its user switch and before its seccomp filters and execve: with
+ * the helper, wait until its value reads raised (at most OOM_RAISE_WAIT_MS from the
+ * send). Only system calls. */
+void oom_child_wait(const struct oom_child *o);
 /* In the agent, once the clone has returned: a failure the child left in o->err is logged,
  * and commands start at the agent's value from then on. */
 void oom_child_done(const struct oom_child *o);

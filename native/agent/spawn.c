@@ -197,13 +197,12 @@ void child_reset_signals(void)
 	sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-/* The second half: the oom step, signals, working directory, confinement, user, limits,
- * fds, execve. */
+/* The second half: signals, working directory, confinement, user, limits, fds, the oom
+ * wait, execve. */
 static void __attribute__((noreturn)) child_run(struct spawn_plan *pl)
 {
 	const struct exec_req *r = pl->r;
 	int errfd = pl->errfd;
-	oom_child_raise(&pl->oom);
 	child_reset_signals();
 	if (chdir(r->cwd) < 0)
 		child_fail(errfd, ST_CHDIR, errno);
@@ -219,6 +218,8 @@ static void __attribute__((noreturn)) child_run(struct spawn_plan *pl)
 	/* Everything the agent owns is already CLOEXEC; make sure nothing else leaks.
 	 * errfd must survive until execve, and CLOEXEC closes it exactly then. */
 	cloexec_from(3);
+	/* Before the filters, which may refuse the open of /proc/self (a guest's rules). */
+	oom_child_wait(&pl->oom);
 	if (g_worker_filter && worker_filter_install() < 0)
 		child_fail(errfd, ST_SETUP, errno);
 	if (guest_confine_applied()) {
@@ -234,6 +235,8 @@ static void __attribute__((noreturn)) child_run(struct spawn_plan *pl)
 static int child_main(void *arg)
 {
 	struct spawn_plan *pl = arg;
+	/* First, so the helper (if any) raises it while the child sets itself up. */
+	oom_child_start(&pl->oom);
 	child_stdio(pl->r, pl->in_r, pl->out_w, pl->err_w, pl->errfd);
 	child_run(pl);
 }

@@ -11,10 +11,11 @@
  * forks its namespace init (clone into fresh namespaces, isolate.c), which lives as long
  * as the call and so needs memory of its own; the init starts the command the same way.
  *
- * The child, in order: its own session and its stdio on fds 0-2 (child_stdio); its raised
- * oom_score_adj (oom.c); default signal dispositions and an empty mask; the working
- * directory; a VM guest's Landlock and capability sets (confine.c); the user (setgroups,
- * setgid, setuid); the original RLIMIT_NOFILE; every fd >= 3 close-on-exec; a worker's
+ * The child, in order: its raised oom_score_adj, or its pid sent to the helper that raises
+ * it (oom.c); its own session and its stdio on fds 0-2 (child_stdio); default signal
+ * dispositions and an empty mask; the working directory; a VM guest's Landlock and
+ * capability sets (confine.c); the user (setgroups, setgid, setuid); the original
+ * RLIMIT_NOFILE; every fd >= 3 close-on-exec; the wait for the helper's raise; a worker's
  * second seccomp filter and a guest's filter (confine.c); execve with execvpe semantics
  * over the request's PATH. A step that fails is reported on the child's error pipe
  * (CLOEXEC, so EOF means the command was exec'd) as `i32 stage, i32 errno[, text]` in one
@@ -22,7 +23,8 @@
  *
  * What the child may do, since it shares the agent's memory: system calls (through libc's
  * thin wrappers) and reads of the plan and of globals set at start; it writes only its
- * own stack, the fields of the plan meant for it (oom.err, script_argv[1], pathbuf) and
+ * own stack, the fields of the plan meant for it (oom.err, oom.sent, oom.until_ns,
+ * script_argv[1], pathbuf) and
  * errno (the agent's, through the thread pointer the child shares; the agent reads errno
  * only after a failed clone). No malloc (a block allocated by the child would be the
  * agent's, never freed), no stdio, no locks, no strerror, no signal handler (the agent
@@ -94,6 +96,8 @@ struct oom_child {
 	int mode; /* OOM_CHILD_NONE, OOM_CHILD_SELF or OOM_CHILD_HELPER (oom.h) */
 	int fd;   /* OOM_CHILD_HELPER: the agent's end of the socketpair to the helper */
 	int err;  /* written by the child: 0, or the errno of a failed raise (the agent logs it) */
+	int sent; /* written by the child: its pid went to the helper */
+	uint64_t until_ns; /* written by the child: when its wait for the helper ends (CLOCK_MONOTONIC) */
 };
 
 /* Everything an exec child needs, made by the agent before the clone (exec_spawn) and
@@ -142,8 +146,8 @@ void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int e
 /* In a child: default dispositions for the signals recorded at start, empty mask. */
 void child_reset_signals(void);
 /* In an isolated call's namespace init, after its setup: start the command (clone with
- * CLONE_VM | CLONE_VFORK; the child runs everything from the oom step to execve, its stdio
- * being the init's). Returns the command's pid once it has exec'd or failed, or -1 with
+ * CLONE_VM | CLONE_VFORK; the child runs everything from the signal reset to execve, its
+ * stdio and oom_score_adj being the init's). Returns the command's pid once it has exec'd or failed, or -1 with
  * errno when the clone failed. */
 pid_t spawn_command(struct spawn_plan *pl);
 

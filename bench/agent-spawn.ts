@@ -13,12 +13,14 @@
  * percentiles. cpu_ms_per_exec: the agent's own utime+stime, and that of its reaped
  * children (cutime+cstime: the commands, and with a CLONE_VM child its work up to execve),
  * per exec over all rounds (jiffies: 10 ms resolution, fine over thousands of execs).
- * Modes: `plain` (the agent not Landlocked: each child raises its own oom_score_adj) and
- * `landlock` (--landlock: the dsec-oom-adj helper raises each child). Needs root (the
- * agent switches users; as in the unit tests).
+ * Modes: `plain` (the agent not Landlocked: each child raises its own oom_score_adj),
+ * `landlock` (--landlock: the dsec-oom-adj helper raises each child) and `isolated`
+ * (EXEC ISOLATE: each call in fresh namespaces under a forked namespace init, as an
+ * fncall worker runs it; the agent holds CAP_SYS_ADMIN as root). Needs root (the agent
+ * switches users and, isolated, mounts; as in the unit tests).
  *
  * Usage: node dist/bench/agent-spawn.js [--a PATH] [--b PATH] [--n 2000] [--rounds 4]
- *        [--modes plain,landlock]
+ *        [--modes plain,landlock,isolated]
  *   --a/--b: agent binaries (default: this checkout's native/agent/dsec-agent as A only).
  */
 import { spawn } from 'node:child_process';
@@ -51,13 +53,13 @@ interface Round {
 }
 
 /** One round: start `bin` with `args`, warm up, n sequential execs of /bin/true, stop it. */
-async function oneRound(bin: string, args: string[], n: number): Promise<Round> {
+async function oneRound(bin: string, args: string[], n: number, isolate: boolean): Promise<Round> {
   const dir = mkdtempSync(path.join(os.tmpdir(), 'dsec-agent-spawn-'));
   const p = await spawnOnListenSocket(dir, (stdio) => spawn(bin, ['--listen-fd', '3', ...args], { stdio }));
   const pid = p.child.pid!;
   try {
     const c = await AgentClient.connect(p.socketPath, { timeoutMs: 10_000 });
-    const req = { argv: ['/bin/true'], env: ['PATH=/usr/bin:/bin'], maxOutputBytes: 1024 };
+    const req = { argv: ['/bin/true'], env: ['PATH=/usr/bin:/bin'], maxOutputBytes: 1024, ...(isolate ? { isolate: {} } : {}) };
     for (let i = 0; i < 100; i++) await c.exec(req);
     const lat: number[] = [];
     const [a0, c0] = cpuMs(pid);
@@ -85,7 +87,7 @@ async function main(): Promise<void> {
     .option('--b <path>', 'agent binary B (optional)')
     .option('--n <n>', 'execs per round', '2000')
     .option('--rounds <n>', 'rounds per agent and mode', '4')
-    .option('--modes <list>', 'plain,landlock', 'plain,landlock')
+    .option('--modes <list>', 'plain,landlock,isolated', 'plain,landlock')
     .parse()
     .opts<{ a: string; b?: string; n: string; rounds: string; modes: string }>();
   const bins: Array<[string, string]> = [['A', o.a], ...(o.b ? [['B', o.b] as [string, string]] : [])];
@@ -97,7 +99,7 @@ async function main(): Promise<void> {
     for (let r = 0; r < Number(o.rounds); r++) {
       const order = r % 2 === 0 ? bins : [...bins].reverse();
       for (const [k, bin] of order) {
-        const res = await oneRound(bin, args, n);
+        const res = await oneRound(bin, args, n, mode === 'isolated');
         rounds[k].push(res);
         process.stderr.write(`${mode} round ${r} ${k}: p50 ${round(res.p50)} ms p99 ${round(res.p99)} ms agent ${res.agentMs} ms children ${res.childrenMs} ms\n`);
       }

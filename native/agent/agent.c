@@ -307,6 +307,7 @@ int main(int argc, char **argv)
 	if (loop_open() < 0)
 		return 1;
 	spawn_open_devnull();
+	spawn_map_stack();
 	if (lfd >= 0 && conn_listen(lfd) < 0) {
 		logf_("fatal: epoll_ctl: %s", strerror(errno));
 		return 1;

@@ -537,3 +537,9 @@ void spawn_open_devnull(void)
 {
 	g_devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
 }
+
+void spawn_map_stack(void)
+{
+	if (child_stack_map() < 0)
+		logf_("spawn: mapping the exec child stack: %s; retried at each exec", strerror(errno));
+}

@@ -135,6 +135,10 @@ void spawn_record_signals(void);
 /* ... and open /dev/null for the stdin of execs without STDIN (none in the sandbox: an
  * empty pipe is used instead). */
 void spawn_open_devnull(void);
+/* ... and map the exec children's stack (spawn.c child_stack_map), so that a forked
+ * namespace init inherits it instead of mapping its own per call. A failure is logged;
+ * each exec then tries again. */
+void spawn_map_stack(void);
 
 /* In a child: write the report (stage, errno, optional text) to the error pipe. */
 void child_report(int errfd, int stage, int err, const char *text);

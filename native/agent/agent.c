@@ -65,7 +65,7 @@
  *   loop      the epoll loop, its watches, the signalfd and the timers
  *   conn      connections: frame I/O (queue, flush, backpressure) and inbound dispatch
  *   exec      exec streams: EXEC requests, STARTED, output, stdin, signals, timeouts, EXIT
- *   spawn     exec start: pipes or a pty, fork or clone, the child up to execve
+ *   spawn     exec start: pipes or a pty, the child (clone with CLONE_VM|CLONE_VFORK) up to execve
  *   user      users and groups from the sandbox's /etc/passwd and /etc/group
  *   files     file operations as a user, streamed reads and lists, atomic writes
  *   landlock  the Landlock ruleset and where it is applied
@@ -307,6 +307,7 @@ int main(int argc, char **argv)
 	if (loop_open() < 0)
 		return 1;
 	spawn_open_devnull();
+	spawn_map_stack();
 	if (lfd >= 0 && conn_listen(lfd) < 0) {
 		logf_("fatal: epoll_ctl: %s", strerror(errno));
 		return 1;

@@ -153,7 +153,7 @@ int worker_filter_install(void)
  *                           when the whole 64-bit argument >= DATUM
  *   landlock 0|1            restrict commands with Landlock on the writable places
  *   writable PATH           a writable place (Landlock: every right)
- * Every command then gets, in its forked child before execve: Landlock (when asked and the
+ * Every command then gets, in its child before execve: Landlock (when asked and the
  * guest kernel has it), the bounding set and capabilities reduced to MASK, no_new_privs,
  * and the seccomp filter built from the rules (any ABI but x86-64 kills the process:
  * i386 and x32 numbers differ and are not in the table).
@@ -326,12 +326,12 @@ int32_t guest_confine(const unsigned char *p, uint32_t len)
 	return g_gc.landlock ? g_landlock_abi : 0;
 }
 
-/* In the forked child, before the user switch: Landlock, then the capability sets. */
+/* In the exec child, before the user switch: Landlock, then the capability sets. Only
+ * system calls (the child shares the agent's memory, spawn.h). */
 int guest_confine_child_caps(void)
 {
 	if (g_gc.landlock) {
-		char err[PATH_MAX + 64];
-		if (landlock_apply((const char *const *)g_gc.writable, g_gc.nwritable, 0, err, sizeof err) < 0)
+		if (landlock_apply((const char *const *)g_gc.writable, g_gc.nwritable, 0, NULL, 0) < 0)
 			return errno ? errno : EPERM;
 	}
 	for (int cap = 0; cap < 64; cap++) {
@@ -360,7 +360,7 @@ int guest_confine_child_caps(void)
 	return 0;
 }
 
-/* In the forked child, after the user switch: no_new_privs and the seccomp filter. */
+/* In the exec child, after the user switch: no_new_privs and the seccomp filter. */
 int guest_confine_child_filter(void)
 {
 	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)

@@ -555,7 +555,8 @@ void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t
 	if (r.isolate && !r.shm_bytes)
 		r.shm_bytes = ISO_DEFAULT_TMPFS_BYTES;
 
-	/* Pass 2: build argv/envp in one block (freed right after fork; the child has a copy).
+	/* Pass 2: build argv/envp in one block (freed once exec_spawn returns: the child has
+ * exec'd or failed by then).
 	 * envp has room for TERM=xterm, added for a TTY exec whose ENV has no TERM. */
 	char **argv = xmalloc(sizeof(char *) * (nargv + 1));
 	char **envp = xmalloc(sizeof(char *) * (nenv + 2));

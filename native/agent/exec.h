@@ -57,7 +57,7 @@ extern int g_quiet_execs;
 struct exec *conn_find_exec(struct conn *c, uint32_t stream);
 /* An EXEC frame on `stream` (not 0): validate it and start the exec, or answer ERROR
  * (malformed) or EXEC_ERROR (not startable: guest confinement pending, isolation
- * unavailable, pipes, fork). */
+ * unavailable, pipes, clone). */
 void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t len);
 /* RESIZE, SIGNAL, STDIN or STDIN_EOF on the live exec e of c. */
 void exec_stream_frame(struct conn *c, struct exec *e, unsigned type, const unsigned char *p, size_t len);

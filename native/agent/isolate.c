@@ -64,12 +64,13 @@ static int g_nproc_masks;
  * pid, mount, IPC and UTS namespaces, so nothing it does survives it:
  *
  *   agent --clone(NEWPID|NEWNS|NEWIPC|NEWUTS)--> namespace init (pid 1 of the call)
- *                                                   --fork--> the command (pid 2)
+ *                                          --clone(VM|VFORK)--> the command (pid 2)
  *
  * The init makes every mount private and read-only (one recursive mount_setattr), mounts
  * fresh tmpfs on /tmp, /dev/shm and the SCRATCH paths, a fresh mqueue on /dev/mqueue (the
  * new IPC namespace's), a fresh /proc for the new pid namespace with the sandbox's /proc
- * masks re-created on it, applies Landlock (--landlock), drops CAP_SYS_ADMIN, forks the command, reaps whatever gets
+ * masks re-created on it, applies Landlock (--landlock), drops CAP_SYS_ADMIN, starts the
+ * command (spawn.c: it shares the init's memory until it execs), reaps whatever gets
  * reparented to it, and when the command has exited writes its wait status to the status
  * pipe and exits. The kernel then SIGKILLs everything left in the pid namespace and waits
  * for it before the agent sees the init exit; the mount namespace (with its tmpfs pages)
@@ -236,12 +237,13 @@ static void iso_setup(const struct exec_req *r, int errfd)
 		iso_fail(errfd, errno, "drop CAP_SYS_ADMIN");
 }
 
-void __attribute__((noreturn))
-ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd, int statusfd)
+void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd)
 {
+	const struct exec_req *r = pl->r;
+	int errfd = pl->errfd;
 	/* If the agent goes away (a non-PID-1 agent killed), so does the call. */
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
-	child_stdio(r, in_r, out_w, err_w, errfd);
+	child_stdio(r, pl->in_r, pl->out_w, pl->err_w, errfd);
 	child_reset_signals();
 	/* This process lives as long as the call: it must not keep copies of the agent's
 	 * sockets and pipes (another exec's stdin would never see EOF). */
@@ -249,13 +251,11 @@ ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd
 	iso_setup(r, errfd);
 	/* The helper raises this init (the pid the agent saw); the command inherits it. */
 	oom_wait_raised();
-	pid_t cmd = vfork();
+	/* The command shares this init's memory until it execs (spawn.c); statusfd, like
+	 * every fd, is close-on-exec there. */
+	pid_t cmd = spawn_command(pl);
 	if (cmd < 0)
-		iso_fail(errfd, errno, "fork");
-	if (cmd == 0) {
-		close(statusfd);
-		child_run(r, errfd);
-	}
+		iso_fail(errfd, errno, "clone the command");
 	/* The error pipe reaches EOF once the command has exec'd (its copy is CLOEXEC). */
 	close(errfd);
 	close(0);
@@ -277,7 +277,8 @@ ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd
 
 /* fork() into fresh pid, mount, IPC and UTS namespaces: a raw clone without a new stack
  * behaves like fork (the agent is single-threaded, so this is safe). The child is pid 1
- * of its pid namespace. */
+ * of its pid namespace. A fork, not a CLONE_VM child: the init runs beside the agent for
+ * the whole call, so it needs memory of its own. */
 pid_t clone_isolated(void)
 {
 	return (pid_t)syscall(SYS_clone, (unsigned long)(CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS | SIGCHLD),

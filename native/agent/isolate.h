@@ -4,7 +4,7 @@
  * namespaces; its first process, the namespace init, makes every mount private and
  * read-only, mounts fresh tmpfs on /tmp, /dev/shm and the SCRATCH paths, a fresh mqueue
  * and a fresh /proc with the sandbox's /proc masks re-created, applies Landlock
- * (--landlock), drops CAP_SYS_ADMIN, forks the command, reaps, and reports the command's
+ * (--landlock), drops CAP_SYS_ADMIN, starts the command, reaps, and reports the command's
  * wait status on a status pipe before it exits, taking everything of the call with it.
  * isolate.c says why it is built this way.
  *
@@ -33,8 +33,9 @@ void isolate_probe(void);
 /* fork() into fresh pid, mount, IPC and UTS namespaces (the child is pid 1 of its pid
  * namespace): the pid, 0 in the child, or -1 with errno. */
 pid_t clone_isolated(void);
-/* In the cloned child: be the call's namespace init (see above). in_r/out_w/err_w are
- * the stdio ends, errfd the error pipe, statusfd the status pipe. Never returns. */
-void __attribute__((noreturn)) ns_init_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd, int statusfd);
+/* In the cloned child: be the call's namespace init (see above). pl is the exec's plan
+ * (spawn.h: the request, the stdio ends, the error pipe), statusfd the status pipe. Never
+ * returns. */
+void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd);
 
 #endif

@@ -154,6 +154,15 @@ void landlock_probe(void)
 		snprintf(g_landlock_why, sizeof g_landlock_why, "landlock_create_ruleset(VERSION): %s", strerror(e));
 }
 
+/* The text of a failed step into err (errlen bytes), unless err is NULL: an exec child
+ * sharing the agent's memory (confine.c guest_confine_child_caps) must not format (no
+ * strerror there). */
+#define LL_ERR(err, errlen, ...)                          \
+	do {                                              \
+		if (err)                                  \
+			snprintf(err, errlen, __VA_ARGS__); \
+	} while (0)
+
 /* O_PATH fd of `path`: symlinks followed, or with `nofollow` none at all (openat2
  * RESOLVE_NO_SYMLINKS: ELOOP for a symlink anywhere in it; without openat2, O_NOFOLLOW
  * on the last component, and a symlink there is ELOOP too). */
@@ -192,14 +201,14 @@ static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, 
 		if (errno == ENOENT && optional)
 			return 0;
 		int e = errno;
-		snprintf(err, errlen, "open %s: %s%s", path, strerror(e), e == ELOOP && nofollow ? " (a writable path must not contain a symlink)" : "");
+		LL_ERR(err, errlen, "open %s: %s%s", path, strerror(e), e == ELOOP && nofollow ? " (a writable path must not contain a symlink)" : "");
 		errno = e;
 		return -1;
 	}
 	struct stat st;
 	if (fstat(fd, &st) < 0) {
 		int e = errno;
-		snprintf(err, errlen, "stat %s: %s", path, strerror(e));
+		LL_ERR(err, errlen, "stat %s: %s", path, strerror(e));
 		close(fd);
 		errno = e;
 		return -1;
@@ -210,7 +219,7 @@ static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, 
 	int rc = (int)syscall(SYS_landlock_add_rule, rs, LL_RULE_PATH_BENEATH, &pb, 0);
 	int e = errno;
 	if (rc < 0)
-		snprintf(err, errlen, "landlock_add_rule %s: %s", path, strerror(e));
+		LL_ERR(err, errlen, "landlock_add_rule %s: %s", path, strerror(e));
 	close(fd);
 	errno = e;
 	return rc;
@@ -228,7 +237,7 @@ int landlock_apply(const char *const *writable, int nwritable, int nofollow_from
 	struct ll_ruleset_attr attr = { .handled_access_fs = h };
 	int rs = (int)syscall(SYS_landlock_create_ruleset, &attr, sizeof attr, 0u);
 	if (rs < 0) {
-		snprintf(err, errlen, "landlock_create_ruleset: %s", strerror(errno));
+		LL_ERR(err, errlen, "landlock_create_ruleset: %s", strerror(errno));
 		return -1;
 	}
 	int rc = ll_rule(rs, "/", rx, h, 0, 0, err, errlen);
@@ -245,11 +254,11 @@ int landlock_apply(const char *const *writable, int nwritable, int nofollow_from
 	/* Needed by landlock_restrict_self without CAP_SYS_ADMIN; runc has set it already on
 	 * a sandbox's init, so this only matters for an agent run by hand (tests). */
 	if (rc == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
-		snprintf(err, errlen, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(errno));
+		LL_ERR(err, errlen, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(errno));
 		rc = -1;
 	}
 	if (rc == 0 && syscall(SYS_landlock_restrict_self, rs, 0u) < 0) {
-		snprintf(err, errlen, "landlock_restrict_self: %s", strerror(errno));
+		LL_ERR(err, errlen, "landlock_restrict_self: %s", strerror(errno));
 		rc = -1;
 	}
 	int e = errno;

@@ -34,8 +34,9 @@ void landlock_probe(void);
 /* Restrict the calling process and everything it forks from now on: read and execute
  * everywhere; every right on the nwritable places in `writable` (those from index
  * nofollow_from on are --writable paths, opened without following any symlink); the
- * device rules. Returns 0, or -1 with errno and `err` naming the step. Needs
- * g_landlock_abi > 0. */
+ * device rules. Returns 0, or -1 with errno and `err` naming the step (err may be NULL:
+ * no text, and then only system calls are made, as an exec child sharing the agent's
+ * memory requires). Needs g_landlock_abi > 0. */
 int landlock_apply(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen);
 /* --landlock without --worker: restrict the agent itself, once, before serving (sets
  * g_landlock_scope "agent"). Returns 0 (also when the kernel has no Landlock: logged), or

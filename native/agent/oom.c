@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdint.h>
@@ -29,20 +30,31 @@
  * the whole sandbox failed (seen in CI: dmesg showed `sh`, then `.dsec-agent` killed).
  * At +500 a command outranks any agent smaller than half the cgroup's limit.
  *
- * How: right after each fork the child's value is raised, and the child waits, at most
- * OOM_RAISE_WAIT_MS, until its own value reads raised (reading /proc/self is allowed)
- * before it execs, so every command starts raised; the agent's own value never changes.
- * An agent that does not restrict itself with Landlock (an fncall worker, where each
- * isolated call is restricted instead; --landlock off; a kernel without it) writes the
- * child's /proc/<pid>/oom_score_adj itself. A Landlocked one cannot: Landlock denies it
- * writes under /proc, as it does every command it starts. Raising the agent's own value around fork() (children copy it) left the agent
- * at +500 for the length of each fork, and a fork while an earlier command's orphan kept
- * the cgroup at its limit made the fork's own allocation kill the agent (seen in CI:
- * `.dsec-agent invoked oom-killer ... oom_score_adj=500`, then the agent killed). So a
- * helper process does it: forked once at start, before Landlock (oom_helper_start), it
- * reads child pids from a socketpair only the agent holds and raises each one's value
- * (raising needs no privilege); after each fork the agent sends it the child's pid. It
- * is one more process in the sandbox (~100 KiB of its own). A command may lower itself back to the agent's value (not below:
+ * How: an exec child (clone with CLONE_VM | CLONE_VFORK, spawn.h) raises itself before
+ * it execs, so every command starts raised; the agent's own value never changes. While it
+ * shares the agent's memory the child still has a value of its own: the kernel does not
+ * pass a write to a vfork child's value on to the other users of its memory (fs/proc/
+ * base.c, __set_oom_adj skips tasks with vfork_done), and never picks a task in vfork as
+ * the OOM victim (mm/oom_kill.c, oom_badness: in_vfork), so the child puts the agent at no
+ * risk. An agent that does not restrict itself with Landlock (an fncall worker, where each
+ * isolated call is restricted instead; --landlock off; a kernel without it) has children
+ * that may write /proc/self/oom_score_adj: each does. A Landlocked one cannot: Landlock
+ * denies the agent and everything it starts writes under /proc. Raising the agent's own
+ * value around the start of a child (children copy it) left the agent at +500 for that
+ * time, and a fork while an earlier command's orphan kept the cgroup at its limit made
+ * the fork's own allocation kill the agent (seen in CI: `.dsec-agent invoked oom-killer
+ * ... oom_score_adj=500`, then the agent killed). So a helper process does it: forked once
+ * at start, before Landlock (oom_helper_start), it reads pids from a socketpair (the
+ * agent's end is inherited by each exec child and closed at its exec) and raises each
+ * one's value (raising needs no privilege). The child sends its own pid first thing, does
+ * the rest of its setup meanwhile, and before its seccomp filters and execve waits, at
+ * most OOM_RAISE_WAIT_MS from the send, until its value reads raised (reading /proc/self
+ * is allowed, after the user switch too). The agent is suspended while its child waits
+ * (CLONE_VFORK): ~0.1 ms on an idle host. An isolated
+ * exec's namespace init is a fork, not a vfork child: the agent raises it (or sends its
+ * pid to the helper) right after the fork, and the init waits the same way before it
+ * starts its command, which inherits the value. The helper is one more process in the
+ * sandbox (~100 KiB of its own). A command may lower itself back to the agent's value (not below:
  * the kernel's oom_score_adj_min), or kill the helper (same uid; it is not dumpable, so
  * it cannot be ptraced), which only hurts its own sandbox: from then on commands start
  * at the agent's value, as they do when the helper could not be started. On the host the
@@ -61,21 +73,42 @@ static int g_oom_enabled;   /* commands are to start raised (the agent's value i
 static int g_oom_direct;    /* the agent is not Landlocked: it writes each child's value itself */
 static int g_oomh_fd = -1;  /* the agent's end of the socketpair to the helper, or -1 */
 static pid_t g_oomh_pid;   /* the helper's pid, 0 when none */
-static int g_oom_child_wait; /* set in a child forked while the helper was up */
+static int g_oom_child_wait; /* set in a namespace init forked while raising was on */
 
-/* Reads this process's oom_score_adj into *v. Returns 0, or -1 when /proc cannot tell (not mounted). */
+/* Reads this process's oom_score_adj into *v. Returns 0, or -1 when /proc cannot tell (not
+ * mounted). Only system calls: it runs in exec children sharing the agent's memory. */
 static int own_oom_adj(int *v)
 {
 	int fd = open("/proc/self/oom_score_adj", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return -1;
-	char buf[16] = { 0 };
+	char buf[16];
 	ssize_t n = pread(fd, buf, sizeof buf - 1, 0);
 	close(fd);
 	if (n <= 0)
 		return -1;
-	*v = atoi(buf);
+	int neg = buf[0] == '-', x = 0;
+	for (ssize_t i = neg; i < n && buf[i] >= '0' && buf[i] <= '9'; i++)
+		x = x * 10 + (buf[i] - '0');
+	*v = neg ? -x : x;
 	return 0;
+}
+
+/* Spin, then sleep in 50 us steps, until this process's value reads raised or `until`
+ * (CLOCK_MONOTONIC ns) has passed. Only system calls. */
+static void wait_raised_until(uint64_t until)
+{
+	for (int i = 0;; i++) {
+		int v;
+		if (own_oom_adj(&v) < 0 || v >= EXEC_OOM_SCORE_ADJ || mono_ns() >= until)
+			return;
+		if (i < 8) {
+			sched_yield();
+		} else {
+			struct timespec ts = { 0, 50000 };
+			nanosleep(&ts, NULL);
+		}
+	}
 }
 
 /* At start: the agent's own value decides whether commands are raised at all. */
@@ -160,7 +193,7 @@ void oom_before_fork(void)
 	g_oom_child_wait = g_oomh_fd >= 0 || g_oom_direct;
 }
 
-/* In the agent, right after fork(): raise `child`, or ask the helper to. */
+/* In the agent, right after forking a namespace init: raise it, or ask the helper to. */
 void oom_raise_child(pid_t child)
 {
 	if (g_oom_direct) {
@@ -206,22 +239,79 @@ int oom_helper_reaped(pid_t pid, int status)
 	return 1;
 }
 
-/* In a child, before it execs (or forks its command): wait until the helper raised it. */
+/* In the forked namespace init, before it starts its command: wait until raised. */
 void oom_wait_raised(void)
 {
 	if (!g_oom_child_wait)
 		return;
-	g_oom_child_wait = 0; /* once per child (an isolated call's command inherits it) */
-	uint64_t until = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
-	for (int i = 0;; i++) {
-		int v;
-		if (own_oom_adj(&v) < 0 || v >= EXEC_OOM_SCORE_ADJ || mono_ns() >= until)
+	g_oom_child_wait = 0; /* the init's own copy: once */
+	wait_raised_until(mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull);
+}
+
+void oom_child_prepare(struct oom_child *o)
+{
+	o->err = 0;
+	o->sent = 0;
+	o->until_ns = 0;
+	o->fd = g_oomh_fd;
+	o->mode = g_oom_direct ? OOM_CHILD_SELF : g_oomh_fd >= 0 ? OOM_CHILD_HELPER : OOM_CHILD_NONE;
+}
+
+/* The value as text: "500". */
+#define OOM_VALUE_TEXT "500"
+_Static_assert(EXEC_OOM_SCORE_ADJ == 500, "OOM_VALUE_TEXT must spell EXEC_OOM_SCORE_ADJ");
+
+void oom_child_start(struct oom_child *o)
+{
+	if (o->mode == OOM_CHILD_SELF) {
+		int fd = open("/proc/self/oom_score_adj", O_WRONLY | O_CLOEXEC);
+		if (fd < 0 || write(fd, OOM_VALUE_TEXT, sizeof OOM_VALUE_TEXT - 1) < 0)
+			o->err = errno ? errno : EIO;
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
+	if (o->mode != OOM_CHILD_HELPER)
+		return;
+	o->until_ns = mono_ns() + (uint64_t)OOM_RAISE_WAIT_MS * 1000000ull;
+	int32_t pid = (int32_t)getpid();
+	for (;;) {
+		if (send(o->fd, &pid, sizeof pid, MSG_NOSIGNAL) == (ssize_t)sizeof pid) {
+			o->sent = 1;
 			return;
-		if (i < 8) {
-			sched_yield();
-		} else {
-			struct timespec ts = { 0, 50000 };
-			nanosleep(&ts, NULL);
 		}
+		if (errno == EINTR)
+			continue;
+		if (errno != EAGAIN) { /* the helper is gone: the agent stops using it */
+			o->err = errno;
+			return;
+		}
+		/* Its queue is full (the socket is non-blocking: the agent's end): wait for room. */
+		uint64_t now = mono_ns();
+		if (now >= o->until_ns)
+			return;
+		struct pollfd pfd = { .fd = o->fd, .events = POLLOUT };
+		poll(&pfd, 1, (int)((o->until_ns - now) / 1000000ull) + 1);
+	}
+}
+
+void oom_child_wait(const struct oom_child *o)
+{
+	if (o->mode == OOM_CHILD_HELPER && o->sent)
+		wait_raised_until(o->until_ns);
+}
+
+void oom_child_done(const struct oom_child *o)
+{
+	if (!o->err)
+		return;
+	if (o->mode == OOM_CHILD_SELF) {
+		logf_("oom_score_adj: /proc/self/oom_score_adj of an exec child: %s; commands start at the agent's value from now on",
+		      strerror(o->err));
+		g_oom_direct = 0;
+	} else if (o->mode == OOM_CHILD_HELPER && g_oomh_fd == o->fd) {
+		logf_("oom_score_adj helper: send: %s; commands start at the agent's value from now on", strerror(o->err));
+		close(g_oomh_fd);
+		g_oomh_fd = -1;
 	}
 }

@@ -1,5 +1,5 @@
 /*
- * spawn: pipes or pty, fork, and the child up to execve (spawn.h).
+ * spawn: pipes or pty, the spawn plan, the CLONE_VM child up to execve (spawn.h).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -12,8 +12,12 @@
 #include <string.h>
 #include <termios.h>
 #include <unistd.h>
+#include <sched.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 
 #include "confine.h"
 #include "isolate.h"
@@ -56,63 +60,45 @@ void child_fail(int errfd, int stage, int err)
 	_exit(127);
 }
 
-static struct creds g_child_cr; /* in the forked child only */
-
-static void child_set_user(const char *spec, int errfd)
+/* The PATH the search uses: the env's, or the default. */
+static const char *plan_path(char **envp)
 {
-	int st = user_resolve(spec, &g_child_cr);
-	if (st)
-		child_fail(errfd, st, st == ST_SETUP ? ENOMEM : ENOENT);
-	if (g_child_cr.noop)
+	for (char **e = envp; *e; e++)
+		if (strncmp(*e, "PATH=", 5) == 0)
+			return *e + 5;
+	return DEFAULT_PATH;
+}
+
+/* setgroups, setgid, setuid as raw system calls: libc's wrappers may look at the thread
+ * list (to apply the change to every thread), which the child shares with the agent. */
+static void child_set_user(const struct spawn_plan *pl)
+{
+	int errfd = pl->errfd;
+	if (pl->user_stage)
+		child_fail(errfd, pl->user_stage, pl->user_stage == ST_SETUP ? ENOMEM : ENOENT);
+	if (pl->cr.noop)
 		return;
-	if (setgroups((size_t)g_child_cr.ngroups, g_child_cr.groups) < 0)
+	if (syscall(SYS_setgroups, (size_t)pl->cr.ngroups, pl->cr.groups) < 0)
 		child_fail(errfd, ST_SETGROUPS, errno);
-	if (setgid((gid_t)g_child_cr.gid) < 0)
+	if (syscall(SYS_setgid, (gid_t)pl->cr.gid) < 0)
 		child_fail(errfd, ST_SETGID, errno);
-	if (setuid((uid_t)g_child_cr.uid) < 0)
+	if (syscall(SYS_setuid, (uid_t)pl->cr.uid) < 0)
 		child_fail(errfd, ST_SETUID, errno);
 }
 
-/* In the child: the request's env, plus HOME from the user's passwd entry when the
- * request has none (as login, docker and podman do). Returns envp or a new array. */
-static char **child_env_with_home(char **envp)
-{
-	size_t n = 0;
-	for (; envp[n]; n++)
-		if (strncmp(envp[n], "HOME=", 5) == 0)
-			return envp;
-	char **out = malloc(sizeof(char *) * (n + 2));
-	char *home = malloc(strlen(g_child_cr.home) + 6);
-	if (!out || !home)
-		return envp;
-	memcpy(out, envp, sizeof(char *) * n);
-	strcpy(home, "HOME=");
-	strcat(home, g_child_cr.home);
-	out[n] = home;
-	out[n + 1] = NULL;
-	return out;
-}
-
 /* A file with no #! line: run it with /bin/sh, as execvp does. */
-static void exec_script(const char *path, char **argv, char **envp)
+static void exec_script(const struct spawn_plan *pl, const char *path)
 {
-	int argc = 0;
-	while (argv[argc])
-		argc++;
-	char **nargv = malloc(sizeof(char *) * (size_t)(argc + 2));
-	if (!nargv)
-		return;
-	nargv[0] = (char *)"/bin/sh";
-	nargv[1] = (char *)path;
-	for (int i = 1; i <= argc; i++)
-		nargv[i + 1] = argv[i];
-	execve("/bin/sh", nargv, envp);
-	free(nargv);
+	pl->script_argv[1] = (char *)path;
+	execve("/bin/sh", pl->script_argv, pl->envp);
 }
 
-/* execvpe semantics, but PATH comes from the request's env (envp), not the agent's. */
-static void child_exec(char **argv, char **envp, int errfd)
+/* execvpe semantics, but PATH comes from the request's env (the plan's envp), not the
+ * agent's. */
+static void child_exec(const struct spawn_plan *pl)
 {
+	char **argv = pl->r->argv, **envp = pl->envp;
+	int errfd = pl->errfd;
 	const char *file = argv[0];
 	if (!*file)
 		child_fail(errfd, ST_EXEC, ENOENT);
@@ -120,22 +106,13 @@ static void child_exec(char **argv, char **envp, int errfd)
 		execve(file, argv, envp);
 		int err = errno;
 		if (err == ENOEXEC)
-			exec_script(file, argv, envp);
+			exec_script(pl, file);
 		child_fail(errfd, ST_EXEC, err);
 	}
-	const char *path = NULL;
-	for (char **e = envp; *e; e++)
-		if (strncmp(*e, "PATH=", 5) == 0) {
-			path = *e + 5;
-			break;
-		}
-	if (!path)
-		path = DEFAULT_PATH;
+	const char *path = plan_path(envp);
+	char *buf = pl->pathbuf;
 	size_t flen = strlen(file);
-	char *buf = malloc(strlen(path) + flen + 3);
-	if (!buf)
-		child_fail(errfd, ST_SETUP, ENOMEM);
-	int seen_eacces = 0, last = ENOENT;
+	int seen_eacces = 0;
 	const char *p = path;
 	for (;;) {
 		const char *colon = strchr(p, ':');
@@ -161,22 +138,20 @@ static void child_exec(char **argv, char **envp, int errfd)
 		case ENAMETOOLONG:
 			break;
 		case ENOEXEC:
-			exec_script(buf, argv, envp);
+			exec_script(pl, buf);
 			child_fail(errfd, ST_EXEC, ENOEXEC);
 			break;
 		default:
 			child_fail(errfd, ST_EXEC, errno);
 		}
-		last = errno;
 		if (!colon)
 			break;
 		p = colon + 1;
 	}
-	(void)last;
 	child_fail(errfd, ST_EXEC, seen_eacces ? EACCES : ENOENT);
 }
 
-/* The first half of a forked exec child: its own session (so its process group id is
+/* The first half of an exec child: its own session (so its process group id is
  * its pid: SIGNAL and timeouts reach the whole group) and its stdio on fds 0-2. For an
  * isolated exec this runs in the namespace init, and the command inherits both. */
 void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
@@ -222,10 +197,12 @@ void child_reset_signals(void)
 	sigprocmask(SIG_SETMASK, &none, NULL);
 }
 
-/* The second half: working directory, user, limits, fds, execve. */
-void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
+/* The second half: signals, working directory, confinement, user, limits, fds, the oom
+ * wait, execve. */
+static void __attribute__((noreturn)) child_run(struct spawn_plan *pl)
 {
-	oom_wait_raised();
+	const struct exec_req *r = pl->r;
+	int errfd = pl->errfd;
 	child_reset_signals();
 	if (chdir(r->cwd) < 0)
 		child_fail(errfd, ST_CHDIR, errno);
@@ -234,13 +211,15 @@ void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
 		if (err)
 			child_fail(errfd, ST_SETUP, err);
 	}
-	child_set_user(r->user, errfd);
+	child_set_user(pl);
 
 	/* The agent's raised fd limit is not the sandbox's business. */
 	setrlimit(RLIMIT_NOFILE, &g_orig_nofile);
 	/* Everything the agent owns is already CLOEXEC; make sure nothing else leaks.
 	 * errfd must survive until execve, and CLOEXEC closes it exactly then. */
 	cloexec_from(3);
+	/* Before the filters, which may refuse the open of /proc/self (a guest's rules). */
+	oom_child_wait(&pl->oom);
 	if (g_worker_filter && worker_filter_install() < 0)
 		child_fail(errfd, ST_SETUP, errno);
 	if (guest_confine_applied()) {
@@ -248,15 +227,132 @@ void __attribute__((noreturn)) child_run(const struct exec_req *r, int errfd)
 		if (err)
 			child_fail(errfd, ST_SETUP, err);
 	}
-	child_exec(r->argv, child_env_with_home(r->envp), errfd);
+	child_exec(pl);
 	_exit(127);
 }
 
-static void __attribute__((noreturn))
-child_main(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+/* The entry of an exec child (clone's fn). */
+static int child_main(void *arg)
 {
-	child_stdio(r, in_r, out_w, err_w, errfd);
-	child_run(r, errfd);
+	struct spawn_plan *pl = arg;
+	/* First, so the helper (if any) raises it while the child sets itself up. */
+	oom_child_start(&pl->oom);
+	child_stdio(pl->r, pl->in_r, pl->out_w, pl->err_w, pl->errfd);
+	child_run(pl);
+}
+
+/* The entry of an isolated call's command (its stdio is the namespace init's). */
+static int command_main(void *arg)
+{
+	child_run(arg);
+}
+
+/* ---- the plan and the clone ------------------------------------------------------- */
+
+/* Everything the child needs, computed here in the agent (see spawn.h). Allocates
+ * pl->mem (spawn_plan_free). */
+static void spawn_plan_make(struct spawn_plan *pl, const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+{
+	memset(pl, 0, sizeof *pl);
+	pl->r = r;
+	pl->in_r = in_r;
+	pl->out_w = out_w;
+	pl->err_w = err_w;
+	pl->errfd = errfd;
+	pl->user_stage = user_resolve(r->user, &pl->cr);
+	size_t nenv = 0, argc = 0, homelen = 0;
+	int has_home = 0;
+	for (; r->envp[nenv]; nenv++)
+		if (strncmp(r->envp[nenv], "HOME=", 5) == 0)
+			has_home = 1;
+	while (r->argv[argc])
+		argc++;
+	/* HOME from the user's passwd entry when the request has none (as login, docker and
+	 * podman do). */
+	int add_home = !has_home && !pl->user_stage;
+	if (add_home)
+		homelen = 5 + strlen(pl->cr.home) + 1;
+	size_t pathlen = strlen(plan_path(r->envp)) + strlen(r->argv[0]) + 3;
+	size_t envb = add_home ? sizeof(char *) * (nenv + 2) : 0;
+	size_t argb = sizeof(char *) * (argc + 2);
+	char *m = xmalloc(envb + argb + homelen + pathlen);
+	pl->mem = m;
+	pl->script_argv = (char **)m;
+	pl->script_argv[0] = (char *)"/bin/sh";
+	pl->script_argv[1] = NULL;
+	for (size_t i = 1; i <= argc; i++)
+		pl->script_argv[i + 1] = r->argv[i];
+	m += argb;
+	pl->envp = r->envp;
+	if (add_home) {
+		char **env = (char **)m;
+		m += envb;
+		memcpy(env, r->envp, sizeof(char *) * nenv);
+		memcpy(m, "HOME=", 5);
+		memcpy(m + 5, pl->cr.home, homelen - 5);
+		env[nenv] = m;
+		env[nenv + 1] = NULL;
+		m += homelen;
+		pl->envp = env;
+	}
+	pl->pathbuf = m;
+}
+
+static void spawn_plan_free(struct spawn_plan *pl)
+{
+	free(pl->mem);
+	pl->mem = NULL;
+}
+
+/* Size of the exec child's stack, and the guard page below it. The deepest path (a VM
+ * guest's Landlock and capability steps, the error report) uses a few KiB. */
+#define CHILD_STACK_BYTES (64u << 10)
+static char *g_child_stack; /* the top of the mapping (the stack grows down), or NULL */
+
+/* Map the child stack once (a forked namespace init has its own copy of the mapping).
+ * Only what a child touches becomes resident. 0, or -1 with errno. */
+static int child_stack_map(void)
+{
+	if (g_child_stack)
+		return 0;
+	long pg = sysconf(_SC_PAGESIZE);
+	size_t len = CHILD_STACK_BYTES + (size_t)pg;
+	char *m = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK, -1, 0);
+	if (m == MAP_FAILED)
+		return -1;
+	if (mprotect(m, (size_t)pg, PROT_NONE) < 0) { /* the guard page */
+		int err = errno;
+		munmap(m, len);
+		errno = err;
+		return -1;
+	}
+	g_child_stack = m + len;
+	return 0;
+}
+
+/* Start fn(pl) in a child sharing this process's memory, on the child stack: clone with
+ * CLONE_VM | CLONE_VFORK (and SIGCHLD as its exit signal, so it is reaped as any child).
+ * Not CLONE_FILES, CLONE_FS or CLONE_SIGHAND: the child's dup2, chdir and sigaction are
+ * its own. Every signal is blocked across the clone, so no handler could ever run on the
+ * child's side of the shared memory (the child sets its own mask). Returns once the
+ * child has exec'd or exited: its pid, or -1 with errno. */
+static pid_t spawn_clone(int (*fn)(void *), struct spawn_plan *pl)
+{
+	if (child_stack_map() < 0)
+		return -1;
+	sigset_t all, old;
+	sigfillset(&all);
+	sigprocmask(SIG_SETMASK, &all, &old);
+	pid_t pid = clone(fn, g_child_stack, CLONE_VM | CLONE_VFORK | SIGCHLD, pl);
+	int err = errno;
+	sigprocmask(SIG_SETMASK, &old, NULL);
+	errno = err;
+	return pid;
+}
+
+pid_t spawn_command(struct spawn_plan *pl)
+{
+	return spawn_clone(command_main, pl);
 }
 
 /* ---- exec start ------------------------------------------------------------------- */
@@ -358,24 +454,39 @@ int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
 	if (!err && r->isolate && (pipe_cloexec(stat_p) < 0 || set_nonblock(stat_p[0]) < 0))
 		err = errno;
 	pid_t pid = -1;
+	struct spawn_plan pl = { 0 };
 	if (!err) {
+		spawn_plan_make(&pl, r, in_p[0], out_p[1], err_p[1], st_p[1]);
 		s->t0_ns = mono_ns();
-		oom_before_fork();
-		pid = r->isolate ? clone_isolated() : fork();
-		if (pid > 0)
-			oom_raise_child(pid);
-		if (pid < 0) {
-			err = errno;
-			s->clone_failed = r->isolate;
-		}
-	}
-	if (pid == 0) {
-		close(st_p[0]);
 		if (r->isolate) {
-			close(stat_p[0]);
-			ns_init_main(r, in_p[0], out_p[1], err_p[1], st_p[1], stat_p[1]);
+			/* The namespace init raises itself through oom_wait_raised; its command
+			 * inherits the value. */
+			pl.oom.mode = OOM_CHILD_NONE;
+			oom_before_fork();
+			pid = clone_isolated();
+			if (pid == 0) {
+				close(st_p[0]);
+				close(stat_p[0]);
+				ns_init_main(&pl, stat_p[1]);
+			}
+			if (pid > 0)
+				oom_raise_child(pid);
+			else
+				s->clone_failed = 1;
+		} else {
+			oom_child_prepare(&pl.oom);
+			pid = spawn_clone(child_main, &pl);
+			if (pid > 0) {
+				oom_child_done(&pl.oom);
+				/* The child's setuid reset the dumpability of the memory it shared
+				 * with the agent to the host's fs.suid_dumpable: the agent stays
+				 * non-dumpable (agent.c). */
+				prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+			}
 		}
-		child_main(r, in_p[0], out_p[1], err_p[1], st_p[1]);
+		if (pid < 0)
+			err = errno;
+		spawn_plan_free(&pl);
 	}
 	if (err) {
 		close_pair(in_p);
@@ -425,4 +536,10 @@ void spawn_record_signals(void)
 void spawn_open_devnull(void)
 {
 	g_devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+void spawn_map_stack(void)
+{
+	if (child_stack_map() < 0)
+		logf_("spawn: mapping the exec child stack: %s; retried at each exec", strerror(errno));
 }

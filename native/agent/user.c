@@ -125,8 +125,8 @@ static int member_groups(const char *user, gid_t primary, gid_t *out, int max)
 }
 
 /* Resolve a user spec: "uid", "uid:gid", "name", "name:group" (group numeric or a
- * name) against the sandbox's /etc/passwd and /etc/group. Used by execs (in the child)
- * and by file operations (in the agent). Returns 0, ST_USER_UNKNOWN, ST_GROUP_UNKNOWN
+ * name) against the sandbox's /etc/passwd and /etc/group. Used by execs and by file
+ * operations, in the agent. Returns 0, ST_USER_UNKNOWN, ST_GROUP_UNKNOWN
  * (errno ENOENT) or ST_SETUP (ENOMEM). */
 int user_resolve(const char *spec, struct creds *cr)
 {

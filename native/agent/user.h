@@ -22,8 +22,8 @@ struct creds {
  * against the sandbox's /etc/passwd and /etc/group into *cr: uid and gid (a numeric user
  * without an entry gets gid = uid), the home ("/" without one), the supplementary groups
  * (the primary gid first, then every group listing the user; at most 256) and noop (an
- * unprivileged agent asked for its own identity). Used by execs (in the child) and by
- * file operations (in the agent). Returns 0, ST_USER_UNKNOWN, ST_GROUP_UNKNOWN (errno
+ * unprivileged agent asked for its own identity). Used by execs and by file operations,
+ * always in the agent (an exec's child shares the agent's memory and must not allocate). Returns 0, ST_USER_UNKNOWN, ST_GROUP_UNKNOWN (errno
  * ENOENT) or ST_SETUP (ENOMEM), the stage codes of spawn.h. */
 int user_resolve(const char *spec, struct creds *cr);
 

@@ -50,6 +50,12 @@ export class DiskQuotaWatch {
   private readonly poolFull = new Set<string>();
   /** Whether the first guard check (which adopts limits a previous dsecd left) has run. */
   private guardAdopted = false;
+  /**
+   * The sum of headrooms (quota − use, bytes) the last full guard check found while the
+   * pool had room, plus the quotas of layers made since; null when unknown or tight. See
+   * {@link roomWithout}.
+   */
+  private lastHeadrooms: number | null = null;
 
   constructor(private readonly d: DiskQuotaDeps) {}
 
@@ -123,13 +129,43 @@ export class DiskQuotaWatch {
    * new writable layer exists and before the sandbox runs anything, so a layer made while
    * the store is nearly full starts at its share, not at its quota (daemon/storage/pool.ts).
    * Failures are logged, never thrown (the sweep retries within a second).
+   * @param quotaBytes the new layer's quota (disk_bytes); with it, a pool that had room at
+   *   the last full check and still has room for this quota is not read again ({@link roomWithout}).
    */
-  guard(): void {
+  guard(quotaBytes?: number | null): void {
     try {
+      if (this.roomWithout(quotaBytes)) return;
       this.guardStore(this.d.storage.usageAll());
     } catch (e) {
       this.d.log.warn({ err: e }, 'the writable-layer pool guard failed');
     }
+  }
+
+  /**
+   * Whether a layer of `quotaBytes` just made leaves the pool as roomy as the guard's
+   * last full check found it, with no per-sandbox read: the headrooms that check summed,
+   * plus the whole quota of every layer made since (an upper bound of their headroom), fit
+   * in what statfs says is free above the reserve, and the guard holds no sandbox below
+   * its quota. The bound stays sound between checks: a sandbox's write takes from its
+   * headroom what it takes from the free space, a delete gives back to both, so only new
+   * layers can make it grow. Keeps a burst of creates from reading every layer's use per
+   * create (O(sandboxes) each, O(n²) for a burst). False (do the full check) when unsure.
+   */
+  private roomWithout(quotaBytes: number | null | undefined): boolean {
+    if (this.lastHeadrooms === null || this.guarded.size > 0 || !quotaBytes) {
+      this.lastHeadrooms = null;
+      return false;
+    }
+    const space = this.d.storage.space();
+    if (!space) return false;
+    const reserve = this.reserveBytes(space.sizeBytes);
+    const bound = this.lastHeadrooms + quotaBytes;
+    if (reserve !== 0 && bound > space.availableBytes - reserve) {
+      this.lastHeadrooms = null;
+      return false;
+    }
+    this.lastHeadrooms = bound;
+    return true;
   }
 
   /**
@@ -172,8 +208,10 @@ export class DiskQuotaWatch {
     if ((reserve === 0 || headrooms <= space.availableBytes - reserve) && this.guarded.size === 0) {
       this.poolPrevious.clear();
       this.poolFull.clear();
+      this.lastHeadrooms = headrooms;
       return [];
     }
+    this.lastHeadrooms = null;
     const entries: PoolEntry[] = [];
     // Bytes the sandboxes wrote that statfs does not count yet (in the page cache or not
     // committed): their live use above the committed counters of this check. Read after

@@ -9,6 +9,7 @@
  * Start-up: config -> etcd client -> token store and host table read from etcd (retried
  * until etcd answers) -> TLS listener. SIGTERM/SIGINT stop listening and exit.
  */
+import { KeyedCreates } from './idempotency.js';
 import { Command } from 'commander';
 import { X509Certificate } from 'node:crypto';
 import https from 'node:https';
@@ -73,8 +74,9 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
   const tokens = new TokenService(store);
   const metrics = new GatewayMetrics(table);
   const upstreams = new Upstreams({ ca, cert, key }, log.child({ component: 'upstream' }));
+  const keyed = new KeyedCreates(etcd, keys, upstreams, log.child({ component: 'creates' }), () => table.fresh);
   const ctx: GatewayContext = {
-    table, upstreams, tokens, metrics, etcd, keys, log, name,
+    table, upstreams, tokens, metrics, etcd, keys, log, name, keyed,
     policy: { k: cfg.placement.k, job: cfg.placement.job, weights: DEFAULT_WEIGHTS, random: Math.random },
   };
   const audit = cfg.audit ? new AuditLog(cfg.audit) : null;
@@ -104,6 +106,7 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
       const t = setTimeout(() => server.closeAllConnections(), 10_000);
       await app.close();
       clearTimeout(t);
+      await keyed.close();
       upstreams.close();
       tokens.close();
       await Promise.all([store.close(), table.close()]);

@@ -7,7 +7,7 @@ import type { FastifyInstance } from 'fastify';
 import { ForkRequest, ForkResult, RestoreRequest, Sandbox, Snapshot, SnapshotList, SnapshotRequest } from '../schema.js';
 import type { Logger } from 'pino';
 import { forkInput, restoreInput, sandboxView, snapshotInput, snapshotView } from '../convert.js';
-import { runLong } from '../long.js';
+import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { route } from './table.js';
 import type { Metrics } from '../../metrics.js';
@@ -32,7 +32,7 @@ const forkRoute = route({
 });
 
 /** What the snapshot routes use. */
-export interface SnapshotRouteDeps {
+export interface SnapshotRouteDeps extends CreateDeps {
   snapshots: Pick<SnapshotService, 'snapshot' | 'list' | 'get' | 'remove' | 'restore' | 'fork'>;
   metrics: Pick<Metrics, 'errors'>;
   log: Logger;
@@ -50,10 +50,10 @@ export function registerSnapshotRoutes(app: FastifyInstance, deps: SnapshotRoute
   app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotView(await m.remove(req.params.ref)));
   app.post<{ Params: { ref: string } }>(restoreRoute.url, async (req, reply) => {
     const body = parseWith(RestoreRequest, req.body ?? {}, 'restore request');
-    return runLong(req, reply, deps, async (progress) => sandboxView(await m.restore(req.params.ref, restoreInput(body), { onProgress: progress })));
+    return runCreate(req, reply, deps, body, async (progress) => sandboxView(await m.restore(req.params.ref, restoreInput(body), { onProgress: progress })));
   });
   app.post<{ Params: { ref: string } }>(forkRoute.url, async (req, reply) => {
     const body = parseWith(ForkRequest, req.body, 'fork request');
-    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, forkInput(body), { onProgress: progress })).map(sandboxView) }));
+    return runCreate(req, reply, deps, body, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, forkInput(body), { onProgress: progress })).map(sandboxView) }));
   });
 }

@@ -22,9 +22,12 @@
  *
  * **Acknowledgements.** Creates are sent to hosts with `x-dsec-create-ack: gateway`; once
  * the gateway wrote an answer whole to its client it reports the sandboxes to their host
- * (`POST /v1/sandboxes:ack`), batched per host every {@link ACK_FLUSH_MS}. A gateway that
+ * (`POST /v1/sandboxes:ack`), batched per host over {@link ACK_FLUSH_MS}. A gateway that
  * dies first reports nothing, and the host reaps those sandboxes at its deadline (60 s by
- * default), unless a retry of the same key is answered and delivered by another gateway.
+ * default), unless a retry of the same key is answered and delivered by another gateway,
+ * or a call names the sandbox (its client knows it). So the one window in which a client
+ * saw an answer its host was not told of is the few milliseconds between delivery and
+ * the report, closed by the client's first call on the sandbox within the deadline.
  */
 import { createHash } from 'node:crypto';
 import type { Etcd3, Lease } from 'etcd3';
@@ -36,8 +39,8 @@ import type { CallIdentity, HostAddress, Upstreams } from './upstream.js';
 export const KEY_RECORD_TTL_S = 86_400;
 /** A record lease is replaced after 1 h, so records live between 23 and 24 h. */
 const LEASE_RENEW_MS = 3_600_000;
-/** Acknowledgements are sent to each host at most this often (ms): one request per host per interval under a burst. */
-export const ACK_FLUSH_MS = 100;
+/** Acknowledgements are sent this long (ms) after the first one queued: one request per host and caller for all delivered in that time. */
+export const ACK_FLUSH_MS = 5;
 /** Keys remembered in memory per gateway (for retries while etcd cannot be reached). */
 const LOCAL_KEYS_MAX = 100_000;
 
@@ -52,12 +55,9 @@ export class KeyedCreates {
   private lease: { lease: Lease; id: string; at: number } | null = null;
   private readonly local = new Map<string, string>();
   private readonly pending = new Map<string, { address: HostAddress; identity: CallIdentity; ids: string[] }>();
-  private readonly timer: NodeJS.Timeout;
+  private timer: NodeJS.Timeout | null = null;
 
-  constructor(private readonly etcd: Etcd3, private readonly keys: FleetKeys, private readonly upstreams: Upstreams, private readonly log: Logger, private readonly fresh: () => boolean) {
-    this.timer = setInterval(() => void this.flush(), ACK_FLUSH_MS);
-    this.timer.unref();
-  }
+  constructor(private readonly etcd: Etcd3, private readonly keys: FleetKeys, private readonly upstreams: Upstreams, private readonly log: Logger, private readonly fresh: () => boolean) {}
 
   private recordKey(tenant: string, key: string): string {
     return this.keys.idempotency(tenant, createHash('sha256').update(key).digest('hex'));
@@ -124,6 +124,10 @@ export class KeyedCreates {
     const p = this.pending.get(k);
     if (p) p.ids.push(...ids);
     else this.pending.set(k, { address, identity, ids: [...ids] });
+    this.timer ??= setTimeout(() => {
+      this.timer = null;
+      void this.flush();
+    }, ACK_FLUSH_MS);
   }
 
   /** Sends the queued acknowledgements, one request per host and caller; a failed one is queued again (the host's deadline bounds how long that matters). */
@@ -140,14 +144,16 @@ export class KeyedCreates {
         if ((res.statusCode ?? 0) >= 500) throw new Error(`status ${res.statusCode}`);
       } catch (e) {
         this.log.warn({ err: e, host: b.address.name }, 'acknowledging creates failed; trying again');
+        await new Promise((r) => setTimeout(r, 500));
         this.ack(b.address, b.identity, b.ids);
       }
     }));
   }
 
-  /** Stops the flush timer after one last flush. */
+  /** Sends what is queued now (at close). */
   async close(): Promise<void> {
-    clearInterval(this.timer);
+    if (this.timer) clearTimeout(this.timer);
+    this.timer = null;
     await this.flush();
   }
 }

@@ -14,7 +14,8 @@
  *   the stream's `result` line and its end) to the caller's connection without error; on
  *   a call relayed by a gateway that asked to confirm (`x-dsec-create-ack: gateway`),
  *   when that gateway reports it wrote the answer whole to its client
- *   (`POST /v1/sandboxes:ack`). Until then the sandboxes are *held*: a sandbox still held
+ *   (`POST /v1/sandboxes:ack`); or when any later call names the sandbox (its caller
+ *   knows it). Until then the sandboxes are *held*: a sandbox still held
  *   `ackTimeoutMs` (default 60 s) after its create finished is destroyed, and its key
  *   forgotten, so no sandbox lives that no caller was told of. A replayed answer that is
  *   delivered acknowledges a held sandbox too; one that is acknowledged is never held
@@ -26,7 +27,7 @@
  */
 import { createHash } from 'node:crypto';
 import type { Db } from '../db/db.js';
-import { invalidArgument } from '../errors.js';
+import { invalidArgument, isDsecError } from '../errors.js';
 
 /** The request header that names a create's idempotency key. */
 export const IDEMPOTENCY_HEADER = 'idempotency-key';
@@ -53,6 +54,8 @@ export interface CreateRecordsOptions {
 /** The durable record of keys and held sandboxes; see the module comment. */
 export class CreateRecords {
   private readonly inFlight = new Map<string, { fingerprint: string; done: Promise<unknown> }>();
+  /** The held ids, mirrored in memory so that {@link used} costs no store read. */
+  private readonly heldIds = new Set<string>();
   private readonly now: () => number;
 
   constructor(private readonly db: Db, private readonly opts: CreateRecordsOptions) {
@@ -74,6 +77,12 @@ export class CreateRecords {
         deadline    INTEGER NOT NULL            -- ms since epoch: destroyed after this unless acknowledged
       );
     `);
+    for (const r of db.prepare('SELECT sandbox_id FROM create_holds').all() as Array<{ sandbox_id: string }>) this.heldIds.add(r.sandbox_id);
+  }
+
+  /** A call named sandbox `id` (its caller knows it): acknowledges it if held. */
+  used(id: string): void {
+    if (this.heldIds.has(id)) this.ack([id]);
   }
 
   /** The fingerprint of a request: method, path (without query) and body. */
@@ -126,7 +135,10 @@ export class CreateRecords {
     this.db.transaction(() => {
       for (const id of ids) {
         if (again) stmt.run(deadline, id);
-        else stmt.run(deadline, id, tenant, key);
+        else {
+          stmt.run(deadline, id, tenant, key);
+          this.heldIds.add(id);
+        }
       }
     })();
   }
@@ -138,6 +150,7 @@ export class CreateRecords {
     this.db.transaction(() => {
       for (const id of ids) n += stmt.run(id).changes;
     })();
+    for (const id of ids) this.heldIds.delete(id);
     return n;
   }
 
@@ -146,20 +159,23 @@ export class CreateRecords {
     return (this.db.prepare('SELECT count(*) AS n FROM create_holds').get() as { n: number }).n;
   }
 
+  /** The held sandboxes whose deadline passed: the caller destroys each, then calls {@link reaped}. */
+  overdue(): string[] {
+    return (this.db.prepare('SELECT sandbox_id FROM create_holds WHERE deadline <= ?').all(this.now()) as Array<{ sandbox_id: string }>).map((r) => r.sandbox_id);
+  }
+
   /**
-   * The held sandboxes whose deadline passed, removed from the holds together with the
-   * keys that made them (a retry of such a key creates afresh); the caller destroys them.
+   * Forgets a held sandbox that was destroyed, and the key that made it (a retry of that
+   * key creates afresh). Done after the destroy, so a crash between the two destroys it
+   * again at the next start.
    */
-  takeOverdue(): string[] {
-    const t = this.now();
-    return this.db.transaction(() => {
-      const rows = this.db.prepare('SELECT sandbox_id, tenant, key FROM create_holds WHERE deadline <= ?').all(t) as Array<{ sandbox_id: string; tenant: string | null; key: string | null }>;
-      for (const r of rows) {
-        this.db.prepare('DELETE FROM create_holds WHERE sandbox_id = ?').run(r.sandbox_id);
-        if (r.key !== null) this.db.prepare('DELETE FROM idempotency_keys WHERE tenant = ? AND key = ?').run(r.tenant, r.key);
-      }
-      return rows.map((r) => r.sandbox_id);
+  reaped(id: string): void {
+    this.db.transaction(() => {
+      const r = this.db.prepare('SELECT tenant, key FROM create_holds WHERE sandbox_id = ?').get(id) as { tenant: string | null; key: string | null } | undefined;
+      this.db.prepare('DELETE FROM create_holds WHERE sandbox_id = ?').run(id);
+      if (r?.key) this.db.prepare('DELETE FROM idempotency_keys WHERE tenant = ? AND key = ?').run(r.tenant, r.key);
     })();
+    this.heldIds.delete(id);
   }
 
   /** Forgets keys past their expiry. @returns how many. */
@@ -185,12 +201,14 @@ export function startHoldReaper(records: CreateRecords, destroy: (id: string) =>
     running = true;
     try {
       if (++sweeps % 60 === 1) records.expireKeys();
-      for (const id of records.takeOverdue()) {
+      for (const id of records.overdue()) {
         try {
           await destroy(id);
+          records.reaped(id);
           log.info({ sandbox: id }, 'destroyed a sandbox whose create was never acknowledged');
         } catch (e) {
-          log.warn({ sandbox: id, err: e }, 'destroying an unacknowledged sandbox failed');
+          if (isDsecError(e, 'NotFound')) records.reaped(id);
+          else log.warn({ sandbox: id, err: e }, 'destroying an unacknowledged sandbox failed; trying again at the next sweep');
         }
       }
     } finally {

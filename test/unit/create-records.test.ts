@@ -78,15 +78,28 @@ describe('CreateRecords', () => {
     // A replay delivered late does not hold an acknowledged sandbox again.
     rec.hold(['bbbbbbbbbbbbbbbb'], 't', null, true);
     expect(rec.held()).toBe(2);
-    expect(rec.takeOverdue()).toEqual([]);
+    expect(rec.overdue()).toEqual([]);
     db.close();
     dbs.pop();
     const again = open(f);
     again.clock.set(clock.get() + 5_000);
-    expect(again.rec.takeOverdue().sort()).toEqual(['aaaaaaaaaaaaaaaa', 'cccccccccccccccc']);
+    expect(again.rec.overdue().sort()).toEqual(['aaaaaaaaaaaaaaaa', 'cccccccccccccccc']);
+    // Still held until destroyed.
+    expect(again.rec.held()).toBe(2);
+    again.rec.reaped('aaaaaaaaaaaaaaaa');
+    again.rec.reaped('cccccccccccccccc');
     expect(again.rec.held()).toBe(0);
     // The key of a reaped sandbox is forgotten: its retry creates afresh.
     expect((await again.rec.once('t', 'k', fp, async () => ({ id: 'dddddddddddddddd' }))).replayed).toBe(false);
+  });
+
+  it('acknowledges a held sandbox that a later call names', () => {
+    const { rec, clock } = open();
+    rec.hold(['aaaaaaaaaaaaaaaa', 'bbbbbbbbbbbbbbbb'], 't', null);
+    rec.used('aaaaaaaaaaaaaaaa');
+    rec.used('eeeeeeeeeeeeeeee');
+    clock.set(clock.get() + 5_000);
+    expect(rec.overdue()).toEqual(['bbbbbbbbbbbbbbbb']);
   });
 
   it('reads the ids of a create answer and of a fork answer', () => {

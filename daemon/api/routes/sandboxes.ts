@@ -55,6 +55,14 @@ export interface SandboxRouteDeps extends CreateDeps {
 /** Registers the sandbox routes. */
 export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDeps): void {
   const lc = deps.lifecycle;
+  // A call naming a sandbox acknowledges its create (daemon/sandbox/create-records.ts): the caller knows it.
+  const records = deps.createRecords;
+  if (records) {
+    app.addHook('preHandler', async (req) => {
+      const id = (req.params as { id?: unknown } | undefined)?.id;
+      if (typeof id === 'string' && req.routeOptions.url?.startsWith('/v1/sandboxes/:id')) records.used(id);
+    });
+  }
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).

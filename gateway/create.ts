@@ -19,6 +19,9 @@ import { hostError, readJson, type Router } from './routing.js';
 import { passHeaders } from './upstream.js';
 import type { Reservation } from './table.js';
 
+/** The request header by which a create allows a burst host (`allow`); see gateway/placement.ts. */
+export const BURST_HEADER = 'x-dsec-burst';
+
 /** A create tries at most 8 hosts: each refusal costs a round trip, and 8 refusals in a row mean the fleet is full, which the answer then says. */
 export const MAX_ATTEMPTS = 8;
 
@@ -71,6 +74,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     backend: typeof body.backend === 'string' ? body.backend : defaultBackend,
     image: normalizeImage(typeof body.image === 'string' ? body.image : 'busybox'),
     network, ...limits, job: typeof labels.job === 'string' ? labels.job : null, refused: new Set(),
+    allowBurst: String(req.headers[BURST_HEADER] ?? '').toLowerCase() === 'allow',
   };
   const ndjson = String(req.headers.accept ?? '').includes('application/x-ndjson');
   const refusals: string[] = [];
@@ -80,6 +84,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
   const key = typeof rawKey === 'string' && KEY_RE.test(rawKey) ? rawKey : null;
   // Only sandbox creates hold their sandboxes until delivery (daemon/sandbox/create-records.ts).
   const acks = req.routeOptions.url === '/v1/sandboxes';
+  if (acks && typeof body.image === 'string') imageSomewhere(ctx, preq.image);
   /** The host the key's record names, and whether this request made the record. */
   let owner: KeyClaim | null = null;
   for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -223,6 +228,20 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     return reply;
   }
   throw new DsecError('ResourceExhausted', `${MAX_ATTEMPTS} hosts refused this create: ${refusals.join('; ')}`);
+}
+
+/**
+ * Refuses at once a create of an image no up host has: hosts load images only from their
+ * own store (imported, built or bootstrapped there) and fetch none from a registry or a
+ * peer, so no host could run it. Judged only when every up host has reported its images.
+ * @throws DsecError NotFound naming the image and how many hosts were asked.
+ */
+export function imageSomewhere(ctx: GatewayContext, image: string): void {
+  const up = [...ctx.table.hosts.values()].filter((h) => h.state === 'up');
+  // Only `name:tag` refs, as hosts report them; digests and disk images are left to the hosts.
+  if (/^(sha256:|disk:)|@/.test(image) || up.length === 0 || up.some((h) => h.images === null)) return;
+  if (up.some((h) => h.imageSet.has(image))) return;
+  throw new DsecError('NotFound', `image ${image} is on none of the fleet's ${up.length} up hosts, and no store holds it (hosts take images only from their own store): import, build or bootstrap it on a host first (dsec image import PATH --host NAME)`);
 }
 
 /** Remembers the sandboxes of a create's answer (one, or a list from a fork) on `host`. */

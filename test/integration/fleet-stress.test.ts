@@ -14,6 +14,9 @@
  *   client's first exec): every create the client saw answered exists exactly once, and once
  *   no host holds an unacknowledged create, no host has a burst sandbox the client was not
  *   told of.
+ * - etcd stopped: hosts keep serving their sockets; through the surviving gateway exec,
+ *   get and destroy route from its cached table and `dsec hosts` warns that the view is
+ *   stale; etcd restarted: the view is fresh again, every host up, creates placed.
  * Order of events is asserted, never time.
  */
 import https from 'node:https';
@@ -22,7 +25,8 @@ import path from 'node:path';
 import { randomUUID } from 'node:crypto';
 import Database from 'better-sqlite3';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { IS_ROOT } from './harness.js';
+import { execa } from 'execa';
+import { IS_ROOT, REPO } from './harness.js';
 import { TestFleet, type GatewayAnswer } from '../fixtures/fleet.js';
 
 const run = IS_ROOT ? describe : describe.skip;
@@ -157,4 +161,44 @@ run('fleet under stress: idempotent creates, acknowledgements, a gateway killed 
     expect(l.json.sandboxes.map((s: { id: string }) => s.id).sort()).toEqual([...answered.values()].sort());
     process.stderr.write(`burst of ${BURST}: ${retries} retries after gateway 1 was killed at ${killAt} answers\n`);
   }, 900_000);
+
+  it('etcd stopped: hosts keep serving, the gateway routes exec, get and destroy from its table and says the view is stale; etcd back: the view recovers', async () => {
+    const a = await f.request('POST', '/v1/sandboxes', { json: { image: 'busybox', labels: { job: 'etcd-down' } }, gateway: 2 });
+    const b = await f.request('POST', '/v1/sandboxes', { json: { image: 'busybox', labels: { job: 'etcd-down' } }, gateway: 2 });
+    expect([a.status, b.status]).toEqual([201, 201]);
+    await f.etcd!.stop();
+    for (;;) {
+      const h = await f.request('GET', '/v1/hosts', { gateway: 2 });
+      if (h.json.view.fresh === false) {
+        expect(h.json.view.stale_since).toEqual(expect.any(Number));
+        break;
+      }
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const env = { DSEC_HOST: f.url(2), DSEC_CA: f.caFile, DSEC_TOKEN: f.tokens.user, HOME: f.dir };
+    const hosts = await execa(process.execPath, [path.join(REPO, 'bin/dsec'), 'hosts'], { env, reject: false });
+    expect(hosts.exitCode, hosts.stderr).toBe(0);
+    expect(String(hosts.stderr)).toMatch(/cannot reach etcd .*last known state/);
+    expect(String(hosts.stdout)).toMatch(/^h1\s+default\s+up\s/m);
+    const e = await f.request('POST', `/v1/sandboxes/${a.json.id}/exec`, { json: { argv: ['echo', 'while etcd is down'] }, gateway: 2 });
+    expect(e.status, e.body).toBe(200);
+    expect(Buffer.from(e.json.stdout_b64, 'base64').toString()).toBe('while etcd is down\n');
+    const g = await f.request('GET', `/v1/sandboxes/${a.json.id}`, { gateway: 2 });
+    expect(g.status, g.body).toBe(200);
+    expect(g.json.state).toBe('running');
+    const d = await f.request('DELETE', `/v1/sandboxes/${b.json.id}?force=true`, { gateway: 2 });
+    expect(d.status, d.body).toBe(200);
+    // Each host serves its own socket as before.
+    for (const h of f.hosts.values()) expect(Array.isArray(await h.client.listSandboxes())).toBe(true);
+    await f.etcd!.restart();
+    for (;;) {
+      const h = await f.request('GET', '/v1/hosts', { gateway: 2 });
+      if (h.json.view.fresh === true && h.json.hosts.every((x: { state: string }) => x.state === 'up')) break;
+      await new Promise((r) => setTimeout(r, 200));
+    }
+    const c = await f.request('POST', '/v1/sandboxes', { json: { image: 'busybox', labels: { job: 'etcd-down' } }, gateway: 2 });
+    expect(c.status, c.body).toBe(201);
+    const l = await f.request('GET', '/v1/sandboxes?selector=job%3Detcd-down', { gateway: 2 });
+    expect(l.json.sandboxes.map((s: { id: string }) => s.id).sort()).toEqual([a.json.id, c.json.id].sort());
+  }, 300_000);
 });

@@ -14,6 +14,7 @@
  *   client's first exec): every create the client saw answered exists exactly once, and once
  *   no host holds an unacknowledged create, no host has a burst sandbox the client was not
  *   told of.
+ * - `dsec fork -n 16` through the gateway lands on the snapshot's host.
  * - etcd stopped: hosts keep serving their sockets; through the surviving gateway exec,
  *   get and destroy route from its cached table and `dsec hosts` warns that the view is
  *   stale; etcd restarted: the view is fresh again, every host up, creates placed.
@@ -161,6 +162,26 @@ run('fleet under stress: idempotent creates, acknowledgements, a gateway killed 
     expect(l.json.sandboxes.map((s: { id: string }) => s.id).sort()).toEqual([...answered.values()].sort());
     process.stderr.write(`burst of ${BURST}: ${retries} retries after gateway 1 was killed at ${killAt} answers\n`);
   }, 900_000);
+
+  it('dsec fork -n 16 through the gateway lands on the snapshot\'s host', async () => {
+    const src = await f.request('POST', '/v1/sandboxes', { json: { image: 'busybox', labels: { job: 'fork-src' } }, gateway: 2 });
+    expect(src.status, src.body).toBe(201);
+    const hosts = (await f.request('GET', '/v1/hosts', { gateway: 2 })).json.hosts as Array<{ name: string; tag: string }>;
+    const home = hosts.find((h) => h.tag === src.json.id.slice(0, 6))!.name;
+    const snap = await f.request('POST', `/v1/sandboxes/${src.json.id}/snapshot`, { json: {}, gateway: 2 });
+    expect(snap.status, snap.body).toBe(201);
+    const env = { DSEC_HOST: f.url(2), DSEC_CA: f.caFile, DSEC_TOKEN: f.tokens.user, HOME: f.dir };
+    const r = await execa(process.execPath, [path.join(REPO, 'bin/dsec'), '--json', 'fork', snap.json.id, '-n', '16', '--label', 'job=forked'], { env, reject: false });
+    expect(r.exitCode, r.stderr).toBe(0);
+    const l = await f.request('GET', '/v1/sandboxes?selector=job%3Dforked', { gateway: 2 });
+    expect(l.json.sandboxes).toHaveLength(16);
+    expect(new Set(l.json.sandboxes.map((s: { host: string }) => s.host))).toEqual(new Set([home]));
+    // The fork's sandboxes were acknowledged on delivery: none is held, none reaped.
+    await untilNoneHeld(f);
+    expect((await f.request('GET', '/v1/sandboxes?selector=job%3Dforked', { gateway: 2 })).json.sandboxes).toHaveLength(16);
+    const bulk = await f.request('POST', '/v1/sandboxes/bulk', { json: { selector: 'job=forked', action: 'destroy' }, gateway: 2 });
+    expect(bulk.status, bulk.body).toBe(200);
+  }, 300_000);
 
   it('etcd stopped: hosts keep serving, the gateway routes exec, get and destroy from its table and says the view is stale; etcd back: the view recovers', async () => {
     const a = await f.request('POST', '/v1/sandboxes', { json: { image: 'busybox', labels: { job: 'etcd-down' } }, gateway: 2 });

@@ -89,7 +89,7 @@ export function withSnapshotCalls<B extends TransportClass>(Base: B) {
     async fork(ref: string, req: ForkInput, opts: CreateOptions = {}): Promise<Sandbox[]> {
       const res = await this.keyedCreate(opts, (idempotencyKey) => opts.onProgress
         ? this.longOperation<{ sandboxes: Sandbox[] }, CreateProgress>('POST', snapshotPath(ref) + '/fork', req, { ...opts, idempotencyKey })
-        : this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0, idempotencyKey }));
+        : this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0, idempotencyKey, allowBurst: opts.allowBurst }));
       return res.sandboxes;
     }
   };

@@ -65,6 +65,8 @@ export interface RequestOptions {
   timeoutMs?: number;
   /** Sent as the `Idempotency-Key` request header (creates: daemon/sandbox/create-records.ts). */
   idempotencyKey?: string;
+  /** Creates through a gateway: allow a `pool=burst` host (`X-Dsec-Burst: allow`; gateway/placement.ts). */
+  allowBurst?: boolean;
 }
 
 /** What a long operation's caller passes: a progress callback and an abort signal. */
@@ -75,6 +77,8 @@ export interface LongOperationCallbacks<P> {
   signal?: AbortSignal;
   /** Sent as the `Idempotency-Key` request header. */
   idempotencyKey?: string;
+  /** As {@link RequestOptions.allowBurst}. */
+  allowBurst?: boolean;
 }
 
 /** A class whose instances are {@link Transport}s: the base a resource module's calls are mixed into. */
@@ -225,7 +229,7 @@ export class Transport {
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body), 'utf8');
     const deadline = timeoutMs > 0 ? Date.now() + timeoutMs : 0;
-    const res = await this.open(method, path, payload, opts.signal, deadline, timeoutMs, IDEMPOTENT.has(method) || opts.idempotencyKey !== undefined, 'application/json', opts.idempotencyKey);
+    const res = await this.open(method, path, payload, opts.signal, deadline, timeoutMs, IDEMPOTENT.has(method) || opts.idempotencyKey !== undefined, 'application/json', opts);
     let text: string;
     try {
       text = await withDeadline(readBody(res), res, deadline, () => this.deadlineError(method, path, timeoutMs));
@@ -276,7 +280,7 @@ export class Transport {
   protected async longOperation<T, P>(method: string, path: string, body: unknown, opts: LongOperationCallbacks<P>): Promise<T> {
     const { signal, onProgress } = opts;
     const payload = Buffer.from(JSON.stringify(body), 'utf8');
-    const res = await this.open(method, path, payload, signal, 0, 0, opts.idempotencyKey !== undefined, NDJSON_TYPE, opts.idempotencyKey);
+    const res = await this.open(method, path, payload, signal, 0, 0, opts.idempotencyKey !== undefined, NDJSON_TYPE, opts);
     let callbackFailed = false;
     try {
       const status = res.statusCode ?? 0;
@@ -350,7 +354,7 @@ export class Transport {
     timeoutMs: number,
     retryable: boolean,
     accept = 'application/json',
-    idempotencyKey?: string,
+    extra: { idempotencyKey?: string; allowBurst?: boolean } = {},
   ): Promise<http.IncomingMessage> {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) {
@@ -358,7 +362,8 @@ export class Transport {
         return;
       }
       const headers: http.OutgoingHttpHeaders = { accept };
-      if (idempotencyKey !== undefined) headers['idempotency-key'] = idempotencyKey;
+      if (extra.idempotencyKey !== undefined) headers['idempotency-key'] = extra.idempotencyKey;
+      if (extra.allowBurst) headers['x-dsec-burst'] = 'allow';
       if (payload !== undefined) {
         headers['content-type'] = 'application/json';
         headers['content-length'] = payload.length;
@@ -397,7 +402,7 @@ export class Transport {
           reject(err);
         } else if (retryable && req.reusedSocket && (err.code === 'ECONNRESET' || err.code === 'EPIPE')) {
           // The daemon closed an idle pooled connection just as we reused it.
-          this.open(method, path, payload, signal, deadline, timeoutMs, false, accept, idempotencyKey).then(resolve, reject);
+          this.open(method, path, payload, signal, deadline, timeoutMs, false, accept, extra).then(resolve, reject);
         } else {
           reject(this.connectionError(err, method, path));
         }

@@ -42,5 +42,8 @@ describe('SDK creates and their idempotency keys', () => {
     await c.restore('snap', {}, { idempotencyKey: 'k-restore' });
     await expect(c.fork('snap', { count: 2 }, { idempotencyKey: 'k-fork' })).rejects.toMatchObject({ code: 'ResourceExhausted' });
     expect(f.seen.map((s) => s.headers['idempotency-key'])).toEqual(['k-create', 'k-restore', 'k-fork']);
+    expect(f.seen.map((s) => s.headers['x-dsec-burst'])).toEqual([undefined, undefined, undefined]);
+    await c.createSandbox({}, { allowBurst: true });
+    expect(f.seen[3].headers['x-dsec-burst']).toBe('allow');
   });
 });

@@ -12,7 +12,9 @@
  * medians (for a rate, above 1 is better for B; for a latency, below 1).
  *
  * Metrics (those the sections produce; ms are create→first exec or round-trip latencies):
- *   burst: pool-empty and pool-prefilled ready/s and p50/p99 ms;  exec: API exec p50/p99 ms.
+ *   burst: pool-empty and pool-prefilled ready/s and p50/p99 ms;  exec: API exec p50/p99 ms;
+ *   and dsecd's own CPU ms per ready sandbox and per exec (`/proc/PID/stat`), the measure a
+ *   loaded host moves least (a metric one build's bench lacks is left out).
  *
  * Usage: node dist/bench/ab.js --a DIR --b DIR [--runs 5] [--only burst,exec] [--n 300]
  *   [--concurrency 16] [--out FILE]
@@ -41,6 +43,11 @@ const METRICS: Metric[] = [
   { name: 'burst pre-filled p99 ms', path: ['burst', 'pool_prefilled', 'create_to_first_exec_ms', 'p99'], higherIsBetter: false },
   { name: 'exec true p50 ms', path: ['exec', 'dsec_api', 'p50'], higherIsBetter: false },
   { name: 'exec true p99 ms', path: ['exec', 'dsec_api', 'p99'], higherIsBetter: false },
+  // dsecd's own CPU per operation: what a refactor changes, and what a busy shared host
+  // (whose load moves wall-clock rates several-fold between runs) changes least.
+  { name: 'burst pool empty dsecd CPU ms/sandbox', path: ['burst', 'pool_empty', 'dsecd_cpu_ms_per_sandbox'], higherIsBetter: false },
+  { name: 'burst pre-filled dsecd CPU ms/sandbox', path: ['burst', 'pool_prefilled', 'dsecd_cpu_ms_per_sandbox'], higherIsBetter: false },
+  { name: 'exec true dsecd CPU ms/exec', path: ['exec', 'dsecd_cpu_ms_per_exec'], higherIsBetter: false },
 ];
 
 /** The value at `p` in `o`, or undefined. */
@@ -90,7 +97,7 @@ async function main(): Promise<void> {
   const result = { at: new Date().toISOString(), a: builds.a, b: builds.b, runs, args, rows };
   writeFileSync(o.out, JSON.stringify(result, null, 2) + '\n');
   for (const r of rows) {
-    process.stdout.write(`${r.metric.padEnd(28)} A ${String(Math.round(r.a_median * 100) / 100).padStart(8)}  B ${String(Math.round(r.b_median * 100) / 100).padStart(8)}  B/A ${r.ratio_b_over_a}\n`);
+    process.stdout.write(`${r.metric.padEnd(40)} A ${String(Math.round(r.a_median * 100) / 100).padStart(8)}  B ${String(Math.round(r.b_median * 100) / 100).padStart(8)}  B/A ${r.ratio_b_over_a}\n`);
   }
 }
 

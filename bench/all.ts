@@ -24,6 +24,9 @@
  *   io        bench/io-neighbour.ts: a neighbour's exec writing a small file (fsynced),
  *             p50/p99, while another sandbox writes as fast as it can (buffered, direct),
  *             with and without io_weight/io_max; peer: two podman containers.
+ *   e2b       bench/e2b.ts: the unmodified `e2b` SDK's commands.run('true') and
+ *             Sandbox.create('base') through the E2B front, against dsec's own /v1 exec and
+ *             create on the same TCP door, same sandbox image, p50/p99.
  *
  * Usage: node dist/bench/all.js [--quick] [--only burst,exec,...] [--n 1000] [--podman-n 100]
  *   [--concurrency 16] [--density-n 5000] [--density-budget-mib 10240] [--no-podman]
@@ -48,6 +51,7 @@ import { repoRoot } from '../daemon/startup/host.js';
 import { spawnNative } from '../daemon/host/spawn.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { runIoNeighbour } from './io-neighbour.js';
+import { runE2b } from './e2b.js';
 
 const r2 = (x: number) => Math.round(x * 100) / 100;
 
@@ -106,6 +110,17 @@ function memAvailable(): number {
 }
 
 /** Resident set of a process, bytes (VmRSS of /proc/<pid>/status). */
+/**
+ * CPU time a process has used, user + system, ms (`/proc/PID/stat` utime and stime, in
+ * clock ticks of 10 ms: USER_HZ is 100 on Linux). Differences of it give a process's CPU
+ * per operation, which a busy shared host changes far less than wall-clock latency.
+ */
+function cpuMs(pid: number | undefined): number {
+  if (!pid) return NaN;
+  const f = readFileSync(`/proc/${pid}/stat`, 'utf8').split(') ')[1].split(' ');
+  return (Number(f[11]) + Number(f[12])) * 10;
+}
+
 function rss(pid: number | undefined): number {
   if (!pid) return NaN;
   return Number(/^VmRSS:\s+(\d+) kB/m.exec(readFileSync(`/proc/${pid}/status`, 'utf8'))?.[1] ?? NaN) * 1024;
@@ -163,6 +178,7 @@ interface Opts {
 /** One burst through the API: creates then first exec; ready/s and latencies. */
 async function dsecBurst(d: TempDaemon, n: number, c: number, label: string) {
   const lat: number[] = [];
+  const cpu0 = cpuMs(d.pid);
   const wall = await pool(n, c, async () => {
     const s = performance.now();
     const sb = await d.client.createSandbox({ image: 'busybox', labels: { bench: label } });
@@ -170,7 +186,7 @@ async function dsecBurst(d: TempDaemon, n: number, c: number, label: string) {
     if (r.exit_code !== 0) throw new Error(`exec true failed in ${sb.id}`);
     lat.push(performance.now() - s);
   });
-  return { n, concurrency: c, ready_per_s: r2(n / wall), create_to_first_exec_ms: pct(lat), wall_s: r2(wall) };
+  return { n, concurrency: c, ready_per_s: r2(n / wall), create_to_first_exec_ms: pct(lat), wall_s: r2(wall), dsecd_cpu_ms_per_sandbox: r2((cpuMs(d.pid) - cpu0) / n) };
 }
 
 async function burst(o: Opts, tree: string, res: Record<string, unknown>): Promise<void> {
@@ -238,12 +254,14 @@ async function exec(o: Opts, tree: string, res: Record<string, unknown>): Promis
     const sb = await d.client.createSandbox({ image: 'busybox' });
     for (let i = 0; i < 50; i++) await d.client.exec(sb.id, { argv: ['true'] });
     const api: number[] = [];
+    const cpu0 = cpuMs(d.pid);
     for (let i = 0; i < k; i++) {
       const s = performance.now();
       await d.client.exec(sb.id, { argv: ['true'] });
       api.push(performance.now() - s);
     }
     out.dsec_api = pct(api);
+    out.dsecd_cpu_ms_per_exec = r2((cpuMs(d.pid) - cpu0) / k);
     // runc exec into the very same container, through dsecd's runtime root.
     const runc: number[] = [];
     const rroot = path.join(d.root, 'runtime', 'runc');
@@ -487,6 +505,11 @@ function table(res: Record<string, any>): string {
     L.push(`| same, beside a buffered writer (no I/O settings / writer io_max ${r2(io.writer_io_max_write_bps / 2 ** 20)} MiB/s, io_weight 10) | | ${ms(io.dsec.buffered)} / ${ms(io.dsec['buffered+io'])} | ${ms(pm.buffered)} | |`);
     L.push(`| same, beside a direct-I/O writer (no I/O settings / with them) | | ${ms(io.dsec.direct)} / ${ms(io.dsec['direct+io'])} | ${ms(pm.direct)} | |`);
   }
+  const e2 = res.e2b;
+  if (e2) {
+    L.push(`| E2B door: \`commands.run('true')\` (e2b SDK, runs \`/bin/bash -l -c true\`), p50 / p99 | | ${ms(e2.e2b_run_true_ms)} | /v1 exec \`bash -l -c true\` on the same door: ${ms(e2.v1_exec_bash_true_ms)}; \`true\`: ${ms(e2.v1_exec_true_ms)} | ${ratio(e2.v1_exec_bash_true_ms?.p50, e2.e2b_run_true_ms.p50)} |`);
+    L.push(`| E2B door: \`Sandbox.create('base')\`, p50 / p99 | | ${ms(e2.e2b_create_ms)} | POST /v1/sandboxes (e2b-base): ${ms(e2.v1_create_ms)} | ${ratio(e2.v1_create_ms?.p50, e2.e2b_create_ms.p50)} |`);
+  }
   return L.join('\n');
 }
 
@@ -504,7 +527,7 @@ function writeDoc(md: string): void {
 async function main(): Promise<void> {
   const o = new Command('bench')
     .option('--quick', 'small counts: a functional check, not numbers to publish', false)
-    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status,io,remote')
+    .option('--only <list>', 'sections, comma-separated: burst,exec,density,pause,fncall,status,io,remote,e2b')
     .option('--n <n>', 'creations in the burst', '1000')
     .option('--podman-n <n>', 'podman containers in the burst and density peers', '100')
     .option('--concurrency <c>', 'creates in flight in the burst and density runs', '16')
@@ -522,7 +545,7 @@ async function main(): Promise<void> {
     if (o.podmanN === '100') o.podmanN = '20';
     if (o.densityN === '5000') o.densityN = '100';
   }
-  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status,io,remote').split(','));
+  const only = new Set((o.only ?? 'burst,exec,density,pause,fncall,status,io,remote,e2b').split(','));
   const res: Record<string, unknown> = {
     bench: 'all', date: new Date().toISOString().slice(0, 16).replace('T', ' ') + ' UTC', quick: o.quick,
     command: `npm run bench -- ${process.argv.slice(2).join(' ')}`.trim(),
@@ -549,6 +572,7 @@ async function main(): Promise<void> {
       res.io = await runIoNeighbour({ samples: o.quick ? 10 : 40, wbps: 32 * 1024 * 1024, podman: o.podman });
       process.stderr.write(`io: ${JSON.stringify(res.io)}\n`);
     }
+    if (only.has('e2b')) res.e2b = await runE2b({ n: o.quick ? 20 : 200, createN: o.quick ? 3 : 20, warmup: o.quick ? 3 : 20 });
   } finally {
     rmSync(tree, { recursive: true, force: true });
   }
@@ -556,7 +580,7 @@ async function main(): Promise<void> {
   (res.host as Record<string, unknown>).spawn_true_ms_at_end = await spawnTrueMs();
   if (o.merge) {
     const prev = JSON.parse(readFileSync(path.join(repoRoot(), 'bench/results-all.json'), 'utf8')) as Record<string, unknown>;
-    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status', 'io', 'remote']) if (!(k in res) && k in prev) res[k] = prev[k];
+    for (const k of ['burst', 'exec', 'density', 'pause', 'fncall', 'status', 'io', 'remote', 'e2b']) if (!(k in res) && k in prev) res[k] = prev[k];
     res.command = `${prev.command as string}; then ${res.command as string}`;
   }
   const text = JSON.stringify(res, null, 2);

@@ -35,6 +35,7 @@ import * as tokenRevoke from './commands/token/revoke.js';
 import * as hostInfo from './commands/host/info.js';
 import * as hostReload from './commands/host/reload.js';
 import * as hostFleet from './commands/host/fleet.js';
+import * as imageAlias from './commands/image/alias.js';
 import * as hosts from './commands/hosts.js';
 import * as imageBootstrap from './commands/image/bootstrap.js';
 import * as imageBuild from './commands/image/build.js';
@@ -144,8 +145,8 @@ export async function main(argv: string[], ioOverrides: MainIO = {}): Promise<nu
   const network = program.command('network').description("sandbox networks and network policies: show, add, rm, set, policies, reload");
   for (const verb of [networkShow, networkAdd, networkRm, networkSet, networkPolicies, networkReload]) verb.register(network, ctx);
   commit.register(program, ctx);
-  const image = program.command('image').description('image commands: ls, inspect, build, import, compose, bootstrap, tag, rm, prune');
-  for (const verb of [imageLs, imageInspect, imageBuild, imageImport, imageCompose, imageBootstrap, imageTag, imageRm, imagePrune]) verb.register(image, ctx);
+  const image = program.command('image').description('image commands: ls, inspect, build, import, compose, bootstrap, tag, alias, rm, prune');
+  for (const verb of [imageLs, imageInspect, imageBuild, imageImport, imageCompose, imageBootstrap, imageTag, imageAlias, imageRm, imagePrune]) verb.register(image, ctx);
   const layer = program.command('layer').description('layer commands: ls, inspect');
   for (const verb of [layerLs, layerInspect]) verb.register(layer, ctx);
   images.register(program, ctx);

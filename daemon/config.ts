@@ -25,6 +25,7 @@ import { DEFAULT_FILESYSTEM, resolveFilesystem, type ResolvedFilesystem } from '
 import { fleetHost, resolveFleet, type FleetConfig, type FleetSources } from './fleet/config.js';
 import { HOST_LABEL_RE, HOST_NAME_RE } from './fleet/layout.js';
 import { isLoopbackHost, parseListen, type RemoteConfig } from './remote/config.js';
+import { TENANT_RE, type TenantQuota } from './model/tenant.js';
 
 export type { FleetConfig } from './fleet/config.js';
 export { isLoopbackHost, parseListen, type RemoteConfig } from './remote/config.js';
@@ -37,6 +38,23 @@ export const DEFAULT_SOCKET = '/run/dsec/dsecd.sock';
 export const DEFAULT_CONFIG = '/etc/dsec/dsecd.toml';
 /** Default per-sandbox quota on the writable layer (`[defaults] disk_bytes`): 10 GiB; see {@link DaemonConfig.defaults}. */
 export const DEFAULT_DISK_BYTES = 10 * 1024 ** 3;
+
+/** One tenant quota in the config file (`[quotas]`, `[quotas.tenants.NAME]`): sandboxes, cores, bytes. */
+const TenantQuotaFile = z.object({
+  sandboxes: z.number().int().min(0).optional(),
+  cpus: z.number().min(0).optional(),
+  memory_bytes: z.number().int().min(0).optional(),
+}).strict();
+
+/** {@link DaemonConfig.quotas} from the file's `[quotas]`. */
+function resolveQuotas(q: (z.infer<typeof TenantQuotaFile> & { tenants?: Record<string, z.infer<typeof TenantQuotaFile>> }) | undefined): DaemonConfig['quotas'] {
+  const def: TenantQuota = { sandboxes: q?.sandboxes ?? null, cpus: q?.cpus ?? null, memoryBytes: q?.memory_bytes ?? null };
+  const tenants: Record<string, TenantQuota> = {};
+  for (const [name, t] of Object.entries(q?.tenants ?? {})) {
+    tenants[name] = { sandboxes: t.sandboxes ?? def.sandboxes, cpus: t.cpus ?? def.cpus, memoryBytes: t.memory_bytes ?? def.memoryBytes };
+  }
+  return { default: def, tenants };
+}
 
 /**
  * The config file schema (TOML). Every key is optional; see {@link DaemonConfig} for
@@ -106,6 +124,14 @@ const FileConfig = z
       .strict()
       .optional(),
     audit: z.object({ path: z.string().min(1).optional() }).strict().optional(),
+    e2b: z
+      .object({
+        enabled: z.boolean().optional(),
+        default_timeout_s: z.number().int().min(1).max(30 * 24 * 3600).optional(),
+        internet: z.enum(['none', 'allow', 'open']).optional(),
+      })
+      .strict()
+      .optional(),
     admission: z
       .object({
         max_sandboxes: z.number().int().min(1).optional(),
@@ -116,6 +142,9 @@ const FileConfig = z
       .strict()
       .optional(),
     leases: z.object({ destroy_grace_s: z.number().int().min(0).optional() }).strict().optional(),
+    quotas: TenantQuotaFile.extend({
+      tenants: z.record(z.string().regex(TENANT_RE, 'tenant names: 1-63 of a-z, 0-9, _ and -, starting with a letter or digit'), TenantQuotaFile).optional(),
+    }).strict().optional(),
     sandboxfusion: z
       .object({
         address: z.string().regex(/^[^:]+:\d+$/, 'address is host:port').optional(),
@@ -415,6 +444,15 @@ export interface DaemonConfig {
   /** The audit log of mutating API calls (`[audit] path`; default `<root>/audit.log`; daemon/remote/audit.ts). */
   audit: { path: string };
   /**
+   * `[e2b]`, the E2B front on the TCP door (daemon/api/e2b, docs/E2B.md):
+   * - `enabled`: serve E2B's control plane and envd next to /v1 (default true; only with `--listen`);
+   * - `defaultTimeoutS`: timeout of a create or connect that names none (default 300 s, what E2B's SDKs send by default);
+   * - `internet`: network mode of a sandbox created with internet access (E2B's default):
+   *   default `none` (dsec's default: loopback only); `open` gives E2B's behaviour,
+   *   `allow` the allow-list of the default network policy. `allow_internet_access: false` is always none.
+   */
+  e2b: { enabled: boolean; defaultTimeoutS: number; internet: 'none' | 'allow' | 'open' };
+  /**
    * Admission limits, checked at create. Defaults are permissive, because RL sandboxes
    * idle far below their limits and the density target is thousands per host; operators
    * tighten them per fleet:
@@ -430,6 +468,14 @@ export interface DaemonConfig {
    *   enforces no quota.
    */
   admission: { maxSandboxes: number; memoryOvercommit: number; cpuOvercommit: number; diskOvercommit: number };
+  /**
+   * Per-tenant quotas (`[quotas]`), checked at admission beside the host's limits:
+   * `default` applies to every tenant but `system` (the Unix socket's, bounded by
+   * `[admission]` alone), `tenants` overrides it per tenant name, key by key (a tenant
+   * named there gets its own values, the default's for keys it leaves out). Default: no
+   * quota at all.
+   */
+  quotas: { default: TenantQuota; tenants: Record<string, TenantQuota> };
   /** Sizing of the fncall pools (daemon/fncall/pool.ts FncallPoolConfig, which documents each default). */
   fncall: FncallPoolConfig;
   /**
@@ -639,6 +685,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
     maxOutputBytes: fc.exec?.max_output_bytes ?? 4 * 1024 * 1024,
     metricsAddress: fc.metrics?.address ?? null,
     audit: { path: path.resolve(fc.audit?.path ?? path.join(root, 'audit.log')) },
+    e2b: { enabled: fc.e2b?.enabled ?? true, defaultTimeoutS: fc.e2b?.default_timeout_s ?? 300, internet: fc.e2b?.internet ?? 'none' },
     admission: {
       maxSandboxes: fc.admission?.max_sandboxes ?? 16_384,
       memoryOvercommit: fc.admission?.memory_overcommit ?? 100,
@@ -646,6 +693,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       diskOvercommit: fc.admission?.disk_overcommit ?? 100,
     },
     leases: { destroyGraceMs: (fc.leases?.destroy_grace_s ?? 600) * 1000 },
+    quotas: resolveQuotas(fc.quotas),
     sandboxfusion: { address: fc.sandboxfusion?.address ?? null, images: fc.sandboxfusion?.images ?? {} },
     fncall: {
       maxWorkers: fc.fncall?.max_workers ?? 4 * os.cpus().length,

@@ -80,6 +80,7 @@ import { SqliteTokenStore, TokenService } from './remote/tokens.js';
 import { loadOrCreateIdentity, type HostIdentity } from './fleet/identity.js';
 import type { FleetJoin, FleetMembership } from './fleet/join.js';
 import { imageDigest } from './fleet/layout.js';
+import { mountE2b, openE2bFront } from './api/e2b/index.js';
 
 /** On SIGTERM, requests in flight get this long (30 s) to finish before connections are cut; systemd's stop timeout is 90 s. */
 const SHUTDOWN_DRAIN_MS = 30_000;
@@ -500,6 +501,9 @@ async function serveApi(r: Running): Promise<Daemon> {
       }),
     },
   };
+  // The E2B front (docs/E2B.md): served on the TCP door; its template aliases on both doors.
+  const e2b = config.e2b.enabled ? await openE2bFront(config, { ...svc, repo, images: st.images, metrics }, config.remote.listen !== null, log) : undefined;
+  if (e2b) apiDeps.e2b = e2b;
   const audit = new AuditLog(config.audit.path);
   const app = buildApi(apiDeps, unixDoor(audit));
   await app.listen({ path: config.socket });
@@ -541,7 +545,12 @@ async function serveApi(r: Running): Promise<Daemon> {
   let remote: RemoteDoor | null = null;
   if (config.remote.listen) {
     try {
-      remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => buildApi(apiDeps, door), audit, log, { gatewayIdentity: config.fleet !== null });
+      remote = await startRemoteDoor(config.remote, config.root, apiDeps, (door) => {
+        const tcp = buildApi(apiDeps, door);
+        // E2B's control plane and envd, next to /v1 on the same port.
+        if (e2b) mountE2b(tcp, e2b);
+        return tcp;
+      }, audit, log, { gatewayIdentity: config.fleet !== null });
     } catch (e) {
       await sfApp?.close();
       await app.close();

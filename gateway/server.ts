@@ -2,7 +2,8 @@
  * The gateway's API: dsecd's own `/v1` routes (the route table of daemon/api/routes/,
  * so a route dsecd gains is served here once it is classified), each answered by the
  * class it belongs to ({@link classify}), behind the same TCP door as dsecd's
- * (daemon/remote/door.ts: TLS 1.3, tokens, roles), plus the gateway's host routes.
+ * (daemon/remote/door.ts: TLS 1.3, tokens, roles), plus the gateway's host routes and
+ * E2B's API (gateway/e2b.ts).
  * Bodies are passed through unparsed (streamed) except where the gateway must read them
  * (creates, bulk).
  */
@@ -18,6 +19,7 @@ import { identityOf, type GatewayContext } from './context.js';
 import { placeAndForward } from './create.js';
 import { applyAll, bulk, mergedEvents, mergedList, mergeMetrics, mergeStats } from './fanout.js';
 import { registerHostRoutes } from './hosts.js';
+import { registerE2bGatewayRoutes } from './e2b.js';
 import { downMessage, forward, READ_LIMIT_BYTES, Router, UNREACHABLE } from './routing.js';
 import type { Logger } from 'pino';
 
@@ -64,7 +66,9 @@ export function classify(method: string, url: string): RouteClass {
   if (['GET /v1/trajectories/:id', 'DELETE /v1/trajectories/:id', 'GET /v1/trajectories/:id/export', 'GET /v1/images/:ref', 'GET /v1/layers/:digest', 'GET /v1/leases/:job'].includes(k)) return 'lookup';
   if (method === 'GET' && ['/v1/sandboxes', '/v1/snapshots', '/v1/trajectories', '/v1/images', '/v1/layers', '/v1/leases', '/v1/network/policies'].includes(url)) return 'list';
   if (['POST /v1/leases', 'POST /v1/leases/:job/renew', 'DELETE /v1/leases/:job', 'POST /v1/images', 'POST /v1/images/:ref/tag', 'DELETE /v1/images/:ref',
-    'POST /v1/images/prune', 'POST /v1/security/seccomp/reload', 'POST /v1/network/policies/reload', 'GET /v1/security/seccomp'].includes(k)) return 'all';
+    'POST /v1/images/prune', 'POST /v1/security/seccomp/reload', 'POST /v1/network/policies/reload', 'GET /v1/security/seccomp',
+    // E2B template aliases are each host's (daemon/api/e2b/templates.ts): set and removed on every host alike.
+    'GET /v1/templates', 'PUT /v1/templates/:name', 'DELETE /v1/templates/:name'].includes(k)) return 'all';
   if (k === 'GET /v1/events') return 'events';
   if (k === 'GET /v1/stats') return 'stats';
   if (k === 'GET /metrics') return 'metrics';
@@ -202,5 +206,7 @@ export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: Fastify
     // The WebSocket routes are answered on the server's upgrade event (gateway/ws.ts); a plain GET of them reaches the host, which refuses it as dsecd does.
     app.route({ method: doc.method, url: doc.url, handler: handler(doc, cls) });
   }
+  // E2B's control plane and envd, routed to the hosts that serve them (gateway/e2b.ts).
+  registerE2bGatewayRoutes(app, ctx, router);
   return { app, router };
 }

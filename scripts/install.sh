@@ -23,7 +23,8 @@ command -v node >/dev/null || die "Node.js 20.19+ is required (node not found)"
 node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(a>20||(a===20&&b>=19)?0:1)' \
   || die "Node.js 20.19+ is required (found $(node --version))"
 
-# Apt packages: the OCI runtime, EROFS tools, busybox for the built-in image, a C
+# Apt packages: the OCI runtime, EROFS tools, busybox for the built-in image (and
+# bash-static for the E2B base template on top of it: /bin/bash for E2B's SDKs), a C
 # toolchain with a static libc for the agent, util-linux(-extra: fincore)/iproute2 for
 # tests, podman and bubblewrap as benchmark peers, systemd for `systemd-analyze verify`,
 # debootstrap for the Debian base image, zstd and attr for layer import, criu so that
@@ -35,7 +36,7 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # qemu-system-x86 and qemu-utils for the microvm and vm tiers (e2fsprogs formats their disks; seabios is the
 # vm tier's q35 firmware, named so a minimal install that skips recommends still has it),
 # python3-venv for the Python client's offline install into a venv (sdk/python, its tests).
-PKGS=(runc erofs-utils busybox-static gcc make libc6-dev g++ python3 python3-venv util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
+PKGS=(runc erofs-utils busybox-static bash-static gcc make libc6-dev g++ python3 python3-venv util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
       debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs
       qemu-system-x86 qemu-utils e2fsprogs seabios)
 missing=()

@@ -8,7 +8,7 @@
  * sdk/sandboxes.ts, sdk/exec.ts (exec, sessions, console), sdk/files.ts, sdk/images.ts
  * (images, layers, commit), sdk/snapshots.ts (snapshots, restore, fork), sdk/jobs.ts
  * (pause/resume, bulk, leases), sdk/trajectories.ts, sdk/run.ts, sdk/host.ts (host,
- * network, security), sdk/events.ts (events, logs, stats) and sdk/tokens.ts (API tokens), sdk/fleet.ts (a gateway's hosts). The types are in
+ * network, security), sdk/events.ts (events, logs, stats) and sdk/tokens.ts (API tokens), sdk/fleet.ts (a gateway's hosts), sdk/templates.ts (E2B templates). The types are in
  * sdk/types.ts, generated from the OpenAPI document: the SDK imports nothing of the daemon.
  *
  * Transfers stream: file contents, tar archives, exec output and exec stdin go through
@@ -32,6 +32,7 @@ import { withRunCalls } from './run.js';
 import { withSandboxCalls } from './sandboxes.js';
 import { withSnapshotCalls } from './snapshots.js';
 import { withTokenCalls } from './tokens.js';
+import { withTemplateCalls } from './templates.js';
 import { withFleetCalls } from './fleet.js';
 import { withTrajectoryCalls } from './trajectories.js';
 import { Transport, type DsecClientOptions } from './transport.js';
@@ -67,9 +68,9 @@ export type { DrainResult, FleetHost, FleetHostList } from './fleet.js';
  * concurrent callers (requests run in parallel over pooled connections). Every call is
  * documented where it is defined (the modules listed above).
  */
-export class DsecClient extends withFleetCalls(withTokenCalls(withEventCalls(
+export class DsecClient extends withTemplateCalls(withFleetCalls(withTokenCalls(withEventCalls(
   withHostCalls(withRunCalls(withTrajectoryCalls(withJobCalls(withSnapshotCalls(withImageCalls(withFileCalls(withExecCalls(withSandboxCalls(Transport))))))))),
-))) {
+)))) {
   /** @param opts socket path and deadline; all optional. */
   constructor(opts: DsecClientOptions = {}) {
     super(opts);

@@ -28,6 +28,7 @@ export type {
   CreateOptions,
   CreateProgress,
   CreateSandboxInput,
+  E2bTemplate,
   DeleteSandboxOptions,
   DsecClientOptions,
   ErrorKind,

@@ -231,6 +231,8 @@ export interface components {
             /** @description e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store is nearly full and the sandbox wrote all of its share of it: its writes fail with EDQUOT below its quota until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished. */
             type: string;
             sandbox_id: string | null;
+            /** @description The tenant the event belongs to (its sandbox's or lease's); a caller sees only its own tenant's events, an admin every tenant's. */
+            tenant?: string;
             state?: components["schemas"]["SandboxState"];
             labels?: {
                 [key: string]: string;
@@ -667,6 +669,8 @@ export interface components {
             ttl_s: number;
         };
         LeaseView: {
+            /** @description The tenant whose job it is: leases are per (tenant, job). */
+            tenant: string;
             job: string;
             ttl_s: number;
             /** @description ms since the epoch; a renewal at or after it is refused. */
@@ -892,6 +896,8 @@ export interface components {
         Sandbox: {
             /** @description Sandbox id: 16 lowercase hex characters. */
             id: string;
+            /** @description The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made. */
+            tenant: string;
             backend: components["schemas"]["Backend"];
             /** @description Image reference as resolved, `name:tag`. */
             image: string;
@@ -1036,6 +1042,15 @@ export interface components {
             /** @description Warnings about the profile, e.g. missing core denials; empty when none. */
             warnings: string[];
         };
+        SetTemplateRequest: {
+            /** @description Image the template creates sandboxes from; it must be in the store. */
+            image: string;
+            /**
+             * @description Backend of its sandboxes; default container.
+             * @default container
+             */
+            backend?: components["schemas"]["Backend"];
+        };
         SignalRequest: {
             /** @description Name (SIGTERM, TERM) or number. */
             signal: string | number;
@@ -1043,6 +1058,9 @@ export interface components {
         Snapshot: {
             /** @description Snapshot id: `snap-` and 16 lowercase hex characters. */
             id: string;
+            /** @description The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made. */
+            tenant: string;
+            /** @description Unique within its tenant: two tenants may each have a snapshot of the same name. */
             name: string | null;
             /**
              * @description What was captured: `filesystem` (a container: the writable layer, unstripped), `vm` (a microVM: the whole machine, its RAM, CPU and device state and its writable disk; a restore resumes its processes).
@@ -1106,7 +1124,7 @@ export interface components {
         };
         SnapshotName: string;
         SnapshotRequest: {
-            /** @description Unique name to restore by; default none (use the id). */
+            /** @description Name to restore by, unique within the tenant; default none (use the id). */
             name?: components["schemas"]["SnapshotName"];
             /** @description Containers: also checkpoint memory and processes (CRIU); answered Unimplemented, with the reason, where `criu check` fails on the host. microvm sandboxes: ignored, their snapshot always captures the whole machine (kind `vm`: RAM, processes, devices and the writable disk). */
             process?: boolean;
@@ -1151,6 +1169,19 @@ export interface components {
             /** @description Image reference, name[:tag]. */
             target: string;
         };
+        Template: {
+            /** @description Template name E2B clients pass as templateID. */
+            name: string;
+            /** @description dsec image ref the sandbox is created from. */
+            image: string;
+            /** @description Backend (isolation tier) of its sandboxes. */
+            backend: components["schemas"]["Backend"];
+            /** @description True for the built-in default (base -> e2b-base, container) that no alias overrides. */
+            builtin: boolean;
+        };
+        TemplateList: {
+            templates: components["schemas"]["Template"][];
+        };
         TokenView: {
             /** @description 16 hex: the first part of the token text after e2b_. */
             id: string;
@@ -1165,7 +1196,10 @@ export interface components {
             state: "active" | "expired" | "revoked";
         };
         TrajectoryDetail: {
+            /** @description The trajectory's id, unique within its tenant. */
             id: string;
+            /** @description The tenant it belongs to: the tenant of the sandboxes its steps ran in. */
+            tenant: string;
             /** @description Host name of the dsecd that holds the log. */
             host: string;
             /** @description Recorded steps. */
@@ -1250,7 +1284,10 @@ export interface components {
             error: string | null;
         };
         TrajectorySummary: {
+            /** @description The trajectory's id, unique within its tenant. */
             id: string;
+            /** @description The tenant it belongs to: the tenant of the sandboxes its steps ran in. */
+            tenant: string;
             /** @description Host name of the dsecd that holds the log. */
             host: string;
             /** @description Recorded steps. */

@@ -266,6 +266,9 @@ export type Lease = Schemas['LeaseView'];
  */
 export type TokenInfo = Schemas['TokenView'];
 
+/** An E2B template (GET /v1/templates): `name` -> `image` on `backend`; `builtin` for the default `base` no alias replaces (docs/E2B.md). */
+export type E2bTemplate = Schemas['Template'];
+
 /** POST /v1/tokens answer: {@link TokenInfo} plus `token`, the text, shown this once (dsecd keeps only its hash). */
 export type CreatedToken = Schemas['CreatedToken'];
 

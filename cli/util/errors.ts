@@ -161,6 +161,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (verb === 'image build') return 'dsecd reads DIR on its own host: check it exists there; `dsec image ls` lists images for --base';
       if (verb === 'image import') return 'dsecd reads PATH on its own host: check it exists there';
       if (verb === 'image compose') return 'list layers with `dsec layer ls`, images with `dsec image ls`';
+      if (verb === 'image alias') return 'list templates with `dsec image alias`, images with `dsec image ls`';
       if (image) return 'list images with `dsec image ls`';
       if (layer) return 'list layers with `dsec layer ls`';
       if (verb === 'attach' || verb.startsWith('execs')) return 'list sandboxes with `dsec ls`, the exec sessions of one with `dsec execs ID`';

@@ -89,6 +89,7 @@ function ioMaxView(io: IoLimits | null): Sandbox['io_max'] {
 export function sandboxView(s: SandboxRecord): Sandbox {
   return {
     id: s.id,
+    tenant: s.tenant,
     backend: s.backend,
     image: s.image,
     image_layers: s.imageLayers,
@@ -121,7 +122,7 @@ export function sandboxView(s: SandboxRecord): Sandbox {
 /** A snapshot as the API returns it. */
 export function snapshotView(s: SnapshotRecord): Snapshot {
   return {
-    id: s.id, name: s.name, kind: s.kind, sandbox_id: s.sandboxId, backend: s.backend, image: s.image, image_layers: s.imageLayers,
+    id: s.id, tenant: s.tenant, name: s.name, kind: s.kind, sandbox_id: s.sandboxId, backend: s.backend, image: s.image, image_layers: s.imageLayers,
     layer: s.layer, size_bytes: s.sizeBytes, cpus: s.cpus, memory_bytes: s.memoryBytes, pids: s.pids, priority: s.priority,
     labels: s.labels, env: s.env, created_at: s.createdAt,
     machine: s.machine ? {

@@ -28,12 +28,13 @@ import * as trajectoryRoutes from './routes/trajectories.js';
 import * as runRoutes from './routes/run.js';
 import * as networkRoutes from './routes/network.js';
 import * as tokenRoutes from './routes/tokens.js';
+import * as templateRoutes from './routes/templates.js';
 import { DSEC_VERSION } from '../version.js';
 
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
   wire, hostRoutes, sandboxRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
-  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes,
+  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes, templateRoutes,
 ];
 
 /** Where a named component lives in the document. */

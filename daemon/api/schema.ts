@@ -17,3 +17,4 @@ export * from './wire/snapshots.js';
 export * from './wire/images.js';
 export * from './wire/trajectories.js';
 export * from './wire/host.js';
+export * from './wire/templates.js';

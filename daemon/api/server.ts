@@ -23,7 +23,9 @@ import { registerSnapshotRoutes, type SnapshotRouteDeps } from './routes/snapsho
 import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
 import { registerTrajectoryRoutes, type TrajectoryRouteDeps } from './routes/trajectories.js';
 import { registerTokenRoutes, type TokenRouteDeps } from './routes/tokens.js';
+import { registerTemplateRoutes, type TemplateRouteDeps } from './routes/templates.js';
 import { unixDoor, type ApiDoor } from '../remote/door.js';
+import { assertScoped, installTenancy } from './tenancy.js';
 import type { Logger } from 'pino';
 import type { Metrics } from '../metrics.js';
 
@@ -33,7 +35,7 @@ import type { Metrics } from '../metrics.js';
  */
 export type ApiDeps = SandboxRouteDeps & ExecRouteDeps & ExecSessionRouteDeps & ConsoleRouteDeps & FileRouteDeps & EventRouteDeps
   & StatsRouteDeps & ImageRouteDeps & RoundRouteDeps & SnapshotRouteDeps & TrajectoryRouteDeps & RunRouteDeps & NetworkRouteDeps
-  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & { log: Logger; metrics: Metrics };
+  & SecurityRouteDeps & HostRouteDeps & TokenRouteDeps & TemplateRouteDeps & { log: Logger; metrics: Metrics };
 
 /** Regex matching concrete paths of a fastify-style route (`:param` = one segment). */
 function routeRegex(url: string): RegExp {
@@ -46,6 +48,10 @@ function routeRegex(url: string): RegExp {
  */
 export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): FastifyInstance {
   const app = baseApp(deps, ROUTE_DOCS, door);
+  // Every path parameter has a tenant scope (or dsecd does not start), and a sandbox id
+  // the caller's tenant does not own is NotFound before any route runs.
+  assertScoped(ROUTE_DOCS);
+  installTenancy(app, deps);
   registerHostRoutes(app, deps);
   registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
@@ -59,6 +65,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerRunRoutes(app, deps);
   registerNetworkRoutes(app, deps);
   registerSecurityRoutes(app, deps);
+  registerTemplateRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
@@ -109,6 +116,12 @@ function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly Route
     forceCloseConnections: 'idle',
   }) as unknown as FastifyInstance;
   door.install(app);
+  // An upgrade request refused before @fastify/websocket's own hooks ran (a door's 401 or
+  // 403, the tenancy hook's 404) is answered on a socket no HTTP server tracks: close it
+  // once the answer is out, or it stays open and dsecd's shutdown waits for it forever.
+  app.addHook('onResponse', async (req, reply) => {
+    if (reply.statusCode !== 101 && /websocket/i.test(String(req.headers.upgrade ?? '')) && !req.raw.socket.destroyed) req.raw.socket.destroy();
+  });
   // JSON bodies: empty is allowed (POST .../stop has none); malformed JSON is InvalidArgument.
   app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'string' }, (_req, body, done) => {

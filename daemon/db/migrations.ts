@@ -188,4 +188,61 @@ export const MIGRATIONS: readonly Migration[] = [
       );
     `,
   },
+  {
+    version: 10,
+    description: 'tenancy: a tenant on sandboxes, snapshots, trajectories, leases and events; snapshot names unique per tenant, leases keyed on (tenant, job)',
+    sql: `
+      ALTER TABLE sandboxes ADD COLUMN tenant TEXT NOT NULL DEFAULT 'system';
+      CREATE INDEX sandboxes_tenant ON sandboxes(tenant);
+      ALTER TABLE events ADD COLUMN tenant TEXT NOT NULL DEFAULT 'system';
+      -- Trajectory ids are the caller's names: the row's id is the tenant's key,
+      -- the name alone for tenant system and tenant/name for the others (daemon/sandbox/trajectory.ts).
+      ALTER TABLE trajectories ADD COLUMN tenant TEXT NOT NULL DEFAULT 'system';
+      -- UNIQUE(name) cannot be dropped in place: the table is rebuilt with UNIQUE(tenant, name).
+      CREATE TABLE snapshots_v10 (
+        id            TEXT PRIMARY KEY,
+        tenant        TEXT NOT NULL DEFAULT 'system',
+        name          TEXT,                    -- optional, unique per tenant
+        kind          TEXT NOT NULL,
+        sandbox_id    TEXT NOT NULL,
+        backend       TEXT NOT NULL,
+        image         TEXT NOT NULL,
+        image_layers  TEXT NOT NULL,
+        image_config  TEXT NOT NULL,
+        layer         TEXT NOT NULL,
+        size_bytes    INTEGER NOT NULL,
+        cpus          REAL NOT NULL,
+        memory_bytes  INTEGER NOT NULL,
+        pids          INTEGER NOT NULL,
+        priority      TEXT NOT NULL,
+        labels        TEXT NOT NULL,
+        env           TEXT NOT NULL,
+        created_at    INTEGER NOT NULL,
+        network       TEXT,
+        disk_bytes    INTEGER,
+        filesystem    TEXT,
+        machine       TEXT,
+        UNIQUE (tenant, name)
+      );
+      INSERT INTO snapshots_v10 (id, tenant, name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus,
+          memory_bytes, pids, priority, labels, env, created_at, network, disk_bytes, filesystem, machine)
+        SELECT id, 'system', name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus,
+          memory_bytes, pids, priority, labels, env, created_at, network, disk_bytes, filesystem, machine FROM snapshots;
+      DROP TABLE snapshots;
+      ALTER TABLE snapshots_v10 RENAME TO snapshots;
+      CREATE TABLE leases_v10 (
+        tenant      TEXT NOT NULL DEFAULT 'system',
+        job         TEXT NOT NULL,             -- value of the tenant's sandboxes' "job" label
+        ttl_s       INTEGER NOT NULL,
+        expires_at  INTEGER NOT NULL,
+        lapsed_at   INTEGER,
+        created_at  INTEGER NOT NULL,
+        PRIMARY KEY (tenant, job)
+      );
+      INSERT INTO leases_v10 (tenant, job, ttl_s, expires_at, lapsed_at, created_at)
+        SELECT 'system', job, ttl_s, expires_at, lapsed_at, created_at FROM leases;
+      DROP TABLE leases;
+      ALTER TABLE leases_v10 RENAME TO leases;
+    `,
+  },
 ];

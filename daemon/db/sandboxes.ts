@@ -10,9 +10,12 @@ import type { NetworkSpec } from '../model/network.js';
 import type { IoLimits } from '../model/resources.js';
 import { assertTransition, type SandboxState } from '../model/state.js';
 import { failedPrecondition, notFound, resourceExhausted } from '../errors.js';
+import { SYSTEM_TENANT } from '../model/tenant.js';
 
 /** A job's lease: while it is renewed, the job's sandboxes live; when it lapses they are paused, then destroyed. */
 export interface Lease {
+  /** The tenant whose job it is: leases are keyed on (tenant, job), so two tenants' job `a` are two leases. */
+  tenant: string;
   job: string;
   ttl_s: number;
   /** ms since the epoch; a renewal at or after it is refused. */
@@ -28,12 +31,13 @@ interface Row {
   labels: string; env: string; ttl_s: number | null; created_at: number; updated_at: number;
   init_pid: number | null; init_start: number | null; uid_base: number | null; uid_count: number | null; error: string | null;
   priority: string; idle_timeout_s: number | null; last_active_at: number | null; snapshot_id: string | null; seccomp: string | null;
-  network: string | null; disk_bytes: number | null; filesystem: string | null; io: string | null;
+  network: string | null; disk_bytes: number | null; filesystem: string | null; io: string | null; tenant: string;
 }
 
 function decode(r: Row): SandboxRecord {
   return {
     id: r.id,
+    tenant: r.tenant,
     backend: r.backend as Backend,
     image: r.image,
     imageLayers: JSON.parse(r.image_layers),
@@ -64,6 +68,12 @@ function decode(r: Row): SandboxRecord {
     filesystem: r.filesystem ? JSON.parse(r.filesystem) : null,
     io: r.io ? JSON.parse(r.io) : null,
   };
+}
+
+/** A lease's key. */
+export interface LeaseKey {
+  tenant: string;
+  job: string;
 }
 
 /** Listeners for newly recorded events (the events API follows them). */
@@ -105,11 +115,13 @@ export class SandboxRepo {
    * limits (cores) and of the writable-layer quotas of container sandboxes (bytes; the
    * other tiers' disks are files on the host filesystem, not in the store). One aggregate
    * query rather than decoding every row.
+   * @param tenant only that tenant's sandboxes (per-tenant quotas); absent: the whole host's.
    */
-  admissionTotals(): { count: number; memoryBytes: number; cpus: number; diskBytes: number } {
-    const r = this.stmt(`SELECT COUNT(*) n, COALESCE(SUM(memory_bytes), 0) mem, COALESCE(SUM(cpus), 0) cpus,
+  admissionTotals(tenant?: string): { count: number; memoryBytes: number; cpus: number; diskBytes: number } {
+    const sql = `SELECT COUNT(*) n, COALESCE(SUM(memory_bytes), 0) mem, COALESCE(SUM(cpus), 0) cpus,
         COALESCE(SUM(CASE WHEN backend = 'container' THEN disk_bytes END), 0) disk FROM sandboxes
-      WHERE json_extract(labels, '$."dsec.pool"') IS NULL`).get() as { n: number; mem: number; cpus: number; disk: number };
+      WHERE json_extract(labels, '$."dsec.pool"') IS NULL`;
+    const r = (tenant === undefined ? this.stmt(sql).get() : this.stmt(`${sql} AND tenant = ?`).get(tenant)) as { n: number; mem: number; cpus: number; disk: number };
     return { count: r.n, memoryBytes: r.mem, cpus: r.cpus, diskBytes: r.disk };
   }
 
@@ -225,11 +237,11 @@ export class SandboxRepo {
    * timeout, limits and network, and `created_at` now, so TTLs and listings count from
    * the claim. @throws DsecError NotFound.
    */
-  claimShell(id: string, c: { labels: Record<string, string>; env: Record<string, string>; ttlS: number | null; idleTimeoutS: number | null;
+  claimShell(id: string, c: { tenant: string; labels: Record<string, string>; env: Record<string, string>; ttlS: number | null; idleTimeoutS: number | null;
     cpus: number; memoryBytes: number; pids: number; network: NetworkSpec | null; io: IoLimits | null; now: number }): SandboxRecord {
-    const r = this.stmt(`UPDATE sandboxes SET labels = ?, env = ?, ttl_s = ?, idle_timeout_s = ?, cpus = ?, memory_bytes = ?, pids = ?, network = ?, io = ?,
+    const r = this.stmt(`UPDATE sandboxes SET tenant = ?, labels = ?, env = ?, ttl_s = ?, idle_timeout_s = ?, cpus = ?, memory_bytes = ?, pids = ?, network = ?, io = ?,
         created_at = ?, updated_at = ?, last_active_at = NULL WHERE id = ?`)
-      .run(JSON.stringify(c.labels), JSON.stringify(c.env), c.ttlS, c.idleTimeoutS, c.cpus, c.memoryBytes, c.pids, c.network ? JSON.stringify(c.network) : null,
+      .run(c.tenant, JSON.stringify(c.labels), JSON.stringify(c.env), c.ttlS, c.idleTimeoutS, c.cpus, c.memoryBytes, c.pids, c.network ? JSON.stringify(c.network) : null,
         c.io ? JSON.stringify(c.io) : null, c.now, c.now, id);
     if (r.changes !== 1) throw notFound(`sandbox ${id} not found`);
     return this.get(id);
@@ -249,57 +261,59 @@ export class SandboxRepo {
   }
 
   /**
-   * Creates the lease of `job`, or renews it. The rule that makes a renewal racing the
-   * expiry come out one way: a renewal is accepted only if it runs strictly before
-   * `expires_at` and the lease has not lapsed; otherwise it is refused, whether or not
-   * the reaper has swept yet. A lapsed lease must be deleted and created again.
+   * Creates the lease of `job` of `tenant`, or renews it. The rule that makes a renewal
+   * racing the expiry come out one way: a renewal is accepted only if it runs strictly
+   * before `expires_at` and the lease has not lapsed; otherwise it is refused, whether or
+   * not the reaper has swept yet. A lapsed lease must be deleted and created again.
    * @returns the lease, and whether it was created.
-   * @throws DsecError FailedPrecondition when the lease expired or lapsed.
+   * @throws DsecError FailedPrecondition when the lease expired or lapsed; NotFound (mode renew) when there is none.
    */
-  putLease(job: string, ttlS: number, now = Date.now(), mode: 'create-or-renew' | 'renew' = 'create-or-renew'): { lease: Lease; created: boolean } {
+  putLease(tenant: string, job: string, ttlS: number, now = Date.now(), mode: 'create-or-renew' | 'renew' = 'create-or-renew'): { lease: Lease; created: boolean } {
     return this.db.transaction(() => {
-      const cur = this.stmt('SELECT * FROM leases WHERE job = ?').get(job) as Lease | undefined;
+      const cur = this.lease(tenant, job);
       if (!cur) {
         if (mode === 'renew') throw notFound(`no lease for job ${job}`);
-        this.stmt('INSERT INTO leases (job, ttl_s, expires_at, lapsed_at, created_at) VALUES (?, ?, ?, NULL, ?)').run(job, ttlS, now + ttlS * 1000, now);
-        return { lease: this.lease(job)!, created: true };
+        this.stmt('INSERT INTO leases (tenant, job, ttl_s, expires_at, lapsed_at, created_at) VALUES (?, ?, ?, ?, NULL, ?)').run(tenant, job, ttlS, now + ttlS * 1000, now);
+        return { lease: this.lease(tenant, job)!, created: true };
       }
       if (cur.lapsed_at !== null || now >= cur.expires_at) {
         throw failedPrecondition(`lease of job ${job} expired at ${new Date(cur.expires_at).toISOString()}; its sandboxes are being reclaimed. Delete the lease and create a new one`);
       }
-      this.stmt('UPDATE leases SET ttl_s = ?, expires_at = ? WHERE job = ?').run(ttlS, now + ttlS * 1000, job);
-      return { lease: this.lease(job)!, created: false };
+      this.stmt('UPDATE leases SET ttl_s = ?, expires_at = ? WHERE tenant = ? AND job = ?').run(ttlS, now + ttlS * 1000, tenant, job);
+      return { lease: this.lease(tenant, job)!, created: false };
     })();
   }
 
-  /** The lease of `job`, or undefined. */
-  lease(job: string): Lease | undefined {
-    return this.stmt('SELECT * FROM leases WHERE job = ?').get(job) as Lease | undefined;
+  /** The lease of `job` of `tenant`, or undefined. */
+  lease(tenant: string, job: string): Lease | undefined {
+    return this.stmt('SELECT * FROM leases WHERE tenant = ? AND job = ?').get(tenant, job) as Lease | undefined;
   }
 
-  /** All leases, by job. */
-  leases(): Lease[] {
-    return this.stmt('SELECT * FROM leases ORDER BY job').all() as Lease[];
+  /** The leases of `tenant` (every tenant's when null), by tenant and job. */
+  leases(tenant: string | null): Lease[] {
+    return tenant === null
+      ? this.stmt('SELECT * FROM leases ORDER BY tenant, job').all() as Lease[]
+      : this.stmt('SELECT * FROM leases WHERE tenant = ? ORDER BY job').all(tenant) as Lease[];
   }
 
-  /** Deletes the lease of `job`. @returns whether one existed. */
-  deleteLease(job: string): boolean {
-    return this.stmt('DELETE FROM leases WHERE job = ?').run(job).changes > 0;
+  /** Deletes the lease of `job` of `tenant`. @returns whether one existed. */
+  deleteLease(tenant: string, job: string): boolean {
+    return this.stmt('DELETE FROM leases WHERE tenant = ? AND job = ?').run(tenant, job).changes > 0;
   }
 
-  /** Marks every active lease whose expiry passed as lapsed (one transaction); returns their jobs. */
-  lapseDue(now: number): string[] {
-    return (this.stmt('UPDATE leases SET lapsed_at = ? WHERE lapsed_at IS NULL AND expires_at <= ? RETURNING job').all(now, now) as { job: string }[]).map((r) => r.job);
+  /** Marks every active lease whose expiry passed as lapsed (one transaction); returns their keys. */
+  lapseDue(now: number): LeaseKey[] {
+    return this.stmt('UPDATE leases SET lapsed_at = ? WHERE lapsed_at IS NULL AND expires_at <= ? RETURNING tenant, job').all(now, now) as LeaseKey[];
   }
 
-  /** Jobs whose lease lapsed at least `graceMs` ago. */
-  lapsedBefore(cutoff: number): string[] {
-    return (this.stmt('SELECT job FROM leases WHERE lapsed_at IS NOT NULL AND lapsed_at <= ?').all(cutoff) as { job: string }[]).map((r) => r.job);
+  /** Leases that lapsed at or before `cutoff` (ms). */
+  lapsedBefore(cutoff: number): LeaseKey[] {
+    return this.stmt('SELECT tenant, job FROM leases WHERE lapsed_at IS NOT NULL AND lapsed_at <= ?').all(cutoff) as LeaseKey[];
   }
 
-  /** Jobs whose lease lapsed (paused, not yet destroyed). */
-  lapsedJobs(): string[] {
-    return (this.stmt('SELECT job FROM leases WHERE lapsed_at IS NOT NULL').all() as { job: string }[]).map((r) => r.job);
+  /** Leases that lapsed (their sandboxes paused, not yet destroyed). */
+  lapsedJobs(): LeaseKey[] {
+    return this.stmt('SELECT tenant, job FROM leases WHERE lapsed_at IS NOT NULL').all() as LeaseKey[];
   }
 
   /** Counts by state. */
@@ -324,13 +338,13 @@ export class SandboxRepo {
     this.db.transaction(() => {
       this.stmt(
         `INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, desired, acknowledged, cpus, memory_bytes, pids,
-           labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem, io)
-         VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+           labels, env, ttl_s, created_at, updated_at, uid_base, uid_count, priority, idle_timeout_s, snapshot_id, seccomp, network, disk_bytes, filesystem, io, tenant)
+         VALUES (?, ?, ?, ?, ?, 'creating', 'running', 0, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)`,
       ).run(rec.id, rec.backend, rec.image, JSON.stringify(rec.imageLayers), JSON.stringify(rec.imageConfig), rec.cpus,
         rec.memoryBytes, rec.pids, JSON.stringify(rec.labels), JSON.stringify(rec.env), rec.ttlS, now, now, base, this.pool.rangeSize,
         rec.priority, rec.idleTimeoutS, rec.snapshotId ?? null, rec.seccomp ? JSON.stringify(rec.seccomp) : null,
         rec.network ? JSON.stringify(rec.network) : null, rec.diskBytes ?? null, rec.filesystem ? JSON.stringify(rec.filesystem) : null,
-        rec.io ? JSON.stringify(rec.io) : null);
+        rec.io ? JSON.stringify(rec.io) : null, rec.tenant);
       this.stmt('INSERT INTO uid_ranges (base, sandbox_id) VALUES (?, ?)').run(base, rec.id);
     })();
     this.usedBases.add(base);
@@ -402,18 +416,22 @@ export class SandboxRepo {
     return orphans.length;
   }
 
-  /** Appends an event and notifies listeners. */
-  event(type: string, sandbox: SandboxRecord | null, message?: string): SandboxEvent {
+  /**
+   * Appends an event and notifies listeners.
+   * @param tenant the event's tenant when it has no sandbox (a lease's); default `system`. With a sandbox, the sandbox's.
+   */
+  event(type: string, sandbox: SandboxRecord | null, message?: string, tenant = SYSTEM_TENANT): SandboxEvent {
     const e: SandboxEvent = {
       time: Date.now(),
       type,
       sandbox_id: sandbox?.id ?? null,
+      tenant: sandbox?.tenant ?? tenant,
       ...(sandbox ? { state: sandbox.state, labels: sandbox.labels } : {}),
       ...(message ? { message } : {}),
     };
     this.db
-      .prepare('INSERT INTO events (time, type, sandbox_id, state, labels, message) VALUES (?, ?, ?, ?, ?, ?)')
-      .run(e.time, e.type, e.sandbox_id, e.state ?? null, e.labels ? JSON.stringify(e.labels) : null, e.message ?? null);
+      .prepare('INSERT INTO events (time, type, sandbox_id, tenant, state, labels, message) VALUES (?, ?, ?, ?, ?, ?, ?)')
+      .run(e.time, e.type, e.sandbox_id, e.tenant, e.state ?? null, e.labels ? JSON.stringify(e.labels) : null, e.message ?? null);
     for (const l of this.listeners) l(e);
     return e;
   }
@@ -421,12 +439,13 @@ export class SandboxRepo {
   /** Events at or after `since` (ms), oldest first, at most `limit`. */
   events(since = 0, limit = 10_000): SandboxEvent[] {
     const rows = this.db
-      .prepare('SELECT time, type, sandbox_id, state, labels, message FROM events WHERE time >= ? ORDER BY seq LIMIT ?')
-      .all(since, limit) as { time: number; type: string; sandbox_id: string | null; state: string | null; labels: string | null; message: string | null }[];
+      .prepare('SELECT time, type, sandbox_id, tenant, state, labels, message FROM events WHERE time >= ? ORDER BY seq LIMIT ?')
+      .all(since, limit) as { time: number; type: string; sandbox_id: string | null; tenant: string; state: string | null; labels: string | null; message: string | null }[];
     return rows.map((r) => ({
       time: r.time,
       type: r.type,
       sandbox_id: r.sandbox_id,
+      tenant: r.tenant,
       ...(r.state ? { state: r.state as SandboxState } : {}),
       ...(r.labels ? { labels: JSON.parse(r.labels) } : {}),
       ...(r.message ? { message: r.message } : {}),

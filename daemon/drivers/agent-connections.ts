@@ -29,6 +29,8 @@ const KILL_CLOSE_DELAY_MS = 1000;
 /** The agent connections of one driver; see the module comment. */
 export class AgentConnections {
   private readonly cached = new Map<string, Promise<AgentClient>>();
+  /** The connections of their own that execs with stdin, a tty or paced output hold ({@link startExec}). */
+  private readonly own = new Set<AgentClient>();
   private isClosed = false;
 
   constructor(private readonly o: AgentConnectionOptions) {}
@@ -88,6 +90,9 @@ export class AgentConnections {
   async close(): Promise<void> {
     this.isClosed = true;
     for (const id of [...this.cached.keys()]) await this.drop(id);
+    // An exec's own connection (an attach with stdin, a tty) would keep the process alive.
+    for (const c of [...this.own]) c.close();
+    this.own.clear();
   }
 
   /**
@@ -122,14 +127,21 @@ export class AgentConnections {
   async startExec(id: string, req: DriverStartExecRequest, handlers: DriverExecHandlers): Promise<AgentExecHandle> {
     const fields = { argv: req.argv, env: req.env, cwd: req.cwd, user: req.user, timeoutMs: req.timeoutMs, stdin: req.stdin, ...(req.tty ? { tty: req.tty } : {}) };
     if (!(req.stdin || req.tty || req.paced)) return (await this.client(id)).startExec(fields, handlers);
+    if (this.isClosed) throw shuttingDown();
     let own: AgentClient;
     try {
-      own = await AgentClient.connect(this.o.socketPath(id), { timeoutMs: this.o.timeoutMs });
+      own = await refuseAfterClose(() => this.isClosed, AgentClient.connect(this.o.socketPath(id), { timeoutMs: this.o.timeoutMs }));
     } catch (e) {
+      if (this.isClosed) throw shuttingDown();
       throw unavailable(`sandbox ${id}: cannot reach its agent: ${(e as Error).message}`, e);
     }
+    this.own.add(own);
     const h = own.startExec(fields, handlers);
-    void h.done.then(() => own.close(), () => own.close());
+    const done = () => {
+      this.own.delete(own);
+      own.close();
+    };
+    void h.done.then(done, done);
     return {
       ...h,
       signal: (signo: number) => {

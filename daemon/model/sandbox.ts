@@ -20,6 +20,8 @@ import type { SandboxState } from './state.js';
  */
 export interface SandboxInput {
   backend: Backend;
+  /** The tenant the sandbox belongs to (daemon/model/tenant.ts); absent: `system`. */
+  tenant?: string;
   /** Image reference, `name[:tag]` or a reference a backend owns (`disk:NAME`). */
   image: string;
   cpus?: number;
@@ -52,6 +54,8 @@ export interface SandboxInput {
  */
 export interface SandboxSpec extends Resources {
   backend: Backend;
+  /** The tenant it belongs to: who may see and change it (docs/SECURITY.md "Tenancy"). */
+  tenant: string;
   /** Canonical image reference, `name:tag` (or `disk:NAME`). */
   image: string;
   /** Layer digests, lowest first. */
@@ -118,6 +122,8 @@ export interface SandboxEvent {
   /** e.g. `sandbox.created`, `sandbox.failed`, `lease.lapsed`. */
   type: string;
   sandbox_id: string | null;
+  /** The tenant the event belongs to: its sandbox's, a lease's, else `system`. Only that tenant (and admins) see it. */
+  tenant: string;
   state?: SandboxState;
   labels?: Record<string, string>;
   message?: string;

@@ -63,6 +63,8 @@ export interface MachineRestore {
 export interface SnapshotRecord {
   /** `snap-` and 16 lowercase hex characters. */
   id: string;
+  /** The tenant it belongs to: its source sandbox's; names are unique per tenant. */
+  tenant: string;
   name: string | null;
   /** `filesystem`: the writable layer ({@link layer}); `vm`: the machine ({@link machine}). */
   kind: 'filesystem' | 'vm';
@@ -92,7 +94,7 @@ export interface SnapshotRecord {
 
 /** A snapshot to take. */
 export interface SnapshotInput {
-  /** Unique name to restore by; absent: none (use the id). */
+  /** Name to restore by, unique within the sandbox's tenant; absent: none (use the id). */
   name?: string;
   /** Containers: also checkpoint processes (answered Unimplemented); microVMs: ignored. */
   process?: boolean;

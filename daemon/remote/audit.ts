@@ -134,7 +134,8 @@ export function installAudit(app: FastifyInstance, audit: AuditLog, door: 'unix'
   // The id a create answered with (`201 {"id": ...}`), so the line names what was made.
   app.addHook('onSend', (req, reply, payload, done) => {
     if (reply.statusCode === 201 && typeof payload === 'string' && payload.length < 65_536 && isMutating(req)) {
-      const m = /"(?:id|ref|name)":"([^"]{1,256})"/.exec(payload);
+      // `sandboxID`: E2B's create answer (daemon/api/e2b/control.ts).
+      const m = /"(?:id|ref|name|sandboxID)":"([^"]{1,256})"/.exec(payload);
       if (m) created.set(req, m[1]);
     }
     done(null, payload);

@@ -13,6 +13,8 @@
  *    malformed, unknown, revoked or expired token;
  * 4. the role against the route ({@link accessOf}, 403);
  * 5. the token's create budget on routes that create sandboxes (429).
+ * Routes marked `selfAuthenticated` (E2B's envd: a per-sandbox access token instead of a
+ * token of the door) pass after step 2 and authenticate the request themselves.
  * Every connection a token authenticated is remembered under it: revoking the token, or
  * its expiry, destroys them, which ends its attach WebSockets, `logs -f` and event streams.
  */
@@ -48,6 +50,21 @@ declare module 'fastify' {
   interface FastifyRequest {
     /** The caller (daemon/remote/door.ts); set by the door's first hook, before any route runs. */
     principal: Principal;
+    /**
+     * On a route that authenticates its callers itself (route config `selfAuthenticated`):
+     * counts a failed authentication against the source address's budget, as the door
+     * counts a bad token. Unset on the Unix socket.
+     */
+    noteAuthFailure?: () => Promise<void>;
+  }
+  interface FastifyContextConfig {
+    /**
+     * The route authenticates its callers itself (E2B's envd, daemon/api/e2b/envd.ts: a
+     * per-sandbox access token, no API key): the TCP door checks the client certificate
+     * and the source's failure budget, then lets the request through with an anonymous
+     * principal (tenant '', role reader) for the route to replace.
+     */
+    selfAuthenticated?: boolean;
   }
 }
 
@@ -274,6 +291,12 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
           }
         }
         if (opts.gatewayIdentity && peer?.role === 'gateway') {
+          if (req.routeOptions.config?.selfAuthenticated) {
+            // A request that carries its own credential (E2B's envd access token), passed
+            // on by a gateway: the route checks it; the gateway counts failures by source.
+            req.principal = { door: 'tcp', tokenId: null, tenant: '', role: 'reader', peer };
+            return;
+          }
           // The gateway authenticated the caller's token and applies its create budget.
           req.principal = gatewayPrincipal(req, peer);
           const access = accessOf(req.method, req.routeOptions.url, isUpgrade(req));
@@ -289,6 +312,14 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
           metrics.authFailures.inc({ reason: 'rate_limited' });
           reply.header('retry-after', String(Math.max(1, Math.ceil((spent.ttl ?? 60_000) / 1000))));
           throw resourceExhausted(`too many failed authentications from ${req.socket.remoteAddress}; retry after ${Math.ceil((spent.ttl ?? 60_000) / 1000)} s`);
+        }
+        if (req.routeOptions.config?.selfAuthenticated) {
+          req.principal = { door: 'tcp', tokenId: null, tenant: '', role: 'reader', peer };
+          req.noteAuthFailure = async () => {
+            await failureLimiter()(req);
+            metrics.authFailures.inc({ reason: 'unknown' });
+          };
+          return;
         }
         const r = await tokens.check(presentedToken(req));
         if (!r.ok) {

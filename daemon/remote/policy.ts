@@ -37,6 +37,9 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   'DELETE /v1/images/:ref',
   'POST /v1/security/seccomp/reload',
   'POST /v1/network/policies/reload',
+  // E2B template aliases: which image every tenant's `Sandbox.create(NAME)` gets.
+  'PUT /v1/templates/:name',
+  'DELETE /v1/templates/:name',
   // A gateway's host routes (gateway/hosts.ts): they change where the whole fleet places.
   'POST /v1/hosts/:name/cordon',
   'POST /v1/hosts/:name/uncordon',
@@ -80,4 +83,7 @@ export const CREATE_ROUTES: ReadonlySet<string> = new Set([
   'POST /v1/sandboxes',
   'POST /v1/snapshots/:ref/restore',
   'POST /v1/snapshots/:ref/fork',
+  // E2B's creates (daemon/api/e2b/control.ts): the same budget.
+  'POST /sandboxes',
+  'POST /v2/sandboxes',
 ]);

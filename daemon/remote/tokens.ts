@@ -18,6 +18,7 @@
 import { createHmac, randomBytes, timingSafeEqual } from 'node:crypto';
 import type { Db } from '../db/db.js';
 import { invalidArgument, notFound } from '../errors.js';
+import { TENANT_RE } from '../model/tenant.js';
 
 /** Roles a token carries (docs/SECURITY.md "The TCP door"). */
 export const TOKEN_ROLES = ['admin', 'user', 'reader', 'metrics'] as const;
@@ -28,10 +29,8 @@ export const TOKEN_ROLES = ['admin', 'user', 'reader', 'metrics'] as const;
  */
 export type TokenRole = (typeof TOKEN_ROLES)[number];
 
-/** Tenant names: 1-63 of `[a-z0-9_-]`, starting with a letter or digit. */
-export const TENANT_RE = /^[a-z0-9][a-z0-9_-]{0,62}$/;
-/** The tenant of what the Unix socket does and of everything made before tenants existed. */
-export const SYSTEM_TENANT = 'system';
+/** Tenant names and the system tenant: the domain's (daemon/model/tenant.ts), re-exported for the door's callers. */
+export { SYSTEM_TENANT, TENANT_RE } from '../model/tenant.js';
 
 /** Well-formed token text: `e2b_`, 16 hex id, 32 hex secret. */
 export const TOKEN_RE = /^e2b_([0-9a-f]{16})([0-9a-f]{32})$/;

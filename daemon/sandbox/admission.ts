@@ -10,14 +10,15 @@ import { humanBytes, quotaCap } from '../storage/pool.js';
 import type { Resources } from '../model/resources.js';
 import type { BackendCapabilities } from '../drivers/types.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
+import { SYSTEM_TENANT, type TenantQuota } from '../model/tenant.js';
 
 /** Cores of this host, read once (os.cpus() reads /proc/cpuinfo on every call). */
 export const HOST_CORES = os.cpus().length;
 
 /** What admission reads. */
 export interface AdmissionDeps {
-  /** `[admission]`: the count and overcommit ratios. */
-  config: Pick<DaemonConfig, 'admission'>;
+  /** `[admission]`: the count and overcommit ratios; `[quotas]`: per-tenant quotas. */
+  config: Pick<DaemonConfig, 'admission' | 'quotas'>;
   repo: Pick<SandboxRepo, 'admissionTotals'>;
   /** The writable-layer store: its size and where it is (for messages). */
   storage: Pick<WritableLayerStore, 'capacityBytes' | 'location'>;
@@ -47,9 +48,11 @@ export class Admission {
    * writable-layer quotas over the store's size times the disk overcommit ratio (only for
    * tiers whose writable layer is in the store: capability `storeDisk`). Warm-pool shells
    * are not counted: `[pool]` bounds them and they give way to the creates that claim them.
+   * Then the tenant's quota ({@link admitTenant}).
+   * @param tenant whose sandboxes they are (absent: `system`, which has no quota).
    * @throws DsecError ResourceExhausted naming the limit.
    */
-  admit(res: Resources, caps: Pick<BackendCapabilities, 'storeDisk'>, count = 1): void {
+  admit(res: Resources, caps: Pick<BackendCapabilities, 'storeDisk'>, count = 1, tenant: string = SYSTEM_TENANT): void {
     const a = this.d.config.admission;
     const diskBytes = caps.storeDisk ? res.diskBytes : null;
     const live = this.d.repo.admissionTotals();
@@ -76,6 +79,35 @@ export class Admission {
           + `over ${cap} bytes (${humanBytes(cap)}: the ${humanBytes(size)} writable-layer store pool ${this.d.storage.location} x admission.disk_overcommit ${a.diskOvercommit}); `
           + 'ask for a smaller disk_bytes, destroy sandboxes, or raise admission.disk_overcommit (docs/OPERATIONS.md)');
       }
+    }
+    this.admitTenant(res, count, tenant);
+  }
+
+  /** The quota of `tenant`: `[quotas.tenants.NAME]`, else `[quotas]`; `system` has none. */
+  quotaOf(tenant: string): TenantQuota | null {
+    if (tenant === SYSTEM_TENANT) return null;
+    return this.d.config.quotas.tenants[tenant] ?? this.d.config.quotas.default;
+  }
+
+  /**
+   * Refuses `count` new sandboxes of `res` that would take `tenant` past its quota
+   * (sandboxes, sum of CPU limits, sum of memory limits over the tenant's sandboxes).
+   * @throws DsecError ResourceExhausted naming the quota, its value and the tenant's use.
+   */
+  admitTenant(res: Resources, count: number, tenant: string): void {
+    const q = this.quotaOf(tenant);
+    if (!q || (q.sandboxes === null && q.cpus === null && q.memoryBytes === null)) return;
+    const use = this.d.repo.admissionTotals(tenant);
+    const key = this.d.config.quotas.tenants[tenant] ? `quotas.tenants.${tenant}` : 'quotas';
+    const more = count > 1 ? `${count} new sandboxes` : 'a new sandbox';
+    if (q.sandboxes !== null && use.count + count > q.sandboxes) {
+      throw resourceExhausted(`tenant ${tenant} is at its quota of ${q.sandboxes} sandboxes (${key}.sandboxes): it has ${use.count}, and ${more} would make ${use.count + count}; destroy some first`);
+    }
+    if (q.cpus !== null && use.cpus + res.cpus * count > q.cpus) {
+      throw resourceExhausted(`tenant ${tenant}'s CPU limits would total ${use.cpus + res.cpus * count} cores, over its quota of ${q.cpus} (${key}.cpus; in use: ${use.cpus} cores); ask for fewer cpus or destroy sandboxes`);
+    }
+    if (q.memoryBytes !== null && use.memoryBytes + res.memoryBytes * count > q.memoryBytes) {
+      throw resourceExhausted(`tenant ${tenant}'s memory limits would total ${use.memoryBytes + res.memoryBytes * count} bytes, over its quota of ${q.memoryBytes} (${key}.memory_bytes; in use: ${use.memoryBytes} bytes); ask for less memory_bytes or destroy sandboxes`);
     }
   }
 }

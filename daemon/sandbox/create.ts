@@ -163,7 +163,7 @@ export class SandboxCreator {
   private admit(input: SandboxInput, caps: BackendCapabilities): Resources {
     this.d.admission.checkLimits(input);
     const resources = this.d.resolver.resources(input);
-    this.d.admission.admit(resources, caps);
+    this.d.admission.admit(resources, caps, 1, input.tenant);
     return resources;
   }
 
@@ -283,7 +283,7 @@ export class SandboxCreator {
       if (JSON.stringify(spec.io) !== JSON.stringify(sb.io)) await drv.update(sb, { io: spec.io });
       if (spec.network && this.d.network) await this.d.network.update(sb, spec.network);
       const done = this.d.repo.claimShell(id, {
-        labels: spec.labels, env: spec.env, ttlS: spec.ttlS, idleTimeoutS: spec.idleTimeoutS, cpus: spec.cpus, memoryBytes: spec.memoryBytes, pids: spec.pids,
+        tenant: spec.tenant, labels: spec.labels, env: spec.env, ttlS: spec.ttlS, idleTimeoutS: spec.idleTimeoutS, cpus: spec.cpus, memoryBytes: spec.memoryBytes, pids: spec.pids,
         network: spec.network, io: spec.io, now: Date.now(),
       });
       this.d.failpoints.hit('create.after-ack');

@@ -24,7 +24,7 @@ import type { Backends } from './backends.js';
 import type { ExecRegistry, ExecSession } from './exec-sessions.js';
 import type { Failpoints } from './failpoints.js';
 import type { LivenessWatch } from './liveness.js';
-import type { TrajectoryLog } from './trajectory.js';
+import { trajectoryKey, type TrajectoryLog } from './trajectory.js';
 
 const { ENOENT, E2BIG } = osConstants.errno;
 
@@ -100,7 +100,8 @@ export class ExecService {
     // A replay touches nothing in the sandbox, so it is answered in any state; a step
     // that must run needs a running sandbox, checked before `started` is recorded.
     const canonical = { argv: input.argv, env: input.env, cwd: input.cwd, user: input.user, timeout_ms: input.timeoutMs, stdin };
-    const decision = this.d.trajectories.begin(t.id, t.step, id, canonical, t.truncate, Date.now(), () => assertRunning(sb));
+    // The trajectory belongs to the sandbox's tenant: another tenant's same id is another trajectory.
+    const decision = this.d.trajectories.begin(trajectoryKey(sb.tenant, t.id), t.step, id, canonical, t.truncate, Date.now(), () => assertRunning(sb));
     if (decision.kind === 'replay') return decision.result;
     const tok = decision.token;
     let r: ExecResult;

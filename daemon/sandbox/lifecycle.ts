@@ -23,6 +23,7 @@ import { resolveFilesystem, type ResolvedFilesystem } from '../model/filesystem.
 import { networkRevision, type NetworkSpec } from '../model/network.js';
 import type { DefenceStatus, SandboxRecord } from '../model/sandbox.js';
 import { parseSelector } from '../model/selector.js';
+import { SYSTEM_SCOPE, inScope, visible, type Scope } from '../model/tenant.js';
 import type { StepObserver } from '../model/steps.js';
 import type { Backends } from './backends.js';
 import type { ExecRegistry } from './exec-sessions.js';
@@ -72,24 +73,28 @@ export interface LifecycleDeps {
 export class SandboxLifecycle {
   constructor(private readonly d: LifecycleDeps) {}
 
-  /** @throws DsecError NotFound. */
-  get(id: string): SandboxRecord {
-    return this.d.repo.get(id);
+  /**
+   * The sandbox `id` as `scope` sees it.
+   * @throws DsecError NotFound, with the same message for another tenant's sandbox as for a missing one.
+   */
+  get(id: string, scope: Scope = SYSTEM_SCOPE): SandboxRecord {
+    return inScope(scope, this.d.repo.find(id), `sandbox ${id} not found`);
   }
 
   /**
-   * Sandboxes matching the selector (and state, when given), oldest first. Warm-pool
-   * shells are no one's sandboxes yet and are never listed.
+   * Sandboxes `scope` sees matching the selector (and state, when given), oldest first:
+   * a selector only ever matches the caller's tenant (every tenant's for an admin
+   * scope). Warm-pool shells are no one's sandboxes yet and are never listed.
    * @throws DsecError InvalidArgument for a malformed selector.
    */
-  list(selector?: string, state?: string): SandboxRecord[] {
+  list(selector?: string, state?: string, scope: Scope = SYSTEM_SCOPE): SandboxRecord[] {
     let match: (l: Record<string, string>) => boolean;
     try {
       match = parseSelector(selector);
     } catch (e) {
       throw invalidArgument((e as Error).message);
     }
-    return this.d.repo.all().filter((s) => !isPoolShell(s) && match(s.labels) && (!state || s.state === state));
+    return this.d.repo.all().filter((s) => visible(scope, s.tenant) && !isPoolShell(s) && match(s.labels) && (!state || s.state === state));
   }
 
   /**

@@ -13,6 +13,7 @@
  *   - {@link SpecResolver.spec}: the rest (labels, env, TTL, priority, seccomp) and the
  *     filesystem options, request > image > `[filesystem]`.
  */
+import { SYSTEM_TENANT } from '../model/tenant.js';
 import { failedPrecondition, invalidArgument } from '../errors.js';
 import type { DaemonConfig } from '../config.js';
 import type { LayerStore } from '../image/layer-store.js';
@@ -154,6 +155,7 @@ export class SpecResolver {
   spec(input: SandboxInput, resources: Resources, source: ImageSource, network: NetworkSpec | null, snapshotId: string | null): SandboxSpec {
     return {
       backend: input.backend,
+      tenant: input.tenant ?? SYSTEM_TENANT,
       image: source.image,
       imageLayers: source.layers,
       imageConfig: source.config,

@@ -11,6 +11,7 @@ import type { DaemonConfig } from '../config.js';
 import type { ReclaimReport } from '../drivers/types.js';
 import type { Lease, SandboxRepo } from '../db/sandboxes.js';
 import type { SandboxRecord } from '../model/sandbox.js';
+import { SYSTEM_SCOPE, tenantScope, type Scope } from '../model/tenant.js';
 import type { Backends } from './backends.js';
 import type { SandboxLifecycle } from './lifecycle.js';
 import type { SandboxLocks } from './locks.js';
@@ -101,11 +102,12 @@ export class RoundService {
    * {@link BULK_CONCURRENCY} at a time, and reports a result per sandbox (one failure
    * does not stop the others).
    * @param opts.ttlS set_ttl: seconds from creation, null removes the TTL; opts.graceMs stop: the grace before SIGKILL.
+   * @param scope whose sandboxes the selector matches (only the caller's tenant's, every tenant's for an admin).
    * @throws DsecError InvalidArgument for a malformed or empty selector.
    */
-  async bulk(selector: string, action: BulkAction, opts: { ttlS?: number | null; graceMs?: number } = {}): Promise<BulkResult[]> {
+  async bulk(selector: string, action: BulkAction, opts: { ttlS?: number | null; graceMs?: number } = {}, scope: Scope = SYSTEM_SCOPE): Promise<BulkResult[]> {
     if (!selector.trim()) throw invalidArgument('bulk operations need a non-empty selector (e.g. job=a,round=3)');
-    const targets = this.d.lifecycle.list(selector);
+    const targets = this.d.lifecycle.list(selector, undefined, scope);
     const results: BulkResult[] = new Array(targets.length);
     let next = 0;
     const worker = async () => {
@@ -136,21 +138,22 @@ export class RoundService {
   /**
    * One sweep of lease expiry and idle timeouts (called by the reaper): lapsed leases
    * pause their job's sandboxes; leases lapsed longer than the destroy grace destroy them
-   * and are deleted; sandboxes idle past their timeout are paused.
+   * and are deleted; sandboxes idle past their timeout are paused. A lease acts on its
+   * own tenant's sandboxes labelled `job=<job>` only.
    * @returns ids paused (with a reclaim) and destroyed by this sweep.
    */
   async sweepLeases(now = Date.now()): Promise<{ paused: string[]; destroyed: string[] }> {
     const out = { paused: [] as string[], destroyed: [] as string[] };
     const sel = (job: string) => `job=${job}`;
-    for (const job of this.d.repo.lapseDue(now)) this.d.repo.event('lease.lapsed', null, `job ${job}`);
-    for (const job of this.d.repo.lapsedJobs()) {
-      for (const r of await this.bulk(sel(job), 'pause')) if (r.ok && r.reclaim) out.paused.push(r.id);
+    for (const k of this.d.repo.lapseDue(now)) this.d.repo.event('lease.lapsed', null, `job ${k.job}`, k.tenant);
+    for (const k of this.d.repo.lapsedJobs()) {
+      for (const r of await this.bulk(sel(k.job), 'pause', {}, tenantScope(k.tenant))) if (r.ok && r.reclaim) out.paused.push(r.id);
     }
-    for (const job of this.d.repo.lapsedBefore(now - this.d.config.leases.destroyGraceMs)) {
-      for (const r of await this.bulk(sel(job), 'destroy')) if (r.ok) out.destroyed.push(r.id);
-      if (this.d.lifecycle.list(sel(job)).length === 0) {
-        this.d.repo.deleteLease(job);
-        this.d.repo.event('lease.reclaimed', null, `job ${job}`);
+    for (const k of this.d.repo.lapsedBefore(now - this.d.config.leases.destroyGraceMs)) {
+      for (const r of await this.bulk(sel(k.job), 'destroy', {}, tenantScope(k.tenant))) if (r.ok) out.destroyed.push(r.id);
+      if (this.d.lifecycle.list(sel(k.job), undefined, tenantScope(k.tenant)).length === 0) {
+        this.d.repo.deleteLease(k.tenant, k.job);
+        this.d.repo.event('lease.reclaimed', null, `job ${k.job}`, k.tenant);
       }
     }
     for (const id of this.d.repo.idleDue(now)) {
@@ -160,50 +163,53 @@ export class RoundService {
   }
 
   /**
-   * The lease of `job` with its sandbox count.
-   * @throws DsecError NotFound.
+   * The lease of `job` of `scope`'s tenant, with the number of that tenant's sandboxes labelled `job=<job>`.
+   * @throws DsecError NotFound (none in that tenant; another tenant's lease of the same job is another lease).
    */
-  lease(job: string): LeaseView {
-    const l = this.d.repo.lease(job);
-    if (!l) throw notFound(`no lease for job ${job}`);
-    return { ...l, sandboxes: this.d.lifecycle.list(`job=${job}`).length };
+  lease(job: string, scope: Scope = SYSTEM_SCOPE): LeaseView {
+    return this.view(this.d.repo.lease(scope.tenant, job), job);
   }
 
-  /** Every lease, by job. */
-  leases(): LeaseView[] {
-    return this.d.repo.leases().map((l) => this.lease(l.job));
+  private view(l: Lease | undefined, job: string): LeaseView {
+    if (!l) throw notFound(`no lease for job ${job}`);
+    return { ...l, sandboxes: this.d.lifecycle.list(`job=${l.job}`, undefined, tenantScope(l.tenant)).length };
+  }
+
+  /** The leases `scope` sees (its tenant's; every tenant's for an admin), by tenant and job. */
+  leases(scope: Scope = SYSTEM_SCOPE): LeaseView[] {
+    return this.d.repo.leases(scope.all ? null : scope.tenant).map((l) => this.view(l, l.job));
   }
 
   /**
-   * Creates the lease of `job` for `ttlS` seconds, or renews it; records `lease.created`
-   * or `lease.renewed`.
+   * Creates the lease of `job` of `scope`'s tenant for `ttlS` seconds, or renews it;
+   * records `lease.created` or `lease.renewed`.
    * @throws DsecError FailedPrecondition when the lease expired or lapsed (delete it and create a new one).
    */
-  putLease(job: string, ttlS: number): LeaseView {
-    const { lease, created } = this.d.repo.putLease(job, ttlS);
-    this.d.repo.event(created ? 'lease.created' : 'lease.renewed', null, `job ${lease.job} expires ${new Date(lease.expires_at).toISOString()}`);
-    return this.lease(job);
+  putLease(job: string, ttlS: number, scope: Scope = SYSTEM_SCOPE): LeaseView {
+    const { lease, created } = this.d.repo.putLease(scope.tenant, job, ttlS);
+    this.d.repo.event(created ? 'lease.created' : 'lease.renewed', null, `job ${lease.job} expires ${new Date(lease.expires_at).toISOString()}`, scope.tenant);
+    return this.lease(job, scope);
   }
 
   /**
-   * Renews the lease of `job` for `ttlS` seconds (default its own TTL): the job's heartbeat.
+   * Renews the lease of `job` of `scope`'s tenant for `ttlS` seconds (default its own TTL): the job's heartbeat.
    * @throws DsecError NotFound, FailedPrecondition (expired or lapsed).
    */
-  renewLease(job: string, ttlS?: number): LeaseView {
-    const cur = this.d.repo.lease(job);
+  renewLease(job: string, ttlS: number | undefined, scope: Scope = SYSTEM_SCOPE): LeaseView {
+    const cur = this.d.repo.lease(scope.tenant, job);
     if (!cur) throw notFound(`no lease for job ${job}`);
-    this.d.repo.putLease(job, ttlS ?? cur.ttl_s, Date.now(), 'renew');
-    return this.lease(job);
+    this.d.repo.putLease(scope.tenant, job, ttlS ?? cur.ttl_s, Date.now(), 'renew');
+    return this.lease(job, scope);
   }
 
   /**
-   * Deletes the lease of `job`; its sandboxes stay.
+   * Deletes the lease of `job` of `scope`'s tenant; its sandboxes stay.
    * @returns the lease as it was.
    * @throws DsecError NotFound.
    */
-  deleteLease(job: string): LeaseView {
-    const v = this.lease(job);
-    this.d.repo.deleteLease(job);
+  deleteLease(job: string, scope: Scope = SYSTEM_SCOPE): LeaseView {
+    const v = this.lease(job, scope);
+    this.d.repo.deleteLease(scope.tenant, job);
     return v;
   }
 }

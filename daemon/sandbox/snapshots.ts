@@ -9,6 +9,7 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
+import { SYSTEM_SCOPE, type Scope } from '../model/tenant.js';
 import type { Logger } from 'pino';
 import { taggedId } from '../model/ids.js';
 import { DsecError, failedPrecondition, invalidArgument, unimplemented, wrap } from '../errors.js';
@@ -131,7 +132,7 @@ export class SnapshotService {
         : `process checkpoints need CRIU, and ${criu.reason}; take a filesystem snapshot (omit process) instead`);
     }
     const name = input.name ?? null;
-    this.d.snapshots.assertNameFree(name);
+    this.d.snapshots.assertNameFree(sb0.tenant, name);
     return this.d.locks.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (!['running', 'paused', 'stopped', 'failed'].includes(sb.state) || sb.desired !== null) {
@@ -148,7 +149,7 @@ export class SnapshotService {
       });
       this.d.failpoints.hit('snapshot.after-layer');
       const snap = this.d.snapshots.insert({
-        id: `snap-${taggedId(this.d.idTag)}`, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
+        id: `snap-${taggedId(this.d.idTag)}`, tenant: sb.tenant, name, kind: 'filesystem', sandboxId: id, backend: sb.backend, image: sb.image,
         imageLayers: [...sb.imageLayers, layer.digest], imageConfig: sb.imageConfig, layer: layer.digest, sizeBytes: layer.sizeBytes,
         cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
         network: sb.network, diskBytes: sb.diskBytes, filesystem: sb.filesystem, machine: null,
@@ -169,7 +170,7 @@ export class SnapshotService {
    */
   private async snapshotMachine(id: string, input: SnapshotInput, drv: SandboxDriver): Promise<SnapshotRecord> {
     const name = input.name ?? null;
-    this.d.snapshots.assertNameFree(name);
+    this.d.snapshots.assertNameFree(this.d.repo.get(id).tenant, name);
     return this.d.locks.run(id, async () => {
       const sb = this.d.repo.get(id);
       if (!['running', 'paused'].includes(sb.state) || sb.desired !== null) {
@@ -182,7 +183,7 @@ export class SnapshotService {
         const machine = await drv.snapshotMachine!(sb, dir);
         this.d.failpoints.hit('snapshot.after-layer');
         const snap = this.d.snapshots.insert({
-          id: snapId, name, kind: 'vm', sandboxId: id, backend: sb.backend, image: sb.image,
+          id: snapId, tenant: sb.tenant, name, kind: 'vm', sandboxId: id, backend: sb.backend, image: sb.image,
           imageLayers: sb.imageLayers, imageConfig: sb.imageConfig, layer: `sha256:${machine.stateSha256}`,
           sizeBytes: machine.stateBytes + machine.diskAllocatedBytes,
           cpus: sb.cpus, memoryBytes: sb.memoryBytes, pids: sb.pids, priority: sb.priority, labels: sb.labels, env: sb.env, createdAt: Date.now(),
@@ -198,28 +199,31 @@ export class SnapshotService {
     });
   }
 
-  /** @throws DsecError NotFound. */
-  get(ref: string): SnapshotRecord {
-    return this.d.snapshots.get(ref);
+  /**
+   * The snapshot `ref` (id, or a name of `scope`'s tenant) as `scope` sees it.
+   * @throws DsecError NotFound, also for another tenant's snapshot.
+   */
+  get(ref: string, scope: Scope = SYSTEM_SCOPE): SnapshotRecord {
+    return this.d.snapshots.get(ref, scope);
   }
 
-  /** All snapshots on this host, oldest first. */
-  list(): SnapshotRecord[] {
-    return this.d.snapshots.all();
+  /** The snapshots `scope` sees on this host, oldest first. */
+  list(scope: Scope = SYSTEM_SCOPE): SnapshotRecord[] {
+    return this.d.snapshots.all(scope);
   }
 
   /**
    * Removes a snapshot. Sandboxes restored from it keep running: they hold their own
    * lease on its layer, which prune collects once nothing uses it.
-   * @throws DsecError NotFound.
+   * @throws DsecError NotFound, also for another tenant's snapshot.
    */
-  async remove(ref: string): Promise<SnapshotRecord> {
-    const snap = this.d.snapshots.get(ref);
+  async remove(ref: string, scope: Scope = SYSTEM_SCOPE): Promise<SnapshotRecord> {
+    const snap = this.d.snapshots.get(ref, scope);
     this.d.snapshots.remove(snap.id);
     // A machine snapshot's files; restores made from it have their own disk copies.
     await rm(this.dir(snap.id), { recursive: true, force: true });
     await this.d.leases.sync();
-    this.d.repo.event('snapshot.removed', null, `${snap.id}${snap.name ? ` (${snap.name})` : ''}`);
+    this.d.repo.event('snapshot.removed', null, `${snap.id}${snap.name ? ` (${snap.name})` : ''}`, snap.tenant);
     return snap;
   }
 
@@ -230,8 +234,8 @@ export class SnapshotService {
    * @throws DsecError NotFound (snapshot or a layer missing), FailedPrecondition (corrupt
    *   layer or machine state, a tier that cannot restore machines), Unimplemented.
    */
-  private async checkSnapshot(ref: string): Promise<SnapshotRecord> {
-    const snap = this.d.snapshots.get(ref);
+  private async checkSnapshot(ref: string, scope: Scope): Promise<SnapshotRecord> {
+    const snap = this.d.snapshots.get(ref, scope);
     const drv = this.d.backends.driver(snap.backend);
     const what = `snapshot ${snap.id}${snap.name ? ` (${snap.name})` : ''} cannot be restored`;
     for (const digest of snap.imageLayers) {
@@ -265,10 +269,10 @@ export class SnapshotService {
    * field by field over the source's resolved ones). `diskBytes` is only the request's:
    * the source's quota is the resolver's inherited default.
    */
-  private restoreInput(snap: SnapshotRecord, req: RestoreInput): SandboxInput {
+  private restoreInput(snap: SnapshotRecord, req: RestoreInput, tenant: string): SandboxInput {
     const fs = req.filesystem ?? snap.filesystem;
     return {
-      backend: snap.backend, image: snap.image, cpus: req.cpus ?? snap.cpus, memoryBytes: req.memoryBytes ?? snap.memoryBytes, pids: req.pids ?? snap.pids,
+      tenant, backend: snap.backend, image: snap.image, cpus: req.cpus ?? snap.cpus, memoryBytes: req.memoryBytes ?? snap.memoryBytes, pids: req.pids ?? snap.pids,
       labels: req.labels ?? snap.labels, env: { ...snap.env, ...(req.env ?? {}) }, priority: req.priority ?? snap.priority,
       ttlS: req.ttlS, idleTimeoutS: req.idleTimeoutS, seccomp: req.seccomp, network: req.network ?? snap.network ?? undefined,
       diskBytes: req.diskBytes,
@@ -283,12 +287,14 @@ export class SnapshotService {
    * instead in a new VM on its own copy of the disk, its processes where they were. The
    * source is never touched. `opts.onProgress` hears its phases, as a create's.
    * @param ref snapshot id or name.
+   * @param opts.scope who restores: the snapshot must be visible to it (NotFound otherwise,
+   *   as a missing one), and the new sandbox belongs to its tenant. Default: the system admin.
    * @throws DsecError NotFound, FailedPrecondition (corrupt layer or machine state, a
    *   state QEMU cannot load, another QEMU release), ResourceExhausted (admission, uid
    *   pool), InvalidArgument (limits above the host's; memory or vCPUs other than a
    *   machine snapshot's), Internal.
    */
-  async restore(ref: string, req: RestoreInput = {}, opts: { onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord> {
+  async restore(ref: string, req: RestoreInput = {}, opts: { onProgress?: CreateProgressSink; scope?: Scope } = {}): Promise<SandboxRecord> {
     return (await this.fork(ref, { ...req, count: 1 }, opts))[0];
   }
 
@@ -299,9 +305,10 @@ export class SnapshotService {
    * phases of every sandbox of the group (each report names its sandbox).
    * @throws as {@link restore}.
    */
-  async fork(ref: string, req: ForkInput, opts: { onProgress?: CreateProgressSink } = {}): Promise<SandboxRecord[]> {
-    const snap = await this.checkSnapshot(ref);
-    const input = this.restoreInput(snap, req);
+  async fork(ref: string, req: ForkInput, opts: { onProgress?: CreateProgressSink; scope?: Scope } = {}): Promise<SandboxRecord[]> {
+    const scope = opts.scope ?? SYSTEM_SCOPE;
+    const snap = await this.checkSnapshot(ref, scope);
+    const input = this.restoreInput(snap, req, scope.tenant);
     const network = await this.d.resolver.network(input.network, input.backend);
     this.d.admission.checkLimits(input);
     const resources = this.d.resolver.resources(input, snap.diskBytes);
@@ -318,7 +325,7 @@ export class SnapshotService {
         throw invalidArgument(`snapshot ${snap.id} holds the machine's disk of ${m.diskBytes} bytes, which a restore cannot resize; leave disk_bytes out`);
       }
     }
-    this.d.admission.admit(resources, this.d.backends.caps(input.backend), req.count);
+    this.d.admission.admit(resources, this.d.backends.caps(input.backend), req.count, scope.tenant);
     const source = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig };
     const restore = snap.kind === 'vm' ? this.machineRestore(snap) : undefined;
     // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.
@@ -346,7 +353,7 @@ export class SnapshotService {
       throw failure instanceof DsecError ? failure : wrap(failure, `fork ${snap.id}`);
     }
     this.d.snapshots.removeForkIntent(forkId);
-    if (req.count > 1) this.d.repo.event('snapshot.forked', null, `${snap.id} -> ${made.map((s) => s.id).join(',')}`);
+    if (req.count > 1) this.d.repo.event('snapshot.forked', null, `${snap.id} -> ${made.map((s) => s.id).join(',')}`, scope.tenant);
     return made;
   }
 }

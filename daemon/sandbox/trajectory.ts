@@ -26,6 +26,7 @@ import { createHash } from 'node:crypto';
 import type { Db } from '../db/db.js';
 import { DsecError, notFound } from '../errors.js';
 import type { ExecResult } from '../model/exec.js';
+import { SYSTEM_SCOPE, SYSTEM_TENANT, type Scope } from '../model/tenant.js';
 
 /** The parts of an exec request that define a step; absent fields are null. */
 export interface CanonicalRequest {
@@ -107,7 +108,7 @@ interface StepRow {
   finished_at: number | null; result: string | null; stdout: Buffer | null; stderr: Buffer | null; error: string | null; replays: number;
 }
 
-interface TrajRow { id: string; created_at: number; updated_at: number; truncations: number; removed_at: number | null }
+interface TrajRow { id: string; tenant: string; created_at: number; updated_at: number; truncations: number; removed_at: number | null }
 
 /** A step's state as the API shows it. */
 export type StepState = 'running' | 'finished' | 'unknown';
@@ -134,7 +135,10 @@ export interface StepView {
 
 /** A trajectory summary (GET /v1/trajectories). */
 export interface TrajectorySummaryView {
+  /** The trajectory's id as its tenant names it. */
   id: string;
+  /** The tenant it belongs to (its sandboxes'). */
+  tenant: string;
   host: string;
   steps: number;
   first_step: number | null;
@@ -163,6 +167,22 @@ export type StepRecord = StepView & {
 
 const conflictWith = (reason: string, message: string) => new DsecError('Conflict', message, { reason });
 
+/**
+ * The store key of trajectory `name` of `tenant`: the name itself for tenant `system`
+ * (so keys made before tenancy keep their meaning), `tenant/name` for the others.
+ * Trajectory ids never contain `/` (the wire's TrajectoryId) and tenant names never do
+ * (TENANT_RE), so two tenants' same name are two keys and no key is ambiguous.
+ */
+export function trajectoryKey(tenant: string, name: string): string {
+  return tenant === SYSTEM_TENANT ? name : `${tenant}/${name}`;
+}
+
+/** The tenant and name of a store key ({@link trajectoryKey}). */
+export function splitTrajectoryKey(key: string): { tenant: string; name: string } {
+  const i = key.indexOf('/');
+  return i < 0 ? { tenant: SYSTEM_TENANT, name: key } : { tenant: key.slice(0, i), name: key.slice(i + 1) };
+}
+
 /** The per-host trajectory log over the store's `trajectories` and `trajectory_steps` tables. */
 export class TrajectoryLog {
   /** Steps running in this process now, as `trajectory \0 step`; a started row not in here is of unknown outcome. */
@@ -187,6 +207,7 @@ export class TrajectoryLog {
    * Decides what an exec carrying (trajectory, step) does, and records the decision in
    * one transaction: replay the recorded result (counting the replay), or record the
    * step as started and hand back a token for the caller to run it.
+   * @param trajectory the trajectory's store key ({@link trajectoryKey} of its sandbox's tenant and its id).
    * @param sandboxId the sandbox the step targets now (recorded for new steps).
    * @param truncate discard `step` and every later step first.
    * @param canRun called (inside the transaction) before a step is recorded to run; it
@@ -225,7 +246,7 @@ export class TrajectoryLog {
             + 're-issue with truncate to discard this step and every later one');
         }
         this.db.prepare('UPDATE trajectory_steps SET replays = replays + 1 WHERE trajectory = ? AND step = ?').run(trajectory, step);
-        return { kind: 'replay', result: { ...this.result(cur), trajectory, step, replayed: true } };
+        return { kind: 'replay', result: { ...this.result(cur), trajectory: splitTrajectoryKey(trajectory).name, step, replayed: true } };
       }
       if (!truncate) {
         const last = (this.db.prepare('SELECT MAX(step) AS m FROM trajectory_steps WHERE trajectory = ?').get(trajectory) as { m: number | null }).m;
@@ -239,7 +260,7 @@ export class TrajectoryLog {
         const n = this.db.prepare('DELETE FROM trajectory_steps WHERE trajectory = ? AND step >= ?').run(trajectory, step).changes;
         if (n > 0) this.db.prepare('UPDATE trajectories SET truncations = truncations + 1, updated_at = ? WHERE id = ?').run(now, trajectory);
       }
-      if (!t) this.db.prepare('INSERT INTO trajectories (id, created_at, updated_at) VALUES (?, ?, ?)').run(trajectory, now, now);
+      if (!t) this.db.prepare('INSERT INTO trajectories (id, tenant, created_at, updated_at) VALUES (?, ?, ?, ?)').run(trajectory, splitTrajectoryKey(trajectory).tenant, now, now);
       else this.db.prepare('UPDATE trajectories SET updated_at = ? WHERE id = ?').run(now, trajectory);
       this.db.prepare('INSERT INTO trajectory_steps (trajectory, step, hash, sandbox_id, request, started_at) VALUES (?, ?, ?, ?, ?, ?)')
         .run(trajectory, step, hash, sandboxId, JSON.stringify(request), now);
@@ -299,9 +320,11 @@ export class TrajectoryLog {
     };
   }
 
-  /** Summaries of every trajectory that is not removed, most recently updated first. */
-  list(): TrajectorySummaryView[] {
-    const rows = this.db.prepare('SELECT * FROM trajectories WHERE removed_at IS NULL ORDER BY updated_at DESC, id').all() as TrajRow[];
+  /** Summaries of every trajectory `scope` sees that is not removed, most recently updated first. */
+  list(scope: Scope = SYSTEM_SCOPE): TrajectorySummaryView[] {
+    const rows = (scope.all
+      ? this.db.prepare('SELECT * FROM trajectories WHERE removed_at IS NULL ORDER BY updated_at DESC, id').all()
+      : this.db.prepare('SELECT * FROM trajectories WHERE removed_at IS NULL AND tenant = ? ORDER BY updated_at DESC, id').all(scope.tenant)) as TrajRow[];
     return rows.map((t) => this.summary(t));
   }
 
@@ -311,36 +334,40 @@ export class TrajectoryLog {
       .filter((r) => !this.inFlight.has(this.key(t.id, r.step))).length;
     const lastSb = agg.hi === null ? null : (this.db.prepare('SELECT sandbox_id FROM trajectory_steps WHERE trajectory = ? AND step = ?').get(t.id, agg.hi) as { sandbox_id: string }).sandbox_id;
     return {
-      id: t.id, host: this.host, steps: agg.n, first_step: agg.lo, last_step: agg.hi, unknown: open, sandbox_id: lastSb,
+      id: splitTrajectoryKey(t.id).name, tenant: t.tenant, host: this.host, steps: agg.n, first_step: agg.lo, last_step: agg.hi, unknown: open, sandbox_id: lastSb,
       truncations: t.truncations, created_at: t.created_at, updated_at: t.updated_at,
     };
   }
 
-  private live(id: string): TrajRow {
-    const t = this.db.prepare('SELECT * FROM trajectories WHERE id = ?').get(id) as TrajRow | undefined;
-    if (!t) throw notFound(`trajectory ${id} not found`);
-    if (t.removed_at !== null) throw notFound(`trajectory ${id} was removed at ${new Date(t.removed_at).toISOString()}`);
+  /** The live row of trajectory `name` of `scope`'s tenant (names are per tenant: another tenant's same name is another trajectory). */
+  private live(name: string, scope: Scope): TrajRow {
+    const t = this.db.prepare('SELECT * FROM trajectories WHERE id = ?').get(trajectoryKey(scope.tenant, name)) as TrajRow | undefined;
+    if (!t) throw notFound(`trajectory ${name} not found`);
+    if (t.removed_at !== null) throw notFound(`trajectory ${name} was removed at ${new Date(t.removed_at).toISOString()}`);
     return t;
   }
 
-  /** @throws DsecError NotFound (unknown or removed). */
-  get(id: string): TrajectorySummaryView & { step_list: StepView[] } {
-    const t = this.live(id);
-    const rows = this.db.prepare('SELECT * FROM trajectory_steps WHERE trajectory = ? ORDER BY step').all(id) as StepRow[];
+  /**
+   * Trajectory `id` of `scope`'s tenant with its steps.
+   * @throws DsecError NotFound (unknown, removed, or only another tenant has it).
+   */
+  get(id: string, scope: Scope = SYSTEM_SCOPE): TrajectorySummaryView & { step_list: StepView[] } {
+    const t = this.live(id, scope);
+    const rows = this.db.prepare('SELECT * FROM trajectory_steps WHERE trajectory = ? ORDER BY step').all(t.id) as StepRow[];
     return { ...this.summary(t), step_list: rows.map((r) => this.view(r)) };
   }
 
   /**
    * Every step with its output, in step order, one row read at a time (no statement
    * stays open across yields, so other requests keep using the store meanwhile).
-   * @throws DsecError NotFound (unknown or removed), on the first iteration.
+   * @throws DsecError NotFound (unknown, removed, or only another tenant has it), on the first iteration.
    */
-  *export(id: string): Generator<StepRecord> {
-    this.live(id);
-    const steps = (this.db.prepare('SELECT step FROM trajectory_steps WHERE trajectory = ? ORDER BY step').all(id) as { step: number }[]).map((r) => r.step);
+  *export(id: string, scope: Scope = SYSTEM_SCOPE): Generator<StepRecord> {
+    const key = this.live(id, scope).id;
+    const steps = (this.db.prepare('SELECT step FROM trajectory_steps WHERE trajectory = ? ORDER BY step').all(key) as { step: number }[]).map((r) => r.step);
     const one = this.db.prepare('SELECT * FROM trajectory_steps WHERE trajectory = ? AND step = ?');
     for (const step of steps) {
-      const r = one.get(id, step) as StepRow | undefined;
+      const r = one.get(key, step) as StepRow | undefined;
       if (!r) continue; // truncated while exporting
       const req = JSON.parse(r.request) as CanonicalRequest;
       const s = r.result ? (JSON.parse(r.result) as StoredResult) : null;
@@ -356,16 +383,21 @@ export class TrajectoryLog {
    * Removes a trajectory's steps and leaves a tombstone, so the id cannot be reused by
    * a rollout that expects its old results.
    * @returns how many steps were removed.
-   * @throws DsecError NotFound (unknown or already removed), Conflict (a step is running now).
+   * @throws DsecError NotFound (unknown, already removed, or only another tenant has it), Conflict (a step is running now).
    */
-  remove(id: string, now = Date.now()): number {
-    this.live(id);
+  remove(id: string, now = Date.now(), scope: Scope = SYSTEM_SCOPE): number {
+    return this.removeKey(this.live(id, scope).id, now);
+  }
+
+  /** Removes the trajectory of store key `key` (see {@link remove}). */
+  private removeKey(key: string, now: number): number {
+    const { name } = splitTrajectoryKey(key);
     for (const k of this.inFlight) {
-      if (k.startsWith(`${id}\0`)) throw new DsecError('Conflict', `trajectory ${id} has a step running now; remove it after the step ends`, { reason: 'in_progress' });
+      if (k.startsWith(`${key}\0`)) throw new DsecError('Conflict', `trajectory ${name} has a step running now; remove it after the step ends`, { reason: 'in_progress' });
     }
     return this.db.transaction(() => {
-      const n = this.db.prepare('DELETE FROM trajectory_steps WHERE trajectory = ?').run(id).changes;
-      this.db.prepare('UPDATE trajectories SET removed_at = ?, updated_at = ? WHERE id = ?').run(now, now, id);
+      const n = this.db.prepare('DELETE FROM trajectory_steps WHERE trajectory = ?').run(key).changes;
+      this.db.prepare('UPDATE trajectories SET removed_at = ?, updated_at = ? WHERE id = ?').run(now, now, key);
       return n;
     })();
   }
@@ -378,7 +410,7 @@ export class TrajectoryLog {
   prune(before: number, tombstonesBefore: number, now = Date.now()): { removed: number; forgotten: number } {
     const stale = (this.db.prepare('SELECT id FROM trajectories WHERE removed_at IS NULL AND updated_at < ?').all(before) as { id: string }[])
       .map((r) => r.id).filter((id) => ![...this.inFlight].some((k) => k.startsWith(`${id}\0`)));
-    for (const id of stale) this.remove(id, now);
+    for (const key of stale) this.removeKey(key, now);
     const forgotten = this.db.prepare('DELETE FROM trajectories WHERE removed_at IS NOT NULL AND removed_at < ?').run(tombstonesBefore).changes;
     return { removed: stale.length, forgotten };
   }

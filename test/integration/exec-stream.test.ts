@@ -370,4 +370,28 @@ describe.skipIf(!IS_ROOT)('exec sessions', () => {
       await d.client.deleteSandbox(small.id, { force: true });
     }
   });
+
+  // Last: it stops the daemon.
+  it('dsecd exits on SIGTERM while an attach WebSocket holds an exec with stdin open and a log is followed', async () => {
+    const e = await api<Info>('POST', '/execs', { argv: ['cat'], stdin: true });
+    const sock = ws(e.exec_id);
+    await new Promise<void>((resolve, reject) => {
+      sock.on('open', () => resolve());
+      sock.on('error', reject);
+    });
+    const closed = new Promise<void>((resolve) => sock.on('close', () => resolve()));
+    // A followed log polls the store: it must end before the store closes.
+    const log = await new Promise<{ ended: Promise<void> }>((resolve, reject) => {
+      http.get({ socketPath: d.socket, path: `/v1/sandboxes/${sb}/logs?follow=true` }, (res) => {
+        res.resume();
+        resolve({ ended: new Promise<void>((r) => res.on('close', () => r())) });
+      }).on('error', reject);
+    });
+    const before = d.stderr.length;
+    await d.stop(); // resolves once the process exited; before, the exec's own agent connection kept it alive
+    await closed;
+    await log.ended;
+    expect(d.proc?.exitCode).toBe(0);
+    expect(d.stderr.slice(before)).not.toMatch(/database connection is not open|"level":(50|60)/);
+  });
 });

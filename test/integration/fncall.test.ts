@@ -82,7 +82,11 @@ describe.skipIf(!IS_ROOT)('fncall tier', () => {
 
   it('a fork bomb is contained by the pids limit and the worker keeps serving', async () => {
     const r = await run({ argv: ['sh', '-c', 'b() { b | b & }; b; sleep 1; echo survived'], timeout_ms: 3000 });
-    expect(r.exit_code === 0 || r.timed_out).toBe(true);
+    // How the bomb's own shell ends depends on which fork meets the limit first (its
+    // `sleep` fork too may be refused: sh then exits 2); what matters is that it ended, was
+    // not an OOM, and left the worker serving with nothing behind.
+    expect(r.exit_code !== null || r.timed_out).toBe(true);
+    expect(r.oom).toBe(false);
     const [w] = await workers();
     expect(await cgroupPids(w.id)).toHaveLength(1);
     expect(out(await run({ argv: ['echo', 'after-bomb'] }))).toBe('after-bomb\n');

@@ -8,7 +8,7 @@ import path from 'node:path';
 import { execa } from 'execa';
 import pty from 'node-pty';
 import { IS_ROOT, REPO, TestDaemon } from './harness.js';
-import { makeToken } from './remote-helpers.js';
+import { doorRequest, makeToken } from './remote-helpers.js';
 
 describe.skipIf(!IS_ROOT)('the CLI over the TCP door', () => {
   let d: TestDaemon;
@@ -25,7 +25,9 @@ describe.skipIf(!IS_ROOT)('the CLI over the TCP door', () => {
     tmp = mkdtempSync('/tmp/dsec-remote-cli-');
     const { token } = await makeToken(d, 'team-a', 'user');
     env = { PATH: process.env.PATH!, HOME: tmp, DSEC_CONFIG_DIR: path.join(tmp, 'cfg'), DSEC_SOCKET: path.join(tmp, 'no.sock'), DSEC_HOST: d.remoteUrl, DSEC_TOKEN: token, DSEC_CA: d.caFile };
-    id = (await d.client.createSandbox({ image: 'busybox' })).id;
+    // The token's tenant's sandbox (another tenant's, the socket's system one included, would be NotFound to it).
+    const made = await doorRequest(d, { method: 'POST', path: '/v1/sandboxes', token, json: { image: 'busybox' } });
+    id = (JSON.parse(made.body) as { id: string }).id;
   });
   afterAll(async () => {
     await d?.cleanup();

@@ -180,7 +180,11 @@ describe.skipIf(!IS_ROOT)('the TCP door', () => {
     expect(listed).toMatchObject({ tenant: 'team-c', role: 'user', state: 'active', description: 'streams' });
     expect(ls.stdout).not.toContain(token.slice(20));
 
-    const sb = await d.client.createSandbox({ image: 'busybox' });
+    // The sandbox is team-c's (another tenant's would answer the token NotFound); the socket, an admin, sees it too.
+    const made = await doorRequest(d, { method: 'POST', path: '/v1/sandboxes', token, json: { image: 'busybox' } });
+    expect(made.status).toBe(201);
+    const sb = JSON.parse(made.body) as { id: string; tenant: string };
+    expect(sb.tenant).toBe('team-c');
     const ex = await d.client.startExec(sb.id, { argv: ['sh', '-c', 'echo ready; sleep 600'], stdin: true });
     const ca = readFileSync(d.caFile);
     const ws = new WebSocket(`wss://127.0.0.1:${d.remotePort}/v1/sandboxes/${sb.id}/execs/${ex.exec_id}/attach`, { ca, headers: { authorization: `Bearer ${token}` } });

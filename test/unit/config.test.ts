@@ -4,6 +4,7 @@ import { tmpdir } from 'node:os';
 import path from 'node:path';
 import { instanceNameFor, loadConfig } from '../../daemon/config.js';
 import { Failpoints, FAILPOINTS } from '../../daemon/sandbox/failpoints.js';
+import { Admission } from '../../daemon/sandbox/admission.js';
 
 describe('config', () => {
   it('defaults, and flags beat env beat file', () => {
@@ -40,6 +41,42 @@ describe('config', () => {
         writeFileSync(f, bad);
         expect(() => loadConfig({ config: f, env: {} }), bad).toThrow();
       }
+    } finally {
+      rmSync(dir, { recursive: true, force: true });
+    }
+  });
+  it('[quotas]: none by default, a default for every tenant and per-tenant values over it; admission refuses past them naming the quota', () => {
+    const dir = mkdtempSync(path.join(tmpdir(), 'dsec-cfg-'));
+    try {
+      expect(loadConfig({ env: {}, config: undefined }).quotas).toEqual({ default: { sandboxes: null, cpus: null, memoryBytes: null }, tenants: {} });
+      const f = path.join(dir, 'c.toml');
+      writeFileSync(f, '[quotas]\nsandboxes = 3\ncpus = 4\n[quotas.tenants.team-a]\nsandboxes = 10\ncpus = 100\nmemory_bytes = 1000\n');
+      const c = loadConfig({ config: f, env: {} });
+      expect(c.quotas).toEqual({ default: { sandboxes: 3, cpus: 4, memoryBytes: null }, tenants: { 'team-a': { sandboxes: 10, cpus: 100, memoryBytes: 1000 } } });
+      writeFileSync(f, '[quotas]\ncpus = 4\n[quotas.tenants.team-b]\nsandboxes = 10\n');
+      expect(loadConfig({ config: f, env: {} }).quotas.tenants['team-b']).toEqual({ sandboxes: 10, cpus: 4, memoryBytes: null });
+      for (const bad of ['[quotas]\nsandboxes = -1\n', '[quotas]\nsandbox = 1\n', '[quotas.tenants."Team A"]\nsandboxes = 1\n']) {
+        writeFileSync(f, bad);
+        expect(() => loadConfig({ config: f, env: {} }), bad).toThrow();
+      }
+      // Tenant team-a holds 9 sandboxes of 1 core and 100 bytes each; team-b 3; system any number.
+      const use: Record<string, { count: number; memoryBytes: number; cpus: number; diskBytes: number }> = {
+        'team-a': { count: 9, memoryBytes: 900, cpus: 9, diskBytes: 0 }, 'team-b': { count: 3, memoryBytes: 300, cpus: 3, diskBytes: 0 },
+      };
+      const adm = new Admission({
+        config: c, storage: { capacityBytes: () => null, location: 'x' } as never,
+        repo: { admissionTotals: (t?: string) => (t ? use[t] ?? { count: 0, memoryBytes: 0, cpus: 0, diskBytes: 0 } : { count: 12, memoryBytes: 1200, cpus: 12, diskBytes: 0 }) },
+      });
+      const res = { cpus: 1, memoryBytes: 100, pids: 10, diskBytes: null, io: null } as never;
+      adm.admitTenant(res, 1, 'team-a'); // the 10th
+      expect(() => adm.admitTenant(res, 2, 'team-a')).toThrow(expect.objectContaining({
+        kind: 'ResourceExhausted', message: expect.stringContaining('tenant team-a is at its quota of 10 sandboxes (quotas.tenants.team-a.sandboxes): it has 9, and 2 new sandboxes would make 11'),
+      }));
+      expect(() => adm.admitTenant({ ...(res as object), memoryBytes: 101 } as never, 1, 'team-a')).toThrow(/over its quota of 1000 \(quotas.tenants.team-a.memory_bytes; in use: 900 bytes\)/);
+      expect(() => adm.admitTenant(res, 1, 'team-b')).toThrow(/tenant team-b is at its quota of 3 sandboxes \(quotas.sandboxes\)/);
+      expect(() => adm.admitTenant({ ...(res as object), cpus: 2 } as never, 1, 'team-c')).not.toThrow();
+      expect(() => adm.admitTenant({ ...(res as object), cpus: 5 } as never, 1, 'team-c')).toThrow(/CPU limits would total 5 cores, over its quota of 4 \(quotas.cpus/);
+      adm.admitTenant(res, 1000, 'system'); // no quota
     } finally {
       rmSync(dir, { recursive: true, force: true });
     }

@@ -7,7 +7,9 @@ import Database from 'better-sqlite3';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import os from 'node:os';
 import path from 'node:path';
+import Fastify from 'fastify';
 import { renderOpenApi } from '../../daemon/api/openapi.js';
+import { registerControlRoutes } from '../../daemon/api/e2b/control.js';
 import { ROUTE_DOCS } from '../../daemon/api/routes/table.js';
 import '../../gateway/hosts.js'; // the gateway's host routes join ROUTE_DOCS: ADMIN_ROUTES names them too
 import { ADMIN_ROUTES, ANY_ROUTES, CREATE_ROUTES, accessOf, allows } from '../../daemon/remote/policy.js';
@@ -20,8 +22,18 @@ describe('route access', () => {
   renderOpenApi(); // imports every route module, filling ROUTE_DOCS
   const routes = ROUTE_DOCS.map((r) => `${r.method} ${r.url}`);
 
-  it('every named admin, any-role and create route exists in the route table (a renamed route must not drop out of its list)', () => {
-    for (const k of [...ADMIN_ROUTES, ...ANY_ROUTES, ...CREATE_ROUTES]) expect(routes).toContain(k);
+  it('every named admin, any-role and create route exists in the route table or E2B\'s routes (a renamed route must not drop out of its list)', async () => {
+    // E2B's control plane registers plain fastify routes (daemon/api/e2b/control.ts): read them off an app.
+    const app = Fastify();
+    const e2b: string[] = [];
+    app.addHook('onRoute', (r) => {
+      for (const m of [r.method].flat()) e2b.push(`${m} ${r.url}`);
+    });
+    registerControlRoutes(app, {} as never);
+    await app.ready();
+    await app.close();
+    expect(e2b).toContain('POST /sandboxes');
+    for (const k of [...ADMIN_ROUTES, ...ANY_ROUTES, ...CREATE_ROUTES]) expect([...routes, ...e2b]).toContain(k);
   });
 
   it('no route that changes something is readable by a reader; WebSocket routes need write', () => {

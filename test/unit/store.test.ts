@@ -6,13 +6,14 @@ import Database from 'better-sqlite3';
 import { migrate, openDb } from '../../daemon/db/db.js';
 import { MIGRATIONS } from '../../daemon/db/migrations.js';
 import { SandboxRepo } from '../../daemon/db/sandboxes.js';
+import { SnapshotRepo } from '../../daemon/db/snapshots.js';
 import { parseSelector } from '../../daemon/model/selector.js';
 
 const pool = { base: 1 << 20, size: 4 * 65536, rangeSize: 65536 };
 
-function rec(id: string) {
+function rec(id: string, tenant = 'system') {
   return {
-    id, backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
+    id, tenant, backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
     imageConfig: { env: [], cwd: '/', user: '0', cmd: [] }, cpus: 1, memoryBytes: 1 << 28, pids: 100,
     labels: { job: 'a' }, env: {}, ttlS: null, createdAt: Date.now(), priority: 'latency' as const, idleTimeoutS: null,
   };
@@ -45,6 +46,29 @@ describe('migrations', () => {
       VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
     expect(migrate(db, MIGRATIONS.slice(0, 8))).toEqual([8]);
     expect(db.prepare("SELECT io FROM sandboxes WHERE id = 'old'").get()).toEqual({ io: null });
+  });
+  it('migration 10 gives every sandbox, snapshot, trajectory, lease and event of a version-9 store the system tenant, and makes snapshot names unique per tenant', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 9));
+    db.prepare(`INSERT INTO sandboxes (id, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at)
+      VALUES ('old', 'container', 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', 1, 1, 8, '{}', '{}', 1, 1)`).run();
+    const snap = `INSERT INTO snapshots (id, name, kind, sandbox_id, backend, image, image_layers, image_config, layer, size_bytes, cpus, memory_bytes, pids,
+      priority, labels, env, created_at, network, disk_bytes, filesystem, machine) VALUES (?, ?, 'filesystem', 'old', 'container', 'busybox:latest', '[]', '{}', 'sha256:bb', 1, 1, 1, 8,
+      'latency', '{}', '{}', 1, NULL, 5, NULL, NULL)`;
+    db.prepare(snap).run('snap-0000000000000001', 'n');
+    db.prepare("INSERT INTO leases (job, ttl_s, expires_at, created_at) VALUES ('j', 5, 10, 1)").run();
+    db.prepare("INSERT INTO trajectories (id, created_at, updated_at) VALUES ('t', 1, 1)").run();
+    db.prepare("INSERT INTO events (time, type) VALUES (1, 'x')").run();
+    expect(migrate(db, MIGRATIONS.slice(0, 10))).toEqual([10]);
+    for (const t of ['sandboxes', 'snapshots', 'trajectories', 'leases', 'events']) {
+      expect(db.prepare(`SELECT DISTINCT tenant FROM ${t}`).all(), t).toEqual([{ tenant: 'system' }]);
+    }
+    expect(db.prepare("SELECT name, disk_bytes FROM snapshots WHERE id = 'snap-0000000000000001'").get()).toEqual({ name: 'n', disk_bytes: 5 });
+    expect(db.prepare('SELECT job, ttl_s FROM leases').all()).toEqual([{ job: 'j', ttl_s: 5 }]);
+    // The same name in another tenant is another snapshot; twice in one tenant is refused.
+    const snapT = snap.replace('(id, name,', '(id, tenant, name,').replace('VALUES (?, ?,', 'VALUES (?, ?, ?,');
+    db.prepare(snapT).run('snap-0000000000000002', 'team-b', 'n');
+    expect(() => db.prepare(snapT).run('snap-0000000000000003', 'team-b', 'n')).toThrow(/UNIQUE/);
   });
   it('versions are consecutive from 1', () => {
     MIGRATIONS.forEach((m, i) => expect(m.version).toBe(i + 1));
@@ -121,16 +145,51 @@ describe('SandboxRepo', () => {
 describe('leases', () => {
   it('renewal is accepted strictly before expires_at and refused at or after it, swept or not', () => {
     const repo = new SandboxRepo(openDb(':memory:'), pool);
-    expect(repo.putLease('j', 10, 1000).created).toBe(true); // expires at 11000
-    expect(repo.putLease('j', 10, 10_999, 'renew').lease.expires_at).toBe(20_999);
-    expect(() => repo.putLease('j', 10, 20_999, 'renew')).toThrow(expect.objectContaining({ kind: 'FailedPrecondition' }));
+    expect(repo.putLease('system', 'j', 10, 1000).created).toBe(true); // expires at 11000
+    expect(repo.putLease('system', 'j', 10, 10_999, 'renew').lease.expires_at).toBe(20_999);
+    expect(() => repo.putLease('system', 'j', 10, 20_999, 'renew')).toThrow(expect.objectContaining({ kind: 'FailedPrecondition' }));
     expect(repo.lapseDue(20_998)).toEqual([]);
-    expect(repo.lapseDue(20_999)).toEqual(['j']);
+    expect(repo.lapseDue(20_999)).toEqual([{ tenant: 'system', job: 'j' }]);
     expect(repo.lapseDue(30_000)).toEqual([]); // lapses once
-    expect(() => repo.putLease('j', 10, 21_000)).toThrow(/expired/);
-    expect(repo.lapsedBefore(20_999 + 5000)).toEqual(['j']);
-    expect(repo.deleteLease('j')).toBe(true);
-    expect(() => repo.putLease('nope', 10, 0, 'renew')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+    expect(() => repo.putLease('system', 'j', 10, 21_000)).toThrow(/expired/);
+    expect(repo.lapsedBefore(20_999 + 5000)).toEqual([{ tenant: 'system', job: 'j' }]);
+    expect(repo.deleteLease('system', 'j')).toBe(true);
+    expect(() => repo.putLease('system', 'nope', 10, 0, 'renew')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+  });
+  it("are keyed on (tenant, job): tenant B's job a neither renews, lapses nor deletes A's", () => {
+    const repo = new SandboxRepo(openDb(':memory:'), pool);
+    repo.putLease('team-a', 'a', 10, 1000); // expires at 11000
+    expect(repo.putLease('team-b', 'a', 100, 1000).created).toBe(true); // a second lease, not a renewal of A's
+    expect(() => repo.putLease('team-b', 'z', 10, 0, 'renew')).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+    expect(repo.lapseDue(11_000)).toEqual([{ tenant: 'team-a', job: 'a' }]);
+    expect(repo.lease('team-b', 'a')).toMatchObject({ lapsed_at: null, expires_at: 101_000 });
+    expect(repo.deleteLease('team-b', 'a')).toBe(true);
+    expect(repo.lease('team-a', 'a')).toMatchObject({ tenant: 'team-a', job: 'a' });
+    expect(repo.leases('team-b')).toEqual([]);
+    expect(repo.leases(null).map((l) => `${l.tenant}/${l.job}`)).toEqual(['team-a/a']);
+  });
+});
+
+describe('snapshots per tenant', () => {
+  const snap = (id: string, tenant: string, name: string | null) => ({
+    id, tenant, name, kind: 'filesystem' as const, sandboxId: 'sb', backend: 'container' as const, image: 'busybox:latest', imageLayers: ['sha256:aa'],
+    imageConfig: { env: [], cwd: '/', user: '0', cmd: [] }, layer: 'sha256:aa', sizeBytes: 1, cpus: 1, memoryBytes: 1, pids: 1, priority: 'latency' as const,
+    labels: {}, env: {}, createdAt: 1, network: null, diskBytes: null, filesystem: null, machine: null,
+  });
+  it("names are unique per tenant; another tenant's snapshot answers as a missing one, by id and by name", () => {
+    const repo = new SnapshotRepo(openDb(':memory:'));
+    const A = { tenant: 'team-a', all: false }, B = { tenant: 'team-b', all: false };
+    repo.insert(snap('snap-000000000000000a', 'team-a', 'n'));
+    repo.insert(snap('snap-000000000000000b', 'team-b', 'n'));
+    expect(() => repo.insert(snap('snap-000000000000000c', 'team-b', 'n'))).toThrow(expect.objectContaining({ kind: 'AlreadyExists' }));
+    expect(repo.get('n', A).id).toBe('snap-000000000000000a');
+    expect(repo.get('n', B).id).toBe('snap-000000000000000b');
+    const missing = (() => { try { repo.get('snap-0000000000000fff', B); } catch (e) { return e; } })() as Error;
+    expect(() => repo.get('snap-000000000000000a', B)).toThrow(missing.message.replace('snap-0000000000000fff', 'snap-000000000000000a'));
+    expect(() => repo.get('snap-000000000000000a', B)).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+    expect(repo.all(B).map((x) => x.id)).toEqual(['snap-000000000000000b']);
+    expect(repo.all().length).toBe(2); // the system admin's scope sees every tenant
+    expect(repo.get('snap-000000000000000b').tenant).toBe('team-b');
   });
 });
 

@@ -3,7 +3,7 @@ import Database from 'better-sqlite3';
 import { openDb } from '../../daemon/db/db.js';
 import { migrate } from '../../daemon/db/db.js';
 import { MIGRATIONS } from '../../daemon/db/migrations.js';
-import { canonicalRequest, TrajectoryLog } from '../../daemon/sandbox/trajectory.js';
+import { canonicalRequest, TrajectoryLog, trajectoryKey } from '../../daemon/sandbox/trajectory.js';
 import type { ExecResult } from '../../daemon/model/exec.js';
 
 const result = (out: string, exit = 0): ExecResult => ({
@@ -157,6 +157,24 @@ describe('TrajectoryLog', () => {
     expect(recs[0]).toMatchObject({ argv: ['sh', '-c', 'a'], env: {}, cwd: null, stdin_sha256: null, state: 'finished', exit_code: 0, duration_ms: 1.5 });
     expect(log.list()[0]).toMatchObject({ id: 't', steps: 2, first_step: 1, last_step: 2, unknown: 0, sandbox_id: 'sb1', host: 'host-a' });
     expect(() => [...log.export('nope')]).toThrow(expect.objectContaining({ kind: 'NotFound' }));
+  });
+
+  it("keeps one id of two tenants as two trajectories; a tenant's calls never reach the other's", () => {
+    const log = fresh();
+    const A = { tenant: 'team-a', all: false }, B = { tenant: 'team-b', all: false };
+    expect(trajectoryKey('system', 't')).toBe('t');
+    run(log, trajectoryKey('team-a', 't'), 0, 'a');
+    // B's step 0 of the same id runs (against A's it would be a step_mismatch) and replays as B's.
+    expect(run(log, trajectoryKey('team-b', 't'), 0, 'b')).toBeNull();
+    expect(run(log, trajectoryKey('team-b', 't'), 0, 'b')).toMatchObject({ replayed: true, trajectory: 't' });
+    expect(log.get('t', A).step_list[0].argv).toEqual(['sh', '-c', 'a']);
+    expect(log.get('t', B).step_list[0].argv).toEqual(['sh', '-c', 'b']);
+    expect(log.list(A).map((t) => [t.id, t.tenant])).toEqual([['t', 'team-a']]);
+    expect(log.list().map((t) => t.tenant).sort()).toEqual(['team-a', 'team-b']); // an admin sees both
+    expect(() => log.get('t', { tenant: 'team-c', all: false })).toThrow(expect.objectContaining({ kind: 'NotFound', message: 'trajectory t not found' }));
+    expect(log.remove('t', Date.now(), B)).toBe(1);
+    expect(log.get('t', A).steps).toBe(1);
+    expect([...log.export('t', A)].map((r) => r.trajectory)).toEqual(['t']);
   });
 });
 

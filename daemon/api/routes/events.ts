@@ -2,13 +2,15 @@
 import type { FastifyInstance } from 'fastify';
 import { Event, EventsQuery } from '../schema.js';
 import { parseWith } from '../parse.js';
+import { scopeOf } from '../scope.js';
+import { visible } from '../../model/tenant.js';
 import { invalidArgument } from '../../errors.js';
 import { route } from './table.js';
 import type { SandboxRepo } from '../../db/sandboxes.js';
 import { parseSelector } from '../../model/selector.js';
 
 const eventsRoute = route({
-  method: 'GET', url: '/v1/events', summary: 'Lifecycle events, one JSON object per line; follow=true keeps the stream open.',
+  method: 'GET', url: '/v1/events', summary: "Lifecycle events of the caller's tenant (every tenant's for an admin), one JSON object per line; follow=true keeps the stream open.",
   query: EventsQuery, status: 200, response: Event, ndjson: true, errors: ['InvalidArgument'],
 });
 
@@ -32,7 +34,9 @@ export function registerEventRoutes(app: FastifyInstance, deps: EventRouteDeps):
     } catch (e) {
       throw invalidArgument((e as Error).message);
     }
-    const ok = (e: Event) => !q.selector || (e.labels !== undefined && match(e.labels));
+    // Only the caller's tenant's events (every tenant's for an admin), then the selector.
+    const scope = scopeOf(req);
+    const ok = (e: Event) => visible(scope, e.tenant ?? 'system') && (!q.selector || (e.labels !== undefined && match(e.labels)));
     const follow = q.follow === 'true' || q.follow === '1';
     reply.hijack();
     const res = reply.raw;

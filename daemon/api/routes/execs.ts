@@ -51,8 +51,9 @@ const peerUids = new WeakMap<object, number>();
 
 /** uid of the API caller: the peer of the Unix socket connection (0 when unknown, e.g. in-process tests, and for the TCP door). */
 export function callerUid(req: FastifyRequest): number {
-  // The TCP door has no uid: its callers are tokens. Until sessions belong to tenants
-  // (docs/SECURITY.md "Tenancy"), they act as root does on the socket and see every session.
+  // The TCP door has no uid: its callers are tokens. A session belongs to its sandbox's
+  // tenant (the tenancy hook refuses another tenant's sandbox id, daemon/api/tenancy.ts),
+  // so a token sees every session of the sandboxes its tenant owns, as root does.
   if (req.principal?.door === 'tcp') return 0;
   const sock = req.raw.socket as Socket & { _handle?: { fd?: number } };
   const cached = peerUids.get(sock);

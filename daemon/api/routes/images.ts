@@ -10,7 +10,9 @@ import {
   BootstrapRequest, CommitRequest, CommitResult, ComposeRequest, Image, ImageList, ImportRequest, Layer, LayerList, PruneRequest, PruneResult, TagRequest,
 } from '../schema.js';
 import { parseWith } from '../parse.js';
-import { invalidArgument } from '../../errors.js';
+import { invalidArgument, notFound } from '../../errors.js';
+import { SYSTEM_SCOPE, visible, type Scope } from '../../model/tenant.js';
+import { scopeOf } from '../scope.js';
 import { parseRef, type ImageManifest, type LayerStore, type LayerMeta } from '../../image/layer-store.js';
 import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
@@ -40,7 +42,7 @@ const bootstrapRoute = route({
   response: Image, errors: ['InvalidArgument', 'Unavailable'],
 });
 const pruneRoute = route({ method: 'POST', url: '/v1/images/prune', summary: 'Remove layers no image, lease or sandbox references.', body: PruneRequest, status: 200, response: PruneResult, errors: [] });
-const layersRoute = route({ method: 'GET', url: '/v1/layers', summary: 'Layers in the store.', status: 200, response: LayerList, errors: [] });
+const layersRoute = route({ method: 'GET', url: '/v1/layers', summary: 'Layers in the store: every layer for an admin; for other callers the layers images name (a snapshot\'s layer is its tenant\'s), sources naming a sandbox cut to their kind.', status: 200, response: LayerList, errors: [] });
 const layerRoute = route({ method: 'GET', url: '/v1/layers/:digest', summary: 'One layer.', status: 200, response: Layer, errors: ['InvalidArgument', 'NotFound'] });
 const commitRoute = route({
   method: 'POST', url: '/v1/sandboxes/:id/commit', summary: "Pack a sandbox's writable layer as a new image on top of its image.", body: CommitRequest, status: 201, response: CommitResult,
@@ -88,10 +90,19 @@ export interface ImageRouteDeps {
 /** Registers the image, layer and commit routes. */
 export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps): void {
   const store = deps.images;
-  const layerView = async (meta: LayerMeta): Promise<z.infer<typeof Layer>> => {
+  /**
+   * A layer as `scope` may see it. Layers are host-wide, but a layer no image names is a
+   * snapshot's (private to its tenant) and is shown to admins only; for other callers
+   * `sandboxes` counts their own tenant's sandboxes, and a source naming a sandbox
+   * (`commit:ID`, `snapshot:ID`) is cut to its kind, so no tenant learns another's ids.
+   * @returns null when `scope` may not see the layer.
+   */
+  const layerView = async (meta: LayerMeta, scope: Scope = SYSTEM_SCOPE): Promise<z.infer<typeof Layer> | null> => {
     const images = (await store.list()).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
-    const sandboxes = deps.repo.all().filter((s) => s.imageLayers.includes(meta.digest)).length;
-    return { ...meta, images, sandboxes };
+    if (!scope.all && images.length === 0) return null;
+    const sandboxes = deps.repo.all().filter((s) => visible(scope, s.tenant) && s.imageLayers.includes(meta.digest)).length;
+    const source = scope.all ? meta.source : meta.source.replace(/^(commit|snapshot):.*$/, '$1');
+    return { ...meta, source, images, sandboxes };
   };
 
   app.get(listRoute.url, async () => ({ images: await Promise.all((await store.list()).map((m) => imageView(store, m))) }));
@@ -163,11 +174,19 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
       freed_bytes: rep.freed_bytes, kept_young: rep.kept_young, tmp_removed: rep.tmp_removed, dry_run: !!body.dry_run,
     };
   });
-  app.get(layersRoute.url, async () => ({ layers: await Promise.all((await store.layers()).map(layerView)) }));
-  app.get<{ Params: { digest: string } }>(layerRoute.url, async (req) => layerView(await store.layer(req.params.digest)));
+  app.get(layersRoute.url, async (req) => {
+    const views = await Promise.all((await store.layers()).map((l) => layerView(l, scopeOf(req))));
+    return { layers: views.filter((v) => v !== null) };
+  });
+  app.get<{ Params: { digest: string } }>(layerRoute.url, async (req) => {
+    const v = await layerView(await store.layer(req.params.digest), scopeOf(req));
+    // The answer a missing layer gets (LayerStore.layer's).
+    if (!v) throw notFound(`layer ${req.params.digest} not found`);
+    return v;
+  });
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
     const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security);
-    return reply.code(201).send({ image: await imageView(store, r.image), layer: await layerView(r.layer), stripped: r.stripped, warnings: r.warnings });
+    return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer))!, stripped: r.stripped, warnings: r.warnings });
   });
 }

@@ -10,6 +10,7 @@ import { AckRequest, AckResult, CreateSandboxRequest, DeleteQuery, ListQuery, Pa
 import { sandboxInput, sandboxView } from '../convert.js';
 import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
+import { scopeOf } from '../scope.js';
 import { route } from './table.js';
 import type { Metrics } from '../../metrics.js';
 import type { SandboxNetworking } from '../../net/network.js';
@@ -26,7 +27,7 @@ const ackRoute = route({
   method: 'POST', url: '/v1/sandboxes:ack', summary: 'Acknowledge creates a gateway relayed with `x-dsec-create-ack: gateway`: their answers reached the client, so their sandboxes are no longer destroyed at the acknowledgement deadline (daemon/sandbox/create-records.ts).',
   body: AckRequest, status: 200, response: AckResult, errors: ['InvalidArgument'],
 });
-const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: 'List sandboxes, optionally by label selector and state.', query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
+const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: "List the caller's tenant's sandboxes (every tenant's for an admin), optionally by label selector and state.", query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
 const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox, with the defences in force for it and its writable layer\'s disk use.', status: 200, response: Sandbox, errors: ['NotFound'] });
 const deleteRoute = route({
   method: 'DELETE', url: '/v1/sandboxes/:id', summary: 'Destroy a sandbox (force=true to destroy a running one).', query: DeleteQuery, status: 200, response: Sandbox,
@@ -68,7 +69,7 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
     return runCreate(req, reply, deps, body, async (progress) => {
       const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
-      const sb = await deps.creator.create(sandboxInput(body), { onProgress: progress });
+      const sb = await deps.creator.create({ ...sandboxInput(body), tenant: scopeOf(req).tenant }, { onProgress: progress });
       end();
       return sandboxView(sb);
     });
@@ -79,14 +80,14 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');
-    return { sandboxes: lc.list(q.selector, q.state).map(sandboxView) };
+    return { sandboxes: lc.list(q.selector, q.state, scopeOf(req)).map(sandboxView) };
   });
   app.delete(listRoute.url, async (_req, reply) =>
     reply.code(405).header('allow', 'GET, POST').send({
       error: { code: 'InvalidArgument', message: 'DELETE on the sandbox collection is not allowed; destroy sandboxes by id (DELETE /v1/sandboxes/{id})' },
     }));
   app.get<{ Params: { id: string } }>(getRoute.url, async (req) => {
-    const sb = lc.get(req.params.id);
+    const sb = lc.get(req.params.id, scopeOf(req));
     return { ...sandboxView(sb), defences: { ...(await lc.defences(sb)), ...deps.network?.networking.sandboxDefences(sb) }, disk_used_bytes: deps.disks.usage(sb.id)?.usedBytes ?? null };
   });
   app.delete<{ Params: { id: string } }>(deleteRoute.url, async (req) => {

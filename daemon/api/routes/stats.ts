@@ -5,6 +5,7 @@ import os from 'node:os';
 import type { z } from 'zod';
 import { LogsQuery, SandboxStatsView, StatsResponse } from '../schema.js';
 import { parseWith } from '../parse.js';
+import { scopeOf } from '../scope.js';
 import type { DiskUsage } from '../../storage/writable-layers.js';
 import { route } from './table.js';
 import type { SandboxRepo } from '../../db/sandboxes.js';
@@ -13,7 +14,7 @@ import type { DiskQuotaWatch } from '../../sandbox/disk-quota.js';
 import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
 import type { SandboxRecord } from '../../model/sandbox.js';
 
-const statsRoute = route({ method: 'GET', url: '/v1/stats', summary: 'Resource usage of every sandbox and of the host (for dsec top).', status: 200, response: StatsResponse, errors: [] });
+const statsRoute = route({ method: 'GET', url: '/v1/stats', summary: "Resource usage of the caller's tenant's sandboxes (every tenant's for an admin) and of the host (for dsec top).", status: 200, response: StatsResponse, errors: [] });
 const oneRoute = route({ method: 'GET', url: '/v1/sandboxes/:id/stats', summary: 'Resource usage of one sandbox.', status: 200, response: SandboxStatsView, errors: ['NotFound'] });
 const logsRoute = route({
   method: 'GET', url: '/v1/sandboxes/:id/logs', summary: "The sandbox's lifecycle and exec history, then its agent log, as text lines; follow=true streams new lines.",
@@ -50,15 +51,21 @@ export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps):
       ...(deps.reclaim ? ((r) => ({ idle_since: r.idleSinceMs, reclaimed_bytes: r.reclaimedBytes }))(deps.reclaim.sandbox(sb.id)) : {}),
     };
   };
-  app.get(statsRoute.url, async () => ({
+  app.get(statsRoute.url, async (req) => ({
     time: Date.now(),
     host: { cores: os.cpus().length, memory_bytes: os.totalmem(), memory_available_bytes: os.freemem(), load_avg: os.loadavg() },
     sandboxes: await (async () => {
       const disks = deps.disks.usageAll();
-      return Promise.all(deps.lifecycle.list().map((sb) => view(sb, disks)));
+      return Promise.all(deps.lifecycle.list(undefined, undefined, scopeOf(req)).map((sb) => view(sb, disks)));
     })(),
   }));
   app.get<{ Params: { id: string } }>(oneRoute.url, async (req) => view(deps.lifecycle.get(req.params.id)));
+  // Followed logs end when the API closes (dsecd's shutdown), before the store closes
+  // under them: a follower polls the store for its sandbox's existence.
+  const followers = new Set<() => void>();
+  app.addHook('preClose', async () => {
+    for (const stop of followers) stop();
+  });
   app.get<{ Params: { id: string } }>(logsRoute.url, async (req, reply) => {
     const sb = deps.lifecycle.get(req.params.id);
     const q = parseWith(LogsQuery, req.query, 'query');
@@ -69,6 +76,12 @@ export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps):
     res.writeHead(200, { 'content-type': 'text/plain; charset=utf-8', 'cache-control': 'no-store' });
     let closed = false;
     res.on('close', () => { closed = true; });
+    let wake: (() => void) | null = null;
+    const stop = () => {
+      closed = true;
+      wake?.();
+    };
+    if (follow) followers.add(stop);
     const line = (e: { time: number; type: string; message?: string; state?: string }) =>
       `${new Date(e.time).toISOString()} ${e.type}${e.state ? ` state=${e.state}` : ''}${e.message ? ` ${e.message}` : ''}\n`;
     for (const e of deps.repo.events()) if (e.sandbox_id === sb.id) res.write(line(e));
@@ -101,10 +114,18 @@ export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps):
       }
       while (!closed) {
         await drain();
-        await new Promise((r) => setTimeout(r, LOG_POLL_MS));
-        if (!deps.repo.find(sb.id)) break; // destroyed: the stream ends
+        await new Promise<void>((r) => {
+          const t = setTimeout(r, LOG_POLL_MS);
+          wake = () => {
+            clearTimeout(t);
+            r();
+          };
+        });
+        wake = null;
+        if (closed || !deps.repo.find(sb.id)) break; // shutting down, or destroyed: the stream ends
       }
     } finally {
+      followers.delete(stop);
       off();
       res.end();
     }

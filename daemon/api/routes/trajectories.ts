@@ -3,10 +3,11 @@ import { Readable } from 'node:stream';
 import type { FastifyInstance } from 'fastify';
 import { TrajectoryDetail, TrajectoryList, TrajectoryRecord, TrajectoryRemoved } from '../schema.js';
 import { route } from './table.js';
+import { scopeOf } from '../scope.js';
 import type { TrajectoryLog } from '../../sandbox/trajectory.js';
 
-const listRoute = route({ method: 'GET', url: '/v1/trajectories', summary: 'Every trajectory recorded on this host, most recently updated first.', status: 200, response: TrajectoryList, errors: [] });
-const getRoute = route({ method: 'GET', url: '/v1/trajectories/:id', summary: 'One trajectory and its steps (without output).', status: 200, response: TrajectoryDetail, errors: ['NotFound'] });
+const listRoute = route({ method: 'GET', url: '/v1/trajectories', summary: "The caller's tenant's trajectories on this host (every tenant's for an admin), most recently updated first.", status: 200, response: TrajectoryList, errors: [] });
+const getRoute = route({ method: 'GET', url: '/v1/trajectories/:id', summary: "One trajectory of the caller's tenant and its steps (without output).", status: 200, response: TrajectoryDetail, errors: ['NotFound'] });
 const exportRoute = route({
   method: 'GET', url: '/v1/trajectories/:id/export', summary: 'Every step with its request and full output, as JSONL in step order (for training pipelines).',
   status: 200, response: TrajectoryRecord, ndjson: true, errors: ['NotFound'],
@@ -24,15 +25,15 @@ export interface TrajectoryRouteDeps {
 /** Registers the trajectory routes. */
 export function registerTrajectoryRoutes(app: FastifyInstance, deps: TrajectoryRouteDeps): void {
   const log = deps.trajectories;
-  app.get(listRoute.url, async () => ({ trajectories: log.list() }));
-  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => log.get(req.params.id));
+  app.get(listRoute.url, async (req) => ({ trajectories: log.list(scopeOf(req)) }));
+  app.get<{ Params: { id: string } }>(getRoute.url, async (req) => log.get(req.params.id, scopeOf(req)));
   app.get<{ Params: { id: string } }>(exportRoute.url, async (req, reply) => {
-    const records = log.export(req.params.id);
+    const records = log.export(req.params.id, scopeOf(req));
     const first = records.next(); // throws NotFound before any byte is sent
     function* lines() {
       for (let r = first; !r.done; r = records.next()) yield JSON.stringify(r.value) + '\n';
     }
     return reply.type('application/x-ndjson').header('cache-control', 'no-store').send(Readable.from(lines()));
   });
-  app.delete<{ Params: { id: string } }>(delRoute.url, async (req) => ({ id: req.params.id, removed_steps: log.remove(req.params.id) }));
+  app.delete<{ Params: { id: string } }>(delRoute.url, async (req) => ({ id: req.params.id, removed_steps: log.remove(req.params.id, Date.now(), scopeOf(req)) }));
 }

@@ -30,7 +30,7 @@ export const envValue = z.string().refine((s) => !s.includes('\0'), 'env values 
  */
 export const TrajectoryId = z.string().regex(/^[A-Za-z0-9][A-Za-z0-9._:@-]{0,127}$/, 'trajectory ids are 1-128 characters of [A-Za-z0-9._:@-], starting with a letter or digit');
 
-/** Snapshot names: like image names, lowercase `[a-z0-9][a-z0-9._-]{0,127}`; unique per host. */
+/** Snapshot names: like image names, lowercase `[a-z0-9][a-z0-9._-]{0,127}`; unique per tenant on a host. */
 export const SnapshotName = z.string().regex(/^[a-z0-9][a-z0-9._-]{0,127}$/, 'snapshot names are 1-128 characters of [a-z0-9._-], starting with a letter or digit')
   .refine((n) => !/^snap-[0-9a-f]{16}$/.test(n), 'snapshot names must not look like snapshot ids (snap- and 16 hex characters)');
 

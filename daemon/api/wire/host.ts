@@ -99,6 +99,7 @@ export const Event = z.object({
   time: z.number().int().describe('ms since the Unix epoch.'),
   type: z.string().describe('e.g. sandbox.created, sandbox.started, sandbox.stopped, sandbox.destroyed, sandbox.failed, sandbox.disk_quota (its writable layer filled its quota), sandbox.disk_pool_full (the writable-layer store is nearly full and the sandbox wrote all of its share of it: its writes fail with EDQUOT below its quota until the store has room; the message gives the numbers of the store), sandbox.writable_path_refused (a create, restore, fork or start refused because a writable path resolves through a symlink to where it must not lead; the message says which), exec.finished.'),
   sandbox_id: z.string().nullable(),
+  tenant: z.string().optional().describe("The tenant the event belongs to (its sandbox's or lease's); a caller sees only its own tenant's events, an admin every tenant's."),
   state: SandboxState.optional(),
   labels: z.record(z.string(), z.string()).optional(),
   message: z.string().optional(),

@@ -39,6 +39,7 @@ export type CreateSandboxRequest = z.infer<typeof CreateSandboxRequest>;
 /** A sandbox as the API returns it. */
 export const Sandbox = z.object({
   id: z.string().describe('Sandbox id: 16 lowercase hex characters.'),
+  tenant: z.string().describe('The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made.'),
   backend: Backend,
   image: z.string().describe('Image reference as resolved, `name:tag`.'),
   image_layers: z.array(z.string()).describe('Layer digests of the image, lowest first.'),
@@ -106,6 +107,7 @@ const jobName = z.string().regex(/^[A-Za-z0-9._/-]{1,63}$/, 'job must be a label
 
 /** A lease. */
 export const LeaseView = z.object({
+  tenant: z.string().describe('The tenant whose job it is: leases are per (tenant, job).'),
   job: z.string(), ttl_s: z.number().int(),
   expires_at: z.number().int().describe('ms since the epoch; a renewal at or after it is refused.'),
   lapsed_at: z.number().int().nullable().describe('When the job was paused for lack of renewal.'),

@@ -9,7 +9,7 @@ import { Sandbox } from './sandboxes.js';
 /** POST /v1/sandboxes/{id}/snapshot request (the body is optional). */
 export const SnapshotRequest = z
   .object({
-    name: SnapshotName.optional().describe('Unique name to restore by; default none (use the id).'),
+    name: SnapshotName.optional().describe('Name to restore by, unique within the tenant; default none (use the id).'),
     process: z.boolean().optional().describe(
       'Containers: also checkpoint memory and processes (CRIU); answered Unimplemented, with the reason, where `criu check` fails on the host. '
       + 'microvm sandboxes: ignored, their snapshot always captures the whole machine (kind `vm`: RAM, processes, devices and the writable disk).'),
@@ -20,7 +20,8 @@ export type SnapshotRequest = z.infer<typeof SnapshotRequest>;
 /** A snapshot as the API returns it. */
 export const Snapshot = z.object({
   id: z.string().describe('Snapshot id: `snap-` and 16 lowercase hex characters.'),
-  name: z.string().nullable(),
+  tenant: z.string().describe('The tenant it belongs to (docs/SECURITY.md "Tenancy"): `system` for what the Unix socket made.'),
+  name: z.string().nullable().describe('Unique within its tenant: two tenants may each have a snapshot of the same name.'),
   kind: z.enum(['filesystem', 'vm']).describe(
     'What was captured: `filesystem` (a container: the writable layer, unstripped), `vm` (a microVM: the whole machine, its RAM, CPU and device state and its writable disk; a restore resumes its processes).'),
   sandbox_id: z.string().describe('The source sandbox (it may have been destroyed since).'),

@@ -26,7 +26,8 @@ export const TrajectoryStep = z.object({
 
 /** A trajectory's summary (GET /v1/trajectories). */
 export const TrajectorySummary = z.object({
-  id: z.string(),
+  id: z.string().describe("The trajectory's id, unique within its tenant."),
+  tenant: z.string().describe('The tenant it belongs to: the tenant of the sandboxes its steps ran in.'),
   host: z.string().describe('Host name of the dsecd that holds the log.'),
   steps: z.number().int().describe('Recorded steps.'),
   first_step: z.number().int().nullable(),

@@ -81,13 +81,27 @@ class Door(unittest.TestCase):
         self.assertIn("TLS", cm.exception.message)
 
     def test_another_tenants_token_is_refused(self) -> None:
-        # Per-object tenancy (a tenant sees only its sandboxes) is not in dsecd yet: what a
-        # token of another tenant is refused today is by role. A `user` of tenant other may
-        # not act as the admin of this one (token administration), and a `reader` may not create.
+        # A `user` of tenant other: this tenant's sandbox is NotFound to it (by id, in lists,
+        # for exec), exactly as a missing one; it may not act as an admin (token
+        # administration); and a `reader` may not create.
         host, ca = os.environ["DSEC_HOST"], os.environ["DSEC_CA"]
         other = dsec.Client(host=host, ca=ca, token=os.environ["DSEC_TEST_OTHER_TOKEN"])
         self.addCleanup(other.close)
         self.assertEqual(other.whoami()["tenant"], "other")
+        mine = client()
+        self.addCleanup(mine.close)
+        sb = mine.sandboxes.create(image=IMAGE, labels={"run": RUN, "case": "tenancy"})
+        self.addCleanup(sb.destroy)
+        with self.assertRaises(dsec.NotFound):
+            other.sandboxes.get(sb.id)
+        self.assertNotIn(sb.id, [x.id for x in other.sandboxes.list()])
+        with self.assertRaises(dsec.NotFound):
+            other.sandboxes.get(sb.id[:-1] + ("0" if sb.id[-1] != "0" else "1"))
+        theirs = other.sandboxes.create(image=IMAGE, labels={"run": RUN, "case": "tenancy"})
+        self.addCleanup(theirs.destroy)
+        self.assertEqual(theirs.exec(["echo", "ok"]).stdout, b"ok\n")
+        # The admin token sees every tenant's sandboxes.
+        self.assertIn(theirs.id, [x.id for x in mine.sandboxes.list(selector=f"run={RUN}")])
         with self.assertRaises(dsec.PermissionDenied) as cm:
             other.tokens.create(tenant="system", role="admin")
         self.assertTrue(cm.exception.message)

@@ -126,6 +126,16 @@ async function burst(dir: string, n: number, concurrency: number): Promise<unkno
   const hostAgent = new https.Agent({ keepAlive: true, ca, cert: readFileSync(path.join(dir, 'certs', 'gw1.crt')), key: readFileSync(path.join(dir, 'certs', 'gw1.key')), maxSockets: concurrency });
   const hosts = ['https://10.88.0.11:8443', 'https://10.88.0.12:8443', 'https://10.88.0.13:8443'];
   const direct = { 'x-dsec-tenant': 'demo', 'x-dsec-role': 'user' };
+  // A connection reset under load (a keep-alive socket closed as it was reused) is retried
+  // once: the create with its idempotency key (the same sandbox), the exec and destroy as they are.
+  const again = async <T>(f: () => Promise<T>): Promise<T> => {
+    try {
+      return await f();
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ECONNRESET') throw e;
+      return f();
+    }
+  };
   const run = async (name: string, target: (i: number) => { agent: https.Agent; base: string; headers: Record<string, string> }) => {
     const ms: number[] = [];
     const made: Array<{ i: number; id: string }> = [];
@@ -137,12 +147,12 @@ async function burst(dir: string, n: number, concurrency: number): Promise<unkno
         const i = next++;
         const t = target(i);
         const s = performance.now();
-        const c = await call(t.agent, t.base, 'POST', '/v1/sandboxes', { ...t.headers, 'idempotency-key': `bench-${name}-${i}-${t0}` }, { image: 'busybox', labels: { bench: `burst-${name}` } });
+        const c = await again(() => call(t.agent, t.base, 'POST', '/v1/sandboxes', { ...t.headers, 'idempotency-key': `bench-${name}-${i}-${t0}` }, { image: 'busybox', labels: { bench: `burst-${name}` } }));
         if (c.status !== 201) {
           failed++;
           continue;
         }
-        const e = await call(t.agent, t.base, 'POST', `/v1/sandboxes/${c.json.id}/exec`, t.headers, { argv: ['true'] });
+        const e = await again(() => call(t.agent, t.base, 'POST', `/v1/sandboxes/${c.json.id}/exec`, t.headers, { argv: ['true'] }));
         if (e.json?.exit_code !== 0) {
           failed++;
           continue;
@@ -157,7 +167,7 @@ async function burst(dir: string, n: number, concurrency: number): Promise<unkno
       while (k < made.length) {
         const m = made[k++];
         const t = target(m.i);
-        await call(t.agent, t.base, 'DELETE', `/v1/sandboxes/${m.id}?force=true`, t.headers);
+        await again(() => call(t.agent, t.base, 'DELETE', `/v1/sandboxes/${m.id}?force=true`, t.headers));
       }
     }));
     return { ready: ms.length, failed, wall_s: round(wall), ready_per_s: round(ms.length / wall), create_to_first_exec_ms: stats(ms) };

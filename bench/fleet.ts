@@ -17,7 +17,12 @@
  * The fleet is scripts/fleet-demo.sh's (etcd with TLS, three hosts and a gateway, each in
  * a network namespace of its own).
  *
+ * - `burst` (with `--burst N`, instead of `paths` and `host_down`): N creates, each then
+ *   its first exec, `--concurrency` at a time, through the gateway against straight to the
+ *   three hosts in turn, same run: ready/s and p50/p99 create -> first exec.
+ *
  * Usage: node dist/bench/fleet.js [--creates 20] [--execs 300] [--decisions 20000] [--no-fleet] [--no-placement]
+ *        node dist/bench/fleet.js --burst 1000 [--concurrency 32] --no-placement
  */
 import { spawn, type ChildProcess } from 'node:child_process';
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
@@ -106,6 +111,70 @@ async function inner(dir: string, creates: number, execs: number): Promise<unkno
   out.gateway_adds_to_exec_p50_ms = round(g - t);
   out.gateway_adds_to_create_p50_ms = round(percentile(createMs.gateway, 50) - percentile(createMs.host_tls, 50));
   return out;
+}
+
+/**
+ * A burst of `n` creates, `concurrency` at a time, each followed by its first exec
+ * (`true`), through the gateway and then straight to the three hosts' TLS doors in turn
+ * (no placement: create i goes to host i mod 3), in the same run; every sandbox is
+ * destroyed between the two. Each create carries an Idempotency-Key, as the SDK sends.
+ */
+async function burst(dir: string, n: number, concurrency: number): Promise<unknown> {
+  const ca = readFileSync(path.join(dir, 'ca', 'ca.crt'), 'utf8');
+  const token = readFileSync(path.join(dir, 'user.token'), 'utf8').trim();
+  const gwAgent = new https.Agent({ keepAlive: true, ca, maxSockets: concurrency });
+  const hostAgent = new https.Agent({ keepAlive: true, ca, cert: readFileSync(path.join(dir, 'certs', 'gw1.crt')), key: readFileSync(path.join(dir, 'certs', 'gw1.key')), maxSockets: concurrency });
+  const hosts = ['https://10.88.0.11:8443', 'https://10.88.0.12:8443', 'https://10.88.0.13:8443'];
+  const direct = { 'x-dsec-tenant': 'demo', 'x-dsec-role': 'user' };
+  // A connection reset under load (a keep-alive socket closed as it was reused) is retried
+  // once: the create with its idempotency key (the same sandbox), the exec and destroy as they are.
+  const again = async <T>(f: () => Promise<T>): Promise<T> => {
+    try {
+      return await f();
+    } catch (e) {
+      if ((e as NodeJS.ErrnoException).code !== 'ECONNRESET') throw e;
+      return f();
+    }
+  };
+  const run = async (name: string, target: (i: number) => { agent: https.Agent; base: string; headers: Record<string, string> }) => {
+    const ms: number[] = [];
+    const made: Array<{ i: number; id: string }> = [];
+    let failed = 0;
+    let next = 0;
+    const t0 = performance.now();
+    await Promise.all(Array.from({ length: concurrency }, async () => {
+      while (next < n) {
+        const i = next++;
+        const t = target(i);
+        const s = performance.now();
+        const c = await again(() => call(t.agent, t.base, 'POST', '/v1/sandboxes', { ...t.headers, 'idempotency-key': `bench-${name}-${i}-${t0}` }, { image: 'busybox', labels: { bench: `burst-${name}` } }));
+        if (c.status !== 201) {
+          failed++;
+          continue;
+        }
+        const e = await again(() => call(t.agent, t.base, 'POST', `/v1/sandboxes/${c.json.id}/exec`, t.headers, { argv: ['true'] }));
+        if (e.json?.exit_code !== 0) {
+          failed++;
+          continue;
+        }
+        ms.push(performance.now() - s);
+        made.push({ i, id: c.json.id });
+      }
+    }));
+    const wall = (performance.now() - t0) / 1000;
+    let k = 0;
+    await Promise.all(Array.from({ length: concurrency }, async () => {
+      while (k < made.length) {
+        const m = made[k++];
+        const t = target(m.i);
+        await again(() => call(t.agent, t.base, 'DELETE', `/v1/sandboxes/${m.id}?force=true`, t.headers));
+      }
+    }));
+    return { ready: ms.length, failed, wall_s: round(wall), ready_per_s: round(ms.length / wall), create_to_first_exec_ms: stats(ms) };
+  };
+  const gateway = await run('gateway', () => ({ agent: gwAgent, base: 'https://10.88.0.2:8443', headers: { authorization: `Bearer ${token}` } }));
+  const straight = await run('direct', (i) => ({ agent: hostAgent, base: hosts[i % 3], headers: direct }));
+  return { n, concurrency, hosts: 3, gateway, direct: straight };
 }
 
 /** Reads NDJSON from `res` until `want` matches a line. */
@@ -246,11 +315,13 @@ async function main(): Promise<void> {
     .option('--decisions <n>', 'timed placement decisions', (v) => Number(v), 20000)
     .option('--no-fleet', 'skip the parts that need a fleet')
     .option('--no-placement', 'skip the placement part')
+    .option('--burst <n>', 'instead of the paths: a burst of N creates (each then its first exec) through the gateway and straight to the hosts', (v) => Number(v), 0)
+    .option('--concurrency <n>', 'creates in flight in the burst', (v) => Number(v), 32)
     .option('--inner <dir>', '(internal) run the path measurements of the fleet in DIR')
     .parse(process.argv);
-  const o = program.opts<{ creates: number; execs: number; decisions: number; fleet: boolean; placement: boolean; inner?: string }>();
+  const o = program.opts<{ creates: number; execs: number; decisions: number; fleet: boolean; placement: boolean; inner?: string; burst: number; concurrency: number }>();
   if (o.inner) {
-    process.stdout.write(JSON.stringify(await inner(o.inner, o.creates, o.execs)));
+    process.stdout.write(JSON.stringify(o.burst ? await burst(o.inner, o.burst, o.concurrency) : await inner(o.inner, o.creates, o.execs)));
     return;
   }
   const repo = repoRoot();
@@ -269,10 +340,14 @@ async function main(): Promise<void> {
         if (r.json.hosts.length === 3 && r.json.hosts.every((h: { state: string }) => h.state === 'up')) break;
         await new Promise((r2) => setTimeout(r2, 200));
       }
-      const run = await execa('nsenter', [`--net=/run/netns/${ns}-gw1`, process.execPath, path.join(repo, 'dist/bench/fleet.js'), '--inner', dir, '--creates', String(o.creates), '--execs', String(o.execs)], { reject: false });
-      if (run.exitCode !== 0) throw new Error(`paths: ${run.stderr}`);
-      result.paths = JSON.parse(String(run.stdout));
-      result.host_down = await hostDown(dir, env.DSEC_HOST, env.DSEC_CA, readFileSync(path.join(dir, 'admin.token'), 'utf8').trim());
+      const run = await execa('nsenter', [`--net=/run/netns/${ns}-gw1`, process.execPath, path.join(repo, 'dist/bench/fleet.js'), '--inner', dir, '--creates', String(o.creates), '--execs', String(o.execs),
+        '--burst', String(o.burst), '--concurrency', String(o.concurrency)], { reject: false });
+      if (run.exitCode !== 0) throw new Error(`${o.burst ? 'burst' : 'paths'}: ${run.stderr}`);
+      if (o.burst) result.burst = JSON.parse(String(run.stdout));
+      else {
+        result.paths = JSON.parse(String(run.stdout));
+        result.host_down = await hostDown(dir, env.DSEC_HOST, env.DSEC_CA, readFileSync(path.join(dir, 'admin.token'), 'utf8').trim());
+      }
     } finally {
       await execa('bash', [path.join(repo, 'scripts/fleet-demo.sh'), 'down', dir], { reject: false });
     }
@@ -280,7 +355,7 @@ async function main(): Promise<void> {
   if (o.placement) result.placement = await placement(o.decisions);
   const text = JSON.stringify(result, null, 2);
   process.stdout.write(`${text}\n`);
-  writeFileSync(path.join(repo, 'bench/results-fleet.json'), `${text}\n`);
+  writeFileSync(path.join(repo, o.burst ? 'bench/results-fleet-burst.json' : 'bench/results-fleet.json'), `${text}\n`);
 }
 
 await main();

@@ -175,6 +175,13 @@ const FileConfig = z
       })
       .strict()
       .optional(),
+    creates: z
+      .object({
+        idempotency_key_ttl_s: z.number().int().min(60).optional(),
+        ack_timeout_s: z.number().int().min(1).optional(),
+      })
+      .strict()
+      .optional(),
     retention: z
       .object({
         events_max: z.number().int().min(100).optional(),
@@ -497,6 +504,13 @@ export interface DaemonConfig {
    * such period.
    */
   retention: { eventsMax: number; eventsMaxAgeMs: number; trajectoryMaxAgeMs: number };
+  /**
+   * Creates (daemon/sandbox/create-records.ts): an `Idempotency-Key` is remembered for
+   * `keyTtlMs` (default 24 h, as Stripe keeps keys); a sandbox whose create answer was not
+   * acknowledged (written whole to the caller, or confirmed by the gateway that relayed
+   * it) within `ackTimeoutMs` (default 60 s) is destroyed.
+   */
+  creates: { keyTtlMs: number; ackTimeoutMs: number };
   /** Sandbox networking (daemon/net/, docs/OPERATIONS.md "Networking"); see {@link NetworkConfig}. */
   network: NetworkConfig;
   /**
@@ -695,6 +709,7 @@ export function loadConfig(src: ConfigSources = {}): DaemonConfig {
       entries: (fc.pool?.entries ?? []).map((e) => ({ image: e.image, size: e.size, network: e.network ?? 'none' })),
       fillConcurrency: fc.pool?.fill_concurrency ?? 2,
     },
+    creates: { keyTtlMs: (fc.creates?.idempotency_key_ttl_s ?? 86_400) * 1000, ackTimeoutMs: (fc.creates?.ack_timeout_s ?? 60) * 1000 },
     retention: { eventsMax: fc.retention?.events_max ?? 100_000, eventsMaxAgeMs: (fc.retention?.events_max_age_s ?? 7 * 86400) * 1000,
       trajectoryMaxAgeMs: (fc.retention?.trajectory_max_age_s ?? 30 * 86400) * 1000 },
     network: {

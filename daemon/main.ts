@@ -60,6 +60,7 @@ import type { Backend } from './model/backend.js';
 import { FNCALL_WORKER_LABEL, FncallPools } from './fncall/pool.js';
 import { Failpoints } from './sandbox/failpoints.js';
 import { Reaper } from './sandbox/reaper.js';
+import { CreateRecords, startHoldReaper } from './sandbox/create-records.js';
 import { reconcile } from './sandbox/reconcile.js';
 import { TrajectoryLog } from './sandbox/trajectory.js';
 import { isPoolShell, WarmPools } from './sandbox/warm-pool.js';
@@ -462,6 +463,8 @@ async function serveApi(r: Running): Promise<Daemon> {
   const reaper = new Reaper(repo, svc, log.child({ component: 'reaper' }), config.retention, undefined, r.trajectories);
   await reaper.sweep();
   reaper.start();
+  const createRecords = new CreateRecords(st.db, config.creates);
+  const stopHolds = startHoldReaper(createRecords, (id) => svc.lifecycle.destroy(id, true), log.child({ component: 'creates' }));
   const reload = () => reloadPolicies({ policies: d.policies, repo, lifecycle: svc.lifecycle, log });
   // In a fleet etcd holds the tokens (daemon/fleet/tokens.ts); else dsecd's own store.
   const tokens = new TokenService(r.fleetJoin ? r.fleetJoin.tokenStore() : new SqliteTokenStore(st.db));
@@ -470,6 +473,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     ...svc,
     tokens,
     repo,
+    createRecords,
     images: st.images,
     log,
     failpoints: r.fp,
@@ -580,6 +584,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     async close() {
       await fleet?.stop();
       reaper.stop();
+      stopHolds();
       await reclaim.stop();
       metricsServer?.close();
       // Let requests in flight (execs) finish, but not for longer than SHUTDOWN_DRAIN_MS.

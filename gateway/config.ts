@@ -10,7 +10,7 @@ import { invalidArgument } from '../daemon/errors.js';
 import { readTomlFile } from '../daemon/toml-file.js';
 import { DEFAULT_PREFIX, parseEndpoints } from '../daemon/fleet/layout.js';
 import type { DoorLimits } from '../daemon/remote/door.js';
-import { DEFAULT_K } from './placement.js';
+import { DEFAULT_BURST_THRESHOLD, DEFAULT_K } from './placement.js';
 
 /** Default config file; optional. */
 export const DEFAULT_GATEWAY_CONFIG = '/etc/dsec/gateway.toml';
@@ -31,7 +31,7 @@ const FileConfig = z.object({
     ca: z.string().optional(),
     prefix: z.string().regex(/^\/[A-Za-z0-9._/-]*$/).optional(),
   }).strict().optional(),
-  placement: z.object({ k: z.number().int().min(1).max(64).optional(), job: z.enum(['spread', 'pack']).optional() }).strict().optional(),
+  placement: z.object({ k: z.number().int().min(1).max(64).optional(), job: z.enum(['spread', 'pack']).optional(), burst_threshold: z.number().min(0).max(1).optional() }).strict().optional(),
   limits: z.object({
     creates_per_minute: z.number().int().min(1).optional(),
     auth_failures_per_minute: z.number().int().min(1).optional(),
@@ -56,7 +56,8 @@ export interface GatewayConfig {
   audit: string | null;
   logLevel: string;
   etcd: { endpoints: string[]; cert: string; key: string; ca: string; prefix: string };
-  placement: { k: number; job: 'spread' | 'pack' };
+  /** `burstThreshold`: primary utilisation (0..1) above which `pool=burst` hosts take creates that allow them; default 0.8. */
+  placement: { k: number; job: 'spread' | 'pack'; burstThreshold: number };
   /**
    * Limits of the door (daemon/remote/door.ts DoorLimits). Defaults as dsecd's door
    * (`[remote]`), except creates per token: 600,000 a minute (10,000/s), twice the paper's
@@ -83,6 +84,7 @@ export interface GatewaySources {
   etcdPrefix?: string;
   placementK?: number;
   jobPlacement?: string;
+  burstThreshold?: number;
 }
 
 /**
@@ -116,7 +118,7 @@ export function loadGatewayConfig(src: GatewaySources, env: NodeJS.ProcessEnv = 
       ca: abs(src.etcdCa ?? fc.etcd?.ca) ?? tlsCa,
       prefix: src.etcdPrefix ?? fc.etcd?.prefix ?? DEFAULT_PREFIX,
     },
-    placement: { k: src.placementK ?? fc.placement?.k ?? DEFAULT_K, job },
+    placement: { k: src.placementK ?? fc.placement?.k ?? DEFAULT_K, job, burstThreshold: src.burstThreshold ?? fc.placement?.burst_threshold ?? DEFAULT_BURST_THRESHOLD },
     limits: {
       createsPerMinute: fc.limits?.creates_per_minute ?? 600_000,
       authFailuresPerMinute: fc.limits?.auth_failures_per_minute ?? 30,

@@ -10,6 +10,7 @@ import { Counter, Gauge, Histogram, Registry, collectDefaultMetrics } from 'prom
 import { unavailable } from '../daemon/errors.js';
 import type { FleetKeys } from '../daemon/fleet/layout.js';
 import type { TokenService } from '../daemon/remote/tokens.js';
+import type { KeyedCreates } from './idempotency.js';
 import type { PlacementPolicy, PlacementRequest } from './placement.js';
 import type { HostEntry, HostTable } from './table.js';
 import type { CallIdentity, HostAddress, Upstreams } from './upstream.js';
@@ -60,6 +61,8 @@ export interface GatewayContext {
   log: Logger;
   /** The gateway's name (its certificate's CN). */
   name: string;
+  /** Idempotency records and delivery acknowledgements (gateway/idempotency.ts). */
+  keyed: KeyedCreates;
 }
 
 /** The caller of a request as hosts are told it. */

@@ -10,12 +10,17 @@
  */
 import type { FastifyReply, FastifyRequest } from 'fastify';
 import type { IncomingMessage } from 'node:http';
-import { DsecError } from '../daemon/errors.js';
-import { choose, isNoHost, noHostError, normalizeImage, type PlacementRequest } from './placement.js';
+import { DsecError, unavailable } from '../daemon/errors.js';
+import { ACK_HEADER, IDEMPOTENCY_HEADER, KEY_RE, idsOf } from '../daemon/sandbox/create-records.js';
+import type { KeyClaim } from './idempotency.js';
+import { choose, isNoHost, noHostError, normalizeImage, type NoHost, type PlacementRequest } from './placement.js';
 import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
 import { passHeaders } from './upstream.js';
 import type { Reservation } from './table.js';
+
+/** The request header by which a create allows a burst host (`allow`); see gateway/placement.ts. */
+export const BURST_HEADER = 'x-dsec-burst';
 
 /** A create tries at most 8 hosts: each refusal costs a round trip, and 8 refusals in a row mean the fleet is full, which the answer then says. */
 export const MAX_ATTEMPTS = 8;
@@ -69,20 +74,42 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     backend: typeof body.backend === 'string' ? body.backend : defaultBackend,
     image: normalizeImage(typeof body.image === 'string' ? body.image : 'busybox'),
     network, ...limits, job: typeof labels.job === 'string' ? labels.job : null, refused: new Set(),
+    allowBurst: String(req.headers[BURST_HEADER] ?? '').toLowerCase() === 'allow',
   };
   const ndjson = String(req.headers.accept ?? '').includes('application/x-ndjson');
   const refusals: string[] = [];
   const refused = preq.refused as Set<string>;
+  const who = identityOf(req);
+  const rawKey = req.headers[IDEMPOTENCY_HEADER];
+  const key = typeof rawKey === 'string' && KEY_RE.test(rawKey) ? rawKey : null;
+  // Only sandbox creates hold their sandboxes until delivery (daemon/sandbox/create-records.ts).
+  const acks = req.routeOptions.url === '/v1/sandboxes';
+  if (acks && typeof body.image === 'string') imageSomewhere(ctx, preq.image);
+  /** The host the key's record names, and whether this request made the record. */
+  let owner: KeyClaim | null = null;
   for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
     const end = ctx.metrics.placementSeconds.startTimer();
     const pick = choose(ctx.table.placementHosts(), preq, ctx.policy);
     end();
-    if (isNoHost(pick)) {
+    let name = isNoHost(pick) ? null : pick.name;
+    if (key !== null) {
+      if (attempt === 0) {
+        owner = await ctx.keyed.claim(who.tenant, key, name);
+        if (owner) name = owner.host;
+      } else if (owner && name !== null) {
+        await ctx.keyed.move(who.tenant, key, owner.host, name);
+        owner = { host: name, created: true };
+      }
+    }
+    if (name === null) {
       ctx.metrics.placements.inc({ outcome: 'none' });
-      const e = noHostError(pick, preq);
+      const e = noHostError(pick as NoHost, preq);
       throw new DsecError(e.kind, `${e.message}${refusals.length ? `; refusals: ${refusals.join('; ')}` : ''}`);
     }
-    const host = ctx.table.hosts.get(pick.name)!;
+    const host = ctx.table.hosts.get(name);
+    if (!host || host.state !== 'up') {
+      throw unavailable(`the first create with this ${IDEMPOTENCY_HEADER} went to host ${name}, which is ${host ? host.state : 'not in the fleet'}; retry when it is back (a create elsewhere would be another sandbox)`);
+    }
     const r: Reservation = { count: 1, cpus: preq.cpus, memoryBytes: preq.memoryBytes, job: preq.job };
     ctx.table.reserve(host.name, r);
     let settled = false;
@@ -93,11 +120,12 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     let res: IncomingMessage;
     try {
       res = await ctx.upstreams.request(addressOf(host), {
-        method: 'POST', path: req.url, headers: { ...passHeaders(req.headers), 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) },
-        body: text, identity: identityOf(req),
+        method: 'POST', path: req.url, headers: { ...passHeaders(req.headers), ...(acks ? { [ACK_HEADER]: 'gateway' } : {}), 'content-type': 'application/json', 'content-length': String(Buffer.byteLength(text)) },
+        body: text, identity: who,
       });
     } catch (e) {
       settle(false);
+      if (owner && !owner.created) throw unavailable(`the first create with this ${IDEMPOTENCY_HEADER} went to host ${host.name}, which cannot be reached now (${(e as Error).message}); retry later`);
       refused.add(host.name);
       refusals.push(`${host.name}: ${(e as Error).message}`);
       ctx.metrics.placements.inc({ outcome: 'refused' });
@@ -127,6 +155,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
       settle(true);
       ctx.metrics.placements.inc({ outcome: 'created' });
       noteCreated(router, host.name, parsed);
+      if (acks) reply.raw.once('finish', () => ctx.keyed.ack(addressOf(host), who, idsOf(parsed)));
       reply.code(status);
       for (const [k, v] of Object.entries(passHeaders(res.headers))) if (k !== 'content-length') reply.header(k, v);
       return reply.send(raw);
@@ -155,6 +184,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
         if (o.type === 'result') {
           settle(true);
           noteCreated(router, host.name, o.result);
+          if (acks) out.once('finish', () => ctx.keyed.ack(addressOf(host), who, idsOf(o.result)));
         } else if (o.type === 'error') settle(false);
       } catch { /* not ours to judge */ }
     };
@@ -198,6 +228,20 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     return reply;
   }
   throw new DsecError('ResourceExhausted', `${MAX_ATTEMPTS} hosts refused this create: ${refusals.join('; ')}`);
+}
+
+/**
+ * Refuses at once a create of an image no up host has: hosts load images only from their
+ * own store (imported, built or bootstrapped there) and fetch none from a registry or a
+ * peer, so no host could run it. Judged only when every up host has reported its images.
+ * @throws DsecError NotFound naming the image and how many hosts were asked.
+ */
+export function imageSomewhere(ctx: GatewayContext, image: string): void {
+  const up = [...ctx.table.hosts.values()].filter((h) => h.state === 'up');
+  // Only `name:tag` refs, as hosts report them; digests and disk images are left to the hosts.
+  if (/^(sha256:|disk:)|@/.test(image) || up.length === 0 || up.some((h) => h.images === null)) return;
+  if (up.some((h) => h.imageSet.has(image))) return;
+  throw new DsecError('NotFound', `image ${image} is on none of the fleet's ${up.length} up hosts, and no store holds it (hosts take images only from their own store): import, build or bootstrap it on a host first (dsec image import PATH --host NAME)`);
 }
 
 /** Remembers the sandboxes of a create's answer (one, or a list from a fork) on `host`. */

@@ -12,6 +12,7 @@ import { route } from '../daemon/api/routes/table.js';
 import { addressOf, identityOf, type GatewayContext } from './context.js';
 import { hostError, type Router } from './routing.js';
 import type { HostEntry } from './table.js';
+import { DEFAULT_BURST_THRESHOLD, primaryUtilisation } from './placement.js';
 
 /** One host as `GET /v1/hosts` lists it. */
 export const HostView = z.object({
@@ -44,6 +45,12 @@ export const HostList = z.object({
     gateway: z.string(),
     fresh: z.boolean().describe('false while the gateway cannot watch etcd: the table is the last known state.'),
     stale_since: z.number().int().nullable(),
+  }),
+  pools: z.record(z.string(), z.object({ hosts: z.number().int(), sandboxes: z.number().int() })).describe('Per pool (a host\'s `pool` label): its hosts and the sandboxes they hold, as last reported.'),
+  burst: z.object({
+    threshold: z.number().describe('Primary utilisation (0..1) above which burst hosts take creates that allow them (X-Dsec-Burst: allow).'),
+    primary_utilisation: z.number().describe('Of the up, uncordoned hosts outside the burst pool: the largest of admitted sandboxes, cores and memory over their admission limits, 0..1.'),
+    open: z.boolean().describe('Whether burst hosts take such creates now.'),
   }),
 });
 
@@ -87,10 +94,24 @@ export function registerHostRoutes(app: FastifyInstance, ctx: GatewayContext, ro
     get(name).cordon = rec;
   };
   const caller = (p: { tokenId: string | null; tenant: string }) => `${p.tenant}${p.tokenId ? `/${p.tokenId}` : ''} via ${ctx.name}`;
-  app.get(listRoute.url, async () => ({
-    hosts: ctx.table.list().filter((h) => h.info).map(hostView),
-    view: { gateway: ctx.name, fresh: ctx.table.fresh, stale_since: ctx.table.staleSince },
-  }));
+  app.get(listRoute.url, async () => {
+    const hosts = ctx.table.list().filter((h) => h.info).map(hostView);
+    const pools: Record<string, { hosts: number; sandboxes: number }> = {};
+    for (const h of hosts) {
+      const p = (pools[h.pool] ??= { hosts: 0, sandboxes: 0 });
+      p.hosts += 1;
+      p.sandboxes += h.sandboxes;
+    }
+    const views = ctx.table.placementHosts();
+    const util = primaryUtilisation(views);
+    const threshold = ctx.policy.burstThreshold ?? DEFAULT_BURST_THRESHOLD;
+    return {
+      hosts,
+      view: { gateway: ctx.name, fresh: ctx.table.fresh, stale_since: ctx.table.staleSince },
+      pools,
+      burst: { threshold, primary_utilisation: util, open: views.some((h) => h.burst) && util > threshold },
+    };
+  });
   app.post<{ Params: { name: string } }>(cordonRoute.url, async (req) => {
     get(req.params.name);
     await cordon(req.params.name, caller(req.principal), false);

@@ -9,6 +9,7 @@
  * Start-up: config -> etcd client -> token store and host table read from etcd (retried
  * until etcd answers) -> TLS listener. SIGTERM/SIGINT stop listening and exit.
  */
+import { KeyedCreates } from './idempotency.js';
 import { Command } from 'commander';
 import { X509Certificate } from 'node:crypto';
 import https from 'node:https';
@@ -73,9 +74,10 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
   const tokens = new TokenService(store);
   const metrics = new GatewayMetrics(table);
   const upstreams = new Upstreams({ ca, cert, key }, log.child({ component: 'upstream' }));
+  const keyed = new KeyedCreates(etcd, keys, upstreams, log.child({ component: 'creates' }), () => table.fresh);
   const ctx: GatewayContext = {
-    table, upstreams, tokens, metrics, etcd, keys, log, name,
-    policy: { k: cfg.placement.k, job: cfg.placement.job, weights: DEFAULT_WEIGHTS, random: Math.random },
+    table, upstreams, tokens, metrics, etcd, keys, log, name, keyed,
+    policy: { k: cfg.placement.k, job: cfg.placement.job, weights: DEFAULT_WEIGHTS, random: Math.random, burstThreshold: cfg.placement.burstThreshold },
   };
   const audit = cfg.audit ? new AuditLog(cfg.audit) : null;
   const door = tcpDoor({
@@ -104,6 +106,7 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
       const t = setTimeout(() => server.closeAllConnections(), 10_000);
       await app.close();
       clearTimeout(t);
+      await keyed.close();
       upstreams.close();
       tokens.close();
       await Promise.all([store.close(), table.close()]);
@@ -164,6 +167,7 @@ export async function main(argv: string[]): Promise<number> {
     .option('--audit <file>', 'append an audit log of every mutating call (JSON lines)')
     .option('--placement-k <n>', 'hosts sampled per placement (best of K; default 3)', (v) => Number(v))
     .option('--job-placement <mode>', 'spread (default) or pack the sandboxes of a job')
+    .option('--burst-threshold <fraction>', 'primary-pool utilisation (0..1) above which pool=burst hosts take creates that allow them (default 0.8)', (v) => Number(v))
     .version(DSEC_VERSION)
     .exitOverride()
     .action((o: GatewaySources) => {

@@ -4,7 +4,9 @@
  *
  * 1. Filter: every host is checked, in this order, and the first filter that excludes it
  *    is counted: `down` (its lease lapsed), `cordoned` (`dsec host cordon/drain`),
- *    `backend` (the tier is not available there), `refused` (it already refused this
+ *    `backend` (the tier is not available there), `burst` (a `pool=burst` host, open only
+ *    to requests that allow bursting while the primary pool's utilisation is above the
+ *    threshold, 80% by default), `refused` (it already refused this
  *    create: ResourceExhausted or Unavailable), `room` (its admission limits, less what
  *    it carries and what this gateway has in flight there, cannot take the request).
  *    When no host passes, the answer names the count each filter excluded (peers' users
@@ -38,6 +40,8 @@ export interface PlacementHost {
   warm: ReadonlyMap<string, number>;
   /** Sandboxes per job (label `job`). */
   jobs: Readonly<Record<string, number>>;
+  /** In the burst pool (label `pool=burst`): takes creates only while bursting ({@link primaryUtilisation}). */
+  burst?: boolean;
 }
 
 /** One create to place. */
@@ -53,6 +57,8 @@ export interface PlacementRequest {
   job: string | null;
   /** Hosts that already refused this create. */
   refused?: ReadonlySet<string>;
+  /** The request allows a burst host (`X-Dsec-Burst: allow`). */
+  allowBurst?: boolean;
 }
 
 /** Weights of the score's terms (each term is in 0..1). */
@@ -74,6 +80,31 @@ export interface PlacementPolicy {
   weights: ScoreWeights;
   /** Random numbers in [0, 1): Math.random, or a seeded one in tests. */
   random: () => number;
+  /** Burst hosts open above this primary utilisation (0..1); default {@link DEFAULT_BURST_THRESHOLD}. */
+  burstThreshold?: number;
+}
+
+/** Burst hosts take creates only while the primary pool's utilisation is above 80%, DSec's default. */
+export const DEFAULT_BURST_THRESHOLD = 0.8;
+
+/**
+ * The primary pool's utilisation, 0..1: of the up, uncordoned hosts not in the burst
+ * pool, the largest of admitted sandboxes, cores and memory over the sums of their
+ * admission limits (1 when there is no such host: the burst pool is all there is).
+ */
+export function primaryUtilisation(hosts: readonly PlacementHost[]): number {
+  let uc = 0, cc = 0, um = 0, cm = 0, un = 0, cn = 0;
+  for (const h of hosts) {
+    if (h.burst || !h.up || h.cordoned) continue;
+    un += h.used.count;
+    cn += h.cap.count;
+    uc += h.used.cpus;
+    cc += h.cap.cpus;
+    um += h.used.memoryBytes;
+    cm += h.cap.memoryBytes;
+  }
+  if (cn === 0) return 1;
+  return Math.max(un / cn, cc > 0 ? uc / cc : 0, cm > 0 ? um / cm : 0);
 }
 
 /** K of best-of-K: 3, as E2B's default. */
@@ -86,13 +117,23 @@ export const DEFAULT_K = 3;
 export const DEFAULT_WEIGHTS: ScoreWeights = { free: 1, image: 0.3, warm: 0.5 };
 
 /** The filters, in the order they are applied. */
-export const FILTERS = ['down', 'cordoned', 'backend', 'refused', 'room'] as const;
+export const FILTERS = ['down', 'cordoned', 'backend', 'burst', 'refused', 'room'] as const;
 export type FilterName = (typeof FILTERS)[number];
 
 /** Why no host was chosen: how many hosts each filter excluded. */
 export interface NoHost {
   hosts: number;
   excluded: Record<FilterName, number>;
+  /** Of the hosts without room, which admission limit each hit first: sandbox count, cores, memory. */
+  full?: { sandboxes: number; cpus: number; memory: number };
+}
+
+/** Which admission limit of `h` a create of `req` would pass first, or null when it fits. */
+export function fullOn(h: PlacementHost, req: PlacementRequest): 'sandboxes' | 'cpus' | 'memory' | null {
+  if (h.used.count + 1 > h.cap.count) return 'sandboxes';
+  if (h.used.cpus + req.cpus > h.cap.cpus) return 'cpus';
+  if (h.used.memoryBytes + req.memoryBytes > h.cap.memoryBytes) return 'memory';
+  return null;
 }
 
 /** `name` or `name:tag` -> `name:tag` (tag `latest` when absent; a digest reference is kept). */
@@ -102,13 +143,17 @@ export function normalizeImage(ref: string): string {
   return ref.indexOf(':', slash + 1) >= 0 ? ref : `${ref}:latest`;
 }
 
-/** The first filter that excludes `h` for `req`, or null when it passes. */
-export function excludedBy(h: PlacementHost, req: PlacementRequest): FilterName | null {
+/**
+ * The first filter that excludes `h` for `req`, or null when it passes.
+ * @param burstOpen whether burst hosts take this request (it allows them and the primary pool is above the threshold)
+ */
+export function excludedBy(h: PlacementHost, req: PlacementRequest, burstOpen = false): FilterName | null {
   if (!h.up) return 'down';
   if (h.cordoned) return 'cordoned';
   if (!h.backends.has(req.backend)) return 'backend';
+  if (h.burst && !burstOpen) return 'burst';
   if (req.refused?.has(h.name)) return 'refused';
-  if (h.used.count + 1 > h.cap.count || h.used.cpus + req.cpus > h.cap.cpus || h.used.memoryBytes + req.memoryBytes > h.cap.memoryBytes) return 'room';
+  if (fullOn(h, req) !== null) return 'room';
   return null;
 }
 
@@ -141,14 +186,22 @@ export function score(h: PlacementHost, req: PlacementRequest, p: Pick<Placement
  * @returns the host, or {@link NoHost} when every host was excluded.
  */
 export function choose(hosts: readonly PlacementHost[], req: PlacementRequest, p: PlacementPolicy): PlacementHost | NoHost {
-  const excluded: Record<FilterName, number> = { down: 0, cordoned: 0, backend: 0, refused: 0, room: 0 };
+  const excluded: Record<FilterName, number> = { down: 0, cordoned: 0, backend: 0, burst: 0, refused: 0, room: 0 };
   const ok: PlacementHost[] = [];
+  const burstOpen = req.allowBurst === true && hosts.some((h) => h.burst) && primaryUtilisation(hosts) > (p.burstThreshold ?? DEFAULT_BURST_THRESHOLD);
   for (const h of hosts) {
-    const f = excludedBy(h, req);
+    const f = excludedBy(h, req, burstOpen);
     if (f) excluded[f] += 1;
     else ok.push(h);
   }
-  if (ok.length === 0) return { hosts: hosts.length, excluded };
+  if (ok.length === 0) {
+    const full = { sandboxes: 0, cpus: 0, memory: 0 };
+    for (const h of hosts) {
+      const l = excludedBy(h, req, burstOpen) === 'room' ? fullOn(h, req) : null;
+      if (l) full[l] += 1;
+    }
+    return { hosts: hosts.length, excluded, full };
+  }
   // Partial Fisher-Yates: the first k entries of `ok` become a uniform sample.
   const k = Math.min(Math.max(1, p.k), ok.length);
   let best: PlacementHost | null = null;
@@ -178,6 +231,12 @@ export function isNoHost(x: PlacementHost | NoHost): x is NoHost {
   return (x as NoHost).excluded !== undefined;
 }
 
+/** Which limits the full hosts hit, in words: `2 at their sandbox limit, 1 out of memory`. */
+function fullText(f: NonNullable<NoHost['full']>): string {
+  const t = [[f.sandboxes, 'at their sandbox limit'], [f.cpus, 'out of cores'], [f.memory, 'out of memory']] as const;
+  return t.filter(([n]) => n > 0).map(([n, w]) => `${n} ${w}`).join(', ');
+}
+
 /**
  * The message and kind of a create no host could take: ResourceExhausted when some host
  * has the backend but no room (or refused), Unavailable when no host is up, else
@@ -187,8 +246,9 @@ export function noHostError(n: NoHost, req: Pick<PlacementRequest, 'backend' | '
   const e = n.excluded;
   const parts = [
     `${e.down} down`, `${e.cordoned} cordoned`, `${e.backend} without the ${req.backend} backend`,
+    ...(e.burst ? [`${e.burst} in the burst pool (closed: the request does not allow bursting or the primary pool is not above its threshold)`] : []),
     `${e.refused} refused it (ResourceExhausted or Unavailable)`,
-    `${e.room} without room for ${req.cpus} cores and ${req.memoryBytes} bytes of memory (admission limits)`,
+    `${e.room} without room for ${req.cpus} cores and ${req.memoryBytes} bytes of memory (admission limits${n.full && e.room ? `: ${fullText(n.full)}` : ''})`,
   ];
   const message = n.hosts === 0
     ? 'no host is registered in the fleet'

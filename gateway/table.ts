@@ -74,6 +74,7 @@ export function buildView(h: HostEntry): PlacementHost {
     images: h.imageSet,
     warm,
     jobs,
+    burst: info?.labels.pool === 'burst',
   };
 }
 

@@ -16,6 +16,7 @@ import tls, { type PeerCertificate } from 'node:tls';
 import type { Logger } from 'pino';
 import { DsecError, unavailable } from '../daemon/errors.js';
 import { roleOfSan } from '../pki/certs.js';
+import { ACK_HEADER } from '../daemon/sandbox/create-records.js';
 
 /** Headers a gateway sets on every call to a host: who the caller is (hosts trust them only from a gateway certificate). */
 export const IDENTITY_HEADERS = {
@@ -29,7 +30,7 @@ export const CONNECT_TIMEOUT_MS = 3000;
 
 /** Hop-by-hop headers (RFC 9110 section 7.6.1) and the caller's credentials, never passed between client and host. */
 const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'host',
-  'authorization', 'x-api-key', IDENTITY_HEADERS.tenant, IDENTITY_HEADERS.role, IDENTITY_HEADERS.tokenId]);
+  'authorization', 'x-api-key', ACK_HEADER, IDENTITY_HEADERS.tenant, IDENTITY_HEADERS.role, IDENTITY_HEADERS.tokenId]);
 
 /** Headers of `h` that may be passed on (see DROP). */
 export function passHeaders(h: IncomingHttpHeaders): Record<string, string | string[]> {

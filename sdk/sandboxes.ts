@@ -69,10 +69,14 @@ export function withSandboxCalls<B extends TransportClass>(Base: B) {
      * Errors: `InvalidArgument` (bad limits, labels, unknown field), `NotFound` (image),
      * `Unimplemented` (backend not built), `ResourceExhausted` (host full). With
      * `opts.onProgress` the create's phases are reported as they begin ({@link CreateProgress}).
+     * Sent with an `Idempotency-Key` (`opts.idempotencyKey`, else a fresh one) and retried
+     * with it when the answer is lost ({@link Transport.keyedCreate}).
      */
     createSandbox(req: CreateSandboxInput = {}, opts: CreateOptions = {}): Promise<Sandbox> {
-      if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', '/v1/sandboxes', req, opts);
-      return this.request<Sandbox>('POST', '/v1/sandboxes', req, opts);
+      return this.keyedCreate(opts, (idempotencyKey) => {
+        if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', '/v1/sandboxes', req, { ...opts, idempotencyKey });
+        return this.request<Sandbox>('POST', '/v1/sandboxes', req, { ...opts, idempotencyKey });
+      });
     }
 
     /** GET /v1/sandboxes: sandboxes matching the query (all when empty), as an array. */

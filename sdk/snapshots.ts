@@ -69,8 +69,10 @@ export function withSnapshotCalls<B extends TransportClass>(Base: B) {
      * {@link createSandbox}.
      */
     restore(ref: string, req: RestoreInput = {}, opts: CreateOptions = {}): Promise<Sandbox> {
-      if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', snapshotPath(ref) + '/restore', req, opts);
-      return this.request<Sandbox>('POST', snapshotPath(ref) + '/restore', req, opts);
+      return this.keyedCreate(opts, (idempotencyKey) => {
+        if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', snapshotPath(ref) + '/restore', req, { ...opts, idempotencyKey });
+        return this.request<Sandbox>('POST', snapshotPath(ref) + '/restore', req, { ...opts, idempotencyKey });
+      });
     }
 
     /**
@@ -78,15 +80,16 @@ export function withSnapshotCalls<B extends TransportClass>(Base: B) {
      * is several calls) from the snapshot, each with the overrides of `req`, and resolves
      * with them, running, in creation order. All or nothing: if one cannot be created,
      * none is left. No HTTP deadline unless `opts.timeoutMs` is given: a large group
-     * legitimately takes long. Not retried on a dropped connection.
+     * legitimately takes long. Sent with an `Idempotency-Key` and retried with it when the
+     * answer is lost, as {@link createSandbox}.
      * Errors: as {@link restore}; `InvalidArgument` also for `count` out of range,
      * `ResourceExhausted` when the host cannot fit the whole group. `opts.onProgress`
      * hears the phases of every sandbox of the group (each report names its sandbox).
      */
     async fork(ref: string, req: ForkInput, opts: CreateOptions = {}): Promise<Sandbox[]> {
-      const res = opts.onProgress
-        ? await this.longOperation<{ sandboxes: Sandbox[] }, CreateProgress>('POST', snapshotPath(ref) + '/fork', req, opts)
-        : await this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0 });
+      const res = await this.keyedCreate(opts, (idempotencyKey) => opts.onProgress
+        ? this.longOperation<{ sandboxes: Sandbox[] }, CreateProgress>('POST', snapshotPath(ref) + '/fork', req, { ...opts, idempotencyKey })
+        : this.request<{ sandboxes: Sandbox[] }>('POST', snapshotPath(ref) + '/fork', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? 0, idempotencyKey, allowBurst: opts.allowBurst }));
       return res.sandboxes;
     }
   };

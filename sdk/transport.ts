@@ -11,6 +11,7 @@
  * unref'd so a short-lived process exits without calling {@link Transport.close}.
  */
 import http from 'node:http';
+import { randomUUID } from 'node:crypto';
 import { Readable, pipeline } from 'node:stream';
 import { ExecAttachment } from './attach.js';
 import { DsecApiError, errMessage, errorFromResponse, isErrorKind } from './errors.js';
@@ -34,6 +35,9 @@ export const TAR_TYPE = 'application/x-tar';
 
 /** Methods safe to resend once when a pooled keep-alive socket turns out to be closed. */
 const IDEMPOTENT = new Set(['GET', 'HEAD', 'PUT', 'DELETE']);
+
+/** Retries of a create whose answer was lost ({@link Transport.keyedCreate}): 2, so a gateway restart or a dropped connection costs at most ~0.75 s more. */
+export const CREATE_RETRIES = 2;
 
 /** Options of {@link DsecClient}. */
 export interface DsecClientOptions {
@@ -59,6 +63,10 @@ export interface RequestOptions {
   signal?: AbortSignal;
   /** Deadline for this call in ms, overriding the client's `timeoutMs`; `0` disables it. */
   timeoutMs?: number;
+  /** Sent as the `Idempotency-Key` request header (creates: daemon/sandbox/create-records.ts). */
+  idempotencyKey?: string;
+  /** Creates through a gateway: allow a `pool=burst` host (`X-Dsec-Burst: allow`; gateway/placement.ts). */
+  allowBurst?: boolean;
 }
 
 /** What a long operation's caller passes: a progress callback and an abort signal. */
@@ -67,6 +75,10 @@ export interface LongOperationCallbacks<P> {
   onProgress?: (p: P) => void;
   /** Stop waiting: the call rejects with the signal's reason; dsecd does not cancel the operation. */
   signal?: AbortSignal;
+  /** Sent as the `Idempotency-Key` request header. */
+  idempotencyKey?: string;
+  /** As {@link RequestOptions.allowBurst}. */
+  allowBurst?: boolean;
 }
 
 /** A class whose instances are {@link Transport}s: the base a resource module's calls are mixed into. */
@@ -217,7 +229,7 @@ export class Transport {
     const timeoutMs = opts.timeoutMs ?? this.timeoutMs;
     const payload = body === undefined ? undefined : Buffer.from(JSON.stringify(body), 'utf8');
     const deadline = timeoutMs > 0 ? Date.now() + timeoutMs : 0;
-    const res = await this.open(method, path, payload, opts.signal, deadline, timeoutMs, IDEMPOTENT.has(method));
+    const res = await this.open(method, path, payload, opts.signal, deadline, timeoutMs, IDEMPOTENT.has(method) || opts.idempotencyKey !== undefined, 'application/json', opts);
     let text: string;
     try {
       text = await withDeadline(readBody(res), res, deadline, () => this.deadlineError(method, path, timeoutMs));
@@ -237,6 +249,28 @@ export class Transport {
   }
 
   /**
+   * Runs a create (create, restore, fork) under one idempotency key: `opts.idempotencyKey`,
+   * else a fresh random one (UUID v4) for this logical create. When the answer is lost
+   * (the connection failed: `Unavailable` with status 0) or the service answered 503, the
+   * same call is sent again with the same key, up to {@link CREATE_RETRIES} times, 250 ms
+   * apart and more: dsecd (or a gateway) answers a retry with the sandbox the first
+   * attempt made, so a retry never makes a second one.
+   * @throws DsecApiError the last attempt's error.
+   */
+  protected async keyedCreate<T>(opts: { idempotencyKey?: string; signal?: AbortSignal }, call: (key: string) => Promise<T>): Promise<T> {
+    const key = opts.idempotencyKey ?? randomUUID();
+    for (let attempt = 0; ; attempt++) {
+      try {
+        return await call(key);
+      } catch (e) {
+        const lost = e instanceof DsecApiError && e.code === 'Unavailable' && (e.status === 0 || e.status === 503);
+        if (!lost || attempt >= CREATE_RETRIES || opts.signal?.aborted) throw e;
+        await new Promise((r) => setTimeout(r, 250 * (attempt + 1)));
+      }
+    }
+  }
+
+  /**
    * Runs a long operation in NDJSON mode: sends `body` with `Accept: application/x-ndjson`,
    * calls `onProgress` per `{type: "progress"}` line and resolves with the `result` of the
    * `{type: "result"}` line, or rejects with the {@link DsecApiError} of an
@@ -246,7 +280,7 @@ export class Transport {
   protected async longOperation<T, P>(method: string, path: string, body: unknown, opts: LongOperationCallbacks<P>): Promise<T> {
     const { signal, onProgress } = opts;
     const payload = Buffer.from(JSON.stringify(body), 'utf8');
-    const res = await this.open(method, path, payload, signal, 0, 0, false, NDJSON_TYPE);
+    const res = await this.open(method, path, payload, signal, 0, 0, opts.idempotencyKey !== undefined, NDJSON_TYPE, opts);
     let callbackFailed = false;
     try {
       const status = res.statusCode ?? 0;
@@ -320,6 +354,7 @@ export class Transport {
     timeoutMs: number,
     retryable: boolean,
     accept = 'application/json',
+    extra: { idempotencyKey?: string; allowBurst?: boolean } = {},
   ): Promise<http.IncomingMessage> {
     return new Promise((resolve, reject) => {
       if (signal?.aborted) {
@@ -327,6 +362,8 @@ export class Transport {
         return;
       }
       const headers: http.OutgoingHttpHeaders = { accept };
+      if (extra.idempotencyKey !== undefined) headers['idempotency-key'] = extra.idempotencyKey;
+      if (extra.allowBurst) headers['x-dsec-burst'] = 'allow';
       if (payload !== undefined) {
         headers['content-type'] = 'application/json';
         headers['content-length'] = payload.length;
@@ -365,7 +402,7 @@ export class Transport {
           reject(err);
         } else if (retryable && req.reusedSocket && (err.code === 'ECONNRESET' || err.code === 'EPIPE')) {
           // The daemon closed an idle pooled connection just as we reused it.
-          this.open(method, path, payload, signal, deadline, timeoutMs, false, accept).then(resolve, reject);
+          this.open(method, path, payload, signal, deadline, timeoutMs, false, accept, extra).then(resolve, reject);
         } else {
           reject(this.connectionError(err, method, path));
         }

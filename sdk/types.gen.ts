@@ -7,6 +7,13 @@ export type paths = Record<string, never>;
 export type webhooks = Record<string, never>;
 export interface components {
     schemas: {
+        AckRequest: {
+            ids: string[];
+        };
+        AckResult: {
+            /** @description How many of the ids were held (the others were acknowledged already, reaped or unknown). */
+            acknowledged: number;
+        };
         /**
          * @description Isolation tier.
          * @enum {string}

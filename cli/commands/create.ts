@@ -147,10 +147,12 @@ export function createLabel(f: Pick<CreateFlags, 'backend'>): string {
 
 /** Adds `create` to `parent`. */
 export function register(parent: Command, ctx: Ctx): Command {
-  return addCreateOptions(parent.command('create').description('create a sandbox and print its id')).action(async (flags: CreateFlags) => {
-    const sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: true }, (o) => ctx.client().createSandbox(createRequest(flags), o));
-    if (!sandbox) return;
-    if (ctx.json) writeJson(ctx.io.stdout, sandbox);
-    else ctx.out(sandbox.id + '\n');
-  });
+  return addCreateOptions(parent.command('create').description('create a sandbox and print its id'))
+    .option('--allow-burst', 'through a gateway: a pool=burst host may take it while the primary pool is above its threshold')
+    .action(async (flags: CreateFlags & { allowBurst?: boolean }) => {
+      const sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: true }, (o) => ctx.client().createSandbox(createRequest(flags), { ...o, allowBurst: flags.allowBurst }));
+      if (!sandbox) return;
+      if (ctx.json) writeJson(ctx.io.stdout, sandbox);
+      else ctx.out(sandbox.id + '\n');
+    });
 }

@@ -34,5 +34,11 @@ export function register(parent: Command, ctx: Ctx): Command {
       }
       if (!r.view.fresh) ctx.err(`dsec: warning: gateway ${r.view.gateway} cannot reach etcd${r.view.stale_since ? ` since ${new Date(r.view.stale_since).toISOString()}` : ''}: this is the last known state\n`);
       ctx.out(renderHostTable(r.hosts, { color: ctx.color }));
+      // Which pool took what, and whether burst hosts take creates now (older gateways send neither).
+      const extra = r as FleetHostList & { pools?: Record<string, { hosts: number; sandboxes: number }>; burst?: { threshold: number; primary_utilisation: number; open: boolean } };
+      if (extra.pools) ctx.out(`pools: ${Object.entries(extra.pools).map(([p, v]) => `${p} ${v.hosts} host${v.hosts === 1 ? '' : 's'} ${v.sandboxes} sandboxes`).join('; ')}\n`);
+      if (extra.burst && extra.pools?.burst) {
+        ctx.out(`burst: ${extra.burst.open ? 'open' : 'closed'} (primary utilisation ${Math.round(extra.burst.primary_utilisation * 100)}%, threshold ${Math.round(extra.burst.threshold * 100)}%; creates with X-Dsec-Burst: allow)\n`);
+      }
     });
 }

@@ -17,6 +17,7 @@
  * | `<p>/v1/tokens/<id>` | `{ hash }` of an API token (daemon/remote/tokens.ts) | none | gateways (`dsec token create` through one, `dsec-gateway token create`) |
  * | `<p>/v1/token-meta/<id>` | the token's record without its hash | none | gateways |
  * | `<p>/v1/revoked/<id>` | `{ at }`: the token is revoked | none | gateways and hosts (`dsec token revoke` anywhere) |
+ * | `<p>/v1/idempotency/<tenant>/<sha256 of key>` | the name of the host a keyed create was sent to | a gateway's (24 h) | gateways (gateway/idempotency.ts) |
  *
  * Token hashes sit apart from the rest of a token's record so that etcd's roles can let
  * hosts list tokens and revoke them without reading a hash or minting a token: only
@@ -112,6 +113,11 @@ export class FleetKeys {
 
   hostImages(name: string): string {
     return `${this.host(name)}images`;
+  }
+
+  /** Where a keyed create went: one key per (tenant, Idempotency-Key), the key hashed so any text fits. */
+  idempotency(tenant: string, keyHash: string): string {
+    return `${this.root}idempotency/${tenant}/${keyHash}`;
   }
 
   /** Prefix of cordon records. */

@@ -11,6 +11,7 @@ import { classify } from '../../gateway/server.js';
 /** Routes the gateway refuses on purpose, and why. */
 const REFUSED: Record<string, string> = {
   'DELETE /v1/sandboxes': 'dsecd answers it 405 (destroy one id, or bulk by selector)',
+  'POST /v1/sandboxes:ack': 'a gateway sends it to hosts itself, after it delivered a create answer (gateway/idempotency.ts)',
 };
 
 describe('gateway route classes', () => {

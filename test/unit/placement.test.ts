@@ -4,7 +4,7 @@
  * admission limits, a job spread (or packed) over hosts, image and warm-pool preference.
  */
 import { describe, expect, it } from 'vitest';
-import { choose, DEFAULT_WEIGHTS, isNoHost, noHostError, normalizeImage, type PlacementHost, type PlacementPolicy, type PlacementRequest } from '../../gateway/placement.js';
+import { choose, DEFAULT_WEIGHTS, isNoHost, noHostError, normalizeImage, primaryUtilisation, type PlacementHost, type PlacementPolicy, type PlacementRequest } from '../../gateway/placement.js';
 
 /** A seeded PRNG (mulberry32): the same decisions on every run. */
 function seeded(seed: number): () => number {
@@ -59,11 +59,11 @@ describe('placement over 160 hosts', () => {
     const a = choose(hosts, r, policy());
     expect(isNoHost(a)).toBe(true);
     if (!isNoHost(a)) return;
-    expect(a).toEqual({ hosts: 160, excluded: { down: 20, cordoned: 10, backend: 40, refused: 5, room: 85 } });
+    expect(a).toEqual({ hosts: 160, excluded: { down: 20, cordoned: 10, backend: 40, burst: 0, refused: 5, room: 85 }, full: { sandboxes: 80, cpus: 5, memory: 0 } });
     const e = noHostError(a, r);
     expect(e.kind).toBe('ResourceExhausted');
     expect(e.message).toBe('no host can take this sandbox: of 160 hosts, 20 down, 10 cordoned, 40 without the microvm backend, 5 refused it (ResourceExhausted or Unavailable), '
-      + '85 without room for 1 cores and 536870912 bytes of memory (admission limits)');
+      + '85 without room for 1 cores and 536870912 bytes of memory (admission limits: 80 at their sandbox limit, 5 out of cores)');
   });
 
   it('names the kind by cause: all down is Unavailable, no backend anywhere is FailedPrecondition', () => {
@@ -114,5 +114,25 @@ describe('placement over 160 hosts', () => {
     expect(normalizeImage('busybox')).toBe('busybox:latest');
     expect(normalizeImage('team/py:3.11')).toBe('team/py:3.11');
     expect(normalizeImage('reg:5000/team/py')).toBe('reg:5000/team/py:latest');
+  });
+
+  it('opens burst hosts only above the primary threshold and only to requests that allow it', () => {
+    const primary = (used: number) => [host(1, { used: { count: used, cpus: used, memoryBytes: 0 } }), host(2, { used: { count: used, cpus: used, memoryBytes: 0 } })];
+    const burst = host(3, { burst: true });
+    expect(primaryUtilisation(primary(80))).toBeCloseTo(0.8, 9);
+    // At 80%: not above the threshold, even when allowed.
+    for (let i = 0; i < 50; i++) expect((choose([...primary(80), burst], req({ allowBurst: true }), policy({ random: seeded(i) })) as PlacementHost).name).not.toBe('h003');
+    // Above it: only when allowed; the burst host, empty, scores best.
+    for (let i = 0; i < 50; i++) expect((choose([...primary(81), burst], req(), policy({ random: seeded(i) })) as PlacementHost).name).not.toBe('h003');
+    expect(placeMany([...primary(81), burst], 20, req({ allowBurst: true }), policy()).get('h003') ?? 0).toBeGreaterThan(0);
+    // A full primary pool with the burst pool closed: refused at once, naming both.
+    const full = choose([...primary(100), burst], req(), policy());
+    expect(isNoHost(full)).toBe(true);
+    const e = noHostError(full as never, req());
+    expect(e.kind).toBe('ResourceExhausted');
+    expect(e.message).toContain('1 in the burst pool (closed');
+    expect(e.message).toContain('admission limits: 2 at their sandbox limit');
+    // A lower threshold opens it sooner.
+    expect(placeMany([...primary(50), burst], 20, req({ allowBurst: true }), policy({ burstThreshold: 0.4 })).get('h003') ?? 0).toBeGreaterThan(0);
   });
 });

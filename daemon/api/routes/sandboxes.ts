@@ -6,9 +6,9 @@
  */
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
-import { CreateSandboxRequest, DeleteQuery, ListQuery, PauseResult, Sandbox, SandboxList, StopRequest } from '../schema.js';
+import { AckRequest, AckResult, CreateSandboxRequest, DeleteQuery, ListQuery, PauseResult, Sandbox, SandboxList, StopRequest } from '../schema.js';
 import { sandboxInput, sandboxView } from '../convert.js';
-import { runLong } from '../long.js';
+import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { scopeOf } from '../scope.js';
 import { route } from './table.js';
@@ -22,6 +22,10 @@ import type { RoundService } from '../../sandbox/rounds.js';
 const createRoute = route({
   method: 'POST', url: '/v1/sandboxes', summary: 'Create and start a sandbox. With `Accept: application/x-ndjson` the answer is a stream: {type:"progress", phase, id, message} lines (phases rootfs, launch, boot, ready), then {type:"result", result} or {type:"error", error}.', body: CreateSandboxRequest, status: 201, response: Sandbox,
   errors: ['InvalidArgument', 'NotFound', 'ResourceExhausted', 'Unimplemented', 'Unavailable'],
+});
+const ackRoute = route({
+  method: 'POST', url: '/v1/sandboxes:ack', summary: 'Acknowledge creates a gateway relayed with `x-dsec-create-ack: gateway`: their answers reached the client, so their sandboxes are no longer destroyed at the acknowledgement deadline (daemon/sandbox/create-records.ts).',
+  body: AckRequest, status: 200, response: AckResult, errors: ['InvalidArgument'],
 });
 const listRoute = route({ method: 'GET', url: '/v1/sandboxes', summary: "List the caller's tenant's sandboxes (every tenant's for an admin), optionally by label selector and state.", query: ListQuery, status: 200, response: SandboxList, errors: ['InvalidArgument'] });
 const getRoute = route({ method: 'GET', url: '/v1/sandboxes/:id', summary: 'One sandbox, with the defences in force for it and its writable layer\'s disk use.', status: 200, response: Sandbox, errors: ['NotFound'] });
@@ -38,7 +42,7 @@ const pauseRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/pause', summa
 const resumeRoute = route({ method: 'POST', url: '/v1/sandboxes/:id/resume', summary: 'Thaw a paused sandbox; idempotent.', status: 200, response: Sandbox, errors: ['NotFound', 'FailedPrecondition'] });
 
 /** What the sandbox routes use. */
-export interface SandboxRouteDeps {
+export interface SandboxRouteDeps extends CreateDeps {
   creator: Pick<SandboxCreator, 'create'>;
   lifecycle: Pick<SandboxLifecycle, 'get' | 'list' | 'destroy' | 'stop' | 'start' | 'defences'>;
   rounds: Pick<RoundService, 'pause' | 'resume'>;
@@ -52,15 +56,27 @@ export interface SandboxRouteDeps {
 /** Registers the sandbox routes. */
 export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDeps): void {
   const lc = deps.lifecycle;
+  // A call naming a sandbox acknowledges its create (daemon/sandbox/create-records.ts): the caller knows it.
+  const records = deps.createRecords;
+  if (records) {
+    app.addHook('preHandler', async (req) => {
+      const id = (req.params as { id?: unknown } | undefined)?.id;
+      if (typeof id === 'string' && req.routeOptions.url?.startsWith('/v1/sandboxes/:id')) records.used(id);
+    });
+  }
   app.post(createRoute.url, async (req, reply) => {
     const body = parseWith(CreateSandboxRequest, req.body, 'create request');
     // With `Accept: application/x-ndjson`, the phases stream first (daemon/sandbox/progress.ts).
-    return runLong(req, reply, deps, async (progress) => {
+    return runCreate(req, reply, deps, body, async (progress) => {
       const end = deps.metrics.createSeconds.startTimer({ backend: body.backend });
       const sb = await deps.creator.create({ ...sandboxInput(body), tenant: scopeOf(req).tenant }, { onProgress: progress });
       end();
       return sandboxView(sb);
     });
+  });
+  app.post(ackRoute.url, async (req) => {
+    const body = parseWith(AckRequest, req.body, 'ack request');
+    return { acknowledged: deps.createRecords?.ack(body.ids) ?? 0 };
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');

@@ -7,7 +7,7 @@ import type { FastifyInstance } from 'fastify';
 import { ForkRequest, ForkResult, RestoreRequest, Sandbox, Snapshot, SnapshotList, SnapshotRequest } from '../schema.js';
 import type { Logger } from 'pino';
 import { forkInput, restoreInput, sandboxView, snapshotInput, snapshotView } from '../convert.js';
-import { runLong } from '../long.js';
+import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { scopeOf } from '../scope.js';
 import { route } from './table.js';
@@ -33,7 +33,7 @@ const forkRoute = route({
 });
 
 /** What the snapshot routes use. */
-export interface SnapshotRouteDeps {
+export interface SnapshotRouteDeps extends CreateDeps {
   snapshots: Pick<SnapshotService, 'snapshot' | 'list' | 'get' | 'remove' | 'restore' | 'fork'>;
   metrics: Pick<Metrics, 'errors'>;
   log: Logger;
@@ -51,10 +51,10 @@ export function registerSnapshotRoutes(app: FastifyInstance, deps: SnapshotRoute
   app.delete<{ Params: { ref: string } }>(delRoute.url, async (req) => snapshotView(await m.remove(req.params.ref, scopeOf(req))));
   app.post<{ Params: { ref: string } }>(restoreRoute.url, async (req, reply) => {
     const body = parseWith(RestoreRequest, req.body ?? {}, 'restore request');
-    return runLong(req, reply, deps, async (progress) => sandboxView(await m.restore(req.params.ref, restoreInput(body), { onProgress: progress, scope: scopeOf(req) })));
+    return runCreate(req, reply, deps, body, async (progress) => sandboxView(await m.restore(req.params.ref, restoreInput(body), { onProgress: progress, scope: scopeOf(req) })));
   });
   app.post<{ Params: { ref: string } }>(forkRoute.url, async (req, reply) => {
     const body = parseWith(ForkRequest, req.body, 'fork request');
-    return runLong(req, reply, deps, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, forkInput(body), { onProgress: progress, scope: scopeOf(req) })).map(sandboxView) }));
+    return runCreate(req, reply, deps, body, async (progress) => ({ sandboxes: (await m.fork(req.params.ref, forkInput(body), { onProgress: progress, scope: scopeOf(req) })).map(sandboxView) }));
   });
 }

@@ -140,3 +140,9 @@ export const StopRequest = z
     timeout_ms: z.number().int().min(0).max(LIMITS.maxTimeoutMs).optional().describe('Grace between SIGTERM and SIGKILL, ms; default 10000, 0 kills at once.'),
   })
   .strict();
+
+/** POST /v1/sandboxes:ack: the sandboxes whose create answers a gateway delivered (daemon/sandbox/create-records.ts). */
+export const AckRequest = z.object({ ids: z.array(z.string().regex(/^[0-9a-f]{16}$/)).max(10_000) }).strict();
+
+/** Answer of POST /v1/sandboxes:ack. */
+export const AckResult = z.object({ acknowledged: z.number().int().describe('How many of the ids were held (the others were acknowledged already, reaped or unknown).') });

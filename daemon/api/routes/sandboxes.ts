@@ -76,7 +76,18 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
   });
   app.post(ackRoute.url, async (req) => {
     const body = parseWith(AckRequest, req.body, 'ack request');
-    return { acknowledged: deps.createRecords?.ack(body.ids) ?? 0 };
+    // Only the caller's tenant's sandboxes (every tenant's for a gateway acting as admin):
+    // another tenant's id counts as unknown, so no tenant keeps another's create from its deadline.
+    const scope = scopeOf(req);
+    const ids = body.ids.filter((id) => {
+      try {
+        lc.get(id, scope);
+        return true;
+      } catch {
+        return false;
+      }
+    });
+    return { acknowledged: deps.createRecords?.ack(ids) ?? 0 };
   });
   app.get(listRoute.url, async (req) => {
     const q = parseWith(ListQuery, req.query, 'query');

@@ -19,6 +19,7 @@
  * else the SDKs' default `user` when the sandbox has that account (front.ts actingUser).
  */
 import type { FastifyInstance, FastifyReply, FastifyRequest, HTTPMethods } from 'fastify';
+import { drainOnFailure } from '../drain.js';
 import path from 'node:path';
 import { PassThrough, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -259,30 +260,3 @@ function multipart(req: FastifyRequest, body: Readable, single: string | undefin
   });
 }
 
-/** Most request body read and discarded after a failed upload, so the error answer reaches the client: 64 MiB. */
-const DRAIN_LIMIT = 64 * 1024 * 1024;
-
-/** Runs an upload; when it fails, the rest of the body (up to {@link DRAIN_LIMIT}) is read and dropped before the error is answered. */
-async function drainOnFailure<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (e) {
-    if (!body.readableEnded && !body.destroyed) {
-      let n = 0;
-      body.resume();
-      await new Promise<void>((resolve) => {
-        body.on('data', (c: Buffer) => {
-          n += c.length;
-          if (n > DRAIN_LIMIT) {
-            body.destroy();
-            resolve();
-          }
-        });
-        body.once('end', () => resolve());
-        body.once('close', () => resolve());
-        body.once('error', () => resolve());
-      });
-    }
-    throw e;
-  }
-}

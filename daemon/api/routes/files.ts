@@ -15,6 +15,7 @@
  * `..` and links that point outside the target are refused, devices are refused.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
+import { drainOnFailure } from '../drain.js';
 import path from 'node:path';
 import { PassThrough, Readable } from 'node:stream';
 import { pipeline } from 'node:stream/promises';
@@ -191,38 +192,6 @@ export function readonlyPathError(e: unknown, sandboxId: string, filesystem: Pic
   return new DsecError('FailedPrecondition', `${e.message}: ${m ? m[2] : 'the path'} is read-only in sandbox ${sandboxId} (${a.why}); to write there, ${a.advice}`, { cause: e, reason: READONLY_PATH_REASON });
 }
 
-/** Most request body read and discarded after a failed upload, so the error response reaches the client: 64 MiB. */
-const DRAIN_LIMIT = 64 * 1024 * 1024;
-
-/**
- * Runs an upload; when it fails, reads and discards the rest of the request body (up to
- * {@link DRAIN_LIMIT}) before the error is answered. A client still sending would
- * otherwise see a reset connection instead of the error.
- */
-async function upload<T>(body: Readable, fn: () => Promise<T>): Promise<T> {
-  try {
-    return await fn();
-  } catch (e) {
-    let n = 0;
-    if (!body.readableEnded && !body.destroyed) {
-      body.resume();
-      await new Promise<void>((resolve) => {
-        body.on('data', (c: Buffer) => {
-          n += c.length;
-          if (n > DRAIN_LIMIT) {
-            body.destroy();
-            resolve();
-          }
-        });
-        body.once('end', () => resolve());
-        body.once('close', () => resolve());
-        body.once('error', () => resolve());
-      });
-    }
-    throw e;
-  }
-}
-
 /** What the file routes use. */
 export interface FileRouteDeps {
   /** The agent of a running sandbox. */
@@ -298,7 +267,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: FileRouteDeps): v
     const r = req as R;
     const q = parseWith(PutFileQuery, req.query, 'query');
     const body = (req.body ?? Readable.from([])) as Readable;
-    const out = await upload(body, async () => {
+    const out = await drainOnFailure(body, async () => {
       const a = await agent(r);
       const flags = FileWriteFlag.CREATE | (truthy(q.parents) ? FileWriteFlag.PARENTS : 0);
       // The agent's writeFile destroys its source on failure; give it a pass-through so
@@ -486,7 +455,7 @@ export function registerFileRoutes(app: FastifyInstance, deps: FileRouteDeps): v
     });
     const pass = new PassThrough();
     body.pipe(pass);
-    await upload(body, async () => {
+    await drainOnFailure(body, async () => {
       try {
         await pipeline(pass, extract);
       } catch (e) {

@@ -32,7 +32,7 @@ import { mkdtempSync, readFileSync, rmSync, statSync, statfsSync } from 'node:fs
 import os from 'node:os';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon, loopDevicesUnder, rejection, runCli } from '../integration/harness.js';
+import { IS_ROOT, REPO, TestDaemon, loopDevicesReleased, loopDevicesUnder, rejection, runCli } from '../integration/harness.js';
 
 const MiB = 1024 ** 2;
 const XFS_SUPER_MAGIC = 0x58465342;
@@ -76,7 +76,7 @@ describe.skipIf(!IS_ROOT)('attack: fill the disk (default store: btrfs with a qg
   });
   afterAll(async () => {
     await d?.cleanup();
-    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (d) expect(await loopDevicesReleased(d.root)).toEqual([]);
   });
 
   it('host info reports per-sandbox quotas as enforced, on a loop-mounted btrfs', async () => {
@@ -250,7 +250,7 @@ describe.skipIf(!IS_ROOT)('attack: XFS_IOC_SWAPEXT on a real XFS upper (upper_fs
   }, 120_000);
   afterAll(async () => {
     await d?.cleanup();
-    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (d) expect(await loopDevicesReleased(d.root)).toEqual([]);
     if (tmp) rmSync(tmp, { recursive: true, force: true });
   });
 
@@ -356,7 +356,7 @@ describe.skipIf(!IS_ROOT)('attack: overcommit the writable-layer pool (1 GiB sto
   });
   afterAll(async () => {
     await d?.cleanup();
-    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (d) expect(await loopDevicesReleased(d.root)).toEqual([]);
   });
 
   it('admission refuses quotas beyond store x disk_overcommit, naming the pool, the sum and the ratio; host info shows the sum', async () => {

@@ -7,7 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { FAILPOINTS } from '../../daemon/sandbox/failpoints.js';
-import { IS_ROOT, TestDaemon, loopDevicesUnder } from './harness.js';
+import { IS_ROOT, TestDaemon, loopDevicesReleased } from './harness.js';
 
 describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
   let d: TestDaemon;
@@ -21,7 +21,7 @@ describe.skipIf(!IS_ROOT)('SIGKILL at every failpoint, then restart', () => {
   afterAll(async () => {
     await d?.cleanup();
     // The store's loop device detaches with the (lazily) unmounted filesystem.
-    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (d) expect(await loopDevicesReleased(d.root)).toEqual([]);
   });
 
   /** Checks the keeper survived and that host traces equal the store's rows. */

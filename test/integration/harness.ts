@@ -492,6 +492,22 @@ export function loopDevicesUnder(prefix: string): string[] {
   return out.sort();
 }
 
+/**
+ * {@link loopDevicesUnder} once it is empty, or what is left after `limitMs` (a hang
+ * bound, not a timing check): a loop device with autoclear detaches when the filesystem
+ * on it is finally released, which the kernel finishes after the unmount returns (dirty
+ * data written back to the backing file first, slower on a loaded host).
+ */
+export async function loopDevicesReleased(prefix: string, limitMs = 60_000): Promise<string[]> {
+  const end = Date.now() + limitMs;
+  let left = loopDevicesUnder(prefix);
+  while (left.length > 0 && Date.now() < end) {
+    await new Promise((r) => setTimeout(r, 100));
+    left = loopDevicesUnder(prefix);
+  }
+  return left;
+}
+
 /** True while `pid` exists and is not a zombie (a reparented process may wait for its reaper: PID 1 here reaps late). */
 export function alive(pid: number): boolean {
   try {

@@ -11,7 +11,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, statfsSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
-import { IS_ROOT, REPO, TestDaemon, loopDevicesUnder } from './harness.js';
+import { IS_ROOT, REPO, TestDaemon, loopDevicesReleased, loopDevicesUnder } from './harness.js';
 
 const BTRFS_SUPER_MAGIC = 0x9123683e;
 
@@ -42,7 +42,7 @@ describe.skipIf(!IS_ROOT)('writable-layer store: upgrade, restarts, orphans, pur
   });
   afterAll(async () => {
     await d?.cleanup();
-    if (d) expect(loopDevicesUnder(d.root)).toEqual([]);
+    if (d) expect(await loopDevicesReleased(d.root)).toEqual([]);
   });
 
   it('sandboxes made with upper_fs = "host" still run, start, snapshot, commit and destroy after a restart with the default store', async () => {

@@ -24,6 +24,7 @@ import { Command } from 'commander';
 import { execa } from 'execa';
 import { repoRoot } from '../daemon/startup/host.js';
 import { percentile, tempDaemon, type TempDaemon } from './lib.js';
+import { freePort } from '../test/fixtures/ports.js';
 
 /** Uid pool of this bench's dsecd: 2^25 ids from 2^29 + 2^28 + 2^26, clear of the test slots and of the other benches' pools. */
 const POOL = { base: 2 ** 29 + 2 ** 28 + 2 ** 26, size: 2 ** 25 };
@@ -31,17 +32,6 @@ const POOL = { base: 2 ** 29 + 2 ** 28 + 2 ** 26, size: 2 ** 25 };
 const r2 = (x: number) => Math.round(x * 100) / 100;
 const pct = (xs: number[]) => ({ p50: r2(percentile(xs, 50)), p99: r2(percentile(xs, 99)), n: xs.length });
 
-/** A free TCP port on 127.0.0.1 now. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(p));
-    });
-  });
-}
 
 /** dsec's own API over the TCP door: JSON requests with a token on one kept-alive connection. */
 function doorClient(port: number, ca: string, token: string) {

@@ -10,27 +10,16 @@
  * Usage: node dist/bench/remote.js [--n 50] [--concurrency 4] [--exec-repeats 1000]
  */
 import { readFileSync } from 'node:fs';
-import net from 'node:net';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
 import { DsecClient } from '../sdk/client.js';
 import { percentile, tempDaemon } from './lib.js';
+import { freePort } from '../test/fixtures/ports.js';
 
 const round = (x: number) => Math.round(x * 100) / 100;
 const pct = (xs: number[]) => ({ p50: round(percentile(xs, 50)), p99: round(percentile(xs, 99)) });
 
-/** A port free on 127.0.0.1 now. */
-function freePort(): Promise<number> {
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as net.AddressInfo).port;
-      s.close(() => resolve(p));
-    });
-  });
-}
 
 /** Runs `fn(i)` for i in [0, n) with at most `c` in flight. */
 async function pool(n: number, c: number, fn: (i: number) => Promise<void>): Promise<void> {

@@ -56,18 +56,8 @@ export interface StartOptions {
   listen?: boolean | { args: string[] };
 }
 
-/** A TCP port free on 127.0.0.1 now (the kernel's pick for port 0; another process may take it before dsecd binds it, which makes dsecd's start fail loudly). */
-export async function freePort(): Promise<number> {
-  const net = await import('node:net');
-  return new Promise((resolve, reject) => {
-    const s = net.createServer();
-    s.once('error', reject);
-    s.listen(0, '127.0.0.1', () => {
-      const p = (s.address() as { port: number }).port;
-      s.close(() => resolve(p));
-    });
-  });
-}
+import { freePort } from '../fixtures/ports.js';
+export { freePort };
 
 /** What a sandbox left on the host, per place. Empty lists everywhere = no leak. */
 export interface HostTraces {

@@ -1,16 +1,9 @@
 /** Prometheus metrics on the API socket and on a configured TCP address. */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import net from 'node:net';
 import http from 'node:http';
 import { IS_ROOT, TestDaemon } from './harness.js';
+import { freePort } from '../fixtures/ports.js';
 
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', () => r()));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 describe.skipIf(!IS_ROOT)('metrics', () => {
   let d: TestDaemon;

@@ -4,20 +4,12 @@
  * over the API socket and over the configured TCP address.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import net from 'node:net';
 import { IS_ROOT, TestDaemon, postJson } from './harness.js';
+import { freePort } from '../fixtures/ports.js';
 
 interface Phase { status: string; execution_time: number | null; return_code: number | null; stdout: string | null; stderr: string | null }
 interface RunCodeResponse { status: string; message: string; compile_result: Phase | null; run_result: Phase | null; files: Record<string, string> }
 
-/** A free TCP port on loopback. */
-async function freePort(): Promise<number> {
-  const s = net.createServer();
-  await new Promise<void>((r) => s.listen(0, '127.0.0.1', r));
-  const port = (s.address() as net.AddressInfo).port;
-  await new Promise((r) => s.close(r));
-  return port;
-}
 
 describe.skipIf(!IS_ROOT)('run_code (SandboxFusion)', () => {
   let d: TestDaemon;

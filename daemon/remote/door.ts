@@ -28,6 +28,7 @@ import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
 import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
 import { CREATE_ROUTES, accessOf, allows } from './policy.js';
+import type { RemoteConfig } from './config.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
 /**
@@ -97,23 +98,12 @@ export function unixDoor(audit: AuditLog | null): ApiDoor {
   };
 }
 
-/** Limits and timeouts of the TCP door (`[remote]`, daemon/config.ts RemoteConfig documents each default). */
-export interface DoorLimits {
-  /** Sandbox creates (create, restore, fork) one token may start per minute. */
-  createsPerMinute: number;
-  /** Failed authentications one source address may make per minute before its requests get 429 for the rest of the minute. */
-  authFailuresPerMinute: number;
-  /** Most TCP connections open at once (server.maxConnections). */
-  maxConnections: number;
-  /** From connection (or the previous request) to the end of a request's headers, ms: slow-header clients are cut. */
-  headersTimeoutMs: number;
-  /** To receive a whole request, headers and body, ms (0: none). */
-  requestTimeoutMs: number;
-  /** An idle keep-alive connection is closed after this, ms. */
-  keepAliveTimeoutMs: number;
-  /** A TLS handshake must finish within this, ms. */
-  handshakeTimeoutMs: number;
-}
+/**
+ * Limits and timeouts of the TCP door: the `[remote]` settings of the same names
+ * (daemon/remote/config.ts RemoteConfig documents each, with its default and unit), which
+ * dsec-gateway's door takes too.
+ */
+export type DoorLimits = Pick<RemoteConfig, 'createsPerMinute' | 'authFailuresPerMinute' | 'maxConnections' | 'headersTimeoutMs' | 'requestTimeoutMs' | 'keepAliveTimeoutMs' | 'handshakeTimeoutMs'>;
 
 /** The TLS material of the TCP door. */
 export interface DoorTls {

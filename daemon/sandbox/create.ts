@@ -197,7 +197,7 @@ export class SandboxCreator {
       let init: InitInfo;
       try {
         await step('prepare', what, () => drv.prepare(rec, steps, opts.restore));
-        if (spec.backend === 'container') this.d.disks?.guard(spec.diskBytes);
+        if (spec.backend === 'container') this.d.disks?.guard(id, spec.diskBytes);
         init = await step('start', what, () => drv.start(rec, steps, opts.restore));
       } catch (e) {
         await this.rollback(drv, rec, e as CreateStepError);

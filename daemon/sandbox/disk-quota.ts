@@ -56,6 +56,12 @@ export class DiskQuotaWatch {
    * {@link roomWithout}.
    */
   private lastHeadrooms: number | null = null;
+  /**
+   * While the store is tight: the room the last full check left out of the split for new
+   * layers, bytes, and its level (daemon/storage/pool.ts CREATE_ALLOWANCE_DIVISOR); null
+   * when not tight or used up.
+   */
+  private allowance: { bytes: number; levelBytes: number } | null = null;
 
   constructor(private readonly d: DiskQuotaDeps) {}
 
@@ -125,20 +131,52 @@ export class DiskQuotaWatch {
   }
 
   /**
-   * Runs the pool guard alone, outside the reaper's sweep: the create path calls it once a
-   * new writable layer exists and before the sandbox runs anything, so a layer made while
-   * the store is nearly full starts at its share, not at its quota (daemon/storage/pool.ts).
+   * Runs the pool guard for a new layer, outside the reaper's sweep: the create path calls
+   * it once sandbox `id`'s writable layer exists and before the sandbox runs anything, so a
+   * layer made while the store is nearly full starts at its share, not at its quota
+   * (daemon/storage/pool.ts). A store that had room at the last full check and still has
+   * room for this quota is not read again ({@link roomWithout}); a tight one gives the
+   * layer its share from the allowance the last check left ({@link fromAllowance}); only
+   * when neither holds is every layer read and the room split again.
    * Failures are logged, never thrown (the sweep retries within a second).
-   * @param quotaBytes the new layer's quota (disk_bytes); with it, a pool that had room at
-   *   the last full check and still has room for this quota is not read again ({@link roomWithout}).
+   * @param id the new sandbox.
+   * @param quotaBytes its quota (disk_bytes); null/undefined: unknown, split again.
    */
-  guard(quotaBytes?: number | null): void {
+  guard(id: string, quotaBytes?: number | null): void {
     try {
       if (this.roomWithout(quotaBytes)) return;
+      if (this.fromAllowance(id, quotaBytes)) return;
       this.guardStore(this.d.storage.usageAll());
     } catch (e) {
       this.d.log.warn({ err: e }, 'the writable-layer pool guard failed');
     }
+  }
+
+  /**
+   * A new layer's limit from the allowance of the last full check of a tight store: its
+   * live use plus the smaller of its headroom and the check's level, taken out of the
+   * allowance. Sound between checks for the same reason as {@link roomWithout}: the
+   * others' limits hold at most the room the check split, writes and deletes move free
+   * space and headrooms together, and new layers hold at most the allowance.
+   * @returns false (split again) when there is no allowance or too little of it.
+   */
+  private fromAllowance(id: string, quotaBytes: number | null | undefined): boolean {
+    const a = this.allowance;
+    if (!a || !quotaBytes || a.levelBytes <= 0) return false;
+    const used = this.d.storage.usage(id)?.usedBytes;
+    if (used === undefined) return false;
+    const headroom = Math.max(0, quotaBytes - used);
+    const share = Math.min(headroom, a.levelBytes);
+    if (share > a.bytes) {
+      this.allowance = null;
+      return false;
+    }
+    if (share < headroom) {
+      if (!this.d.storage.setPoolLimit(id, used + share)) return false;
+      this.guarded.set(id, used + share);
+    }
+    a.bytes -= share;
+    return true;
   }
 
   /**
@@ -209,9 +247,11 @@ export class DiskQuotaWatch {
       this.poolPrevious.clear();
       this.poolFull.clear();
       this.lastHeadrooms = headrooms;
+      this.allowance = null;
       return [];
     }
     this.lastHeadrooms = null;
+    this.allowance = null;
     const entries: PoolEntry[] = [];
     // Bytes the sandboxes wrote that statfs does not count yet (in the page cache or not
     // committed): their live use above the committed counters of this check. Read after
@@ -227,6 +267,7 @@ export class DiskQuotaWatch {
     this.poolPrevious.clear();
     for (const e of entries) this.poolPrevious.set(e.id, e.usedBytes);
     const check = guardPool(space.availableBytes - pending, reserve, entries);
+    this.allowance = check.tight ? { bytes: check.withheldBytes, levelBytes: check.levelBytes } : null;
     // Lower before raising: the limits in force never add up to more than the free space.
     const raises = (l: { id: string; limitBytes: number }) => Number(l.limitBytes > (this.guarded.get(l.id) ?? Infinity));
     const order = [...check.decisions].sort((a, b) => raises(a) - raises(b));

@@ -41,6 +41,11 @@
  * through; data allocated but not yet committed is missing from both and only makes the
  * limit tighter once committed.
  *
+ * Layers made between two checks: while the store is tight and shared by 16 or more, a
+ * check leaves 1/16 of the room out of the split ({@link CREATE_ALLOWANCE_DIVISOR}) and the create path gives each
+ * new layer its share at the check's level from that allowance, so the limits together
+ * stay within the room without a new split per create.
+ *
  * What it cannot do: a sandbox created since the last check has its quota until the
  * guard has run for it (the create path runs it once the layer exists, before the sandbox
  * runs anything of the caller's); and the reserve must also hold btrfs's metadata growth,
@@ -111,7 +116,35 @@ export interface PoolCheck {
   roomBytes: number;
   /** How many sandboxes shared the room. */
   sharing: number;
+  /**
+   * Room above the reserve that no sandbox's limit holds, bytes, kept for layers made
+   * before the next check ({@link CREATE_ALLOWANCE_DIVISOR}); 0 when not tight.
+   */
+  withheldBytes: number;
+  /**
+   * The level of the room's max-min fair split, bytes: what a sandbox whose headroom is
+   * larger got of the room at this check (a new layer's share until the next check); 0
+   * when not tight.
+   */
+  levelBytes: number;
 }
+
+/**
+ * While the store is tight and shared by at least 16 sandboxes, 1/16 of the room above
+ * the reserve is left out of the sandboxes' shares and handed to layers made before the
+ * next check, each its share at the level of the last split
+ * (daemon/sandbox/disk-quota.ts DiskQuotaWatch.guard). With fewer, the allowance would
+ * not hold one share (the level is at least room/n) and a split costs little: nothing is
+ * withheld and every create splits again. So a
+ * create gets its limit from one live read of its own layer instead of a new split over
+ * every sandbox (O(sandboxes) sysfs reads and limit changes per create, the cost that
+ * grew a cold burst's dsecd CPU by ~6 ms per sandbox at 150), and the limits together
+ * still never reach into the reserve. With a level near room/n, the allowance holds about
+ * n/16 creates; then the create path splits again. What it costs: the sandboxes that
+ * share a tight store get 1/16 less of its room until the next split takes the allowance
+ * back in (the reaper's, every second).
+ */
+export const CREATE_ALLOWANCE_DIVISOR = 16;
 
 /** The grain of a level share, and the smallest raise worth an ioctl: 1 MiB. */
 export const GUARD_STEP_BYTES = 1024 * 1024;
@@ -155,14 +188,18 @@ export function guardPool(availableBytes: number, reserveBytes: number, entries:
   const headroom = (e: PoolEntry) => Math.max(0, e.quotaBytes - e.usedBytes);
   const restoreAll = (): PoolDecision[] => entries.filter((e) => e.guardLimitBytes !== null).map((e) => ({ id: e.id, limitBytes: e.quotaBytes, restore: true }));
   const total = entries.reduce((a, e) => a + headroom(e), 0);
-  if (reserveBytes <= 0 || total <= room) return { decisions: restoreAll(), filled: [], tight: false, roomBytes: Math.max(0, room), sharing: 0 };
+  if (reserveBytes <= 0 || total <= room) return { decisions: restoreAll(), filled: [], tight: false, roomBytes: Math.max(0, room), sharing: 0, withheldBytes: 0, levelBytes: 0 };
 
   // Filled at this check: it wrote since the last one, up to the guard limit it had.
   const filled = entries.filter((e) => !e.filled && e.guardLimitBytes !== null && e.previousBytes !== null
     && e.usedBytes > e.previousBytes && e.usedBytes >= e.guardLimitBytes - diskFullSlack(e.guardLimitBytes)).map((e) => e.id);
   const filler = (e: PoolEntry) => e.filled || filled.includes(e.id);
 
-  const roomShares = fairShares(Math.max(0, room), entries.map(headroom));
+  const withheld = entries.length >= CREATE_ALLOWANCE_DIVISOR ? Math.floor(Math.max(0, room) / CREATE_ALLOWANCE_DIVISOR / GUARD_STEP_BYTES) * GUARD_STEP_BYTES : 0;
+  const roomShares = fairShares(Math.max(0, room) - withheld, entries.map(headroom));
+  // The level: the share of those whose headroom it did not meet whole (all shares are
+  // whole headrooms only when the room minus the allowance held them all).
+  const level = entries.reduce((m, e, i) => (roomShares[i] < headroom(e) ? Math.max(m, roomShares[i]) : m), 0);
   // The reserve goes to those that did not fill, once someone did or it is being used.
   const reserveOpen = room <= 0 || entries.some(filler);
   const rest = entries.map((e, i) => (reserveOpen && !filler(e) ? headroom(e) - roomShares[i] : 0));
@@ -181,7 +218,7 @@ export function guardPool(availableBytes: number, reserveBytes: number, entries:
       decisions.push({ id: e.id, limitBytes: target, restore: false });
     }
   });
-  return { decisions, filled, tight: true, roomBytes: Math.max(0, room), sharing: entries.length };
+  return { decisions, filled, tight: true, roomBytes: Math.max(0, room), sharing: entries.length, withheldBytes: withheld, levelBytes: level };
 }
 
 /**

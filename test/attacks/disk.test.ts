@@ -385,18 +385,20 @@ describe.skipIf(!IS_ROOT)('attack: overcommit the writable-layer pool (1 GiB sto
 
   /**
    * Two sandboxes with 600 MiB quotas; the neighbour holds 300 MiB, so the store (about
-   * 650 MiB free, 256 MiB of it the reserve) has less room above the reserve than the two
-   * headrooms (900 MiB) together. Waits until the guard has set both kernel limits (host
-   * info's `capped`): an idle sandbox is limited before it writes anything.
+   * 600 MiB free, 256 MiB of it the reserve) has less room above the reserve than the two
+   * headrooms (900 MiB) together. The neighbour is made and writes its 300 MiB alone,
+   * while its headroom fits the room (no guard limit, so nothing it writes counts as
+   * filling a share, whatever the store's free space after the previous test); the writer
+   * is made next, and its create runs the guard, which limits both before the writer runs
+   * anything. Waits until both kernel limits are set (host info's `capped`).
    */
   async function tightPool(): Promise<{ writer: { id: string }; neighbour: { id: string }; reserve: number }> {
-    const writer = await d.client.createSandbox({ image: 'busybox', disk_bytes: 600 * MiB });
     const neighbour = await d.client.createSandbox({ image: 'busybox', disk_bytes: 600 * MiB });
     expect((await fill(d, neighbour.id, '/root/pre', 300)).size).toBe(300 * MiB);
+    const writer = await d.client.createSandbox({ image: 'busybox', disk_bytes: 600 * MiB });
     const reserve = (await pool(d)).reserve_bytes;
     expect(reserve).toBe(256 * MiB);
-    // (Before the guard limited idle sandboxes there was no `capped`: the loop ends at once.)
-    for (let p = await pool(d); p.capped !== undefined && p.capped < 2; p = await pool(d)) await new Promise((r) => setTimeout(r, 200));
+    for (let p = await pool(d); p.capped < 2; p = await pool(d)) await new Promise((r) => setTimeout(r, 200));
     return { writer, neighbour, reserve };
   }
 

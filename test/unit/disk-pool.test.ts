@@ -105,6 +105,19 @@ describe('pool guard', () => {
     expect(guardPool(MiB, 0, [entry('a', { usedBytes: 2 * GiB, guardLimitBytes: 2 * GiB })]).decisions).toEqual([{ id: 'a', limitBytes: 10 * GiB, restore: true }]);
   });
 
+  it('shared by 16 or more, 1/16 of the room is kept out of the split for new layers; below 16 nothing is', () => {
+    const idle = (n: number) => Array.from({ length: n }, (_, i) => entry(`s${i}`, { quotaBytes: 10 * GiB, usedBytes: 0, previousBytes: 0 }));
+    // 16 idle sandboxes, 4 GiB of room: 256 MiB kept, 3840 MiB split, 240 MiB each.
+    const c = guardPool(5 * GiB, GiB, idle(16));
+    expect(c).toMatchObject({ tight: true, withheldBytes: 256 * MiB, levelBytes: 240 * MiB });
+    expect(c.decisions.every((d) => d.limitBytes === 240 * MiB)).toBe(true);
+    expect(c.decisions.reduce((a, d) => a + d.limitBytes, 0) + c.withheldBytes).toBeLessThanOrEqual(4 * GiB);
+    // 15: the whole room is split (273 MiB each, whole MiB).
+    expect(guardPool(5 * GiB, GiB, idle(15))).toMatchObject({ withheldBytes: 0, levelBytes: 273 * MiB });
+    // Not tight: nothing kept.
+    expect(guardPool(30 * GiB, GiB, [entry('a', {})])).toMatchObject({ tight: false, withheldBytes: 0, levelBytes: 0 });
+  });
+
   it('a sandbox whose headroom is below its share keeps its quota', () => {
     const c = guardPool(3 * GiB, GiB, [entry('small', { quotaBytes: GiB, usedBytes: 512 * MiB }), entry('big', { quotaBytes: 10 * GiB, usedBytes: 0 })]);
     expect(c.decisions).toEqual([{ id: 'big', limitBytes: 1536 * MiB, restore: false }]);

@@ -122,3 +122,75 @@ describe('quota check (DiskQuotaWatch.check)', () => {
     expect(diskFullSlack(32 * MiB)).toBe(2 * MiB);
   });
 });
+
+describe('pool guard in the create path (DiskQuotaWatch.guard)', () => {
+  /**
+   * A tight store (4 GiB free, 256 MiB reserve) holding `n` idle layers of 10 GiB quota,
+   * over a fake store that counts its reads and limit changes and enforces nothing: the
+   * guard's arithmetic, not the kernel's (test/attacks/disk.test.ts has the kernel's).
+   */
+  function tight(n: number) {
+    const quotas = new Map<string, number>();
+    const limits = new Map<string, number>();
+    for (let i = 0; i < n; i++) quotas.set(`s${i}`, 10 * GiB);
+    const count = { usage: 0, usageAll: 0, setLimit: 0 };
+    const used = (id: string): DiskUsage | null => (quotas.has(id) ? { usedBytes: 0, limitBytes: limits.get(id) ?? quotas.get(id)! } : null);
+    const m = new DiskQuotaWatch({
+      config: { storage: { reserveBytes: 256 * MiB }, admission: { diskOvercommit: 100 } },
+      repo: { find: () => null, event: () => {}, diskQuotas: () => new Map(quotas) },
+      storage: {
+        enforcesQuota: true, location: '/fake',
+        space: () => ({ sizeBytes: 8 * GiB, usedBytes: 4 * GiB, availableBytes: 4 * GiB }),
+        usage: (id: string) => (count.usage++, used(id)),
+        usageAll: () => (count.usageAll++, new Map([...quotas.keys()].map((id) => [id, used(id)!]))),
+        setPoolLimit: (id: string, b: number) => (count.setLimit++, limits.set(id, b), true),
+        currentLimit: () => null,
+      },
+      log: pino({ level: 'silent' }),
+    } as never);
+    /** Headroom the limits of all layers hold together, bytes (every layer is idle at 0 bytes). */
+    const held = () => [...quotas.keys()].reduce((a, id) => a + (limits.get(id) ?? quotas.get(id)!), 0);
+    const add = (id: string) => quotas.set(id, 10 * GiB);
+    return { m, count, held, add, room: 4 * GiB - 256 * MiB };
+  }
+
+  it('a create on a tight store takes its share from the allowance of the last split: one read and one limit, no split', () => {
+    const t = tight(100);
+    t.m.check(); // the reaper's split: every layer gets the level, 1/16 of the room is kept
+    expect(t.held()).toBeLessThanOrEqual(t.room - Math.floor(t.room / 16));
+    const before = { ...t.count };
+    for (let i = 0; i < 5; i++) {
+      t.add(`new${i}`);
+      t.m.guard(`new${i}`, 10 * GiB);
+    }
+    expect(t.count.usageAll - before.usageAll).toBe(0);
+    expect(t.count.usage - before.usage).toBe(5);
+    expect(t.count.setLimit - before.setLimit).toBe(5);
+    // The new layers' limits fit in what was kept: the limits together stay within the room.
+    expect(t.held()).toBeLessThanOrEqual(t.room);
+  });
+
+  it('once the allowance is used up, the next create splits the room again over every layer; the limits never pass the room', () => {
+    const t = tight(100);
+    t.m.check();
+    let splits = 0;
+    for (let i = 0; i < 40; i++) {
+      const all = t.count.usageAll;
+      t.add(`new${i}`);
+      t.m.guard(`new${i}`, 10 * GiB);
+      if (t.count.usageAll > all) splits++;
+      expect(t.held()).toBeLessThanOrEqual(t.room);
+    }
+    // About n/16 creates per allowance (the level falls as layers are added): far fewer splits than creates, and some.
+    expect(splits).toBeGreaterThan(0);
+    expect(splits).toBeLessThan(10);
+  });
+
+  it('with no split yet (a fresh dsecd) the create path splits at once', () => {
+    const t = tight(10);
+    t.add('new');
+    t.m.guard('new', 10 * GiB);
+    expect(t.count.usageAll).toBe(1);
+    expect(t.held()).toBeLessThanOrEqual(t.room);
+  });
+});

@@ -213,13 +213,14 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
   });
 
   it('keeps image names per tenant: own images private and independent, system images shared and not theirs to change', async () => {
-    const put = (t: string, id: string, text: string) => doorRequest(d, { method: 'PUT', path: `/v1/sandboxes/${id}/files?path=/content`, token: t, raw: text });
-    const content = async (t: string, id: string) => (await as(t, 'GET', `/v1/sandboxes/${id}/files?path=/content`)).body;
+    const put = (t: string, id: string, text: string) => doorRequest(d, { method: 'PUT', path: `/v1/sandboxes/${id}/files?path=/work/content`, token: t, raw: text });
+    const content = async (t: string, id: string) => (await as(t, 'GET', `/v1/sandboxes/${id}/files?path=/work/content`)).body;
     // Both tenants create from the system busybox and commit their own app:v1.
     const layers: Record<string, string[]> = {};
     for (const [t, text] of [[a, 'made by a'], [b, 'made by b']] as const) {
-      const sb = await ok(as(t, 'POST', '/v1/sandboxes', { image: 'busybox' }), 201);
-      expect((await put(t, sb.id, text)).status).toBeLessThan(300);
+      const sb = await ok(as(t, 'POST', '/v1/sandboxes', { image: 'busybox', filesystem: { writable_paths: ['/work'] } }), 201);
+      const w = await put(t, sb.id, text);
+      expect(w.status, w.body).toBeLessThan(300);
       const c = await ok(as(t, 'POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'app:v1' }), 201);
       layers[text] = c.image.layers;
       await ok(as(t, 'DELETE', `/v1/sandboxes/${sb.id}?force=true`));

@@ -59,6 +59,11 @@ export function tenantImageKey(tenant: string, ref: string): string {
   return `${tenant}|${ref}`;
 }
 
+/** The {@link HostEntry.imageSet} of a host's images record (empty for none). */
+export function imageSetOf(r: HostImagesRecord | null): Set<string> {
+  return new Set((r?.images ?? []).flatMap((i) => (i.tenant ? [tenantImageKey(i.tenant, i.ref)] : [i.ref, ...(i.digest ? [i.digest] : [])])));
+}
+
 /** Placement's view of a table entry: the host's records plus what this gateway has pending there. */
 export function buildView(h: HostEntry): PlacementHost {
   const info = h.info, live = h.live;
@@ -193,7 +198,7 @@ export class HostTable extends EventEmitter {
         break;
       case 'images':
         e.images = parseRecord(HostImagesRecord, c.value);
-        e.imageSet = new Set((e.images?.images ?? []).flatMap((i) => (i.tenant ? [tenantImageKey(i.tenant, i.ref)] : [i.ref, ...(i.digest ? [i.digest] : [])])));
+        e.imageSet = imageSetOf(e.images);
         break;
       default:
         return;

@@ -93,7 +93,7 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
   });
 
   beforeAll(async () => {
-    d = await TestDaemon.start({ slot: 43, listen: true, config: '[quotas.tenants.team-q]\nsandboxes = 1\n' });
+    d = await TestDaemon.start({ slot: 43, listen: true, config: '[quotas.tenants.team-q]\nsandboxes = 1\n[pool]\n[[pool.entries]]\nimage = "busybox"\nsize = 1\n' });
     a = (await makeToken(d, 'team-a', 'user')).token;
     b = (await makeToken(d, 'team-b', 'user')).token;
     q = (await makeToken(d, 'team-q', 'user')).token;
@@ -256,6 +256,18 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     expect(await ok(as(a, 'POST', '/v1/images/app%3Av1/tag', { target: 'busybox:latest' }), 201)).toMatchObject({ tenant: 'team-a' });
     expect((await ok(as(a, 'GET', '/v1/images/busybox'))).layers).toEqual(layers['made by a']);
     expect((await ok(as(b, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);
+    // The warm pool's busybox shell is the system image's: A's create of its own busybox is
+    // not handed it (A gets its content), B's create of the system busybox is.
+    const pool = async () => (await ok(as(admin, 'GET', '/v1/host'))).warm_pools[0] as { ready: number; filling: number; claimed: number };
+    while ((await pool()).ready < 1) await new Promise((r) => setTimeout(r, 100));
+    const claimed = (await pool()).claimed;
+    const fromA = await ok(as(a, 'POST', '/v1/sandboxes', { image: 'busybox' }), 201);
+    expect(await content(a, fromA.id)).toBe('made by a');
+    expect((await pool()).claimed).toBe(claimed);
+    const fromB = await ok(as(b, 'POST', '/v1/sandboxes', { image: 'busybox' }), 201);
+    expect((await pool()).claimed).toBe(claimed + 1);
+    expect(fromB.image).toBe('busybox:latest');
+    for (const [t, id] of [[a, fromA.id], [b, fromB.id]]) await ok(as(t, 'DELETE', `/v1/sandboxes/${id}?force=true`));
     expect((await ok(as(admin, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);
     expect((await ok(as(a, 'DELETE', '/v1/images/busybox'))).tenant).toBe('team-a');
     expect((await ok(as(a, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);

@@ -531,7 +531,7 @@ async function serveApi(r: Running): Promise<Daemon> {
         untagged: repo.countUntagged(r.identity!.tag),
       };
     },
-    images: async () => (await st.images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers) })),
+    images: async () => (await st.images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers), ...(m.tenant ? { tenant: m.tenant } : {}) })),
   }) ?? null;
   // Fills start once the API answers: shells are background work, never part of start.
   warm.start();

@@ -17,7 +17,7 @@ import { choose, isNoHost, noHostError, normalizeImage, type NoHost, type Placem
 import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
 import { passHeaders } from './upstream.js';
-import type { Reservation } from './table.js';
+import { tenantImageKey, type Reservation } from './table.js';
 
 /** The request header by which a create allows a burst host (`allow`); see gateway/placement.ts. */
 export const BURST_HEADER = 'x-dsec-burst';
@@ -84,7 +84,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
   const key = typeof rawKey === 'string' && KEY_RE.test(rawKey) ? rawKey : null;
   // Only sandbox creates hold their sandboxes until delivery (daemon/sandbox/create-records.ts).
   const acks = req.routeOptions.url === '/v1/sandboxes';
-  if (acks && typeof body.image === 'string') imageSomewhere(ctx, preq.image);
+  if (acks && typeof body.image === 'string') imageSomewhere(ctx, preq.image, who.tenant);
   /** The host the key's record names, and whether this request made the record. */
   let owner: KeyClaim | null = null;
   for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -234,13 +234,15 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
  * Refuses at once a create of an image no up host has: hosts load images only from their
  * own store (imported, built or bootstrapped there) and fetch none from a registry or a
  * peer, so no host could run it. Judged only when every up host has reported its images.
+ * A `system` image of that name or `tenant`'s own one counts (image names are per tenant,
+ * daemon/image/layer-store.ts).
  * @throws DsecError NotFound naming the image and how many hosts were asked.
  */
-export function imageSomewhere(ctx: GatewayContext, image: string): void {
+export function imageSomewhere(ctx: GatewayContext, image: string, tenant: string): void {
   const up = [...ctx.table.hosts.values()].filter((h) => h.state === 'up');
   // Only `name:tag` refs, as hosts report them; digests and disk images are left to the hosts.
   if (/^(sha256:|disk:)|@/.test(image) || up.length === 0 || up.some((h) => h.images === null)) return;
-  if (up.some((h) => h.imageSet.has(image))) return;
+  if (up.some((h) => h.imageSet.has(image) || h.imageSet.has(tenantImageKey(tenant, image)))) return;
   throw new DsecError('NotFound', `image ${image} is on none of the fleet's ${up.length} up hosts, and no store holds it (hosts take images only from their own store): import, build or bootstrap it on a host first (dsec image import PATH --host NAME)`);
 }
 

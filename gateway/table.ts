@@ -33,7 +33,7 @@ export interface HostEntry {
   info: HostInfoRecord | null;
   live: HostLiveRecord | null;
   images: HostImagesRecord | null;
-  /** Image refs and digests present (from `images`), for placement's image score. */
+  /** Image refs and digests of `system` images, and {@link tenantImageKey}s of tenants' own (from `images`), for placement's image score and the gateway's image check. */
   imageSet: Set<string>;
   cordon: CordonRecord | null;
   /** `up`: its lease is alive; `down`: it lapsed (or the host never registered fully). */
@@ -48,6 +48,20 @@ export interface HostEntry {
   pending: { count: number; cpus: number; memoryBytes: number; jobs: Map<string, number> };
   /** Placement's view of the host, kept current as records and reservations change (one object per host for its life). */
   view: PlacementHost;
+}
+
+/**
+ * The {@link HostEntry.imageSet} entry of tenant `tenant`'s own image `ref`: `tenant|ref`
+ * (`|` occurs in no tenant or image name), so it never matches another tenant's lookup
+ * or a `system` image's bare ref.
+ */
+export function tenantImageKey(tenant: string, ref: string): string {
+  return `${tenant}|${ref}`;
+}
+
+/** The {@link HostEntry.imageSet} of a host's images record (empty for none). */
+export function imageSetOf(r: HostImagesRecord | null): Set<string> {
+  return new Set((r?.images ?? []).flatMap((i) => (i.tenant ? [tenantImageKey(i.tenant, i.ref)] : [i.ref, ...(i.digest ? [i.digest] : [])])));
 }
 
 /** Placement's view of a table entry: the host's records plus what this gateway has pending there. */
@@ -184,7 +198,7 @@ export class HostTable extends EventEmitter {
         break;
       case 'images':
         e.images = parseRecord(HostImagesRecord, c.value);
-        e.imageSet = new Set((e.images?.images ?? []).flatMap((i) => [i.ref, ...(i.digest ? [i.digest] : [])]));
+        e.imageSet = imageSetOf(e.images);
         break;
       default:
         return;

@@ -561,6 +561,8 @@ export interface components {
             ref: string;
             name: string;
             tag: string;
+            /** @description Whose name it is: `system` for the shared base images every tenant reads and creates from, else the tenant that made it (seen by that tenant and admins only; its name shadows a system image of the same name for that tenant). */
+            tenant: string;
             /** @description Layer digests, lowest first. */
             layers: string[];
             config: components["schemas"]["ImageConfig"];

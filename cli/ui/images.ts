@@ -22,11 +22,12 @@ export function shortDigest(digest: string): string {
 }
 
 /** Column headers of {@link renderImageTable}, in order. */
-export const IMAGE_COLUMNS = ['REF', 'LAYERS', 'SIZE', 'CREATED'] as const;
+export const IMAGE_COLUMNS = ['REF', 'TENANT', 'LAYERS', 'SIZE', 'CREATED'] as const;
 
 /**
- * The `dsec image ls` table: REF (`name:tag`), LAYERS (count), SIZE (sum of layer blobs,
- * binary units) and CREATED (age, e.g. `2h ago`), header first even when empty.
+ * The `dsec image ls` table: REF (`name:tag`), TENANT (whose name it is: `system` for the
+ * shared base images), LAYERS (count), SIZE (sum of layer blobs, binary units) and
+ * CREATED (age, e.g. `2h ago`), header first even when empty.
  */
 export function renderImageTable(images: Image[], opts: RenderImageOptions = {}): string {
   const now = opts.now ?? Date.now();
@@ -35,7 +36,8 @@ export function renderImageTable(images: Image[], opts: RenderImageOptions = {})
     // `ref` and `size_bytes` are missing from the listing of a dsecd older than the image API.
     const ref = i.ref ?? `${i.name}:${i.tag}`;
     const size = typeof i.size_bytes === 'number' ? formatBytes(i.size_bytes) : '-';
-    t.push([ref, String(i.layers.length), size, `${formatAge(now - i.created_at)} ago`]);
+    // `tenant` is missing from the listing of a dsecd older than per-tenant image names: all were system's.
+    t.push([ref, i.tenant ?? 'system', String(i.layers.length), size, `${formatAge(now - i.created_at)} ago`]);
   }
   return tableText(t);
 }

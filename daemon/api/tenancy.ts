@@ -11,9 +11,10 @@
  * - `sandbox-child`: an id under a sandbox (`:exec_id`), held per sandbox by its service
  *   (an exec id of another sandbox is NotFound there);
  * - `scoped`: a name or id the service resolves within the caller's scope (snapshots,
- *   trajectories, leases: names are per tenant, so the service must know the tenant);
- * - `shared`: a host-wide object every tenant reads (images, layers, E2B template
- *   aliases), changed only by admin routes;
+ *   trajectories, leases, image names: names are per tenant, so the service must know
+ *   the tenant; an image name falls back to the shared `system` image of that name);
+ * - `shared`: a host-wide object every tenant reads (layers, whose views the route cuts
+ *   to the images the caller sees; E2B template aliases), changed only by admin routes;
  * - `admin`: a parameter of a route only an admin may call at all (tokens, fleet hosts).
  * {@link paramScope} classifies by URL and parameter name; {@link assertScoped} refuses,
  * at startup, a route whose parameter no rule covers, so a route added later cannot
@@ -36,7 +37,7 @@ const RULES: readonly { prefix: string; param: string; scope: ParamScope }[] = [
   { prefix: '/v1/snapshots/:ref', param: 'ref', scope: 'scoped' },
   { prefix: '/v1/trajectories/:id', param: 'id', scope: 'scoped' },
   { prefix: '/v1/leases/:job', param: 'job', scope: 'scoped' },
-  { prefix: '/v1/images/:ref', param: 'ref', scope: 'shared' },
+  { prefix: '/v1/images/:ref', param: 'ref', scope: 'scoped' },
   { prefix: '/v1/layers/:digest', param: 'digest', scope: 'shared' },
   { prefix: '/v1/templates/:name', param: 'name', scope: 'shared' },
   { prefix: '/v1/tokens/:id', param: 'id', scope: 'admin' },

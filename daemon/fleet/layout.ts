@@ -236,7 +236,8 @@ export type HostLiveRecord = z.infer<typeof HostLiveRecord>;
 /** `hosts/<name>/images`: image references (`name:tag`) and their manifest digests on the host. */
 export const HostImagesRecord = z.object({
   id: z.string().regex(/^[0-9a-f]{16}$/),
-  images: z.array(z.object({ ref: z.string(), digest: z.string().nullable() })),
+  /** Image names of the host's store; `tenant` is set for a tenant's own image (absent: a `system` image every tenant creates from). */
+  images: z.array(z.object({ ref: z.string(), digest: z.string().nullable(), tenant: z.string().optional() })),
 });
 export type HostImagesRecord = z.infer<typeof HostImagesRecord>;
 

@@ -7,7 +7,9 @@
  *
  *   blobs/sha256/<64 hex>          one EROFS layer each, named by the sha256 of its bytes (mode 0444)
  *   layers/<64 hex>.json           {@link LayerMeta}: size, created, source, builder
- *   manifests/<name>/@<tag>.json   one {@link ImageManifest} each (names may contain `/`)
+ *   manifests/<name>/@<tag>.json   one {@link ImageManifest} of tenant `system` each (names may contain `/`):
+ *                                  the shared base images every tenant reads (the layout before tenancy, unchanged)
+ *   tenants/<tenant>/manifests/<name>/@<tag>.json   one image of that tenant each, seen by it and admins only
  *   leases/<host>/<instance>/<hex> present while a sandbox of that instance on that host uses the blob
  *   tmp/<host>-<pid>-<random>...   scratch of one writer; stale entries are removed by prune
  *
@@ -24,6 +26,11 @@
  * - prune removes only blobs that no manifest, no lease and no live sandbox of the
  *   calling instance references, and only when older than a grace period, so a blob
  *   published by a build whose manifest is not written yet is never taken.
+ *
+ * Image names are per tenant (docs/SECURITY.md "Tenancy"): a name resolves in the
+ * caller's tenant first, then in `system`; another tenant's image of that name is never
+ * seen by name (NotFound as a missing one). Layers stay host-wide and content-addressed,
+ * so identical content is stored once whichever tenants name it.
  *
  * With a {@link Builder} (dsecd always has one unless `[builder] enabled = false`),
  * mkfs.erofs runs as the builder identity: over a read-only idmapped view of a source dir
@@ -45,6 +52,7 @@ import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { checkImageSecurity } from './security.js';
 import type { ImageSecurity } from '../model/image.js';
+import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, type Scope } from '../model/tenant.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -72,6 +80,17 @@ export interface ImageManifest {
   };
   /** Creation time, milliseconds since the Unix epoch. */
   created_ms: number;
+  /**
+   * The tenant the name belongs to; absent means `system` (a shared base image). Set by
+   * the store from where the manifest lies (never trusted from the file's content) and
+   * read by {@link LayerStore.putManifest} to decide where it is written.
+   */
+  tenant?: string;
+}
+
+/** The tenant of manifest `m` (`system` when it names none). */
+export function imageTenant(m: Pick<ImageManifest, 'tenant'>): string {
+  return m.tenant ?? SYSTEM_TENANT;
 }
 
 /** Name of the built-in image (see builtin.ts). */
@@ -259,6 +278,12 @@ export class LayerStore {
   }
   private get manifestsDir(): string {
     return join(this.root, 'manifests');
+  }
+  /** Where `tenant`'s manifests lie: `manifests/` for `system`, `tenants/<tenant>/manifests/` for any other. */
+  private manifestsDirOf(tenant: string): string {
+    if (tenant === SYSTEM_TENANT) return this.manifestsDir;
+    if (!TENANT_RE.test(tenant)) throw new DsecError('InvalidArgument', `invalid tenant ${JSON.stringify(tenant)}`);
+    return join(this.root, 'tenants', tenant, 'manifests');
   }
   private get layersDir(): string {
     return join(this.root, 'layers');
@@ -532,7 +557,8 @@ export class LayerStore {
   }
 
   /**
-   * Stores `m` as `manifests/<name>/<tag>.json` atomically, replacing any previous one.
+   * Stores `m` as `<its tenant's manifests dir>/<name>/@<tag>.json` atomically, replacing
+   * any previous one of that tenant (another tenant's image of the same name is untouched).
    * Throws InvalidArgument for a bad name/tag or a malformed `config.security`, NotFound when a layer blob is missing
    * (manifests never point at absent blobs).
    */
@@ -546,35 +572,43 @@ export class LayerStore {
     for (const d of m.layers) {
       if (!(await this.hasBlob(d))) throw new DsecError('NotFound', `image ${m.name}:${m.tag}: layer ${d} is not in the store`);
     }
-    await writeFileAtomic(this.manifestPath(m.name, m.tag), `${JSON.stringify(m, null, 2)}\n`);
+    const { tenant, ...stored } = m;
+    await writeFileAtomic(this.manifestPath(m.name, m.tag, tenant ?? SYSTEM_TENANT), `${JSON.stringify(stored, null, 2)}\n`);
   }
 
-  private manifestPath(name: string, tag: string): string {
+  private manifestPath(name: string, tag: string, tenant: string): string {
     // `@` cannot occur in names, so the tag file `x/@b.json` never collides with a name `x/b.json`.
-    return join(this.manifestsDir, ...name.split('/'), `@${tag}.json`);
+    return join(this.manifestsDirOf(tenant), ...name.split('/'), `@${tag}.json`);
   }
 
   /**
    * Points `target` at the same layers and config as `source` (a new manifest file;
-   * nothing is copied). Replaces an existing `target`.
+   * nothing is copied). `source` resolves in `scope` ({@link get}); `target` is written
+   * in `scope.tenant`, replacing that tenant's image of that name only.
    * @throws DsecError NotFound (source), InvalidArgument (malformed refs).
    */
-  async tag(source: string, target: string): Promise<ImageManifest> {
-    const m = await this.get(source);
+  async tag(source: string, target: string, scope: Scope = SYSTEM_SCOPE): Promise<ImageManifest> {
+    const m = await this.get(source, scope);
     const { name, tag } = parseRef(target);
-    const out: ImageManifest = { ...m, name, tag, created_ms: Date.now() };
+    const out: ImageManifest = { ...m, name, tag, created_ms: Date.now(), ...ownTenant(scope.tenant) };
     await this.putManifest(out);
     return out;
   }
 
   /**
-   * Removes the manifest `ref`. Its layers stay until `prune` finds them unreferenced;
-   * sandboxes created from it keep running (they hold their layer list).
-   * @throws DsecError NotFound.
+   * Removes the manifest `ref` as {@link get} resolves it in `scope`. Its layers stay
+   * until `prune` finds them unreferenced; sandboxes created from it keep running (they
+   * hold their layer list).
+   * @throws DsecError NotFound; PermissionDenied when `ref` resolves to a `system` image
+   *   and `scope` is not an admin's (a shared base image every tenant creates from).
    */
-  async removeImage(ref: string): Promise<ImageManifest> {
-    const m = await this.get(ref);
-    await unlink(this.manifestPath(m.name, m.tag));
+  async removeImage(ref: string, scope: Scope = SYSTEM_SCOPE): Promise<ImageManifest> {
+    const m = await this.get(ref, scope);
+    const tenant = imageTenant(m);
+    if (tenant !== scope.tenant && !scope.all) {
+      throw new DsecError('PermissionDenied', `image ${m.name}:${m.tag} is a system image shared by every tenant; only an admin may remove it`);
+    }
+    await unlink(this.manifestPath(m.name, m.tag, tenant));
     return m;
   }
 
@@ -589,6 +623,7 @@ export class LayerStore {
   async prune(inUse: ReadonlySet<string> = new Set(), opts: { dryRun?: boolean; now?: number } = {}): Promise<PruneReport> {
     const now = opts.now ?? Date.now();
     const referenced = new Set<string>(inUse);
+    // Every tenant's images keep their layers (list() without a scope walks them all).
     for (const m of await this.list()) for (const d of m.layers) referenced.add(d);
     const leasesRoot = join(this.root, 'leases');
     for (const host of await readdir(leasesRoot).catch(() => [] as string[])) {
@@ -668,54 +703,95 @@ export class LayerStore {
   }
 
   /**
-   * The manifest for `ref` (`name` or `name:tag`, tag defaulting to `latest`).
-   * Throws InvalidArgument for a malformed ref, NotFound when no such image is stored,
+   * The manifest for `ref` (`name` or `name:tag`, tag defaulting to `latest`) as
+   * `scope` names it: `scope.tenant`'s own image of that name first, else the `system`
+   * one. Another tenant's image of the name is never returned, admin or not (admins see
+   * every tenant's images in {@link list}; by name they act in their own tenant, as with
+   * snapshot names). The result's `tenant` says whose it is (absent: `system`).
+   * Throws InvalidArgument for a malformed ref, NotFound (`image NAME:TAG not found`, the
+   * same text whether no tenant or only another one has it) when neither exists,
    * Internal when the stored manifest is unreadable.
    */
-  async get(ref: string): Promise<ImageManifest> {
+  async get(ref: string, scope: Scope = SYSTEM_SCOPE): Promise<ImageManifest> {
     const { name, tag } = parseRef(ref);
-    const path = this.manifestPath(name, tag);
+    if (scope.tenant !== SYSTEM_TENANT) {
+      const own = await this.read(name, tag, scope.tenant);
+      if (own) return own;
+    }
+    const m = await this.read(name, tag, SYSTEM_TENANT);
+    if (!m) throw new DsecError('NotFound', `image ${name}:${tag} not found`);
+    return m;
+  }
+
+  /** `tenant`'s manifest of `name:tag`, or undefined when it has none. @throws DsecError Internal (unreadable manifest). */
+  private async read(name: string, tag: string, tenant: string): Promise<ImageManifest | undefined> {
+    const path = this.manifestPath(name, tag, tenant);
     let text: string;
     try {
       text = await readFile(path, 'utf8');
     } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') {
-        throw new DsecError('NotFound', `image ${name}:${tag} not found`);
-      }
+      if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') return undefined;
       throw e;
     }
+    let m: ImageManifest;
     try {
-      return checkManifest(JSON.parse(text), `${name}:${tag}`);
+      m = checkManifest(JSON.parse(text), `${name}:${tag}`);
     } catch (e) {
       if (e instanceof DsecError) throw e;
       throw new DsecError('Internal', `manifest ${name}:${tag} is not valid JSON`, { cause: e });
     }
+    // Whose it is comes from where it lies, never from the file.
+    const { tenant: _ignored, ...rest } = m;
+    return { ...rest, ...ownTenant(tenant) };
   }
 
-  /** All stored manifests, sorted by name then tag. Skips temp files; throws on unreadable manifests. */
-  async list(): Promise<ImageManifest[]> {
+  /**
+   * Stored manifests, sorted by name, tag, then tenant (`system` first). Without a
+   * `scope`, or for an admin's, every tenant's; otherwise `system`'s and `scope.tenant`'s.
+   * Skips temp files and (with a warning) unreadable manifests.
+   */
+  async list(scope?: Scope): Promise<ImageManifest[]> {
+    const tenants = [SYSTEM_TENANT];
+    if (!scope || scope.all) {
+      for (const t of await readdir(join(this.root, 'tenants')).catch(() => [] as string[])) if (TENANT_RE.test(t) && t !== SYSTEM_TENANT) tenants.push(t);
+    } else if (scope.tenant !== SYSTEM_TENANT) tenants.push(scope.tenant);
     const out: ImageManifest[] = [];
-    const walk = async (dir: string): Promise<void> => {
-      const entries = await readdir(dir, { withFileTypes: true }).catch((e: NodeJS.ErrnoException) => {
-        if (e.code === 'ENOENT') return [];
-        throw e;
-      });
-      for (const ent of entries) {
-        const p = join(dir, ent.name);
-        if (ent.isDirectory()) await walk(p);
-        else if (ent.isFile() && ent.name.startsWith('@') && ent.name.endsWith('.json')) {
-          const rel = relative(this.manifestsDir, dir).split(sep);
-          const tag = ent.name.slice(1, -'.json'.length);
-          try {
-            out.push(await this.get(`${rel.join('/')}:${tag}`));
-          } catch (e) {
-            // One unreadable manifest must not hide every other image.
-            this.onWarning?.(`skipping manifest ${p}: ${(e as Error).message}`);
+    for (const tenant of tenants) {
+      const base = this.manifestsDirOf(tenant);
+      const walk = async (dir: string): Promise<void> => {
+        const entries = await readdir(dir, { withFileTypes: true }).catch((e: NodeJS.ErrnoException) => {
+          if (e.code === 'ENOENT') return [];
+          throw e;
+        });
+        for (const ent of entries) {
+          const p = join(dir, ent.name);
+          if (ent.isDirectory()) await walk(p);
+          else if (ent.isFile() && ent.name.startsWith('@') && ent.name.endsWith('.json')) {
+            const rel = relative(base, dir).split(sep);
+            const tag = ent.name.slice(1, -'.json'.length);
+            try {
+              const { name } = parseRef(`${rel.join('/')}:${tag}`);
+              const m = await this.read(name, tag, tenant);
+              if (m) out.push(m);
+            } catch (e) {
+              // One unreadable manifest must not hide every other image.
+              this.onWarning?.(`skipping manifest ${p}: ${(e as Error).message}`);
+            }
           }
         }
-      }
-    };
-    await walk(this.manifestsDir);
-    return out.sort((a, b) => (a.name === b.name ? (a.tag < b.tag ? -1 : 1) : a.name < b.name ? -1 : 1));
+      };
+      await walk(base);
+    }
+    const key = (m: ImageManifest) => [m.name, m.tag, m.tenant ?? ''] as const;
+    return out.sort((a, b) => {
+      const [x, y] = [key(a), key(b)];
+      for (let i = 0; i < 3; i++) if (x[i] !== y[i]) return x[i] < y[i] ? -1 : 1;
+      return 0;
+    });
   }
+}
+
+/** The `tenant` field a manifest of `tenant` carries: none for `system` (the layout and JSON before tenancy). */
+export function ownTenant(tenant: string): { tenant?: string } {
+  return tenant === SYSTEM_TENANT ? {} : { tenant };
 }

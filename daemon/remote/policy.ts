@@ -21,8 +21,8 @@ export const ANY_ROUTES: ReadonlySet<string> = new Set(['GET /v1/whoami', 'GET /
  * what is shared by every tenant of the host, or reads the host's own files:
  * - tokens: who may call at all;
  * - image import reads any path on dsecd's host (as root), bootstrap runs debootstrap as
- *   root; prune, compose, tag and rm change images every tenant creates from (images are
- *   host-wide until tenancy gives user images a tenant);
+ *   root, prune removes layers of every tenant's images (compose, tag and rm act on the
+ *   caller's tenant's image names, layer-store.ts, and are `write`);
  * - the seccomp profile and network policy reloads apply host configuration.
  */
 export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
@@ -32,9 +32,6 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   'POST /v1/images/import',
   'POST /v1/images/bootstrap',
   'POST /v1/images/prune',
-  'POST /v1/images',
-  'POST /v1/images/:ref/tag',
-  'DELETE /v1/images/:ref',
   'POST /v1/security/seccomp/reload',
   'POST /v1/network/policies/reload',
   // E2B template aliases: which image every tenant's `Sandbox.create(NAME)` gets.

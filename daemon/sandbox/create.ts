@@ -169,7 +169,7 @@ export class SandboxCreator {
 
   /** Step resolve: the spec of `input` (image, network, filesystem). */
   private async resolve(input: SandboxInput, resources: Resources): Promise<SandboxSpec> {
-    const source = await this.d.resolver.source(input.backend, input.image);
+    const source = await this.d.resolver.source(input.backend, input.image, input.tenant);
     const network = await this.d.resolver.network(input.network, input.backend);
     return this.d.resolver.spec(input, resources, source, network, null);
   }
@@ -236,7 +236,7 @@ export class SandboxCreator {
   private poolKey(spec: SandboxSpec): string | null {
     if (spec.seccomp || spec.priority !== 'latency') return null;
     return shellKey({
-      image: spec.image, layers: spec.imageLayers, seccompSha: profileInfo().sha256,
+      image: spec.image, layers: spec.imageLayers, config: spec.imageConfig, seccompSha: profileInfo().sha256,
       filesystem: spec.filesystem, network: spec.network?.mode ?? 'none', diskBytes: spec.diskBytes,
     });
   }

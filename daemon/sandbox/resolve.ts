@@ -13,7 +13,7 @@
  *   - {@link SpecResolver.spec}: the rest (labels, env, TTL, priority, seccomp) and the
  *     filesystem options, request > image > `[filesystem]`.
  */
-import { SYSTEM_TENANT } from '../model/tenant.js';
+import { SYSTEM_TENANT, tenantScope } from '../model/tenant.js';
 import { failedPrecondition, invalidArgument } from '../errors.js';
 import type { DaemonConfig } from '../config.js';
 import type { LayerStore } from '../image/layer-store.js';
@@ -114,13 +114,16 @@ export class SpecResolver {
 
   /**
    * The content of image reference `ref` for a sandbox of `backend`: a reference the
-   * backend owns (the vm tier's `disk:NAME`), else the image store's manifest.
-   * @throws DsecError NotFound (unknown image or disk), FailedPrecondition (a disk whose file is missing).
+   * backend owns (the vm tier's `disk:NAME`), else the image store's manifest of that
+   * name in `tenant` (its own image first, else the `system` one; layer-store.ts get).
+   * @param tenant the tenant of the sandbox being made (default `system`).
+   * @throws DsecError NotFound (unknown image or disk, or only another tenant's image of
+   *   that name), FailedPrecondition (a disk whose file is missing).
    */
-  async source(backend: Backend, ref: string): Promise<ImageSource> {
+  async source(backend: Backend, ref: string, tenant: string = SYSTEM_TENANT): Promise<ImageSource> {
     const own = await this.d.backends.driver(backend).resolveImage?.(ref);
     if (own) return own;
-    const m = await this.d.images.get(ref);
+    const m = await this.d.images.get(ref, tenantScope(tenant));
     return { image: `${m.name}:${m.tag}`, layers: m.layers, config: m.config };
   }
 

@@ -9,14 +9,14 @@
 import { randomBytes } from 'node:crypto';
 import { mkdir, rm } from 'node:fs/promises';
 import path from 'node:path';
-import { SYSTEM_SCOPE, type Scope } from '../model/tenant.js';
+import { SYSTEM_SCOPE, SYSTEM_TENANT, type Scope } from '../model/tenant.js';
 import type { Logger } from 'pino';
 import { taggedId } from '../model/ids.js';
 import { DsecError, failedPrecondition, invalidArgument, unimplemented, wrap } from '../errors.js';
 import type { DaemonConfig } from '../config.js';
 import { probeCriu } from '../host/criu.js';
 import { normaliseExclude, packWritableLayer } from '../image/commit.js';
-import { MAX_LAYERS, parseRef, type ImageManifest, type LayerMeta, type LayerStore } from '../image/layer-store.js';
+import { MAX_LAYERS, ownTenant, parseRef, type ImageManifest, type LayerMeta, type LayerStore } from '../image/layer-store.js';
 import type { ImageSecurity } from '../model/image.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import type { SnapshotRepo } from '../db/snapshots.js';
@@ -79,10 +79,12 @@ export class SnapshotService {
    * image keeps the config the sandbox was created from; `security` (optional) changes
    * its security defaults field by field. The sandbox's create env is a runtime secret
    * and is not written into the manifest (a warning names the variables left out).
+   * @param tenant whose image name `ref` becomes (the caller's tenant; default `system`):
+   *   it replaces only that tenant's image of the name (layer-store.ts).
    * @returns the new manifest, the new layer and the stripped paths.
    * @throws DsecError NotFound, InvalidArgument (bad ref), FailedPrecondition (no writable layer).
    */
-  async commit(id: string, ref: string, exclude: string[] = [], security?: ImageSecurity): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[]; warnings: string[] }> {
+  async commit(id: string, ref: string, exclude: string[] = [], security?: ImageSecurity, tenant: string = SYSTEM_TENANT): Promise<{ image: ImageManifest; layer: LayerMeta; stripped: string[]; warnings: string[] }> {
     const { name, tag } = parseRef(ref);
     for (const g of exclude) normaliseExclude(g); // refuse bad patterns before freezing anything
     return this.d.locks.run(id, async () => {
@@ -95,7 +97,7 @@ export class SnapshotService {
       const image: ImageManifest = {
         name, tag, layers: [...sb.imageLayers, layer.digest],
         config: { ...sb.imageConfig, ...(security ? { security: { ...(sb.imageConfig.security ?? {}), ...security } } : {}) },
-        created_ms: Date.now(),
+        created_ms: Date.now(), ...ownTenant(tenant),
       };
       await this.d.images.putManifest(image);
       this.d.repo.event('sandbox.committed', sb, `${name}:${tag} ${layer.digest}`);

@@ -63,6 +63,12 @@ export interface ShellKeyInput {
   image: string;
   /** Layer digests, lowest first. */
   layers: readonly string[];
+  /**
+   * The image's process defaults (layer-store.ts ImageManifest.config). With the layers
+   * they make the key the image's content, not its name: image names are per tenant, and
+   * a tenant's `app:v1` claims a shell only when it is exactly what the shell was made of.
+   */
+  config: unknown;
   /** sha256 of the seccomp profile in force (daemon/security/seccomp.ts profileInfo). */
   seccompSha: string;
   /** The resolved filesystem options (daemon/security/filesystem.ts ResolvedFilesystem), as stored in the row. */
@@ -75,7 +81,7 @@ export interface ShellKeyInput {
 
 /** The key of a shell or request: 24 hex of sha256 over {@link ShellKeyInput} (also the value of {@link POOL_LABEL}). */
 export function shellKey(k: ShellKeyInput): string {
-  const s = JSON.stringify([k.image, k.layers, k.seccompSha, k.filesystem, k.network, k.diskBytes]);
+  const s = JSON.stringify([k.image, k.layers, k.config, k.seccompSha, k.filesystem, k.network, k.diskBytes]);
   return createHash('sha256').update(s).digest('hex').slice(0, 24);
 }
 

@@ -3,7 +3,8 @@
  * "Tenancy"): tenant A makes one object of each kind; for every route of ROUTE_DOCS whose
  * path names a tenant's object (a new route joins by existing), tenant B's token on A's
  * object gets the NotFound a random id gets, and A's objects are unchanged afterwards;
- * no list of B's shows A's objects; the same names in two tenants are two objects; a
+ * no list of B's shows A's objects; the same names in two tenants (snapshots,
+ * trajectories, jobs, images) are two objects, the system images shared by both; a
  * tenant's quota refuses with ResourceExhausted naming it.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
@@ -19,19 +20,23 @@ import { doorRequest, makeToken, type DoorAnswer } from './remote-helpers.js';
 
 renderOpenApi(); // imports every route module, filling ROUTE_DOCS
 
-/** Prefixes of routes whose parameter names no tenant's object (host-wide images and layers, admin-only tokens and fleet hosts). */
-const NOT_TENANT_OBJECTS = ['/v1/images/:ref', '/v1/layers/:digest', '/v1/templates/:name', '/v1/tokens/:id', '/v1/hosts/:name'];
+/** Prefixes of routes whose parameter names no tenant's object (host-wide layers and E2B templates, admin-only tokens and fleet hosts). */
+const NOT_TENANT_OBJECTS = ['/v1/layers/:digest', '/v1/templates/:name', '/v1/tokens/:id', '/v1/hosts/:name'];
 
 /** Bodies a tenant-scoped route needs to get past its parsing to the lookup (every other route's lookup comes first). */
 const BODIES: Record<string, unknown> = {
   'POST /v1/snapshots/:ref/fork': { count: 1 },
   'POST /v1/snapshots/:ref/restore': {},
   'POST /v1/leases/:job/renew': {},
+  'POST /v1/images/:ref/tag': { target: 'b-copy:v1' },
 };
 
 /** A's objects, and the random ids of the same shapes a missing object has. */
-interface Objects { sandbox: string; exec: string; snapshot: string; snapshotName: string; trajectory: string; job: string }
-const RANDOM: Objects = { sandbox: '0123456789abcdef', exec: 'f'.repeat(32), snapshot: 'snap-0123456789abcdef', snapshotName: 'no-such-snapshot', trajectory: 'no-such-trajectory', job: 'no-such-job' };
+interface Objects { sandbox: string; exec: string; snapshot: string; snapshotName: string; trajectory: string; job: string; image: string }
+const RANDOM: Objects = {
+  sandbox: '0123456789abcdef', exec: 'f'.repeat(32), snapshot: 'snap-0123456789abcdef', snapshotName: 'no-such-snapshot', trajectory: 'no-such-trajectory', job: 'no-such-job',
+  image: 'no-such-image:v1',
+};
 
 /** The concrete path of route `url` with `o`'s objects (`snapshot` by id or by name). */
 function concrete(url: string, o: Objects, byName = false): string {
@@ -41,6 +46,7 @@ function concrete(url: string, o: Objects, byName = false): string {
     if (url.startsWith('/v1/snapshots/:ref')) return byName ? o.snapshotName : o.snapshot;
     if (url.startsWith('/v1/trajectories/:id')) return o.trajectory;
     if (url.startsWith('/v1/leases/:job')) return o.job;
+    if (url.startsWith('/v1/images/:ref')) return encodeURIComponent(o.image);
     throw new Error(`no object for :${p} of ${url}`);
   });
 }
@@ -83,10 +89,11 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     trajectory: await ok(as(a, 'GET', `/v1/trajectories/${A.trajectory}`)).then((t) => ({ steps: t.steps, truncations: t.truncations })),
     lease: await ok(as(a, 'GET', `/v1/leases/${A.job}`)).then((l) => ({ expires_at: l.expires_at, sandboxes: l.sandboxes })),
     network: await ok(as(a, 'GET', `/v1/sandboxes/${A.sandbox}/network`)),
+    image: await ok(as(a, 'GET', `/v1/images/${encodeURIComponent(A.image)}`)).then((i) => ({ tenant: i.tenant, layers: i.layers, created_at: i.created_at })),
   });
 
   beforeAll(async () => {
-    d = await TestDaemon.start({ slot: 43, listen: true, config: '[quotas.tenants.team-q]\nsandboxes = 1\n' });
+    d = await TestDaemon.start({ slot: 43, listen: true, config: '[quotas.tenants.team-q]\nsandboxes = 1\n[pool]\n[[pool.entries]]\nimage = "busybox"\nsize = 1\n' });
     a = (await makeToken(d, 'team-a', 'user')).token;
     b = (await makeToken(d, 'team-b', 'user')).token;
     q = (await makeToken(d, 'team-q', 'user')).token;
@@ -95,6 +102,8 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     A.sandbox = sb.id;
     expect(sb.tenant).toBe('team-a');
     expect((await doorRequest(d, { method: 'PUT', path: `/v1/sandboxes/${A.sandbox}/files?path=/tmp/marker`, token: a, raw: 'tenant a was here' })).status).toBeLessThan(300);
+    A.image = 'app-a:v1';
+    expect((await ok(as(a, 'POST', `/v1/sandboxes/${A.sandbox}/commit`, { image: A.image }), 201)).image.tenant).toBe('team-a');
     A.exec = (await ok(as(a, 'POST', `/v1/sandboxes/${A.sandbox}/execs`, { argv: ['cat'], stdin: true }), 201)).exec_id;
     A.snapshotName = 'snap-name';
     A.snapshot = (await ok(as(a, 'POST', `/v1/sandboxes/${A.sandbox}/snapshot`, { name: A.snapshotName }), 201)).id;
@@ -109,7 +118,7 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
 
   it("answers B on every route naming A's object exactly as on a missing one, and A's objects are unchanged", async () => {
     const before = await stateOfA();
-    expect(before).toMatchObject({ sandbox: 'running', exec: 'running', marker: 'tenant a was here', snapshot: A.snapshotName });
+    expect(before).toMatchObject({ sandbox: 'running', exec: 'running', marker: 'tenant a was here', snapshot: A.snapshotName, image: { tenant: 'team-a' } });
     const ca = readFileSync(d.caFile);
     const tried: string[] = [];
     for (const r of tenantRoutes()) {
@@ -139,7 +148,7 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
           expect(got.status, `${key} ${theirs}: ${got.body}`).toBe(404);
           expect(JSON.parse(got.body).error.code, key).toBe('NotFound');
           // Same answer as a missing object, the id aside: no existence oracle.
-          const ids = (s: string, o: Objects) => [o.sandbox, o.snapshot, o.snapshotName, o.trajectory, o.job].sort((x, y) => y.length - x.length).reduce((t, id) => t.split(id).join('ID'), s);
+          const ids = (s: string, o: Objects) => [o.sandbox, o.snapshot, o.snapshotName, o.trajectory, o.job, o.image].sort((x, y) => y.length - x.length).reduce((t, id) => t.split(id).join('ID'), s);
           expect(ids(got.body, A), key).toBe(ids(none.body, RANDOM));
         }
         tried.push(`${key}${byName ? ' (by name)' : ''}`);
@@ -168,7 +177,7 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
   });
 
   it("shows B none of A's objects in any list, and B's label selectors and leases never reach A's", async () => {
-    const aIds = [A.sandbox, A.snapshot, A.snapshotName, `"${A.trajectory}"`, `"job":"${A.job}"`];
+    const aIds = [A.sandbox, A.snapshot, A.snapshotName, `"${A.trajectory}"`, `"job":"${A.job}"`, A.image];
     for (const r of ROUTE_DOCS.filter((x) => x.method === 'GET' && pathParams(x.url).length === 0 && x.status !== 101)) {
       const got = await as(b, 'GET', r.url);
       for (const id of aIds) expect(got.body.includes(id), `GET ${r.url} shows ${id} to tenant B`).toBe(false);
@@ -176,6 +185,7 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     // An admin sees A's objects in the same lists.
     expect((await as(admin, 'GET', '/v1/sandboxes')).body).toContain(A.sandbox);
     expect((await as(admin, 'GET', '/v1/snapshots')).body).toContain(A.snapshot);
+    expect((await ok(as(admin, 'GET', '/v1/images'))).images).toContainEqual(expect.objectContaining({ ref: A.image, tenant: 'team-a' }));
     const before = await stateOfA();
     expect(await ok(as(b, 'POST', '/v1/sandboxes/bulk', { selector: `job=${A.job}`, action: 'destroy' }))).toEqual({ results: [] });
     // B's lease of job ja is B's own: A's is neither renewed nor replaced.
@@ -200,6 +210,67 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     const restored = await ok(as(b, 'POST', `/v1/snapshots/${A.snapshotName}/restore`, {}), 201);
     expect(restored).toMatchObject({ tenant: 'team-b', snapshot: snap.id });
     for (const id of [restored.id, sb.id]) await ok(as(b, 'DELETE', `/v1/sandboxes/${id}?force=true`));
+  });
+
+  it('keeps image names per tenant: own images private and independent, system images shared and not theirs to change', async () => {
+    const put = (t: string, id: string, text: string) => doorRequest(d, { method: 'PUT', path: `/v1/sandboxes/${id}/files?path=/work/content`, token: t, raw: text });
+    const content = async (t: string, id: string) => (await as(t, 'GET', `/v1/sandboxes/${id}/files?path=/work/content`)).body;
+    // Both tenants create from the system busybox and commit their own app:v1.
+    const layers: Record<string, string[]> = {};
+    for (const [t, text] of [[a, 'made by a'], [b, 'made by b']] as const) {
+      const sb = await ok(as(t, 'POST', '/v1/sandboxes', { image: 'busybox', filesystem: { writable_paths: ['/work'] } }), 201);
+      const w = await put(t, sb.id, text);
+      expect(w.status, w.body).toBeLessThan(300);
+      const c = await ok(as(t, 'POST', `/v1/sandboxes/${sb.id}/commit`, { image: 'app:v1' }), 201);
+      layers[text] = c.image.layers;
+      await ok(as(t, 'DELETE', `/v1/sandboxes/${sb.id}?force=true`));
+    }
+    expect(layers['made by a']).not.toEqual(layers['made by b']);
+    for (const [t, text] of [[a, 'made by a'], [b, 'made by b']] as const) {
+      const sb = await ok(as(t, 'POST', '/v1/sandboxes', { image: 'app:v1' }), 201);
+      expect(await content(t, sb.id)).toBe(text);
+      await ok(as(t, 'DELETE', `/v1/sandboxes/${sb.id}?force=true`));
+      // Its list: its own app:v1 and system images, nothing of the other tenant's.
+      const list = (await ok(as(t, 'GET', '/v1/images'))).images as { ref: string; tenant: string; layers: string[] }[];
+      const own = t === a ? 'team-a' : 'team-b';
+      expect(list.filter((i) => i.ref === 'app:v1')).toEqual([expect.objectContaining({ tenant: own, layers: layers[text] })]);
+      expect(list.every((i) => i.tenant === 'system' || i.tenant === own), JSON.stringify(list)).toBe(true);
+      expect(list.some((i) => i.ref === 'busybox:latest' && i.tenant === 'system')).toBe(true);
+    }
+    // B composing from A's layer gets what a missing layer gets.
+    const aLayer = layers['made by a'].at(-1)!;
+    const composed = await as(b, 'POST', '/v1/images', { image: 'steal:v1', layers: [aLayer] });
+    expect(composed.status, composed.body).toBe(404);
+    expect(JSON.parse(composed.body).error.message).toBe(`image steal:v1: layer ${aLayer} is not in the store`);
+    // B removing app:v1 removes B's only; the name is then missing for B, as it always was for a third tenant.
+    expect((await ok(as(b, 'DELETE', '/v1/images/app%3Av1'))).tenant).toBe('team-b');
+    const gone = await as(b, 'GET', '/v1/images/app%3Av1');
+    expect([gone.status, JSON.parse(gone.body).error.message]).toEqual([404, 'image app:v1 not found']);
+    expect((await ok(as(a, 'GET', '/v1/images/app%3Av1'))).layers).toEqual(layers['made by a']);
+    // A system image: a user may neither remove it nor replace it; its tag of the name shadows it for itself only.
+    const sys = await ok(as(admin, 'GET', '/v1/images/busybox'));
+    expect(sys.tenant).toBe('system');
+    const rm = await as(b, 'DELETE', '/v1/images/busybox');
+    expect(rm.status, rm.body).toBe(403);
+    expect(JSON.parse(rm.body).error).toEqual({ code: 'PermissionDenied', message: 'image busybox:latest is a system image shared by every tenant; only an admin may remove it' });
+    expect(await ok(as(a, 'POST', '/v1/images/app%3Av1/tag', { target: 'busybox:latest' }), 201)).toMatchObject({ tenant: 'team-a' });
+    expect((await ok(as(a, 'GET', '/v1/images/busybox'))).layers).toEqual(layers['made by a']);
+    expect((await ok(as(b, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);
+    // The warm pool's busybox shell is the system image's: A's create of its own busybox is
+    // not handed it (A gets its content), B's create of the system busybox is.
+    const pool = async () => (await ok(as(admin, 'GET', '/v1/host'))).warm_pools[0] as { ready: number; filling: number; claimed: number };
+    while ((await pool()).ready < 1) await new Promise((r) => setTimeout(r, 100));
+    const claimed = (await pool()).claimed;
+    const fromA = await ok(as(a, 'POST', '/v1/sandboxes', { image: 'busybox' }), 201);
+    expect(await content(a, fromA.id)).toBe('made by a');
+    expect((await pool()).claimed).toBe(claimed);
+    const fromB = await ok(as(b, 'POST', '/v1/sandboxes', { image: 'busybox' }), 201);
+    expect((await pool()).claimed).toBe(claimed + 1);
+    expect(fromB.image).toBe('busybox:latest');
+    for (const [t, id] of [[a, fromA.id], [b, fromB.id]]) await ok(as(t, 'DELETE', `/v1/sandboxes/${id}?force=true`));
+    expect((await ok(as(admin, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);
+    expect((await ok(as(a, 'DELETE', '/v1/images/busybox'))).tenant).toBe('team-a');
+    expect((await ok(as(a, 'GET', '/v1/images/busybox'))).layers).toEqual(sys.layers);
   });
 
   it("refuses a create past the tenant's quota with ResourceExhausted naming the quota and its use", async () => {

@@ -48,6 +48,7 @@ const image = (over: Partial<Image> = {}): Image => ({
   ref: 'team/py:1',
   name: 'team/py',
   tag: '1',
+  tenant: 'team-a',
   layers: [`sha256:${HEX_A}`, `sha256:${HEX_B}`],
   config: { env: ['PATH=/usr/bin:/bin', 'LANG=C.UTF-8'], cwd: '/', user: '0', cmd: ['/bin/sh'] },
   size_bytes: 3 * 1024 ** 2,
@@ -72,14 +73,14 @@ const LAYERS = [layer(), layer({ digest: `sha256:${HEX_B}`, images: [], sandboxe
 const stream = (result: Image, progress: unknown[] = [], chunk = 7): Route => ndjson([...progress, { type: 'result', result }], { chunk });
 
 describe('image ls / images', () => {
-  it('prints REF, LAYERS, SIZE, CREATED; `images` is the same; --json prints {images}', async () => {
-    routes['GET /v1/images'] = ok({ images: [image(), image({ ref: 'busybox:latest', name: 'busybox', tag: 'latest', layers: [`sha256:${HEX_C}`], size_bytes: 900 * 1024, created_at: Date.now() - 30_000 })] });
+  it('prints REF, TENANT, LAYERS, SIZE, CREATED; `images` is the same; --json prints {images}', async () => {
+    routes['GET /v1/images'] = ok({ images: [image(), image({ ref: 'busybox:latest', name: 'busybox', tag: 'latest', tenant: 'system', layers: [`sha256:${HEX_C}`], size_bytes: 900 * 1024, created_at: Date.now() - 30_000 })] });
     const r = await dsec(['image', 'ls']);
     expect(r.code).toBe(0);
     const lines = r.out.trimEnd().split('\n');
-    expect(lines[0].split(/\s+/)).toEqual(['REF', 'LAYERS', 'SIZE', 'CREATED']);
-    expect(lines[1].split(/\s+/)).toEqual(['team/py:1', '2', '3MiB', '2h', 'ago']);
-    expect(lines[2].split(/\s+/)).toEqual(['busybox:latest', '1', '900KiB', '30s', 'ago']);
+    expect(lines[0].split(/\s+/)).toEqual(['REF', 'TENANT', 'LAYERS', 'SIZE', 'CREATED']);
+    expect(lines[1].split(/\s+/)).toEqual(['team/py:1', 'team-a', '2', '3MiB', '2h', 'ago']);
+    expect(lines[2].split(/\s+/)).toEqual(['busybox:latest', 'system', '1', '900KiB', '30s', 'ago']);
     expect(r.err).toBe('');
     expect((await dsec(['images'])).out).toBe(r.out);
     expect((await dsec(['image', 'list'])).out).toBe(r.out);
@@ -90,7 +91,7 @@ describe('image ls / images', () => {
 
   it('an empty store prints the header only', async () => {
     routes['GET /v1/images'] = ok({ images: [] });
-    expect((await dsec(['image', 'ls'])).out).toBe('REF  LAYERS  SIZE  CREATED\n');
+    expect((await dsec(['image', 'ls'])).out).toBe('REF  TENANT  LAYERS  SIZE  CREATED\n');
   });
 });
 

@@ -337,9 +337,9 @@ describe('create, ls, inspect, stop, start', () => {
 
   it('images lists images (an alias of `image ls`)', async () => {
     const config = { env: [], cwd: '/', user: '0', cmd: ['/bin/sh'] };
-    routes['GET /v1/images'] = ok({ images: [{ ref: 'busybox:latest', name: 'busybox', tag: 'latest', layers: ['sha256:a', 'sha256:b'], config, size_bytes: 3 * 1024 ** 2, created_at: Date.now() - 7_200_000 }] });
+    routes['GET /v1/images'] = ok({ images: [{ ref: 'busybox:latest', name: 'busybox', tag: 'latest', tenant: 'system', layers: ['sha256:a', 'sha256:b'], config, size_bytes: 3 * 1024 ** 2, created_at: Date.now() - 7_200_000 }] });
     const r = await dsec(['images']);
-    expect(r.out.trimEnd().split('\n')[1].split(/\s+/)).toEqual(['busybox:latest', '2', '3MiB', '2h', 'ago']);
+    expect(r.out.trimEnd().split('\n')[1].split(/\s+/)).toEqual(['busybox:latest', 'system', '2', '3MiB', '2h', 'ago']);
     expect(JSON.parse((await dsec(['images', '--json'])).out).images).toHaveLength(1);
   });
 });

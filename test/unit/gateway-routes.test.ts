@@ -7,6 +7,9 @@ import { describe, expect, it } from 'vitest';
 import '../../daemon/api/server.js';
 import { ROUTE_DOCS } from '../../daemon/api/routes/table.js';
 import { classify } from '../../gateway/server.js';
+import type { GatewayContext } from '../../gateway/context.js';
+import { imageSomewhere } from '../../gateway/create.js';
+import { imageSetOf } from '../../gateway/table.js';
 
 /** Routes the gateway refuses on purpose, and why. */
 const REFUSED: Record<string, string> = {
@@ -29,5 +32,22 @@ describe('gateway route classes', () => {
     expect(classify('POST', '/v1/sandboxes/bulk')).toBe('bulk');
     expect(classify('GET', '/v1/events')).toBe('events');
     expect(classify('POST', '/v1/images/import')).toBe('pinned');
+  });
+});
+
+describe("the gateway's image check (image names per tenant)", () => {
+  /** A gateway context with one up host reporting `images` (the fields imageSomewhere reads). */
+  const ctxWith = (images: { ref: string; digest: string | null; tenant?: string }[]) => {
+    const record = { id: '0'.repeat(16), images };
+    const e = { state: 'up', images: record, imageSet: imageSetOf(record) };
+    return { table: { hosts: new Map([['h1', e]]) } } as unknown as GatewayContext;
+  };
+
+  it("finds a system image for every tenant and a tenant's own image for that tenant only", () => {
+    const ctx = ctxWith([{ ref: 'busybox:latest', digest: null }, { ref: 'app:v1', digest: null, tenant: 'team-a' }]);
+    expect(() => imageSomewhere(ctx, 'busybox:latest', 'team-b')).not.toThrow();
+    expect(() => imageSomewhere(ctx, 'app:v1', 'team-a')).not.toThrow();
+    expect(() => imageSomewhere(ctx, 'app:v1', 'team-b')).toThrow(/image app:v1 is on none of the fleet's 1 up hosts/);
+    expect(() => imageSomewhere(ctx, 'app:v1', 'system')).toThrow(/image app:v1 is on none/);
   });
 });

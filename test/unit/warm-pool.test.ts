@@ -120,10 +120,10 @@ describe('WarmPools', () => {
   }, 20_000);
 
   it('shellKey changes with each part of the key', () => {
-    const base = { image: 'busybox:latest', layers: ['sha256:a'], seccompSha: 'x', filesystem: { landlock: true }, network: 'none' as const, diskBytes: null };
+    const base = { image: 'busybox:latest', layers: ['sha256:a'], config: { env: [], cwd: '/', user: '0', cmd: ['sh'] }, seccompSha: 'x', filesystem: { landlock: true }, network: 'none' as const, diskBytes: null };
     const k = shellKey(base);
     expect(shellKey({ ...base })).toBe(k);
-    for (const v of [{ image: 'b:1' }, { layers: ['sha256:b'] }, { seccompSha: 'y' }, { filesystem: { landlock: false } }, { network: 'allow' as const }, { diskBytes: 1 }]) {
+    for (const v of [{ image: 'b:1' }, { layers: ['sha256:b'] }, { config: { env: [], cwd: '/', user: '1000', cmd: ['sh'] } }, { seccompSha: 'y' }, { filesystem: { landlock: false } }, { network: 'allow' as const }, { diskBytes: 1 }]) {
       expect(shellKey({ ...base, ...v })).not.toBe(k);
     }
   });

@@ -1,6 +1,6 @@
 /**
  * `dsec image ls` (also `dsec image list` and the older `dsec images`): the images dsecd
- * can create sandboxes from, as a table (REF, LAYERS, SIZE, CREATED), or `{images}`
+ * can create sandboxes from, as a table (REF, TENANT, LAYERS, SIZE, CREATED), or `{images}`
  * with --json.
  */
 import type { Command } from 'commander';

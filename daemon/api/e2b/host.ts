@@ -15,6 +15,7 @@ import { sandboxView } from '../convert.js';
 import type { SandboxInput } from '../../model/sandbox.js';
 import type { SandboxRepo } from '../../db/sandboxes.js';
 import type { LayerStore } from '../../image/layer-store.js';
+import { SYSTEM_TENANT, tenantScope } from '../../model/tenant.js';
 import type { SandboxCreator } from '../../sandbox/create.js';
 import type { SandboxLifecycle } from '../../sandbox/lifecycle.js';
 import type { RoundService } from '../../sandbox/rounds.js';
@@ -118,8 +119,11 @@ export interface E2bHost {
   start(id: string): Promise<void>;
   /** Sets the TTL: seconds from creation, or null for none. */
   setTtl(id: string, ttlS: number | null): Promise<void>;
-  /** Whether the image store has `ref`. @throws DsecError InvalidArgument for a malformed ref */
-  imageExists(ref: string): Promise<boolean>;
+  /**
+   * Whether the image store has `ref` as `tenant` names it (its own image, else the
+   * `system` one; default `system`). @throws DsecError InvalidArgument for a malformed ref
+   */
+  imageExists(ref: string, tenant?: string): Promise<boolean>;
   /**
    * Starts a process; resolves once it runs or failed to start (then ended, with `result().error`).
    * @throws DsecError FailedPrecondition (sandbox not running), InvalidArgument (a cwd or user it lacks)
@@ -224,8 +228,8 @@ export function localHost(d: LocalHostDeps): E2bHost {
       lc.get(id);
       d.repo.setTtl(id, ttlS);
     },
-    async imageExists(ref) {
-      return d.images.get(ref).then(() => true, (e: { kind?: string }) => {
+    async imageExists(ref, tenant) {
+      return d.images.get(ref, tenantScope(tenant ?? SYSTEM_TENANT)).then(() => true, (e: { kind?: string }) => {
         if (e.kind === 'NotFound') return false;
         throw e;
       });

@@ -13,7 +13,7 @@ import { parseWith } from '../parse.js';
 import { invalidArgument, notFound } from '../../errors.js';
 import { SYSTEM_SCOPE, visible, type Scope } from '../../model/tenant.js';
 import { scopeOf } from '../scope.js';
-import { parseRef, type ImageManifest, type LayerStore, type LayerMeta } from '../../image/layer-store.js';
+import { imageTenant, ownTenant, parseRef, type ImageManifest, type LayerStore, type LayerMeta } from '../../image/layer-store.js';
 import { importArchiveWithNotes, importTarWithNotes, type ImportProgress } from '../../image/import/oci.js';
 import { bootstrapDebian } from '../../image/bootstrap.js';
 import { TOOLKITS, bootstrapToolkit } from '../../image/toolkit.js';
@@ -27,11 +27,14 @@ import type { LayerLeases } from '../../sandbox/layer-leases.js';
 import type { SnapshotService } from '../../sandbox/snapshots.js';
 import { z } from 'zod';
 
-const listRoute = route({ method: 'GET', url: '/v1/images', summary: 'Images in the layer store.', status: 200, response: ImageList, errors: [] });
-const composeRoute = route({ method: 'POST', url: '/v1/images', summary: 'Compose an image from layers already in the store.', body: ComposeRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
-const getRoute = route({ method: 'GET', url: '/v1/images/:ref', summary: 'One image (URL-encode a / in the name).', status: 200, response: Image, errors: ['InvalidArgument', 'NotFound'] });
-const deleteRoute = route({ method: 'DELETE', url: '/v1/images/:ref', summary: 'Remove an image manifest; its layers stay until pruned.', status: 200, response: Image, errors: ['NotFound'] });
-const tagRoute = route({ method: 'POST', url: '/v1/images/:ref/tag', summary: 'Give an image another name:tag.', body: TagRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const listRoute = route({ method: 'GET', url: '/v1/images', summary: "Images in the layer store: the caller's tenant's and the shared system images (an admin: every tenant's).", status: 200, response: ImageList, errors: [] });
+const composeRoute = route({ method: 'POST', url: '/v1/images', summary: "Compose an image in the caller's tenant from layers its images (or the system images) name.", body: ComposeRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const getRoute = route({ method: 'GET', url: '/v1/images/:ref', summary: "One image by name, the caller's tenant's first, else the system one (URL-encode a / in the name).", status: 200, response: Image, errors: ['InvalidArgument', 'NotFound'] });
+const deleteRoute = route({
+  method: 'DELETE', url: '/v1/images/:ref', summary: "Remove an image manifest of the caller's tenant (a system image: admins only); its layers stay until pruned.", status: 200, response: Image,
+  errors: ['NotFound', 'PermissionDenied'],
+});
+const tagRoute = route({ method: 'POST', url: '/v1/images/:ref/tag', summary: "Give an image another name:tag in the caller's tenant.", body: TagRequest, status: 201, response: Image, errors: ['InvalidArgument', 'NotFound'] });
 const importRoute = route({
   method: 'POST', url: '/v1/images/import', summary: 'Build or import an image from a directory, tar or OCI/docker archive on the daemon host.', body: ImportRequest, status: 201,
   response: Image.extend({ notes: z.array(z.string()).describe('What was sanitised (e.g. leading / stripped, device nodes under dev/ dropped).') }),
@@ -53,7 +56,9 @@ const commitRoute = route({
 export async function imageView(store: LayerStore, m: ImageManifest): Promise<z.infer<typeof Image>> {
   let size = 0;
   for (const d of m.layers) size += (await store.layer(d).catch(() => undefined))?.size_bytes ?? 0;
-  return { ref: `${m.name}:${m.tag}`, name: m.name, tag: m.tag, layers: m.layers, config: m.config, size_bytes: size, created_at: m.created_ms };
+  return {
+    ref: `${m.name}:${m.tag}`, name: m.name, tag: m.tag, tenant: imageTenant(m), layers: m.layers, config: m.config, size_bytes: size, created_at: m.created_ms,
+  };
 }
 
 /**
@@ -98,33 +103,43 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
    * @returns null when `scope` may not see the layer.
    */
   const layerView = async (meta: LayerMeta, scope: Scope = SYSTEM_SCOPE): Promise<z.infer<typeof Layer> | null> => {
-    const images = (await store.list()).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
+    // Only the images `scope` sees name a layer for it (another tenant's image names are its own).
+    const images = (await store.list(scope)).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
     if (!scope.all && images.length === 0) return null;
     const sandboxes = deps.repo.all().filter((s) => visible(scope, s.tenant) && s.imageLayers.includes(meta.digest)).length;
     const source = scope.all ? meta.source : meta.source.replace(/^(commit|snapshot):.*$/, '$1');
     return { ...meta, source, images, sandboxes };
   };
 
-  app.get(listRoute.url, async () => ({ images: await Promise.all((await store.list()).map((m) => imageView(store, m))) }));
-  app.get<{ Params: { ref: string } }>(getRoute.url, async (req) => imageView(store, await store.get(req.params.ref)));
+  app.get(listRoute.url, async (req) => ({ images: await Promise.all((await store.list(scopeOf(req))).map((m) => imageView(store, m))) }));
+  app.get<{ Params: { ref: string } }>(getRoute.url, async (req) => imageView(store, await store.get(req.params.ref, scopeOf(req))));
   app.delete<{ Params: { ref: string } }>(deleteRoute.url, async (req) => {
-    const m = await store.removeImage(req.params.ref);
+    const m = await store.removeImage(req.params.ref, scopeOf(req));
     return imageView(store, m);
   });
   app.post<{ Params: { ref: string } }>(tagRoute.url, async (req, reply) => {
     const body = parseWith(TagRequest, req.body, 'tag request');
-    return reply.code(201).send(await imageView(store, await store.tag(req.params.ref, body.target)));
+    return reply.code(201).send(await imageView(store, await store.tag(req.params.ref, body.target, scopeOf(req))));
   });
   app.post(composeRoute.url, async (req, reply) => {
     const body = parseWith(ComposeRequest, req.body, 'compose request');
+    const scope = scopeOf(req);
     const { name, tag } = parseRef(body.image);
-    const base = body.from ? (await store.get(body.from)).config : SCRATCH_CONFIG;
-    const m: ImageManifest = { name, tag, layers: body.layers, config: mergeConfig(base, body.config), created_ms: Date.now() };
+    const base = body.from ? (await store.get(body.from, scope)).config : SCRATCH_CONFIG;
+    if (!scope.all) {
+      // A tenant composes only from layers an image it sees names: a layer of another
+      // tenant's image or snapshot answers as a missing one (putManifest's message).
+      const seen = new Set((await store.list(scope)).flatMap((x) => x.layers));
+      const hidden = body.layers.find((d) => !seen.has(d));
+      if (hidden) throw notFound(`image ${name}:${tag}: layer ${hidden} is not in the store`);
+    }
+    const m: ImageManifest = { name, tag, layers: body.layers, config: mergeConfig(base, body.config), created_ms: Date.now(), ...ownTenant(scope.tenant) };
     await store.putManifest(m);
     return reply.code(201).send(await imageView(store, m));
   });
   app.post(importRoute.url, async (req, reply) => {
     const body = parseWith(ImportRequest, req.body, 'import request');
+    const scope = scopeOf(req);
     const { name, tag } = parseRef(body.image);
     if (body.base && body.type !== 'dir') throw invalidArgument('base is only supported with type "dir"');
     if (body.source_ref && body.type !== 'oci') throw invalidArgument('source_ref is only supported with type "oci"');
@@ -132,20 +147,20 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
       let m: ImageManifest;
       let notes: string[] = [];
       if (body.type === 'dir') {
-        const base = body.base ? await store.get(body.base) : null;
+        const base = body.base ? await store.get(body.base, scope) : null;
         progress({ phase: 'pack', message: `packing ${body.path} as an EROFS layer` });
         const layer = await store.addLayerFromDir(body.path, { source: `dir:${body.path}` });
         deps.failpoints.hit('image.after-blob');
         m = {
           name, tag, layers: [...(base?.layers ?? []), layer.digest],
-          config: mergeConfig(base?.config ?? SCRATCH_CONFIG, body.config), created_ms: Date.now(),
+          config: mergeConfig(base?.config ?? SCRATCH_CONFIG, body.config), created_ms: Date.now(), ...ownTenant(scope.tenant),
         };
         await store.putManifest(m);
       } else {
         const onProgress = (p: ImportProgress) => progress({ ...p });
         const r = body.type === 'tar'
-          ? await importTarWithNotes(store, body.path, { name, tag, onProgress })
-          : await importArchiveWithNotes(store, body.path, { name, tag, ref: body.source_ref, onProgress });
+          ? await importTarWithNotes(store, body.path, { name, tag, tenant: scope.tenant, onProgress })
+          : await importArchiveWithNotes(store, body.path, { name, tag, tenant: scope.tenant, ref: body.source_ref, onProgress });
         m = r.manifest;
         notes = r.notes;
         if (body.config) {
@@ -186,7 +201,7 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
   });
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
-    const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security);
+    const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security, scopeOf(req).tenant);
     return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer))!, stripped: r.stripped, warnings: r.warnings });
   });
 }

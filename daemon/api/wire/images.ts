@@ -22,6 +22,7 @@ export const Image = z.object({
   ref: z.string().describe('name:tag'),
   name: z.string(),
   tag: z.string(),
+  tenant: z.string().describe("Whose name it is: `system` for the shared base images every tenant reads and creates from, else the tenant that made it (seen by that tenant and admins only; its name shadows a system image of the same name for that tenant)."),
   layers: z.array(z.string()).describe('Layer digests, lowest first.'),
   config: ImageConfig,
   size_bytes: z.number().int().describe('Sum of the layer blob sizes, bytes.'),

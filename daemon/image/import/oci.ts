@@ -37,7 +37,8 @@ import { hostname } from 'node:os';
 import { join, resolve, sep } from 'node:path';
 import { DsecError } from '../../errors.js';
 import type { BuilderJob } from '../../host/builder.js';
-import { parseRef, type ImageManifest, type LayerStore as ImageStore } from '../layer-store.js';
+import { ownTenant, parseRef, type ImageManifest, type LayerStore as ImageStore } from '../layer-store.js';
+import { SYSTEM_TENANT } from '../../model/tenant.js';
 import { extractLayerTar, type ExtractOptions, type ExtractReport } from './tar.js';
 
 /** Progress of an import. `bytes` counts input bytes of the current phase (compressed, as stored). */
@@ -80,6 +81,8 @@ export interface ImportArchiveOptions {
   name: string;
   /** Tag of the stored image. */
   tag: string;
+  /** Tenant the image name belongs to (layer-store.ts ImageManifest.tenant); default `system`. */
+  tenant?: string;
   /**
    * Which image of a multi-image archive, by reference as recorded in the archive
    * (`org.opencontainers.image.ref.name` / `io.containerd.image.name` annotations, or
@@ -98,6 +101,8 @@ export interface ImportTarOptions {
   name: string;
   /** Tag of the stored image. */
   tag: string;
+  /** Tenant the image name belongs to (layer-store.ts ImageManifest.tenant); default `system`. */
+  tenant?: string;
   /** Process defaults; missing fields default to {@link ROOTFS_TAR_DEFAULTS}. */
   config?: Partial<ImageManifest['config']>;
   /** Progress callback (phases `layer`, `build`, `manifest`). */
@@ -543,7 +548,7 @@ async function buildImage(
   job: BuilderJob | undefined,
   layers: LayerSource[],
   config: ImageManifest['config'],
-  opts: { name: string; tag: string; onProgress?(p: ImportProgress): void },
+  opts: { name: string; tag: string; tenant?: string; onProgress?(p: ImportProgress): void },
   source: string,
   touch: () => void,
   notes: Notes,
@@ -589,7 +594,7 @@ async function buildImage(
   }
   notes.summary();
   opts.onProgress?.({ phase: 'manifest' });
-  const m: ImageManifest = { name: opts.name, tag: opts.tag, layers: digests, config, created_ms: Date.now() };
+  const m: ImageManifest = { name: opts.name, tag: opts.tag, layers: digests, config, created_ms: Date.now(), ...ownTenant(opts.tenant ?? SYSTEM_TENANT) };
   await store.putManifest(m);
   return m;
 }

@@ -18,8 +18,8 @@
  * - `admin`: a parameter of a route only an admin may call at all (tokens, fleet hosts).
  * {@link paramScope} classifies by URL and parameter name; {@link assertScoped} refuses,
  * at startup, a route whose parameter no rule covers, so a route added later cannot
- * serve another tenant's objects by omission (test/integration/tenancy.test.ts walks the whole
- * table, test/integration/tenancy.test.ts checks the behaviour of every route).
+ * serve another tenant's objects by omission (test/integration/tenancy.test.ts walks the
+ * whole table: the classification of every route, then its behaviour for another tenant).
  */
 import type { FastifyInstance } from 'fastify';
 import type { SandboxRecord } from '../model/sandbox.js';

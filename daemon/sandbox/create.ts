@@ -22,7 +22,7 @@ import { taggedId } from '../model/ids.js';
 import { DsecError, failedPrecondition, wrap } from '../errors.js';
 import { procStartTime } from '../host/proc.js';
 import type { SandboxNetworking } from '../net/network.js';
-import { profileInfo } from '../security/seccomp.js';
+import { profileSha256 } from '../security/seccomp.js';
 import type { BackendCapabilities, InitInfo, SandboxDriver } from '../drivers/types.js';
 import type { SandboxRepo } from '../db/sandboxes.js';
 import type { Resources } from '../model/resources.js';
@@ -236,7 +236,7 @@ export class SandboxCreator {
   private poolKey(spec: SandboxSpec): string | null {
     if (spec.seccomp || spec.priority !== 'latency') return null;
     return shellKey({
-      image: spec.image, layers: spec.imageLayers, config: spec.imageConfig, seccompSha: profileInfo().sha256,
+      image: spec.image, layers: spec.imageLayers, config: spec.imageConfig, seccompSha: profileSha256(),
       filesystem: spec.filesystem, network: spec.network?.mode ?? 'none', diskBytes: spec.diskBytes,
     });
   }

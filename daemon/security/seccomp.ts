@@ -396,16 +396,29 @@ export interface ProfileInfo {
  */
 export function profileInfo(): ProfileInfo {
   const p = defaultProfile();
+  const sha256 = profileSha256();
+  const file = loadedFrom?.file ?? defaultProfilePath();
+  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG').flatMap((r) => r.names)).size;
+  const missing = missingCoreDenials(p);
+  const warnings = missing.length
+    ? [`seccomp profile ${file} does not deny ${missing.length} of the ${CORE_DENIALS.length} core syscalls: ${missing.join(', ')}; sandboxes can call them`]
+    : [];
+  return { file, sha256, denied, missing_core: missing, warnings };
+}
+
+/**
+ * The sha256 (hex) of the default profile's file as loaded (read and hashed once, then at
+ * each {@link reloadProfile}): what a warm-pool shell's key carries, so a shell made under
+ * another profile is never claimed. Cheap per call, unlike {@link profileInfo}, which
+ * counts the profile's rules.
+ * @throws Error when the profile file cannot be read on first use.
+ */
+export function profileSha256(): string {
   if (!loadedFrom) {
     const f = defaultProfilePath();
     loadedFrom = { file: f, sha256: createHash('sha256').update(readFileSync(f)).digest('hex') };
   }
-  const denied = new Set(p.syscalls.filter((r) => r.action !== 'SCMP_ACT_ALLOW' && r.action !== 'SCMP_ACT_LOG').flatMap((r) => r.names)).size;
-  const missing = missingCoreDenials(p);
-  const warnings = missing.length
-    ? [`seccomp profile ${loadedFrom.file} does not deny ${missing.length} of the ${CORE_DENIALS.length} core syscalls: ${missing.join(', ')}; sandboxes can call them`]
-    : [];
-  return { ...loadedFrom, denied, missing_core: missing, warnings };
+  return loadedFrom.sha256;
 }
 
 /** Every syscall name the profile denies unconditionally (for reports and tests). */

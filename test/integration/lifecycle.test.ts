@@ -130,7 +130,14 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
    */
   async function chargeFreed(id: string): Promise<void> {
     const limit = (await d.client.sandboxStats(id)).memory_limit_bytes!;
-    await waitFor('the sandbox memory charge to fall below half its limit', async () => (await d.client.sandboxStats(id)).memory_bytes! < limit / 2, 60_000);
+    try {
+      await waitFor('the sandbox memory charge to fall below half its limit', async () => (await d.client.sandboxStats(id)).memory_bytes! < limit / 2, 60_000);
+    } catch (e) {
+      // What still holds the charge: the sandbox's processes and whoever has a /dev/shm file open.
+      const ps = await d.client.exec(id, { argv: ['sh', '-c', 'ps -o pid,stat,rss,args; ls -l /proc/[0-9]*/fd 2>/dev/null | grep -i shm; df -k /dev/shm'] })
+        .then((r) => r.stdout.toString(), (e2: Error) => `exec failed: ${e2.message}`);
+      throw new Error(`${(e as Error).message}\nstats: ${JSON.stringify(await d.client.sandboxStats(id))}\n${ps}`);
+    }
   }
 
   it('the OOM killer takes a command, never the agent, even when the charge is in no process (tmpfs pages)', async () => {

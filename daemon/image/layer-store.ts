@@ -99,20 +99,22 @@ export const BUILTIN_BUSYBOX = 'busybox';
 export const DEFAULT_TAG = 'latest';
 
 const NAME_RE = /^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:\/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$/;
+/** Longest name (chars): distribution/reference's total; keeps each path component of a manifest under NAME_MAX (255). */
+const NAME_MAX_CHARS = 255;
 const TAG_RE = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
 const DIGEST_RE = /^sha256:([0-9a-f]{64})$/;
 
 /**
  * Splits an image ref `name[:tag]` into name and tag (tag defaults to `latest`).
- * Throws an InvalidArgument DsecError for malformed refs (uppercase names, `..`,
- * digests `@sha256:` — not supported yet).
+ * Throws an InvalidArgument DsecError for malformed refs (uppercase names, `..`, a name
+ * over 255 characters, digests `@sha256:` — not supported yet).
  */
 export function parseRef(ref: string): { name: string; tag: string } {
   const slash = ref.lastIndexOf('/');
   const colon = ref.lastIndexOf(':');
   const [name, tag] = colon > slash ? [ref.slice(0, colon), ref.slice(colon + 1)] : [ref, DEFAULT_TAG];
-  if (!NAME_RE.test(name) || !TAG_RE.test(tag)) {
-    throw new DsecError('InvalidArgument', `invalid image ref ${JSON.stringify(ref)}: want name[:tag], e.g. busybox:latest`);
+  if (name.length > NAME_MAX_CHARS || !NAME_RE.test(name) || !TAG_RE.test(tag)) {
+    throw new DsecError('InvalidArgument', `invalid image ref ${JSON.stringify(ref)}: want name[:tag], name at most ${NAME_MAX_CHARS} characters, e.g. busybox:latest`);
   }
   return { name, tag };
 }

@@ -202,6 +202,8 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
     const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security, scopeOf(req).tenant);
-    return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer))!, stripped: r.stripped, warnings: r.warnings });
+    // The layer as the caller sees it: the same content committed by another tenant is one
+    // shared layer, whose other image names and `commit:ID` source are not the caller's.
+    return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer, scopeOf(req)))!, stripped: r.stripped, warnings: r.warnings });
   });
 }

@@ -52,7 +52,8 @@ import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { checkImageSecurity } from './security.js';
 import type { ImageSecurity } from '../model/image.js';
-import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, type Scope } from '../model/tenant.js';
+import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, imageTenant, ownTenant, type Scope } from '../model/tenant.js';
+export { imageTenant, ownTenant } from '../model/tenant.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -86,11 +87,6 @@ export interface ImageManifest {
    * read by {@link LayerStore.putManifest} to decide where it is written.
    */
   tenant?: string;
-}
-
-/** The tenant of manifest `m` (`system` when it names none). */
-export function imageTenant(m: Pick<ImageManifest, 'tenant'>): string {
-  return m.tenant ?? SYSTEM_TENANT;
 }
 
 /** Name of the built-in image (see builtin.ts). */
@@ -711,7 +707,8 @@ export class LayerStore {
    * every tenant's images in {@link list}; by name they act in their own tenant, as with
    * snapshot names). The result's `tenant` says whose it is (absent: `system`).
    * Throws InvalidArgument for a malformed ref, NotFound (`image NAME:TAG not found`, the
-   * same text whether no tenant or only another one has it) when neither exists,
+   * same text whether no tenant or only another one has it; for an admin's scope, which
+   * lists other tenants' images, it names the tenants that have one) when neither exists,
    * Internal when the stored manifest is unreadable.
    */
   async get(ref: string, scope: Scope = SYSTEM_SCOPE): Promise<ImageManifest> {
@@ -721,8 +718,11 @@ export class LayerStore {
       if (own) return own;
     }
     const m = await this.read(name, tag, SYSTEM_TENANT);
-    if (!m) throw new DsecError('NotFound', `image ${name}:${tag} not found`);
-    return m;
+    if (m) return m;
+    // An admin lists every tenant's images but resolves names in its own: say whose the name is.
+    const others = scope.all ? [...new Set((await this.list()).filter((x) => x.name === name && x.tag === tag).map(imageTenant))] : [];
+    const whose = others.length === 0 ? '' : ` in tenant ${scope.tenant}${scope.tenant === SYSTEM_TENANT ? '' : ' or system'}; tenant ${others.join(', ')} has one: admins resolve image names in their own tenant, so act on it with a token of that tenant (dsec token create --tenant ${others[0]} --role user)`;
+    throw new DsecError('NotFound', `image ${name}:${tag} not found${whose}`);
   }
 
   /** `tenant`'s manifest of `name:tag`, or undefined when it has none. @throws DsecError Internal (unreadable manifest). */
@@ -791,9 +791,4 @@ export class LayerStore {
       return 0;
     });
   }
-}
-
-/** The `tenant` field a manifest of `tenant` carries: none for `system` (the layout and JSON before tenancy). */
-export function ownTenant(tenant: string): { tenant?: string } {
-  return tenant === SYSTEM_TENANT ? {} : { tenant };
 }

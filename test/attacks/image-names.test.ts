@@ -6,6 +6,8 @@
  * layer must still be B's view of it. And a name dsecd cannot store must be refused as
  * the caller's mistake, never answered with an internal error naming dsecd's host paths.
  */
+import { mkdirSync, symlinkSync } from 'node:fs';
+import { join } from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon } from '../integration/harness.js';
 import { doorRequest, makeToken, type DoorAnswer } from '../integration/remote-helpers.js';
@@ -68,5 +70,19 @@ describe.skipIf(!IS_ROOT)('attacks on per-tenant image names', () => {
     const longest = `${'a'.repeat(127)}/${'b'.repeat(127)}`;
     expect((await ok(as(b, 'POST', '/v1/images/busybox/tag', { target: longest }), 201)).name).toBe(longest);
     expect((await ok(as(b, 'GET', `/v1/images/${encodeURIComponent(longest)}`))).tenant).toBe('team-b');
+  });
+  it("an unexpected failure tells a tenant's token its kind and request id, not dsecd's paths; an admin gets the detail", async () => {
+    // A manifest dsecd cannot open (a symlink loop): an Internal error whose text names the path.
+    const dir = join(d.root, 'images', 'tenants', 'team-b', 'manifests', 'loop');
+    mkdirSync(dir, { recursive: true });
+    symlinkSync('@v1.json', join(dir, '@v1.json'));
+    const byB = await as(b, 'GET', '/v1/images/loop:v1');
+    expect(byB.status).toBe(500);
+    const err = JSON.parse(byB.body).error;
+    expect(err.code).toBe('Internal');
+    expect(err.message).toMatch(/^internal error \(dsecd logged it as request [^)]+\); tell dsecd's operator$/);
+    expect(byB.body).not.toContain(d.root);
+    const admin = (await makeToken(d, 'team-b', 'admin')).token;
+    expect(JSON.parse((await as(admin, 'GET', '/v1/images/loop:v1')).body).error.message).toContain(dir);
   });
 });

@@ -606,7 +606,10 @@ export class LayerStore {
     if (tenant !== scope.tenant && !scope.all) {
       throw new DsecError('PermissionDenied', `image ${m.name}:${m.tag} is a system image shared by every tenant; only an admin may remove it`);
     }
-    await unlink(this.manifestPath(m.name, m.tag, tenant));
+    await unlink(this.manifestPath(m.name, m.tag, tenant)).catch((e: NodeJS.ErrnoException) => {
+      // A concurrent remove of the name won: for this call it is missing.
+      throw e.code === 'ENOENT' ? new DsecError('NotFound', `image ${m.name}:${m.tag} not found`) : e;
+    });
     return m;
   }
 

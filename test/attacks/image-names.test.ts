@@ -49,6 +49,9 @@ describe.skipIf(!IS_ROOT)('attacks on per-tenant image names', () => {
     const view = await ok(as(b, 'GET', `/v1/layers/${fromB.commit.layer.digest}`));
     expect(fromB.commit.layer).toEqual(view);
     expect(view.images).toEqual(['b-guess:v1']);
+    // Nor when A packed it: B's layer dates from B's image (the blob's own time is A's commit).
+    expect(view.created_at).toBe(fromB.commit.image.created_at);
+    expect(view.created_at).not.toBe(fromA.commit.layer.created_at);
     // A still sees its own name and its own sandbox's commit.
     expect(fromA.commit.layer.images).toEqual(['a-private:v1']);
   });

@@ -652,9 +652,9 @@ export interface components {
             digest: string;
             /** @description Blob size, bytes. */
             size_bytes: number;
-            /** @description ms since the Unix epoch. */
+            /** @description When the blob was packed, ms since the Unix epoch; for a caller that is not an admin, when the first image it sees named the layer (content is shared across tenants). */
             created_at: number;
-            /** @description Where the content came from, e.g. dir:/path, oci:/x.tar#1, commit:<sandbox id>. */
+            /** @description Where the content came from, e.g. dir:/path, oci:/x.tar#1, commit:<sandbox id> (for a caller that is not an admin, commit or snapshot alone). */
             source: string;
             /** @description <host>/<instance> that built it. */
             builder: string;

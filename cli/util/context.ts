@@ -76,7 +76,8 @@ export class Ctx {
    * or DSEC_TOKEN, `--ca` or DSEC_CA); `--context NAME`; DSEC_HOST (with DSEC_TOKEN,
    * DSEC_CA); DSEC_SOCKET; the current context (`dsec context use`); the default socket.
    * A context's token gives way to `--token`, its CA to `--ca`.
-   * @throws UserError for an unknown context or an unreadable CA file.
+   * @throws UserError for an unknown context, an unreadable CA file, or an address that
+   *   is not `https://HOST:PORT` (naming where it came from: --host, DSEC_HOST, a context).
    */
   target(): { socketPath: string; remote?: undefined } | { socketPath?: undefined; remote: { url: string; token?: string; ca?: Buffer } } {
     const g = this.globals;
@@ -89,15 +90,25 @@ export class Ctx {
         throw new UserError(`${what} ${file}: ${(e as NodeJS.ErrnoException).code === 'ENOENT' ? 'no such file' : (e as Error).message}`, "copy dsecd's CA certificate (<root>/tls/ca.crt on its host, or the fleet CA) here");
       }
     };
+    // The SDK's Endpoint would refuse a bad address with a TypeError (a bug's exit); say it as the user's mistake.
+    const host = (url: string, what: string): string => {
+      let u: URL | undefined;
+      try {
+        u = new URL(url);
+      } catch { /* not a URL: refused below */ }
+      const why = u?.protocol !== 'https:' ? 'want https://HOST:PORT (the TCP door speaks TLS only)' : u.pathname !== '/' && u.pathname !== '' ? 'no path after HOST:PORT' : null;
+      if (why) throw new UserError(`${what} ${JSON.stringify(url)}: ${why}`, 'e.g. --host https://dsec1.example.org:8443 (the port of dsecd --listen)');
+      return url;
+    };
     const fromContext = (name: string) => {
       const c = readContexts(env).contexts[name];
       if (!c) throw new UserError(`no context ${JSON.stringify(name)}`, 'list them with `dsec context ls`; add one with `dsec context add`');
-      return { remote: { url: c.host, token: g.token || c.token || env.DSEC_TOKEN || undefined, ca: g.ca ? ca(g.ca, '--ca') : ca(c.ca, `context ${name}: CA`) } };
+      return { remote: { url: host(c.host, `context ${name}: host`), token: g.token || c.token || env.DSEC_TOKEN || undefined, ca: g.ca ? ca(g.ca, '--ca') : ca(c.ca, `context ${name}: CA`) } };
     };
     if (g.socket) return { socketPath: g.socket };
-    if (g.host) return { remote: { url: g.host, token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
+    if (g.host) return { remote: { url: host(g.host, '--host'), token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
     if (g.context) return fromContext(g.context);
-    if (env.DSEC_HOST) return { remote: { url: env.DSEC_HOST, token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
+    if (env.DSEC_HOST) return { remote: { url: host(env.DSEC_HOST, 'DSEC_HOST'), token: g.token || env.DSEC_TOKEN || undefined, ca: ca(g.ca || env.DSEC_CA, g.ca ? '--ca' : 'DSEC_CA') } };
     if (env.DSEC_SOCKET) return { socketPath: env.DSEC_SOCKET };
     const current = readContexts(env).current;
     if (current) return fromContext(current);

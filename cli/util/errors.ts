@@ -163,6 +163,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       if (verb === 'image compose') return 'list layers with `dsec layer ls`, images with `dsec image ls`';
       if (verb === 'image alias') return 'list templates with `dsec image alias`, images with `dsec image ls`';
       if (image) return 'list images with `dsec image ls`';
+      if (verb.startsWith('token ')) return 'list tokens with `dsec token ls` (an admin token, or the Unix socket on dsecd\'s host)';
       if (layer) return 'list layers with `dsec layer ls`';
       if (verb === 'attach' || verb.startsWith('execs')) return 'list sandboxes with `dsec ls`, the exec sessions of one with `dsec execs ID`';
       if (verb === 'cp') return 'check the path inside the sandbox (`dsec exec ID -- ls -la DIR`); `dsec ls` lists sandboxes';
@@ -176,6 +177,7 @@ export function hintFor(code: ErrorKind, verb: string, detail: ErrorDetail | num
       return 'pass a token of `dsec token create` (--token or $DSEC_TOKEN, or a context: `dsec context ls`); a revoked or expired token needs a new one';
     case 'PermissionDenied':
       if (verb.startsWith('token ')) return 'token management needs an admin token or the Unix socket on dsecd\'s host';
+      if (verb === 'image rm' && /system image/.test(d.message ?? '')) return "a system image is every tenant's: an admin removes it; your tenant's own image of the name (`dsec image tag`, `dsec commit`) shadows it for you";
       return 'the token\'s role may not do this (reader: reads only; user: not host-wide operations); ask an admin for a token of another role';
     case 'InvalidArgument':
       return verb === '' || verb === 'dsec' ? 'see `dsec --help`' : `see \`dsec ${verb} --help\``;

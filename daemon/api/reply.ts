@@ -24,12 +24,24 @@ export function sendError(reply: FastifyReply, e: unknown, log: Logger, req?: Fa
     // A body over the limit never succeeds on retry: InvalidArgument, not the retryable ResourceExhausted.
     err = new DsecError('InvalidArgument', fe.statusCode === 413 ? `request body larger than ${BODY_LIMIT_BYTES} bytes` : fe.message);
   } else {
-    log.error({ err: e, url: req?.url }, 'internal error');
+    log.error({ err: e, url: req?.url, reqId: req?.id }, 'internal error');
     err = new DsecError('Internal', `internal error: ${(e as Error)?.message ?? String(e)}`);
   }
-  if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url }, 'request failed');
+  if (err.kind === 'Internal') log.error({ err, cause: err.cause, url: req?.url, reqId: req?.id }, 'request failed');
+  err = forCaller(err, req);
   metrics?.errors.inc({ code: err.kind });
   noteErrorKind(reply, err.kind);
   if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');
   return reply.code(err.status).type('application/json').send({ error: { code: err.kind, message: err.message, ...(err.reason ? { reason: err.reason } : {}) } });
+}
+
+/**
+ * What the caller of `req` is told of error `err`: all of it, except that an Internal
+ * error's text (host paths, dsecd's own state: what the operator reads in the log) goes
+ * only to an admin (the Unix socket, an admin token); any other role is told the kind and
+ * the request id dsecd logged it under (docs/SECURITY.md "The TCP door").
+ */
+export function forCaller(err: DsecError, req: FastifyRequest | undefined): DsecError {
+  if (err.kind !== 'Internal' || !req?.principal || req.principal.role === 'admin') return err;
+  return new DsecError('Internal', `internal error (dsecd logged it as request ${req.id}); tell dsecd's operator`);
 }

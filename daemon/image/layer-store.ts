@@ -52,7 +52,8 @@ import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { checkImageSecurity } from './security.js';
 import type { ImageSecurity } from '../model/image.js';
-import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, type Scope } from '../model/tenant.js';
+import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, imageTenant, ownTenant, type Scope } from '../model/tenant.js';
+export { imageTenant, ownTenant } from '../model/tenant.js';
 
 /** An image: an ordered stack of layers plus the process defaults for sandboxes made from it. */
 export interface ImageManifest {
@@ -88,31 +89,28 @@ export interface ImageManifest {
   tenant?: string;
 }
 
-/** The tenant of manifest `m` (`system` when it names none). */
-export function imageTenant(m: Pick<ImageManifest, 'tenant'>): string {
-  return m.tenant ?? SYSTEM_TENANT;
-}
-
 /** Name of the built-in image (see builtin.ts). */
 export const BUILTIN_BUSYBOX = 'busybox';
 /** Tag used when a ref names no tag. */
 export const DEFAULT_TAG = 'latest';
 
 const NAME_RE = /^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:\/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$/;
+/** Longest name (chars): distribution/reference's total; keeps each path component of a manifest under NAME_MAX (255). */
+const NAME_MAX_CHARS = 255;
 const TAG_RE = /^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$/;
 const DIGEST_RE = /^sha256:([0-9a-f]{64})$/;
 
 /**
  * Splits an image ref `name[:tag]` into name and tag (tag defaults to `latest`).
- * Throws an InvalidArgument DsecError for malformed refs (uppercase names, `..`,
- * digests `@sha256:` — not supported yet).
+ * Throws an InvalidArgument DsecError for malformed refs (uppercase names, `..`, a name
+ * over 255 characters, digests `@sha256:` — not supported yet).
  */
 export function parseRef(ref: string): { name: string; tag: string } {
   const slash = ref.lastIndexOf('/');
   const colon = ref.lastIndexOf(':');
   const [name, tag] = colon > slash ? [ref.slice(0, colon), ref.slice(colon + 1)] : [ref, DEFAULT_TAG];
-  if (!NAME_RE.test(name) || !TAG_RE.test(tag)) {
-    throw new DsecError('InvalidArgument', `invalid image ref ${JSON.stringify(ref)}: want name[:tag], e.g. busybox:latest`);
+  if (name.length > NAME_MAX_CHARS || !NAME_RE.test(name) || !TAG_RE.test(tag)) {
+    throw new DsecError('InvalidArgument', `invalid image ref ${JSON.stringify(ref)}: want name[:tag], name at most ${NAME_MAX_CHARS} characters, e.g. busybox:latest`);
   }
   return { name, tag };
 }
@@ -608,7 +606,10 @@ export class LayerStore {
     if (tenant !== scope.tenant && !scope.all) {
       throw new DsecError('PermissionDenied', `image ${m.name}:${m.tag} is a system image shared by every tenant; only an admin may remove it`);
     }
-    await unlink(this.manifestPath(m.name, m.tag, tenant));
+    await unlink(this.manifestPath(m.name, m.tag, tenant)).catch((e: NodeJS.ErrnoException) => {
+      // A concurrent remove of the name won: for this call it is missing.
+      throw e.code === 'ENOENT' ? new DsecError('NotFound', `image ${m.name}:${m.tag} not found`) : e;
+    });
     return m;
   }
 
@@ -709,7 +710,8 @@ export class LayerStore {
    * every tenant's images in {@link list}; by name they act in their own tenant, as with
    * snapshot names). The result's `tenant` says whose it is (absent: `system`).
    * Throws InvalidArgument for a malformed ref, NotFound (`image NAME:TAG not found`, the
-   * same text whether no tenant or only another one has it) when neither exists,
+   * same text whether no tenant or only another one has it; for an admin's scope, which
+   * lists other tenants' images, it names the tenants that have one) when neither exists,
    * Internal when the stored manifest is unreadable.
    */
   async get(ref: string, scope: Scope = SYSTEM_SCOPE): Promise<ImageManifest> {
@@ -719,8 +721,11 @@ export class LayerStore {
       if (own) return own;
     }
     const m = await this.read(name, tag, SYSTEM_TENANT);
-    if (!m) throw new DsecError('NotFound', `image ${name}:${tag} not found`);
-    return m;
+    if (m) return m;
+    // An admin lists every tenant's images but resolves names in its own: say whose the name is.
+    const others = scope.all ? [...new Set((await this.list()).filter((x) => x.name === name && x.tag === tag).map(imageTenant))] : [];
+    const whose = others.length === 0 ? '' : ` in tenant ${scope.tenant}${scope.tenant === SYSTEM_TENANT ? '' : ' or system'}; tenant ${others.join(', ')} has one: admins resolve image names in their own tenant, so act on it with a token of that tenant (dsec token create --tenant ${others[0]} --role user)`;
+    throw new DsecError('NotFound', `image ${name}:${tag} not found${whose}`);
   }
 
   /** `tenant`'s manifest of `name:tag`, or undefined when it has none. @throws DsecError Internal (unreadable manifest). */
@@ -789,9 +794,4 @@ export class LayerStore {
       return 0;
     });
   }
-}
-
-/** The `tenant` field a manifest of `tenant` carries: none for `system` (the layout and JSON before tenancy). */
-export function ownTenant(tenant: string): { tenant?: string } {
-  return tenant === SYSTEM_TENANT ? {} : { tenant };
 }

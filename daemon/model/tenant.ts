@@ -33,6 +33,16 @@ export function tenantScope(tenant: string): Scope {
   return { tenant, all: false };
 }
 
+/** The tenant of an image manifest (`system` when it names none: the layout and JSON before tenancy). */
+export function imageTenant(m: { tenant?: string }): string {
+  return m.tenant ?? SYSTEM_TENANT;
+}
+
+/** The `tenant` field a manifest of `tenant` carries: none for `system` (the layout and JSON before tenancy). */
+export function ownTenant(tenant: string): { tenant?: string } {
+  return tenant === SYSTEM_TENANT ? {} : { tenant };
+}
+
 /** Whether an object of `tenant` is visible to `scope`. */
 export function visible(scope: Scope, tenant: string): boolean {
   return scope.all || scope.tenant === tenant;

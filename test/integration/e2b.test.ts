@@ -197,6 +197,8 @@ describe.skipIf(!IS_ROOT)('E2B SDKs against dsecd', () => {
       const none = await sdk('e2b', tenantA, 'run', { template: 'no-such-template', cmd: 'true' });
       expect(none).toMatchObject({ threw: true });
       expect(none.message).toMatch(/template no-such-template not found/);
+      // What a user can do about it: an image it sees, or an alias only an admin makes.
+      expect(none.message).toMatch(/an alias an admin made with dsec image alias NAME IMAGE, or the name of an image your tenant sees: dsec image ls/);
     });
 
     it('can be set by an admin only', async () => {

@@ -247,6 +247,10 @@ describe.skipIf(!IS_ROOT)('tenant isolation over the TCP door', () => {
     const gone = await as(b, 'GET', '/v1/images/app%3Av1');
     expect([gone.status, JSON.parse(gone.body).error.message]).toEqual([404, 'image app:v1 not found']);
     expect((await ok(as(a, 'GET', '/v1/images/app%3Av1'))).layers).toEqual(layers['made by a']);
+    // An admin lists A's app:v1 but resolves names in its own tenant: its NotFound says whose the name is and what to do.
+    const byAdmin = await as(admin, 'GET', '/v1/images/app%3Av1');
+    expect([byAdmin.status, JSON.parse(byAdmin.body).error.message]).toEqual([404,
+      'image app:v1 not found in tenant system; tenant team-a has one: admins resolve image names in their own tenant, so act on it with a token of that tenant (dsec token create --tenant team-a --role user)']);
     // A system image: a user may neither remove it nor replace it; its tag of the name shadows it for itself only.
     const sys = await ok(as(admin, 'GET', '/v1/images/busybox'));
     expect(sys.tenant).toBe('system');

@@ -118,4 +118,13 @@ describe('image names per tenant', () => {
     await expect(store.putManifest(manifest('x', 'y', [base], '../manifests'))).rejects.toMatchObject({ kind: 'InvalidArgument' });
     await expect(store.get('x:y', tenantScope('../x'))).rejects.toMatchObject({ kind: 'InvalidArgument' });
   });
+
+  it('two removes of one name racing: one removes it, the other is NotFound (never a failed unlink)', async () => {
+    for (let i = 0; i < 10; i++) {
+      await store.putManifest(manifest('race', `v${i}`, [base], 'team-b'));
+      const r = await Promise.allSettled([store.removeImage(`race:v${i}`, B), store.removeImage(`race:v${i}`, B)]);
+      expect(r.filter((x) => x.status === 'fulfilled')).toHaveLength(1);
+      expect(r.flatMap((x) => (x.status === 'rejected' ? [(x.reason as { kind?: string }).kind] : []))).toEqual(['NotFound']);
+    }
+  });
 });

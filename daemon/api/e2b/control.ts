@@ -158,7 +158,7 @@ export function registerControlRoutes(app: FastifyInstance, front: E2bFront): vo
     if (body.network && Object.keys(body.network).length) throw unimplemented('per-sandbox egress rules through the E2B API are not supported; use a dsec network policy ([e2b] internet, docs/E2B.md)');
     const tpl = front.templates.resolve(body.templateID);
     if (!(await host.imageExists(tpl.image, req.principal.tenant))) {
-      const hint = tpl.image === E2B_BASE_IMAGE ? ' (dsecd builds it at start when Debian\'s bash-static is installed)' : ' (dsec image alias NAME IMAGE makes a template)';
+      const hint = tpl.image === E2B_BASE_IMAGE ? ' (dsecd builds it at start when Debian\'s bash-static is installed)' : ' (a template ID is an alias an admin made with dsec image alias NAME IMAGE, or the name of an image your tenant sees: dsec image ls)';
       throw notFound(`template ${body.templateID} not found: no image ${tpl.image} in the store${hint}`);
     }
     // Metadata becomes labels under dsec's label rules (which also reserve `dsec.`).

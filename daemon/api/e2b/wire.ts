@@ -12,6 +12,7 @@ import { Code, ConnectError } from '@connectrpc/connect';
 import { codeToHttpStatus, errorToJson } from '@connectrpc/connect/protocol-connect';
 import { DsecError, type ErrorKind } from '../../errors.js';
 import { noteErrorKind } from '../../remote/audit.js';
+import { forCaller } from '../reply.js';
 
 /**
  * The HTTP status an E2B client sees for a dsec error kind. As dsec's own, except:
@@ -65,9 +66,11 @@ export function e2bStatus(e: DsecError): number {
   return E2B_STATUS[e.kind];
 }
 
-/** Sends `e` as E2B's REST error: its status, `{code, message}`. */
+/** Sends `e` as E2B's REST error: its status, `{code, message}` (an Internal error logged, its text for admins only: reply.ts forCaller). */
 export function sendE2bError(reply: FastifyReply, e: unknown): FastifyReply {
-  const err = asDsecError(e);
+  const full = asDsecError(e);
+  if (full.kind === 'Internal') reply.log.error({ err: full, cause: full.cause, url: reply.request.url, reqId: reply.request.id }, 'request failed');
+  const err = forCaller(full, reply.request);
   const status = E2B_STATUS[err.kind];
   noteErrorKind(reply, err.kind);
   if (err.kind === 'Unauthenticated' || err.kind === 'PermissionDenied') reply.header('cache-control', 'no-store');

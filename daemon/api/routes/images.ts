@@ -98,17 +98,21 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
   /**
    * A layer as `scope` may see it. Layers are host-wide, but a layer no image names is a
    * snapshot's (private to its tenant) and is shown to admins only; for other callers
-   * `sandboxes` counts their own tenant's sandboxes, and a source naming a sandbox
-   * (`commit:ID`, `snapshot:ID`) is cut to its kind, so no tenant learns another's ids.
+   * `sandboxes` counts their own tenant's sandboxes, a source naming a sandbox
+   * (`commit:ID`, `snapshot:ID`) is cut to its kind, so no tenant learns another's ids,
+   * and `created_at` is the oldest of the images they see naming it.
    * @returns null when `scope` may not see the layer.
    */
   const layerView = async (meta: LayerMeta, scope: Scope = SYSTEM_SCOPE): Promise<z.infer<typeof Layer> | null> => {
     // Only the images `scope` sees name a layer for it (another tenant's image names are its own).
-    const images = (await store.list(scope)).filter((m) => m.layers.includes(meta.digest)).map((m) => `${m.name}:${m.tag}`);
+    const named = (await store.list(scope)).filter((m) => m.layers.includes(meta.digest));
+    const images = named.map((m) => `${m.name}:${m.tag}`);
     if (!scope.all && images.length === 0) return null;
     const sandboxes = deps.repo.all().filter((s) => visible(scope, s.tenant) && s.imageLayers.includes(meta.digest)).length;
-    const source = scope.all ? meta.source : meta.source.replace(/^(commit|snapshot):.*$/, '$1');
-    return { ...meta, source, images, sandboxes };
+    if (scope.all) return { ...meta, images, sandboxes };
+    // Content is deduplicated across tenants, so the blob's own time may be when another
+    // tenant packed the same content: a tenant is told when the first image it sees named it.
+    return { ...meta, source: meta.source.replace(/^(commit|snapshot):.*$/, '$1'), created_at: Math.min(...named.map((m) => m.created_ms)), images, sandboxes };
   };
 
   app.get(listRoute.url, async (req) => ({ images: await Promise.all((await store.list(scopeOf(req))).map((m) => imageView(store, m))) }));
@@ -202,6 +206,8 @@ export function registerImageRoutes(app: FastifyInstance, deps: ImageRouteDeps):
   app.post<{ Params: { id: string } }>(commitRoute.url, async (req, reply) => {
     const body = parseWith(CommitRequest, req.body, 'commit request');
     const r = await deps.snapshots.commit(req.params.id, body.image, body.exclude, body.security, scopeOf(req).tenant);
-    return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer))!, stripped: r.stripped, warnings: r.warnings });
+    // The layer as the caller sees it: the same content committed by another tenant is one
+    // shared layer, whose other image names and `commit:ID` source are not the caller's.
+    return reply.code(201).send({ image: await imageView(store, r.image), layer: (await layerView(r.layer, scopeOf(req)))!, stripped: r.stripped, warnings: r.warnings });
   });
 }

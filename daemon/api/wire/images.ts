@@ -37,8 +37,8 @@ export const ImageList = z.object({ images: z.array(Image) });
 export const Layer = z.object({
   digest: z.string(),
   size_bytes: z.number().int().describe('Blob size, bytes.'),
-  created_at: z.number().int().describe('ms since the Unix epoch.'),
-  source: z.string().describe('Where the content came from, e.g. dir:/path, oci:/x.tar#1, commit:<sandbox id>.'),
+  created_at: z.number().int().describe("When the blob was packed, ms since the Unix epoch; for a caller that is not an admin, when the first image it sees named the layer (content is shared across tenants)."),
+  source: z.string().describe('Where the content came from, e.g. dir:/path, oci:/x.tar#1, commit:<sandbox id> (for a caller that is not an admin, commit or snapshot alone).'),
   builder: z.string().describe('<host>/<instance> that built it.'),
   images: z.array(z.string()).describe('Images (name:tag) that use this layer.'),
   sandboxes: z.number().int().describe('Sandboxes of this instance that use this layer.'),

@@ -157,9 +157,12 @@ export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: Fastify
           return { ...(last ?? { id }), state: UNREACHABLE, host: host.name, error: downMessage(host, `sandbox ${id}`) };
         }
         if (req.method === 'DELETE' && doc.url === '/v1/sandboxes/:id') {
-          const r = await forward(ctx, host, req, reply, `sandbox ${id}`);
-          if (reply.statusCode === 200) router.forget(id, host.name);
-          return r;
+          // Its share of a fleet-wide quota is freed before the client hears it is gone.
+          return forward(ctx, host, req, reply, `sandbox ${id}`, req.url, async (status) => {
+            if (status !== 200) return;
+            router.forget(id, host.name);
+            await ctx.quotas.destroyed(identityOf(req).tenant, id);
+          });
         }
         return forward(ctx, host, req, reply, `sandbox ${id}`);
       }

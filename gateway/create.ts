@@ -14,6 +14,7 @@ import { DsecError, unavailable } from '../daemon/errors.js';
 import { ACK_HEADER, IDEMPOTENCY_HEADER, KEY_RE, idsOf } from '../daemon/sandbox/create-records.js';
 import type { KeyClaim } from './idempotency.js';
 import { reserveCreate, type QuotaHold } from './quotas.js';
+import { copyImageTo } from './image-copy.js';
 import { choose, isNoHost, noHostError, normalizeImage, type NoHost, type PlacementRequest } from './placement.js';
 import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
@@ -130,6 +131,8 @@ async function place(ctx: GatewayContext, router: Router, req: FastifyRequest, r
     if (!host || host.state !== 'up') {
       throw unavailable(`the first create with this ${IDEMPOTENCY_HEADER} went to host ${name}, which is ${host ? host.state : 'not in the fleet'}; retry when it is back (a create elsewhere would be another sandbox)`);
     }
+    // An image only another host has is copied here first (gateway/image-copy.ts).
+    if (acks && typeof body.image === 'string') await copyImageTo(ctx, host, preq.image, who.tenant);
     const r: Reservation = { count: 1, cpus: preq.cpus, memoryBytes: preq.memoryBytes, job: preq.job };
     ctx.table.reserve(host.name, r);
     let settled = false;

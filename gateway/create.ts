@@ -14,7 +14,7 @@ import { DsecError, unavailable } from '../daemon/errors.js';
 import { ACK_HEADER, IDEMPOTENCY_HEADER, KEY_RE, idsOf } from '../daemon/sandbox/create-records.js';
 import type { KeyClaim } from './idempotency.js';
 import { reserveCreate, type QuotaHold } from './quotas.js';
-import { copyImageTo } from './image-copy.js';
+import { copyImageTo, imageCopyBytes } from './image-copy.js';
 import { choose, isNoHost, noHostError, normalizeImage, type NoHost, type PlacementRequest } from './placement.js';
 import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
@@ -100,6 +100,8 @@ async function place(ctx: GatewayContext, router: Router, req: FastifyRequest, r
   const refusals: string[] = [];
   const refused = preq.refused as Set<string>;
   const who = identityOf(req);
+  preq.tenantImage = tenantImageKey(who.tenant, preq.image);
+  preq.copyBytes = imageCopyBytes(ctx, preq.image, who.tenant);
   const rawKey = req.headers[IDEMPOTENCY_HEADER];
   const key = typeof rawKey === 'string' && KEY_RE.test(rawKey) ? rawKey : null;
   // Only sandbox creates hold their sandboxes until delivery (daemon/sandbox/create-records.ts).
@@ -264,8 +266,8 @@ async function place(ctx: GatewayContext, router: Router, req: FastifyRequest, r
 
 /**
  * Refuses at once a create of an image no up host has: hosts load images only from their
- * own store (imported, built or bootstrapped there) and fetch none from a registry or a
- * peer, so no host could run it. Judged only when every up host has reported its images.
+ * own store (imported, built or bootstrapped there) or from a peer host the gateway copies
+ * it from (gateway/image-copy.ts), never from a registry, so no host could run it. Judged only when every up host has reported its images.
  * A `system` image of that name or `tenant`'s own one counts (image names are per tenant,
  * daemon/image/layer-store.ts).
  * @throws DsecError NotFound naming the image and how many hosts were asked.

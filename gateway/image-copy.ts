@@ -38,6 +38,23 @@ export function imageSource(ctx: GatewayContext, ref: string, tenant: string, ex
   return sys ? { host: sys, owner: SYSTEM_TENANT } : null;
 }
 
+/**
+ * Bytes a copy of `ref` of `tenant` would move to a host without it: the size of the image
+ * the peers report (the tenant's own before a `system` one); 0 when none says.
+ */
+export function imageCopyBytes(ctx: GatewayContext, ref: string, tenant: string): number {
+  let own = 0, sys = 0;
+  for (const h of ctx.table.hosts.values()) {
+    if (h.state !== 'up') continue;
+    for (const i of h.images?.images ?? []) {
+      if (i.ref !== ref) continue;
+      if (i.tenant === undefined) sys = Math.max(sys, i.size_bytes ?? 0);
+      else if (i.tenant === tenant) own = Math.max(own, i.size_bytes ?? 0);
+    }
+  }
+  return own || sys;
+}
+
 async function body(res: IncomingMessage): Promise<unknown> {
   const chunks: Buffer[] = [];
   for await (const c of res) chunks.push(c as Buffer);

@@ -245,7 +245,11 @@ export type HostLiveRecord = z.infer<typeof HostLiveRecord>;
 export const HostImagesRecord = z.object({
   id: z.string().regex(/^[0-9a-f]{16}$/),
   /** Image names of the host's store; `tenant` is set for a tenant's own image (absent: a `system` image every tenant creates from). */
-  images: z.array(z.object({ ref: z.string(), digest: z.string().nullable(), tenant: z.string().optional() })),
+  images: z.array(z.object({
+    ref: z.string(), digest: z.string().nullable(), tenant: z.string().optional(),
+    /** Sum of the image's layer blobs, bytes: what a copy to another host moves (placement's copy cost, gateway/placement.ts). Absent from older hosts. */
+    size_bytes: z.number().int().min(0).optional(),
+  })),
 });
 export type HostImagesRecord = z.infer<typeof HostImagesRecord>;
 

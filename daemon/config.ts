@@ -40,14 +40,14 @@ export const DEFAULT_CONFIG = '/etc/dsec/dsecd.toml';
 export const DEFAULT_DISK_BYTES = 10 * 1024 ** 3;
 
 /** One tenant quota in the config file (`[quotas]`, `[quotas.tenants.NAME]`): sandboxes, cores, bytes. */
-const TenantQuotaFile = z.object({
+export const TenantQuotaFile = z.object({
   sandboxes: z.number().int().min(0).optional(),
   cpus: z.number().min(0).optional(),
   memory_bytes: z.number().int().min(0).optional(),
 }).strict();
 
 /** {@link DaemonConfig.quotas} from the file's `[quotas]`. */
-function resolveQuotas(q: (z.infer<typeof TenantQuotaFile> & { tenants?: Record<string, z.infer<typeof TenantQuotaFile>> }) | undefined): DaemonConfig['quotas'] {
+export function resolveQuotas(q: (z.infer<typeof TenantQuotaFile> & { tenants?: Record<string, z.infer<typeof TenantQuotaFile>> }) | undefined): DaemonConfig['quotas'] {
   const def: TenantQuota = { sandboxes: q?.sandboxes ?? null, cpus: q?.cpus ?? null, memoryBytes: q?.memory_bytes ?? null };
   const tenants: Record<string, TenantQuota> = {};
   for (const [name, t] of Object.entries(q?.tenants ?? {})) {

@@ -531,7 +531,11 @@ async function serveApi(r: Running): Promise<Daemon> {
         untagged: repo.countUntagged(r.identity!.tag),
       };
     },
-    images: async () => (await st.images.list()).map((m) => ({ ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers), ...(m.tenant ? { tenant: m.tenant } : {}) })),
+    images: async () => Promise.all((await st.images.list()).map(async (m) => {
+      let size = 0;
+      for (const d of m.layers) size += (await st.images.layer(d).catch(() => null))?.size_bytes ?? 0;
+      return { ref: `${m.name}:${m.tag}`, digest: imageDigest(m.layers), ...(m.tenant ? { tenant: m.tenant } : {}), size_bytes: size };
+    })),
   }) ?? null;
   // Fills start once the API answers: shells are background work, never part of start.
   warm.start();

@@ -5,7 +5,9 @@
 import { existsSync, readFileSync } from 'node:fs';
 import path from 'node:path';
 import { z } from 'zod';
-import { parseListen } from '../daemon/config.js';
+import { parseListen, resolveQuotas, TenantQuotaFile } from '../daemon/config.js';
+import { TENANT_RE } from '../daemon/model/tenant.js';
+import type { FleetQuotaConfig } from './quotas.js';
 import { invalidArgument } from '../daemon/errors.js';
 import { readTomlFile } from '../daemon/toml-file.js';
 import { DEFAULT_PREFIX, parseEndpoints } from '../daemon/fleet/layout.js';
@@ -32,6 +34,7 @@ const FileConfig = z.object({
     prefix: z.string().regex(/^\/[A-Za-z0-9._/-]*$/).optional(),
   }).strict().optional(),
   placement: z.object({ k: z.number().int().min(1).max(64).optional(), job: z.enum(['spread', 'pack']).optional(), burst_threshold: z.number().min(0).max(1).optional() }).strict().optional(),
+  quotas: TenantQuotaFile.extend({ tenants: z.record(z.string().regex(TENANT_RE), TenantQuotaFile).optional() }).strict().optional(),
   limits: z.object({
     creates_per_minute: z.number().int().min(1).optional(),
     auth_failures_per_minute: z.number().int().min(1).optional(),
@@ -58,6 +61,12 @@ export interface GatewayConfig {
   etcd: { endpoints: string[]; cert: string; key: string; ca: string; prefix: string };
   /** `burstThreshold`: primary utilisation (0..1) above which `pool=burst` hosts take creates that allow them; default 0.8. */
   placement: { k: number; job: 'spread' | 'pack'; burstThreshold: number };
+  /**
+   * Fleet-wide tenant quotas (`[quotas]`, `[quotas.tenants.NAME]`: sandboxes, cpus in
+   * cores, memory_bytes; dsecd's shape), held in etcd by every gateway (gateway/quotas.ts);
+   * default none.
+   */
+  quotas: FleetQuotaConfig;
   /**
    * Limits of the door (daemon/remote/door.ts DoorLimits). Defaults as dsecd's door
    * (`[remote]`), except creates per token: 600,000 a minute (10,000/s), twice the paper's
@@ -119,6 +128,7 @@ export function loadGatewayConfig(src: GatewaySources, env: NodeJS.ProcessEnv = 
       prefix: src.etcdPrefix ?? fc.etcd?.prefix ?? DEFAULT_PREFIX,
     },
     placement: { k: src.placementK ?? fc.placement?.k ?? DEFAULT_K, job, burstThreshold: src.burstThreshold ?? fc.placement?.burst_threshold ?? DEFAULT_BURST_THRESHOLD },
+    quotas: resolveQuotas(fc.quotas),
     limits: {
       createsPerMinute: fc.limits?.creates_per_minute ?? 600_000,
       authFailuresPerMinute: fc.limits?.auth_failures_per_minute ?? 30,

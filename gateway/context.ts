@@ -11,6 +11,7 @@ import { unavailable } from '../daemon/errors.js';
 import type { FleetKeys } from '../daemon/fleet/layout.js';
 import type { TokenService } from '../daemon/remote/tokens.js';
 import type { KeyedCreates } from './idempotency.js';
+import type { FleetQuotas } from './quotas.js';
 import type { PlacementPolicy, PlacementRequest } from './placement.js';
 import type { HostEntry, HostTable } from './table.js';
 import type { CallIdentity, HostAddress, Upstreams } from './upstream.js';
@@ -63,6 +64,8 @@ export interface GatewayContext {
   name: string;
   /** Idempotency records and delivery acknowledgements (gateway/idempotency.ts). */
   keyed: KeyedCreates;
+  /** Fleet-wide tenant quotas held in etcd (gateway/quotas.ts). */
+  quotas: FleetQuotas;
 }
 
 /** The caller of a request as hosts are told it. */

@@ -13,6 +13,8 @@ import type { IncomingMessage } from 'node:http';
 import { DsecError, unavailable } from '../daemon/errors.js';
 import { ACK_HEADER, IDEMPOTENCY_HEADER, KEY_RE, idsOf } from '../daemon/sandbox/create-records.js';
 import type { KeyClaim } from './idempotency.js';
+import { reserveCreate, type QuotaHold } from './quotas.js';
+import { copyImageTo, imageCopyBytes } from './image-copy.js';
 import { choose, isNoHost, noHostError, normalizeImage, type NoHost, type PlacementRequest } from './placement.js';
 import { addressOf, identityOf, requestLimits, type GatewayContext } from './context.js';
 import { hostError, readJson, type Router } from './routing.js';
@@ -58,13 +60,31 @@ function firstLine(res: IncomingMessage): Promise<{ line: string; rest: Buffer }
 /** Whether an error kind sends a create to the next host. */
 const movesOn = (kind: string) => kind === 'ResourceExhausted' || kind === 'Unavailable';
 
+/** A create's fleet-wide quota reservation, and whether its answer streams (then the stream releases it). */
+interface QuotaScope {
+  hold: QuotaHold | null;
+  streaming: boolean;
+}
+
 /**
- * Places and forwards one create; see the module comment.
+ * Places and forwards one create; see the module comment. A sandbox create of a tenant
+ * with a fleet-wide quota reserves its share first (gateway/quotas.ts), released unless
+ * the create made a sandbox.
  * @param backend the backend when the body names none (sandboxes: container; runs: fncall)
  * @throws DsecError as placement decides (ResourceExhausted, Unavailable or
- *   FailedPrecondition naming what each filter excluded) or as the host answered.
+ *   FailedPrecondition naming what each filter excluded), as the quota decides
+ *   (ResourceExhausted naming it), or as the host answered.
  */
 export async function placeAndForward(ctx: GatewayContext, router: Router, req: FastifyRequest, reply: FastifyReply, defaultBackend: string): Promise<FastifyReply> {
+  const q: QuotaScope = { hold: null, streaming: false };
+  try {
+    return await place(ctx, router, req, reply, defaultBackend, q);
+  } finally {
+    if (!q.streaming) await q.hold?.done();
+  }
+}
+
+async function place(ctx: GatewayContext, router: Router, req: FastifyRequest, reply: FastifyReply, defaultBackend: string, q: QuotaScope): Promise<FastifyReply> {
   const body = await readJson(req);
   const text = JSON.stringify(body);
   const labels = (body.labels && typeof body.labels === 'object' ? body.labels : {}) as Record<string, string>;
@@ -80,11 +100,14 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
   const refusals: string[] = [];
   const refused = preq.refused as Set<string>;
   const who = identityOf(req);
+  preq.tenantImage = tenantImageKey(who.tenant, preq.image);
+  preq.copyBytes = imageCopyBytes(ctx, preq.image, who.tenant);
   const rawKey = req.headers[IDEMPOTENCY_HEADER];
   const key = typeof rawKey === 'string' && KEY_RE.test(rawKey) ? rawKey : null;
   // Only sandbox creates hold their sandboxes until delivery (daemon/sandbox/create-records.ts).
   const acks = req.routeOptions.url === '/v1/sandboxes';
   if (acks && typeof body.image === 'string') imageSomewhere(ctx, preq.image, who.tenant);
+  if (acks) q.hold = await reserveCreate(ctx.quotas, ctx.keyed, ctx.table.fresh, who.tenant, preq.cpus, preq.memoryBytes, key);
   /** The host the key's record names, and whether this request made the record. */
   let owner: KeyClaim | null = null;
   for (let attempt = 0; attempt < MAX_ATTEMPTS; attempt++) {
@@ -110,6 +133,8 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     if (!host || host.state !== 'up') {
       throw unavailable(`the first create with this ${IDEMPOTENCY_HEADER} went to host ${name}, which is ${host ? host.state : 'not in the fleet'}; retry when it is back (a create elsewhere would be another sandbox)`);
     }
+    // An image only another host has is copied here first (gateway/image-copy.ts).
+    if (acks && typeof body.image === 'string') await copyImageTo(ctx, host, preq.image, who.tenant);
     const r: Reservation = { count: 1, cpus: preq.cpus, memoryBytes: preq.memoryBytes, job: preq.job };
     ctx.table.reserve(host.name, r);
     let settled = false;
@@ -155,6 +180,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
       settle(true);
       ctx.metrics.placements.inc({ outcome: 'created' });
       noteCreated(router, host.name, parsed);
+      await q.hold?.created(host.name, idsOf(parsed));
       if (acks) reply.raw.once('finish', () => ctx.keyed.ack(addressOf(host), who, idsOf(parsed)));
       reply.code(status);
       for (const [k, v] of Object.entries(passHeaders(res.headers))) if (k !== 'content-length') reply.header(k, v);
@@ -175,6 +201,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
       continue;
     }
     ctx.metrics.placements.inc({ outcome: 'created' });
+    q.streaming = true;
     reply.hijack();
     const out = reply.raw;
     out.writeHead(200, { 'content-type': 'application/x-ndjson', 'cache-control': 'no-store' });
@@ -184,8 +211,12 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
         if (o.type === 'result') {
           settle(true);
           noteCreated(router, host.name, o.result);
+          void q.hold?.created(host.name, idsOf(o.result));
           if (acks) out.once('finish', () => ctx.keyed.ack(addressOf(host), who, idsOf(o.result)));
-        } else if (o.type === 'error') settle(false);
+        } else if (o.type === 'error') {
+          settle(false);
+          void q.hold?.done();
+        }
       } catch { /* not ours to judge */ }
     };
     if (first) {
@@ -204,6 +235,7 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     scan();
     if (res.readableEnded) {
       settle(false);
+      void q.hold?.done();
       out.end();
       return reply;
     }
@@ -217,10 +249,12 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
     });
     res.on('end', () => {
       settle(false);
+      void q.hold?.done();
       out.end();
     });
     res.on('error', () => {
       settle(false);
+      void q.hold?.done();
       out.destroy();
     });
     out.on('close', () => res.destroy());
@@ -232,8 +266,8 @@ export async function placeAndForward(ctx: GatewayContext, router: Router, req: 
 
 /**
  * Refuses at once a create of an image no up host has: hosts load images only from their
- * own store (imported, built or bootstrapped there) and fetch none from a registry or a
- * peer, so no host could run it. Judged only when every up host has reported its images.
+ * own store (imported, built or bootstrapped there) or from a peer host the gateway copies
+ * it from (gateway/image-copy.ts), never from a registry, so no host could run it. Judged only when every up host has reported its images.
  * A `system` image of that name or `tenant`'s own one counts (image names are per tenant,
  * daemon/image/layer-store.ts).
  * @throws DsecError NotFound naming the image and how many hosts were asked.

@@ -121,12 +121,18 @@ export async function bulk(ctx: GatewayContext, router: Router, req: FastifyRequ
   const body = await readBody(req);
   const { answers, hosts } = await askAll(ctx, req, { body });
   const results: Array<Record<string, unknown>> = [];
+  const freed: string[] = [];
   for (const a of answers) {
     for (const r of (a.body.results as Array<Record<string, unknown>> | undefined) ?? []) {
       results.push({ ...r, host: a.host.name });
-      if (r.ok && r.state === 'destroyed' && typeof r.id === 'string') router.forget(r.id, a.host.name);
+      if (r.ok && r.state === 'destroyed' && typeof r.id === 'string') {
+        router.forget(r.id, a.host.name);
+        freed.push(r.id);
+      }
     }
   }
+  // Their shares of the caller's fleet-wide quota (gateway/quotas.ts).
+  for (const id of freed) await ctx.quotas.destroyed(req.principal.tenant, id);
   return { results, hosts };
 }
 

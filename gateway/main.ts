@@ -10,6 +10,7 @@
  * until etcd answers) -> TLS listener. SIGTERM/SIGINT stop listening and exit.
  */
 import { KeyedCreates } from './idempotency.js';
+import { FleetQuotas } from './quotas.js';
 import { Command } from 'commander';
 import { X509Certificate } from 'node:crypto';
 import https from 'node:https';
@@ -75,8 +76,9 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
   const metrics = new GatewayMetrics(table);
   const upstreams = new Upstreams({ ca, cert, key }, log.child({ component: 'upstream' }));
   const keyed = new KeyedCreates(etcd, keys, upstreams, log.child({ component: 'creates' }), () => table.fresh);
+  const quotas = new FleetQuotas(etcd, keys, cfg.quotas, table, upstreams, log.child({ component: 'quotas' }));
   const ctx: GatewayContext = {
-    table, upstreams, tokens, metrics, etcd, keys, log, name, keyed,
+    table, upstreams, tokens, metrics, etcd, keys, log, name, keyed, quotas,
     policy: { k: cfg.placement.k, job: cfg.placement.job, weights: DEFAULT_WEIGHTS, random: Math.random, burstThreshold: cfg.placement.burstThreshold },
   };
   const audit = cfg.audit ? new AuditLog(cfg.audit) : null;
@@ -98,6 +100,7 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
     etcd.close();
     throw new DsecError('FailedPrecondition', `cannot listen on ${cfg.listen}: ${(e as Error).message}`, { cause: e });
   }
+  quotas.start();
   const a = server.address() as net.AddressInfo;
   log.info({ address: `${a.address}:${a.port}`, gateway: name, hosts: table.hosts.size, etcd: cfg.etcd.endpoints }, 'dsec-gateway ready');
   return {
@@ -107,6 +110,7 @@ export async function startGateway(cfg: GatewayConfig, log: Logger): Promise<Gat
       await app.close();
       clearTimeout(t);
       await keyed.close();
+      await quotas.close();
       upstreams.close();
       tokens.close();
       await Promise.all([store.close(), table.close()]);

@@ -55,6 +55,10 @@ export interface PlacementRequest {
   memoryBytes: number;
   /** Value of the `job` label, or null. */
   job: string | null;
+  /** The key (gateway/table.ts tenantImageKey) of the caller's own image of that name (a tenant's own image counts as present too). */
+  tenantImage?: string;
+  /** Bytes a copy of the image to a host without it moves (its layers' size as hosts report it; 0 unknown). */
+  copyBytes?: number;
   /** Hosts that already refused this create. */
   refused?: ReadonlySet<string>;
   /** The request allows a burst host (`X-Dsec-Burst: allow`). */
@@ -158,11 +162,20 @@ export function excludedBy(h: PlacementHost, req: PlacementRequest, burstOpen = 
 }
 
 /**
+ * Bytes of image copy that cost a whole image term: 1 GiB, about a second at 10 Gb/s
+ * between hosts plus the write, the order of a create's own work on a cold host.
+ */
+export const COPY_COST_BYTES = 1024 ** 3;
+
+/**
  * The score of `h` for `req` (higher is better), a weighted sum of terms in 0..1:
  * - free: 0.6 x (1 - the fullest admission ratio after placing: count, cores, memory)
  *   + 0.4 x (1 - the larger of CPU busy and memory in use), so both the limits a host
  *   promised and what it really carries count;
- * - image: 1 when the image (by ref) is on the host;
+ * - image: 1 when the image (by ref, or the caller's own of that name) is on the host;
+ *   else minus the copy's cost, min(1, bytes to move / {@link COPY_COST_BYTES}) (the
+ *   gateway copies it from a peer first, gateway/image-copy.ts), so a host with the image
+ *   wins when otherwise equal and a large copy weighs more than a small one;
  * - warm: 1 when a warm-pool shell of (image, network) is ready there.
  * A job's spread is not a term of the score but the first key of the choice ({@link choose}):
  * a weighted term would lose to noise in measured load once a host holds a few of the job.
@@ -175,7 +188,7 @@ export function score(h: PlacementHost, req: PlacementRequest, p: Pick<Placement
   );
   const load = Math.max(h.cpuBusy, 1 - h.memFree);
   const free = 0.6 * (1 - Math.min(1, ratio)) + 0.4 * (1 - Math.min(1, load));
-  const image = h.images.has(req.image) ? 1 : 0;
+  const image = h.images.has(req.image) || (req.tenantImage !== undefined && h.images.has(req.tenantImage)) ? 1 : -Math.min(1, (req.copyBytes ?? 0) / COPY_COST_BYTES);
   const warm = (h.warm.get(`${req.image}|${req.network}`) ?? 0) > 0 ? 1 : 0;
   const w = p.weights;
   return w.free * free + w.image * image + w.warm * warm;

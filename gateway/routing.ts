@@ -172,14 +172,16 @@ export function downMessage(h: HostEntry, what: string): string {
  * Passes the request to `h` as is (method, path, query, headers less hop-by-hop and
  * credentials, the body streamed) and the host's answer back as is, streamed: a slow
  * reader slows the host's stream (backpressure), a client that goes away ends the call.
+ * `onAnswer` runs with the host's status before the answer is passed on.
  * @throws DsecError Unavailable when `h` is down or unreachable.
  */
-export async function forward(ctx: GatewayContext, h: HostEntry, req: FastifyRequest, reply: FastifyReply, what: string, path = req.url): Promise<FastifyReply> {
+export async function forward(ctx: GatewayContext, h: HostEntry, req: FastifyRequest, reply: FastifyReply, what: string, path = req.url, onAnswer?: (status: number) => Promise<void>): Promise<FastifyReply> {
   if (h.state !== 'up') throw unavailable(downMessage(h, what));
   const res = await ctx.upstreams.request(addressOf(h), {
     method: req.method, path, headers: { ...passHeaders(req.headers), 'x-forwarded-for': req.socket.remoteAddress ?? '' },
     body: req.body as Readable | undefined, identity: identityOf(req),
   });
+  await onAnswer?.(res.statusCode ?? 0);
   return sendUpstream(reply, res);
 }
 

@@ -60,7 +60,7 @@ export function classify(method: string, url: string): RouteClass {
   if (['GET /v1/version', 'GET /v1/whoami', 'POST /v1/tokens', 'GET /v1/tokens', 'DELETE /v1/tokens/:id'].includes(k) || url.startsWith('/v1/hosts')) return 'local';
   if (k === 'POST /v1/sandboxes' || k === 'POST /v1/run' || k === 'POST /v1/run:batch' || k === 'POST /run_code') return 'create';
   if (k === 'POST /v1/sandboxes/bulk') return 'bulk';
-  if (k === 'DELETE /v1/sandboxes') return 'none';
+  if (k === 'DELETE /v1/sandboxes' || url === '/v1/layers/:digest/blob') return 'none';
   if (url.startsWith('/v1/sandboxes/:id')) return 'sandbox';
   if (url.startsWith('/v1/snapshots/:ref')) return 'snapshot';
   if (['GET /v1/trajectories/:id', 'DELETE /v1/trajectories/:id', 'GET /v1/trajectories/:id/export', 'GET /v1/images/:ref', 'GET /v1/layers/:digest', 'GET /v1/leases/:job'].includes(k)) return 'lookup';
@@ -157,9 +157,12 @@ export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: Fastify
           return { ...(last ?? { id }), state: UNREACHABLE, host: host.name, error: downMessage(host, `sandbox ${id}`) };
         }
         if (req.method === 'DELETE' && doc.url === '/v1/sandboxes/:id') {
-          const r = await forward(ctx, host, req, reply, `sandbox ${id}`);
-          if (reply.statusCode === 200) router.forget(id, host.name);
-          return r;
+          // Its share of a fleet-wide quota is freed before the client hears it is gone.
+          return forward(ctx, host, req, reply, `sandbox ${id}`, req.url, async (status) => {
+            if (status !== 200) return;
+            router.forget(id, host.name);
+            await ctx.quotas.destroyed(identityOf(req).tenant, id);
+          });
         }
         return forward(ctx, host, req, reply, `sandbox ${id}`);
       }

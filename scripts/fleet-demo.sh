@@ -121,7 +121,7 @@ up() {
   etcdctl_root role add dsec-gateway >/dev/null
   etcdctl_root role grant-permission dsec-gateway read "$P" --prefix=true >/dev/null
   local sub
-  for sub in hosts/ cordons/ tokens/ token-meta/ revoked/ idempotency/; do etcdctl_root role grant-permission dsec-gateway readwrite "$P$sub" --prefix=true >/dev/null; done
+  for sub in hosts/ cordons/ tokens/ token-meta/ revoked/ idempotency/ quotas/; do etcdctl_root role grant-permission dsec-gateway readwrite "$P$sub" --prefix=true >/dev/null; done
   etcdctl_root user add gw1 --no-password >/dev/null
   etcdctl_root user grant-role gw1 dsec-gateway >/dev/null
   for h in "${HOSTS[@]}"; do

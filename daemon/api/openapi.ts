@@ -29,12 +29,13 @@ import * as runRoutes from './routes/run.js';
 import * as networkRoutes from './routes/network.js';
 import * as tokenRoutes from './routes/tokens.js';
 import * as templateRoutes from './routes/templates.js';
+import * as layerBlobRoutes from './routes/layer-blobs.js';
 import { DSEC_VERSION } from '../version.js';
 
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
   wire, hostRoutes, sandboxRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
-  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes, templateRoutes,
+  fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes, templateRoutes, layerBlobRoutes,
 ];
 
 /** Where a named component lives in the document. */

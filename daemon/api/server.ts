@@ -12,6 +12,7 @@ import { registerConsoleRoutes, type ConsoleRouteDeps } from './routes/console.j
 import { registerEventRoutes, type EventRouteDeps } from './routes/events.js';
 import { registerExecRoute, registerExecSessionRoutes, type ExecRouteDeps, type ExecSessionRouteDeps } from './routes/execs.js';
 import { registerFileRoutes, type FileRouteDeps } from './routes/files.js';
+import { registerLayerBlobRoutes } from './routes/layer-blobs.js';
 import { registerHostRoutes, type HostRouteDeps } from './routes/host.js';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.js';
 import { registerNetworkRoutes, type NetworkRouteDeps } from './routes/network.js';
@@ -70,6 +71,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
+  app.register(async (scoped) => registerLayerBlobRoutes(scoped, deps));
   return app;
 }
 

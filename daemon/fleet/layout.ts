@@ -18,6 +18,9 @@
  * | `<p>/v1/token-meta/<id>` | the token's record without its hash | none | gateways |
  * | `<p>/v1/revoked/<id>` | `{ at }`: the token is revoked | none | gateways and hosts (`dsec token revoke` anywhere) |
  * | `<p>/v1/idempotency/<tenant>/<sha256 of key>` | the name of the host a keyed create was sent to | a gateway's (24 h) | gateways (gateway/idempotency.ts) |
+ * | `<p>/v1/quotas/<tenant>/usage` | `{ count, cpus, memory_bytes }`: the tenant's count against its fleet-wide quota | none | gateways, by compare-and-swap (gateway/quotas.ts) |
+ * | `<p>/v1/quotas/<tenant>/held/<uuid>` | one create's reservation | the reserving gateway's (10 s) | gateways |
+ * | `<p>/v1/quotas/<tenant>/made/<sandbox id>` | a counted sandbox's share and host | none | gateways |
  *
  * Token hashes sit apart from the rest of a token's record so that etcd's roles can let
  * hosts list tokens and revoke them without reading a hash or minting a token: only
@@ -118,6 +121,11 @@ export class FleetKeys {
   /** Where a keyed create went: one key per (tenant, Idempotency-Key), the key hashed so any text fits. */
   idempotency(tenant: string, keyHash: string): string {
     return `${this.root}idempotency/${tenant}/${keyHash}`;
+  }
+
+  /** Prefix of fleet-wide tenant quota counts (gateway/quotas.ts): `<tenant>/usage`, `<tenant>/held/<uuid>`, `<tenant>/made/<id>`. */
+  get quotas(): string {
+    return `${this.root}quotas/`;
   }
 
   /** Prefix of cordon records. */
@@ -237,7 +245,11 @@ export type HostLiveRecord = z.infer<typeof HostLiveRecord>;
 export const HostImagesRecord = z.object({
   id: z.string().regex(/^[0-9a-f]{16}$/),
   /** Image names of the host's store; `tenant` is set for a tenant's own image (absent: a `system` image every tenant creates from). */
-  images: z.array(z.object({ ref: z.string(), digest: z.string().nullable(), tenant: z.string().optional() })),
+  images: z.array(z.object({
+    ref: z.string(), digest: z.string().nullable(), tenant: z.string().optional(),
+    /** Sum of the image's layer blobs, bytes: what a copy to another host moves (placement's copy cost, gateway/placement.ts). Absent from older hosts. */
+    size_bytes: z.number().int().min(0).optional(),
+  })),
 });
 export type HostImagesRecord = z.infer<typeof HostImagesRecord>;
 

@@ -32,6 +32,8 @@ export const ADMIN_ROUTES: ReadonlySet<string> = new Set([
   'POST /v1/images/import',
   'POST /v1/images/bootstrap',
   'POST /v1/images/prune',
+  // Stores an EROFS blob the kernel will mount (a gateway copying an image between hosts).
+  'PUT /v1/layers/:digest/blob',
   'POST /v1/security/seccomp/reload',
   'POST /v1/network/policies/reload',
   // E2B template aliases: which image every tenant's `Sandbox.create(NAME)` gets.

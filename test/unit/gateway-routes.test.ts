@@ -14,6 +14,8 @@ import { imageSetOf } from '../../gateway/table.js';
 /** Routes the gateway refuses on purpose, and why. */
 const REFUSED: Record<string, string> = {
   'DELETE /v1/sandboxes': 'dsecd answers it 405 (destroy one id, or bulk by selector)',
+  'GET /v1/layers/:digest/blob': 'a gateway relays blobs between hosts itself when it copies an image (gateway/image-copy.ts)',
+  'PUT /v1/layers/:digest/blob': 'a gateway relays blobs between hosts itself when it copies an image (gateway/image-copy.ts)',
   'POST /v1/sandboxes:ack': 'a gateway sends it to hosts itself, after it delivered a create answer (gateway/idempotency.ts)',
 };
 

@@ -4,7 +4,7 @@
  * admission limits, a job spread (or packed) over hosts, image and warm-pool preference.
  */
 import { describe, expect, it } from 'vitest';
-import { choose, DEFAULT_WEIGHTS, isNoHost, noHostError, normalizeImage, primaryUtilisation, type PlacementHost, type PlacementPolicy, type PlacementRequest } from '../../gateway/placement.js';
+import { choose, COPY_COST_BYTES, DEFAULT_WEIGHTS, score, isNoHost, noHostError, normalizeImage, primaryUtilisation, type PlacementHost, type PlacementPolicy, type PlacementRequest } from '../../gateway/placement.js';
 
 /** A seeded PRNG (mulberry32): the same decisions on every run. */
 function seeded(seed: number): () => number {
@@ -108,6 +108,22 @@ describe('placement over 160 hosts', () => {
     hosts[99].warm = new Map();
     const b = choose(hosts, req({ image: 'py:3.11' }), all);
     expect(['h042', 'h099']).toContain(!isNoHost(b) && b.name);
+  });
+
+  it("counts the copy of an image a host lacks (bytes to move) against it, and a tenant's own image as present", () => {
+    const has = host(1, { images: new Set(['py:3.11']) });
+    const lacks = host(2, { images: new Set() });
+    const w = { weights: DEFAULT_WEIGHTS };
+    // A small copy costs little, a copy of COPY_COST_BYTES or more a whole image term: always behind the host that has it.
+    const small = req({ image: 'py:3.11', copyBytes: 1024 ** 2 });
+    const big = req({ image: 'py:3.11', copyBytes: 4 * COPY_COST_BYTES });
+    expect(score(has, small, w)).toBeGreaterThan(score(lacks, small, w));
+    expect(score(lacks, small, w)).toBeGreaterThan(score(lacks, big, w));
+    expect(score(has, big, w) - score(lacks, big, w)).toBeCloseTo(2 * DEFAULT_WEIGHTS.image, 9);
+    // A tenant's own image of that name (its table key) is present too; another tenant's is not.
+    const own = host(3, { images: new Set(['team-a|py:3.11']) });
+    expect(score(own, req({ image: 'py:3.11', tenantImage: 'team-a|py:3.11', copyBytes: COPY_COST_BYTES }), w)).toBeCloseTo(score(has, big, w), 9);
+    expect(score(own, req({ image: 'py:3.11', tenantImage: 'team-b|py:3.11', copyBytes: COPY_COST_BYTES }), w)).toBeCloseTo(score(lacks, big, w), 9);
   });
 
   it('normalizes image references to name:tag', () => {

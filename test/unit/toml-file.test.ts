@@ -42,4 +42,12 @@ describe('readTomlFile', () => {
   it('dsec-gateway reads its config through it: an unknown key is refused with the file named', () => {
     expect(() => loadGatewayConfig({ config: file('gw.toml', 'no_such_key = 1\n') }, {})).toThrow(/^config .*gw\.toml: .*no_such_key/);
   });
+
+  it("dsec-gateway's [quotas] has dsecd's shape: a default, per-tenant overrides that inherit it, bad tenant names refused", () => {
+    const tls = { tlsCert: '/c', tlsKey: '/k', tlsCa: '/a', etcd: 'https://127.0.0.1:2379' };
+    const cfg = loadGatewayConfig({ ...tls, config: file('gwq.toml', '[quotas]\ncpus = 8\n[quotas.tenants.demo]\nsandboxes = 10\n') }, {});
+    expect(cfg.quotas).toEqual({ default: { sandboxes: null, cpus: 8, memoryBytes: null }, tenants: { demo: { sandboxes: 10, cpus: 8, memoryBytes: null } } });
+    expect(loadGatewayConfig({ ...tls, config: file('gwn.toml', '') }, {}).quotas).toEqual({ default: { sandboxes: null, cpus: null, memoryBytes: null }, tenants: {} });
+    expect(() => loadGatewayConfig({ ...tls, config: file('gwb.toml', '[quotas.tenants."Bad Name"]\nsandboxes = 1\n') }, {})).toThrow(/quotas\.tenants/);
+  });
 });

@@ -85,9 +85,12 @@ run('fleet registration (real etcd)', () => {
       expect(sb.id.slice(0, 6)).toBe(hostTag(ident.id));
       const live = await until(async () => {
         const l = parseRecord(HostLiveRecord, await client.get(keys.hostLive('r1')).string());
-        return l && l.admitted.count >= 1 && l.jobs['reg-job'] === 1 ? l : undefined;
+        // A record written while the create was still running counts the sandbox as
+        // creating: wait for one that has it running.
+        return l && l.admitted.count >= 1 && l.jobs['reg-job'] === 1 && (l.sandboxes.running ?? 0) >= 1 ? l : undefined;
       });
       expect(live.sandboxes.running).toBeGreaterThanOrEqual(1);
+      expect(live.jobs['reg-job']).toBe(1);
     } finally {
       await d.client.deleteSandbox(sb.id, { force: true });
     }

@@ -27,7 +27,8 @@ import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
 import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
-import { CREATE_ROUTES, accessOf, allows } from './policy.js';
+import { BATCH_CREATE_ROUTES, CREATE_ROUTES, accessOf, allows } from './policy.js';
+import { MAX_BATCH_SANDBOXES } from '../api/wire/batch.js';
 import type { RemoteConfig } from './config.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
@@ -332,6 +333,20 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
           if (c.isExceeded) {
             reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
             throw resourceExhausted(`token ${r.rec.id} started more than ${limits.createsPerMinute} sandbox creates in a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
+          }
+        }
+      });
+      // A batched create spends one create of the budget per sandbox it asks for (the
+      // first was counted above): no batch makes more than the token's budget allows.
+      app.addHook('preHandler', async (req, reply) => {
+        if (req.principal?.tokenId == null || !BATCH_CREATE_ROUTES.has(`${req.method} ${req.routeOptions.url}`)) return;
+        const b = req.body as { count?: unknown; items?: unknown } | null;
+        const n = typeof b?.count === 'number' ? b.count : Array.isArray(b?.items) ? b.items.length : 1;
+        for (let i = 1; i < Math.min(n, MAX_BATCH_SANDBOXES); i++) {
+          const c = await createLimiter()(req);
+          if (c.isExceeded) {
+            reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
+            throw resourceExhausted(`token ${req.principal.tokenId} asked for ${n} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
           }
         }
       });

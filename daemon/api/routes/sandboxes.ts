@@ -2,7 +2,7 @@
  * The sandbox resource: create, list, get, destroy, stop, start, pause, resume. A create
  * asked with `Accept: application/x-ndjson` streams its phases (daemon/sandbox/progress.ts)
  * as `{type:"progress", phase, id, message}` lines before the `{type:"result"}` line
- * (daemon/api/long.ts).
+ * (daemon/api/long.ts). The batched create is in ./sandboxes-batch.ts.
  */
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -12,6 +12,7 @@ import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { scopeOf } from '../scope.js';
 import { route } from './table.js';
+import { registerBatchCreateRoute } from './sandboxes-batch.js';
 import type { Metrics } from '../../metrics.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SandboxCreator } from '../../sandbox/create.js';
@@ -74,7 +75,9 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
       return sandboxView(sb);
     });
   });
-  app.post(ackRoute.url, async (req) => {
+  registerBatchCreateRoute(app, deps);
+  // `::` is fastify's escape for a literal colon (unescaped, `:ack` would be a parameter matching `/v1/sandboxes<anything>`).
+  app.post(ackRoute.url.replace(':', '::'), async (req) => {
     const body = parseWith(AckRequest, req.body, 'ack request');
     // Only the caller's tenant's sandboxes (every tenant's for a gateway acting as admin):
     // another tenant's id counts as unknown, so no tenant keeps another's create from its deadline.

@@ -28,7 +28,7 @@ import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
 import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
 import { BATCH_CREATE_ROUTES, CREATE_ROUTES, accessOf, allows } from './policy.js';
-import { MAX_BATCH_SANDBOXES } from '../api/wire/batch.js';
+import { LIMITS } from '../model/resources.js';
 import type { RemoteConfig } from './config.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
@@ -342,7 +342,7 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
         if (req.principal?.tokenId == null || !BATCH_CREATE_ROUTES.has(`${req.method} ${req.routeOptions.url}`)) return;
         const b = req.body as { count?: unknown; items?: unknown } | null;
         const n = typeof b?.count === 'number' ? b.count : Array.isArray(b?.items) ? b.items.length : 1;
-        for (let i = 1; i < Math.min(n, MAX_BATCH_SANDBOXES); i++) {
+        for (let i = 1; i < Math.min(n, LIMITS.maxBatchSandboxes); i++) {
           const c = await createLimiter()(req);
           if (c.isExceeded) {
             reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));

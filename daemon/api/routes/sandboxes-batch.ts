@@ -22,7 +22,9 @@ import { scopeOf } from '../scope.js';
 import { route } from './table.js';
 import { DsecError, invalidArgument, wrap } from '../../errors.js';
 import { CreateRecords, IDEMPOTENCY_HEADER, KEY_RE } from '../../sandbox/create-records.js';
-import type { SandboxRouteDeps } from './sandboxes.js';
+import type { CreateDeps } from '../creates.js';
+import type { Metrics } from '../../metrics.js';
+import type { SandboxCreator } from '../../sandbox/create.js';
 
 /**
  * Creates of one batch in flight at once inside dsecd: 16, the concurrency of the bursts
@@ -37,6 +39,12 @@ const batchRoute = route({
   summary: `Create many sandboxes in one request: {count, spec} or {items:[spec...]}, 1-${MAX_BATCH_SANDBOXES}. Answers 200 with one {sandbox} or {error:{code,message}} per sandbox, in request order; each is created as POST /v1/sandboxes creates one (admission and tenant quota per sandbox). Idempotency-Key K keys sandbox i as K/i.`,
   body: CreateSandboxesRequest, status: 200, response: CreateSandboxesResult, errors: ['InvalidArgument'],
 });
+
+/** What the batch route uses: the creator, and the keys and holds of daemon/api/creates.ts. */
+export interface BatchCreateRouteDeps extends CreateDeps {
+  creator: Pick<SandboxCreator, 'create'>;
+  metrics: Pick<Metrics, 'createSeconds' | 'errors'>;
+}
 
 /** One entry of a batch's answer. */
 type Item = { sandbox: ReturnType<typeof sandboxView>; error?: undefined } | { sandbox?: undefined; error: { code: string; message: string } };
@@ -57,7 +65,7 @@ export function itemKeys(header: unknown, keys: string[] | undefined, n: number)
 }
 
 /** Registers POST /v1/sandboxes:batch. */
-export function registerBatchCreateRoute(app: FastifyInstance, deps: SandboxRouteDeps): void {
+export function registerBatchCreateRoute(app: FastifyInstance, deps: BatchCreateRouteDeps): void {
   // `::` is fastify's escape for a literal colon in a path.
   app.post(batchRoute.url.replace(':', '::'), async (req, reply) => {
     const body = parseWith(CreateSandboxesRequest, req.body, 'batch create request');

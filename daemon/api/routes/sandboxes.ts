@@ -12,7 +12,6 @@ import { runCreate, type CreateDeps } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { scopeOf } from '../scope.js';
 import { route } from './table.js';
-import { registerBatchCreateRoute } from './sandboxes-batch.js';
 import type { Metrics } from '../../metrics.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SandboxCreator } from '../../sandbox/create.js';
@@ -75,7 +74,6 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
       return sandboxView(sb);
     });
   });
-  registerBatchCreateRoute(app, deps);
   // `::` is fastify's escape for a literal colon (unescaped, `:ack` would be a parameter matching `/v1/sandboxes<anything>`).
   app.post(ackRoute.url.replace(':', '::'), async (req) => {
     const body = parseWith(AckRequest, req.body, 'ack request');

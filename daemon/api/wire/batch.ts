@@ -1,13 +1,10 @@
 /** Batched creates on the wire: POST /v1/sandboxes:batch, its request and its per-sandbox answer. */
 import { z } from 'zod';
+import { LIMITS } from '../../model/resources.js';
 import { CreateSandboxRequest, Sandbox } from './sandboxes.js';
 
-/**
- * Most sandboxes one batched create asks for: 1,000, so one request's answer (about 1 KiB
- * per sandbox) stays near 1 MiB and its work a few seconds of a host's CPU; a larger job
- * is several batches.
- */
-export const MAX_BATCH_SANDBOXES = 1000;
+/** Most sandboxes one batched create asks for (LIMITS.maxBatchSandboxes, daemon/model/resources.ts). */
+export const MAX_BATCH_SANDBOXES = LIMITS.maxBatchSandboxes;
 
 /** Idempotency keys, as the `Idempotency-Key` header takes them (daemon/sandbox/create-records.ts KEY_RE). */
 const itemKey = z.string().regex(/^[\x21-\x7e]{1,255}$/, 'idempotency keys are 1 to 255 visible ASCII characters');

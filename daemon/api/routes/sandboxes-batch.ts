@@ -20,8 +20,8 @@ import { gatewayAcks } from '../creates.js';
 import { parseWith } from '../parse.js';
 import { scopeOf } from '../scope.js';
 import { route } from './table.js';
-import { DsecError, invalidArgument, wrap } from '../../errors.js';
-import { CreateRecords, IDEMPOTENCY_HEADER, KEY_RE } from '../../sandbox/create-records.js';
+import { DsecError, wrap } from '../../errors.js';
+import { CreateRecords, IDEMPOTENCY_HEADER, itemKeys } from '../../sandbox/create-records.js';
 import type { CreateDeps } from '../creates.js';
 import type { Metrics } from '../../metrics.js';
 import type { SandboxCreator } from '../../sandbox/create.js';
@@ -48,21 +48,6 @@ export interface BatchCreateRouteDeps extends CreateDeps {
 
 /** One entry of a batch's answer. */
 type Item = { sandbox: ReturnType<typeof sandboxView>; error?: undefined } | { sandbox?: undefined; error: { code: string; message: string } };
-
-/**
- * The idempotency key of each sandbox of a batch of `n`: `keys` when given, else
- * `header/i`, else none.
- * @throws DsecError InvalidArgument for both at once, a malformed header, or a header too
- *   long to derive a key from (a derived key is at most 255 characters, as any key).
- */
-export function itemKeys(header: unknown, keys: string[] | undefined, n: number): Array<string | null> {
-  if (header === undefined) return keys ?? Array.from({ length: n }, () => null);
-  if (keys !== undefined) throw invalidArgument(`give the ${IDEMPOTENCY_HEADER} header or body keys, not both`);
-  if (typeof header !== 'string' || !KEY_RE.test(header) || !KEY_RE.test(`${header}/${n - 1}`)) {
-    throw invalidArgument(`${IDEMPOTENCY_HEADER} must be visible ASCII characters, short enough that "KEY/${n - 1}" is at most 255 characters`);
-  }
-  return Array.from({ length: n }, (_, i) => `${header}/${i}`);
-}
 
 /** Registers POST /v1/sandboxes:batch. */
 export function registerBatchCreateRoute(app: FastifyInstance, deps: BatchCreateRouteDeps): void {

@@ -54,6 +54,8 @@ export async function placeBatch(ctx: GatewayContext, router: Router, req: Fasti
   const body = parseWith(CreateSandboxesRequest, await readJson(req), 'batch create request');
   const specs = body.items ?? Array.from({ length: body.count ?? 0 }, () => body.spec ?? CreateSandboxRequest.parse({}));
   const keys = itemKeys(req.headers[IDEMPOTENCY_HEADER], body.keys, specs.length);
+  // The gateway door's create budget: one per sandbox (the request spent one).
+  await req.spendCreates?.(specs.length - 1);
   const who = identityOf(req);
   const allowBurst = String(req.headers[BURST_HEADER] ?? '').toLowerCase() === 'allow';
   const out: Entry[] = new Array(specs.length);

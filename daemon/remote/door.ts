@@ -58,6 +58,13 @@ declare module 'fastify' {
      * counts a bad token. Unset on the Unix socket.
      */
     noteAuthFailure?: () => Promise<void>;
+    /**
+     * On a batched create (BATCH_CREATE_ROUTES) over the TCP door: spends `n` more creates
+     * of the token's create budget (`[remote] creates_per_minute`; the request itself
+     * spent one), so a batch spends one per sandbox.
+     * @throws DsecError ResourceExhausted when the budget has fewer left.
+     */
+    spendCreates?: (n: number) => Promise<void>;
   }
   interface FastifyContextConfig {
     /**
@@ -335,19 +342,16 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
             throw resourceExhausted(`token ${r.rec.id} started more than ${limits.createsPerMinute} sandbox creates in a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
           }
         }
-      });
-      // A batched create spends one create of the budget per sandbox it asks for (the
-      // first was counted above): no batch makes more than the token's budget allows.
-      app.addHook('preHandler', async (req, reply) => {
-        if (req.principal?.tokenId == null || !BATCH_CREATE_ROUTES.has(`${req.method} ${req.routeOptions.url}`)) return;
-        const b = req.body as { count?: unknown; items?: unknown } | null;
-        const n = typeof b?.count === 'number' ? b.count : Array.isArray(b?.items) ? b.items.length : 1;
-        for (let i = 1; i < Math.min(n, LIMITS.maxBatchSandboxes); i++) {
-          const c = await createLimiter()(req);
-          if (c.isExceeded) {
-            reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
-            throw resourceExhausted(`token ${req.principal.tokenId} asked for ${n} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
-          }
+        if (url !== undefined && BATCH_CREATE_ROUTES.has(`${req.method} ${url}`)) {
+          req.spendCreates = async (n) => {
+            for (let i = 0; i < Math.min(n, LIMITS.maxBatchSandboxes); i++) {
+              const c = await createLimiter()(req);
+              if (c.isExceeded) {
+                reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
+                throw resourceExhausted(`token ${r.rec.id} asked for ${n + 1} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
+              }
+            }
+          };
         }
       });
     },

@@ -87,5 +87,5 @@ export const CREATE_ROUTES: ReadonlySet<string> = new Set([
   'POST /v2/sandboxes',
 ]);
 
-/** Batched creates: they spend one create of the rate budget per sandbox asked for (daemon/remote/door.ts). */
+/** Batched creates: they spend one create of the rate budget per sandbox asked for (daemon/remote/door.ts `req.spendCreates`). */
 export const BATCH_CREATE_ROUTES: ReadonlySet<string> = new Set(['POST /v1/sandboxes::batch']);

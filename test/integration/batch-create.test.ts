@@ -16,6 +16,8 @@ import type { BatchCreateResult } from '../../sdk/index.js';
 const MAX = 30;
 /** The quota of tenant team-q. */
 const QUOTA = 3;
+/** `[remote] creates_per_minute`: each token's create budget over the TCP door. */
+const BUDGET = 50;
 
 describe.skipIf(!IS_ROOT)('batched create on dsecd', () => {
   let d: TestDaemon;
@@ -26,7 +28,7 @@ describe.skipIf(!IS_ROOT)('batched create on dsecd', () => {
   beforeAll(async () => {
     d = await TestDaemon.start({
       slot: 61, listen: true,
-      config: `[admission]\nmax_sandboxes = ${MAX}\n[creates]\nack_timeout_s = 2\n[quotas.tenants.team-q]\nsandboxes = ${QUOTA}\n`,
+      config: `[admission]\nmax_sandboxes = ${MAX}\n[creates]\nack_timeout_s = 2\n[remote]\ncreates_per_minute = ${BUDGET}\n[quotas.tenants.team-q]\nsandboxes = ${QUOTA}\n`,
     });
     a = (await makeToken(d, 'team-a', 'user')).token;
     b = (await makeToken(d, 'team-b', 'user')).token;
@@ -131,6 +133,14 @@ describe.skipIf(!IS_ROOT)('batched create on dsecd', () => {
     const rb = JSON.parse((await as(b, 'POST', '/v1/sandboxes:batch', { count: 1 }, key)).body) as BatchCreateResult;
     expect(rb.results[0].sandbox!.tenant).toBe('team-b');
     expect(rb.results[0].sandbox!.id).not.toBe(ra.results[0].sandbox!.id);
+  });
+
+  it('spends one create of the token\'s budget per sandbox of a batch', async () => {
+    const t = (await makeToken(d, 'team-r', 'user')).token;
+    const over = await as(t, 'POST', '/v1/sandboxes:batch', { count: BUDGET + 1 });
+    expect(over.status, over.body).toBe(429);
+    expect(JSON.parse(over.body).error.message).toMatch(/creates_per_minute/);
+    expect(await d.client.listSandboxes()).toEqual([]);
   });
 
   it('reaps the sandboxes of a batch whose answer never reached its caller', async () => {

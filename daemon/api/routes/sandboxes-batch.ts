@@ -56,6 +56,8 @@ export function registerBatchCreateRoute(app: FastifyInstance, deps: BatchCreate
     const body = parseWith(CreateSandboxesRequest, req.body, 'batch create request');
     const specs = body.items ?? Array.from({ length: body.count ?? 0 }, () => body.spec ?? CreateSandboxRequest.parse({}));
     const keys = itemKeys(req.headers[IDEMPOTENCY_HEADER], body.keys, specs.length);
+    // The TCP door's create budget: one per sandbox (the request spent one).
+    await req.spendCreates?.(specs.length - 1);
     const tenant = scopeOf(req).tenant;
     const records = deps.createRecords;
     const made: string[] = [];

@@ -8,7 +8,7 @@
  * reaped at the acknowledgement deadline.
  */
 import { afterAll, afterEach, beforeAll, describe, expect, it } from 'vitest';
-import { IS_ROOT, TestDaemon, rejection } from './harness.js';
+import { IS_ROOT, TestDaemon, rejection, runCli } from './harness.js';
 import { doorRequest, makeToken } from './remote-helpers.js';
 import type { BatchCreateResult } from '../../sdk/index.js';
 
@@ -141,6 +141,21 @@ describe.skipIf(!IS_ROOT)('batched create on dsecd', () => {
     expect(over.status, over.body).toBe(429);
     expect(JSON.parse(over.body).error.message).toMatch(/creates_per_minute/);
     expect(await d.client.listSandboxes()).toEqual([]);
+  });
+
+  it('dsec create -n N prints N ids in order; past the limit it reports each sandbox not made and exits 1', async () => {
+    const r = await runCli(d, ['create', '-n', '3', '--label', 'job=cli']);
+    expect(r.code, r.stderr).toBe(0);
+    const ids = r.stdout.trim().split('\n');
+    expect(ids.length).toBe(3);
+    expect((await d.client.listSandboxes({ selector: 'job=cli' })).map((s) => s.id).sort()).toEqual([...ids].sort());
+    const j = await runCli(d, ['--json', 'create', '-n', '2']);
+    expect(JSON.parse(j.stdout)).toMatchObject({ created: 2, failed: 0 });
+    const over = await runCli(d, ['create', '-n', String(MAX), '--label', 'job=cli-over']);
+    expect(over.code).toBe(1);
+    expect(over.stdout.trim().split('\n').length).toBe(MAX - 5);
+    expect(over.stderr).toMatch(/sandbox \d+ of 30 not created: ResourceExhausted: host is at its limit of 30 sandboxes/);
+    expect(await runCli(d, ['create', '-n', '1001'])).toMatchObject({ code: 125, stderr: expect.stringContaining('create count 1001 is more than 1000') });
   });
 
   it('reaps the sandboxes of a batch whose answer never reached its caller', async () => {

@@ -281,7 +281,7 @@ export function imageSomewhere(ctx: GatewayContext, image: string, tenant: strin
 }
 
 /** Remembers the sandboxes of a create's answer (one, or a list from a fork) on `host`. */
-function noteCreated(router: Router, host: string, body: unknown): void {
+export function noteCreated(router: Router, host: string, body: unknown): void {
   const rows = Array.isArray(body) ? body : Array.isArray((body as { sandboxes?: unknown })?.sandboxes) ? (body as { sandboxes: unknown[] }).sandboxes : [body];
   for (const row of rows) {
     if (row && typeof row === 'object' && typeof (row as { id?: unknown }).id === 'string') {

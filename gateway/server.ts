@@ -17,6 +17,7 @@ import type { ApiDoor } from '../daemon/remote/door.js';
 import { DSEC_VERSION } from '../daemon/version.js';
 import { identityOf, type GatewayContext } from './context.js';
 import { placeAndForward } from './create.js';
+import { placeBatch } from './batch.js';
 import { applyAll, bulk, mergedEvents, mergedList, mergeMetrics, mergeStats } from './fanout.js';
 import { registerHostRoutes } from './hosts.js';
 import { registerE2bGatewayRoutes } from './e2b.js';
@@ -37,6 +38,8 @@ export type RouteClass =
   | 'lookup'
   /** Every host's list merged. */
   | 'list'
+  /** A batched create: placed per sandbox, sent as per-host sub-batches, merged in order (gateway/batch.ts). */
+  | 'batch'
   /** Every host's results merged. */
   | 'bulk'
   /** Every host carries it out. */
@@ -59,6 +62,7 @@ export function classify(method: string, url: string): RouteClass {
   const k = `${method} ${url}`;
   if (['GET /v1/version', 'GET /v1/whoami', 'POST /v1/tokens', 'GET /v1/tokens', 'DELETE /v1/tokens/:id'].includes(k) || url.startsWith('/v1/hosts')) return 'local';
   if (k === 'POST /v1/sandboxes' || k === 'POST /v1/run' || k === 'POST /v1/run:batch' || k === 'POST /run_code') return 'create';
+  if (k === 'POST /v1/sandboxes:batch') return 'batch';
   if (k === 'POST /v1/sandboxes/bulk') return 'bulk';
   if (k === 'DELETE /v1/sandboxes' || url === '/v1/layers/:digest/blob') return 'none';
   if (url.startsWith('/v1/sandboxes/:id')) return 'sandbox';
@@ -180,6 +184,8 @@ export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: Fastify
       }
       case 'create':
         return placeAndForward(ctx, router, req, reply, doc.url === '/v1/sandboxes' ? 'container' : 'fncall');
+      case 'batch':
+        return placeBatch(ctx, router, req, reply);
       case 'list':
         return mergedList(ctx, router, req);
       case 'bulk':
@@ -207,7 +213,8 @@ export function buildGateway(ctx: GatewayContext, door: ApiDoor): { app: Fastify
     const cls = classify(doc.method, doc.url);
     if (cls === 'local') continue;
     // The WebSocket routes are answered on the server's upgrade event (gateway/ws.ts); a plain GET of them reaches the host, which refuses it as dsecd does.
-    app.route({ method: doc.method, url: doc.url, handler: handler(doc, cls) });
+    // A literal colon inside a segment (`/v1/sandboxes:batch`) is `::` to fastify; unescaped it would be a parameter.
+    app.route({ method: doc.method, url: doc.url.replace(/([^/]):/g, '$1::'), handler: handler(doc, cls) });
   }
   // E2B's control plane and envd, routed to the hosts that serve them (gateway/e2b.ts).
   registerE2bGatewayRoutes(app, ctx, router);

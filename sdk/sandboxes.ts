@@ -3,7 +3,7 @@
  * /v1/sandboxes...). Pause and resume are with the rounds in sdk/jobs.ts; exec in
  * sdk/exec.ts; a sandbox's network with the host calls in sdk/host.ts.
  */
-import type { CreateSandboxInput, Sandbox, SandboxState } from './types.js';
+import type { BatchCreateResult, CreateSandboxInput, CreateSandboxesInput, Sandbox, SandboxState } from './types.js';
 import { query, sandboxPath } from './paths.js';
 import type { RequestOptions, TransportClass } from './transport.js';
 
@@ -77,6 +77,21 @@ export function withSandboxCalls<B extends TransportClass>(Base: B) {
         if (opts.onProgress) return this.longOperation<Sandbox, CreateProgress>('POST', '/v1/sandboxes', req, { ...opts, idempotencyKey });
         return this.request<Sandbox>('POST', '/v1/sandboxes', req, { ...opts, idempotencyKey });
       });
+    }
+
+    /**
+     * POST /v1/sandboxes:batch: creates many sandboxes in one request (`{count, spec}` or
+     * `{items}`, 1 to 1,000) and resolves when every one is running or failed, with one
+     * `{sandbox}` or `{error: {code, message}}` per sandbox, in request order. A sandbox
+     * the host or tenant had no room for is that entry's `ResourceExhausted`; the call
+     * itself rejects only for a malformed batch (`InvalidArgument`) or a lost answer.
+     * Sent with an `Idempotency-Key` (`opts.idempotencyKey`, else a fresh one: sandbox i
+     * gets `KEY/i`) and retried with it when the answer is lost, so a retry answers the
+     * sandboxes already made and makes only the rest. No HTTP deadline unless
+     * `opts.timeoutMs` (a batch of 1,000 cold creates takes minutes).
+     */
+    createSandboxes(req: CreateSandboxesInput, opts: RequestOptions & { idempotencyKey?: string } = {}): Promise<BatchCreateResult> {
+      return this.keyedCreate(opts, (idempotencyKey) => this.request<BatchCreateResult>('POST', '/v1/sandboxes:batch', req, { timeoutMs: 0, ...opts, idempotencyKey }));
     }
 
     /** GET /v1/sandboxes: sandboxes matching the query (all when empty), as an array. */

@@ -19,6 +19,15 @@ export interface components {
          * @enum {string}
          */
         Backend: "container" | "fncall" | "microvm" | "vm";
+        BatchItemResult: {
+            /** @description The running sandbox, when it was made (or, with a key seen before, was made by the first request). */
+            sandbox?: components["schemas"]["Sandbox"];
+            /** @description When not made: the error a single create would have answered (e.g. ResourceExhausted when admission or the tenant quota is full). */
+            error?: {
+                code: string;
+                message: string;
+            };
+        };
         BootstrapRequest: {
             /**
              * @description Only debian (bookworm minbase) so far.
@@ -166,6 +175,23 @@ export interface components {
             io_weight?: number;
             /** @description Limits on the writable-layer store's device; default [defaults.io_max] (none). Container backend only; what the host enforces (v1: not buffered writes): host info defences.io_max. */
             io_max?: components["schemas"]["IoMax"];
+        };
+        CreateSandboxesRequest: {
+            /** @description How many sandboxes of `spec`, 1-1000; with `spec`, instead of `items`. */
+            count?: number;
+            /** @description The create request of every sandbox of a `count` batch; default `{}` (busybox container). */
+            spec?: components["schemas"]["CreateSandboxRequest"];
+            /** @description One create request (as POST /v1/sandboxes takes) per sandbox, 1-1000; instead of `count`. */
+            items?: components["schemas"]["CreateSandboxRequest"][];
+            /** @description An idempotency key per sandbox, in order (as many as the batch has sandboxes), instead of the `Idempotency-Key` header: the header `K` gives sandbox i the key `K/i`. A gateway sends each host the keys of the items it placed there. */
+            keys?: string[];
+        };
+        CreateSandboxesResult: {
+            results: components["schemas"]["BatchItemResult"][];
+            /** @description How many entries have a sandbox. */
+            created: number;
+            /** @description How many entries have an error. */
+            failed: number;
         };
         CreateTokenRequest: {
             /** @description The tenant the token acts for. */

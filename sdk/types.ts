@@ -59,6 +59,19 @@ export type HostInfo = Schemas['HostInfo'];
  */
 export type CreateSandboxInput = Schemas['CreateSandboxRequest'];
 
+/**
+ * A batched create (POST /v1/sandboxes:batch): `{count, spec}` (count sandboxes of one
+ * spec) or `{items: [spec, ...]}`, 1 to 1,000 sandboxes; `keys` (one idempotency key per
+ * sandbox) is for gateways, callers use the `Idempotency-Key` header.
+ */
+export type CreateSandboxesInput = Partial<Schemas['CreateSandboxesRequest']>;
+
+/** One sandbox's outcome in a batched create: `sandbox` when made, else `error` ({code, message}, as a single create would have failed). */
+export type BatchCreateItem = Schemas['BatchItemResult'];
+
+/** The answer of a batched create: one {@link BatchCreateItem} per sandbox asked for, in order, and how many were made and failed. */
+export type BatchCreateResult = Schemas['CreateSandboxesResult'];
+
 /** A sandbox's network as requested: mode (none, allow, open), a named policy, allow and deny rules (docs/SECURITY.md, Networking and egress). */
 export type NetworkInput = Schemas['NetworkSpec'];
 

@@ -1,5 +1,6 @@
 /**
- * `dsec create`: creates a sandbox and prints its id (or the Sandbox with --json). On a
+ * `dsec create`: creates a sandbox and prints its id (or the Sandbox with --json); `-n N`
+ * creates N in one batched request (ids one per line). On a
  * terminal, stderr shows a spinner with the elapsed time and dsecd's phase while it
  * works (a microvm takes seconds, a vm under emulation tens of them), erased before the
  * id is printed; ^C then stops waiting and says which sandbox dsecd goes on making.
@@ -145,14 +146,45 @@ export function createLabel(f: Pick<CreateFlags, 'backend'>): string {
   return `creating a ${f.backend ?? 'container'} sandbox`;
 }
 
-/** Adds `create` to `parent`. */
+/** Most sandboxes one `dsec create -n` asks for: the batch bound of POST /v1/sandboxes:batch (LIMITS.maxBatchSandboxes in daemon/model/resources.ts). */
+export const MAX_CREATE_COUNT = 1000;
+
+/** Parses `-n N`: a whole number from 1 to {@link MAX_CREATE_COUNT}. */
+export function parseCreateCount(text: string): number {
+  const n = parsePositiveInt(text);
+  if (n > MAX_CREATE_COUNT) throw new UserError(`create count ${n} is more than ${MAX_CREATE_COUNT}`, `create at most ${MAX_CREATE_COUNT} per call; run \`dsec create -n\` several times for a larger job`);
+  return n;
+}
+
+/**
+ * Adds `create` to `parent`. With `-n N` the N sandboxes are one batched create
+ * (POST /v1/sandboxes:batch): the ids are printed one per line in order, each sandbox that
+ * was not made is reported on stderr with its error and the exit code is 1; with --json
+ * the answer `{results, created, failed}` is printed as is.
+ */
 export function register(parent: Command, ctx: Ctx): Command {
-  return addCreateOptions(parent.command('create').description('create a sandbox and print its id'))
+  return addCreateOptions(parent.command('create').description('create a sandbox (or N with -n) and print its id'))
     .option('--allow-burst', 'through a gateway: a pool=burst host may take it while the primary pool is above its threshold')
-    .action(async (flags: CreateFlags & { allowBurst?: boolean }) => {
+    .option('-n, --count <n>', `create N sandboxes of this spec in one batched request, 1-${MAX_CREATE_COUNT}`, flag('-n', parseCreateCount))
+    .action(async (flags: CreateFlags & { allowBurst?: boolean; count?: number }) => {
+      if (flags.count !== undefined) return createMany(ctx, flags, flags.count);
       const sandbox = await runCreate(ctx, { label: createLabel(flags), abortOnInterrupt: true }, (o) => ctx.client().createSandbox(createRequest(flags), { ...o, allowBurst: flags.allowBurst }));
       if (!sandbox) return;
       if (ctx.json) writeJson(ctx.io.stdout, sandbox);
       else ctx.out(sandbox.id + '\n');
     });
+}
+
+/** `dsec create -n N`: one batched create; see {@link register}. */
+async function createMany(ctx: Ctx, flags: CreateFlags & { allowBurst?: boolean }, count: number): Promise<void> {
+  const label = `creating ${count} ${flags.backend ?? 'container'} sandboxes`;
+  const r = await runCreate(ctx, { label, count, abortOnInterrupt: true }, (o) => ctx.client().createSandboxes({ count, spec: createRequest(flags) }, { signal: o.signal, allowBurst: flags.allowBurst }));
+  if (!r) return;
+  if (ctx.json) writeJson(ctx.io.stdout, r);
+  else ctx.out(r.results.filter((x) => x.sandbox).map((x) => x.sandbox!.id + '\n').join(''));
+  const failed = r.results.map((x, i) => [i, x] as const).filter(([, x]) => x.error);
+  if (failed.length) {
+    if (!ctx.json) for (const [i, x] of failed) ctx.err(`dsec: sandbox ${i + 1} of ${count} not created: ${x.error!.code}: ${x.error!.message}\n`);
+    ctx.exitCode = 1;
+  }
 }

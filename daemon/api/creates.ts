@@ -20,7 +20,7 @@ export interface CreateDeps {
 }
 
 /** Whether the caller is a gateway that confirms delivery itself (the header counts only from a verified gateway certificate). */
-function gatewayAcks(req: FastifyRequest): boolean {
+export function gatewayAcks(req: FastifyRequest): boolean {
   return req.principal?.peer?.role === 'gateway' && req.headers[ACK_HEADER] === 'gateway';
 }
 

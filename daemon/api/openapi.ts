@@ -15,6 +15,7 @@ import * as wire from './schema.js';
 import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
 import * as hostRoutes from './routes/host.js';
 import * as sandboxRoutes from './routes/sandboxes.js';
+import * as batchCreateRoutes from './routes/sandboxes-batch.js';
 import * as eventRoutes from './routes/events.js';
 import * as imageRoutes from './routes/images.js';
 import * as execRoutes from './routes/execs.js';
@@ -34,7 +35,7 @@ import { DSEC_VERSION } from '../version.js';
 
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
-  wire, hostRoutes, sandboxRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
+  wire, hostRoutes, sandboxRoutes, batchCreateRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
   fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes, templateRoutes, layerBlobRoutes,
 ];
 

@@ -12,6 +12,7 @@
 export * from './wire/common.js';
 export * from './wire/network.js';
 export * from './wire/sandboxes.js';
+export * from './wire/batch.js';
 export * from './wire/execs.js';
 export * from './wire/snapshots.js';
 export * from './wire/images.js';

@@ -19,6 +19,7 @@ import { registerNetworkRoutes, type NetworkRouteDeps } from './routes/network.j
 import { registerRoundRoutes, type RoundRouteDeps } from './routes/rounds.js';
 import { registerRunCodeRoute, registerRunRoutes, type RunCodeRouteDeps, type RunRouteDeps } from './routes/run.js';
 import { registerSandboxRoutes, type SandboxRouteDeps } from './routes/sandboxes.js';
+import { registerBatchCreateRoute } from './routes/sandboxes-batch.js';
 import { registerSecurityRoutes, type SecurityRouteDeps } from './routes/security.js';
 import { registerSnapshotRoutes, type SnapshotRouteDeps } from './routes/snapshots.js';
 import { registerStatsRoutes, type StatsRouteDeps } from './routes/stats.js';
@@ -56,6 +57,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerHostRoutes(app, deps);
   registerTokenRoutes(app, deps);
   registerSandboxRoutes(app, deps);
+  registerBatchCreateRoute(app, deps);
   registerExecRoute(app, deps);
   registerEventRoutes(app, deps);
   registerImageRoutes(app, deps);

@@ -25,6 +25,11 @@ export const LIMITS = {
   maxStep: 2 ** 31 - 1,
   /** Most sandboxes one fork call creates: 256 (a rollout group; larger groups are several calls). */
   maxForkCount: 256,
+  /**
+   * Most sandboxes one batched create asks for (POST /v1/sandboxes:batch): 1,000, so one
+   * answer (about 1 KiB per sandbox) stays near 1 MiB; a larger job is several batches.
+   */
+  maxBatchSandboxes: 1000,
   /** Largest stdin accepted inline by exec: 16 MiB (base64 in JSON). */
   maxStdinBytes: 16 * 1024 * 1024,
   /** Longest sandbox TTL: 30 days. */

@@ -27,7 +27,8 @@ import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
 import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
-import { CREATE_ROUTES, accessOf, allows } from './policy.js';
+import { BATCH_CREATE_ROUTES, CREATE_ROUTES, accessOf, allows } from './policy.js';
+import { LIMITS } from '../model/resources.js';
 import type { RemoteConfig } from './config.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
 
@@ -57,6 +58,13 @@ declare module 'fastify' {
      * counts a bad token. Unset on the Unix socket.
      */
     noteAuthFailure?: () => Promise<void>;
+    /**
+     * On a batched create (BATCH_CREATE_ROUTES) over the TCP door: spends `n` more creates
+     * of the token's create budget (`[remote] creates_per_minute`; the request itself
+     * spent one), so a batch spends one per sandbox.
+     * @throws DsecError ResourceExhausted when the budget has fewer left.
+     */
+    spendCreates?: (n: number) => Promise<void>;
   }
   interface FastifyContextConfig {
     /**
@@ -333,6 +341,17 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
             reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
             throw resourceExhausted(`token ${r.rec.id} started more than ${limits.createsPerMinute} sandbox creates in a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
           }
+        }
+        if (url !== undefined && BATCH_CREATE_ROUTES.has(`${req.method} ${url}`)) {
+          req.spendCreates = async (n) => {
+            for (let i = 0; i < Math.min(n, LIMITS.maxBatchSandboxes); i++) {
+              const c = await createLimiter()(req);
+              if (c.isExceeded) {
+                reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
+                throw resourceExhausted(`token ${r.rec.id} asked for ${n + 1} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
+              }
+            }
+          };
         }
       });
     },

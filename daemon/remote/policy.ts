@@ -82,7 +82,12 @@ export const CREATE_ROUTES: ReadonlySet<string> = new Set([
   'POST /v1/sandboxes',
   'POST /v1/snapshots/:ref/restore',
   'POST /v1/snapshots/:ref/fork',
+  // fastify's spelling of the literal colon: `::`.
+  'POST /v1/sandboxes::batch',
   // E2B's creates (daemon/api/e2b/control.ts): the same budget.
   'POST /sandboxes',
   'POST /v2/sandboxes',
 ]);
+
+/** Batched creates: they spend one create of the rate budget per sandbox asked for (daemon/remote/door.ts `req.spendCreates`). */
+export const BATCH_CREATE_ROUTES: ReadonlySet<string> = new Set(['POST /v1/sandboxes::batch']);

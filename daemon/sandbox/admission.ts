@@ -26,7 +26,42 @@ export interface AdmissionDeps {
 
 /** The host's limits on new sandboxes. */
 export class Admission {
+  /**
+   * Admitted creates whose row is not in the store yet ({@link reserve}): counted with the
+   * store's totals, so concurrent creates (a batch, a burst) cannot all pass a limit that
+   * only some of them fit under while none has written its row.
+   */
+  private readonly pending = new Set<{ tenant: string; count: number; memoryBytes: number; cpus: number; diskBytes: number }>();
+
   constructor(private readonly d: AdmissionDeps) {}
+
+  /** The store's totals (of `tenant`, or all) plus the pending reservations. */
+  private totals(tenant?: string): { count: number; memoryBytes: number; cpus: number; diskBytes: number } {
+    const t = { ...this.d.repo.admissionTotals(tenant) };
+    for (const p of this.pending) {
+      if (tenant !== undefined && p.tenant !== tenant) continue;
+      t.count += p.count;
+      t.memoryBytes += p.memoryBytes;
+      t.cpus += p.cpus;
+      t.diskBytes += p.diskBytes;
+    }
+    return t;
+  }
+
+  /**
+   * {@link admit}, then holds what was admitted in the totals until the returned release
+   * is called: the create calls it once its row is in the store (which counts it from
+   * then on) or when it failed before that. Release is idempotent.
+   * @throws DsecError ResourceExhausted as {@link admit}.
+   */
+  reserve(res: Resources, caps: Pick<BackendCapabilities, 'storeDisk'>, count = 1, tenant: string = SYSTEM_TENANT): () => void {
+    this.admit(res, caps, count, tenant);
+    const entry = { tenant, count, memoryBytes: res.memoryBytes * count, cpus: res.cpus * count, diskBytes: caps.storeDisk ? (res.diskBytes ?? 0) * count : 0 };
+    this.pending.add(entry);
+    return () => {
+      this.pending.delete(entry);
+    };
+  }
 
   /**
    * Refuses limits above what the host has: they can never be honoured, so say so
@@ -48,6 +83,7 @@ export class Admission {
    * writable-layer quotas over the store's size times the disk overcommit ratio (only for
    * tiers whose writable layer is in the store: capability `storeDisk`). Warm-pool shells
    * are not counted: `[pool]` bounds them and they give way to the creates that claim them.
+   * Creates admitted by {@link reserve} and not yet in the store count as made.
    * Then the tenant's quota ({@link admitTenant}).
    * @param tenant whose sandboxes they are (absent: `system`, which has no quota).
    * @throws DsecError ResourceExhausted naming the limit.
@@ -55,7 +91,7 @@ export class Admission {
   admit(res: Resources, caps: Pick<BackendCapabilities, 'storeDisk'>, count = 1, tenant: string = SYSTEM_TENANT): void {
     const a = this.d.config.admission;
     const diskBytes = caps.storeDisk ? res.diskBytes : null;
-    const live = this.d.repo.admissionTotals();
+    const live = this.totals();
     if (live.count + count > a.maxSandboxes) {
       throw resourceExhausted(`host is at its limit of ${a.maxSandboxes} sandboxes (admission.max_sandboxes)`
         + `${count > 1 ? ` and has room for ${Math.max(0, a.maxSandboxes - live.count)} more, not ${count}` : ''}; destroy some first`);
@@ -97,7 +133,7 @@ export class Admission {
   admitTenant(res: Resources, count: number, tenant: string): void {
     const q = this.quotaOf(tenant);
     if (!q || (q.sandboxes === null && q.cpus === null && q.memoryBytes === null)) return;
-    const use = this.d.repo.admissionTotals(tenant);
+    const use = this.totals(tenant);
     const key = this.d.config.quotas.tenants[tenant] ? `quotas.tenants.${tenant}` : 'quotas';
     const more = count > 1 ? `${count} new sandboxes` : 'a new sandbox';
     if (q.sandboxes !== null && use.count + count > q.sandboxes) {

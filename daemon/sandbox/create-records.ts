@@ -44,6 +44,22 @@ export function idsOf(result: unknown): string[] {
   return rows.map((r) => (r as { id?: unknown })?.id).filter((x): x is string => typeof x === 'string' && /^[0-9a-f]{16}$/.test(x));
 }
 
+/**
+ * The idempotency key of each sandbox of a batched create (POST /v1/sandboxes:batch) of
+ * `n`: `keys` when given, else
+ * `header/i`, else none.
+ * @throws DsecError InvalidArgument for both at once, a malformed header, or a header too
+ *   long to derive a key from (a derived key is at most 255 characters, as any key).
+ */
+export function itemKeys(header: unknown, keys: string[] | undefined, n: number): Array<string | null> {
+  if (header === undefined) return keys ?? Array.from({ length: n }, () => null);
+  if (keys !== undefined) throw invalidArgument(`give the ${IDEMPOTENCY_HEADER} header or body keys, not both`);
+  if (typeof header !== 'string' || !KEY_RE.test(header) || !KEY_RE.test(`${header}/${n - 1}`)) {
+    throw invalidArgument(`${IDEMPOTENCY_HEADER} must be visible ASCII characters, short enough that "KEY/${n - 1}" is at most 255 characters`);
+  }
+  return Array.from({ length: n }, (_, i) => `${header}/${i}`);
+}
+
 /** Settings; see the module comment for what each number means. */
 export interface CreateRecordsOptions {
   keyTtlMs: number;

@@ -72,6 +72,8 @@ interface BuildOptions {
   shell?: boolean;
   /** Hears the phases of the create (daemon/sandbox/progress.ts). */
   onProgress?: CreateProgressSink;
+  /** Called once the sandbox's row is in the store (admission counts it from then on: {@link Admission.reserve}). */
+  onAllocated?: () => void;
 }
 
 /** What the create path reads and acts through. */
@@ -141,9 +143,15 @@ export class SandboxCreator {
     const caps = this.d.backends.caps(input.backend);
     this.userCreates += 1;
     this.lastUserCreate = performance.now();
+    // Admitted but not yet in the store: held in admission's totals until its row is written.
+    let release = () => {};
     try {
       const what = 'create sandbox';
-      const resources = await step('admit', what, () => this.admit(input, caps));
+      const resources = await step('admit', what, () => {
+        const r = this.admit(input, caps);
+        release = r.release;
+        return r.resources;
+      });
       const spec = await step('resolve', what, () => this.resolve(input, resources));
       if (caps.pool && !opts.worker) {
         const claimed = await this.claimFromPool(spec);
@@ -152,19 +160,19 @@ export class SandboxCreator {
           return claimed;
         }
       }
-      return await this.build(spec, { onProgress: opts.onProgress });
+      return await this.build(spec, { onProgress: opts.onProgress, onAllocated: release });
     } finally {
+      release();
       this.userCreates -= 1;
       this.lastUserCreate = performance.now();
     }
   }
 
-  /** Step admit: limits the host can honour, every resource default applied, room on the host. */
-  private admit(input: SandboxInput, caps: BackendCapabilities): Resources {
+  /** Step admit: limits the host can honour, every resource default applied, room on the host (reserved until released). */
+  private admit(input: SandboxInput, caps: BackendCapabilities): { resources: Resources; release: () => void } {
     this.d.admission.checkLimits(input);
     const resources = this.d.resolver.resources(input);
-    this.d.admission.admit(resources, caps, 1, input.tenant);
-    return resources;
+    return { resources, release: this.d.admission.reserve(resources, caps, 1, input.tenant) };
   }
 
   /** Step resolve: the spec of `input` (image, network, filesystem). */
@@ -189,6 +197,7 @@ export class SandboxCreator {
       : this.d.failpoints;
     const rec = await step('allocate', what, async () => {
       const r = this.d.repo.insertCreating({ ...spec, id, createdAt: Date.now() });
+      opts.onAllocated?.();
       steps.hit('create.after-intent');
       await this.d.leases.sync();
       return r;

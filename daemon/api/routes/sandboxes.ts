@@ -2,7 +2,7 @@
  * The sandbox resource: create, list, get, destroy, stop, start, pause, resume. A create
  * asked with `Accept: application/x-ndjson` streams its phases (daemon/sandbox/progress.ts)
  * as `{type:"progress", phase, id, message}` lines before the `{type:"result"}` line
- * (daemon/api/long.ts).
+ * (daemon/api/long.ts). The batched create is in ./sandboxes-batch.ts.
  */
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
@@ -74,7 +74,8 @@ export function registerSandboxRoutes(app: FastifyInstance, deps: SandboxRouteDe
       return sandboxView(sb);
     });
   });
-  app.post(ackRoute.url, async (req) => {
+  // `::` is fastify's escape for a literal colon (unescaped, `:ack` would be a parameter matching `/v1/sandboxes<anything>`).
+  app.post(ackRoute.url.replace(':', '::'), async (req) => {
     const body = parseWith(AckRequest, req.body, 'ack request');
     // Only the caller's tenant's sandboxes (every tenant's for a gateway acting as admin):
     // another tenant's id counts as unknown, so no tenant keeps another's create from its deadline.

@@ -167,6 +167,16 @@ class SyncClient(unittest.TestCase):
         with self.assertRaises(dsec.NotFound):
             self.c.leases.get(job)
 
+    def test_create_many_in_one_batch(self) -> None:
+        job = f"batch-{RUN}"
+        r = self.c.sandboxes.create_many(3, image=IMAGE, labels={"run": RUN, "suite": "sync", "job": job})
+        self.assertEqual(len(r), 3)
+        self.assertTrue(all(isinstance(x, dsec.Sandbox) and x.state == "running" for x in r))
+        self.assertEqual(sorted(s.id for s in self.c.sandboxes.list(selector=f"job={job}")), sorted(x.id for x in r))  # type: ignore[union-attr]
+        self.assertEqual(len(self.c.sandboxes.destroy_all(f"job={job}")), 3)
+        with self.assertRaises(dsec.InvalidArgument):
+            self.c.sandboxes.create_many(1001, image=IMAGE)
+
     def test_snapshot_restore_fork(self) -> None:
         self.sb.files.write(f"{WORK}/prepared", b"env v1")
         name = f"py-{RUN}"

@@ -327,7 +327,12 @@ export class SnapshotService {
         throw invalidArgument(`snapshot ${snap.id} holds the machine's disk of ${m.diskBytes} bytes, which a restore cannot resize; leave disk_bytes out`);
       }
     }
-    this.d.admission.admit(resources, this.d.backends.caps(input.backend), req.count, scope.tenant);
+    const caps = this.d.backends.caps(input.backend);
+    // The whole group first (its refusal names the room left), then one reservation per
+    // sandbox, each released once that sandbox's row is in the store (or it failed), so
+    // concurrent creates and forks see the group's sandboxes before they exist.
+    this.d.admission.admit(resources, caps, req.count, scope.tenant);
+    const releases = Array.from({ length: req.count }, () => this.d.admission.reserve(resources, caps, 1, scope.tenant));
     const source = { image: snap.image, layers: snap.imageLayers, config: snap.imageConfig };
     const restore = snap.kind === 'vm' ? this.machineRestore(snap) : undefined;
     // Intent first: if dsecd dies mid-fork, reconcile destroys whatever this fork created.
@@ -341,14 +346,21 @@ export class SnapshotService {
       while (next < req.count && failure === null) {
         const i = next++;
         try {
-          made[i] = await this.d.creator.build(spec, { restore, onProgress: opts.onProgress });
+          made[i] = await this.d.creator.build(spec, { restore, onProgress: opts.onProgress, onAllocated: releases[i] });
           this.d.failpoints.hit('fork.after-create');
         } catch (e) {
           failure ??= e;
+        } finally {
+          releases[i]();
         }
       }
     };
-    await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
+    try {
+      await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
+    } finally {
+      // Sandboxes never started (a failure stopped the workers) hold nothing.
+      for (const r of releases) r();
+    }
     if (failure !== null) {
       for (const sb of made) if (sb) await this.d.lifecycle.destroy(sb.id, true, `fork of ${snap.id} failed`).catch((e) => this.d.log.error({ err: e, id: sb.id }, 'cleanup after failed fork failed'));
       this.d.snapshots.removeForkIntent(forkId);

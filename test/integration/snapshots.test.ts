@@ -175,6 +175,19 @@ describe.skipIf(!IS_ROOT)('snapshots, restore and fork', () => {
     expect(big.code).toBe('ResourceExhausted');
     expect(big.message).toMatch(/max_sandboxes/);
     expect((await d.client.listSandboxes()).length).toBe(before);
+    // Two forks that each fit alone but not together, sent at once: each group's
+    // sandboxes are held in admission's totals before their rows exist, so one of them is
+    // refused whole and the host never holds more than max_sandboxes.
+    const room = 40 - before;
+    const half = Math.floor(room / 2) + 1;
+    const both = await Promise.allSettled([d.client.fork(snapId, { count: half }), d.client.fork(snapId, { count: half })]);
+    expect(both.filter((r) => r.status === 'fulfilled')).toHaveLength(1);
+    const refused = both.find((r) => r.status === 'rejected') as PromiseRejectedResult;
+    expect((refused.reason as { code: string }).code).toBe('ResourceExhausted');
+    const after = await d.client.listSandboxes();
+    expect(after.length).toBe(before + half);
+    const made = (both.find((r) => r.status === 'fulfilled') as PromiseFulfilledResult<{ id: string }[]>).value;
+    for (const sb of made) await d.client.deleteSandbox(sb.id, { force: true });
   });
 
   it('a corrupt snapshot layer is refused with a clear error; the source and the host stay intact', async () => {

@@ -9,8 +9,8 @@
  *   { n, n_rule, guest_mib, cold_mib, poll_s, bound_s, reclaim_toml, host: {...},
  *     runs: { on|off: Run }, saving_pct: { cgroup, pss }, cold_returned: { mib_per_vm, pct },
  *     seconds_to_half, seconds_to_plateau, exec_true_ms: { on, off } }
- *   Run = { boot_ms, after_touch: Phase, end: Phase, duration_s, series: [[s, cgroup_mib, pss_mib, memavail_delta_mib]...],
- *           exec_true_ms: {p50, max}, damon: {...} | null }
+ *   Run = { boot_ms, after_touch: Phase, end: Phase, duration_s, per_vm_timing,
+ *           series: [[s, cgroup_mib, pss_mib, memavail_delta_mib]...], exec_true_ms: {p50, max}, damon: {...} | null }
  *   Phase = { cgroup_mib_total, cgroup_mib_per_vm, pss_mib_total, pss_mib_per_vm, memavailable_delta_mib }
  *
  * Per run: a fresh dsecd (TCG), N busybox microVMs of `guest_mib` created (3 at a time);
@@ -22,15 +22,18 @@
  * QEMU process's /proc/<pid>/smaps_rollup, and the drop of the host's MemAvailable since
  * before the first create (noisy: other processes on a shared host move it).
  * after_touch sums each VM's numbers read right after its own touch (before any reclaim
- * could reach it; MemAvailable: at the last touch). From the last touch both are sampled
- * every `poll_s`: the reclaiming run until its charge stopped falling (less than 0.2% of
+ * could reach it; MemAvailable: at the last touch). Every VM is sampled every `poll_s`
+ * from the first touch on (VMs touched first reclaim while later ones touch); `series` is
+ * the sums from the last touch on (s counted from it): the reclaiming run until its charge stopped falling (less than 0.2% of
  * it over the last three polls, after DAMON applied something and at least 10% of the
  * cold bytes came back) or `bound_s`; the control for as long as the reclaiming run took,
  * so both end at the same age. Then each VM answers one exec `true`, timed at the client.
  *
  * saving_pct: 1 - on.end / off.end; cold_returned: (on.after_touch - on.end) / (N × cold_mib)
- * on the cgroup charge; seconds_to_half / _plateau: from the last touch until the charge
- * had fallen 50% / 90% of its final drop.
+ * on the cgroup charge; per_vm_timing: p50 and max over the VMs of the seconds from a VM's
+ * own touch until its charge had fallen 50% / 90% of its own final drop (VMs that gave
+ * back less than 10% of the cold bytes are left out); seconds_to_half / _plateau: the same
+ * on the sums, counted from the last touch.
  *
  * N: at most --n (the issue's 50), and at most what fits in --mem-share of the host's
  * MemAvailable at start at `guest_mib + 128` MiB per VM (a guest's RAM plus QEMU and its
@@ -117,30 +120,67 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
       const r = await d.client.exec(vm.id, { argv: ['sh', '-c', 'cat > /tmp/memhog && chmod +x /tmp/memhog'], stdin: memhog });
       if (r.exit_code !== 0) throw new Error(`installing memhog in ${vm.id}: ${r.stderr.toString()}`);
     }
-    // The touch, one VM after the other; each VM's memory read right after its own.
-    let cg0 = 0;
-    let pss0 = 0;
-    for (const vm of vms) {
-      const r = await d.client.exec(vm.id, { argv: ['/tmp/memhog', String(o.coldMib), '/tmp/memhog.result'] });
-      const m = /^ready (\d+) /m.exec(r.stdout.toString());
-      if (r.exit_code !== 0 || !m) throw new Error(`memhog in ${vm.id}: ${r.stdout.toString()} ${r.stderr.toString()}`);
-      vm.guestPid = Number(m[1]);
-      const x = await vmMem(d, vm.id, vm.pid);
-      cg0 += x.cgroup;
-      pss0 += x.pss;
+    // The touch, one VM after the other; each VM's memory read right after its own. A
+    // sampler runs from the first touch on (VMs touched early start reclaiming while later
+    // ones touch), so each VM's own drop is timed from its own touch.
+    const tS = performance.now();
+    const now = () => (performance.now() - tS) / 1000;
+    const perVm: Array<Array<[number, number]>> = vms.map(() => []);
+    const before: Array<{ t: number; cgroup: number; pss: number } | null> = vms.map(() => null);
+    const totals: Array<[number, number, number, number]> = [];
+    let lastTouch: number | null = null;
+    let failed = false;
+    const sampler = (async () => {
+      for (;;) {
+        if (failed) return;
+        const s = now();
+        let cg = 0;
+        let pss = 0;
+        for (const [i, vm] of vms.entries()) {
+          const x = await vmMem(d, vm.id, vm.pid);
+          cg += x.cgroup;
+          pss += x.pss;
+          if (before[i]) perVm[i].push([round(s), round(x.cgroup / MiB)]);
+        }
+        if (lastTouch !== null) {
+          totals.push([round(s - lastTouch), round(cg / MiB), round(pss / MiB), round((availBefore - memAvailable()) / MiB)]);
+          const since = s - lastTouch;
+          if (durationS !== null ? since >= durationS : since >= o.boundS || plateau(totals, sum(before, 'cgroup') / MiB, n * o.coldMib, reclaim ? appliedBytes(d, vms) : 0)) return;
+        }
+        await sleep(o.pollS * 1000);
+      }
+    })();
+    sampler.catch(() => {}); // awaited below; this only keeps a failure during the touches from being unhandled
+    let availAtTouch = 0;
+    try {
+      for (const [i, vm] of vms.entries()) {
+        const r = await d.client.exec(vm.id, { argv: ['/tmp/memhog', String(o.coldMib), '/tmp/memhog.result'] });
+        const m = /^ready (\d+) /m.exec(r.stdout.toString());
+        if (r.exit_code !== 0 || !m) throw new Error(`memhog in ${vm.id}: ${r.stdout.toString()} ${r.stderr.toString()}`);
+        vm.guestPid = Number(m[1]);
+        before[i] = { t: now(), ...(await vmMem(d, vm.id, vm.pid)) };
+      }
+      availAtTouch = memAvailable();
+    } catch (e) {
+      failed = true;
+      await sampler.catch(() => {});
+      throw e;
     }
-    const afterTouch = phase(n, cg0, pss0, availBefore - memAvailable());
-    const t0 = performance.now();
-    const series: Array<[number, number, number, number]> = [];
-    for (;;) {
-      const s = (performance.now() - t0) / 1000;
-      let cg = 0;
-      let pss = 0;
-      for (const vm of vms) { const x = await vmMem(d, vm.id, vm.pid); cg += x.cgroup; pss += x.pss; }
-      series.push([round(s), round(cg / MiB), round(pss / MiB), round((availBefore - memAvailable()) / MiB)]);
-      if (durationS !== null ? s >= durationS : s >= o.boundS || plateau(series, afterTouch.cgroup_mib_total, n * o.coldMib, reclaim ? appliedBytes(d, vms) : 0)) break;
-      await sleep(o.pollS * 1000);
-    }
+    lastTouch = now();
+    await sampler;
+    const afterTouch = phase(n, sum(before, 'cgroup'), sum(before, 'pss'), availBefore - availAtTouch);
+    const series = totals;
+    // Per VM: seconds from its own touch until its charge had fallen 50% / 90% of its own final drop (VMs whose drop is under 10% of the cold bytes: none).
+    const own = (share: number) => vms.map((_, i) => {
+      const b = before[i]!;
+      const pts = perVm[i].filter(([t]) => t >= b.t);
+      const drop = b.cgroup / MiB - pts.at(-1)![1];
+      if (drop < 0.1 * o.coldMib) return null;
+      const hit = pts.find(([, c]) => b.cgroup / MiB - c >= share * drop);
+      return hit ? round(hit[0] - b.t) : null;
+    }).filter((x): x is number => x !== null);
+    const stat = (xs: number[]) => (xs.length ? { p50: round(percentile(xs, 50)), max: round(Math.max(...xs)), vms: xs.length } : null);
+    const perVmTiming = { seconds_to_half: stat(own(0.5)), seconds_to_90pct: stat(own(0.9)), touch_spread_s: round(lastTouch - before[0]!.t) };
     const last = series.at(-1)!;
     const end = { cgroup_mib_total: last[1], cgroup_mib_per_vm: round(last[1] / n), pss_mib_total: last[2], pss_mib_per_vm: round(last[2] / n), memavailable_delta_mib: last[3] };
     const execTrue: number[] = [];
@@ -153,7 +193,7 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
     const vm0 = (await d.client.exec(vms[0].id, { argv: ['sh', '-c', `grep -E "^(VmRSS|VmSwap)" /proc/${vms[0].guestPid}/status; grep -E "^(MemFree|Swap(Total|Free))" /proc/meminfo`] })).stdout.toString();
     return {
       boot_ms: { p50: Math.round(percentile(boot, 50)), max: Math.round(Math.max(...boot)) },
-      after_touch: afterTouch, end, duration_s: last[0], series,
+      after_touch: afterTouch, end, duration_s: last[0], per_vm_timing: perVmTiming, series,
       exec_true_ms: { p50: round(percentile(execTrue, 50)), max: round(Math.max(...execTrue)) },
       damon: reclaim ? damonTotals(d, vms) : null, guest_vm0: vm0.trim().split('\n'),
     };
@@ -162,6 +202,9 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
     await d.stop();
   }
 }
+
+/** Sum of one field over the VMs' right-after-touch readings, bytes. */
+const sum = (xs: Array<{ cgroup: number; pss: number } | null>, k: 'cgroup' | 'pss') => xs.reduce((a, x) => a + (x?.[k] ?? 0), 0);
 
 /** The guest reclaim records (`<sandbox dir>/guest-reclaim.json`) of `vms`, null where absent. */
 function records(d: TempDaemon, vms: Array<{ id: string }>) {

@@ -184,12 +184,12 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
     const last = series.at(-1)!;
     const end = { cgroup_mib_total: last[1], cgroup_mib_per_vm: round(last[1] / n), pss_mib_total: last[2], pss_mib_per_vm: round(last[2] / n), memavailable_delta_mib: last[3] };
     // VMs that are no longer running (a guest or VMM that died) are named, not timed.
-    const failed: Array<{ id: string; state: string; error: unknown }> = [];
+    const dead: Array<{ id: string; state: string; error: unknown }> = [];
     const execTrue: number[] = [];
     for (const vm of vms) {
       const sb = await d.client.getSandbox(vm.id);
       if (sb.state !== 'running') {
-        failed.push({ id: vm.id, state: sb.state, error: (sb as unknown as Record<string, unknown>).error ?? null });
+        dead.push({ id: vm.id, state: sb.state, error: (sb as unknown as Record<string, unknown>).error ?? null });
         continue;
       }
       const t = performance.now();
@@ -197,12 +197,12 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
       execTrue.push(performance.now() - t);
       if (r.exit_code !== 0) throw new Error(`exec true in ${vm.id} exited ${r.exit_code}`);
     }
-    const vm0 = failed.some((f) => f.id === vms[0].id) ? '' : (await d.client.exec(vms[0].id, { argv: ['sh', '-c', `grep -E "^(VmRSS|VmSwap)" /proc/${vms[0].guestPid}/status; grep -E "^(MemFree|Swap(Total|Free))" /proc/meminfo`] })).stdout.toString();
+    const vm0 = dead.some((f) => f.id === vms[0].id) ? '' : (await d.client.exec(vms[0].id, { argv: ['sh', '-c', `grep -E "^(VmRSS|VmSwap)" /proc/${vms[0].guestPid}/status; grep -E "^(MemFree|Swap(Total|Free))" /proc/meminfo`] })).stdout.toString();
     return {
       boot_ms: { p50: Math.round(percentile(boot, 50)), max: Math.round(Math.max(...boot)) },
       after_touch: afterTouch, end, duration_s: last[0], per_vm_timing: perVmTiming, series,
       exec_true_ms: { p50: round(percentile(execTrue, 50)), max: round(Math.max(...execTrue)) },
-      failed_vms: failed, damon: reclaim ? damonTotals(d, vms) : null, guest_vm0: vm0.trim().split('\n'),
+      failed_vms: dead, damon: reclaim ? damonTotals(d, vms) : null, guest_vm0: vm0.trim().split('\n'),
     };
   } finally {
     for (const vm of vms) await d.client.deleteSandbox(vm.id, { force: true }).catch(() => {});

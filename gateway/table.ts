@@ -42,7 +42,7 @@ export interface HostEntry {
   since: number;
   /** Creates this gateway has sent to the host and not yet seen answered. */
   inflight: Array<Reservation>;
-  /** Creates this gateway saw succeed, with when, until the host's load includes them (oldest first). */
+  /** Creates this gateway saw succeed, with when they were sent (ms since the epoch), until the host's load includes them. */
   recent: Array<Reservation & { at: number }>;
   /** The sums of `inflight` and `recent`: what this gateway counts on the host beyond its report. */
   pending: { count: number; cpus: number; memoryBytes: number; jobs: Map<string, number> };
@@ -110,6 +110,8 @@ export class HostTable extends EventEmitter {
   /** Every host's placement view, by name (rebuilt when a host joins the table). */
   private views: PlacementHost[] | null = null;
   private readonly byTag = new Map<string, Set<string>>();
+  /** When each reservation's create was sent (ms since the epoch; see {@link settle}). */
+  private readonly sentAt = new WeakMap<Reservation, number>();
   private readonly hostMirror: PrefixMirror;
   private readonly cordonMirror: PrefixMirror;
 
@@ -237,12 +239,21 @@ export class HostTable extends EventEmitter {
     }
   }
 
-  /** Drops the recent creates done at or before `at` (the host's numbers include them). */
+  /**
+   * Drops the recent creates sent at or before `at` (the host's numbers include them: a
+   * host's report taken after a create was sent counts it once its row exists, and one
+   * taken between the send and the row's insert undercounts for one report, which the
+   * host's own admission makes safe: it refuses what does not fit, and the gateway places
+   * the create elsewhere).
+   */
   private prune(e: HostEntry, at: number): void {
-    let i = 0;
-    while (i < e.recent.length && e.recent[i].at <= at) i++;
-    if (i === 0) return;
-    for (const r of e.recent.splice(0, i)) this.count(e, r, -1);
+    if (!e.recent.some((r) => r.at <= at)) return;
+    const keep: typeof e.recent = [];
+    for (const r of e.recent) {
+      if (r.at <= at) this.count(e, r, -1);
+      else keep.push(r);
+    }
+    e.recent = keep;
   }
 
   private updateState(e: HostEntry): void {
@@ -264,6 +275,7 @@ export class HostTable extends EventEmitter {
   reserve(name: string, r: Reservation): void {
     const e = this.hosts.get(name);
     if (!e) return;
+    this.sentAt.set(r, Date.now());
     e.inflight.push(r);
     this.count(e, r, 1);
   }
@@ -276,8 +288,12 @@ export class HostTable extends EventEmitter {
     if (i < 0) return;
     e.inflight.splice(i, 1);
     if (ok) {
-      e.recent.push({ ...r, at: Date.now() });
-      this.prune(e, Date.now() - RECENT_MAX_MS);
+      // Timed from the send, not the answer: a report the host took while the answer was
+      // on its way already counts the sandbox (its row was written before the answer).
+      // A report that arrived while the create was in flight, taken after it was sent,
+      // may count it already: prune against it too, not only against the next one.
+      e.recent.push({ ...r, at: this.sentAt.get(r) ?? Date.now() });
+      this.prune(e, Math.max(e.live?.at ?? 0, Date.now() - RECENT_MAX_MS));
     } else this.count(e, r, -1);
   }
 }

@@ -184,16 +184,22 @@ describe.skipIf(!IS_ROOT)('builder identity, unit level (a Builder and an LayerS
     });
     const seen: { uid: number; procs: ReturnType<typeof processesOf> }[] = [];
     let rest: Promise<void> | undefined;
+    // The tail goes in only once the head is wholly written: the first progress report can
+    // come while the head is still being written (the fifo takes 64 KiB at a time), and two
+    // writers at once would interleave their chunks into a corrupt tar.
+    let headWritten!: () => void;
+    const head = new Promise<void>((res) => (headWritten = res));
     const report = await builder.withJob(async (job) => {
       const p = job.worker<ExtractReport>('extract', { dest: 'tree', ociWhiteouts: false }, {
         fds: [r],
         onProgress: () => {
           if (seen.length) return;
           seen.push({ uid: job.uid, procs: processesOf(job.uid) });
-          rest = writeAll(tar.subarray(2 << 20)).then(() => closeSync(w));
+          rest = head.then(() => writeAll(tar.subarray(2 << 20))).then(() => closeSync(w));
         },
       });
       await writeAll(tar.subarray(0, 2 << 20));
+      headWritten();
       const rep = await p;
       await rest;
       return rep;

@@ -350,15 +350,14 @@ export class SnapshotService {
           this.d.failpoints.hit('fork.after-create');
         } catch (e) {
           failure ??= e;
-        } finally {
-          releases[i]();
         }
       }
     };
     try {
       await Promise.all(Array.from({ length: Math.min(FORK_CONCURRENCY, req.count) }, worker));
     } finally {
-      // Sandboxes never started (a failure stopped the workers) hold nothing.
+      // A sandbox whose create failed before its row, or that never started (a failure
+      // stopped the workers), holds nothing from here on; the release is idempotent.
       for (const r of releases) r();
     }
     if (failure !== null) {

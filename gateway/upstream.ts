@@ -16,7 +16,7 @@ import tls, { type PeerCertificate } from 'node:tls';
 import type { Logger } from 'pino';
 import { DsecError, unavailable } from '../daemon/errors.js';
 import { roleOfSan } from '../pki/certs.js';
-import { ACK_HEADER } from '../daemon/sandbox/create-records.js';
+import { ACK_HEADER, IDEMPOTENCY_HEADER } from '../daemon/sandbox/create-records.js';
 
 /** Headers a gateway sets on every call to a host: who the caller is (hosts trust them only from a gateway certificate). */
 export const IDENTITY_HEADERS = {
@@ -27,6 +27,23 @@ export const IDENTITY_HEADERS = {
 
 /** A connection to a host that is not up within 3 s is given up: a live host on a fleet network answers in milliseconds. */
 export const CONNECT_TIMEOUT_MS = 3000;
+
+/**
+ * Free keep-alive sockets are closed by the gateway after 30 s at most, and sooner when
+ * the host's answer carries `Keep-Alive: timeout=N` (node's agent then closes at N-1 s,
+ * but only when an agent timeout is set at all): a host closes an idle connection after
+ * its `keep_alive_timeout_s` (5 s by default), and a request sent on a socket the host is
+ * closing fails with ECONNRESET ("socket hang up") before the host saw it.
+ */
+export const FREE_SOCKET_TIMEOUT_MS = 30_000;
+
+/**
+ * Methods whose request is sent again, once, on a fresh connection when the pooled
+ * connection it went out on turns out closed before any answer; a request with an
+ * `Idempotency-Key` is too (the host answers a repeat with the first outcome). Others
+ * (an exec's POST) are not: the host may have started them.
+ */
+const REPLAYABLE = new Set(['GET', 'HEAD', 'PUT', 'DELETE', 'OPTIONS']);
 
 /** Hop-by-hop headers (RFC 9110 section 7.6.1) and the caller's credentials, never passed between client and host. */
 const DROP = new Set(['connection', 'keep-alive', 'proxy-connection', 'transfer-encoding', 'te', 'trailer', 'upgrade', 'host',
@@ -85,6 +102,7 @@ export class Upstreams {
     cur?.agent.destroy();
     const agent = new https.Agent({
       keepAlive: true,
+      timeout: FREE_SOCKET_TIMEOUT_MS,
       // Enough parallel calls for a burst's creates and execs to one host; queued past that.
       maxSockets: 256,
       maxFreeSockets: 64,
@@ -120,15 +138,31 @@ export class Upstreams {
     };
   }
 
+  /** Options for a call to `h` on a connection of its own, outside the pool, with the pool's TLS checks. */
+  private direct(h: HostAddress, r: Omit<UpstreamRequest, 'body'>): https.RequestOptions {
+    const opts: https.RequestOptions = { ...this.options(h, r), agent: false, ca: this.tls.ca, cert: this.tls.cert, key: this.tls.key, minVersion: 'TLSv1.3' };
+    opts.checkServerIdentity = (this.agent(h).options as https.AgentOptions).checkServerIdentity;
+    return opts;
+  }
+
   /**
    * Sends a request and resolves with the host's response (its body unread: the caller
    * streams or reads it).
    * @throws DsecError Unavailable when the host could not be reached (before any answer).
    */
   request(h: HostAddress, r: UpstreamRequest): Promise<IncomingMessage> {
+    const replayable = !isStream(r.body) && (REPLAYABLE.has(r.method.toUpperCase()) || r.headers?.[IDEMPOTENCY_HEADER] !== undefined);
+    return this.send(h, r, replayable, false);
+  }
+
+  /**
+   * One attempt of {@link request}: on a pooled connection, or on one of its own when
+   * `fresh`; `replay` allows one more, fresh, attempt (see {@link REPLAYABLE}).
+   */
+  private send(h: HostAddress, r: UpstreamRequest, replay: boolean, fresh: boolean): Promise<IncomingMessage> {
     return new Promise((resolve, reject) => {
       let answered = false;
-      const req = https.request(this.options(h, r), (res) => {
+      const req = https.request(fresh ? this.direct(h, r) : this.options(h, r), (res) => {
         answered = true;
         clearTimeout(timer);
         resolve(res);
@@ -139,12 +173,19 @@ export class Upstreams {
         if (!(s as { connecting?: boolean }).connecting) clearTimeout(timer);
         else s.once('secureConnect', () => clearTimeout(timer));
       });
-      req.on('error', (e) => {
+      req.on('error', (e: NodeJS.ErrnoException) => {
         clearTimeout(timer);
-        if (!answered) reject(this.unreachable(h, e));
+        if (answered) return;
+        if (replay && req.reusedSocket && (e.code === 'ECONNRESET' || e.code === 'EPIPE')) {
+          this.log.debug({ host: h.name, path: r.path, err: e.message }, 'pooled connection closed by the host; sending again');
+          // On a connection of its own: the pool's other idle sockets may be closing too.
+          resolve(this.send(h, r, false, true));
+          return;
+        }
+        reject(this.unreachable(h, e));
       });
       const body = r.body;
-      if (body === undefined || typeof body === 'string' || Buffer.isBuffer(body)) req.end(body);
+      if (!isStream(body)) req.end(body);
       else {
         body.on('error', (e) => req.destroy(e));
         body.pipe(req);
@@ -182,9 +223,7 @@ export class Upstreams {
     return new Promise((resolve, reject) => {
       let answered = false;
       // A fresh connection: an upgraded socket is never returned to the keep-alive pool.
-      const opts = { ...this.options(h, r), agent: undefined, ca: this.tls.ca, cert: this.tls.cert, key: this.tls.key, minVersion: 'TLSv1.3' as const };
-      opts.checkServerIdentity = (this.agent(h).options as https.AgentOptions).checkServerIdentity;
-      const req = https.request(opts);
+      const req = https.request(this.direct(h, r));
       const timer = setTimeout(() => req.destroy(new Error(`no connection within ${CONNECT_TIMEOUT_MS} ms`)), CONNECT_TIMEOUT_MS);
       req.once('socket', (s) => s.once('secureConnect', () => clearTimeout(timer)));
       req.on('upgrade', (res, socket, head) => {
@@ -216,4 +255,9 @@ export class Upstreams {
     for (const { agent } of this.agents.values()) agent.destroy();
     this.agents.clear();
   }
+}
+
+/** Whether a request body is a stream (which cannot be sent twice). */
+function isStream(body: UpstreamRequest['body']): body is Readable {
+  return body !== undefined && typeof body !== 'string' && !Buffer.isBuffer(body);
 }

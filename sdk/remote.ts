@@ -52,9 +52,16 @@ export class Endpoint {
     return this.remote !== null;
   }
 
-  /** A keep-alive agent for pooled requests of this endpoint. */
+  /**
+   * A keep-alive agent for pooled requests of this endpoint. Idle pooled sockets close a
+   * second before dsecd's `Keep-Alive: timeout=N` says it would close them (node's agent
+   * honours that hint only when an agent timeout is set, hence the 30 s cap), so a call
+   * rarely goes out on a socket dsecd is closing; {@link Transport} resends idempotent
+   * calls once when one does.
+   */
   newAgent(): http.Agent {
-    return this.remote ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true });
+    const opts = { keepAlive: true, timeout: 30_000 };
+    return this.remote ? new https.Agent(opts) : new http.Agent(opts);
   }
 
   /** Options that direct a request here (TLS 1.3 only over TCP: dsecd refuses anything older). */

@@ -35,10 +35,12 @@ const run = IS_ROOT ? describe : describe.skip;
 const BURST = Number(process.env.DSEC_STRESS_BURST ?? 300);
 
 /** Unacknowledged creates a host holds now (its store, read-only). */
-function heldOn(f: TestFleet, host: string): number {
+/** Unacknowledged creates host `host` holds: all, or sandbox `id`'s (0 or 1). */
+function heldOn(f: TestFleet, host: string, id?: string): number {
   const db = new Database(path.join(f.hosts.get(host)!.root, 'dsec.db'), { readonly: true, fileMustExist: true });
   try {
-    return (db.prepare('SELECT count(*) AS n FROM create_holds').get() as { n: number }).n;
+    const q = id === undefined ? db.prepare('SELECT count(*) AS n FROM create_holds') : db.prepare('SELECT count(*) AS n FROM create_holds WHERE sandbox_id = ?');
+    return (q.get(...(id === undefined ? [] : [id])) as { n: number }).n;
   } finally {
     db.close();
   }
@@ -101,8 +103,9 @@ run('fleet under stress: idempotent creates, acknowledgements, a gateway killed 
       req.on('error', () => {});
       req.end(JSON.stringify({ image: 'busybox', labels: { job: 'unacked' } }));
     });
-    // Held by its host once made, then reaped: nothing else names it (a call naming it would acknowledge it).
-    while (![...f.hosts.keys()].some((h) => heldOn(f, h) > 0)) await new Promise((r) => setTimeout(r, 100));
+    // Held by its host once made, then reaped: nothing else names it (a call naming it would
+    // acknowledge it). Its own hold: an earlier test's may still be awaiting its acknowledgement.
+    while (![...f.hosts.keys()].some((h) => heldOn(f, h, id) > 0)) await new Promise((r) => setTimeout(r, 100));
     await untilNoneHeld(f);
     const l = await f.request('GET', '/v1/sandboxes?selector=job%3Dunacked', { gateway: 2 });
     expect(l.status).toBe(200);

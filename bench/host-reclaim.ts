@@ -29,7 +29,11 @@
  * bench (`damon = false`) so it never reads the host's kdamond as free to take; DAMON's
  * numbers come from a vm-tier guest (test/integration/damon-guest.test.ts).
  *
- * Usage (root): node dist/bench/host-reclaim.js [--n 50] [--cache-mib 32] [--shm-mib 8] [--idle-after-s 5]
+ * Each run's dsecd has a uid pool of 8,192 ranges (bench/all.ts's: room for N up to 8,192)
+ * and a 1 GiB writable-layer quota per sandbox (so the disk pool's admission never refuses
+ * N sandboxes that write a few MiB each); `--memory-mib` is each sandbox's memory limit.
+ *
+ * Usage (root): node dist/bench/host-reclaim.js [--n 50] [--cache-mib 32] [--shm-mib 8] [--idle-after-s 5] [--memory-mib 512]
  */
 import { writeFileSync } from 'node:fs';
 import os from 'node:os';
@@ -40,6 +44,9 @@ import { percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { repoRoot } from '../daemon/startup/host.js';
 
 const MiB = 2 ** 20;
+/** The uid pool and range size of bench/all.ts: 8,192 sandboxes. */
+const POOL = { base: 2 ** 29, size: 2 ** 27 };
+const RANGE = 16_384;
 const round = (x: number) => Math.round(x * 10) / 10;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -51,17 +58,23 @@ async function charge(d: TempDaemon, ids: string[]): Promise<number> {
 }
 
 /** One run (see the module comment). */
-async function run(mode: 'off' | 'aggressive', o: { n: number; cacheMiB: number; shmMiB: number; idleAfterS: number }) {
-  const d = await tempDaemon(`dsec-bench-reclaim-${mode}-`, null, `[memory]\nreclaim = "${mode}"\nidle_after_s = ${o.idleAfterS}\nsweep_s = 1\ndamon = false\n`);
+async function run(mode: 'off' | 'aggressive', o: { n: number; cacheMiB: number; shmMiB: number; idleAfterS: number; memoryMiB: number }) {
+  const toml = `[defaults]\ndisk_bytes = ${2 ** 30}\n[memory]\nreclaim = "${mode}"\nidle_after_s = ${o.idleAfterS}\nsweep_s = 1\ndamon = false\n`;
+  const d = await tempDaemon(`dsec-bench-reclaim-${mode}-`, POOL, toml, { rangeSize: RANGE });
   try {
     const ids: string[] = [];
-    for (let i = 0; i < o.n; i++) ids.push((await d.client.createSandbox({ image: 'busybox', memory_bytes: 512 * MiB })).id);
+    for (let i = 0; i < o.n; i++) {
+      ids.push((await d.client.createSandbox({ image: 'busybox', memory_bytes: o.memoryMiB * MiB })).id);
+      if ((i + 1) % 100 === 0) process.stderr.write(`${mode}: ${i + 1}/${o.n} created\n`);
+    }
     // Each sandbox's charge right after its write: the memory before any reclaim (sandboxes written first may be reclaimed while later ones write).
     let written = 0;
+    let nw = 0;
     for (const id of ids) {
       const r = await d.client.exec(id, { argv: ['sh', '-c', `dd if=/dev/urandom of=/root/cold bs=1M count=${o.cacheMiB} 2>/dev/null && sync && mkdir -p /dev/shm && dd if=/dev/urandom of=/dev/shm/hot bs=1M count=${o.shmMiB} 2>/dev/null && echo ok`] });
       if (Buffer.from(r.stdout_b64, 'base64').toString() !== 'ok\n') throw new Error(`sandbox ${id}: the write failed: ${Buffer.from(r.stderr_b64, 'base64').toString()}`);
       written += (await d.client.sandboxStats(id)).memory_bytes ?? 0;
+      if (++nw % 100 === 0) process.stderr.write(`${mode}: ${nw}/${o.n} written\n`);
     }
     const t0 = performance.now();
     const series: Array<[number, number]> = [];
@@ -100,14 +113,15 @@ const program = new Command('bench-host-reclaim')
   .option('--n <n>', 'idle sandboxes per run', (v) => parseInt(v, 10), 50)
   .option('--cache-mib <n>', 'page cache each sandbox writes and leaves', (v) => parseInt(v, 10), 32)
   .option('--shm-mib <n>', 'shared memory (tmpfs) each sandbox writes and leaves', (v) => parseInt(v, 10), 8)
-  .option('--idle-after-s <n>', '[memory] idle_after_s of the "on" run', (v) => parseInt(v, 10), 5);
+  .option('--idle-after-s <n>', '[memory] idle_after_s of the "on" run', (v) => parseInt(v, 10), 5)
+  .option('--memory-mib <n>', 'memory limit of each sandbox', (v) => parseInt(v, 10), 512);
 program.parse();
-const opts = program.opts<{ n: number; cacheMib: number; shmMib: number; idleAfterS: number }>();
-const o = { n: opts.n, cacheMiB: opts.cacheMib, shmMiB: opts.shmMib, idleAfterS: opts.idleAfterS };
+const opts = program.opts<{ n: number; cacheMib: number; shmMib: number; idleAfterS: number; memoryMib: number }>();
+const o = { n: opts.n, cacheMiB: opts.cacheMib, shmMiB: opts.shmMib, idleAfterS: opts.idleAfterS, memoryMiB: opts.memoryMib };
 const off = await run('off', o);
 const on = await run('aggressive', o);
 const result = {
-  n: o.n, cache_mib: o.cacheMiB, shm_mib: o.shmMiB, idle_after_s: o.idleAfterS,
+  n: o.n, cache_mib: o.cacheMiB, shm_mib: o.shmMiB, idle_after_s: o.idleAfterS, memory_mib: o.memoryMiB,
   host: { cpus: os.cpus().length, mem_total_mib: Math.round(os.totalmem() / MiB), kernel: os.release() },
   runs: { off, on },
   saving_pct: round((1 - on.after_mib / off.after_mib) * 100),

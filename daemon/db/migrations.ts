@@ -245,4 +245,57 @@ export const MIGRATIONS: readonly Migration[] = [
       ALTER TABLE leases_v10 RENAME TO leases;
     `,
   },
+  {
+    version: 11,
+    description: 'admission totals per tenant kept by triggers, so admitting a create reads one row per tenant instead of scanning every sandbox',
+    sql: `
+      -- What counts against admission (daemon/sandbox/admission.ts): every sandbox but
+      -- warm-pool shells (labels hold "dsec.pool"): its count, memory limits (bytes), CPU
+      -- limits (millicores, an integer so that adding and removing never drifts) and the
+      -- writable-layer quotas of container sandboxes (bytes).
+      CREATE TABLE admission_totals (
+        tenant  TEXT PRIMARY KEY,
+        n       INTEGER NOT NULL,
+        mem     INTEGER NOT NULL,
+        mcpus   INTEGER NOT NULL,
+        disk    INTEGER NOT NULL
+      );
+      INSERT INTO admission_totals (tenant, n, mem, mcpus, disk)
+        SELECT tenant, COUNT(*), SUM(memory_bytes), SUM(CAST(ROUND(cpus * 1000) AS INTEGER)),
+          SUM(CASE WHEN backend = 'container' THEN COALESCE(disk_bytes, 0) ELSE 0 END)
+        FROM sandboxes WHERE json_extract(labels, '$."dsec.pool"') IS NULL GROUP BY tenant;
+      CREATE TRIGGER admission_totals_insert AFTER INSERT ON sandboxes
+        WHEN json_extract(NEW.labels, '$."dsec.pool"') IS NULL
+      BEGIN
+        INSERT INTO admission_totals (tenant, n, mem, mcpus, disk)
+          VALUES (NEW.tenant, 1, NEW.memory_bytes, CAST(ROUND(NEW.cpus * 1000) AS INTEGER),
+            CASE WHEN NEW.backend = 'container' THEN COALESCE(NEW.disk_bytes, 0) ELSE 0 END)
+          ON CONFLICT (tenant) DO UPDATE SET n = n + excluded.n, mem = mem + excluded.mem,
+            mcpus = mcpus + excluded.mcpus, disk = disk + excluded.disk;
+      END;
+      CREATE TRIGGER admission_totals_delete AFTER DELETE ON sandboxes
+        WHEN json_extract(OLD.labels, '$."dsec.pool"') IS NULL
+      BEGIN
+        UPDATE admission_totals SET n = n - 1, mem = mem - OLD.memory_bytes,
+            mcpus = mcpus - CAST(ROUND(OLD.cpus * 1000) AS INTEGER),
+            disk = disk - CASE WHEN OLD.backend = 'container' THEN COALESCE(OLD.disk_bytes, 0) ELSE 0 END
+          WHERE tenant = OLD.tenant;
+      END;
+      -- A claimed warm-pool shell (labels, tenant and limits rewritten) starts counting here;
+      -- any other change of these columns moves the row's share.
+      CREATE TRIGGER admission_totals_update AFTER UPDATE OF tenant, labels, memory_bytes, cpus, disk_bytes, backend ON sandboxes
+      BEGIN
+        UPDATE admission_totals SET n = n - 1, mem = mem - OLD.memory_bytes,
+            mcpus = mcpus - CAST(ROUND(OLD.cpus * 1000) AS INTEGER),
+            disk = disk - CASE WHEN OLD.backend = 'container' THEN COALESCE(OLD.disk_bytes, 0) ELSE 0 END
+          WHERE tenant = OLD.tenant AND json_extract(OLD.labels, '$."dsec.pool"') IS NULL;
+        INSERT INTO admission_totals (tenant, n, mem, mcpus, disk)
+          SELECT NEW.tenant, 1, NEW.memory_bytes, CAST(ROUND(NEW.cpus * 1000) AS INTEGER),
+            CASE WHEN NEW.backend = 'container' THEN COALESCE(NEW.disk_bytes, 0) ELSE 0 END
+          WHERE json_extract(NEW.labels, '$."dsec.pool"') IS NULL
+          ON CONFLICT (tenant) DO UPDATE SET n = n + excluded.n, mem = mem + excluded.mem,
+            mcpus = mcpus + excluded.mcpus, disk = disk + excluded.disk;
+      END;
+    `,
+  },
 ];

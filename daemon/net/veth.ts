@@ -72,10 +72,15 @@ export async function attachVeth(netns: string, subnet: Subnet, slot: number, ad
   await run('nsenter', ['-t', String(pid), '-n', '--', 'ip', '-batch', '-'], b.sandbox);
 }
 
-/** Removes a slot's veth pair; a missing one is fine. Safe to call twice. */
+/**
+ * Removes a slot's veth pair; a missing one is fine. Safe to call twice. The kernel also
+ * removes the pair on its own once the sandbox's network namespace is gone (its init was
+ * killed), asynchronously: `ip` may find the device by name and then be told ENODEV ("No
+ * such device") by the delete, which is the same outcome.
+ */
 export async function detachVeth(netns: string, slot: number): Promise<void> {
   const r = await spawnNative('ip', ['-n', netns, 'link', 'del', vethName(slot)], { timeoutMs: 60_000 });
-  if (r.exitCode !== 0 && !/Cannot find device|does not exist/.test(r.stderr)) throw internal(`removing sandbox veth ${vethName(slot)} from ${netns}: ${(r.stderr || `ip exited with ${r.exitCode ?? r.signal}`).trim()}`);
+  if (r.exitCode !== 0 && !/Cannot find device|does not exist|No such device/.test(r.stderr)) throw internal(`removing sandbox veth ${vethName(slot)} from ${netns}: ${(r.stderr || `ip exited with ${r.exitCode ?? r.signal}`).trim()}`);
 }
 
 /** Bridge ports of the instance netns: slot and operational state of each `v<slot>`. */

@@ -70,6 +70,21 @@ describe('migrations', () => {
     db.prepare(snapT).run('snap-0000000000000002', 'team-b', 'n');
     expect(() => db.prepare(snapT).run('snap-0000000000000003', 'team-b', 'n')).toThrow(/UNIQUE/);
   });
+  it('migration 11 fills the admission totals of a version-10 store from its rows, without warm-pool shells', () => {
+    const db = new Database(':memory:');
+    migrate(db, MIGRATIONS.slice(0, 10));
+    const ins = db.prepare(`INSERT INTO sandboxes (id, tenant, backend, image, image_layers, image_config, state, cpus, memory_bytes, pids, labels, env, created_at, updated_at, disk_bytes)
+      VALUES (?, ?, ?, 'busybox:latest', '[]', '{"env":[],"cwd":"/","user":"0","cmd":[]}', 'running', ?, ?, 8, ?, '{}', 1, 1, ?)`);
+    ins.run('a', 'system', 'container', 0.5, 100, '{}', 1000);
+    ins.run('b', 'system', 'microvm', 1.25, 200, '{"job":"x"}', 5000);
+    ins.run('c', 'team-b', 'container', 2, 300, '{}', null);
+    ins.run('shell', 'system', 'container', 1, 400, '{"dsec.pool":"busybox"}', 1000);
+    expect(migrate(db, MIGRATIONS.slice(0, 11))).toEqual([11]);
+    expect(db.prepare('SELECT * FROM admission_totals ORDER BY tenant').all()).toEqual([
+      { tenant: 'system', n: 2, mem: 300, mcpus: 1750, disk: 1000 },
+      { tenant: 'team-b', n: 1, mem: 300, mcpus: 2000, disk: 0 },
+    ]);
+  });
   it('versions are consecutive from 1', () => {
     MIGRATIONS.forEach((m, i) => expect(m.version).toBe(i + 1));
   });
@@ -96,6 +111,44 @@ describe('migrations', () => {
 });
 
 describe('SandboxRepo', () => {
+  it('keeps the admission totals equal to a scan of the rows through inserts, claims of shells, changes and removals', () => {
+    const db = openDb(':memory:');
+    const repo = new SandboxRepo(db, { base: 1 << 20, size: 256 * 65536, rangeSize: 65536 });
+    const scan = (tenant?: string) => {
+      const r = db.prepare(`SELECT COUNT(*) n, COALESCE(SUM(memory_bytes), 0) mem, COALESCE(SUM(cpus), 0) cpus,
+          COALESCE(SUM(CASE WHEN backend = 'container' THEN disk_bytes END), 0) disk FROM sandboxes
+        WHERE json_extract(labels, '$."dsec.pool"') IS NULL ${tenant ? 'AND tenant = ?' : ''}`).get(...(tenant ? [tenant] : [])) as { n: number; mem: number; cpus: number; disk: number };
+      return { count: r.n, memoryBytes: r.mem, cpus: Math.round(r.cpus * 1000) / 1000, diskBytes: r.disk };
+    };
+    const same = () => {
+      for (const t of [undefined, 'system', 'team-b', 'nobody']) expect(repo.admissionTotals(t), String(t)).toEqual(scan(t));
+    };
+    same();
+    // A deterministic mix: tenths of cores (which would drift as a sum of floats), shells, two tenants.
+    let seed = 7;
+    const rnd = (n: number) => (seed = (seed * 1103515245 + 12345) % 2 ** 31) % n;
+    const live: string[] = [];
+    for (let i = 0; i < 200; i++) {
+      const op = rnd(4);
+      if (op <= 1 || live.length === 0) {
+        const id = `s${i}`;
+        const shell = rnd(3) === 0;
+        repo.insertCreating({ ...rec(id, rnd(2) ? 'system' : 'team-b'), cpus: (1 + rnd(20)) / 10, memoryBytes: 1 + rnd(1000), diskBytes: rnd(2) ? 1 + rnd(5000) : null,
+          labels: shell ? { 'dsec.pool': 'busybox' } : { job: 'a' } } as Parameters<SandboxRepo['insertCreating']>[0]);
+        live.push(id);
+      } else if (op === 2) {
+        const id = live[rnd(live.length)];
+        repo.claimShell(id, { tenant: rnd(2) ? 'system' : 'team-b', labels: { job: 'b' }, env: {}, ttlS: null, idleTimeoutS: null, cpus: (1 + rnd(20)) / 10,
+          memoryBytes: 1 + rnd(1000), pids: 8, network: null, io: null, now: Date.now() });
+      } else {
+        repo.remove(live.splice(rnd(live.length), 1)[0]);
+      }
+      same();
+    }
+    expect(live.length).toBeGreaterThan(5);
+    expect(scan().diskBytes).toBeGreaterThan(0);
+    expect(scan().count).toBeLessThan(live.length);
+  });
   it('allocates disjoint uid ranges and exhausts the pool with ResourceExhausted', () => {
     const repo = new SandboxRepo(openDb(':memory:'), pool);
     const bases = ['a', 'b', 'c', 'd'].map((id) => repo.insertCreating(rec(id)).uidBase);

@@ -376,11 +376,10 @@ export class SandboxRepo {
     const cur = this.get(id);
     if (cur.state !== to) assertTransition(id, cur.state, to);
     const now = Date.now();
-    this.db
-      .prepare(
-        `UPDATE sandboxes SET state = ?, desired = NULL, updated_at = ?, acknowledged = 1,
+    this.stmt(
+      `UPDATE sandboxes SET state = ?, desired = NULL, updated_at = ?, acknowledged = 1,
            init_pid = ?, init_start = ?, error = ? WHERE id = ?`,
-      )
+    )
       .run(to, now, extra.initPid !== undefined ? extra.initPid : cur.initPid, extra.initStart !== undefined ? extra.initStart : cur.initStart,
         extra.error !== undefined ? extra.error : cur.error, id);
     return this.get(id);
@@ -429,8 +428,7 @@ export class SandboxRepo {
       ...(sandbox ? { state: sandbox.state, labels: sandbox.labels } : {}),
       ...(message ? { message } : {}),
     };
-    this.db
-      .prepare('INSERT INTO events (time, type, sandbox_id, tenant, state, labels, message) VALUES (?, ?, ?, ?, ?, ?, ?)')
+    this.stmt('INSERT INTO events (time, type, sandbox_id, tenant, state, labels, message) VALUES (?, ?, ?, ?, ?, ?, ?)')
       .run(e.time, e.type, e.sandbox_id, e.tenant, e.state ?? null, e.labels ? JSON.stringify(e.labels) : null, e.message ?? null);
     for (const l of this.listeners) l(e);
     return e;

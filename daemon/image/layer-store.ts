@@ -51,6 +51,7 @@ import type { Builder, BuilderJob } from '../host/builder.js';
 import { closeSync, createReadStream } from 'node:fs';
 import { createHash } from 'node:crypto';
 import { checkImageSecurity } from './security.js';
+import { FileTextCache } from './file-cache.js';
 import type { ImageSecurity } from '../model/image.js';
 import { SYSTEM_SCOPE, SYSTEM_TENANT, TENANT_RE, imageTenant, ownTenant, type Scope } from '../model/tenant.js';
 export { imageTenant, ownTenant } from '../model/tenant.js';
@@ -258,6 +259,8 @@ export class LayerStore {
   private readonly graceMs: number;
   private readonly onWarning?: (msg: string) => void;
   private builtinOnce: Promise<void> | undefined;
+  /** Manifest texts, checked against their files by one stat per read (daemon/image/file-cache.ts). */
+  private readonly manifestTexts = new FileTextCache();
   private leaseChain: Promise<void> = Promise.resolve();
 
   /** Does no I/O; call {@link init} before use. */
@@ -730,14 +733,8 @@ export class LayerStore {
 
   /** `tenant`'s manifest of `name:tag`, or undefined when it has none. @throws DsecError Internal (unreadable manifest). */
   private async read(name: string, tag: string, tenant: string): Promise<ImageManifest | undefined> {
-    const path = this.manifestPath(name, tag, tenant);
-    let text: string;
-    try {
-      text = await readFile(path, 'utf8');
-    } catch (e) {
-      if ((e as NodeJS.ErrnoException).code === 'ENOENT' || (e as NodeJS.ErrnoException).code === 'ENOTDIR') return undefined;
-      throw e;
-    }
+    const text = await this.manifestTexts.read(this.manifestPath(name, tag, tenant));
+    if (text === undefined) return undefined;
     let m: ImageManifest;
     try {
       m = checkManifest(JSON.parse(text), `${name}:${tag}`);

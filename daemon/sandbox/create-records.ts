@@ -26,6 +26,7 @@
  * would need to carry.
  */
 import { createHash } from 'node:crypto';
+import type Database from 'better-sqlite3';
 import type { Db } from '../db/db.js';
 import { invalidArgument, isDsecError } from '../errors.js';
 
@@ -73,6 +74,8 @@ export class CreateRecords {
   /** The held ids, mirrored in memory so that {@link used} costs no store read. */
   private readonly heldIds = new Set<string>();
   private readonly now: () => number;
+  /** Prepared statements by SQL text, compiled once (every create runs several). */
+  private readonly stmts = new Map<string, Database.Statement>();
 
   constructor(private readonly db: Db, private readonly opts: CreateRecordsOptions) {
     this.now = opts.now ?? Date.now;
@@ -94,6 +97,16 @@ export class CreateRecords {
       );
     `);
     for (const r of db.prepare('SELECT sandbox_id FROM create_holds').all() as Array<{ sandbox_id: string }>) this.heldIds.add(r.sandbox_id);
+  }
+
+  /** The prepared statement of `sql`. */
+  private stmt(sql: string): Database.Statement {
+    let st = this.stmts.get(sql);
+    if (!st) {
+      st = this.db.prepare(sql);
+      this.stmts.set(sql, st);
+    }
+    return st;
   }
 
   /** A call named sandbox `id` (its caller knows it): acknowledges it if held. */
@@ -121,7 +134,7 @@ export class CreateRecords {
       if (running.fingerprint !== fingerprint) throw mismatch();
       return { result: (await running.done) as T, replayed: true };
     }
-    const row = this.db.prepare('SELECT fingerprint, result FROM idempotency_keys WHERE tenant = ? AND key = ? AND expires_at > ?').get(tenant, key, this.now()) as { fingerprint: string; result: string } | undefined;
+    const row = this.stmt('SELECT fingerprint, result FROM idempotency_keys WHERE tenant = ? AND key = ? AND expires_at > ?').get(tenant, key, this.now()) as { fingerprint: string; result: string } | undefined;
     if (row) {
       if (row.fingerprint !== fingerprint) throw mismatch();
       return { result: JSON.parse(row.result) as T, replayed: true };
@@ -131,7 +144,7 @@ export class CreateRecords {
     try {
       const result = await done;
       const t = this.now();
-      this.db.prepare('INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, result, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)')
+      this.stmt('INSERT OR REPLACE INTO idempotency_keys (tenant, key, fingerprint, result, created_at, expires_at) VALUES (?, ?, ?, ?, ?, ?)')
         .run(tenant, key, fingerprint, JSON.stringify(result), t, t + this.opts.keyTtlMs);
       return { result, replayed: false };
     } finally {
@@ -146,8 +159,8 @@ export class CreateRecords {
   hold(ids: string[], tenant: string | null, key: string | null, again = false): void {
     const deadline = this.now() + this.opts.ackTimeoutMs;
     const stmt = again
-      ? this.db.prepare('UPDATE create_holds SET deadline = ? WHERE sandbox_id = ?')
-      : this.db.prepare('INSERT OR REPLACE INTO create_holds (deadline, sandbox_id, tenant, key) VALUES (?, ?, ?, ?)');
+      ? this.stmt('UPDATE create_holds SET deadline = ? WHERE sandbox_id = ?')
+      : this.stmt('INSERT OR REPLACE INTO create_holds (deadline, sandbox_id, tenant, key) VALUES (?, ?, ?, ?)');
     this.db.transaction(() => {
       for (const id of ids) {
         if (again) stmt.run(deadline, id);
@@ -161,7 +174,7 @@ export class CreateRecords {
 
   /** Acknowledges sandboxes: they are no longer held. @returns how many were held. */
   ack(ids: string[]): number {
-    const stmt = this.db.prepare('DELETE FROM create_holds WHERE sandbox_id = ?');
+    const stmt = this.stmt('DELETE FROM create_holds WHERE sandbox_id = ?');
     let n = 0;
     this.db.transaction(() => {
       for (const id of ids) n += stmt.run(id).changes;
@@ -172,12 +185,12 @@ export class CreateRecords {
 
   /** How many sandboxes are held now (GET /v1/host `creates.held`). */
   held(): number {
-    return (this.db.prepare('SELECT count(*) AS n FROM create_holds').get() as { n: number }).n;
+    return (this.stmt('SELECT count(*) AS n FROM create_holds').get() as { n: number }).n;
   }
 
   /** The held sandboxes whose deadline passed: the caller destroys each, then calls {@link reaped}. */
   overdue(): string[] {
-    return (this.db.prepare('SELECT sandbox_id FROM create_holds WHERE deadline <= ?').all(this.now()) as Array<{ sandbox_id: string }>).map((r) => r.sandbox_id);
+    return (this.stmt('SELECT sandbox_id FROM create_holds WHERE deadline <= ?').all(this.now()) as Array<{ sandbox_id: string }>).map((r) => r.sandbox_id);
   }
 
   /**
@@ -187,16 +200,16 @@ export class CreateRecords {
    */
   reaped(id: string): void {
     this.db.transaction(() => {
-      const r = this.db.prepare('SELECT tenant, key FROM create_holds WHERE sandbox_id = ?').get(id) as { tenant: string | null; key: string | null } | undefined;
-      this.db.prepare('DELETE FROM create_holds WHERE sandbox_id = ?').run(id);
-      if (r?.key) this.db.prepare('DELETE FROM idempotency_keys WHERE tenant = ? AND key = ?').run(r.tenant, r.key);
+      const r = this.stmt('SELECT tenant, key FROM create_holds WHERE sandbox_id = ?').get(id) as { tenant: string | null; key: string | null } | undefined;
+      this.stmt('DELETE FROM create_holds WHERE sandbox_id = ?').run(id);
+      if (r?.key) this.stmt('DELETE FROM idempotency_keys WHERE tenant = ? AND key = ?').run(r.tenant, r.key);
     })();
     this.heldIds.delete(id);
   }
 
   /** Forgets keys past their expiry. @returns how many. */
   expireKeys(): number {
-    return this.db.prepare('DELETE FROM idempotency_keys WHERE expires_at <= ?').run(this.now()).changes;
+    return this.stmt('DELETE FROM idempotency_keys WHERE expires_at <= ?').run(this.now()).changes;
   }
 }
 

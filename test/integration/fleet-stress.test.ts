@@ -46,6 +46,17 @@ function heldOn(f: TestFleet, host: string, id?: string): number {
   }
 }
 
+/** Sandbox rows on host `host` whose `job` label starts with `job` (and whose id is `id`, when given): id and state. */
+function rowsOn(f: TestFleet, host: string, job: string, id?: string): Array<{ id: string; state: string }> {
+  const db = new Database(path.join(f.hosts.get(host)!.root, 'dsec.db'), { readonly: true, fileMustExist: true });
+  try {
+    const rows = db.prepare("SELECT id, state, json_extract(labels, '$.job') job FROM sandboxes").all() as Array<{ id: string; state: string; job: string | null }>;
+    return rows.filter((r) => (r.job ?? '').startsWith(job) && (id === undefined || r.id === id)).map((r) => ({ id: r.id, state: r.state }));
+  } finally {
+    db.close();
+  }
+}
+
 /** Waits until no host holds an unacknowledged create (each is acknowledged or reaped by then). */
 async function untilNoneHeld(f: TestFleet): Promise<void> {
   for (;;) {
@@ -55,7 +66,8 @@ async function untilNoneHeld(f: TestFleet): Promise<void> {
 }
 
 run('fleet under stress: idempotent creates, acknowledgements, a gateway killed mid-burst', () => {
-  const f = TestFleet.create({ gateways: 2, hostConfig: '[creates]\nack_timeout_s = 20\n' });
+  // Gateway 3 is killed by the reaping test.
+  const f = TestFleet.create({ gateways: 3, hostConfig: '[creates]\nack_timeout_s = 20\n' });
 
   beforeAll(() => f.up(), 300_000);
   afterAll(() => f.stop(), 240_000);
@@ -83,34 +95,58 @@ run('fleet under stress: idempotent creates, acknowledgements, a gateway killed 
   }, 60_000);
 
   it('reaps a sandbox whose create answer never reached its client', async () => {
-    // A streamed create, left by its client after the first line naming the sandbox.
-    const id = await new Promise<string>((resolve, reject) => {
+    // The answer cannot reach the client when the gateway relaying it is gone before the
+    // host has it. Made so without a race: the host's dsecd is stopped (SIGSTOP) once the
+    // create's row exists, the row is checked to be still `creating` (so no answer exists
+    // yet), gateway 3 is killed, and only then does the host go on. Gateway 3 is this
+    // test's alone. A client leaving by itself proves nothing: whatever a gateway has
+    // written to a connection before it closes counts as delivered (the forwarder in
+    // front of each test gateway reads eagerly), which is the contract.
+    const gw3 = f.gateways[2];
+    let made: { host: string; id: string } | null = null;
+    for (let attempt = 0; attempt < 5 && !made; attempt++) {
+      const job = `unacked-${attempt}`;
       const req = https.request({
-        host: '127.0.0.1', port: f.gateways[0].port, path: '/v1/sandboxes', method: 'POST', agent: false, ca: readFileSync(f.caFile, 'utf8'),
+        host: '127.0.0.1', port: gw3.port, path: '/v1/sandboxes', method: 'POST', agent: false, ca: readFileSync(f.caFile, 'utf8'),
         headers: { authorization: `Bearer ${f.tokens.user}`, 'content-type': 'application/json', accept: 'application/x-ndjson' },
-      }, (res) => {
-        let buf = '';
-        res.on('data', (c: Buffer) => {
-          buf += c.toString();
-          const m = /"id":"([0-9a-f]{16})"/.exec(buf);
-          if (m) {
-            req.destroy();
-            resolve(m[1]);
-          }
-        });
-        res.on('end', () => reject(new Error(`stream ended without an id: ${buf}`)));
-      });
+      }, (res) => res.resume());
       req.on('error', () => {});
-      req.end(JSON.stringify({ image: 'busybox', labels: { job: 'unacked' } }));
-    });
-    // Held by its host once made, then reaped: nothing else names it (a call naming it would
-    // acknowledge it). Its own hold: an earlier test's may still be awaiting its acknowledgement.
-    while (![...f.hosts.keys()].some((h) => heldOn(f, h, id) > 0)) await new Promise((r) => setTimeout(r, 100));
+      req.end(JSON.stringify({ image: 'busybox', labels: { job } }));
+      let row: { host: string; id: string } | null = null;
+      while (!row) {
+        for (const h of f.hosts.keys()) {
+          const r = rowsOn(f, h, job)[0];
+          if (r) row = { host: h, id: r.id };
+        }
+        if (!row) await new Promise((r) => setTimeout(r, 5));
+      }
+      const host = f.hosts.get(row.host)!;
+      process.kill(host.pid, 'SIGSTOP');
+      const state = rowsOn(f, row.host, job)[0]?.state;
+      if (state === 'creating') {
+        gw3.proc.kill('SIGKILL');
+        await new Promise((r) => (gw3.proc.exitCode !== null || gw3.proc.signalCode !== null ? r(null) : gw3.proc.once('exit', r)));
+        process.kill(host.pid, 'SIGCONT');
+        req.destroy();
+        made = row;
+      } else {
+        // The create was done before the host stopped: not the case under test; remove it and try again.
+        process.kill(host.pid, 'SIGCONT');
+        req.destroy();
+        const del = await f.request('DELETE', `/v1/sandboxes/${row.id}?force=true`, { gateway: 2 });
+        expect([204, 404]).toContain(del.status);
+      }
+    }
+    expect(made, 'the create finished before its host could be stopped in 5 attempts').not.toBeNull();
+    const { host, id } = made!;
+    // Held by its host once made, then reaped (ack_timeout_s = 20): no one acknowledges it.
+    while (heldOn(f, host, id) === 0 && rowsOn(f, host, 'unacked-', id).length > 0) await new Promise((r) => setTimeout(r, 50));
+    expect(heldOn(f, host, id), 'the finished create is held until acknowledged (its row went without a hold: the create failed)').toBe(1);
     await untilNoneHeld(f);
-    const l = await f.request('GET', '/v1/sandboxes?selector=job%3Dunacked', { gateway: 2 });
+    expect(rowsOn(f, host, 'unacked-', id)).toEqual([]);
+    const l = await f.request('GET', '/v1/sandboxes?selector=job%3Dunacked-0', { gateway: 2 });
     expect(l.status).toBe(200);
     expect(l.json.sandboxes.map((s: { id: string }) => s.id)).not.toContain(id);
-    expect(l.json.sandboxes).toEqual([]);
   }, 180_000);
 
   it(`kill -9 of a gateway in a burst of ${BURST}: every answered create exists exactly once, and no other`, async () => {

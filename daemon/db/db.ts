@@ -13,6 +13,23 @@ import { internal } from '../errors.js';
 export type Db = Database.Database;
 
 /**
+ * A function that returns the prepared statement of an SQL text, compiling each text once
+ * (better-sqlite3's `prepare` parses and plans the SQL on every call: tens of µs, paid per
+ * create on the hot paths that use this).
+ */
+export function statementCache(db: Db): (sql: string) => Database.Statement {
+  const stmts = new Map<string, Database.Statement>();
+  return (sql) => {
+    let st = stmts.get(sql);
+    if (!st) {
+      st = db.prepare(sql);
+      stmts.set(sql, st);
+    }
+    return st;
+  };
+}
+
+/**
  * Opens (creating if needed) the database at `file` and applies pending migrations.
  * `synchronous=NORMAL` under WAL is durable across a process crash (SIGKILL), which is
  * the failure dsecd must survive; only an OS crash may lose the last transactions.

@@ -2,7 +2,7 @@
  * Typed access to the sandbox rows, uid ranges and events in the store. Every write
  * that changes a sandbox's state checks the state machine (daemon/model/state.ts).
  */
-import type { Db } from './db.js';
+import { statementCache, type Db } from './db.js';
 import type Database from 'better-sqlite3';
 import type { Backend } from '../model/backend.js';
 import type { SandboxEvent, SandboxRecord, SandboxSpec } from '../model/sandbox.js';
@@ -89,24 +89,15 @@ export class SandboxRepo {
    * Prepared statements by SQL text: preparing compiles the SQL, and the profile of a
    * 1,000-create burst had it at 2.6% of dsecd's CPU when every call prepared afresh.
    */
-  private readonly stmts = new Map<string, Database.Statement>();
+  private readonly stmt: (sql: string) => Database.Statement;
 
   constructor(
     readonly db: Db,
     /** Uid pool: first host uid, number of host uids, uids per sandbox. */
     readonly pool: { base: number; size: number; rangeSize: number },
   ) {
+    this.stmt = statementCache(db);
     for (const r of db.prepare('SELECT base FROM uid_ranges').all() as { base: number }[]) this.usedBases.add(r.base);
-  }
-
-  /** The prepared statement of `sql`, compiled once per repo. */
-  private stmt(sql: string): Database.Statement {
-    let st = this.stmts.get(sql);
-    if (!st) {
-      st = this.db.prepare(sql);
-      this.stmts.set(sql, st);
-    }
-    return st;
   }
 
   /**

@@ -27,7 +27,7 @@
  */
 import { createHash } from 'node:crypto';
 import type Database from 'better-sqlite3';
-import type { Db } from '../db/db.js';
+import { statementCache, type Db } from '../db/db.js';
 import { invalidArgument, isDsecError } from '../errors.js';
 
 /** The request header that names a create's idempotency key. */
@@ -74,11 +74,12 @@ export class CreateRecords {
   /** The held ids, mirrored in memory so that {@link used} costs no store read. */
   private readonly heldIds = new Set<string>();
   private readonly now: () => number;
-  /** Prepared statements by SQL text, compiled once (every create runs several). */
-  private readonly stmts = new Map<string, Database.Statement>();
+  /** The prepared statement of an SQL text, compiled once (every create runs several). */
+  private readonly stmt: (sql: string) => Database.Statement;
 
   constructor(private readonly db: Db, private readonly opts: CreateRecordsOptions) {
     this.now = opts.now ?? Date.now;
+    this.stmt = statementCache(db);
     db.exec(`
       CREATE TABLE IF NOT EXISTS idempotency_keys (
         tenant      TEXT NOT NULL,
@@ -97,16 +98,6 @@ export class CreateRecords {
       );
     `);
     for (const r of db.prepare('SELECT sandbox_id FROM create_holds').all() as Array<{ sandbox_id: string }>) this.heldIds.add(r.sandbox_id);
-  }
-
-  /** The prepared statement of `sql`. */
-  private stmt(sql: string): Database.Statement {
-    let st = this.stmts.get(sql);
-    if (!st) {
-      st = this.db.prepare(sql);
-      this.stmts.set(sql, st);
-    }
-    return st;
   }
 
   /** A call named sandbox `id` (its caller knows it): acknowledges it if held. */

@@ -49,19 +49,12 @@ import { execa } from 'execa';
 import { prepareBusyboxTree } from '../daemon/image/builtin.js';
 import { repoRoot } from '../daemon/startup/host.js';
 import { spawnNative } from '../daemon/host/spawn.js';
-import { percentile, tempDaemon, type TempDaemon } from './lib.js';
+import { BENCH_POOL, BENCH_RANGE, percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { runIoNeighbour } from './io-neighbour.js';
 import { runE2b } from './e2b.js';
 
 const r2 = (x: number) => Math.round(x * 100) / 100;
 
-/**
- * Uid pool of the benchmark dsecds: 2^27 ids from 2^29, in ranges of 16,384 (8,192
- * sandboxes): below every slot's pool and builder range (test/fixtures/slots.ts) and the
- * default pool. Their builder ranges come from the slot each leases (bench/lib.ts).
- */
-const POOL = { base: 2 ** 29, size: 2 ** 27 };
-const RANGE = 16_384;
 /** Limits of every benchmark sandbox: 64 MiB, 64 pids (as the density and crash tests), the default 1 core. */
 /**
  * Defaults of the bench's sandboxes: 64 MiB, 64 pids, a 1 GiB writable-layer quota (a
@@ -148,7 +141,7 @@ async function podmanContainerBytes(name: string): Promise<number> {
 
 /** A benchmark dsecd with the bench's pool and defaults; `extra` TOML appended. */
 function daemon(name: string, extra = '', nodeArgs?: string[]): Promise<TempDaemon> {
-  return tempDaemon(`dsec-bench-${name}-`, POOL, `${DEFAULTS}${extra}`, { rangeSize: RANGE, ...(nodeArgs ? { nodeArgs } : {}) });
+  return tempDaemon(`dsec-bench-${name}-`, BENCH_POOL, `${DEFAULTS}${extra}`, { rangeSize: BENCH_RANGE, ...(nodeArgs ? { nodeArgs } : {}) });
 }
 
 /** Waits until the warm pool has `n` shells ready (polls host info every 250 ms). */

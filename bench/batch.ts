@@ -18,12 +18,9 @@ import { readFileSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { Command } from 'commander';
 import { repoRoot } from '../daemon/startup/host.js';
-import { tempDaemon, type TempDaemon } from './lib.js';
+import { BENCH_POOL, BENCH_RANGE, tempDaemon, type TempDaemon } from './lib.js';
 
 const r2 = (x: number) => Math.round(x * 100) / 100;
-/** The bench's pool of uids and per-sandbox range, as bench/all.ts (below every slot's pool). */
-const POOL = { base: 2 ** 29, size: 2 ** 27 };
-const RANGE = 16_384;
 /** Sandbox defaults of bench/all.ts: 64 MiB, 64 pids, a 1 GiB writable-layer quota. */
 const DEFAULTS = '[defaults]\nmemory_bytes = 67108864\npids = 64\ndisk_bytes = 1073741824\n';
 
@@ -114,7 +111,7 @@ async function main(): Promise<void> {
     .opts<{ n: string; concurrency: string; rounds: string; pool: boolean }>();
   const n = Number(o.n), c = Number(o.concurrency), rounds = Number(o.rounds);
   const res: Record<string, unknown> = { date: new Date().toISOString(), n, concurrency: c, rounds };
-  let d = await tempDaemon('dsec-bench-batch-', POOL, DEFAULTS, { rangeSize: RANGE });
+  let d = await tempDaemon('dsec-bench-batch-', BENCH_POOL, DEFAULTS, { rangeSize: BENCH_RANGE });
   try {
     const w = await d.client.createSandbox({ image: 'busybox' });
     await d.client.deleteSandbox(w.id, { force: true });
@@ -123,7 +120,7 @@ async function main(): Promise<void> {
     await d.stop();
   }
   if (o.pool) {
-    d = await tempDaemon('dsec-bench-batchpool-', POOL, `${DEFAULTS}[pool]\nfill_concurrency = 2\n[[pool.entries]]\nimage = "busybox"\nsize = ${n}\n`, { rangeSize: RANGE });
+    d = await tempDaemon('dsec-bench-batchpool-', BENCH_POOL, `${DEFAULTS}[pool]\nfill_concurrency = 2\n[[pool.entries]]\nimage = "busybox"\nsize = ${n}\n`, { rangeSize: BENCH_RANGE });
     try {
       res.pool_prefilled = await compare(d, n, c, rounds, true);
     } finally {

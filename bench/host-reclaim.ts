@@ -40,13 +40,10 @@ import os from 'node:os';
 import path from 'node:path';
 import { performance } from 'node:perf_hooks';
 import { Command } from 'commander';
-import { percentile, tempDaemon, type TempDaemon } from './lib.js';
+import { BENCH_POOL, BENCH_RANGE, percentile, tempDaemon, type TempDaemon } from './lib.js';
 import { repoRoot } from '../daemon/startup/host.js';
 
 const MiB = 2 ** 20;
-/** The uid pool and range size of bench/all.ts: 8,192 sandboxes. */
-const POOL = { base: 2 ** 29, size: 2 ** 27 };
-const RANGE = 16_384;
 const round = (x: number) => Math.round(x * 10) / 10;
 const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
 
@@ -60,7 +57,7 @@ async function charge(d: TempDaemon, ids: string[]): Promise<number> {
 /** One run (see the module comment). */
 async function run(mode: 'off' | 'aggressive', o: { n: number; cacheMiB: number; shmMiB: number; idleAfterS: number; memoryMiB: number }) {
   const toml = `[defaults]\ndisk_bytes = ${2 ** 30}\n[memory]\nreclaim = "${mode}"\nidle_after_s = ${o.idleAfterS}\nsweep_s = 1\ndamon = false\n`;
-  const d = await tempDaemon(`dsec-bench-reclaim-${mode}-`, POOL, toml, { rangeSize: RANGE });
+  const d = await tempDaemon(`dsec-bench-reclaim-${mode}-`, BENCH_POOL, toml, { rangeSize: BENCH_RANGE });
   try {
     const ids: string[] = [];
     for (let i = 0; i < o.n; i++) {

@@ -26,6 +26,15 @@ export interface TempDaemon {
 }
 
 /**
+ * Uid pool of the benchmark dsecds that hold many sandboxes: 2^27 ids from 2^29, in
+ * ranges of {@link BENCH_RANGE} (8,192 sandboxes), below every slot's pool and builder
+ * range (test/fixtures/slots.ts) and the default pool. Pass both to {@link tempDaemon}.
+ */
+export const BENCH_POOL = { base: 2 ** 29, size: 2 ** 27 };
+/** Ids per sandbox in {@link BENCH_POOL}: 16,384. */
+export const BENCH_RANGE = 16_384;
+
+/**
  * Starts a throwaway dsecd on a new root under /tmp (`prefix` names it), with id ranges of
  * its own: it leases a slot (test/fixtures/slots.ts, as the integration tests' daemons do)
  * and takes that slot's builder range, and its uid pool unless `pool` names one (the

@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import json
 import ssl
+import time
 from typing import Any, AsyncIterator, Dict, List, Optional, Tuple, Union
 
 from ._endpoint import Endpoint
 from ._errors import DeadlineExceeded, DsecError, Internal, Unavailable, error_from_response
-from ._transport import CHUNK, IDEMPOTENT, connection_error
+from ._transport import CHUNK, IDEMPOTENT, connection_error, idle_deadline
 
 #: Longest status line plus headers accepted, bytes (the stream reader's limit).
 HEADER_LIMIT = 1 << 20
@@ -94,7 +95,7 @@ class Response:
         finally:
             self._conn = None
             if self._done and self._keep:
-                self._t._give_back(conn)
+                self._t._give_back(conn, self.headers.get("keep-alive"))
             else:
                 conn.close()
 
@@ -121,7 +122,7 @@ class AsyncTransport:
     def __init__(self, endpoint: Endpoint, timeout: Optional[float]) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._idle: List[_Conn] = []
+        self._idle: List[Tuple[_Conn, float]] = []
         self._ssl: Optional[ssl.SSLContext] = endpoint.ssl_context() if endpoint.is_remote else None
         host = endpoint.host or "localhost"
         self._host_header = (f"[{host}]" if ":" in host else host) + ("" if endpoint.socket else f":{endpoint.port}")
@@ -134,17 +135,18 @@ class AsyncTransport:
             r, w = await asyncio.open_connection(ep.host, ep.port, ssl=self._ssl, server_hostname=ep.host, limit=HEADER_LIMIT)
         return _Conn(r, w)
 
-    def _give_back(self, c: _Conn) -> None:
-        self._idle.append(c)
+    def _give_back(self, c: _Conn, keep_alive: Optional[str]) -> None:
+        self._idle.append((c, idle_deadline(keep_alive, time.monotonic())))
 
     def _take_idle(self) -> Optional[_Conn]:
         """A pooled connection dsecd has not closed, or None. dsecd closes connections idle
-        longer than its keep-alive timeout (5 s by default); their end of stream has
-        reached the reader by now, and sending on them would fail a call that is not
-        safe to resend."""
+        longer than its keep-alive timeout (5 s by default, announced in each answer's
+        ``Keep-Alive`` header): a connection past its ``idle_deadline`` is not reused, nor
+        one whose end of stream has reached the reader; sending on either would fail a
+        call that is not safe to resend."""
         while self._idle:
-            c = self._idle.pop()
-            if c.reader.at_eof() or c.writer.is_closing() or c.reader.exception() is not None:
+            c, deadline = self._idle.pop()
+            if time.monotonic() >= deadline or c.reader.at_eof() or c.writer.is_closing() or c.reader.exception() is not None:
                 c.close()
                 continue
             return c
@@ -152,7 +154,8 @@ class AsyncTransport:
 
     async def aclose(self) -> None:
         """Closes pooled connections; later calls open new ones."""
-        idle, self._idle = self._idle, []
+        idle = [c for c, _ in self._idle]
+        self._idle = []
         for c in idle:
             c.close()
         for c in idle:

@@ -14,6 +14,7 @@ import select
 import socket
 import ssl
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
 from ._endpoint import Endpoint
@@ -21,6 +22,34 @@ from ._errors import DeadlineExceeded, DsecError, Internal, Unavailable, error_f
 
 #: Methods resent once when a pooled keep-alive connection turns out to be closed.
 IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE"})
+
+#: How long a pooled connection may sit idle when the server announced no keep-alive
+#: timeout, seconds: a second under dsecd's default ``keep_alive_timeout_s`` (5 s).
+DEFAULT_IDLE_S = 4.0
+
+#: The most a pooled connection sits idle whatever the server announced, seconds.
+MAX_IDLE_S = 30.0
+
+
+def idle_deadline(keep_alive: Optional[str], now: float) -> float:
+    """When a connection going idle at ``now`` (``time.monotonic()`` seconds) must no longer
+    be reused: a second before the ``timeout=N`` of the answer's ``Keep-Alive`` header (the
+    server closes it at N; a request sent just then would meet the close, and one that is
+    not safe to resend would fail), capped at MAX_IDLE_S, DEFAULT_IDLE_S without a hint.
+
+    Polling the socket for the server's end of stream is not enough alone: the server's
+    close and the client's send race when they fall within the same instant."""
+    idle = DEFAULT_IDLE_S
+    if keep_alive:
+        for part in keep_alive.split(","):
+            k, _, v = part.strip().partition("=")
+            if k.strip().lower() == "timeout":
+                try:
+                    idle = float(v.strip()) - 1.0
+                except ValueError:
+                    pass
+    return now + max(0.0, min(idle, MAX_IDLE_S))
+
 
 #: Bytes read from a streamed body at a time.
 CHUNK = 64 * 1024
@@ -88,7 +117,7 @@ class Transport:
     def __init__(self, endpoint: Endpoint, timeout: Optional[float]) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
-        self._idle: List[http.client.HTTPConnection] = []
+        self._idle: List[Tuple[http.client.HTTPConnection, float]] = []
         self._lock = threading.Lock()
         self._ssl = endpoint.ssl_context() if endpoint.is_remote else None
 
@@ -101,28 +130,30 @@ class Transport:
     def _take(self, timeout: Optional[float]) -> Tuple[http.client.HTTPConnection, bool]:
         """A pooled connection dsecd has not closed (and whether it was pooled), else a new one.
 
-        dsecd closes connections idle longer than its keep-alive timeout (5 s by default); an
-        idle connection that polls readable has seen that end of stream (it has no answer
-        pending), and sending on it would fail a call that is not safe to resend."""
+        dsecd closes connections idle longer than its keep-alive timeout (5 s by default),
+        announced in each answer's ``Keep-Alive`` header: a connection past its
+        ``idle_deadline`` is not reused, and one that polls readable has seen the server's
+        end of stream (it has no answer pending); sending on either would fail a call that
+        is not safe to resend."""
         while True:
             with self._lock:
-                c = self._idle.pop() if self._idle else None
+                c, deadline = self._idle.pop() if self._idle else (None, 0.0)
             if c is None:
                 return self._new(timeout), False
-            if c.sock is not None and not _readable(c.sock):
+            if time.monotonic() < deadline and c.sock is not None and not _readable(c.sock):
                 c.sock.settimeout(timeout)
                 return c, True
             c.close()
 
-    def _give_back(self, c: http.client.HTTPConnection) -> None:
+    def _give_back(self, c: http.client.HTTPConnection, keep_alive: Optional[str]) -> None:
         with self._lock:
-            self._idle.append(c)
+            self._idle.append((c, idle_deadline(keep_alive, time.monotonic())))
 
     def close(self) -> None:
         """Closes pooled connections; later calls open new ones."""
         with self._lock:
             idle, self._idle = self._idle, []
-        for c in idle:
+        for c, _ in idle:
             c.close()
 
     def open(
@@ -168,7 +199,7 @@ class Transport:
         if resp.will_close:
             conn.close()
         else:
-            self._give_back(conn)
+            self._give_back(conn, resp.getheader("Keep-Alive"))
         return data
 
     def call(self, method: str, path: str, body: Any = None, timeout: Union[float, None, str] = "default") -> Any:
@@ -224,7 +255,7 @@ class Transport:
                 yield b
         finally:
             if done and not resp.will_close:
-                self._give_back(conn)
+                self._give_back(conn, resp.getheader("Keep-Alive"))
             else:
                 conn.close()
 

@@ -12,7 +12,10 @@
  * skips it). Prints JSON (calls/s, p50/p99 latency, host CPU per call) and writes
  * bench/results-fncall.json.
  *
- *   node dist/bench/fncall.js [--calls 2000] [--concurrency 1,2,8] [--peer-calls 200] [--no-python] [--no-podman] [--no-results]
+ *   node dist/bench/fncall.js [--calls 2000] [--concurrency 1,2,8] [--peer-calls 200] [--no-python] [--no-podman] [--no-results] [--no-peers] [--cpu-prof DIR]
+ *
+ * --cpu-prof DIR: dsecd runs under `node --cpu-prof` (its profile lands in DIR when it stops);
+ * --no-peers: dsec only (for profiling; no ratios, no results file).
  */
 import { Command } from 'commander';
 import { execa } from 'execa';
@@ -82,13 +85,16 @@ async function main(): Promise<void> {
     .option('--no-python', 'skip the python3 workload (needs debian:bookworm)')
     .option('--no-podman', 'skip the podman peer')
     .option('--no-results', 'print the JSON only; leave bench/results-fncall.json alone (bench/all.ts runs it so)')
+    .option('--no-peers', 'measure dsec only (no bwrap or podman, no ratios): for profiling')
+    .option('--cpu-prof <dir>', 'run dsecd under node --cpu-prof, its profile into DIR')
     .parse(process.argv)
-    .opts<{ calls: string; peerCalls: string; concurrency: string; python: boolean; podman: boolean; results: boolean }>();
+    .opts<{ calls: string; peerCalls: string; concurrency: string; python: boolean; podman: boolean; results: boolean; peers: boolean; cpuProf?: string }>();
   const calls = Number(opts.calls);
   const peerCalls = Number(opts.peerCalls);
   const levels = opts.concurrency.split(',').map(Number);
   // Slot 30's pool (create-exec's): benchmarks never run beside each other.
-  const d = await tempDaemon('dsec-bench-fncall-', null, `[fncall]\nmax_workers = ${Math.max(...levels)}\nmin_idle = ${Math.max(...levels)}\n`);
+  const d = await tempDaemon('dsec-bench-fncall-', null, `[fncall]\nmax_workers = ${Math.max(...levels)}\nmin_idle = ${Math.max(...levels)}\n`,
+    opts.cpuProf ? { nodeArgs: ['--cpu-prof', `--cpu-prof-dir=${path.resolve(opts.cpuProf)}`] } : {});
   const trees: string[] = [];
   const mounts: string[] = [];
   const result: Record<string, unknown> = { bench: 'fncall', host: { cores: os.cpus().length, kernel: os.release() }, calls, peer_calls: peerCalls };
@@ -121,6 +127,10 @@ async function main(): Promise<void> {
       for (const c of levels) {
         dsec[`c${c}`] = await measure(calls, c, dsecOne);
         batch[`c${c}`] = await measureBatch(calls, c, 100, async (k) => (await d.client.runBatch(Array.from({ length: k }, () => ({ backend: 'fncall' as const, image: w.image, argv: w.argv })))).filter((r) => r.ok && r.result?.exit_code === 0).length);
+        if (!opts.peers) {
+          process.stderr.write(`fncall ${w.name} c=${c}: dsec ${dsec[`c${c}`].calls_per_s}/s, batch ${batch[`c${c}`].calls_per_s}/s\n`);
+          continue;
+        }
         bwrap[`c${c}`] = await measure(peerCalls, c, async () => (await execa('bwrap', bwrapArgs, { reject: false })).exitCode === 0);
         if (opts.podman) podman[`c${c}`] = await measure(Math.min(peerCalls, 60), c, async () => (await execa('podman', podmanArgs, { reject: false })).exitCode === 0);
         process.stderr.write(`fncall ${w.name} c=${c}: dsec ${dsec[`c${c}`].calls_per_s}/s, batch ${batch[`c${c}`].calls_per_s}/s, bwrap ${bwrap[`c${c}`].calls_per_s}/s`
@@ -128,6 +138,10 @@ async function main(): Promise<void> {
       }
       out.dsec_run = wholeRates(dsec);
       out.dsec_batch = wholeRates(batch);
+      if (!opts.peers) {
+        result[w.name] = out;
+        continue;
+      }
       out.bwrap = wholeRates(bwrap);
       if (opts.podman) out.podman = wholeRates(podman);
       out.ratio = Object.fromEntries(levels.map((c) => [`c${c}`, {
@@ -146,7 +160,7 @@ async function main(): Promise<void> {
     await d.stop();
   }
   const text = JSON.stringify(result, null, 2);
-  if (opts.results) writeFileSync(new URL('../../bench/results-fncall.json', import.meta.url), text + '\n');
+  if (opts.results && opts.peers) writeFileSync(new URL('../../bench/results-fncall.json', import.meta.url), text + '\n');
   process.stdout.write(text + '\n');
 }
 

@@ -23,7 +23,10 @@
  * (test/fixtures/worker.ts), because dsecd does not create workers through its API yet.
  *
  * Usage: node dist/bench/fncall-agent.js [--calls 4000] [--concurrency 1,2,8] [--warmup 300]
- *        [--connections 1] [--argv /bin/true]
+ *        [--connections 1] [--argv /bin/true] [--no-callhost]
+ *
+ * --no-callhost: the worker's agent starts a namespace init per isolated call instead of
+ * handing calls to call hosts (native/agent/callhost.h), for comparing the two.
  */
 import { readdirSync, readFileSync } from 'node:fs';
 import os from 'node:os';
@@ -137,8 +140,9 @@ async function main(): Promise<void> {
     .option('--cpus <n>', 'CPU limit of the worker, cores (default: all of the host)', String(os.cpus().length))
     .option('--modes <list>', 'plain, isolated or both (comma-separated)', 'plain,isolated')
     .option('--repeat <n>', 'measurements per mode and concurrency (reported: the median by calls/s)', '1')
+    .option('--no-callhost', 'the worker agent runs --no-callhost: a namespace init per isolated call (the A/B control)')
     .parse(process.argv)
-    .opts<{ calls: string; concurrency: string; warmup: string; connections: string; argv: string; repeat: string; cpus: string; modes: string }>();
+    .opts<{ calls: string; concurrency: string; warmup: string; connections: string; argv: string; repeat: string; cpus: string; modes: string; callhost: boolean }>();
   const calls = Number(opts.calls);
   const levels = opts.concurrency.split(',').map(Number);
   const warmup = Number(opts.warmup);
@@ -153,6 +157,7 @@ async function main(): Promise<void> {
     argv,
     calls_per_measurement: calls,
     connections: Number(opts.connections),
+    callhost: opts.callhost,
     worker_cpus: Number(opts.cpus),
     host: { cores: os.cpus().length, kernel: os.release() },
   };
@@ -160,7 +165,9 @@ async function main(): Promise<void> {
     // The worker may use every core (the default sandbox gets 1 core, whose CFS quota would
     // be the limit): fncall throughput is a per-host target.
     const sb = await d.client.createSandbox({ image: 'busybox', cpus: Number(opts.cpus) });
-    const w = await startWorkerBeside(d.root, sb.id, `fncall-bench-${process.pid}`);
+    const w = await startWorkerBeside(d.root, sb.id, `fncall-bench-${process.pid}`, {
+      mutateSpec: (spec) => { if (!opts.callhost) (spec.process.args as string[]).push('--no-callhost'); },
+    });
     try {
       const clients = await Promise.all(Array.from({ length: Number(opts.connections) }, () => AgentClient.connect(w.socketPath)));
       const plain: Record<string, RunResult> = {};

@@ -48,7 +48,8 @@
  *   falls back to clone, whose flags are checked.
  *
  * fncall workers: the worker's agent itself must mount (mount, mount_setattr) to set up
- * each isolated call, and runc's filter applies to the agent. So a worker's filter leaves
+ * each isolated call, and unmount (umount2) what a call host (native/agent/callhost.h)
+ * mounted for the call before, and runc's filter applies to the agent. So a worker's filter leaves
  * exactly {@link WORKER_AGENT_SYSCALLS} allowed, and the agent (`--worker`) installs a
  * second, fixed filter denying them with EPERM in every process it starts, before the
  * command's execve (native/agent/confine.c, worker_filter_install). Filters stack and the
@@ -71,7 +72,7 @@ export const EPERM = 1;
 export const ENOSYS = 38;
 
 /** Syscalls a worker's agent needs for isolated execs; re-denied by the agent's own filter for every command. */
-export const WORKER_AGENT_SYSCALLS = ['mount', 'mount_setattr'] as const;
+export const WORKER_AGENT_SYSCALLS = ['mount', 'mount_setattr', 'umount2'] as const;
 
 /** _IOC of include/uapi/asm-generic/ioctl.h (x86): dir<<30 | size<<16 | type<<8 | nr. */
 export function ioc(dir: 'none' | 'r' | 'w' | 'rw', type: string | number, nr: number, size: number): number {

@@ -7,7 +7,7 @@
  * inherited, already-listening AF_UNIX SOCK_STREAM socket, or, in a VM guest, on the
  * streams of the mux on a virtio-serial port (guest.c):
  *
- *     dsec-agent --listen-fd N [--sched-idle] [--core-sched] [--worker] [--landlock [--writable PATH]...]
+ *     dsec-agent --listen-fd N [--sched-idle] [--core-sched] [--worker [--no-callhost]] [--landlock [--writable PATH]...]
  *     dsec-agent (--vmux PORT | --vmux-fd N) [--guest-confine] [...]
  *     dsec-agent --landlock-abi
  *
@@ -24,8 +24,8 @@
  *                 agent drops it from its bounding set at start (no exec'd program can
  *                 ever hold it) and logs per-exec lines only for failures. Fatal (exit 1)
  *                 if it cannot isolate. Every process it starts installs a second seccomp
- *                 filter (worker_filter_install) that denies mount and mount_setattr,
- *                 the two syscalls runc's filter leaves to a worker's agent.
+ *                 filter (worker_filter_install) that denies mount, mount_setattr and umount2,
+ *                 the three syscalls runc's filter leaves to a worker's agent.
  *   --landlock    restrict file access with Landlock (see "Landlock" below): the agent
  *                 itself at start, or, with --worker, each isolated call after its
  *                 mounts; --writable PATH (repeatable) names the places left writable.
@@ -71,7 +71,8 @@
  *   landlock  the Landlock ruleset and where it is applied
  *   confine   capabilities, the worker's seccomp filter, a VM guest's confinement
  *   oom       commands start at a raised oom_score_adj (the dsec-oom-adj helper)
- *   isolate   the namespace init of an isolated exec (fncall workers)
+ *   isolate   the namespace init of an isolated exec, and a call host's loop (fncall workers)
+ *   callhost  call hosts: namespace inits serving a worker's calls one after another
  *   guest     the VM transport's wiring: vmux.c (the mux), damon.c (guest reclaim)
  */
 #define _GNU_SOURCE
@@ -92,6 +93,7 @@
 #include "exec.h"
 #include "files.h"
 #include "guest.h"
+#include "callhost.h"
 #include "isolate.h"
 #include "landlock.h"
 #include "loop.h"
@@ -128,6 +130,7 @@ static void usage(void)
 			"  --sched-idle: run as SCHED_IDLE with RLIMIT_NICE 0 (a batch sandbox; inherited by every exec)\n"
 			"  --core-sched: own core-scheduling cookie for the agent and its execs (skipped if the kernel lacks it)\n"
 			"  --worker: an fncall worker: keep CAP_SYS_ADMIN for isolated execs only (dropped from the bounding set)\n"
+			"  --no-callhost: a namespace init per isolated exec instead of call hosts that serve one call after another\n"
 			"  --landlock: restrict file access with Landlock (the agent at start; a worker: each isolated call)\n"
 			"  --writable PATH: a place Landlock leaves fully writable, repeatable (absolute, at most %d)\n"
 			"  --guest-confine: (a microVM guest) refuse execs until dsecd sent the confinement of commands (vmux op CONFINE)\n"
@@ -196,6 +199,10 @@ int main(int argc, char **argv)
 		}
 		if (strcmp(a, "--worker") == 0) {
 			worker = 1;
+			continue;
+		}
+		if (strcmp(a, "--no-callhost") == 0) {
+			g_callhost = 0;
 			continue;
 		}
 		if (strcmp(a, "--landlock") == 0) {

@@ -99,33 +99,37 @@ int worker_setup(void)
 }
 
 /* A worker's second seccomp filter. runc's filter of a worker (daemon/security/seccomp.ts,
- * WORKER_AGENT_SYSCALLS) leaves mount and mount_setattr allowed, because this agent and
- * each isolated call's namespace init mount; every other denial of the default profile
- * stays in force. This filter, installed in every process the agent starts before its
- * command's execve, denies those two again with EPERM. seccomp filters stack and the
+ * WORKER_AGENT_SYSCALLS) leaves mount, mount_setattr and umount2 allowed, because this
+ * agent and each isolated call's namespace init mount (and a call host unmounts what it
+ * mounted for the call before); every other denial of the default profile stays in force.
+ * This filter, installed in every process the agent starts before its command's execve,
+ * denies those three again with EPERM. seccomp filters stack and the
  * strictest verdict wins, so a worker's commands run under the full default profile.
  * Installing needs no privilege: runc set no_new_privs on the sandbox's init.
- * Numbers: arch/x86/entry/syscalls/syscall_64.tbl (mount 165, mount_setattr 442; x32
- * uses the same numbers with bit 30 set) and syscall_32.tbl (mount 21, mount_setattr 442).
+ * Numbers: arch/x86/entry/syscalls/syscall_64.tbl (mount 165, umount2 166, mount_setattr
+ * 442; x32 uses the same numbers with bit 30 set) and syscall_32.tbl (mount 21, umount2
+ * 52, mount_setattr 442).
  * Any other architecture is refused by runc's filter already and passes here. */
 int worker_filter_install(void)
 {
 	/* Jump offsets are relative to the next instruction. */
-	enum { I386 = 7, ALLOW32 = 11, DENY = 12 };
+	enum { I386 = 8, ALLOW32 = 13, DENY = 14 };
 	struct sock_filter f[] = {
 		/* 0 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, arch)),
 		/* 1 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_X86_64, 0, I386 - 2),
 		/* 2 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
 		/* 3 */ BPF_STMT(BPF_ALU | BPF_AND | BPF_K, ~0x40000000u),
 		/* 4 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 165, DENY - 5, 0),
-		/* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 6, 0),
-		/* 6 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		/* 7 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_I386, 0, ALLOW32 - 8),
-		/* 8 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
-		/* 9 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 21, DENY - 10, 0),
-		/* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 11, 0),
-		/* 11 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-		/* 12 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+		/* 5 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 166, DENY - 6, 0),
+		/* 6 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 7, 0),
+		/* 7 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* 8 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AUDIT_ARCH_I386, 0, ALLOW32 - 9),
+		/* 9 */ BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(struct seccomp_data, nr)),
+		/* 10 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 21, DENY - 11, 0),
+		/* 11 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 52, DENY - 12, 0),
+		/* 12 */ BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, 442, DENY - 13, 0),
+		/* 13 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+		/* 14 */ BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
 	};
 	struct sock_fprog prog = { .len = (unsigned short)(sizeof f / sizeof f[0]), .filter = f };
 	return (int)syscall(SYS_seccomp, SECCOMP_SET_MODE_FILTER, 0, &prog);

@@ -20,6 +20,7 @@
 #include "confine.h"
 #include "conn.h"
 #include "exec.h"
+#include "callhost.h"
 #include "isolate.h"
 #include "oom.h"
 #include "proto.h"
@@ -367,6 +368,14 @@ void exec_orphan(struct exec *e)
 	}
 }
 
+void exec_hosted_done(void *owner, int status)
+{
+	struct exec *e = owner;
+	/* The call is over and every process of it gone; the host lives on. */
+	e->hosted = 0;
+	exec_on_reaped(e, status);
+}
+
 static struct exec *exec_by_pid(pid_t pid)
 {
 	for (struct exec *e = g_execs; e; e = e->gnext)
@@ -385,9 +394,10 @@ void reap_all(void)
 		if (pid <= 0)
 			return;
 		struct exec *e = exec_by_pid(pid);
+		int host = callhost_reaped(pid);
 		if (e)
 			exec_on_reaped(e, status);
-		else if (!oom_helper_reaped(pid, status))
+		else if (!host && !oom_helper_reaped(pid, status))
 			logf_("reaped orphan pid=%d status=0x%x", (int)pid, status);
 	}
 }
@@ -620,6 +630,10 @@ void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t
 	if (r.isolate) {
 		e->status_fd = sp.status;
 		e->isolated = 1;
+	}
+	if (sp.host) {
+		e->hosted = 1;
+		callhost_attach(sp.host, e);
 	}
 	e->pid = pid;
 	e->is_tty = r.tty;

@@ -38,6 +38,7 @@ struct exec {
 	int detached;       /* DETACHED: survives the loss of its connection */
 	int orphaned;       /* detached and its connection is gone: output discarded */
 	int isolated;       /* ISOLATE: pid is the namespace init, status_fd carries the command's status */
+	int hosted;         /* a call host serves it (callhost.h): pid is the host's, which outlives the call */
 	int status_fd;      /* isolated: read end of the status pipe (-1 otherwise / once read) */
 	uint64_t t0_ns;
 	uint64_t deadline_ns; /* 0 = none / already fired */
@@ -81,6 +82,9 @@ void exec_kill(struct exec *e, int sig);
 void exec_finish(struct exec *e);
 /* The connection of a DETACHED exec is going away: it keeps running, output discarded. */
 void exec_orphan(struct exec *e);
+/* A call host reported the status of the call it served for `owner` (an exec): end the
+ * exec as if its process had been reaped with that status. */
+void exec_hosted_done(void *owner, int status);
 /* Reap every child that has exited (execs, the OOM helper, orphans). Never blocks. */
 void reap_all(void);
 /* The earliest exec deadline (CLOCK_MONOTONIC ns), 0 when none. */

@@ -17,11 +17,13 @@
 #include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 
 #include "confine.h"
+#include "callhost.h"
 #include "isolate.h"
 #include "landlock.h"
 #include "oom.h"
@@ -153,25 +155,31 @@ static int mkdir_parents(const char *path)
 
 /* A fresh tmpfs of `bytes` on `path` (mode 1777). `optional`: a missing mount point is
  * skipped (an image without /tmp); otherwise it is created (mkdir -p), which only works
- * below another fresh tmpfs since everything else is read-only by then. */
-static void iso_tmpfs(int errfd, const char *path, uint64_t bytes, unsigned long flags, int optional)
+ * below another fresh tmpfs since everything else is read-only by then. Returns 1 when
+ * mounted, 0 when skipped. */
+static int iso_tmpfs(int errfd, const char *path, uint64_t bytes, unsigned long flags, int optional)
 {
 	char opts[64];
 	snprintf(opts, sizeof opts, "size=%llu,mode=1777", (unsigned long long)bytes);
 	if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
-		return;
+		return 1;
 	if (errno == ENOENT && optional)
-		return;
+		return 0;
 	if (errno == ENOENT) {
 		if (mkdir_parents(path) < 0)
 			iso_fail(errfd, errno, "mkdir %s", path);
 		if (mount("tmpfs", path, "tmpfs", flags, opts) == 0)
-			return;
+			return 1;
 	}
 	iso_fail(errfd, errno, "mount tmpfs on %s", path);
 }
 
-static void iso_setup(const struct exec_req *r, int errfd)
+/* What every call in a namespace init sees, made once per init: nothing propagates, every
+ * inherited mount read-only, a fresh /proc for the new pid namespace with the sandbox's
+ * masks re-created on it. `last_pid_fd` (when not NULL): ns_last_pid of the fresh /proc,
+ * opened for writing before the masks make /proc/sys read-only (a call host sets it back
+ * before each call, callhost_main), or -1 when it cannot be opened. */
+static void iso_setup_once(int errfd, int *last_pid_fd)
 {
 	/* 1. Nothing propagates into or out of this mount namespace. */
 	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
@@ -181,16 +189,11 @@ static void iso_setup(const struct exec_req *r, int errfd)
 	struct mount_attr_ ma = { .attr_set = MOUNT_ATTR_RDONLY_ };
 	if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ma, sizeof ma) < 0)
 		iso_fail(errfd, errno, "make mounts read-only");
-	/* 3. Fresh writable places. */
-	iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1);
-	iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1);
-	/* The new IPC namespace's POSIX message queues (the old mount shows the sandbox's). */
-	if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0 && errno != ENOENT &&
-	    errno != ENODEV)
-		iso_fail(errfd, errno, "mount mqueue on /dev/mqueue");
-	/* 4. /proc of the new pid namespace, with the sandbox's masks re-created on it. */
+	/* 3. /proc of the new pid namespace, with the sandbox's masks re-created on it. */
 	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 		iso_fail(errfd, errno, "mount proc on /proc");
+	if (last_pid_fd)
+		*last_pid_fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
 	for (int i = 0; i < g_nproc_masks; i++) {
 		const struct proc_mask *m = &g_proc_masks[i];
 		int rc;
@@ -212,27 +215,64 @@ static void iso_setup(const struct exec_req *r, int errfd)
 		if (rc < 0 && errno != ENOENT)
 			iso_fail(errfd, errno, "mask %s", m->path);
 	}
-	/* 5. Scratch directories, in request order (one may lie below another). */
-	for (int i = 0; i < r->nscratch; i++)
+}
+
+/* Which of a call's mounts were made (iso_setup_call), for a call host to undo them. */
+struct iso_mounts {
+	int tmp, shm, mqueue;
+	int nscratch;
+};
+
+/* A call's own writable places: fresh tmpfs on /tmp and /dev/shm (each skipped when the
+ * image lacks the directory), a fresh mqueue on /dev/mqueue (the current IPC namespace's),
+ * and the SCRATCH tmpfs mounts in request order (one may lie below another). */
+static void iso_setup_call(const struct exec_req *r, int errfd, struct iso_mounts *made)
+{
+	memset(made, 0, sizeof *made);
+	made->tmp = iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1);
+	made->shm = iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1);
+	if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0)
+		made->mqueue = 1;
+	else if (errno != ENOENT && errno != ENODEV)
+		iso_fail(errfd, errno, "mount mqueue on /dev/mqueue");
+	for (int i = 0; i < r->nscratch; i++) {
 		iso_tmpfs(errfd, r->scratch[i], r->scratch_bytes[i], MS_NOSUID | MS_NODEV, 0);
-	/* 6. Landlock (--landlock): after the mounts, since a Landlock domain forbids mount(2).
-	 *    The call's writable places are its fresh tmpfs mounts (/tmp when the image has
-	 *    it, the SCRATCH paths; /dev/shm is in every ruleset) and any --writable path. */
+		made->nscratch = i + 1;
+	}
+}
+
+/* The places a call may write, for its Landlock ruleset: /tmp when the image has it and
+ * the SCRATCH paths (from index *from on: the --writable paths). Returns the count. */
+static int iso_writable(const struct exec_req *r, const char **w, int *from)
+{
+	int nw = 0;
+	if (access("/tmp", F_OK) == 0)
+		w[nw++] = "/tmp";
+	for (int i = 0; i < r->nscratch; i++)
+		w[nw++] = r->scratch[i];
+	*from = nw;
+	for (int i = 0; i < g_nwritable; i++)
+		w[nw++] = g_writable[i];
+	return nw;
+}
+
+static void iso_setup(const struct exec_req *r, int errfd)
+{
+	struct iso_mounts made;
+	iso_setup_once(errfd, NULL);
+	iso_setup_call(r, errfd, &made);
+	/* Landlock (--landlock): after the mounts, since a Landlock domain forbids mount(2).
+	 * The call's writable places are its fresh tmpfs mounts (/tmp when the image has it,
+	 * the SCRATCH paths; /dev/shm is in every ruleset) and any --writable path. */
 	if (g_landlock && g_landlock_abi) {
 		const char *w[1 + ISO_MAX_SCRATCH + LL_MAX_WRITABLE];
-		int nw = 0;
-		if (access("/tmp", F_OK) == 0)
-			w[nw++] = "/tmp";
-		for (int i = 0; i < r->nscratch; i++)
-			w[nw++] = r->scratch[i];
-		int from = nw;
-		for (int i = 0; i < g_nwritable; i++)
-			w[nw++] = g_writable[i];
+		int from;
+		int nw = iso_writable(r, w, &from);
 		char err[PATH_MAX + 64];
 		if (landlock_apply(w, nw, from, err, sizeof err) < 0)
 			iso_fail(errfd, errno, "landlock: %s", err);
 	}
-	/* 7. Done with CAP_SYS_ADMIN. */
+	/* Done with CAP_SYS_ADMIN. */
 	if (caps_drop(CAP_SYS_ADMIN) < 0)
 		iso_fail(errfd, errno, "drop CAP_SYS_ADMIN");
 }
@@ -272,6 +312,133 @@ void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd)
 		}
 		if (p < 0 && errno != EINTR)
 			_exit(126); /* ECHILD: cannot happen while cmd is unreaped */
+	}
+}
+
+/* Undo a call's mounts (iso_setup_call), last first. MNT_DETACH: nothing of the call is
+ * left to hold them (every process is gone), and a SCRATCH mount below /tmp goes with it. */
+static int iso_undo_call(const struct exec_req *r, const struct iso_mounts *made)
+{
+	int rc = 0;
+	for (int i = made->nscratch - 1; i >= 0; i--)
+		if (umount2(r->scratch[i], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+			rc = -1;
+	if (made->mqueue && umount2("/dev/mqueue", MNT_DETACH) < 0)
+		rc = -1;
+	if (made->shm && umount2("/dev/shm", MNT_DETACH) < 0)
+		rc = -1;
+	if (made->tmp && umount2("/tmp", MNT_DETACH) < 0)
+		rc = -1;
+	return rc;
+}
+
+/* Reap the command (its status into *status), then SIGKILL whatever else of the call is
+ * in this pid namespace and reap it all: every process of the namespace descends from
+ * the host and is reparented to it, so ECHILD means none is left. The kill is repeated
+ * after each reap: a process forked before its parent died is signalled by the next one. */
+static void callhost_reap_call(pid_t cmd, int *status)
+{
+	int have = 0;
+	for (;;) {
+		int st;
+		pid_t p = waitpid(-1, &st, 0);
+		if (p < 0 && errno == EINTR)
+			continue;
+		if (p < 0)
+			break; /* ECHILD */
+		if (p == cmd) {
+			*status = st;
+			have = 1;
+		}
+		if (have)
+			kill(-1, SIGKILL);
+	}
+	if (!have)
+		*status = 127 << 8;
+}
+
+void __attribute__((noreturn)) callhost_main(int ctl)
+{
+	/* If the agent goes away, so does the host and whatever call it serves. */
+	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
+	/* Its own session: a call's command stays in this process group (SIGNAL, timeouts). */
+	if (setsid() < 0)
+		_exit(127);
+	/* Nothing of the agent's but the control socket and /dev/null (stdin of calls
+	 * without STDIN); fds 0-2 stay the agent's (its log). */
+	int devnull = spawn_devnull();
+	close_all_but(ctl, devnull >= 3 ? devnull : ctl);
+	int ready = 0, last_pid_fd = -1;
+	for (;;) {
+		struct exec_req r;
+		void *mem[2] = { NULL, NULL };
+		int fds[4];
+		int got = callhost_read_call(ctl, &r, mem, fds);
+		if (got == 0)
+			_exit(0); /* retired */
+		if (got < 0) {
+			logf_("call host: malformed call on the control socket; exiting");
+			_exit(127);
+		}
+		int out_w = fds[0], err_w = fds[1], errfd = fds[2], in_r = fds[3];
+		if (!ready) {
+			/* The agent raises this host's oom_score_adj; its commands inherit it. */
+			oom_wait_raised();
+			iso_setup_once(errfd, &last_pid_fd);
+			if (last_pid_fd < 0)
+				iso_fail(errfd, errno, "open /proc/sys/kernel/ns_last_pid");
+			ready = 1;
+		}
+		/* The call's own SysV IPC objects and POSIX message queues. */
+		if (unshare(CLONE_NEWIPC) < 0)
+			iso_fail(errfd, errno, "unshare the IPC namespace");
+		struct iso_mounts made;
+		iso_setup_call(&r, errfd, &made);
+		/* Pids start at 2 again, as in a fresh pid namespace (the host is 1 and alone). */
+		if (pwrite(last_pid_fd, "1", 1, 0) != 1)
+			iso_fail(errfd, errno, "reset ns_last_pid");
+		int rs = -1;
+		if (g_landlock && g_landlock_abi) {
+			const char *w[1 + ISO_MAX_SCRATCH + LL_MAX_WRITABLE];
+			int from;
+			int nw = iso_writable(&r, w, &from);
+			char err[PATH_MAX + 64];
+			rs = landlock_build(w, nw, from, err, sizeof err);
+			if (rs < 0)
+				iso_fail(errfd, errno, "landlock: %s", err);
+		}
+		struct spawn_plan pl;
+		spawn_plan_make(&pl, &r, in_r, out_w, err_w, errfd);
+		pl.ll_fd = rs;
+		pid_t cmd = spawn_hosted_command(&pl);
+		if (cmd < 0)
+			iso_fail(errfd, errno, "clone the command");
+		/* The command's setuid reset the dumpability of the memory it shared with the
+		 * host: the host, which keeps CAP_SYS_ADMIN, stays non-dumpable (no ptrace,
+		 * pidfd_getfd or /proc/1/mem from the calls it serves). */
+		prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+		spawn_plan_free(&pl);
+		/* The call's pipes now belong to its command: the error pipe reaches EOF once it
+		 * has exec'd, the output pipes once every process of the call is gone. */
+		close(errfd);
+		close(out_w);
+		close(err_w);
+		if (in_r >= 0)
+			close(in_r);
+		if (rs >= 0)
+			close(rs);
+		int status;
+		callhost_reap_call(cmd, &status);
+		int32_t v = status;
+		if (send(ctl, &v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v)
+			_exit(0); /* the agent is gone or retired this host */
+		int undone = iso_undo_call(&r, &made);
+		free(mem[1]);
+		free(mem[0]);
+		if (undone < 0) {
+			logf_("call host: unmounting a call's tmpfs: %s; exiting", strerror(errno));
+			_exit(127);
+		}
 	}
 }
 

@@ -37,5 +37,8 @@ pid_t clone_isolated(void);
  * (spawn.h: the request, the stdio ends, the error pipe), statusfd the status pipe. Never
  * returns. */
 void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd);
+/* In the cloned child: be a call host (callhost.h) serving the calls sent on ctl. Never
+ * returns. */
+void __attribute__((noreturn)) callhost_main(int ctl);
 
 #endif

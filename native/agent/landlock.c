@@ -225,11 +225,10 @@ static int ll_rule(int rs, const char *path, uint64_t access, uint64_t handled, 
 	return rc;
 }
 
-/* Builds the ruleset described above and restricts the calling process (and everything
- * it forks from now on). `writable`: the places with every right; those from index
- * `nofollow_from` on are --writable paths, opened without following any symlink. Returns
- * 0, or -1 with `err` naming the step. Needs g_landlock_abi > 0. */
-int landlock_apply(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen)
+/* Builds the ruleset described above: its fd (close-on-exec), or -1 with `err` naming the
+ * step. `writable`: the places with every right; those from index `nofollow_from` on are
+ * --writable paths, opened without following any symlink. Needs g_landlock_abi > 0. */
+int landlock_build(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen)
 {
 	uint64_t h = ll_handled(g_landlock_abi);
 	const uint64_t rx = LL_FS_READ_FILE | LL_FS_READ_DIR | LL_FS_EXECUTE;
@@ -251,17 +250,35 @@ int landlock_apply(const char *const *writable, int nwritable, int nofollow_from
 		rc = ll_rule(rs, terminals[i], rw_files | LL_FS_IOCTL_DEV, h, 1, 0, err, errlen);
 	for (size_t i = 0; rc == 0 && i < sizeof shared / sizeof shared[0]; i++)
 		rc = ll_rule(rs, shared[i], h, h, 1, 0, err, errlen);
-	/* Needed by landlock_restrict_self without CAP_SYS_ADMIN; runc has set it already on
-	 * a sandbox's init, so this only matters for an agent run by hand (tests). */
-	if (rc == 0 && prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0) {
-		LL_ERR(err, errlen, "prctl(PR_SET_NO_NEW_PRIVS): %s", strerror(errno));
-		rc = -1;
+	if (rc < 0) {
+		int e = errno;
+		close(rs);
+		errno = e;
+		return -1;
 	}
-	if (rc == 0 && syscall(SYS_landlock_restrict_self, rs, 0u) < 0) {
-		LL_ERR(err, errlen, "landlock_restrict_self: %s", strerror(errno));
-		rc = -1;
-	}
+	return rs;
+}
+
+/* Restricts the calling task by the ruleset rs: no_new_privs (needed by
+ * landlock_restrict_self without CAP_SYS_ADMIN; runc has set it already on a sandbox's
+ * init), then the domain. System calls only: safe in an exec child sharing the agent's
+ * memory. 0, or -1 with errno. */
+int landlock_enforce(int rs)
+{
+	if (prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) < 0)
+		return -1;
+	return (int)syscall(SYS_landlock_restrict_self, rs, 0u) < 0 ? -1 : 0;
+}
+
+int landlock_apply(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen)
+{
+	int rs = landlock_build(writable, nwritable, nofollow_from, err, errlen);
+	if (rs < 0)
+		return -1;
+	int rc = landlock_enforce(rs);
 	int e = errno;
+	if (rc < 0)
+		LL_ERR(err, errlen, "landlock_restrict_self: %s", strerror(e));
 	close(rs);
 	errno = e;
 	return rc;

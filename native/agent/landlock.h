@@ -38,6 +38,12 @@ void landlock_probe(void);
  * no text, and then only system calls are made, as an exec child sharing the agent's
  * memory requires). Needs g_landlock_abi > 0. */
 int landlock_apply(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen);
+/* landlock_apply in two halves, for a namespace init that keeps mounting between calls
+ * (callhost.c): the ruleset's fd (close-on-exec) built by the init, or -1 with errno and
+ * `err`; then, in the command's child, no_new_privs and the domain (system calls only).
+ * landlock_enforce returns 0, or -1 with errno. */
+int landlock_build(const char *const *writable, int nwritable, int nofollow_from, char *err, size_t errlen);
+int landlock_enforce(int rs);
 /* --landlock without --worker: restrict the agent itself, once, before serving (sets
  * g_landlock_scope "agent"). Returns 0 (also when the kernel has no Landlock: logged), or
  * -1 (logged) when the ruleset cannot be applied. */

@@ -12,6 +12,7 @@
 #include <sys/signalfd.h>
 
 #include "conn.h"
+#include "callhost.h"
 #include "exec.h"
 #include "files.h"
 #include "loop.h"
@@ -167,6 +168,9 @@ static void dispatch(struct watch *w, uint32_t ev)
 	case W_VMUX:
 		vmux_run();
 		break;
+	case W_CALLHOST:
+		callhost_on_ctl(w->obj);
+		break;
 	}
 }
 
@@ -212,6 +216,7 @@ int loop_run(void)
 		conn_flush_dirty();
 		conn_free_graveyard();
 		exec_free_graveyard();
+		callhost_free_graveyard();
 	}
 	return 0;
 }

@@ -18,7 +18,7 @@
 #include <stdint.h>
 
 /* What a watch is (dispatch in loop.c calls the unit that owns it). */
-enum watch_kind { W_LISTEN = 1, W_SIGNAL, W_CONN, W_STDOUT, W_STDERR, W_STDIN, W_STARTPIPE, W_VMUX };
+enum watch_kind { W_LISTEN = 1, W_SIGNAL, W_CONN, W_STDOUT, W_STDERR, W_STDIN, W_STARTPIPE, W_VMUX, W_CALLHOST };
 
 /* One registered fd. data.ptr of its epoll event points here; fd == -1 once closed, so a
  * stale event later in the same epoll batch is skipped. Objects are freed only at the end

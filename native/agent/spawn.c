@@ -18,9 +18,12 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
+#include <linux/capability.h>
 
+#include "callhost.h"
 #include "confine.h"
 #include "isolate.h"
+#include "landlock.h"
 #include "oom.h"
 #include "spawn.h"
 #include "user.h"
@@ -153,11 +156,18 @@ static void child_exec(const struct spawn_plan *pl)
 
 /* The first half of an exec child: its own session (so its process group id is
  * its pid: SIGNAL and timeouts reach the whole group) and its stdio on fds 0-2. For an
- * isolated exec this runs in the namespace init, and the command inherits both. */
+ * isolated exec this runs in the namespace init, and the command inherits both (a call
+ * host's command, callhost.c, puts only its stdio in place: it stays in the host's
+ * session and process group). */
 void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 {
 	if (setsid() < 0)
 		child_fail(errfd, ST_SETUP, errno);
+	child_dup_stdio(r, in_r, out_w, err_w, errfd);
+}
+
+void child_dup_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+{
 	if (r->tty) {
 		/* The slave becomes stdin/stdout/stderr and, as the first tty this new session
 		 * leader acquires explicitly, its controlling terminal. */
@@ -247,13 +257,31 @@ static int command_main(void *arg)
 	child_run(arg);
 }
 
+/* The entry of a call host's command (callhost.c): its stdio from the plan, in the host's
+ * session and process group; then the confinement the host keeps for itself between
+ * calls: the call's Landlock domain (pl->ll_fd, built by the host) and no CAP_SYS_ADMIN. */
+static int hosted_command_main(void *arg)
+{
+	struct spawn_plan *pl = arg;
+	int errfd = pl->errfd;
+	child_dup_stdio(pl->r, pl->in_r, pl->out_w, pl->err_w, errfd);
+	if (pl->ll_fd >= 0 && landlock_enforce(pl->ll_fd) < 0) {
+		child_report(errfd, ST_ISOLATE, errno, "landlock_restrict_self");
+		_exit(127);
+	}
+	if (caps_drop(CAP_SYS_ADMIN) < 0) {
+		child_report(errfd, ST_ISOLATE, errno, "drop CAP_SYS_ADMIN");
+		_exit(127);
+	}
+	child_run(pl);
+}
+
 /* ---- the plan and the clone ------------------------------------------------------- */
 
-/* Everything the child needs, computed here in the agent (see spawn.h). Allocates
- * pl->mem (spawn_plan_free). */
-static void spawn_plan_make(struct spawn_plan *pl, const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
+void spawn_plan_make(struct spawn_plan *pl, const struct exec_req *r, int in_r, int out_w, int err_w, int errfd)
 {
 	memset(pl, 0, sizeof *pl);
+	pl->ll_fd = -1;
 	pl->r = r;
 	pl->in_r = in_r;
 	pl->out_w = out_w;
@@ -298,7 +326,7 @@ static void spawn_plan_make(struct spawn_plan *pl, const struct exec_req *r, int
 	pl->pathbuf = m;
 }
 
-static void spawn_plan_free(struct spawn_plan *pl)
+void spawn_plan_free(struct spawn_plan *pl)
 {
 	free(pl->mem);
 	pl->mem = NULL;
@@ -353,6 +381,11 @@ static pid_t spawn_clone(int (*fn)(void *), struct spawn_plan *pl)
 pid_t spawn_command(struct spawn_plan *pl)
 {
 	return spawn_clone(command_main, pl);
+}
+
+pid_t spawn_hosted_command(struct spawn_plan *pl)
+{
+	return spawn_clone(hosted_command_main, pl);
 }
 
 /* ---- exec start ------------------------------------------------------------------- */
@@ -431,6 +464,8 @@ fail:;
 int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
 {
 	s->clone_failed = 0;
+	s->host = NULL;
+	int hosted = callhost_wanted(r);
 	int in_p[2] = { -1, -1 }, out_p[2] = { -1, -1 }, err_p[2] = { -1, -1 }, st_p[2] = { -1, -1 };
 	int stat_p[2] = { -1, -1 }; /* isolated: the namespace init's status report */
 	int err = 0;
@@ -451,11 +486,16 @@ int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
 			     set_nonblock(err_p[0]) < 0 || set_nonblock(st_p[0]) < 0))
 			err = errno;
 	}
-	if (!err && r->isolate && (pipe_cloexec(stat_p) < 0 || set_nonblock(stat_p[0]) < 0))
+	if (!err && r->isolate && !hosted && (pipe_cloexec(stat_p) < 0 || set_nonblock(stat_p[0]) < 0))
 		err = errno;
 	pid_t pid = -1;
 	struct spawn_plan pl = { 0 };
-	if (!err) {
+	if (!err && hosted) {
+		s->t0_ns = mono_ns();
+		err = callhost_start(r, in_p[0], out_p[1], err_p[1], st_p[1], &s->host, &pid);
+		if (err)
+			s->clone_failed = 1;
+	} else if (!err) {
 		spawn_plan_make(&pl, r, in_p[0], out_p[1], err_p[1], st_p[1]);
 		s->t0_ns = mono_ns();
 		if (r->isolate) {
@@ -502,14 +542,14 @@ int exec_spawn(const struct exec_req *r, struct exec_spawned *s)
 	if (err_p[1] >= 0)
 		close(err_p[1]);
 	close(st_p[1]);
-	if (r->isolate)
+	if (stat_p[1] >= 0)
 		close(stat_p[1]);
 	s->pid = pid;
 	s->out = out_p[0];
 	s->err = err_p[0];
 	s->in = in_p[1];
 	s->start = st_p[0];
-	s->status = r->isolate ? stat_p[0] : -1;
+	s->status = stat_p[0];
 	return 0;
 }
 
@@ -536,6 +576,11 @@ void spawn_record_signals(void)
 void spawn_open_devnull(void)
 {
 	g_devnull = open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+int spawn_devnull(void)
+{
+	return g_devnull;
 }
 
 void spawn_map_stack(void)

@@ -40,6 +40,8 @@
 
 #include "user.h"
 
+struct callhost;
+
 /* The exec child's report on the error pipe: i32 stage, i32 errno, then (ST_ISOLATE only)
  * a text naming the step. One write below PIPE_BUF, so the agent reads it in one piece. */
 #define CHILD_REPORT_TEXT 480
@@ -88,6 +90,7 @@ struct exec_spawned {
 	int start;        /* the error pipe, read end: a report, or EOF once the command exec'd */
 	int status;       /* isolated: the namespace init's status pipe (i32 wait status); else -1 */
 	int clone_failed; /* on failure: it was the clone of an isolated exec that failed */
+	struct callhost *host; /* a call host serves it (callhost.h): pid is the host's; else NULL */
 };
 
 /* How a child starts at a raised oom_score_adj (oom.h): chosen by the agent before the
@@ -113,6 +116,7 @@ struct spawn_plan {
 	char **script_argv;     /* /bin/sh, the file, argv[1..], NULL: a file without #! (execvp's way) */
 	struct oom_child oom;
 	void *mem;              /* the one allocation holding envp, pathbuf and script_argv */
+	int ll_fd;              /* a call host's command: the Landlock ruleset to enforce, or -1 */
 };
 
 /* --worker: every process the agent starts installs confine.c's worker_filter_install
@@ -135,6 +139,8 @@ void spawn_record_signals(void);
 /* ... and open /dev/null for the stdin of execs without STDIN (none in the sandbox: an
  * empty pipe is used instead). */
 void spawn_open_devnull(void);
+/* That /dev/null fd, or -1 (a call host keeps it: callhost.c). */
+int spawn_devnull(void);
 /* ... and map the exec children's stack (spawn.c child_stack_map), so that a forked
  * namespace init inherits it instead of mapping its own per call. A failure is logged;
  * each exec then tries again. */
@@ -147,6 +153,9 @@ void child_fail(int errfd, int stage, int err);
 /* In a child: setsid, then the stdio (the pty slave as controlling terminal, or the pipes
  * and /dev/null) on fds 0-2. */
 void child_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd);
+/* In a child: the stdio of child_stdio without its setsid (a call host's command stays in
+ * the host's session and process group). */
+void child_dup_stdio(const struct exec_req *r, int in_r, int out_w, int err_w, int errfd);
 /* In a child: default dispositions for the signals recorded at start, empty mask. */
 void child_reset_signals(void);
 /* In an isolated call's namespace init, after its setup: start the command (clone with
@@ -154,5 +163,15 @@ void child_reset_signals(void);
  * stdio and oom_score_adj being the init's). Returns the command's pid once it has exec'd or failed, or -1 with
  * errno when the clone failed. */
 pid_t spawn_command(struct spawn_plan *pl);
+/* In a call host (callhost.c): start its call's command like spawn_command, the child
+ * putting its stdio in place (child_dup_stdio), enforcing pl->ll_fd (when >= 0) and
+ * dropping CAP_SYS_ADMIN before child_run. Same returns. */
+pid_t spawn_hosted_command(struct spawn_plan *pl);
+/* Everything an exec child needs (the user from the sandbox's /etc/passwd, HOME, the PATH
+ * search buffer), computed before the clone; allocates pl->mem (spawn_plan_free). ll_fd
+ * starts at -1, oom.mode at OOM_CHILD_NONE. */
+void spawn_plan_make(struct spawn_plan *pl, const struct exec_req *r, int in_r, int out_w, int err_w, int errfd);
+/* Frees what spawn_plan_make allocated. */
+void spawn_plan_free(struct spawn_plan *pl);
 
 #endif

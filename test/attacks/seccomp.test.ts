@@ -209,7 +209,7 @@ describe.skipIf(!IS_ROOT)('attack: dangerous syscalls and ioctls (seccomp)', () 
     const out = Buffer.from(r.stdout_b64, 'base64').toString();
     expect(Buffer.from(r.stderr_b64, 'base64').toString()).toBe('');
     expect(r.exit_code).toBe(0);
-    // Two filters: runc's (mount and mount_setattr left to the agent) and the agent's.
+    // Two filters: runc's (mount, mount_setattr and umount2 left to the agent) and the agent's.
     expectDenials(out, 2);
     // The worker's agent still isolates the next call (it mounts under runc's filter).
     const again = await post<Result>('/v1/run', { backend: 'fncall', argv: ['sh', '-c', 'ls /tmp | wc -l'] });

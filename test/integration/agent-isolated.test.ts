@@ -9,7 +9,9 @@
  * environment, SysV shm/sem/msg, POSIX shm and message queues — that a timeout kills the
  * whole tree, that exit codes, signals and exec errors are reported exactly as for plain
  * execs, and that the command never holds more capabilities than a plain exec (the
- * worker's agent holds CAP_SYS_ADMIN for itself only).
+ * worker's agent and its call hosts hold CAP_SYS_ADMIN for themselves only, out of every
+ * call's reach). Calls without a TTY go to call hosts (native/agent/callhost.h), which
+ * serve one call after another; a TTY call gets a namespace init of its own.
  *
  * SysV IPC and message queues are probed with a tiny static C helper compiled here
  * (busybox has no ipcs and the image has no python), copied into the sandbox.
@@ -134,8 +136,20 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
   const iso = (req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }, isolate = {}) =>
     c.exec({ env: ENV, maxOutputBytes: MiB, ...req, isolate });
   const plain = (req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }) => c.exec({ env: ENV, maxOutputBytes: MiB, ...req });
-  /** Host pids in the worker's cgroup other than its agent. */
-  const strays = async () => (await w.cgroups.pids(w.id)).filter((p) => p !== w.pid);
+  /**
+   * Whether host pid p is one of the agent's call hosts: its child, and pid 1 of a pid
+   * namespace of its own (the last NSpid field). Idle hosts wait for the next call.
+   */
+  const isCallHost = (p: number): boolean => {
+    try {
+      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
+      return Number(/^PPid:\s+(\d+)$/m.exec(st)?.[1]) === w.pid && /^NSpid:.*\s1$/m.test(st);
+    } catch {
+      return false; // gone
+    }
+  };
+  /** Host pids in the worker's cgroup other than its agent and its call hosts. */
+  const strays = async () => (await w.cgroups.pids(w.id)).filter((p) => p !== w.pid && !isCallHost(p));
 
   beforeAll(async () => {
     buildAgent();
@@ -178,7 +192,7 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     expect(agent.CapInh).toBe(0n);
   });
 
-  it('commands hold exactly the capabilities of a plain exec in an ordinary sandbox; the namespace init drops CAP_SYS_ADMIN', async () => {
+  it('commands hold exactly the capabilities of a plain exec in an ordinary sandbox; the call host keeps CAP_SYS_ADMIN out of their reach', async () => {
     const read = 'cat /proc/self/status';
     const inOrdinary = caps(ok(await ordinary.exec({ argv: sh(read), env: ENV, maxOutputBytes: MiB })));
     const plainW = caps(ok(await plain({ argv: sh(read) })));
@@ -189,9 +203,14 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     // A non-root user gets nothing, as in a plain exec.
     const nobody = caps(ok(await iso({ argv: sh(read), user: '65534' })));
     expect([nobody.CapEff, nobody.CapPrm]).toEqual([0n, 0n]);
-    // pid 1 of the call is the namespace init: CAP_SYS_ADMIN gone from every set.
+    // pid 1 of the call is its call host: CAP_SYS_ADMIN effective (it mounts each call's
+    // tmpfs), out of its bounding and inheritable sets, and the host is not dumpable, so
+    // the call can neither read its memory, environment or root nor trace it.
     const init = caps(ok(await iso({ argv: ['cat', '/proc/1/status'] })));
-    for (const set of ['CapEff', 'CapPrm', 'CapInh', 'CapBnd'] as const) expect((init[set] >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(0n);
+    expect((init.CapEff >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(1n);
+    for (const set of ['CapInh', 'CapBnd'] as const) expect((init[set] >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(0n);
+    const reach = ok(await iso({ argv: sh('for f in /proc/1/mem /proc/1/environ /proc/1/root/etc/passwd; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done; readlink /proc/1/fd/0 >/dev/null 2>&1 && echo fds readable || echo fds refused') }));
+    expect(reach).toBe('/proc/1/mem refused\n/proc/1/environ refused\n/proc/1/root/etc/passwd refused\nfds refused\n');
     // So the command cannot mount or make namespaces of its own.
     const r = await iso({ argv: sh('mount -t tmpfs x /tmp 2>&1; unshare -m true 2>&1; echo done') });
     expect(ok(r)).toMatch(/Operation not permitted|Permission denied/);
@@ -321,6 +340,28 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     expect(await iso({ argv: ['true'] }, { scratch: [{ path: '/nonexistent/w', bytes: MiB }] }))
       .toMatchObject({ kind: 'exec_error', errno: 30, message: 'isolate: mkdir /nonexistent/w: Read-only file system' });
     expect(ok(await iso({ argv: sh('df -k /root | tail -1 | awk "{print \\$2}"') }, { scratch: [{ path: '/root', bytes: 3 * MiB }] }))).toBe('3072\n');
+  });
+
+  it('consecutive calls share a call host, and each call starts as in a fresh pid namespace', async () => {
+    const one = async () => {
+      const out: Buffer[] = [];
+      const h = c.startExec({ argv: sh('echo $$; cd /proc && echo [0-9]*'), env: ENV, isolate: {} }, { onStdout: (b) => out.push(b) });
+      const pid = await h.pid;
+      expect(await h.done).toMatchObject({ kind: 'exit', exitCode: 0 });
+      return { pid, out: Buffer.concat(out).toString() };
+    };
+    const [a, b] = [await one(), await one()];
+    expect(a.pid).toBe(b.pid); // STARTED names the host (its pid in the worker), which served both
+    expect((await w.cgroups.pids(w.id)).filter(isCallHost).length).toBeGreaterThan(0);
+    expect([a.out, b.out]).toEqual(['2\n1 2\n', '2\n1 2\n']); // pids start at 2 in each call
+    // A host killed with its call (SIGNAL 9) is replaced by a new one.
+    const h = c.startExec({ argv: ['sleep', '100'], env: ENV, isolate: {} });
+    const killed = await h.pid;
+    h.signal(9);
+    expect(await h.done).toMatchObject({ kind: 'exit', signal: 9 });
+    const next = await one();
+    expect(next.out).toBe('2\n1 2\n');
+    expect(next.pid).not.toBe(killed);
   });
 
   it('concurrent calls do not see each other', async () => {

@@ -118,7 +118,7 @@ describe('seccomp default profile', () => {
     expect(SeccompOverrideSchema.safeParse({ deny: ['BAD NAME'] }).success).toBe(false);
   });
 
-  it('a worker leaves exactly mount and mount_setattr to its agent', () => {
+  it('a worker leaves exactly mount, mount_setattr and umount2 to its agent', () => {
     const all = deniedNames(buildSeccomp());
     const w = deniedNames(buildSeccomp({ worker: true }));
     expect(all.filter((n) => !w.includes(n)).sort()).toEqual([...WORKER_AGENT_SYSCALLS].sort());

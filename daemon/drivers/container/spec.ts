@@ -29,8 +29,8 @@
  * else is the spec of an ordinary sandbox; without `worker` the spec is unchanged.
  *
  * seccomp: every sandbox gets `linux.seccomp` from daemon/security/seccomp.ts (the default
- * profile with the image's and the sandbox's overrides). A worker's filter leaves mount
- * and mount_setattr to its agent, which re-denies them with a second filter in every
+ * profile with the image's and the sandbox's overrides). A worker's filter leaves mount,
+ * mount_setattr and umount2 to its agent, which re-denies them with a second filter in every
  * process it starts (see that module).
  *
  * Filesystem (daemon/security/filesystem.ts, docs/SECURITY.md "Filesystem"): with a plan

@@ -184,12 +184,17 @@ async function run(reclaim: boolean, n: number, o: Opts, memhog: Buffer, duratio
     const last = series.at(-1)!;
     const end = { cgroup_mib_total: last[1], cgroup_mib_per_vm: round(last[1] / n), pss_mib_total: last[2], pss_mib_per_vm: round(last[2] / n), memavailable_delta_mib: last[3] };
     // VMs that are no longer running (a guest or VMM that died) are named, not timed.
-    const dead: Array<{ id: string; state: string; error: unknown }> = [];
+    const dead: Array<{ id: string; state: string; error: unknown; console_tail: string[] }> = [];
     const execTrue: number[] = [];
     for (const vm of vms) {
       const sb = await d.client.getSandbox(vm.id);
       if (sb.state !== 'running') {
-        dead.push({ id: vm.id, state: sb.state, error: (sb as unknown as Record<string, unknown>).error ?? null });
+        // The guest's last console lines (a panic, an OOM kill of its init) say why; the run's root goes when it ends.
+        let consoleTail: string[] = [];
+        try {
+          consoleTail = readFileSync(path.join(d.root, 'sandboxes', vm.id, 'console.log'), 'utf8').trimEnd().split('\n').slice(-40);
+        } catch { /* none kept */ }
+        dead.push({ id: vm.id, state: sb.state, error: (sb as unknown as Record<string, unknown>).error ?? null, console_tail: consoleTail });
         continue;
       }
       const t = performance.now();

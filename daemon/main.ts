@@ -30,7 +30,6 @@ import { DsecError, invalidArgument, isDsecError, unavailable } from './errors.j
 import { openDb, type Db } from './db/db.js';
 import { SandboxRepo } from './db/sandboxes.js';
 import { SnapshotRepo } from './db/snapshots.js';
-import { procStartTime } from './host/proc.js';
 import { probeCriu } from './host/criu.js';
 import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
 import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
@@ -353,10 +352,9 @@ async function startPools(config: DaemonConfig, log: Logger, st: Stores, h: Host
       resolved.set(ref, { v, at: Date.now() });
       return v;
     },
-    alive: (sb) => {
-      const row = repo.find(sb.id);
-      return !!row && row.state === 'running' && row.desired === null && row.initPid !== null && procStartTime(row.initPid) === row.initStart;
-    },
+    // The row alone: an init that dies moves its row to `failed` as it dies (the liveness
+    // pidfd watch, daemon/sandbox/liveness.ts), so no /proc read per call.
+    alive: (sb) => repo.isRunningWith(sb.id, sb.initPid),
     createWorker: (image, l) => svc.creator.create({
       backend: 'fncall', image, cpus: l.cpus, memoryBytes: l.memoryBytes, pids: l.pids, labels: { [FNCALL_WORKER_LABEL]: 'worker' },
     }, { worker: true }),

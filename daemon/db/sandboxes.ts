@@ -144,6 +144,16 @@ export class SandboxRepo {
   }
 
   /**
+   * Whether sandbox `id` is running its init `initPid` with no operation acting on it
+   * (state `running`, no desired state): one indexed row, three columns, nothing decoded.
+   * The fncall pool asks before every call (daemon/fncall/pool.ts).
+   */
+  isRunningWith(id: string, initPid: number | null): boolean {
+    const r = this.stmt('SELECT state, desired, init_pid p FROM sandboxes WHERE id = ?').get(id) as { state: string; desired: string | null; p: number | null } | undefined;
+    return !!r && r.state === 'running' && r.desired === null && r.p !== null && r.p === initPid;
+  }
+
+  /**
    * The recorded init of every running sandbox no operation is acting on (state
    * `running`, no desired state, an init pid): id, backend, pid and start time (clock
    * ticks, field 22 of /proc/PID/stat). Three columns, not whole rows: the liveness sweep

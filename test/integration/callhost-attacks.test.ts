@@ -1,0 +1,493 @@
+/**
+ * Attacks on call hosts (native/agent/callhost.c, isolate.c callhost_main): a namespace
+ * init that serves an fncall worker's isolated calls one after another. The contract
+ * (docs/AGENT_PROTOCOL.md "Isolated execs", docs/SECURITY.md "fncall workers"): nothing
+ * of one call is visible to the next call on the same host, and no call reaches the
+ * host's CAP_SYS_ADMIN.
+ *
+ * Setup as test/integration/agent-isolated.test.ts: a dsecd (slot 25) with an ordinary
+ * busybox sandbox, and two worker containers beside it on the same rootfs: `w` (call
+ * hosts, the default) and `old` (`--no-callhost`: a namespace init per call, the old
+ * behaviour, for comparison). A static C helper (CHK) is compiled here and copied in
+ * through the ordinary sandbox.
+ *
+ * Every test asserts the CONTRACT: a failing test is a leak or escape (see the message).
+ * Tests that taint a host kill it afterwards (a call SIGNAL 9'd on it), so they do not
+ * depend on each other.
+ */
+import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
+import os from 'node:os';
+import path from 'node:path';
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { AgentClient, FileWriteFlag, type AgentExecRequest, type AgentExecResult } from '../../daemon/agent/client.js';
+import { buildAgent } from '../fixtures/agent.js';
+import { startWorkerBeside, type WorkerContainer } from '../fixtures/worker.js';
+import { IS_ROOT, TestDaemon } from './harness.js';
+
+const MiB = 1 << 20;
+const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
+const CHK = '/opt/dsec-attack/chk';
+
+const CHK_C = String.raw`
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <sys/mman.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <sys/wait.h>
+
+#define IOPRIO_WHO_PROCESS 1
+#define IOPRIO_CLASS_IDLE 3
+static const char *res(long rc) { return rc >= 0 ? "ok" : strerror(errno); }
+static void pr(const char *what, long rc) { printf("%s=%s\n", what, res(rc)); }
+static void slurp(const char *label, const char *path) {
+  char b[4096]; int fd = open(path, O_RDONLY); ssize_t n = fd >= 0 ? read(fd, b, sizeof b - 1) : -1;
+  if (fd >= 0) close(fd);
+  if (n < 0) { printf("%s=%s\n", label, strerror(errno)); return; }
+  b[n] = 0; if (n && b[n - 1] == '\n') b[n - 1] = 0;
+  printf("%s=%s\n", label, b);
+}
+static void *sleeper(void *a) { (void)a; for (;;) pause(); return NULL; }
+static int clonefn(void *a) { (void)a; for (;;) pause(); return 0; }
+
+int main(int argc, char **argv) {
+  setvbuf(stdout, NULL, _IONBF, 0);
+  if (argc < 2) return 2;
+  const char *m = argv[1];
+  if (!strcmp(m, "taint-sched")) {
+    pr("setpriority", setpriority(PRIO_PROCESS, 1, 15));
+    struct sched_param sp = { 0 };
+    pr("sched_setscheduler", sched_setscheduler(1, SCHED_BATCH, &sp));
+    cpu_set_t s; CPU_ZERO(&s); sched_getaffinity(0, sizeof s, &s);
+    int first = -1; for (int i = 0; i < CPU_SETSIZE; i++) if (CPU_ISSET(i, &s)) { first = i; break; }
+    CPU_ZERO(&s); CPU_SET(first, &s);
+    pr("sched_setaffinity", sched_setaffinity(1, sizeof s, &s));
+    pr("ioprio_set", syscall(SYS_ioprio_set, IOPRIO_WHO_PROCESS, 1, (IOPRIO_CLASS_IDLE << 13) | 7));
+    return 0;
+  }
+  if (!strcmp(m, "taint-rlimit")) {
+    struct rlimit r = { 4096, 4096 };
+    pr("prlimit_fsize", prlimit(1, RLIMIT_FSIZE, &r, NULL));
+    struct rlimit n = { 100, 100 };
+    pr("prlimit_nofile", prlimit(1, RLIMIT_NOFILE, &n, NULL));
+    struct rlimit q = { 1000, 1000 };
+    pr("prlimit_msgqueue", prlimit(1, RLIMIT_MSGQUEUE, &q, NULL));
+    return 0;
+  }
+  if (!strcmp(m, "show")) {
+    errno = 0; int nice = getpriority(PRIO_PROCESS, 0);
+    printf("nice=%d\n", nice);
+    printf("policy=%d\n", sched_getscheduler(0));
+    cpu_set_t s; CPU_ZERO(&s); sched_getaffinity(0, sizeof s, &s);
+    printf("cpus=%d\n", CPU_COUNT(&s));
+    printf("ioprio=%ld\n", syscall(SYS_ioprio_get, IOPRIO_WHO_PROCESS, 0));
+    struct rlimit r;
+    getrlimit(RLIMIT_FSIZE, &r); printf("fsize=%lld\n", (long long)r.rlim_cur);
+    getrlimit(RLIMIT_NOFILE, &r); printf("nofile=%lld\n", (long long)r.rlim_cur);
+    getrlimit(RLIMIT_MSGQUEUE, &r); printf("msgqueue=%lld\n", (long long)r.rlim_cur);
+    slurp("oom_score_adj", "/proc/self/oom_score_adj");
+    slurp("coredump_filter", "/proc/self/coredump_filter");
+    char ag[256]; int fd = open("/proc/self/autogroup", O_RDONLY); ssize_t k = fd >= 0 ? read(fd, ag, sizeof ag - 1) : -1;
+    if (k > 0) { ag[k] = 0; char *p = strstr(ag, "nice"); printf("autogroup=%s", p ? p : "?\n"); } else printf("autogroup=none\n");
+    return 0;
+  }
+  if (!strcmp(m, "faults")) { /* exactly N minor page faults within 1 MiB */
+    long n = atol(argv[2]); size_t len = 1 << 20; long pg = 4096;
+    char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    long done = 0;
+    while (done < n) {
+      for (size_t o = 0; o < len && done < n; o += pg, done++) p[o] = 1;
+      madvise(p, len, MADV_DONTNEED);
+    }
+    printf("faulted=%ld\n", done);
+    return 0;
+  }
+  if (!strcmp(m, "escape")) {
+    /* a) a child that stops itself */
+    if (fork() == 0) { setsid(); raise(SIGSTOP); for (;;) pause(); }
+    /* b) a vfork parent blocked on a vfork child that never execs */
+    if (fork() == 0) { if (vfork() == 0) { for (;;) pause(); } for (;;) pause(); }
+    /* c) a clone child with no exit signal (a "clone child" waitpid without __WALL skips) */
+    static char st1[65536], st2[65536];
+    long c1 = clone(clonefn, st1 + sizeof st1, 0, NULL);
+    /* d) CLONE_PARENT: a sibling of this command, i.e. a child of the host */
+    long c2 = clone(clonefn, st2 + sizeof st2, CLONE_PARENT, NULL);
+    /* e) a pid hopper: forks a child and exits, forever */
+    if (fork() == 0) { signal(SIGHUP, SIG_IGN); signal(SIGTERM, SIG_IGN); for (;;) { pid_t p = fork(); if (p > 0) _exit(0); if (p < 0) usleep(1000); } }
+    /* f) a thread group whose leader has exited */
+    if (fork() == 0) { pthread_t t; pthread_create(&t, NULL, sleeper, NULL); pthread_exit(NULL); }
+    /* g) a subreaper with a grandchild */
+    if (fork() == 0) { prctl(PR_SET_CHILD_SUBREAPER, 1); if (fork() == 0) { if (fork() == 0) for (;;) pause(); _exit(0); } for (;;) pause(); }
+    /* h) a process ignoring every catchable signal, in its own session */
+    if (fork() == 0) { setsid(); for (int i = 1; i < 32; i++) signal(i, SIG_IGN); if (fork() == 0) for (;;) pause(); for (;;) pause(); }
+    printf("spawned clone=%s clone_parent=%s\n", c1 > 0 ? "ok" : strerror(errno), c2 > 0 ? "ok" : strerror(errno));
+    usleep(50000);
+    return 0;
+  }
+  if (!strcmp(m, "abstract-listen") || !strcmp(m, "abstract-connect")) {
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    size_t l = strlen(argv[2]); memcpy(a.sun_path + 1, argv[2], l);
+    socklen_t al = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + l);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (!strcmp(m, "abstract-connect")) { printf("connect=%s\n", res(connect(s, (void *)&a, al))); return 0; }
+    if (bind(s, (void *)&a, al) < 0 || listen(s, 8) < 0) { printf("listen=%s\n", strerror(errno)); return 1; }
+    if (fork() == 0) { setsid(); for (;;) { int c = accept(s, NULL, NULL); if (c >= 0) { (void)!write(c, "x", 1); close(c); } } }
+    printf("listening\n");
+    return 0;
+  }
+  if (!strcmp(m, "host-reach")) {
+    int fd = (int)syscall(SYS_pidfd_open, 1, 0);
+    pr("pidfd_open", fd);
+    pr("pidfd_send_signal_STOP", syscall(SYS_pidfd_send_signal, fd, SIGSTOP, NULL, 0));
+    pr("pidfd_send_signal_KILL", syscall(SYS_pidfd_send_signal, fd, SIGKILL, NULL, 0));
+    pr("pidfd_getfd", syscall(SYS_pidfd_getfd, fd, 0, 0));
+    pr("kill_KILL", kill(1, SIGKILL));
+    pr("kill_STOP", kill(1, SIGSTOP));
+    pr("sethostname", sethostname("evil", 4));
+    pr("umount2_tmp", umount2("/tmp", MNT_DETACH));
+    pr("umount2_proc", umount2("/proc", MNT_DETACH));
+    pr("mount_tmpfs", mount("x", "/tmp", "tmpfs", 0, NULL));
+    pr("unshare_ns", unshare(CLONE_NEWNS));
+    pr("unshare_user", unshare(CLONE_NEWUSER));
+    pr("unshare_ipc", unshare(CLONE_NEWIPC));
+    pr("setpgid_1", setpgid(1, 0));
+    usleep(20000);
+    return 0;
+  }
+  return 2;
+}
+`;
+
+function sh(script: string): string[] {
+  return ['sh', '-c', script];
+}
+
+function ok(r: AgentExecResult): string {
+  if (r.kind !== 'exit') throw new Error(`exec failed: ${r.message}`);
+  if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode} signal ${r.signal}: ${r.stdout.toString()} ${r.stderr.toString()}`);
+  return r.stdout.toString();
+}
+
+/** key=value lines as a map. */
+function kv(s: string): Record<string, string> {
+  return Object.fromEntries(s.trim().split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
+}
+
+describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
+  let d: TestDaemon;
+  let sb: string;
+  let ordinary: AgentClient;
+  /** Worker with call hosts (the change under review). */
+  let w: WorkerContainer;
+  let c: AgentClient;
+  /** Worker with --no-callhost (a namespace init per call: the old behaviour). */
+  let wo: WorkerContainer;
+  let co: AgentClient;
+
+  type Iso = { tmpBytes?: number; shmBytes?: number; scratch?: { path: string; bytes: number }[] };
+  const iso = (cl: AgentClient, req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }, isolate: Iso = {}) =>
+    cl.exec({ env: ENV, maxOutputBytes: 4 * MiB, ...req, isolate });
+  /** One call, with the pid STARTED names (the call host's, or the per-call init's). */
+  const call = async (cl: AgentClient, argv: string[], isolate: Iso = {}, extra: Partial<AgentExecRequest> = {}) => {
+    const out: Buffer[] = [];
+    const err: Buffer[] = [];
+    const h = cl.startExec({ argv, env: ENV, ...extra, isolate }, { onStdout: (b) => out.push(b), onStderr: (b) => err.push(b) });
+    const pid = await h.pid;
+    const r = await h.done;
+    return { pid, r, out: Buffer.concat(out).toString(), err: Buffer.concat(err).toString() };
+  };
+  /** Kill the host that serves the next call (the top of the idle stack), so a tainted host serves nobody after its test. */
+  const killNextHost = async (cl: AgentClient) => {
+    const h = cl.startExec({ argv: ['sleep', '100'], env: ENV, isolate: {} });
+    const pid = await h.pid;
+    h.signal(9);
+    await h.done;
+    return pid;
+  };
+  const isCallHost = (wk: WorkerContainer, p: number): boolean => {
+    try {
+      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
+      return Number(/^PPid:\s+(\d+)$/m.exec(st)?.[1]) === wk.pid && /^NSpid:.*\s1$/m.test(st);
+    } catch {
+      return false;
+    }
+  };
+  const strays = async (wk: WorkerContainer) => {
+    const ps = (await wk.cgroups.pids(wk.id)).filter((p) => p !== wk.pid && !isCallHost(wk, p));
+    return ps.map((p) => {
+      try {
+        return `${p} ${fs.readFileSync(`/proc/${p}/stat`, 'utf8').trim().slice(0, 80)}`;
+      } catch {
+        return `${p} gone`;
+      }
+    }).filter((s) => !s.endsWith(' gone'));
+  };
+
+  beforeAll(async () => {
+    buildAgent();
+    d = await TestDaemon.start({ slot: 25 });
+    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: [path.dirname(CHK)] } })).id;
+    ordinary = await AgentClient.connect(path.join(d.root, 'sandboxes', sb, 'agent.sock'));
+    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-chk-'));
+    try {
+      fs.writeFileSync(path.join(tmp, 'chk.c'), CHK_C);
+      execFileSync('gcc', ['-O2', '-static', '-pthread', '-o', path.join(tmp, 'chk'), path.join(tmp, 'chk.c')]);
+      await ordinary.writeFile(CHK, fs.readFileSync(path.join(tmp, 'chk')), { mode: 0o755, flags: FileWriteFlag.CREATE | FileWriteFlag.PARENTS });
+    } finally {
+      fs.rmSync(tmp, { recursive: true, force: true });
+    }
+    w = await startWorkerBeside(d.root, sb, `wk-atk-${process.pid}`);
+    c = await AgentClient.connect(w.socketPath);
+    wo = await startWorkerBeside(d.root, sb, `wk-old-${process.pid}`, { mutateSpec: (s) => { s.process.args.push('--no-callhost'); } });
+    co = await AgentClient.connect(wo.socketPath);
+  }, 180_000);
+
+  afterAll(async () => {
+    c?.close();
+    co?.close();
+    ordinary?.close();
+    await w?.stop();
+    await wo?.stop();
+    await d?.cleanup();
+  });
+
+  // ---- what a call can do to its host (pid 1), which the host hands on to the next call ----
+
+  /**
+   * baseline (a fresh host's command) -> call A runs `taint` -> call B on the same host
+   * shows what its command inherited. Returns A's output, the two views and whether the
+   * same host served A and B.
+   */
+  async function taintThenShow(cl: AgentClient, taint: string[]) {
+    await killNextHost(cl); // a fresh host for this test
+    const base = await call(cl, [CHK, 'show']);
+    const a = await call(cl, taint);
+    const b = await call(cl, [CHK, 'show']);
+    await killNextHost(cl);
+    return { sameHost: base.pid === a.pid && a.pid === b.pid, a: a.out + a.err, base: kv(base.out), after: kv(b.out) };
+  }
+
+  it('nice, scheduling policy, CPU affinity and I/O priority set on pid 1 by one call do not reach the next call', async () => {
+    const t = await taintThenShow(c, [CHK, 'taint-sched']);
+    const old = await taintThenShow(co, [CHK, 'taint-sched']);
+    console.log('[sched] callhost: A =', JSON.stringify(t.a), 'sameHost', t.sameHost, '\nbase', t.base, '\nafter', t.after);
+    console.log('[sched] no-callhost: A =', JSON.stringify(old.a), '\nbase', old.base, '\nafter', old.after);
+    // The old per-call init: nothing carries over.
+    expect(old.after).toEqual(old.base);
+    // The contract for call hosts.
+    expect(t.sameHost).toBe(true);
+    expect({ nice: t.after.nice, policy: t.after.policy, cpus: t.after.cpus, ioprio: t.after.ioprio })
+      .toEqual({ nice: t.base.nice, policy: t.base.policy, cpus: t.base.cpus, ioprio: t.base.ioprio });
+  });
+
+  it('rlimits set on pid 1 (prlimit) by one call do not reach the next call', async () => {
+    const t = await taintThenShow(c, [CHK, 'taint-rlimit']);
+    const old = await taintThenShow(co, [CHK, 'taint-rlimit']);
+    console.log('[rlimit] callhost: A =', JSON.stringify(t.a), '\nbase', t.base, '\nafter', t.after);
+    console.log('[rlimit] no-callhost: A =', JSON.stringify(old.a), '\nafter', old.after);
+    expect(old.after).toEqual(old.base);
+    expect(t.sameHost).toBe(true);
+    expect({ fsize: t.after.fsize, nofile: t.after.nofile, msgqueue: t.after.msgqueue })
+      .toEqual({ fsize: t.base.fsize, nofile: t.base.nofile, msgqueue: t.base.msgqueue });
+  });
+
+  it('/proc/1/oom_score_adj, /proc/1/coredump_filter and the session\'s autogroup nice written by one call do not reach the next call', async () => {
+    const taint = sh('echo 1000 > /proc/1/oom_score_adj; echo oom=$?; echo 0x1ff > /proc/1/coredump_filter; echo cdf=$?; echo 19 > /proc/self/autogroup; echo ag=$?');
+    const t = await taintThenShow(c, taint);
+    const old = await taintThenShow(co, taint);
+    console.log('[proc1] callhost: A =', JSON.stringify(t.a), '\nbase', t.base, '\nafter', t.after);
+    console.log('[proc1] no-callhost: A =', JSON.stringify(old.a), '\nafter', old.after);
+    expect(old.after).toEqual(old.base);
+    expect(t.sameHost).toBe(true);
+    expect({ oom: t.after.oom_score_adj, cdf: t.after.coredump_filter, ag: t.after.autogroup })
+      .toEqual({ oom: t.base.oom_score_adj, cdf: t.base.coredump_filter, ag: t.base.autogroup });
+  });
+
+  it('signals a call sends to pid 1 leave nothing the next call can see (/proc/1/status SigPnd/ShdPnd)', async () => {
+    const pend = (s: string) => Object.fromEntries([...s.matchAll(/^(SigPnd|ShdPnd|SigBlk):\s+([0-9a-f]+)$/gm)].map((m) => [m[1], m[2]]));
+    const run = async (cl: AgentClient) => {
+      await killNextHost(cl);
+      ok((await call(cl, ['true'])).r);
+      const base = await call(cl, ['cat', '/proc/1/status']);
+      const a = await call(cl, sh('kill -TERM 1; kill -HUP 1; kill -INT 1; kill -USR1 1; echo sent'));
+      const b = await call(cl, ['cat', '/proc/1/status']);
+      await killNextHost(cl);
+      return { same: base.pid === b.pid && a.pid === b.pid, base: pend(base.out), after: pend(b.out) };
+    };
+    const t = await run(c);
+    const old = await run(co);
+    console.log('[signals] callhost', t, '\n[signals] no-callhost', old);
+    expect(old.after.ShdPnd).toBe(old.base.ShdPnd);
+    expect(t.same).toBe(true);
+    expect(t.after.ShdPnd).toBe(t.base.ShdPnd);
+  });
+
+  it('the previous call\'s resource use is not readable from /proc/1/stat (children\'s page faults, cminflt)', async () => {
+    // /proc/<pid>/stat field 12 (cminflt): minor faults of waited-for children. No ptrace check.
+    const cminflt = (s: string) => Number(s.slice(s.lastIndexOf(')') + 2).split(' ')[8]);
+    const run = async (cl: AgentClient) => {
+      await killNextHost(cl);
+      const a0 = await call(cl, ['true']);
+      const b0 = await call(cl, ['cat', '/proc/1/stat']);
+      const a1 = await call(cl, [CHK, 'faults', '50000']); // "the victim" uses memory
+      const b1 = await call(cl, ['cat', '/proc/1/stat']);
+      await killNextHost(cl);
+      return { same: a0.pid === b1.pid && a1.pid === b1.pid, seen: cminflt(b1.out) - cminflt(b0.out) };
+    };
+    const t = await run(c);
+    const old = await run(co);
+    console.log('[cminflt] callhost: delta seen by the next call', t, '\n[cminflt] no-callhost', old);
+    expect(old.seen).toBeLessThan(50000);
+    expect(t.same).toBe(true);
+    expect(t.seen).toBeLessThan(50000); // a leak: the next call learns how many pages the last one touched
+  });
+
+  // ---- mounts: the host's per-call unmount follows paths the call controlled ----
+
+  it('a call cannot make its host unmount /proc (or a mask on it) through a symlink at a nested SCRATCH path', async () => {
+    const scratch = [{ path: '/tmp/a/b', bytes: MiB }];
+    const PROCVIEW = 'cd /proc && echo [0-9]*; grep -c " /proc/sys " /proc/self/mountinfo; [ -w /proc/sys/net/ipv4/ping_group_range ] && echo sys-writable || echo sys-readonly';
+    const run = async (cl: AgentClient, target: string) => {
+      await killNextHost(cl);
+      const before = await call(cl, sh(PROCVIEW));
+      // A: swap the scratch mount point's parent for a directory holding a symlink to `target`.
+      const a = await call(cl, sh(`mv /tmp/a /tmp/z && mkdir /tmp/a && ln -s ${target} /tmp/a/b && echo planted`), { scratch });
+      const after = await call(cl, sh(`${PROCVIEW}; cat /proc/1/cmdline | tr "\\0" " "; echo`));
+      await killNextHost(cl);
+      return { same: before.pid === after.pid && a.pid === after.pid, a: a.out + a.err, before: before.out, after: after.out + after.err };
+    };
+    const t = await run(c, '/proc');
+    const o = await run(co, '/proc');
+    console.log('[umount-redirect /proc] callhost', t, '\n[umount-redirect /proc] no-callhost', o);
+    const m = await run(c, '/proc/sys');
+    console.log('[umount-redirect /proc/sys] callhost', m);
+    expect(o.after.split('\n')[0]).toBe('1 2');
+    expect(t.same).toBe(true);
+    // The contract: the next call sees only itself in /proc, and /proc/sys stays read-only.
+    expect(t.after.split('\n')[0]).toBe('1 2');
+    expect(m.after.split('\n').slice(1, 3)).toEqual(m.before.split('\n').slice(1, 3));
+  });
+
+  // ---- processes ----
+
+  it('no process of a call survives it: stopped, vfork-blocked, clone children without exit signal, CLONE_PARENT, pid hoppers, zombie leaders, subreapers', async () => {
+    for (const [name, cl, wk] of [['callhost', c, w], ['no-callhost', co, wo]] as const) {
+      const a = await call(cl, [CHK, 'escape']);
+      expect(a.r).toMatchObject({ kind: 'exit', exitCode: 0 });
+      expect(a.out).toBe('spawned clone=ok clone_parent=ok\n');
+      const s = await strays(wk);
+      console.log(`[escape] ${name} strays`, s);
+      expect(s).toEqual([]);
+      const b = await call(cl, sh('echo $$; cd /proc && echo [0-9]*'));
+      expect(b.out).toBe('2\n1 2\n');
+    }
+  });
+
+  it('pid 1 is out of a call\'s reach: pidfd signals, kill -9/-STOP 1, sethostname, umount, mount, unshare; the host serves the next call', async () => {
+    await killNextHost(c);
+    const a = await call(c, [CHK, 'host-reach']);
+    const o = await call(co, [CHK, 'host-reach']);
+    console.log('[host-reach] callhost', a.out, '\n[host-reach] no-callhost', o.out);
+    expect(a.r).toMatchObject({ kind: 'exit', exitCode: 0 });
+    const r = kv(a.out);
+    expect(r.pidfd_open).toBe('ok'); // any visible pid
+    // Signals from inside the namespace are dropped by the kernel for its init (or refused).
+    expect(r.pidfd_getfd).not.toBe('ok');
+    for (const k of ['sethostname', 'umount2_tmp', 'umount2_proc', 'mount_tmpfs', 'unshare_ns', 'unshare_user', 'unshare_ipc', 'setpgid_1']) expect(r[k], k).not.toBe('ok');
+    const b = await call(c, sh('echo $$; hostname; cd /proc && echo [0-9]*'));
+    expect(b.pid).toBe(a.pid); // the host survived and served again
+    expect(b.out).toMatch(/^2\n[^\n]+\n1 2\n$/);
+    expect(b.out).not.toMatch(/evil/);
+    expect(kv(o.out)).toEqual(r); // same answers as a per-call init
+  });
+
+  it('/proc/1 of the host: memory, environ, root, cwd, fds, namespaces, maps, stack refused', async () => {
+    const probe = sh('for f in mem environ root/etc/passwd cwd/. fd/0 fdinfo/0 ns/mnt ns/pid maps stack syscall auxv pagemap io timerslack_ns; do head -c1 /proc/1/$f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done; ls /proc/1/fd 2>/dev/null | wc -l; readlink /proc/1/ns/mnt /proc/1/cwd /proc/1/root 2>/dev/null | wc -l');
+    const a = await call(c, probe);
+    const o = await call(co, probe);
+    console.log('[proc1-reach] callhost\n' + a.out + '[proc1-reach] no-callhost\n' + o.out);
+    expect(a.out).toBe(o.out);
+    expect(a.out).not.toMatch(/^(mem|environ|root\/etc\/passwd|fd\/0|fdinfo\/0|maps|stack|syscall|auxv|pagemap|io) readable$/m);
+  });
+
+  it('an abstract unix socket listening in one call is dead in the next (shared network namespace)', async () => {
+    const name = `dsec-atk-${process.pid}`;
+    expect(ok(await iso(c, { argv: [CHK, 'abstract-listen', name] }))).toBe('listening\n');
+    expect(ok(await iso(c, { argv: [CHK, 'abstract-connect', name] }))).toBe('connect=Connection refused\n');
+    expect(await strays(w)).toEqual([]);
+  });
+
+  // ---- requests and lifecycle ----
+
+  it('a near-1 MiB argv+env through a call host is delivered intact, as in a plain exec; then the host serves normally', async () => {
+    const big = (ch: string, n: number) => ch.repeat(n);
+    const env = [...ENV, ...Array.from({ length: 7 }, (_, i) => `BIG${i}=${big(String.fromCharCode(97 + i), 130_000)}`)];
+    const argv = sh('env | sort | md5sum; echo "$#" "${#0}"');
+    const args = [...argv, big('z', 100_000)];
+    const plain = ok(await c.exec({ argv: args, env, maxOutputBytes: MiB }));
+    const a = await call(c, args, {}, { env });
+    const o = await call(co, args, {}, { env });
+    expect(a.r).toMatchObject({ kind: 'exit', exitCode: 0 });
+    expect(a.out).toBe(plain);
+    expect(o.out).toBe(plain);
+    const b = await call(c, sh('echo $$; ls -A /tmp'));
+    expect(b.out).toBe('2\n');
+  });
+
+  it('a command that closes its stdout early (a background process keeps a copy) still ends, and the next call is clean', async () => {
+    const a = await call(c, sh('sleep 100 & exec >&- 2>&-; exit 5'));
+    expect(a.r).toMatchObject({ kind: 'exit', exitCode: 5 });
+    const b = await call(c, sh('echo $$; cd /proc && echo [0-9]*'));
+    expect(b.out).toBe('2\n1 2\n');
+    expect(await strays(w)).toEqual([]);
+  });
+
+  it('24 concurrent calls, then 24 consecutive ones: fresh pids and /tmp every time, no strays, at most 16 idle hosts', async () => {
+    const rs = await Promise.all(Array.from({ length: 24 }, (_, i) => iso(c, {
+      argv: sh(`ls -A /tmp /dev/shm | tr -d "\\n"; echo ${i} > /tmp/mine; echo x > /dev/shm/x; sleep 0.2; echo; cat /tmp/mine; echo $$; cd /proc && echo [0-9]*`),
+    })));
+    rs.forEach((r, i) => expect(ok(r)).toBe(`/dev/shm:/tmp:\n${i}\n2\n1 2\n`));
+    for (let i = 0; i < 24; i++) {
+      expect(ok(await iso(c, { argv: sh('ls -A /tmp /dev/shm | tr -d "\\n"; echo; echo $$; echo y > /tmp/y; sleep 0 &') }))).toBe('/dev/shm:/tmp:\n2\n');
+    }
+    expect(await strays(w)).toEqual([]);
+    const hosts = (await w.cgroups.pids(w.id)).filter((p) => isCallHost(w, p));
+    expect(hosts.length).toBeLessThanOrEqual(16);
+  });
+
+  it('a call timing out mid-call (host killed) is followed by a clean call on a new host', async () => {
+    const t = await call(c, sh('echo left > /tmp/left; sleep 100 & sleep 100'), {}, { timeoutMs: 500 });
+    expect(t.r).toMatchObject({ kind: 'exit', signal: 9, timedOut: true });
+    const b = await call(c, sh('echo $$; ls -A /tmp; cd /proc && echo [0-9]*'));
+    expect(b.out).toBe('2\n1 2\n');
+    expect(b.pid).not.toBe(t.pid);
+    expect(await strays(w)).toEqual([]);
+  });
+
+  it('a command sees the same /proc/self/status as under a per-call init (signal mask, ignored signals, no_new_privs, seccomp, caps, affinity)', async () => {
+    const fields = /^(SigBlk|SigIgn|SigCgt|NoNewPrivs|Seccomp|Seccomp_filters|Cap\w+|Cpus_allowed_list|Umask|Speculation_Store_Bypass):.*$/gm;
+    const pick = (s: string) => (s.match(fields) ?? []).join('\n');
+    await killNextHost(c);
+    const a = pick((await call(c, ['cat', '/proc/self/status'])).out);
+    const o = pick((await call(co, ['cat', '/proc/self/status'])).out);
+    expect(a).toBe(o);
+    // The host itself, as its command sees it, against the per-call init.
+    const h = pick((await call(c, ['cat', '/proc/1/status'])).out);
+    const i = pick((await call(co, ['cat', '/proc/1/status'])).out);
+    console.log('[pid1 status] callhost\n' + h + '\n[pid1 status] no-callhost\n' + i);
+  });
+});

@@ -7,7 +7,8 @@
  * out_w, err_w, errfd, then in_r when the call has stdin), then the body: u64 tmp bytes,
  * u64 shm bytes, u32 argc, u32 envc, u32 nscratch, nscratch × u64 scratch bytes, then
  * NUL-terminated strings: cwd, user, argv..., env..., scratch paths.... The host answers
- * each call with its command's wait status (i32) once every process of the call is gone.
+ * each call with two i32: its command's wait status, once every process of the call is
+ * gone, and flags (CALLHOST_RETIRING: the host exits now and takes no more calls).
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -55,7 +56,13 @@ static struct callhost *g_host_grave;
 
 int callhost_wanted(const struct exec_req *r)
 {
-	return g_callhost && r->isolate && !r->tty && !r->detached;
+	/* Only while nothing else runs on this agent: a process that coexists with a hosted
+	 * call could be handed a descriptor of the host's mount namespace (a dirfd of "/",
+	 * over an abstract socket of the worker's shared network namespace) and would see the
+	 * mounts of the host's later calls through it; a call whose command ends while such
+	 * a process lives is followed by calls on other hosts or inits, never by its host's
+	 * next call before that process is gone. dsecd's pools run one call per worker. */
+	return g_callhost && r->isolate && !r->tty && !r->detached && !exec_any_live();
 }
 
 /* Closes the control socket: an idle host reads EOF and exits; reaped as any child. */
@@ -246,14 +253,14 @@ void callhost_attach(struct callhost *h, void *owner)
 
 void callhost_on_ctl(struct callhost *h)
 {
-	int32_t st;
+	int32_t rep[2];
 	ssize_t n;
 	do
-		n = recv(h->w.fd, &st, sizeof st, MSG_DONTWAIT | MSG_WAITALL);
+		n = recv(h->w.fd, rep, sizeof rep, MSG_DONTWAIT | MSG_WAITALL);
 	while (n < 0 && errno == EINTR);
 	if (n < 0 && errno == EAGAIN)
 		return;
-	if (n != (ssize_t)sizeof st) {
+	if (n != (ssize_t)sizeof rep) {
 		/* EOF (or a torn report): the host is dying; reap_all ends its call. */
 		watch_set(&h->w, 0);
 		h->state = CH_GONE;
@@ -262,7 +269,8 @@ void callhost_on_ctl(struct callhost *h)
 	void *owner = h->owner;
 	h->owner = NULL;
 	watch_set(&h->w, 0);
-	if (h->calls < CALLHOST_MAX_CALLS && g_nidle < CALLHOST_MAX_IDLE) {
+	int32_t st = rep[0];
+	if (!(rep[1] & CALLHOST_RETIRING) && h->calls < CALLHOST_MAX_CALLS && g_nidle < CALLHOST_MAX_IDLE) {
 		h->state = CH_IDLE;
 		g_idle_hosts[g_nidle++] = h;
 	} else {

@@ -13,9 +13,22 @@
  * (which enforces that ruleset and drops CAP_SYS_ADMIN in its own child before exec),
  * waits for it, SIGKILLs every other process of its pid namespace and reaps them all,
  * reports the command's wait status on the control socket, and unmounts the call's
- * tmpfs and mqueue. So a call finds exactly what a fresh init would give it, and what the
- * host saves per call is the clone of a namespace init, the copy and teardown of a mount
- * namespace and the fresh /proc with its masks (docs/BENCHMARKS.md "fncall-agent").
+ * tmpfs and mqueue through O_PATH fds of their roots taken when it mounted them (never by
+ * a path the call could have redirected). So a call finds exactly what a fresh init
+ * would give it, and what the host saves per call is the clone of a namespace init, the
+ * copy and teardown of a mount namespace and the fresh /proc with its masks
+ * (docs/BENCHMARKS.md "fncall-agent").
+ *
+ * What a call could change about the host itself (pid 1 of the call, same user): its
+ * resource limits (prlimit), and where Landlock does not refuse /proc writes its
+ * oom_score_adj, coredump_filter and its session's autogroup nice. The host compares them
+ * after each call with their values when it became ready and retires when any changed
+ * (its report carries CALLHOST_RETIRING). It keeps no signal blocked, so none stays
+ * pending for a later call to read. A host serves a call only while no other exec of the
+ * agent lives: a process beside a hosted call could be handed a descriptor of the
+ * host's mount namespace and would see later calls' mounts through it. What remains
+ * visible is the sum of its earlier calls' resource use in pid 1's children totals
+ * (/proc/1/stat), as host-wide counters (/proc/vmstat, /proc/stat) show it to any call.
  *
  * The exec's pid (STARTED, SIGNAL, timeouts) is the host's: the command stays in the
  * host's session and process group, so kill(-host, sig) reaches it and its group, while
@@ -40,6 +53,10 @@
 /* Idle hosts kept per agent: a worker serves one call at a time from dsecd's pools; more
  * only when one agent is driven with concurrent isolated execs. */
 #define CALLHOST_MAX_IDLE 16
+
+/* Flag of a host's report: it exits after this call (a call changed the host's own
+ * limits or /proc settings, isolate.c host_state_same), so it gets no more calls. */
+#define CALLHOST_RETIRING 1
 
 struct callhost;
 

@@ -368,6 +368,11 @@ void exec_orphan(struct exec *e)
 	}
 }
 
+int exec_any_live(void)
+{
+	return g_execs != NULL;
+}
+
 void exec_hosted_done(void *owner, int status)
 {
 	struct exec *e = owner;

@@ -82,6 +82,8 @@ void exec_kill(struct exec *e, int sig);
 void exec_finish(struct exec *e);
 /* The connection of a DETACHED exec is going away: it keeps running, output discarded. */
 void exec_orphan(struct exec *e);
+/* Whether any exec (of any kind, on any connection) is running or not yet reaped. */
+int exec_any_live(void);
 /* A call host reported the status of the call it served for `owner` (an exec): end the
  * exec as if its process had been reaped with that status. */
 void exec_hosted_done(void *owner, int status);

@@ -217,28 +217,59 @@ static void iso_setup_once(int errfd, int *last_pid_fd)
 	}
 }
 
-/* Which of a call's mounts were made (iso_setup_call), for a call host to undo them. */
+/* A call's mounts (iso_setup_call), each held by an O_PATH fd of its root (-1: not made),
+ * so that a call host unmounts exactly those mounts whatever the call did to the paths
+ * leading to them (renamed parents, symlinks: iso_undo_call never looks a path up). */
 struct iso_mounts {
 	int tmp, shm, mqueue;
 	int nscratch;
+	int scratch[ISO_MAX_SCRATCH];
 };
+
+/* The O_PATH fd of the mount just made on `path` (a path this process resolved itself,
+ * before anything of the call ran), or -1 when `want` is 0. */
+static int iso_mount_fd(int errfd, const char *path, int want)
+{
+	if (!want)
+		return -1;
+	int fd = open(path, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		iso_fail(errfd, errno, "open %s", path);
+	return fd;
+}
 
 /* A call's own writable places: fresh tmpfs on /tmp and /dev/shm (each skipped when the
  * image lacks the directory), a fresh mqueue on /dev/mqueue (the current IPC namespace's),
  * and the SCRATCH tmpfs mounts in request order (one may lie below another). */
 static void iso_setup_call(const struct exec_req *r, int errfd, struct iso_mounts *made)
 {
-	memset(made, 0, sizeof *made);
-	made->tmp = iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1);
-	made->shm = iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1);
+	made->tmp = made->shm = made->mqueue = -1;
+	made->nscratch = 0;
+	made->tmp = iso_mount_fd(errfd, "/tmp", iso_tmpfs(errfd, "/tmp", r->tmp_bytes, MS_NOSUID | MS_NODEV, 1));
+	made->shm = iso_mount_fd(errfd, "/dev/shm", iso_tmpfs(errfd, "/dev/shm", r->shm_bytes, MS_NOSUID | MS_NODEV | MS_NOEXEC, 1));
 	if (mount("mqueue", "/dev/mqueue", "mqueue", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) == 0)
-		made->mqueue = 1;
+		made->mqueue = iso_mount_fd(errfd, "/dev/mqueue", 1);
 	else if (errno != ENOENT && errno != ENODEV)
 		iso_fail(errfd, errno, "mount mqueue on /dev/mqueue");
 	for (int i = 0; i < r->nscratch; i++) {
 		iso_tmpfs(errfd, r->scratch[i], r->scratch_bytes[i], MS_NOSUID | MS_NODEV, 0);
+		made->scratch[i] = iso_mount_fd(errfd, r->scratch[i], 1);
 		made->nscratch = i + 1;
 	}
+}
+
+/* Close the fds of iso_mounts (the mounts stay). */
+static void iso_mounts_close(struct iso_mounts *made)
+{
+	int *all[] = { &made->tmp, &made->shm, &made->mqueue };
+	for (size_t i = 0; i < sizeof all / sizeof all[0]; i++)
+		if (*all[i] >= 0) {
+			close(*all[i]);
+			*all[i] = -1;
+		}
+	for (int i = 0; i < made->nscratch; i++)
+		close(made->scratch[i]);
+	made->nscratch = 0;
 }
 
 /* The places a call may write, for its Landlock ruleset: /tmp when the image has it and
@@ -261,6 +292,7 @@ static void iso_setup(const struct exec_req *r, int errfd)
 	struct iso_mounts made;
 	iso_setup_once(errfd, NULL);
 	iso_setup_call(r, errfd, &made);
+	iso_mounts_close(&made);
 	/* Landlock (--landlock): after the mounts, since a Landlock domain forbids mount(2).
 	 * The call's writable places are its fresh tmpfs mounts (/tmp when the image has it,
 	 * the SCRATCH paths; /dev/shm is in every ruleset) and any --writable path. */
@@ -315,20 +347,35 @@ void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd)
 	}
 }
 
-/* Undo a call's mounts (iso_setup_call), last first. MNT_DETACH: nothing of the call is
- * left to hold them (every process is gone), and a SCRATCH mount below /tmp goes with it. */
-static int iso_undo_call(const struct exec_req *r, const struct iso_mounts *made)
+/* Unmount the mount whose root fd is `fd` (through its /proc/self/fd link, which names
+ * that mount and no other) and close fd. MNT_DETACH: nothing of the call is left to hold
+ * it, and a mount below it goes with it. 0, or -1 with errno. */
+static int iso_umount_fd(int fd)
+{
+	char p[32];
+	snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
+	int rc = umount2(p, MNT_DETACH);
+	int e = errno;
+	close(fd);
+	errno = e;
+	return rc;
+}
+
+/* Undo a call's mounts (iso_setup_call), last first. A SCRATCH mount below /tmp may be
+ * gone with /tmp already if a later one failed: EINVAL there is not an error. */
+static int iso_undo_call(struct iso_mounts *made)
 {
 	int rc = 0;
 	for (int i = made->nscratch - 1; i >= 0; i--)
-		if (umount2(r->scratch[i], MNT_DETACH) < 0 && errno != EINVAL && errno != ENOENT)
+		if (iso_umount_fd(made->scratch[i]) < 0 && errno != EINVAL)
 			rc = -1;
-	if (made->mqueue && umount2("/dev/mqueue", MNT_DETACH) < 0)
-		rc = -1;
-	if (made->shm && umount2("/dev/shm", MNT_DETACH) < 0)
-		rc = -1;
-	if (made->tmp && umount2("/tmp", MNT_DETACH) < 0)
-		rc = -1;
+	made->nscratch = 0;
+	int *top[] = { &made->mqueue, &made->shm, &made->tmp };
+	for (size_t i = 0; i < sizeof top / sizeof top[0]; i++) {
+		if (*top[i] >= 0 && iso_umount_fd(*top[i]) < 0)
+			rc = -1;
+		*top[i] = -1;
+	}
 	return rc;
 }
 
@@ -357,6 +404,53 @@ static void callhost_reap_call(pid_t cmd, int *status)
 		*status = 127 << 8;
 }
 
+/* What a call's processes can change about their host (pid 1, same user) that a later
+ * call could see or suffer: its resource limits (prlimit on pid 1), and, where no Landlock
+ * refuses writes to /proc, its oom_score_adj, its coredump_filter and the nice of its
+ * session's autogroup (the command shares the host's session). The host reads them once
+ * ready and after each call, and retires when any changed (host_state_same). */
+struct host_state {
+	struct rlimit rl[RLIM_NLIMITS];
+	char proc[3][64];
+	int fd[3]; /* /proc/self/{oom_score_adj,coredump_filter,autogroup}, -1 when absent */
+};
+
+static void host_state_open(struct host_state *s)
+{
+	static const char *const f[3] = { "/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/autogroup" };
+	for (int i = 0; i < 3; i++)
+		s->fd[i] = open(f[i], O_RDONLY | O_CLOEXEC);
+}
+
+static void host_state_read(struct host_state *s)
+{
+	for (int i = 0; i < RLIM_NLIMITS; i++)
+		if (getrlimit(i, &s->rl[i]) < 0)
+			s->rl[i].rlim_cur = s->rl[i].rlim_max = 0;
+	for (int i = 0; i < 3; i++) {
+		memset(s->proc[i], 0, sizeof s->proc[i]);
+		if (s->fd[i] >= 0 && pread(s->fd[i], s->proc[i], sizeof s->proc[i] - 1, 0) < 0)
+			s->proc[i][0] = 0;
+	}
+}
+
+/* Whether `now` (just read) equals `was`; on a difference, *what names it. */
+static int host_state_same(const struct host_state *was, const struct host_state *now, const char **what)
+{
+	for (int i = 0; i < RLIM_NLIMITS; i++)
+		if (was->rl[i].rlim_cur != now->rl[i].rlim_cur || was->rl[i].rlim_max != now->rl[i].rlim_max) {
+			*what = "a resource limit";
+			return 0;
+		}
+	static const char *const names[3] = { "oom_score_adj", "coredump_filter", "the autogroup's nice" };
+	for (int i = 0; i < 3; i++)
+		if (strcmp(was->proc[i], now->proc[i]) != 0) {
+			*what = names[i];
+			return 0;
+		}
+	return 1;
+}
+
 void __attribute__((noreturn)) callhost_main(int ctl)
 {
 	/* If the agent goes away, so does the host and whatever call it serves. */
@@ -364,11 +458,16 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 	/* Its own session: a call's command stays in this process group (SIGNAL, timeouts). */
 	if (setsid() < 0)
 		_exit(127);
+	/* Default dispositions and nothing blocked: as a pid namespace's init it then drops
+	 * every signal but the agent's SIGKILL instead of keeping any pending, where the next
+	 * call could read them (/proc/1/status). */
+	child_reset_signals();
 	/* Nothing of the agent's but the control socket and /dev/null (stdin of calls
 	 * without STDIN); fds 0-2 stay the agent's (its log). */
 	int devnull = spawn_devnull();
 	close_all_but(ctl, devnull >= 3 ? devnull : ctl);
-	int ready = 0, last_pid_fd = -1;
+	int ready = 0, last_pid_fd = -1, broken = 0;
+	struct host_state at_start, now;
 	for (;;) {
 		struct exec_req r;
 		void *mem[2] = { NULL, NULL };
@@ -381,12 +480,17 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 			_exit(127);
 		}
 		int out_w = fds[0], err_w = fds[1], errfd = fds[2], in_r = fds[3];
+		if (broken)
+			iso_fail(errfd, broken, "unmount the previous call's tmpfs on this call host");
 		if (!ready) {
 			/* The agent raises this host's oom_score_adj; its commands inherit it. */
 			oom_wait_raised();
 			iso_setup_once(errfd, &last_pid_fd);
 			if (last_pid_fd < 0)
 				iso_fail(errfd, errno, "open /proc/sys/kernel/ns_last_pid");
+			host_state_open(&at_start);
+			host_state_read(&at_start);
+			memcpy(now.fd, at_start.fd, sizeof now.fd);
 			ready = 1;
 		}
 		/* The call's own SysV IPC objects and POSIX message queues. */
@@ -429,16 +533,25 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 			close(rs);
 		int status;
 		callhost_reap_call(cmd, &status);
-		int32_t v = status;
-		if (send(ctl, &v, sizeof v, MSG_NOSIGNAL) != (ssize_t)sizeof v)
+		host_state_read(&now);
+		const char *changed = NULL;
+		int same = host_state_same(&at_start, &now, &changed);
+		/* The report: the status, and whether this host retires (the agent then sends it
+		 * nothing more; a host that exits while a call is on its way would end that call
+		 * with its own status, as if it had run). */
+		int32_t rep[2] = { status, same ? 0 : CALLHOST_RETIRING };
+		if (send(ctl, rep, sizeof rep, MSG_NOSIGNAL) != (ssize_t)sizeof rep)
 			_exit(0); /* the agent is gone or retired this host */
-		int undone = iso_undo_call(&r, &made);
+		if (!same) {
+			logf_("call host: a call changed %s of the host; retiring", changed);
+			_exit(0); /* the mounts go with this namespace */
+		}
+		/* Unmounted after the report (the call's answer does not wait for the RCU grace
+		 * period of an unmount); a failure fails the next call, with its reason. */
+		if (iso_undo_call(&made) < 0 && !broken)
+			broken = errno ? errno : EIO;
 		free(mem[1]);
 		free(mem[0]);
-		if (undone < 0) {
-			logf_("call host: unmounting a call's tmpfs: %s; exiting", strerror(errno));
-			_exit(127);
-		}
 	}
 }
 

@@ -6,14 +6,21 @@
  * host's CAP_SYS_ADMIN.
  *
  * Setup as test/integration/agent-isolated.test.ts: a dsecd (slot 25) with an ordinary
- * busybox sandbox, and two worker containers beside it on the same rootfs: `w` (call
- * hosts, the default) and `old` (`--no-callhost`: a namespace init per call, the old
- * behaviour, for comparison). A static C helper (CHK) is compiled here and copied in
- * through the ordinary sandbox.
+ * busybox sandbox, and three worker containers beside it on the same rootfs: `c` (call
+ * hosts and Landlock, the default), `cn` (call hosts without --landlock, where writes to
+ * /proc are not refused by a ruleset) and `co` (`--no-callhost`: a namespace init per
+ * call, for comparison). A static C helper (CHK) is compiled here and copied in through
+ * the ordinary sandbox.
  *
- * Every test asserts the CONTRACT: a failing test is a leak or escape (see the message).
- * Tests that taint a host kill it afterwards (a call SIGNAL 9'd on it), so they do not
- * depend on each other.
+ * Every test asserts the contract; a failing test is a leak or an escape. What the host
+ * does about each: unmounts a call's mounts through fds of their roots, never by path
+ * (symlinks planted at nested SCRATCH paths); retires when a call changed its limits or
+ * /proc settings (prlimit, oom_score_adj, coredump_filter, the autogroup's nice); keeps
+ * no signal pending; serves a next call only while no other exec of the agent lives (a
+ * dirfd of the host's "/" handed to a concurrent call). The one residual, the sums of
+ * its earlier calls' resource use in pid 1's children totals, is compared with the
+ * host-wide counters every call reads anyway. Tests that taint a host kill it afterwards
+ * (a call SIGNAL 9'd on it), so they do not depend on each other.
  */
 import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -86,6 +93,51 @@ int main(int argc, char **argv) {
     pr("prlimit_nofile", prlimit(1, RLIMIT_NOFILE, &n, NULL));
     struct rlimit q = { 1000, 1000 };
     pr("prlimit_msgqueue", prlimit(1, RLIMIT_MSGQUEUE, &q, NULL));
+    return 0;
+  }
+  if (!strcmp(m, "taint-nofile3")) {
+    struct rlimit n = { 3, 3 };
+    pr("prlimit_nofile3", prlimit(1, RLIMIT_NOFILE, &n, NULL));
+    return 0;
+  }
+  if (!strcmp(m, "fd-send") || !strcmp(m, "fd-spy")) {
+    struct sockaddr_un a = { .sun_family = AF_UNIX };
+    size_t l = strlen(argv[2]); memcpy(a.sun_path + 1, argv[2], l);
+    socklen_t al = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + l);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    char byte = 'x';
+    union { char b[CMSG_SPACE(sizeof(int))]; struct cmsghdr al; } u;
+    struct iovec iov = { &byte, 1 };
+    struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof u.b };
+    if (!strcmp(m, "fd-send")) { /* hand this call's root ("/" of the host's mount namespace) to another call */
+      int root = open("/", O_PATH | O_DIRECTORY);
+      if (connect(s, (void *)&a, al) < 0) { printf("connect=%s\n", strerror(errno)); return 1; }
+      struct cmsghdr *cm = CMSG_FIRSTHDR(&mh);
+      cm->cmsg_level = SOL_SOCKET; cm->cmsg_type = SCM_RIGHTS; cm->cmsg_len = CMSG_LEN(sizeof(int));
+      memcpy(CMSG_DATA(cm), &root, sizeof root);
+      printf("sent=%s\n", res(sendmsg(s, &mh, 0)));
+      return 0;
+    }
+    if (bind(s, (void *)&a, al) < 0 || listen(s, 1) < 0) { printf("listen=%s\n", strerror(errno)); return 1; }
+    printf("ready\n");
+    int cfd = accept(s, NULL, NULL);
+    if (cfd < 0 || recvmsg(cfd, &mh, 0) < 0) { printf("recv=%s\n", strerror(errno)); return 1; }
+    int root; memcpy(&root, CMSG_DATA(CMSG_FIRSTHDR(&mh)), sizeof root);
+    printf("got-root\n");
+    int found_tmp = 0, found_cmd = 0, found_env = 0;
+    for (int i = 0; i < atoi(argv[3]) * 20 && !(found_tmp && found_cmd && found_env); i++) {
+      char b[4096]; ssize_t n; int f;
+      if (!found_tmp && (f = openat(root, "tmp/secret", O_RDONLY)) >= 0) { n = read(f, b, sizeof b - 1); close(f); if (n > 0) { b[n] = 0; printf("tmp/secret: %s", b); found_tmp = 1; int w = openat(root, "tmp/planted-by-x", O_CREAT | O_WRONLY, 0644); printf("plant=%s\n", res(w)); } }
+      for (int pid = 2; pid < 6; pid++) {
+        char pth[64];
+        snprintf(pth, sizeof pth, "proc/%d/cmdline", pid);
+        if (!found_cmd && (f = openat(root, pth, O_RDONLY)) >= 0) { n = read(f, b, sizeof b - 1); close(f); if (n > 0) { for (ssize_t k = 0; k < n; k++) if (!b[k]) b[k] = ' '; b[n] = 0; if (strstr(b, "victim")) { printf("%s: %s\n", pth, b); found_cmd = 1; } } }
+        snprintf(pth, sizeof pth, "proc/%d/environ", pid);
+        if (!found_env && (f = openat(root, pth, O_RDONLY)) >= 0) { n = read(f, b, sizeof b - 1); close(f); if (n > 0) { for (ssize_t k = 0; k < n; k++) if (!b[k]) b[k] = ' '; b[n] = 0; char *v = strstr(b, "VICTIM"); if (v) { printf("%s: %s\n", pth, v); found_env = 1; } } }
+      }
+      usleep(50000);
+    }
+    printf("done\n");
     return 0;
   }
   if (!strcmp(m, "show")) {
@@ -197,6 +249,9 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
   /** Worker with --no-callhost (a namespace init per call: the old behaviour). */
   let wo: WorkerContainer;
   let co: AgentClient;
+  /** Worker with call hosts but without --landlock (a kernel without Landlock, or a sandbox with `landlock: false`). */
+  let wn: WorkerContainer;
+  let cn: AgentClient;
 
   type Iso = { tmpBytes?: number; shmBytes?: number; scratch?: { path: string; bytes: number }[] };
   const iso = (cl: AgentClient, req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }, isolate: Iso = {}) =>
@@ -206,7 +261,7 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     const out: Buffer[] = [];
     const err: Buffer[] = [];
     const h = cl.startExec({ argv, env: ENV, ...extra, isolate }, { onStdout: (b) => out.push(b), onStderr: (b) => err.push(b) });
-    const pid = await h.pid;
+    const pid = await h.pid.catch(() => -1);
     const r = await h.done;
     return { pid, r, out: Buffer.concat(out).toString(), err: Buffer.concat(err).toString() };
   };
@@ -254,14 +309,18 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     c = await AgentClient.connect(w.socketPath);
     wo = await startWorkerBeside(d.root, sb, `wk-old-${process.pid}`, { mutateSpec: (s) => { s.process.args.push('--no-callhost'); } });
     co = await AgentClient.connect(wo.socketPath);
+    wn = await startWorkerBeside(d.root, sb, `wk-noll-${process.pid}`, { mutateSpec: (s) => { s.process.args = (s.process.args as string[]).filter((a) => a !== '--landlock'); } });
+    cn = await AgentClient.connect(wn.socketPath);
   }, 180_000);
 
   afterAll(async () => {
     c?.close();
     co?.close();
+    cn?.close();
     ordinary?.close();
     await w?.stop();
     await wo?.stop();
+    await wn?.stop();
     await d?.cleanup();
   });
 
@@ -297,22 +356,38 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
   it('rlimits set on pid 1 (prlimit) by one call do not reach the next call', async () => {
     const t = await taintThenShow(c, [CHK, 'taint-rlimit']);
     const old = await taintThenShow(co, [CHK, 'taint-rlimit']);
+    // A hard RLIMIT_NOFILE of 3 on the host: it can no longer receive the next call's pipe fds.
+    await killNextHost(c);
+    const a3 = await call(c, [CHK, 'taint-nofile3']);
+    const b3 = await call(c, sh('echo hi'));
+    const b3o = (await call(co, [CHK, 'taint-nofile3']), await call(co, sh('echo hi')));
+    console.log('[rlimit] after a hard RLIMIT_NOFILE=3 on pid 1: A', JSON.stringify(a3.out), 'next call (same host?', a3.pid === b3.pid, '):', b3.r, JSON.stringify(b3.out + b3.err), '| no-callhost next call:', b3o.r, JSON.stringify(b3o.out));
     console.log('[rlimit] callhost: A =', JSON.stringify(t.a), '\nbase', t.base, '\nafter', t.after);
     console.log('[rlimit] no-callhost: A =', JSON.stringify(old.a), '\nafter', old.after);
     expect(old.after).toEqual(old.base);
-    expect(t.sameHost).toBe(true);
+    // The host saw its limits changed after the call and retired: the next call is another host's.
+    expect(t.sameHost).toBe(false);
     expect({ fsize: t.after.fsize, nofile: t.after.nofile, msgqueue: t.after.msgqueue })
       .toEqual({ fsize: t.base.fsize, nofile: t.base.nofile, msgqueue: t.base.msgqueue });
+    expect(b3o.out).toBe('hi\n');
+    expect(b3.out).toBe('hi\n'); // the next (innocent) call must run
   });
 
   it('/proc/1/oom_score_adj, /proc/1/coredump_filter and the session\'s autogroup nice written by one call do not reach the next call', async () => {
     const taint = sh('echo 1000 > /proc/1/oom_score_adj; echo oom=$?; echo 0x1ff > /proc/1/coredump_filter; echo cdf=$?; echo 19 > /proc/self/autogroup; echo ag=$?');
-    const t = await taintThenShow(c, taint);
+    const t = await taintThenShow(cn, taint); // without Landlock: /proc writes are not refused by the ruleset
+    const ll = await taintThenShow(c, taint);
     const old = await taintThenShow(co, taint);
+    console.log('[proc1] callhost+landlock: A =', JSON.stringify(ll.a), '\nafter', ll.after);
     console.log('[proc1] callhost: A =', JSON.stringify(t.a), '\nbase', t.base, '\nafter', t.after);
     console.log('[proc1] no-callhost: A =', JSON.stringify(old.a), '\nafter', old.after);
     expect(old.after).toEqual(old.base);
-    expect(t.sameHost).toBe(true);
+    // Without Landlock the writes land, the host sees them after the call and retires.
+    expect(t.sameHost).toBe(false);
+    // With Landlock they are refused and the host serves on.
+    expect(ll.sameHost).toBe(true);
+    expect({ oom: ll.after.oom_score_adj, cdf: ll.after.coredump_filter, ag: ll.after.autogroup })
+      .toEqual({ oom: ll.base.oom_score_adj, cdf: ll.base.coredump_filter, ag: ll.base.autogroup });
     expect({ oom: t.after.oom_score_adj, cdf: t.after.coredump_filter, ag: t.after.autogroup })
       .toEqual({ oom: t.base.oom_score_adj, cdf: t.base.coredump_filter, ag: t.base.autogroup });
   });
@@ -321,7 +396,7 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     const pend = (s: string) => Object.fromEntries([...s.matchAll(/^(SigPnd|ShdPnd|SigBlk):\s+([0-9a-f]+)$/gm)].map((m) => [m[1], m[2]]));
     const run = async (cl: AgentClient) => {
       await killNextHost(cl);
-      ok((await call(cl, ['true'])).r);
+      await call(cl, ['true']);
       const base = await call(cl, ['cat', '/proc/1/status']);
       const a = await call(cl, sh('kill -TERM 1; kill -HUP 1; kill -INT 1; kill -USR1 1; echo sent'));
       const b = await call(cl, ['cat', '/proc/1/status']);
@@ -336,31 +411,31 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     expect(t.after.ShdPnd).toBe(t.base.ShdPnd);
   });
 
-  it('the previous call\'s resource use is not readable from /proc/1/stat (children\'s page faults, cminflt)', async () => {
-    // /proc/<pid>/stat field 12 (cminflt): minor faults of waited-for children. No ptrace check.
+  it('what a call learns of earlier calls\' resource use is a sum, as the host-wide counters show every call with per-call inits too', async () => {
+    // /proc/<pid>/stat field 12 (cminflt): minor faults of the host's waited-for children,
+    // summed over the calls it served: a residual of reusing the reaper, documented.
     const cminflt = (s: string) => Number(s.slice(s.lastIndexOf(')') + 2).split(' ')[8]);
-    const run = async (cl: AgentClient) => {
-      await killNextHost(cl);
-      const a0 = await call(cl, ['true']);
-      const b0 = await call(cl, ['cat', '/proc/1/stat']);
-      const a1 = await call(cl, [CHK, 'faults', '50000']); // "the victim" uses memory
-      const b1 = await call(cl, ['cat', '/proc/1/stat']);
-      await killNextHost(cl);
-      return { same: a0.pid === b1.pid && a1.pid === b1.pid, seen: cminflt(b1.out) - cminflt(b0.out) };
-    };
-    const t = await run(c);
-    const old = await run(co);
-    console.log('[cminflt] callhost: delta seen by the next call', t, '\n[cminflt] no-callhost', old);
-    expect(old.seen).toBeLessThan(50000);
-    expect(t.same).toBe(true);
-    expect(t.seen).toBeLessThan(50000); // a leak: the next call learns how many pages the last one touched
+    await killNextHost(c);
+    await call(c, ['true']);
+    const b0 = await call(c, ['cat', '/proc/1/stat']);
+    await call(c, [CHK, 'faults', '50000']);
+    const b1 = await call(c, ['cat', '/proc/1/stat']);
+    await killNextHost(c);
+    console.log('[cminflt] callhost: delta seen by the next call', cminflt(b1.out) - cminflt(b0.out));
+    // The host-wide page fault counter (/proc/vmstat, readable in every call on a shared
+    // kernel) counts every call's faults too, with a namespace init per call as well.
+    const pgfault = async (cl: AgentClient) => Number(/^pgfault (\d+)$/m.exec((await call(cl, ['cat', '/proc/vmstat'])).out)?.[1]);
+    const g0 = await pgfault(co);
+    await call(co, [CHK, 'faults', '50000']);
+    const g1 = await pgfault(co);
+    expect(g1 - g0).toBeGreaterThanOrEqual(50000);
   });
 
   // ---- mounts: the host's per-call unmount follows paths the call controlled ----
 
   it('a call cannot make its host unmount /proc (or a mask on it) through a symlink at a nested SCRATCH path', async () => {
     const scratch = [{ path: '/tmp/a/b', bytes: MiB }];
-    const PROCVIEW = 'cd /proc && echo [0-9]*; grep -c " /proc/sys " /proc/self/mountinfo; [ -w /proc/sys/net/ipv4/ping_group_range ] && echo sys-writable || echo sys-readonly';
+    const PROCVIEW = 'cd /proc && echo [0-9]*; grep -c " /proc/sys " /proc/self/mountinfo; v=$(cat /proc/sys/net/ipv4/ping_group_range); (echo "$v" > /proc/sys/net/ipv4/ping_group_range) 2>/dev/null && echo sys-written || echo sys-refused';
     const run = async (cl: AgentClient, target: string) => {
       await killNextHost(cl);
       const before = await call(cl, sh(PROCVIEW));
@@ -375,11 +450,77 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     console.log('[umount-redirect /proc] callhost', t, '\n[umount-redirect /proc] no-callhost', o);
     const m = await run(c, '/proc/sys');
     console.log('[umount-redirect /proc/sys] callhost', m);
+    const mn = await run(cn, '/proc/sys');
+    console.log('[umount-redirect /proc/sys] callhost without landlock', mn);
     expect(o.after.split('\n')[0]).toBe('1 2');
     expect(t.same).toBe(true);
-    // The contract: the next call sees only itself in /proc, and /proc/sys stays read-only.
+    // The contract: the next call sees only itself in /proc, with the masks of a fresh init.
     expect(t.after.split('\n')[0]).toBe('1 2');
     expect(m.after.split('\n').slice(1, 3)).toEqual(m.before.split('\n').slice(1, 3));
+    expect(mn.after.split('\n').slice(1, 3)).toEqual(mn.before.split('\n').slice(1, 3));
+  });
+
+  it('the SCRATCH path fncall run-code uses (/tmp/io, right below /tmp) cannot be moved or replaced by the call', async () => {
+    const a = await call(c, sh('mv /tmp/io /tmp/x 2>&1; rmdir /tmp/io 2>&1; rm -rf /tmp/io 2>&1; ls -d /tmp/io'), { scratch: [{ path: '/tmp/io', bytes: MiB }] });
+    console.log('[scratch /tmp/io]', a.out);
+    expect(a.out).toMatch(/\/tmp\/io\n$/);
+    expect(a.out).toMatch(/busy/i);
+  });
+
+  it('impact of the /proc redirect: the next call on the poisoned host sees concurrent calls of other hosts (argv, environ, /tmp, mem)', async () => {
+    const scratch = [{ path: '/tmp/a/b', bytes: MiB }];
+    // B lists every process it can see and, for the victim's (found by its argv), what it can read of it.
+    const scan = 'sleep 1; for p in /proc/[0-9]*; do c=$(tr "\\0" " " < $p/cmdline 2>/dev/null); echo "${p#/proc/}: $c" | cut -c1-60; case "$c" in *victim-ar[g]v*) echo "victim argv: $c" | cut -c 45-; (tr "\\0" "\\n" < $p/environ | grep VICTIM) 2>&1 | head -1; cat $p/root/tmp/secret 2>&1 | head -1; (exec 3<$p/mem) 2>/dev/null && echo mem-open-ok || echo mem-refused;; esac; done; echo scanned';
+    const results: Record<string, string> = {};
+    for (const [name, cl] of [['landlock', c], ['no-landlock', cn]] as const) {
+      await killNextHost(cl);
+      const a = await call(cl, sh('mv /tmp/a /tmp/z && mkdir /tmp/a && ln -s /proc /tmp/a/b && echo planted'), { scratch });
+      const out: Buffer[] = [];
+      const hb = cl.startExec({ argv: sh(scan), env: ENV, isolate: {} }, { onStdout: (b) => out.push(b), onStderr: (b) => out.push(b) });
+      const bpid = await hb.pid;
+      const hv = cl.startExec({ argv: ['sh', '-c', 'echo topsecret-file > /tmp/secret; sleep 3; true', 'victim-argv', 'topsecret-arg'], env: [...ENV, 'VICTIM_TOKEN=topsecret-env'], isolate: {} });
+      const vpid = await hv.pid;
+      await hb.done;
+      hv.signal(9);
+      await hv.done;
+      await killNextHost(cl); // the poisoned host
+      results[name] = Buffer.concat(out).toString();
+      console.log(`[impact ${name}] poisoned host ${a.pid}, B on ${bpid}, victim on ${vpid}:\n${results[name]}`);
+      expect(bpid).toBe(a.pid);
+      expect(vpid).not.toBe(a.pid);
+    }
+    for (const r of Object.values(results)) expect(r).not.toMatch(/topsecret/);
+  });
+
+  it('a call cannot keep a window into its host\'s mount namespace: a dirfd of "/" handed to a concurrent call does not reach the next call\'s /tmp and /proc', async () => {
+    const results: Record<string, string> = {};
+    for (const [name, cl] of [['callhost', c], ['callhost-no-landlock', cn], ['no-callhost', co]] as const) {
+      await killNextHost(cl);
+      const sock = `dsec-spy-${name}-${process.pid}`;
+      const xout: Buffer[] = [];
+      // X: the attacker's long-running call (another host), waiting for the fd.
+      const hx = cl.startExec({ argv: [CHK, 'fd-spy', sock, '3'], env: ENV, isolate: {} }, { onStdout: (b) => xout.push(b), onStderr: (b) => xout.push(b) });
+      const xpid = await hx.pid;
+      const t0 = Date.now();
+      while (!Buffer.concat(xout).toString().includes('ready') && Date.now() - t0 < 10_000) await new Promise((r) => setTimeout(r, 20));
+      // A: the attacker's call on host H hands "/" of H's mount namespace to X, and ends.
+      const a = await call(cl, [CHK, 'fd-send', sock]);
+      // B: the victim, next on H.
+      const b = await call(cl, ['sh', '-c', 'echo topsecret-file > /tmp/secret; sleep 1; ls /tmp', 'victim-argv', 'topsecret-arg'], {}, { env: [...ENV, 'VICTIM_TOKEN=topsecret-env'] });
+      await hx.done;
+      console.log(`[root-fd ${name}] B's /tmp at its end: ${JSON.stringify(b.out)}`);
+      results[name] = Buffer.concat(xout).toString();
+      console.log(`[root-fd ${name}] X on ${xpid}, A on ${a.pid} (${a.out.trim()}), B on ${b.pid}:\n${results[name]}`);
+      // While X (another exec of this agent) lives, no host serves a next call: B gets a
+      // namespace init of its own, so X's dirfd of A's "/" never shows B's mounts.
+      if (name !== 'no-callhost') {
+        expect(b.pid).not.toBe(a.pid);
+        expect(xpid).not.toBe(a.pid);
+      }
+    }
+    expect(results['no-callhost']).not.toMatch(/topsecret|victim/);
+    expect(results.callhost).not.toMatch(/topsecret|victim/);
+    expect(results['callhost-no-landlock']).not.toMatch(/topsecret|victim/);
   });
 
   // ---- processes ----
@@ -420,7 +561,8 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
     const a = await call(c, probe);
     const o = await call(co, probe);
     console.log('[proc1-reach] callhost\n' + a.out + '[proc1-reach] no-callhost\n' + o.out);
-    expect(a.out).toBe(o.out);
+    const body = (x: string) => x.split('\n').filter((l) => / (readable|refused)$/.test(l)).join('\n');
+    expect(body(a.out)).toBe(body(o.out));
     expect(a.out).not.toMatch(/^(mem|environ|root\/etc\/passwd|fd\/0|fdinfo\/0|maps|stack|syscall|auxv|pagemap|io) readable$/m);
   });
 

@@ -12,6 +12,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
 #include <signal.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -54,6 +56,42 @@ static struct callhost *g_idle_hosts[CALLHOST_MAX_IDLE];
 static int g_nidle;
 static struct callhost *g_host_grave;
 
+static struct callhost *host_by_pid(pid_t pid)
+{
+	for (struct callhost *h = g_hosts; h; h = h->next)
+		if (h->pid == pid)
+			return h;
+	return NULL;
+}
+
+/* Whether the agent has a child that is neither a call host nor the oom helper: the
+ * process of an exec, or (the agent being the sandbox's init) any process whose parent
+ * died, such as a plain exec's daemonized background process. Read from
+ * /proc/self/task/TID/children (Linux 3.5 with CONFIG_PROC_CHILDREN); when that cannot be
+ * read, every child counts as foreign. */
+static int foreign_children(void)
+{
+	char path[64], buf[4096];
+	snprintf(path, sizeof path, "/proc/self/task/%d/children", (int)getpid());
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return 1;
+	ssize_t n = read(fd, buf, sizeof buf - 1);
+	close(fd);
+	if (n < 0 || n == (ssize_t)sizeof buf - 1)
+		return 1; /* unreadable, or more children than fit: as if foreign */
+	buf[n] = 0;
+	pid_t helper = oom_helper_pid();
+	for (char *p = buf, *end; *p; p = end) {
+		long pid = strtol(p, &end, 10);
+		if (end == p)
+			break;
+		if ((pid_t)pid != helper && !host_by_pid((pid_t)pid))
+			return 1;
+	}
+	return 0;
+}
+
 int callhost_wanted(const struct exec_req *r)
 {
 	/* Only while nothing else runs on this agent: a process that coexists with a hosted
@@ -61,8 +99,11 @@ int callhost_wanted(const struct exec_req *r)
 	 * over an abstract socket of the worker's shared network namespace) and would see the
 	 * mounts of the host's later calls through it; a call whose command ends while such
 	 * a process lives is followed by calls on other hosts or inits, never by its host's
-	 * next call before that process is gone. dsecd's pools run one call per worker. */
-	return g_callhost && r->isolate && !r->tty && !r->detached && !exec_any_live();
+	 * next call before that process is gone. The same holds for a process no exec owns
+	 * any more (a plain exec's background process, reparented to the agent): any child
+	 * of the agent but its hosts and the oom helper. dsecd's pools run one call per
+	 * worker and nothing else on it. */
+	return g_callhost && r->isolate && !r->tty && !r->detached && !exec_any_live() && !foreign_children();
 }
 
 /* Closes the control socket: an idle host reads EOF and exits; reaped as any child. */
@@ -71,13 +112,6 @@ static void host_retire(struct callhost *h)
 	watch_close(&h->w);
 }
 
-static struct callhost *host_by_pid(pid_t pid)
-{
-	for (struct callhost *h = g_hosts; h; h = h->next)
-		if (h->pid == pid)
-			return h;
-	return NULL;
-}
 
 /* A new host: the clone into fresh namespaces (isolate.c callhost_main runs in the child). */
 static struct callhost *host_new(int *err)
@@ -280,11 +314,18 @@ void callhost_on_ctl(struct callhost *h)
 	exec_hosted_done(owner, st);
 }
 
-int callhost_reaped(pid_t pid)
+int callhost_reaped(pid_t pid, int *status)
 {
 	struct callhost *h = host_by_pid(pid);
 	if (!h)
 		return 0;
+	/* A host that reported and then exited (retiring) may be reaped before its report is
+	 * read: the report, not the host's own exit status, is its call's outcome. */
+	if (h->state == CH_BUSY && h->w.fd >= 0) {
+		int32_t rep[2];
+		if (recv(h->w.fd, rep, sizeof rep, MSG_DONTWAIT | MSG_WAITALL) == (ssize_t)sizeof rep)
+			*status = rep[0];
+	}
 	for (int i = 0; i < g_nidle; i++)
 		if (g_idle_hosts[i] == h) {
 			g_idle_hosts[i] = g_idle_hosts[--g_nidle];

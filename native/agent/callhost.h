@@ -12,9 +12,10 @@
  * at 2 as in a new pid namespace, the call's Landlock ruleset; then it starts the command
  * (which enforces that ruleset and drops CAP_SYS_ADMIN in its own child before exec),
  * waits for it, SIGKILLs every other process of its pid namespace and reaps them all,
- * reports the command's wait status on the control socket, and unmounts the call's
- * tmpfs and mqueue through O_PATH fds of their roots taken when it mounted them (never by
- * a path the call could have redirected). So a call finds exactly what a fresh init
+ * reports the command's wait status on the control socket, then removes the call's SysV
+ * and POSIX IPC objects and takes a fresh IPC namespace for the next call, and unmounts
+ * the call's tmpfs and mqueue through O_PATH fds of their roots taken when it mounted
+ * them (fchdir and "."; no path the call could have redirected is looked up). So a call finds exactly what a fresh init
  * would give it, and what the host saves per call is the clone of a namespace init, the
  * copy and teardown of a mount namespace and the fresh /proc with its masks
  * (docs/BENCHMARKS.md "fncall-agent").
@@ -25,10 +26,12 @@
  * after each call with their values when it became ready and retires when any changed
  * (its report carries CALLHOST_RETIRING). It keeps no signal blocked, so none stays
  * pending for a later call to read. A host serves a call only while no other exec of the
- * agent lives: a process beside a hosted call could be handed a descriptor of the
- * host's mount namespace and would see later calls' mounts through it. What remains
- * visible is the sum of its earlier calls' resource use in pid 1's children totals
- * (/proc/1/stat), as host-wide counters (/proc/vmstat, /proc/stat) show it to any call.
+ * agent lives and the agent has no child but its hosts and the oom helper: a process
+ * beside a hosted call could be handed a descriptor of the host's mount namespace and
+ * would see later calls' mounts through it. The fresh /proc is mounted hidepid=invisible,
+ * so a call does not see its host (non-dumpable, holding capabilities the call lacks) at
+ * all: not its counters, which sum up its earlier calls' requests and resource use, nor
+ * any of its /proc files.
  *
  * The exec's pid (STARTED, SIGNAL, timeouts) is the host's: the command stays in the
  * host's session and process group, so kill(-host, sig) reaches it and its group, while
@@ -78,8 +81,9 @@ void callhost_attach(struct callhost *h, void *owner);
  * ends its call). */
 void callhost_on_ctl(struct callhost *h);
 /* A child was reaped: if it is a call host, forget it and return 1 (its call, if any, is
- * the exec with its pid, which reap_all ends); else 0. */
-int callhost_reaped(pid_t pid);
+ * the exec with its pid, which reap_all ends with *status: the host's report when one
+ * is waiting on its socket, else the host's own wait status as passed in); else 0. */
+int callhost_reaped(pid_t pid, int *status);
 /* Free the hosts forgotten in this loop iteration. */
 void callhost_free_graveyard(void);
 

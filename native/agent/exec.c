@@ -399,7 +399,7 @@ void reap_all(void)
 		if (pid <= 0)
 			return;
 		struct exec *e = exec_by_pid(pid);
-		int host = callhost_reaped(pid);
+		int host = callhost_reaped(pid, &status);
 		if (e)
 			exec_on_reaped(e, status);
 		else if (!host && !oom_helper_reaped(pid, status))
@@ -528,15 +528,36 @@ void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t
 					   "SCRATCH path must be absolute, without NUL, shorter than PATH_MAX"))
 				return;
 			int dotdot = 0;
-			for (size_t k = 0; k + 1 < sl; k++)
+			for (size_t k = 0; k + 1 < sl; k++) {
 				if (sp[k] == '/' && sp[k + 1] == '.' && k + 2 < sl && sp[k + 2] == '.' &&
 				    (k + 3 == sl || sp[k + 3] == '/'))
 					dotdot = 1;
+				/* A "." component too: the path is compared by its text below. */
+				if (sp[k] == '/' && sp[k + 1] == '.' && (k + 2 == sl || sp[k + 2] == '/'))
+					dotdot = 1;
+			}
 			int root_only = 1;
 			for (size_t k = 0; k < sl; k++)
 				if (sp[k] != '/')
 					root_only = 0;
-			if (exec_malformed(c, stream, dotdot || root_only, "SCRATCH path must not be / or contain '..'"))
+			if (exec_malformed(c, stream, dotdot || root_only, "SCRATCH path must not be / or contain '.' or '..' components"))
+				return;
+			/* Nothing may be mounted over /proc or /sys or below them: the namespace init
+			 * reads its own /proc, and a call host unmounts through it. */
+			static const char *const kernel_fs[] = { "/proc", "/sys" };
+			int under_kernel_fs = 0;
+			for (size_t k = 0; k < sizeof kernel_fs / sizeof kernel_fs[0]; k++) {
+				size_t kl = strlen(kernel_fs[k]);
+				size_t lead = 0;
+				while (lead < sl && sp[lead] == '/')
+					lead++;
+				/* sp without its leading slashes, against the name without its one. */
+				const char *rest = sp + lead;
+				size_t rl = sl - lead;
+				if (rl >= kl - 1 && memcmp(rest, kernel_fs[k] + 1, kl - 1) == 0 && (rl == kl - 1 || rest[kl - 1] == '/'))
+					under_kernel_fs = 1;
+			}
+			if (exec_malformed(c, stream, under_kernel_fs, "SCRATCH path must not be /proc or /sys or below them"))
 				return;
 			scratch_src[r.nscratch] = sp;
 			scratch_len[r.nscratch] = sl;

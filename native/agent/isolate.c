@@ -18,6 +18,11 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/ipc.h>
+#include <sys/msg.h>
+#include <sys/sem.h>
+#include <sys/shm.h>
+#include <dirent.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -189,8 +194,12 @@ static void iso_setup_once(int errfd, int *last_pid_fd)
 	struct mount_attr_ ma = { .attr_set = MOUNT_ATTR_RDONLY_ };
 	if (syscall(SYS_mount_setattr, AT_FDCWD, "/", AT_RECURSIVE, &ma, sizeof ma) < 0)
 		iso_fail(errfd, errno, "make mounts read-only");
-	/* 3. /proc of the new pid namespace, with the sandbox's masks re-created on it. */
-	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+	/* 3. /proc of the new pid namespace, with the sandbox's masks re-created on it.
+	 *    hidepid=invisible (2; per mount since Linux 5.8): a process the reader may not
+	 *    ptrace-read is not listed, so the namespace init (non-dumpable, holding
+	 *    capabilities the call lacks) is invisible to the call: neither its counters
+	 *    (which a call host sums over its calls) nor its /proc files are there. */
+	if (mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, "hidepid=2") < 0)
 		iso_fail(errfd, errno, "mount proc on /proc");
 	if (last_pid_fd)
 		*last_pid_fd = open("/proc/sys/kernel/ns_last_pid", O_WRONLY | O_CLOEXEC);
@@ -347,16 +356,20 @@ void __attribute__((noreturn)) ns_init_main(struct spawn_plan *pl, int statusfd)
 	}
 }
 
-/* Unmount the mount whose root fd is `fd` (through its /proc/self/fd link, which names
- * that mount and no other) and close fd. MNT_DETACH: nothing of the call is left to hold
- * it, and a mount below it goes with it. 0, or -1 with errno. */
+/* Unmount the mount whose root fd is `fd` and close fd: the working directory is moved
+ * to that root (fchdir) and "." unmounted, so no path is looked up at all (a call could
+ * have put a SCRATCH tmpfs with symlinks anywhere a path goes through, /proc/self/fd
+ * included). MNT_DETACH: nothing of the call is left to hold it, and a mount below it
+ * goes with it. The working directory is "/" again after. 0, or -1 with errno. */
 static int iso_umount_fd(int fd)
 {
-	char p[32];
-	snprintf(p, sizeof p, "/proc/self/fd/%d", fd);
-	int rc = umount2(p, MNT_DETACH);
+	int rc = fchdir(fd) < 0 ? -1 : umount2(".", MNT_DETACH);
 	int e = errno;
 	close(fd);
+	if (chdir("/") < 0 && rc == 0) {
+		rc = -1;
+		e = errno;
+	}
 	errno = e;
 	return rc;
 }
@@ -377,6 +390,52 @@ static int iso_undo_call(struct iso_mounts *made)
 		*top[i] = -1;
 	}
 	return rc;
+}
+
+/* Empty the current IPC namespace (a call's) at once, then leave it for a fresh one: the
+ * POSIX message queues in the call's mqueue mount (its root fd `mq`, or -1) unlinked,
+ * every SysV shared memory segment, semaphore set and message queue listed in
+ * /proc/sysvipc removed (IPC_RMID; the host holds CAP_SYS_ADMIN in the namespace's user
+ * namespace), then unshare(CLONE_NEWIPC). The kernel frees an IPC namespace itself only
+ * in deferred work; removing the objects first gives back their memory and the user's
+ * RLIMIT_MSGQUEUE budget before the call's report, not at some later point. 0, or -1
+ * with errno (of the unshare; a failed removal is left to the namespace's own end). */
+static int iso_fresh_ipc(int mq)
+{
+	if (mq >= 0) {
+		int d = openat(mq, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+		DIR *dir = d >= 0 ? fdopendir(d) : NULL;
+		if (dir) {
+			for (struct dirent *de; (de = readdir(dir));)
+				if (de->d_name[0] != '.')
+					unlinkat(d, de->d_name, 0);
+			closedir(dir);
+		} else if (d >= 0) {
+			close(d);
+		}
+	}
+	static const char *const kinds[3] = { "/proc/sysvipc/shm", "/proc/sysvipc/sem", "/proc/sysvipc/msg" };
+	for (int k = 0; k < 3; k++) {
+		char *t = slurp(kinds[k]);
+		if (!t)
+			continue;
+		/* A header line, then "key id ..." per object. */
+		char *line = strchr(t, '\n');
+		while (line && *++line) {
+			long key, id;
+			if (sscanf(line, "%ld %ld", &key, &id) == 2) {
+				if (k == 0)
+					shmctl((int)id, IPC_RMID, NULL);
+				else if (k == 1)
+					semctl((int)id, 0, IPC_RMID);
+				else
+					msgctl((int)id, IPC_RMID, NULL);
+			}
+			line = strchr(line, '\n');
+		}
+		free(t);
+	}
+	return unshare(CLONE_NEWIPC);
 }
 
 /* Reap the command (its status into *status), then SIGKILL whatever else of the call is
@@ -481,7 +540,7 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 		}
 		int out_w = fds[0], err_w = fds[1], errfd = fds[2], in_r = fds[3];
 		if (broken)
-			iso_fail(errfd, broken, "unmount the previous call's tmpfs on this call host");
+			iso_fail(errfd, broken, "clean up after the previous call on this call host");
 		if (!ready) {
 			/* The agent raises this host's oom_score_adj; its commands inherit it. */
 			oom_wait_raised();
@@ -493,9 +552,9 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 			memcpy(now.fd, at_start.fd, sizeof now.fd);
 			ready = 1;
 		}
-		/* The call's own SysV IPC objects and POSIX message queues. */
-		if (unshare(CLONE_NEWIPC) < 0)
-			iso_fail(errfd, errno, "unshare the IPC namespace");
+		/* The call's own SysV IPC objects and POSIX message queues: the host's first call
+		 * has the clone's fresh IPC namespace, each later one the namespace the previous
+		 * call's cleanup made (iso_fresh_ipc). */
 		struct iso_mounts made;
 		iso_setup_call(&r, errfd, &made);
 		/* Pids start at 2 again, as in a fresh pid namespace (the host is 1 and alone). */
@@ -546,8 +605,10 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 			logf_("call host: a call changed %s of the host; retiring", changed);
 			_exit(0); /* the mounts go with this namespace */
 		}
-		/* Unmounted after the report (the call's answer does not wait for the RCU grace
+		/* Cleaned up after the report (the call's answer does not wait for the RCU grace
 		 * period of an unmount); a failure fails the next call, with its reason. */
+		if (iso_fresh_ipc(made.mqueue) < 0 && !broken)
+			broken = errno ? errno : EIO;
 		if (iso_undo_call(&made) < 0 && !broken)
 			broken = errno ? errno : EIO;
 		free(mem[1]);

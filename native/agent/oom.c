@@ -231,6 +231,11 @@ static void oom_helper_gone(pid_t pid, int status)
 	g_oomh_pid = 0;
 }
 
+pid_t oom_helper_pid(void)
+{
+	return g_oomh_pid;
+}
+
 int oom_helper_reaped(pid_t pid, int status)
 {
 	if (!g_oomh_pid || pid != g_oomh_pid)

@@ -50,5 +50,7 @@ void oom_raise_child(pid_t child);
 void oom_wait_raised(void);
 /* A child was reaped: if it is the helper, stop using it (logged) and return 1; else 0. */
 int oom_helper_reaped(pid_t pid, int status);
+/* The helper's pid, 0 when there is none. */
+pid_t oom_helper_pid(void);
 
 #endif

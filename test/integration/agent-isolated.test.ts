@@ -204,13 +204,18 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     const nobody = caps(ok(await iso({ argv: sh(read), user: '65534' })));
     expect([nobody.CapEff, nobody.CapPrm]).toEqual([0n, 0n]);
     // pid 1 of the call is its call host: CAP_SYS_ADMIN effective (it mounts each call's
-    // tmpfs), out of its bounding and inheritable sets, and the host is not dumpable, so
-    // the call can neither read its memory, environment or root nor trace it.
-    const init = caps(ok(await iso({ argv: ['cat', '/proc/1/status'] })));
-    expect((init.CapEff >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(1n);
-    for (const set of ['CapInh', 'CapBnd'] as const) expect((init[set] >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(0n);
-    const reach = ok(await iso({ argv: sh('for f in /proc/1/mem /proc/1/environ /proc/1/root/etc/passwd; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done; readlink /proc/1/fd/0 >/dev/null 2>&1 && echo fds readable || echo fds refused') }));
-    expect(reach).toBe('/proc/1/mem refused\n/proc/1/environ refused\n/proc/1/root/etc/passwd refused\nfds refused\n');
+    // tmpfs), out of its bounding and inheritable sets (read from the host), non-dumpable;
+    // the call does not even see it (the fresh /proc is hidepid=invisible), let alone read
+    // its memory, environment, root or fds.
+    const hosts = (await w.cgroups.pids(w.id)).filter(isCallHost);
+    expect(hosts.length).toBeGreaterThan(0);
+    for (const h of hosts) {
+      const hc = caps(fs.readFileSync(`/proc/${h}/status`, 'utf8'));
+      expect((hc.CapEff >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(1n);
+      for (const set of ['CapInh', 'CapBnd'] as const) expect((hc[set] >> BigInt(CAP_SYS_ADMIN)) & 1n).toBe(0n);
+    }
+    const reach = ok(await iso({ argv: sh('for f in /proc/1/status /proc/1/mem /proc/1/environ /proc/1/root/etc/passwd; do head -c1 $f >/dev/null 2>&1 && echo "$f readable" || echo "$f refused"; done; readlink /proc/1/fd/0 >/dev/null 2>&1 && echo fds readable || echo fds refused') }));
+    expect(reach).toBe('/proc/1/status refused\n/proc/1/mem refused\n/proc/1/environ refused\n/proc/1/root/etc/passwd refused\nfds refused\n');
     // So the command cannot mount or make namespaces of its own.
     const r = await iso({ argv: sh('mount -t tmpfs x /tmp 2>&1; unshare -m true 2>&1; echo done') });
     expect(ok(r)).toMatch(/Operation not permitted|Permission denied/);
@@ -319,8 +324,9 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
   });
 
   it('/proc shows only the call, with the sandbox\'s /proc masks; sizes are bounded', async () => {
-    // pid 1 the namespace init, pid 2 the shell (echo is a builtin).
-    expect(ok(await iso({ argv: sh('cd /proc && echo [0-9]*') }))).toBe('1 2\n');
+    // Only the call: pid 2 the shell (echo is a builtin); pid 1, the namespace init, is not
+    // listed (hidepid: the call may not ptrace-read it).
+    expect(ok(await iso({ argv: sh('cd /proc && echo [0-9]*') }))).toBe('2\n');
     // The same mounts below /proc as the worker's own (runc's masked and read-only paths),
     // the topmost of each mount point (the sandbox's own /proc is still below the fresh one).
     const below = 'awk \'$5 ~ "^/proc/" { m[$5] = $9 } END { for (k in m) print k, m[k] }\' /proc/self/mountinfo | sort';
@@ -353,14 +359,14 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     const [a, b] = [await one(), await one()];
     expect(a.pid).toBe(b.pid); // STARTED names the host (its pid in the worker), which served both
     expect((await w.cgroups.pids(w.id)).filter(isCallHost).length).toBeGreaterThan(0);
-    expect([a.out, b.out]).toEqual(['2\n1 2\n', '2\n1 2\n']); // pids start at 2 in each call
+    expect([a.out, b.out]).toEqual(['2\n2\n', '2\n2\n']); // pids start at 2 in each call
     // A host killed with its call (SIGNAL 9) is replaced by a new one.
     const h = c.startExec({ argv: ['sleep', '100'], env: ENV, isolate: {} });
     const killed = await h.pid;
     h.signal(9);
     expect(await h.done).toMatchObject({ kind: 'exit', signal: 9 });
     const next = await one();
-    expect(next.out).toBe('2\n1 2\n');
+    expect(next.out).toBe('2\n2\n');
     expect(next.pid).not.toBe(killed);
   });
 
@@ -369,7 +375,7 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     const rs = await Promise.all(Array.from({ length: n }, (_, i) => iso({
       argv: sh(`echo ${i} > /tmp/mine; sleep 0.2; ls /tmp; cat /tmp/mine; cd /proc && echo [0-9]*`),
     })));
-    rs.forEach((r, i) => expect(ok(r)).toBe(`mine\n${i}\n1 2\n`));
+    rs.forEach((r, i) => expect(ok(r)).toBe(`mine\n${i}\n2\n`));
     expect(await strays()).toEqual([]);
   });
 

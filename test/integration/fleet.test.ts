@@ -59,31 +59,55 @@ function openStream(f: TestFleet, p: string, token: string, g = 1): Promise<Inco
   });
 }
 
-/** Reads NDJSON lines of `res` until `want` returns true for one; resolves with the lines read. */
-function readLinesUntil(res: IncomingMessage, want: (o: any) => boolean): Promise<any[]> {
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    const seen: any[] = [];
-    const onData = (c: Buffer) => {
-      buf += c.toString();
-      let i;
-      while ((i = buf.indexOf('\n')) >= 0) {
-        const l = buf.slice(0, i).trim();
-        buf = buf.slice(i + 1);
-        if (!l) continue;
-        const o = JSON.parse(l);
-        seen.push(o);
-        if (want(o)) {
-          res.off('data', onData);
-          resolve(seen);
-          return;
-        }
-      }
-    };
-    res.on('data', onData);
-    res.on('error', reject);
-    res.on('end', () => reject(new Error(`stream ended before the line looked for; read ${JSON.stringify(seen).slice(0, 2000)}`)));
+/**
+ * Reads NDJSON lines of `res` for as long as it is open and keeps every one, so that a
+ * line that arrives between two waits is not lost (a stream with no 'data' listener
+ * still flows and drops what it emits). `until(want)` resolves with the lines read up to
+ * and including the first kept line, not consumed yet, for which `want` is true.
+ */
+function lineReader(res: IncomingMessage): { until(want: (o: any) => boolean): Promise<any[]> } {
+  let buf = '';
+  const lines: any[] = [];
+  let ended: Error | null = null;
+  let waiter: (() => void) | null = null;
+  res.on('data', (c: Buffer) => {
+    buf += c.toString();
+    let i;
+    while ((i = buf.indexOf('\n')) >= 0) {
+      const l = buf.slice(0, i).trim();
+      buf = buf.slice(i + 1);
+      if (l) lines.push(JSON.parse(l));
+    }
+    waiter?.();
   });
+  const end = (e: Error) => {
+    ended = e;
+    waiter?.();
+  };
+  res.on('error', end);
+  res.on('end', () => end(new Error('stream ended')));
+  return {
+    until: (want) => new Promise((resolve, reject) => {
+      const seen: any[] = [];
+      const check = () => {
+        while (lines.length) {
+          const o = lines.shift();
+          seen.push(o);
+          if (want(o)) {
+            waiter = null;
+            resolve(seen);
+            return;
+          }
+        }
+        if (ended) {
+          waiter = null;
+          reject(new Error(`${ended.message} before the line looked for; read ${JSON.stringify(seen).slice(0, 2000)}`));
+        }
+      };
+      waiter = check;
+      check();
+    }),
+  };
 }
 
 run('fleet: three hosts in their own namespaces, two gateways, real etcd', () => {
@@ -246,10 +270,11 @@ run('fleet: three hosts in their own namespaces, two gateways, real etcd', () =>
     const paused = onH2[0];
     expect((await f.request('POST', `/v1/sandboxes/${paused}/pause`)).status).toBe(200);
     const events = await openStream(f, '/v1/events?follow=true', f.tokens.admin);
+    const eventLines = lineReader(events);
     await h2.kill9();
     const order: string[] = [];
     // 1. the gateway's event stream says h2 is down (its lease lapsed)
-    await readLinesUntil(events, (o) => o.type === 'host.down' && o.host === 'h2');
+    await eventLines.until((o) => o.type === 'host.down' && o.host === 'h2');
     order.push('down');
     // 2. its sandboxes read unreachable, and hosts list it down
     const g = await f.request('GET', `/v1/sandboxes/${paused}`);
@@ -276,7 +301,7 @@ run('fleet: three hosts in their own namespaces, two gateways, real etcd', () =>
     order.push('created elsewhere');
     // 4. restarted: up again, its sandboxes routable with their state
     await h2.launch();
-    await readLinesUntil(events, (o) => o.type === 'host.up' && o.host === 'h2');
+    await eventLines.until((o) => o.type === 'host.up' && o.host === 'h2');
     order.push('up');
     events.destroy();
     expect((await f.request('GET', `/v1/sandboxes/${paused}`)).json.state).toBe('paused');

@@ -34,6 +34,7 @@ import { Command } from 'commander';
 import { execa } from 'execa';
 import pino from 'pino';
 import { DsecClient } from '../sdk/client.js';
+import { lineReader } from '../test/fixtures/ndjson.js';
 import { repoRoot } from '../daemon/startup/host.js';
 import { openEtcd } from '../daemon/fleet/etcd.js';
 import { FleetKeys, hostTag, type HostInfoRecord, type HostLiveRecord } from '../daemon/fleet/layout.js';
@@ -177,23 +178,6 @@ async function burst(dir: string, n: number, concurrency: number): Promise<unkno
   return { n, concurrency, hosts: 3, gateway, direct: straight };
 }
 
-/** Reads NDJSON from `res` until `want` matches a line. */
-function untilLine(res: import('node:http').IncomingMessage, want: (o: any) => boolean): Promise<void> {
-  return new Promise((resolve, reject) => {
-    let buf = '';
-    res.on('data', (c: Buffer) => {
-      buf += c.toString();
-      let i;
-      while ((i = buf.indexOf('\n')) >= 0) {
-        const l = buf.slice(0, i).trim();
-        buf = buf.slice(i + 1);
-        if (l && want(JSON.parse(l))) resolve();
-      }
-    });
-    res.on('end', () => reject(new Error('event stream ended')));
-  });
-}
-
 /** kill -9 of h3: time to the gateway's event and to `GET /v1/hosts` saying down (through the demo's forwarder). */
 async function hostDown(dir: string, host: string, caFile: string, token: string): Promise<unknown> {
   const u = new URL(host);
@@ -206,7 +190,7 @@ async function hostDown(dir: string, host: string, caFile: string, token: string
   const t0 = performance.now();
   process.kill(pid, 'SIGKILL');
   let eventMs = 0;
-  const ev = untilLine(events, (o) => o.type === 'host.down' && o.host === 'h3').then(() => { eventMs = performance.now() - t0; });
+  const ev = lineReader(events).until((o) => o.type === 'host.down' && o.host === 'h3').then(() => { eventMs = performance.now() - t0; });
   let listMs = 0;
   for (;;) {
     const r = await call(agent, host, 'GET', '/v1/hosts', { authorization: `Bearer ${token}` });

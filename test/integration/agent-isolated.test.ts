@@ -16,15 +16,14 @@
  * SysV IPC and message queues are probed with a tiny static C helper compiled here
  * (busybox has no ipcs and the image has no python), copied into the sandbox.
  */
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
 import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AgentClient, FileWriteFlag, type AgentExecRequest, type AgentExecResult } from '../../daemon/agent/client.js';
+import { AgentClient, type AgentExecRequest, type AgentExecResult } from '../../daemon/agent/client.js';
 import { DEFAULT_CAPS } from '../../daemon/drivers/container/spec.js';
 import { buildAgent, waitFor } from '../fixtures/agent.js';
 import { startWorkerBeside, type WorkerContainer } from '../fixtures/worker.js';
+import { installStaticHelper, isCallHost as isWorkerCallHost } from './callhost-helpers.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
 
 const MiB = 1 << 20;
@@ -136,18 +135,8 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
   const iso = (req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }, isolate = {}) =>
     c.exec({ env: ENV, maxOutputBytes: MiB, ...req, isolate });
   const plain = (req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }) => c.exec({ env: ENV, maxOutputBytes: MiB, ...req });
-  /**
-   * Whether host pid p is one of the agent's call hosts: its child, and pid 1 of a pid
-   * namespace of its own (the last NSpid field). Idle hosts wait for the next call.
-   */
-  const isCallHost = (p: number): boolean => {
-    try {
-      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
-      return Number(/^PPid:\s+(\d+)$/m.exec(st)?.[1]) === w.pid && /^NSpid:.*\s1$/m.test(st);
-    } catch {
-      return false; // gone
-    }
-  };
+  /** Whether host pid p is one of the worker agent's call hosts (callhost-helpers.ts). */
+  const isCallHost = (p: number): boolean => isWorkerCallHost(w.pid, p);
   /** Host pids in the worker's cgroup other than its agent and its call hosts. */
   const strays = async () => (await w.cgroups.pids(w.id)).filter((p) => p !== w.pid && !isCallHost(p));
 
@@ -158,14 +147,7 @@ describe.skipIf(!IS_ROOT)('isolated execs in an fncall worker', () => {
     sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: [path.dirname(PROBE)] } })).id;
     ordinary = await AgentClient.connect(path.join(d.root, 'sandboxes', sb, 'agent.sock'));
     // The probe goes in through the ordinary sandbox (the worker's image is read-only).
-    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-ipc-probe-'));
-    try {
-      fs.writeFileSync(path.join(tmp, 'probe.c'), PROBE_C);
-      execFileSync('gcc', ['-O2', '-static', '-o', path.join(tmp, 'probe'), path.join(tmp, 'probe.c')]);
-      await ordinary.writeFile(PROBE, fs.readFileSync(path.join(tmp, 'probe')), { mode: 0o755, flags: FileWriteFlag.CREATE | FileWriteFlag.PARENTS });
-    } finally {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
+    await installStaticHelper(ordinary, PROBE, PROBE_C);
     w = await startWorkerBeside(d.root, sb, `wk-iso-${process.pid}`);
     c = await AgentClient.connect(w.socketPath);
   });

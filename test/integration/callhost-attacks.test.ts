@@ -21,18 +21,14 @@
  * list the host, whose counters sum its earlier calls. Tests that taint a host kill it afterwards
  * (a call SIGNAL 9'd on it), so they do not depend on each other.
  */
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AgentClient, FileWriteFlag, type AgentExecRequest, type AgentExecResult } from '../../daemon/agent/client.js';
-import { buildAgent } from '../fixtures/agent.js';
-import { startWorkerBeside, type WorkerContainer } from '../fixtures/worker.js';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import type { AgentClient, AgentExecRequest } from '../../daemon/agent/client.js';
+import type { WorkerContainer } from '../fixtures/worker.js';
+import { ENV, call, isCallHost, killNextHost, kv, ok, sh, startCallhostRig, strays, type CallhostRig, type Iso } from './callhost-helpers.js';
+import { IS_ROOT } from './harness.js';
 
 const MiB = 1 << 20;
-const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const CHK = '/opt/dsec-attack/chk';
 
 const CHK_C = String.raw`
@@ -223,25 +219,8 @@ int main(int argc, char **argv) {
 }
 `;
 
-function sh(script: string): string[] {
-  return ['sh', '-c', script];
-}
-
-function ok(r: AgentExecResult): string {
-  if (r.kind !== 'exit') throw new Error(`exec failed: ${r.message}`);
-  if (r.exitCode !== 0) throw new Error(`exit ${r.exitCode} signal ${r.signal}: ${r.stdout.toString()} ${r.stderr.toString()}`);
-  return r.stdout.toString();
-}
-
-/** key=value lines as a map. */
-function kv(s: string): Record<string, string> {
-  return Object.fromEntries(s.trim().split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
-}
-
 describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
-  let d: TestDaemon;
-  let sb: string;
-  let ordinary: AgentClient;
+  let rig: CallhostRig;
   /** Worker with call hosts (the change under review). */
   let w: WorkerContainer;
   let c: AgentClient;
@@ -252,75 +231,16 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
   let wn: WorkerContainer;
   let cn: AgentClient;
 
-  type Iso = { tmpBytes?: number; shmBytes?: number; scratch?: { path: string; bytes: number }[] };
   const iso = (cl: AgentClient, req: Omit<AgentExecRequest, 'env'> & { env?: string[]; stdin?: Buffer }, isolate: Iso = {}) =>
     cl.exec({ env: ENV, maxOutputBytes: 4 * MiB, ...req, isolate });
-  /** One call, with the pid STARTED names (the call host's, or the per-call init's). */
-  const call = async (cl: AgentClient, argv: string[], isolate: Iso = {}, extra: Partial<AgentExecRequest> = {}) => {
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    const h = cl.startExec({ argv, env: ENV, ...extra, isolate }, { onStdout: (b) => out.push(b), onStderr: (b) => err.push(b) });
-    const pid = await h.pid.catch(() => -1);
-    const r = await h.done;
-    return { pid, r, out: Buffer.concat(out).toString(), err: Buffer.concat(err).toString() };
-  };
-  /** Kill the host that serves the next call (the top of the idle stack), so a tainted host serves nobody after its test. */
-  const killNextHost = async (cl: AgentClient) => {
-    const h = cl.startExec({ argv: ['sleep', '100'], env: ENV, isolate: {} });
-    const pid = await h.pid;
-    h.signal(9);
-    await h.done;
-    return pid;
-  };
-  const isCallHost = (wk: WorkerContainer, p: number): boolean => {
-    try {
-      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
-      return Number(/^PPid:\s+(\d+)$/m.exec(st)?.[1]) === wk.pid && /^NSpid:.*\s1$/m.test(st);
-    } catch {
-      return false;
-    }
-  };
-  const strays = async (wk: WorkerContainer) => {
-    const ps = (await wk.cgroups.pids(wk.id)).filter((p) => p !== wk.pid && !isCallHost(wk, p));
-    return ps.map((p) => {
-      try {
-        return `${p} ${fs.readFileSync(`/proc/${p}/stat`, 'utf8').trim().slice(0, 80)}`;
-      } catch {
-        return `${p} gone`;
-      }
-    }).filter((s) => !s.endsWith(' gone'));
-  };
 
   beforeAll(async () => {
-    buildAgent();
-    d = await TestDaemon.start({ slot: 25 });
-    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: [path.dirname(CHK)] } })).id;
-    ordinary = await AgentClient.connect(path.join(d.root, 'sandboxes', sb, 'agent.sock'));
-    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-chk-'));
-    try {
-      fs.writeFileSync(path.join(tmp, 'chk.c'), CHK_C);
-      execFileSync('gcc', ['-O2', '-static', '-pthread', '-o', path.join(tmp, 'chk'), path.join(tmp, 'chk.c')]);
-      await ordinary.writeFile(CHK, fs.readFileSync(path.join(tmp, 'chk')), { mode: 0o755, flags: FileWriteFlag.CREATE | FileWriteFlag.PARENTS });
-    } finally {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
-    w = await startWorkerBeside(d.root, sb, `wk-atk-${process.pid}`);
-    c = await AgentClient.connect(w.socketPath);
-    wo = await startWorkerBeside(d.root, sb, `wk-old-${process.pid}`, { mutateSpec: (s) => { s.process.args.push('--no-callhost'); } });
-    co = await AgentClient.connect(wo.socketPath);
-    wn = await startWorkerBeside(d.root, sb, `wk-noll-${process.pid}`, { mutateSpec: (s) => { s.process.args = (s.process.args as string[]).filter((a) => a !== '--landlock'); } });
-    cn = await AgentClient.connect(wn.socketPath);
+    rig = await startCallhostRig(25, 'atk', { path: CHK, source: CHK_C });
+    ({ w, c, wo, co, wn, cn } = rig);
   }, 180_000);
 
   afterAll(async () => {
-    c?.close();
-    co?.close();
-    cn?.close();
-    ordinary?.close();
-    await w?.stop();
-    await wo?.stop();
-    await wn?.stop();
-    await d?.cleanup();
+    await rig?.close();
   });
 
   // ---- what a call can do to its host (pid 1), which the host hands on to the next call ----
@@ -596,7 +516,7 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
       expect(ok(await iso(c, { argv: sh('ls -A /tmp /dev/shm | tr -d "\\n"; echo; echo $$; echo y > /tmp/y; sleep 0 &') }))).toBe('/dev/shm:/tmp:\n2\n');
     }
     expect(await strays(w)).toEqual([]);
-    const hosts = (await w.cgroups.pids(w.id)).filter((p) => isCallHost(w, p));
+    const hosts = (await w.cgroups.pids(w.id)).filter((p) => isCallHost(w.pid, p));
     expect(hosts.length).toBeLessThanOrEqual(16);
   });
 

@@ -30,18 +30,14 @@
  * would fail other sandboxes' mq_open) and detects the leftover against a limit the
  * probing call lowers for itself.
  */
-import { execFileSync } from 'node:child_process';
 import fs from 'node:fs';
-import os from 'node:os';
-import path from 'node:path';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { AgentClient, FileWriteFlag, type AgentExecRequest } from '../../daemon/agent/client.js';
-import { buildAgent } from '../fixtures/agent.js';
-import { startWorkerBeside, type WorkerContainer } from '../fixtures/worker.js';
-import { IS_ROOT, TestDaemon } from './harness.js';
+import type { AgentClient } from '../../daemon/agent/client.js';
+import type { WorkerContainer } from '../fixtures/worker.js';
+import { ENV, call, isCallHost, killNextHost, kv, sh, startCallhostRig, strays, type CallhostRig } from './callhost-helpers.js';
+import { IS_ROOT } from './harness.js';
 
 const MiB = 1 << 20;
-const ENV = ['PATH=/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin'];
 const CHK = '/opt/dsec-attack2/chk';
 
 const CHK_C = String.raw`
@@ -291,24 +287,13 @@ int main(int argc, char **argv) {
 }
 `;
 
-function sh(script: string): string[] {
-  return ['sh', '-c', script];
-}
-
-/** key=value lines as a map. */
-function kv(s: string): Record<string, string> {
-  return Object.fromEntries(s.trim().split('\n').filter((l) => l.includes('=')).map((l) => [l.slice(0, l.indexOf('=')), l.slice(l.indexOf('=') + 1)]));
-}
-
 /** key=number lines as a map. */
 function nums(s: string): Record<string, number> {
   return Object.fromEntries(Object.entries(kv(s)).map(([k, v]) => [k, Number(v)]));
 }
 
 describe.skipIf(!IS_ROOT)('more attacks on call hosts', () => {
-  let d: TestDaemon;
-  let sb: string;
-  let ordinary: AgentClient;
+  let rig: CallhostRig;
   /** Worker with call hosts and Landlock (what dsecd runs). */
   let w: WorkerContainer;
   let c: AgentClient;
@@ -319,33 +304,7 @@ describe.skipIf(!IS_ROOT)('more attacks on call hosts', () => {
   let wn: WorkerContainer;
   let cn: AgentClient;
 
-  type Iso = { tmpBytes?: number; shmBytes?: number; scratch?: { path: string; bytes: number }[] };
-  /** One exec: isolated with `isolate`, plain with null. Returns the pid STARTED named (-1 if none). */
-  const call = async (cl: AgentClient, argv: string[], isolate: Iso | null = {}, extra: Partial<AgentExecRequest> = {}) => {
-    const out: Buffer[] = [];
-    const err: Buffer[] = [];
-    const h = cl.startExec({ argv, env: ENV, ...extra, ...(isolate ? { isolate } : {}) }, { onStdout: (b) => out.push(b), onStderr: (b) => err.push(b) });
-    const pid = await h.pid.catch(() => -1);
-    const r = await h.done;
-    return { pid, r, out: Buffer.concat(out).toString(), err: Buffer.concat(err).toString() };
-  };
-  /** Kill the host that serves the next call (the top of the idle stack). */
-  const killNextHost = async (cl: AgentClient) => {
-    const h = cl.startExec({ argv: ['sleep', '100'], env: ENV, isolate: {} });
-    const pid = await h.pid;
-    h.signal(9);
-    await h.done;
-    return pid;
-  };
-  const isCallHost = (wk: WorkerContainer, p: number): boolean => {
-    try {
-      const st = fs.readFileSync(`/proc/${p}/status`, 'utf8');
-      return Number(/^PPid:\s+(\d+)$/m.exec(st)?.[1]) === wk.pid && /^NSpid:.*\s1$/m.test(st);
-    } catch {
-      return false;
-    }
-  };
-  const hostPids = async (wk: WorkerContainer) => (await wk.cgroups.pids(wk.id)).filter((p) => isCallHost(wk, p));
+  const hostPids = async (wk: WorkerContainer) => (await wk.cgroups.pids(wk.id)).filter((p) => isCallHost(wk.pid, p));
   /** The host pid (this host's pid namespace) of the call host whose pid in the worker is `nspid`. */
   const hostGlobalPid = async (wk: WorkerContainer, nspid: number) => {
     for (const p of await hostPids(wk)) {
@@ -354,60 +313,20 @@ describe.skipIf(!IS_ROOT)('more attacks on call hosts', () => {
     }
     return -1;
   };
-  const strays = async (wk: WorkerContainer) => {
-    const ps = (await wk.cgroups.pids(wk.id)).filter((p) => p !== wk.pid && !isCallHost(wk, p));
-    return ps.map((p) => {
-      try {
-        return `${p} ${fs.readFileSync(`/proc/${p}/stat`, 'utf8').trim().slice(0, 80)}`;
-      } catch {
-        return `${p} gone`;
-      }
-    }).filter((s) => !s.endsWith(' gone'));
-  };
-  /** The worker's memory cgroup charge, bytes (cgroup v1 memory.usage_in_bytes, else v2 memory.current). */
-  const memCurrent = (wk: WorkerContainer): number => {
-    const lines = fs.readFileSync(`/proc/${wk.pid}/cgroup`, 'utf8').trim().split('\n').map((l) => l.split(':'));
-    const v1 = lines.find((x) => x[1].split(',').includes('memory'));
-    if (v1) return Number(fs.readFileSync(path.join('/sys/fs/cgroup/memory', v1[2], 'memory.usage_in_bytes'), 'utf8'));
-    const v2 = lines.find((x) => x[0] === '0')!;
-    const root = fs.existsSync('/sys/fs/cgroup/cgroup.controllers') ? '/sys/fs/cgroup' : '/sys/fs/cgroup/unified';
-    return Number(fs.readFileSync(path.join(root, v2[2], 'memory.current'), 'utf8'));
-  };
+  /** The worker's memory cgroup charge, bytes (the cgroup manager's stats). */
+  const memCurrent = async (wk: WorkerContainer): Promise<number> => (await wk.cgroups.stats(wk.id)).memoryBytes;
   /** argv+env of about 840 KB (each string below execve's 128 KiB per-string limit). */
   const BIG_ENV = [...ENV, ...Array.from({ length: 7 }, (_, i) => `BIG${i}=${String.fromCharCode(97 + i).repeat(120_000)}`)];
   const CLEAN = sh('echo $$; cd /proc && echo [0-9]*; ls -A /tmp /dev/shm | tr -d "\\n"; echo');
   const CLEAN_OUT = '2\n2\n/dev/shm:/tmp:\n';
 
   beforeAll(async () => {
-    buildAgent();
-    d = await TestDaemon.start({ slot: 26 });
-    sb = (await d.client.createSandbox({ image: 'busybox', filesystem: { writable_paths: [path.dirname(CHK)] } })).id;
-    ordinary = await AgentClient.connect(path.join(d.root, 'sandboxes', sb, 'agent.sock'));
-    const tmp = fs.mkdtempSync(path.join(os.tmpdir(), 'dsec-chk2-'));
-    try {
-      fs.writeFileSync(path.join(tmp, 'chk.c'), CHK_C);
-      execFileSync('gcc', ['-O2', '-static', '-pthread', '-o', path.join(tmp, 'chk'), path.join(tmp, 'chk.c')]);
-      await ordinary.writeFile(CHK, fs.readFileSync(path.join(tmp, 'chk')), { mode: 0o755, flags: FileWriteFlag.CREATE | FileWriteFlag.PARENTS });
-    } finally {
-      fs.rmSync(tmp, { recursive: true, force: true });
-    }
-    w = await startWorkerBeside(d.root, sb, `wk-atk2-${process.pid}`);
-    c = await AgentClient.connect(w.socketPath);
-    wo = await startWorkerBeside(d.root, sb, `wk-old2-${process.pid}`, { mutateSpec: (s) => { s.process.args.push('--no-callhost'); } });
-    co = await AgentClient.connect(wo.socketPath);
-    wn = await startWorkerBeside(d.root, sb, `wk-noll2-${process.pid}`, { mutateSpec: (s) => { s.process.args = (s.process.args as string[]).filter((a) => a !== '--landlock'); } });
-    cn = await AgentClient.connect(wn.socketPath);
+    rig = await startCallhostRig(26, 'atk2', { path: CHK, source: CHK_C });
+    ({ w, c, wo, co, wn, cn } = rig);
   }, 180_000);
 
   afterAll(async () => {
-    c?.close();
-    co?.close();
-    cn?.close();
-    ordinary?.close();
-    await w?.stop();
-    await wo?.stop();
-    await wn?.stop();
-    await d?.cleanup();
+    await rig?.close();
   });
 
   // ---- what a call can change about its host (pid 1) ----
@@ -477,17 +396,17 @@ describe.skipIf(!IS_ROOT)('more attacks on call hosts', () => {
     // gone. B retries for up to 5 s: the kernel frees an IPC namespace in deferred work.
     const run = async (cl: AgentClient, wk: WorkerContainer) => {
       await killNextHost(cl);
-      const m0 = memCurrent(wk);
+      const m0 = await memCurrent(wk);
       const z = await call(cl, [CHK, 'mq-room', '5000']); // room while nobody holds a queue
       const a = await call(cl, sh(`${CHK} mq-hold; ${CHK} shm-fill 192`));
       const l = cl.startExec({ argv: ['sleep', '60'], env: ENV });
       await l.pid;
       const b = await call(cl, [CHK, 'mq-room', '5000']);
       // Freeing a namespace's shm takes a moment after its queues went: wait for it, up to 5 s.
-      let m1 = memCurrent(wk);
+      let m1 = await memCurrent(wk);
       for (let k = 0; k < 50 && m1 - m0 >= 96 * MiB; k++) {
         await new Promise((r) => setTimeout(r, 100));
-        m1 = memCurrent(wk);
+        m1 = await memCurrent(wk);
       }
       l.signal(9);
       await l.done;

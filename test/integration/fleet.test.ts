@@ -15,6 +15,7 @@ import type { IncomingMessage } from 'node:http';
 import tarStream from 'tar-stream';
 import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { lineReader } from '../fixtures/ndjson.js';
 import { IS_ROOT, REPO } from './harness.js';
 import { inNetns, TestFleet } from '../fixtures/fleet.js';
 
@@ -57,57 +58,6 @@ function openStream(f: TestFleet, p: string, token: string, g = 1): Promise<Inco
     const req = https.get({ host: '127.0.0.1', port: f.gateways[g - 1].port, path: p, headers: { authorization: `Bearer ${token}` }, ca: readFileSync(f.caFile, 'utf8'), agent: false }, resolve);
     req.on('error', reject);
   });
-}
-
-/**
- * Reads NDJSON lines of `res` for as long as it is open and keeps every one, so that a
- * line that arrives between two waits is not lost (a stream with no 'data' listener
- * still flows and drops what it emits). `until(want)` resolves with the lines read up to
- * and including the first kept line, not consumed yet, for which `want` is true.
- */
-function lineReader(res: IncomingMessage): { until(want: (o: any) => boolean): Promise<any[]> } {
-  let buf = '';
-  const lines: any[] = [];
-  let ended: Error | null = null;
-  let waiter: (() => void) | null = null;
-  res.on('data', (c: Buffer) => {
-    buf += c.toString();
-    let i;
-    while ((i = buf.indexOf('\n')) >= 0) {
-      const l = buf.slice(0, i).trim();
-      buf = buf.slice(i + 1);
-      if (l) lines.push(JSON.parse(l));
-    }
-    waiter?.();
-  });
-  const end = (e: Error) => {
-    ended = e;
-    waiter?.();
-  };
-  res.on('error', end);
-  res.on('end', () => end(new Error('stream ended')));
-  return {
-    until: (want) => new Promise((resolve, reject) => {
-      const seen: any[] = [];
-      const check = () => {
-        while (lines.length) {
-          const o = lines.shift();
-          seen.push(o);
-          if (want(o)) {
-            waiter = null;
-            resolve(seen);
-            return;
-          }
-        }
-        if (ended) {
-          waiter = null;
-          reject(new Error(`${ended.message} before the line looked for; read ${JSON.stringify(seen).slice(0, 2000)}`));
-        }
-      };
-      waiter = check;
-      check();
-    }),
-  };
 }
 
 run('fleet: three hosts in their own namespaces, two gateways, real etcd', () => {

@@ -142,10 +142,8 @@ static struct callhost *host_new(int *err)
 	memset(h, 0, sizeof *h);
 	h->pid = pid;
 	h->w.fd = -1;
-	if (watch_add(&h->w, W_CALLHOST, sv[0], h, 0) < 0) {
-		/* Unregistered (events 0) cannot fail; be safe anyway. */
-		h->w.fd = sv[0];
-	}
+	/* Remembered, not registered (events 0: cannot fail); callhost_attach watches it. */
+	watch_add(&h->w, W_CALLHOST, sv[0], h, 0);
 	h->state = CH_IDLE;
 	DL_PUSH(g_hosts, h, next, prev);
 	return h;

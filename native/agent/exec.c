@@ -375,10 +375,8 @@ int exec_any_live(void)
 
 void exec_hosted_done(void *owner, int status)
 {
-	struct exec *e = owner;
 	/* The call is over and every process of it gone; the host lives on. */
-	e->hosted = 0;
-	exec_on_reaped(e, status);
+	exec_on_reaped(owner, status);
 }
 
 static struct exec *exec_by_pid(pid_t pid)
@@ -657,10 +655,8 @@ void handle_exec(struct conn *c, uint32_t stream, const unsigned char *p, size_t
 		e->status_fd = sp.status;
 		e->isolated = 1;
 	}
-	if (sp.host) {
-		e->hosted = 1;
+	if (sp.host)
 		callhost_attach(sp.host, e);
-	}
 	e->pid = pid;
 	e->is_tty = r.tty;
 	e->detached = r.detached;

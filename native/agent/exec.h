@@ -38,7 +38,6 @@ struct exec {
 	int detached;       /* DETACHED: survives the loss of its connection */
 	int orphaned;       /* detached and its connection is gone: output discarded */
 	int isolated;       /* ISOLATE: pid is the namespace init, status_fd carries the command's status */
-	int hosted;         /* a call host serves it (callhost.h): pid is the host's, which outlives the call */
 	int status_fd;      /* isolated: read end of the status pipe (-1 otherwise / once read) */
 	uint64_t t0_ns;
 	uint64_t deadline_ns; /* 0 = none / already fired */

@@ -471,14 +471,17 @@ static void callhost_reap_call(pid_t cmd, int *status)
 struct host_state {
 	struct rlimit rl[RLIM_NLIMITS];
 	char proc[3][64];
-	int fd[3]; /* /proc/self/{oom_score_adj,coredump_filter,autogroup}, -1 when absent */
 };
 
-static void host_state_open(struct host_state *s)
+/* /proc/self/{oom_score_adj,coredump_filter,autogroup}, opened once the host is ready
+ * (-1 when absent) and read with pread after each call. */
+static int g_host_state_fd[3] = { -1, -1, -1 };
+
+static void host_state_open(void)
 {
 	static const char *const f[3] = { "/proc/self/oom_score_adj", "/proc/self/coredump_filter", "/proc/self/autogroup" };
 	for (int i = 0; i < 3; i++)
-		s->fd[i] = open(f[i], O_RDONLY | O_CLOEXEC);
+		g_host_state_fd[i] = open(f[i], O_RDONLY | O_CLOEXEC);
 }
 
 static void host_state_read(struct host_state *s)
@@ -488,7 +491,7 @@ static void host_state_read(struct host_state *s)
 			s->rl[i].rlim_cur = s->rl[i].rlim_max = 0;
 	for (int i = 0; i < 3; i++) {
 		memset(s->proc[i], 0, sizeof s->proc[i]);
-		if (s->fd[i] >= 0 && pread(s->fd[i], s->proc[i], sizeof s->proc[i] - 1, 0) < 0)
+		if (g_host_state_fd[i] >= 0 && pread(g_host_state_fd[i], s->proc[i], sizeof s->proc[i] - 1, 0) < 0)
 			s->proc[i][0] = 0;
 	}
 }
@@ -547,9 +550,8 @@ void __attribute__((noreturn)) callhost_main(int ctl)
 			iso_setup_once(errfd, &last_pid_fd);
 			if (last_pid_fd < 0)
 				iso_fail(errfd, errno, "open /proc/sys/kernel/ns_last_pid");
-			host_state_open(&at_start);
+			host_state_open();
 			host_state_read(&at_start);
-			memcpy(now.fd, at_start.fd, sizeof now.fd);
 			ready = 1;
 		}
 		/* The call's own SysV IPC objects and POSIX message queues: the host's first call

@@ -50,7 +50,7 @@ SYSCONFDIR=$(realpath "$SYSCONFDIR")
 LIB=$PREFIX/lib/dsec
 
 # What a release holds besides dist/ and node_modules/: built files (native/) and data.
-NATIVE_EXE=(native/agent/dsec-agent native/seccomp-monitor/dsec-seccomp-monitor native/vmm/dsec-vmm-launch native/builder/dsec-builder)
+NATIVE_EXE=(native/agent/dsec-agent native/seccomp-monitor/dsec-seccomp-monitor native/vmm/dsec-vmm-launch native/oci-exec/dsec-oci-exec native/builder/dsec-builder)
 NATIVE_DATA=(native/addon/build/Release/dsec_native.node native/builder/libdsec-mkfs.so native/seccomp-monitor/syscalls.json)
 missing=()
 for f in package.json package-lock.json bin/dsec bin/dsecd bin/dsec-gateway dist/daemon/main.js dist/cli/main.js dist/gateway/main.js dist/sdk dist/pki node_modules/.package-lock.json \

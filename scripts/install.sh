@@ -36,7 +36,7 @@ node -e 'const [a,b]=process.versions.node.split(".").map(Number); process.exit(
 # qemu-system-x86 and qemu-utils for the microvm and vm tiers (e2fsprogs formats their disks; seabios is the
 # vm tier's q35 firmware, named so a minimal install that skips recommends still has it),
 # python3-venv for the Python client's offline install into a venv (sdk/python, its tests).
-PKGS=(runc erofs-utils busybox-static bash-static gcc make libc6-dev g++ python3 python3-venv util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
+PKGS=(runc crun erofs-utils busybox-static bash-static gcc make libc6-dev g++ python3 python3-venv util-linux util-linux-extra iproute2 podman bubblewrap systemd uidmap
       debootstrap zstd attr criu apparmor clang llvm libbpf-dev bpftool slirp4netns nftables btrfs-progs xfsprogs
       qemu-system-x86 qemu-utils e2fsprogs seabios)
 missing=()

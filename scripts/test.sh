@@ -6,7 +6,7 @@
 #   bash scripts/test.sh [vitest filters...]
 set -uo pipefail
 cd "$(dirname "$0")/.."
-if [[ ! -d node_modules || ! -x native/agent/dsec-agent || ! -d dist ]] || ! command -v runc >/dev/null || ! command -v mkfs.erofs >/dev/null; then
+if [[ ! -d node_modules || ! -x native/agent/dsec-agent || ! -d dist ]] || ! command -v runc >/dev/null || ! command -v crun >/dev/null || ! command -v mkfs.erofs >/dev/null; then
   bash scripts/install.sh --no-demo || { echo "install failed"; echo "0 passed, 1 failed"; exit 1; }
 else
   make -s -C native && npx tsc -p tsconfig.json || { echo "build failed"; echo "0 passed, 1 failed"; exit 1; }
@@ -27,8 +27,9 @@ node -e '
     passed += r.numPassedTests;
     skipped += r.numPendingTests + (r.numTodoTests || 0);
     failed += r.numFailedTests;
-    // A test file that failed to load has no tests counted: count it as one failure.
-    for (const f of r.testResults) if (f.status === "failed" && f.assertionResults.length === 0) failed++;
+    // A test file that failed with no failed test (it did not load, or a beforeAll threw
+    // and its tests were skipped) counts as one failure.
+    for (const f of r.testResults) if (f.status === "failed" && !f.assertionResults.some((a) => a.status === "failed")) failed++;
   }
   console.log(`${passed} passed, ${failed} failed` + (skipped ? `, ${skipped} skipped` : ""));
 ' "$out/deps.json" "$out/results.json" || { echo "0 passed, 1 failed"; rc=1; }

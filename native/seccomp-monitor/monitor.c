@@ -160,11 +160,16 @@ static void ep_add(int fd, uint32_t events, void *ptr) {
 static char TAG_NOTIFY_LISTEN, TAG_CONTROL_LISTEN, TAG_CONTROL;
 
 /* Extracts the JSON string value of "metadata" (the sandbox id dsec put in the spec):
- * 1-64 characters of [0-9a-z-]; anything else is refused. */
+ * 1-64 characters of [0-9a-z-]; anything else is refused. JSON whitespace may stand
+ * around the colon: runc sends compact JSON, crun pretty-prints it ("metadata": "id"). */
 static int parse_id(const char *json, char *id) {
-  const char *p = strstr(json, "\"metadata\":\"");
+  const char *p = strstr(json, "\"metadata\"");
   if (!p) return -1;
-  p += strlen("\"metadata\":\"");
+  p += strlen("\"metadata\"");
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  if (*p++ != ':') return -1;
+  while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++;
+  if (*p++ != '"') return -1;
   int n = 0;
   while (p[n] && p[n] != '"') {
     char c = p[n];

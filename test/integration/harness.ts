@@ -19,6 +19,7 @@ import { expect } from 'vitest';
 import { DsecClient, isDsecApiError, type DsecApiError } from '../../sdk/client.js';
 import { detectCgroups, type CgroupManager } from '../../daemon/host/cgroups/index.js';
 import { instanceNameFor } from '../../daemon/config.js';
+import { detectRuntime, OciRuntime } from '../../daemon/drivers/container/runtime.js';
 import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
@@ -283,6 +284,20 @@ export class TestDaemon {
     return this.cg;
   }
 
+  /**
+   * The OCI runtimes whose state dir this instance has (<root>/runtime/<name>), each as
+   * dsecd invokes it (crun through its launcher on a hybrid cgroup host).
+   */
+  async runtimes(): Promise<OciRuntime[]> {
+    const out: OciRuntime[] = [];
+    for (const name of ['runc', 'crun'] as const) {
+      const dir = path.join(this.root, 'runtime', name);
+      if (!existsSync(dir)) continue;
+      out.push(new OciRuntime(await detectRuntime({ name, path: null }, (await this.cgroups()).version), dir));
+    }
+    return out;
+  }
+
   /** Every trace of sandboxes on the host, excluding the shared layer mounts. */
   async traces(): Promise<HostTraces> {
     const mi = readFileSync('/proc/self/mountinfo', 'utf8').split('\n');
@@ -290,8 +305,7 @@ export class TestDaemon {
     const mounts = mi.map((l) => l.split(' ')[4]).filter((m) => m && m.startsWith(sbPrefix));
     const cg = await this.cgroups();
     const cgroups = await cg.list();
-    const r = await execa('runc', ['--root', path.join(this.root, 'runtime', 'runc'), 'list', '--format', 'json'], { reject: false });
-    const runtime = ((JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]).map((c) => c.id);
+    const runtime = (await Promise.all((await this.runtimes()).map((rt) => rt.list()))).flat().map((c) => c.id);
     const sbDir = path.join(this.root, 'sandboxes');
     const dirs = existsSync(sbDir) ? readdirSync(sbDir) : [];
     const entries = path.join(this.storeMount, 'sb');
@@ -337,12 +351,8 @@ export class TestDaemon {
    */
   async cleanup(): Promise<void> {
     await this.stop().catch(() => {});
-    const stateDir = path.join(this.root, 'runtime', 'runc');
-    if (existsSync(stateDir)) {
-      const r = await execa('runc', ['--root', stateDir, 'list', '--format', 'json'], { reject: false });
-      for (const c of (JSON.parse(String(r.stdout) || 'null') ?? []) as { id: string }[]) {
-        await execa('runc', ['--root', stateDir, 'delete', '--force', c.id], { reject: false });
-      }
+    for (const rt of await this.runtimes().catch(() => [])) {
+      for (const c of await rt.list()) await rt.deleteForce(c.id).catch(() => {});
     }
     const cg = await this.cgroups().catch(() => null);
     if (cg) {

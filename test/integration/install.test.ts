@@ -97,7 +97,7 @@ describe.skipIf(!IS_ROOT)('install: the installed host does not need the checkou
       expect(realpathSync(path.join(prefix(), 'bin', b))).toBe(path.join(release, 'bin', b));
     }
     for (const f of ['native/agent/dsec-agent', 'native/addon/build/Release/dsec_native.node', 'native/seccomp-monitor/dsec-seccomp-monitor',
-      'native/seccomp-monitor/syscalls.json', 'native/vmm/dsec-vmm-launch', 'native/builder/dsec-builder', 'native/builder/libdsec-mkfs.so',
+      'native/seccomp-monitor/syscalls.json', 'native/vmm/dsec-vmm-launch', 'native/oci-exec/dsec-oci-exec', 'native/builder/dsec-builder', 'native/builder/libdsec-mkfs.so',
       'native/bpf/build/egress.bpf.o', 'daemon/security/profiles/seccomp-default.json', 'daemon/security/profiles/apparmor.template',
       'dist/daemon/main.js', 'dist/daemon/image/builder-worker.js', 'dist/cli/main.js', 'node_modules/better-sqlite3/package.json']) {
       expect(existsSync(path.join(release, f)), f).toBe(true);
@@ -142,6 +142,8 @@ describe.skipIf(!IS_ROOT)('install: the installed host does not need the checkou
     expect(maps).not.toContain(REPO + '/');
     const monitor = Number(readFileSync(path.join(root, 'seccomp/monitor.pid'), 'utf8').trim());
     expect(readlinkSync(`/proc/${monitor}/exe`)).toBe(path.join(release, 'native/seccomp-monitor/dsec-seccomp-monitor'));
+    // crun is the runtime, started through the release's launcher (without it auto falls back to runc).
+    expect((await client.hostInfo()).runtime.name).toBe('crun');
 
     // A sandbox (the agent), one with networking (the BPF objects) and an import (the builder tools and worker).
     const sb = await client.createSandbox({ image: 'busybox' });

@@ -303,7 +303,7 @@ describe('the OCI spec of a plan', () => {
     expect(plan.binds).toEqual([{ path: '/etc', readonly: false }, { path: '/opt', readonly: false }, { path: '/tmp', readonly: false }, { path: '/opt/tools', readonly: true }]);
     const dests = spec.mounts.map((m: any) => m.destination);
     expect(spec.mounts.slice(0, plan.binds.length)).toEqual(plan.binds.map((b) => ({
-      destination: b.path, type: 'bind', source: `/r/rootfs${b.path}`, options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
+      destination: b.path, type: 'bind', source: `/r/rootfs${b.path}`, options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev', 'rnosuid', 'rnodev'],
     })));
     // Every later mount (the agent, /proc, /dev, ...) comes after the binds, so a bind never hides one.
     expect(dests.indexOf('/proc')).toBe(plan.binds.length);

@@ -37,7 +37,7 @@ import { effectiveLayers } from '../../model/image.js';
 import type { Backend } from '../../model/backend.js';
 import type { AgentFiles, BackendCapabilities, LiveUpdate, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
 import { buildSpec } from './spec.js';
-import { CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
+import { CPU_PERIOD_US, containerCgroupLimits, cpuQuotaUs } from '../cgroup-limits.js';
 import { hostHasSwap } from '../../host/proc.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
@@ -439,7 +439,10 @@ export class ContainerDriver implements SandboxDriver {
       await rename(tmpSock, sock);
       if (op === 'create') steps.hit('create.after-bundle');
       const fd = (server as unknown as { _handle: { fd: number } })._handle.fd;
-      pid = await this.d.runtime.run(sb.id, dir, { pidFile: path.join(dir, 'init.pid'), logFile: path.join(dir, 'runtime.log'), stdioFd: logFd, extraFd: fd });
+      pid = await this.d.runtime.run(sb.id, dir, {
+        pidFile: path.join(dir, 'init.pid'), logFile: path.join(dir, 'runtime.log'), stdioFd: logFd, extraFd: fd,
+        cgroup: { manager: this.d.cgroups, limits: containerCgroupLimits(sb) },
+      });
     } finally {
       closeSync(logFd);
       await new Promise<void>((resolve) => server.close(() => resolve()));

@@ -10,9 +10,13 @@
  * under a creation burst (daemon/host/spawn.ts).
  */
 import { execa } from 'execa';
-import { existsSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { internal, unavailable } from '../../errors.js';
+import path from 'node:path';
+import type { CgroupLimits, CgroupManager } from '../../host/cgroups/index.js';
+import { repoRoot } from '../../host/native.js';
+import { CONTAINER_DEVICE_RULES } from '../cgroup-limits.js';
 import { spawnNative } from '../../host/spawn.js';
 
 /** Which runtime and why it was chosen. */
@@ -20,8 +24,48 @@ export interface RuntimeInfo {
   name: 'runc' | 'crun';
   path: string;
   version: string;
-  /** Why this runtime was picked (e.g. "crun refuses hybrid cgroup v1 hosts"). */
+  /** Why this runtime was picked (e.g. "auto: crun, no Go runtime to start per sandbox"). */
   reason: string;
+  /**
+   * Absolute path of native/oci-exec/dsec-oci-exec when every invocation goes through it
+   * (crun on a hybrid cgroup host: it hides the cgroup2 mount's controllers from crun,
+   * which otherwise refuses the host), else null.
+   */
+  launcher: string | null;
+  /**
+   * True when dsecd creates each sandbox's cgroups, writes their limits and device rules,
+   * and the runtime only starts in them (crun on a cgroup v1 host: run with
+   * `--cgroup-manager=disabled` through the launcher, which joins the cgroups first).
+   * crun resolves a relative cgroupsPath from each hierarchy's root, not from its own
+   * cgroup as runc does, which on a host where dsecd's cgroups differ by hierarchy would
+   * put sandboxes outside dsecd's subtree.
+   */
+  cgroupsByDsecd: boolean;
+}
+
+/** Where native/oci-exec builds its launcher. */
+export function ociExecPath(): string {
+  return path.join(repoRoot(), 'native/oci-exec/dsec-oci-exec');
+}
+
+/**
+ * True on a hybrid host whose cgroup2 mount has a controller bound to it (crun 1.8
+ * refuses such a host unless started through dsec-oci-exec). Reads one cgroupfs file.
+ */
+function hybridWithV2Controllers(cgroupVersion: 1 | 2): boolean {
+  if (cgroupVersion !== 1) return false;
+  try {
+    return readFileSync('/sys/fs/cgroup/unified/cgroup.controllers', 'utf8').trim() !== '';
+  } catch {
+    return false;
+  }
+}
+
+/** The cgroup a container is to run in: the instance's manager and the sandbox's limits. */
+export interface RunCgroup {
+  manager: CgroupManager;
+  /** As the spec's linux.resources carry them (containerCgroupLimits). */
+  limits: CgroupLimits;
 }
 
 /** State of one container as the runtime reports it. */
@@ -40,33 +84,47 @@ function which(name: string): string | null {
 }
 
 /**
- * Chooses the runtime. `auto` takes crun only on a pure cgroup v2 host (crun 1.8
- * refuses hybrid v1 hosts such as this development machine, DESIGN.md §5), runc otherwise.
+ * Chooses the runtime. On a cgroup v1 host (legacy or hybrid) `auto` takes crun where it
+ * and native/oci-exec are installed, runc otherwise: crun is C and starts in a few ms,
+ * runc starts a Go runtime twice per container (`runc run` and `runc init`), which was
+ * 63% of the host's CPU in a pool-empty burst (docs/BENCHMARKS.md, "Cold create: crun
+ * against runc"). crun always starts through dsec-oci-exec ({@link RuntimeInfo.launcher})
+ * with dsecd doing the cgroup work ({@link RuntimeInfo.cgroupsByDsecd}). On a cgroup v2
+ * host `auto` takes runc and a configured crun is refused: there device rules are a BPF
+ * program the runtime loads, which dsecd does not do for it.
  * @throws DsecError Unavailable when no usable runtime binary exists.
  */
 export async function detectRuntime(pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2): Promise<RuntimeInfo> {
+  const needsLauncher = hybridWithV2Controllers(cgroupVersion);
+  // crun always starts through the launcher: it is what joins the sandbox's cgroups.
+  const launcher = ociExecPath();
   const pick = async (name: 'runc' | 'crun', reason: string): Promise<RuntimeInfo | null> => {
     const p = pref.path ?? which(name);
     if (!p) return null;
+    const viaLauncher = name === 'crun' ? launcher : null;
+    if (viaLauncher && (!existsSync(viaLauncher) || cgroupVersion !== 1)) return null;
     try {
       const r = await execa(p, ['--version']);
       const v = /version\s+(\S+)/.exec(r.stdout)?.[1] ?? r.stdout.split('\n')[0];
-      return { name, path: p, version: v, reason };
+      return { name, path: p, version: v, reason, launcher: viaLauncher, cgroupsByDsecd: name === 'crun' };
     } catch {
       return null;
     }
   };
   if (pref.name !== 'auto') {
     const r = await pick(pref.name, 'configured');
-    if (!r) throw unavailable(`OCI runtime ${pref.name} not found or not working${pref.path ? ` at ${pref.path}` : ''}; install it (apt-get install ${pref.name})`);
+    if (!r) {
+      const why = pref.name !== 'crun' ? ''
+        : cgroupVersion !== 1 ? ' (dsec runs crun on cgroup v1 hosts only, where dsecd writes the device rules; use runc on cgroup v2)'
+          : !existsSync(launcher) ? ` (crun starts through ${launcher}: make -C native)` : '';
+      throw unavailable(`OCI runtime ${pref.name} not found or not working${pref.path ? ` at ${pref.path}` : ''}${why}; install it (apt-get install ${pref.name})`);
+    }
     return r;
   }
-  if (cgroupVersion === 2) {
-    const c = await pick('crun', 'auto: crun on a cgroup v2 host');
-    if (c) return c;
-  }
-  const r = await pick('runc', cgroupVersion === 2 ? 'auto: crun not installed' : 'auto: crun refuses hybrid cgroup v1 hosts');
-  if (!r) throw unavailable('no OCI runtime found: install runc (apt-get install runc)');
+  const c = await pick('crun', needsLauncher ? 'auto: crun (hybrid cgroup host: through dsec-oci-exec)' : 'auto: crun');
+  if (c) return c;
+  const r = await pick('runc', cgroupVersion === 1 ? 'auto: crun or dsec-oci-exec not installed' : 'auto: cgroup v2 host');
+  if (!r) throw unavailable('no OCI runtime found: install crun or runc (apt-get install crun)');
   return r;
 }
 
@@ -79,22 +137,46 @@ export class OciRuntime {
   ) {}
 
   private base(): string[] {
-    return ['--root', this.stateDir];
+    return this.info.cgroupsByDsecd ? ['--root', this.stateDir, '--cgroup-manager=disabled'] : ['--root', this.stateDir];
+  }
+
+  /** The binary to spawn and the arguments before the runtime's own: the launcher's when there is one. */
+  private get exe(): string {
+    return this.info.launcher ?? this.info.path;
+  }
+
+  /**
+   * Arguments of one invocation: through the launcher, its `--cgroup-procs` options and
+   * the runtime's path come first.
+   */
+  private argv(rest: string[], cgroupProcs: string[] = []): string[] {
+    if (!this.info.launcher) return [...this.base(), ...rest];
+    return [...cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), this.info.path, ...this.base(), ...rest];
   }
 
   /**
    * `run --detach`: creates and starts the container. `extraFd` becomes fd 3 inside
-   * (`--preserve-fds 1`); container stdout/stderr go to `logFd`.
+   * (`--preserve-fds 1`); container stdout/stderr go to `logFd`. With a runtime that
+   * leaves the cgroup work to dsecd ({@link RuntimeInfo.cgroupsByDsecd}), the sandbox's
+   * cgroup is created here first, in every hierarchy, with `cgroup.limits` and runc's
+   * device rules (CONTAINER_DEVICE_RULES), and the runtime starts inside it; otherwise
+   * the runtime makes it from the spec (same limits) and `cgroup` is not used.
    * @returns the init's host pid (from --pid-file).
-   * @throws DsecError Internal with the runtime's own error text.
+   * @throws DsecError Internal with the runtime's own error text; as CgroupManager.create / restrictDevices.
    */
-  async run(id: string, bundle: string, opts: { pidFile: string; logFile: string; stdioFd: number; extraFd: number }): Promise<number> {
-    const args = [...this.base(), '--log', opts.logFile, '--log-format', 'json', 'run', '--detach', '--bundle', bundle,
-      '--pid-file', opts.pidFile, '--preserve-fds', '1', id];
+  async run(id: string, bundle: string, opts: { pidFile: string; logFile: string; stdioFd: number; extraFd: number; cgroup: RunCgroup }): Promise<number> {
+    let cgroupProcs: string[] = [];
+    if (this.info.cgroupsByDsecd) {
+      await opts.cgroup.manager.create(id, opts.cgroup.limits);
+      await opts.cgroup.manager.restrictDevices(id, CONTAINER_DEVICE_RULES);
+      cgroupProcs = opts.cgroup.manager.procsFiles(id);
+    }
+    const args = this.argv(['--log', opts.logFile, '--log-format', 'json', 'run', '--detach', '--bundle', bundle,
+      '--pid-file', opts.pidFile, '--preserve-fds', '1', id], cgroupProcs);
     // The container's stdio is the runtime's own (--detach passes it through), so the
     // runtime's stderr must be the log file too: a pipe here would stay open as long as
     // the sandbox lives. Its error text is read back from the logs on failure.
-    const r = await spawnNative(this.info.path, args, { fds: { 1: opts.stdioFd, 2: opts.stdioFd, 3: opts.extraFd }, timeoutMs: 60_000, maxOutputBytes: 0 })
+    const r = await spawnNative(this.exe, args, { fds: { 1: opts.stdioFd, 2: opts.stdioFd, 3: opts.extraFd }, timeoutMs: 60_000, maxOutputBytes: 0 })
       .catch((e: Error) => ({ exitCode: -1, signal: null, stderr: e.message, timedOut: false }));
     const res = { code: r.exitCode, stderr: r.timedOut ? 'timed out after 60 s' : r.signal ? `killed by ${r.signal}` : r.stderr };
     if (res.code !== 0) {
@@ -107,7 +189,7 @@ export class OciRuntime {
 
   /** `delete --force`: kills every process and removes runtime state and cgroups. Safe when the container does not exist. */
   async deleteForce(id: string): Promise<void> {
-    const r = await spawnNative(this.info.path, [...this.base(), 'delete', '--force', id], { timeoutMs: 60_000 });
+    const r = await spawnNative(this.exe, this.argv(['delete', '--force', id]), { timeoutMs: 60_000 });
     if (r.exitCode !== 0 && !/does not exist|not found|no such file/i.test(`${r.stderr}`)) {
       throw internal(`${this.info.name} delete ${id} failed: ${String(r.stderr).trim()}`);
     }
@@ -115,12 +197,12 @@ export class OciRuntime {
 
   /** `kill ID SIGNAL` (to init). Errors are ignored when the container is gone. */
   async kill(id: string, signal = 'KILL'): Promise<void> {
-    await spawnNative(this.info.path, [...this.base(), 'kill', id, signal], { timeoutMs: 30_000, maxOutputBytes: 0 });
+    await spawnNative(this.exe, this.argv(['kill', id, signal]), { timeoutMs: 30_000, maxOutputBytes: 0 });
   }
 
   /** `state ID`, or null when the runtime does not know the container. */
   async state(id: string): Promise<RuntimeState | null> {
-    const r = await spawnNative(this.info.path, [...this.base(), 'state', id], { timeoutMs: 30_000 });
+    const r = await spawnNative(this.exe, this.argv(['state', id]), { timeoutMs: 30_000 });
     if (r.exitCode !== 0) return null;
     const j = JSON.parse(String(r.stdout));
     return { id: j.id, status: j.status, pid: j.pid };
@@ -129,7 +211,7 @@ export class OciRuntime {
   /** Ids of every container in this state dir. */
   async list(): Promise<RuntimeState[]> {
     if (!existsSync(this.stateDir)) return [];
-    const r = await spawnNative(this.info.path, [...this.base(), 'list', '--format', 'json'], { timeoutMs: 30_000, maxOutputBytes: 64 << 20 });
+    const r = await spawnNative(this.exe, this.argv(['list', '--format', 'json']), { timeoutMs: 30_000, maxOutputBytes: 64 << 20 });
     if (r.exitCode !== 0) return [];
     const arr = JSON.parse(String(r.stdout) || 'null') as { id: string; status: string; pid: number }[] | null;
     return (arr ?? []).map((j) => ({ id: j.id, status: j.status, pid: j.pid }));

@@ -173,7 +173,8 @@ const MASKED_PATHS = [
   '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
   '/sys/devices/virtual/block',
 ];
-const READONLY_PATHS = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
+/** Paths the runtime bind-mounts read-only over themselves (OCI linux.readonlyPaths). */
+export const READONLY_PATHS: readonly string[] = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 
 /** Builds the OCI spec (runtime-spec 1.0.2 as runc 1.1 reads it). */
 export function buildSpec(i: SpecInput): Record<string, unknown> {
@@ -190,9 +191,13 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
     if (!i.worker) for (const w of fsPlan.writable) args.push(AGENT_FLAG_WRITABLE, w);
   }
   // Workers keep a fully read-only root: no binds (isolated calls get fresh tmpfs mounts).
+  // A writable place carries nosuid/nodev twice: as remount flags (runc applies them so)
+  // and as the recursive attributes rnosuid/rnodev (mount_setattr, OCI runtime-spec 1.1),
+  // because crun 1.8 in a user namespace applies a bind's flags only when it is read-only
+  // and would leave a writable place suid and dev (test/integration/runtime-crun.test.ts).
   const binds = i.worker || !fsPlan ? [] : fsPlan.binds.map((b) => ({
     destination: b.path, type: 'bind', source: path.join(i.rootfs, b.path),
-    options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev'],
+    options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev', 'rnosuid', 'rnodev'],
   }));
   const cpu: Record<string, number> = { quota: cpuQuotaUs(i.cpus), period: CPU_PERIOD_US };
   if (batch) cpu.shares = BATCH_CPU_SHARES;

@@ -96,6 +96,14 @@ export interface CgroupManager {
   procsFiles(id: string): string[];
   /** Absolute dir of sandbox `id` per hierarchy name (same keys as {@link parents}); nothing is created. */
   sandboxPaths(id: string): Record<string, string>;
+  /**
+   * v1: makes the sandbox's devices cgroup deny every device (`devices.deny` `a`), then
+   * allow each of `rules` (`devices.allow` syntax, e.g. `c 1:3 rwm`), for sandboxes whose
+   * runtime leaves the cgroup work to dsecd (crun). Write before any process joins.
+   * @throws DsecError NotFound (no cgroup), FailedPrecondition (no devices hierarchy;
+   *   v2, where device rules are a BPF program: Unimplemented), Internal (a rule the kernel refuses).
+   */
+  restrictDevices(id: string, rules: readonly string[]): Promise<void>;
   /** Sandbox ids (child dir names) that exist under the instance parent in ANY hierarchy, deduplicated and sorted. */
   list(): Promise<string[]>;
   /** True when the sandbox dir exists in at least one hierarchy. */

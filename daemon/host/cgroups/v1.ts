@@ -144,6 +144,17 @@ export class CgroupV1Manager implements CgroupManager {
     await write('pids', 'pids.max', limits.pids);
   }
 
+  async restrictDevices(id: string, rules: readonly string[]): Promise<void> {
+    assertSandboxId(id);
+    const d = this.dir('devices', id);
+    if (!d) throw failedPrecondition('no devices cgroup hierarchy is mounted');
+    if (!(await isDir(d))) throw notFound(`cgroup of sandbox ${id} not found`);
+    await writeCgroupFile(path.join(d, 'devices.deny'), 'a').catch((e) => { throw cgroupFsError(e, `write devices.deny of sandbox ${id}`); });
+    for (const r of rules) {
+      await writeCgroupFile(path.join(d, 'devices.allow'), r).catch((e) => { throw cgroupFsError(e, `write devices.allow "${r}" of sandbox ${id}`); });
+    }
+  }
+
   procsFiles(id: string): string[] {
     assertSandboxId(id);
     return this.hierarchies.map((h) => path.join(h.parent, id, 'cgroup.procs'));

@@ -156,6 +156,11 @@ export class CgroupV2Manager implements CgroupManager {
     if (limits.idle && (await isFile(path.join(d, 'cpu.idle')))) await write('cpu.idle', '1');
   }
 
+  async restrictDevices(id: string): Promise<void> {
+    assertSandboxId(id);
+    throw unimplemented('cgroup v2 device rules are a BPF program the OCI runtime loads; dsecd does not write them (use runc on cgroup v2)');
+  }
+
   procsFiles(id: string): string[] {
     return [path.join(this.dir(id), 'cgroup.procs')];
   }

@@ -37,7 +37,7 @@ import { registerInstance } from './host/instances.js';
 import { Builder } from './host/builder.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { SandboxFiles } from './host/sandbox-files.js';
-import { detectRuntime, OciRuntime, type RuntimeInfo } from './drivers/container/runtime.js';
+import { RuntimeSet, type RuntimeInfo } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
 import { MicrovmDriver } from './drivers/microvm/driver.js';
 import { VmDriver } from './drivers/vm/driver.js';
@@ -112,7 +112,9 @@ interface HostParts {
   agentBinary: string;
   cgroups: CgroupManager;
   runtimeInfo: RuntimeInfo;
-  runtime: OciRuntime;
+  runtime: RuntimeSet;
+  /** State dirs of runtimes this host can no longer run (RuntimeSet.open), logged at start. */
+  runtimeWarnings: string[];
 }
 
 /** What {@link openStores} opened. */
@@ -172,9 +174,8 @@ async function openHost(config: DaemonConfig, agentSource: string, opts: StartOp
   const cgroups = await detectCgroups({ instance: config.instance });
   checkCgroupParents(config.root, cgroups.parents);
   await cgroups.init();
-  const runtimeInfo = await detectRuntime(config.runtime, cgroups.version);
-  const runtime = new OciRuntime(runtimeInfo, path.join(config.root, 'runtime', runtimeInfo.name));
-  return { sandboxFiles, agentBinary, cgroups, runtimeInfo, runtime };
+  const { set: runtime, warnings } = await RuntimeSet.open(config.root, config.runtime, cgroups.version);
+  return { sandboxFiles, agentBinary, cgroups, runtimeInfo: runtime.info, runtime, runtimeWarnings: warnings };
 }
 
 /**
@@ -400,6 +401,8 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: Start
   const reg = registerInstance(config);
   try {
     const h = await openHost(config, agentSource, opts);
+    for (const w of h.runtimeWarnings) log.warn(w);
+    if (h.runtime.earlier.length) log.info({ runtimes: h.runtime.earlier.map((r) => r.info.name) }, 'containers of an earlier runtime stay with it until destroyed');
     const st = await openStores(config, log);
     const d = await startDrivers(config, log, h, st, opts);
     const snapshotRepo = new SnapshotRepo(st.db);

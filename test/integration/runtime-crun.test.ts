@@ -124,4 +124,29 @@ describe.skipIf(!IS_ROOT)('crun through dsec-oci-exec, runc as the reference', (
     const mine = (xs: string[]) => xs.filter((x) => x.includes(a.id));
     expect({ runtime: mine(t.runtime), cgroups: mine(t.cgroups), mounts: mine(t.mounts), dirs: mine(t.dirs) }).toEqual({ runtime: [], cgroups: [], mounts: [], dirs: [] });
   });
+
+  it('a host moved from runc to crun (auto, after crun is installed) keeps its runc sandboxes until they are destroyed', async () => {
+    const old = await r.client.createSandbox({ image: 'busybox' });
+    const stoppedOld = await r.client.createSandbox({ image: 'busybox' });
+    await r.client.stopSandbox(stoppedOld.id);
+    r.setConfig('');
+    await r.restart();
+    expect((await r.client.hostInfo()).runtime.name).toBe('crun');
+    // The running one is adopted (runc still answers for it) and works.
+    expect((await r.client.getSandbox(old.id)).state).toBe('running');
+    expect(out(await r.client.exec(old.id, { argv: ['echo', 'still here'] }))).toBe('still here\n');
+    // A new one, and the stopped one when started again, run on crun.
+    const fresh = await r.client.createSandbox({ image: 'busybox' });
+    await r.client.startSandbox(stoppedOld.id);
+    const [runc, crun] = await r.runtimes();
+    expect((await runc.list()).map((x) => x.id)).toEqual([old.id]);
+    expect((await crun.list()).map((x) => x.id).sort()).toEqual([fresh.id, stoppedOld.id].sort());
+    // Destroying the runc one goes through runc: nothing of it is left.
+    await r.client.deleteSandbox(old.id, { force: true });
+    expect(await runc.list()).toEqual([]);
+    const t = await r.traces();
+    expect({ cgroups: t.cgroups.includes(old.id), mounts: t.mounts.some((m) => m.includes(old.id)) }).toEqual({ cgroups: false, mounts: false });
+    await r.client.deleteSandbox(fresh.id, { force: true });
+    await r.client.deleteSandbox(stoppedOld.id, { force: true });
+  });
 });

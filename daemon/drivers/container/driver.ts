@@ -41,7 +41,7 @@ import { CPU_PERIOD_US, containerCgroupLimits, cpuQuotaUs } from '../cgroup-limi
 import { hostHasSwap } from '../../host/proc.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
 import { procStartTime } from '../../host/proc.js';
-import type { OciRuntime } from './runtime.js';
+import type { RuntimeSet } from './runtime.js';
 import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo } from '../../security/seccomp.js';
@@ -59,7 +59,7 @@ const AGENT_CONNECT_TIMEOUT_MS = 15_000;
 export interface ContainerDriverDeps {
   /** Instance root (state directory). */
   root: string;
-  runtime: OciRuntime;
+  runtime: RuntimeSet;
   cgroups: CgroupManager;
   layers: LayerMounts;
   /** Host path of the static agent binary. */

@@ -10,7 +10,7 @@
  * under a creation burst (daemon/host/spawn.ts).
  */
 import { execa } from 'execa';
-import { existsSync, readFileSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 import { internal, unavailable } from '../../errors.js';
 import path from 'node:path';
@@ -225,5 +225,78 @@ export class OciRuntime {
       msg = errs.map((j) => j.msg).join('; ');
     } catch { /* no log */ }
     return msg || stderrText.trim() || 'no error output';
+  }
+}
+
+/**
+ * The runtime new containers start with, plus the runtimes of containers an earlier
+ * configuration of this root started: a host whose `auto` moves from runc to crun (an
+ * upgrade that installs crun) keeps its running sandboxes, each handled by the runtime
+ * whose state dir holds it until it is destroyed. Same methods as {@link OciRuntime}.
+ */
+export class RuntimeSet {
+  /**
+   * @param primary the configured (or auto-chosen) runtime: every new container.
+   * @param earlier runtimes whose state dir under `<root>/runtime/` still holds containers.
+   */
+  constructor(readonly primary: OciRuntime, readonly earlier: readonly OciRuntime[]) {}
+
+  /**
+   * Chooses the primary runtime ({@link detectRuntime}) and adds each other runtime whose
+   * state dir `<root>/runtime/<name>` has containers.
+   * @returns the set, and one warning per state dir with containers whose runtime is no
+   *   longer usable here (those containers can be neither inspected nor stopped by dsecd).
+   * @throws DsecError Unavailable as detectRuntime.
+   */
+  static async open(root: string, pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2): Promise<{ set: RuntimeSet; warnings: string[] }> {
+    const info = await detectRuntime(pref, cgroupVersion);
+    const primary = new OciRuntime(info, path.join(root, 'runtime', info.name));
+    const earlier: OciRuntime[] = [];
+    const warnings: string[] = [];
+    for (const name of ['runc', 'crun'] as const) {
+      const dir = path.join(root, 'runtime', name);
+      if (name === info.name || !existsSync(dir) || readdirSync(dir).length === 0) continue;
+      try {
+        earlier.push(new OciRuntime(await detectRuntime({ name, path: null }, cgroupVersion), dir));
+      } catch (e) {
+        warnings.push(`${dir} holds containers of ${name}, which is not usable here (${(e as Error).message}): dsecd cannot stop them`);
+      }
+    }
+    return { set: new RuntimeSet(primary, earlier), warnings };
+  }
+
+  /** The primary runtime's description. */
+  get info(): RuntimeInfo {
+    return this.primary.info;
+  }
+
+  /** The runtime whose state dir holds container `id` (runc and crun both keep `<root>/<id>/`), else the primary. */
+  of(id: string): OciRuntime {
+    return this.earlier.find((r) => existsSync(path.join(r.stateDir, id))) ?? this.primary;
+  }
+
+  /** {@link OciRuntime.run} on the primary runtime. */
+  run(...a: Parameters<OciRuntime['run']>): Promise<number> {
+    return this.primary.run(...a);
+  }
+
+  /** {@link OciRuntime.deleteForce} through the runtime that holds `id`. */
+  deleteForce(id: string): Promise<void> {
+    return this.of(id).deleteForce(id);
+  }
+
+  /** {@link OciRuntime.kill} through the runtime that holds `id`. */
+  kill(id: string, signal?: string): Promise<void> {
+    return this.of(id).kill(id, signal);
+  }
+
+  /** {@link OciRuntime.state} through the runtime that holds `id`. */
+  state(id: string): Promise<RuntimeState | null> {
+    return this.of(id).state(id);
+  }
+
+  /** Every container of every runtime in the set. */
+  async list(): Promise<RuntimeState[]> {
+    return (await Promise.all([this.primary, ...this.earlier].map((r) => r.list()))).flat();
   }
 }

@@ -37,6 +37,7 @@ import { registerInstance } from './host/instances.js';
 import { Builder } from './host/builder.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { SandboxFiles } from './host/sandbox-files.js';
+import { unmountAllAsync } from './host/native.js';
 import { RuntimeSet, type RuntimeInfo } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
 import { MicrovmDriver } from './drivers/microvm/driver.js';
@@ -305,6 +306,8 @@ async function purge(config: DaemonConfig, log: Logger, h: HostParts, st: Stores
   await d.network.purge();
   await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
   await h.sandboxFiles.remove();
+  // crun's state tmpfs (RuntimeSet.open mounts it).
+  await unmountAllAsync(path.join(config.root, 'runtime', 'crun')).catch((e: Error) => log.warn({ err: e }, 'unmount of the runtime state tmpfs failed'));
   await d.container.close();
   await d.microvm.close();
   await d.vm.close();

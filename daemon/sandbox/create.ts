@@ -199,7 +199,7 @@ export class SandboxCreator {
       const r = this.d.repo.insertCreating({ ...spec, id, createdAt: Date.now() });
       opts.onAllocated?.();
       steps.hit('create.after-intent');
-      await this.d.leases.sync();
+      await this.d.leases.add(r.imageLayers);
       return r;
     });
     return this.d.locks.run(id, async () => {

@@ -12,6 +12,7 @@
  * cpuacct.usage in cpuacct, freezer.state in freezer. Units are the kernel's (bytes,
  * nanoseconds).
  */
+import { mkdirSync } from 'node:fs';
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
@@ -20,7 +21,7 @@ import { bfqWeight, devKey, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockD
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
-  rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
+  rmdirCgroupTree, signalPids, sleep, writeCgroupFile, writeCgroupFileSync, type HierarchyLayout,
 } from './procfs.js';
 import { IO_WEIGHT_DEFAULT, hasIoMax, type IoLimits } from '../../model/resources.js';
 
@@ -116,10 +117,12 @@ export class CgroupV1Manager implements CgroupManager {
 
   async create(id: string, limits: CgroupLimits): Promise<void> {
     assertSandboxId(id);
+    // Synchronous cgroupfs calls (kernfs answers at once, see writeCgroupFileSync): this
+    // runs once per container create on crun, where dsecd does runc's cgroup work.
     for (const h of this.hierarchies) {
       const d = path.join(h.parent, id);
       try {
-        await mkdir(d);
+        mkdirSync(d);
       } catch (e) {
         if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${d}`);
       }
@@ -128,31 +131,45 @@ export class CgroupV1Manager implements CgroupManager {
         for (const f of ['cpuset.cpus', 'cpuset.mems']) {
           if ((await readOptional(path.join(d, f)))?.trim()) continue;
           const parent = (await readOptional(path.join(h.parent, f)))?.trim();
-          if (parent) await writeCgroupFile(path.join(d, f), parent).catch((e) => { throw cgroupFsError(e, `write ${f} of sandbox ${id}`); });
+          if (!parent) continue;
+          try {
+            writeCgroupFileSync(path.join(d, f), parent);
+          } catch (e) {
+            throw cgroupFsError(e, `write ${f} of sandbox ${id}`);
+          }
         }
       }
     }
-    const write = async (key: string, file: string, value: number | null) => {
+    const write = (key: string, file: string, value: number | null) => {
       const d = this.dir(key, id);
       if (d === undefined || value === null) return;
-      await writeCgroupFile(path.join(d, file), String(value)).catch((e) => { throw cgroupFsError(e, `write ${file} of sandbox ${id}`); });
+      try {
+        writeCgroupFileSync(path.join(d, file), String(value));
+      } catch (e) {
+        throw cgroupFsError(e, `write ${file} of sandbox ${id}`);
+      }
     };
     if (limits.memoryBytes !== null) await this.setMemoryLimit(id, limits.memoryBytes);
-    await write('cpu', 'cpu.cfs_period_us', limits.cpuPeriodUs);
-    await write('cpu', 'cpu.cfs_quota_us', limits.cpuQuotaUs ?? -1);
-    await write('cpu', 'cpu.shares', limits.cpuShares);
-    await write('pids', 'pids.max', limits.pids);
+    write('cpu', 'cpu.cfs_period_us', limits.cpuPeriodUs);
+    write('cpu', 'cpu.cfs_quota_us', limits.cpuQuotaUs ?? -1);
+    write('cpu', 'cpu.shares', limits.cpuShares);
+    write('pids', 'pids.max', limits.pids);
   }
 
   async restrictDevices(id: string, rules: readonly string[]): Promise<void> {
     assertSandboxId(id);
     const d = this.dir('devices', id);
     if (!d) throw failedPrecondition('no devices cgroup hierarchy is mounted');
-    if (!(await isDir(d))) throw notFound(`cgroup of sandbox ${id} not found`);
-    await writeCgroupFile(path.join(d, 'devices.deny'), 'a').catch((e) => { throw cgroupFsError(e, `write devices.deny of sandbox ${id}`); });
-    for (const r of rules) {
-      await writeCgroupFile(path.join(d, 'devices.allow'), r).catch((e) => { throw cgroupFsError(e, `write devices.allow "${r}" of sandbox ${id}`); });
-    }
+    const write = (file: string, value: string) => {
+      try {
+        writeCgroupFileSync(path.join(d, file), value);
+      } catch (e) {
+        if (errnoOf(e) === 'ENOENT') throw notFound(`cgroup of sandbox ${id} not found`);
+        throw cgroupFsError(e, `write ${file} "${value}" of sandbox ${id}`);
+      }
+    };
+    write('devices.deny', 'a');
+    for (const r of rules) write('devices.allow', r);
   }
 
   procsFiles(id: string): string[] {

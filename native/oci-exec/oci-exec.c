@@ -23,7 +23,15 @@
  * (pure v1 or v2 hosts), the runtime is exec'd in a fresh namespace all the same, so
  * every invocation sees one view.
  *
- * Exit: the runtime's own status; 125 when this program cannot prepare the namespace
+ * Standard streams: crun 1.8 fchowns fds 0-2 to the container's root unless they are
+ * terminals (runc leaves them alone). A device there would be the host's device node
+ * (dsecd's children get /dev/null as stdin), and the sandbox's root would own it: it
+ * could chmod the host's /dev/null, which every host process and sandbox uses. So a
+ * character or block device on fd 0 is replaced by the read end of an empty pipe, and one
+ * on fd 1 or 2 by an anonymous memory file (memfd; dsecd gives a container's init a log
+ * file there, so only the runtime's short commands write to it).
+ *
+ * Exit: the runtime's own status; 125 when this program cannot prepare the runtime
  * (message on stderr, prefixed "dsec-oci-exec:").
  */
 #define _GNU_SOURCE
@@ -32,7 +40,9 @@
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #define CONTROLLERS "/sys/fs/cgroup/unified/cgroup.controllers"
@@ -65,8 +75,36 @@ static int join(const char *file) {
   return n == 1 ? 0 : -1;
 }
 
+/* 1 when fd is a character or block device, 0 otherwise (closed fds included). */
+static int is_device(int fd) {
+  struct stat st;
+  return fstat(fd, &st) == 0 && (S_ISCHR(st.st_mode) || S_ISBLK(st.st_mode));
+}
+
+/* Keeps every device off fds 0-2 (see the file comment). */
+static int no_device_stdio(void) {
+  if (is_device(0)) {
+    int p[2];
+    if (pipe(p) != 0) return fail("pipe for stdin");
+    close(p[1]);
+    if (p[0] != 0) {
+      if (dup2(p[0], 0) != 0) return fail("dup2 stdin");
+      close(p[0]);
+    }
+  }
+  for (int fd = 1; fd <= 2; fd++) {
+    if (!is_device(fd)) continue;
+    int m = memfd_create("dsec-oci-exec-stdio", MFD_CLOEXEC);
+    if (m < 0) return fail("memfd_create for stdout/stderr");
+    if (dup2(m, fd) != fd) return fail("dup2 stdout/stderr");
+    close(m);
+  }
+  return 0;
+}
+
 int main(int argc, char **argv) {
   int i = 1;
+  if (no_device_stdio() != 0) return 125;
   while (i + 1 < argc && strcmp(argv[i], "--cgroup-procs") == 0) {
     if (join(argv[i + 1]) != 0) {
       fprintf(stderr, "dsec-oci-exec: join cgroup through %s: %s\n", argv[i + 1], strerror(errno));

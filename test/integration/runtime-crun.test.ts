@@ -12,6 +12,7 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon, out } from './harness.js';
 import { CONTAINER_DEVICE_RULES } from '../../daemon/drivers/cgroup-limits.js';
 import { READONLY_PATHS } from '../../daemon/drivers/container/spec.js';
+import { detectRuntime } from '../../daemon/drivers/container/runtime.js';
 
 const MiB = 1 << 20;
 /** What a sandbox shows of itself, in sections split by `--`: capabilities, seccomp and privilege bits, its cgroups, id maps, rlimits, mounts, /dev and the hostname. */
@@ -148,5 +149,27 @@ describe.skipIf(!IS_ROOT)('crun through dsec-oci-exec, runc as the reference', (
     expect({ cgroups: t.cgroups.includes(old.id), mounts: t.mounts.some((m) => m.includes(old.id)) }).toEqual({ cgroups: false, mounts: false });
     await r.client.deleteSandbox(fresh.id, { force: true });
     await r.client.deleteSandbox(stoppedOld.id, { force: true });
+  });
+
+  it('runtime choice: auto takes crun through the launcher on v1; a path with auto, crun on v2 are refused with the reason; an earlier crun on v2 only inspects and deletes', async () => {
+    const auto = await detectRuntime({ name: 'auto', path: null }, 1);
+    expect(auto).toMatchObject({ name: 'crun', cgroupsByDsecd: true });
+    expect(auto.launcher).toMatch(/native\/oci-exec\/dsec-oci-exec$/);
+    await expect(detectRuntime({ name: 'auto', path: '/usr/sbin/runc' }, 1)).rejects.toMatchObject({ kind: 'InvalidArgument', message: expect.stringContaining('needs name = "runc" or "crun"') });
+    await expect(detectRuntime({ name: 'crun', path: null }, 2)).rejects.toMatchObject({ kind: 'Unavailable', message: expect.stringContaining('use runc') });
+    expect(await detectRuntime({ name: 'auto', path: null }, 2)).toMatchObject({ name: 'runc', cgroupsByDsecd: false, launcher: null });
+    expect(await detectRuntime({ name: 'crun', path: null }, 2, { existing: true })).toMatchObject({ name: 'crun', cgroupsByDsecd: false, launcher: null });
+    await expect(detectRuntime({ name: 'crun', path: '/nonexistent/crun' }, 1)).rejects.toMatchObject({ kind: 'Unavailable', message: expect.stringContaining('did not answer --version') });
+  });
+
+  it('a runtime that fails to start the container leaves no cgroup behind (runc configured as crun: it refuses crun\'s flags)', async () => {
+    const w = await TestDaemon.start({ slot: 73, config: '[runtime]\nname = "crun"\npath = "/usr/sbin/runc"\n' });
+    try {
+      await expect(w.client.createSandbox({ image: 'busybox' })).rejects.toMatchObject({ code: 'Internal' });
+      const t = await w.traces();
+      expect({ cgroups: t.cgroups, runtime: t.runtime, rows: t.rows }).toEqual({ cgroups: [], runtime: [], rows: [] });
+    } finally {
+      await w.cleanup();
+    }
   });
 });

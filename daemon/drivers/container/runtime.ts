@@ -12,7 +12,7 @@
 import { execa } from 'execa';
 import { existsSync, mkdirSync, readdirSync, readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
-import { internal, unavailable } from '../../errors.js';
+import { internal, invalidArgument, unavailable } from '../../errors.js';
 import path from 'node:path';
 import type { CgroupLimits, CgroupManager } from '../../host/cgroups/index.js';
 import * as native from '../../host/native.js';
@@ -93,32 +93,42 @@ function which(name: string): string | null {
  * with dsecd doing the cgroup work ({@link RuntimeInfo.cgroupsByDsecd}). On a cgroup v2
  * host `auto` takes runc and a configured crun is refused: there device rules are a BPF
  * program the runtime loads, which dsecd does not do for it.
- * @throws DsecError Unavailable when no usable runtime binary exists.
+ * `opts.existing` (RuntimeSet: a state dir an earlier configuration left) takes crun on
+ * any host, without the launcher where it cannot be used: such a runtime only inspects,
+ * signals and deletes its containers.
+ * @throws DsecError InvalidArgument (`path` with `auto`: a path names one runtime),
+ *   Unavailable when no usable runtime binary exists (the message says what is missing).
  */
-export async function detectRuntime(pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2): Promise<RuntimeInfo> {
+export async function detectRuntime(pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2, opts: { existing?: boolean } = {}): Promise<RuntimeInfo> {
+  if (pref.name === 'auto' && pref.path) {
+    throw invalidArgument(`[runtime] path = "${pref.path}" needs name = "runc" or "crun": with "auto" it is not known which runtime it is`);
+  }
   const needsLauncher = hybridWithV2Controllers(cgroupVersion);
-  // crun always starts through the launcher: it is what joins the sandbox's cgroups.
+  // crun starts through the launcher: it is what joins the sandbox's cgroups.
   const launcher = ociExecPath();
+  const launcherUsable = cgroupVersion === 1 && existsSync(launcher);
   const pick = async (name: 'runc' | 'crun', reason: string): Promise<RuntimeInfo | null> => {
     const p = pref.path ?? which(name);
     if (!p) return null;
-    const viaLauncher = name === 'crun' ? launcher : null;
-    if (viaLauncher && (!existsSync(viaLauncher) || cgroupVersion !== 1)) return null;
+    if (name === 'crun' && !launcherUsable && !opts.existing) return null;
+    const viaLauncher = name === 'crun' && launcherUsable ? launcher : null;
     try {
       const r = await execa(p, ['--version']);
       const v = /version\s+(\S+)/.exec(r.stdout)?.[1] ?? r.stdout.split('\n')[0];
-      return { name, path: p, version: v, reason, launcher: viaLauncher, cgroupsByDsecd: name === 'crun' };
+      return { name, path: p, version: v, reason, launcher: viaLauncher, cgroupsByDsecd: viaLauncher !== null };
     } catch {
       return null;
     }
   };
   if (pref.name !== 'auto') {
-    const r = await pick(pref.name, 'configured');
+    const r = await pick(pref.name, opts.existing ? 'containers of an earlier configuration' : 'configured');
     if (!r) {
-      const why = pref.name !== 'crun' ? ''
-        : cgroupVersion !== 1 ? ' (dsec runs crun on cgroup v1 hosts only, where dsecd writes the device rules; use runc on cgroup v2)'
-          : !existsSync(launcher) ? ` (crun starts through ${launcher}: make -C native)` : '';
-      throw unavailable(`OCI runtime ${pref.name} not found or not working${pref.path ? ` at ${pref.path}` : ''}${why}; install it (apt-get install ${pref.name})`);
+      const found = pref.path ?? which(pref.name);
+      const why = !found ? `not found (apt-get install ${pref.name})`
+        : pref.name === 'crun' && cgroupVersion !== 1 ? 'not used on cgroup v2 hosts: dsec runs crun where dsecd writes the device rules (cgroup v1); use runc'
+          : pref.name === 'crun' && !existsSync(launcher) ? `installed, but it starts through ${launcher}, which is not built (make -C native)`
+            : `at ${found} did not answer --version`;
+      throw unavailable(`OCI runtime ${pref.name} ${why}`);
     }
     return r;
   }
@@ -181,7 +191,13 @@ export class OciRuntime {
       .catch((e: Error) => ({ exitCode: -1, signal: null, stderr: e.message, timedOut: false }));
     const res = { code: r.exitCode, stderr: r.timedOut ? 'timed out after 60 s' : r.signal ? `killed by ${r.signal}` : r.stderr };
     if (res.code !== 0) {
-      throw internal(`${this.info.name} run ${id} failed: ${await this.explain(res.stderr, opts.logFile)}`);
+      const why = await this.explain(res.stderr, opts.logFile);
+      // The cgroup made above goes too (a rollback's deleteForce may fail first for a container that never was).
+      if (this.info.cgroupsByDsecd) {
+        await opts.cgroup.manager.killAll(id).catch(() => {});
+        await opts.cgroup.manager.remove(id).catch(() => {});
+      }
+      throw internal(`${this.info.name} run ${id} failed: ${why}`);
     }
     const pid = Number((await readFile(opts.pidFile, 'utf8')).trim());
     if (!Number.isInteger(pid) || pid <= 0) throw internal(`${this.info.name} run ${id}: bad pid file ${opts.pidFile}`);
@@ -241,13 +257,19 @@ const STATE_TMPFS_BYTES = 1 << 30;
  * find_inode_bit / recently_deleted). Container state does not outlive a reboot, so a
  * tmpfs (crun's own default is /run/crun) loses nothing the containers keep.
  * `dsecd --purge` unmounts it.
+ * @returns false when `dir` is a plain directory that holds containers already (their
+ *   state stays there; the next start that finds it empty mounts the tmpfs).
  * @throws errno-coded Errors of mkdir/mount.
  */
-export function mountStateTmpfs(dir: string): void {
+export function mountStateTmpfs(dir: string): boolean {
   mkdirSync(dir, { recursive: true, mode: 0o700 });
-  if (native.isMountpoint(dir)) return;
+  if (native.isMountpoint(dir)) return true;
+  // Containers whose state is on disk (a dsecd before this tmpfs) keep it there; the
+  // tmpfs comes at the first start that finds the dir empty.
+  if (readdirSync(dir).length > 0) return false;
   const c = native.constants();
   native.mount('dsec-runtime', dir, 'tmpfs', c.MS_NOSUID | c.MS_NODEV | c.MS_NOEXEC, `mode=0700,size=${STATE_TMPFS_BYTES}`);
+  return true;
 }
 
 /**
@@ -273,14 +295,16 @@ export class RuntimeSet {
   static async open(root: string, pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2): Promise<{ set: RuntimeSet; warnings: string[] }> {
     const info = await detectRuntime(pref, cgroupVersion);
     const primary = new OciRuntime(info, path.join(root, 'runtime', info.name));
-    if (info.name === 'crun') mountStateTmpfs(primary.stateDir);
     const earlier: OciRuntime[] = [];
     const warnings: string[] = [];
+    if (info.name === 'crun' && !mountStateTmpfs(primary.stateDir)) {
+      warnings.push(`${primary.stateDir} holds containers on disk: crun's state stays there (no tmpfs) until a start finds it empty`);
+    }
     for (const name of ['runc', 'crun'] as const) {
       const dir = path.join(root, 'runtime', name);
       if (name === info.name || !existsSync(dir) || readdirSync(dir).length === 0) continue;
       try {
-        earlier.push(new OciRuntime(await detectRuntime({ name, path: null }, cgroupVersion), dir));
+        earlier.push(new OciRuntime(await detectRuntime({ name, path: null }, cgroupVersion, { existing: true }), dir));
       } catch (e) {
         warnings.push(`${dir} holds containers of ${name}, which is not usable here (${(e as Error).message}): dsecd cannot stop them`);
       }

@@ -1,14 +1,22 @@
 /*
- * dsec-oci-exec [--cgroup-procs FILE]... RUNTIME [ARG...]: runs an OCI runtime (crun)
- * inside a sandbox's cgroups and with the hybrid cgroup hierarchy's controllers hidden
- * from it, so that crun 1.8 accepts a hybrid cgroup v1 host (DESIGN.md §5).
+ * dsec-oci-exec [--error-log FILE] [STEP]... RUNTIME [ARG...]: creates a sandbox's
+ * cgroups, joins them and runs an OCI runtime (crun) inside them, with the hybrid cgroup
+ * hierarchy's controllers hidden from it, so that crun 1.8 accepts a hybrid cgroup v1
+ * host (DESIGN.md §5). The steps run in the order given, before anything else:
  *
- *   --cgroup-procs FILE  write "0" to FILE (a cgroup.procs file): join that cgroup before
- *                        anything else; one per hierarchy (v1 has several). dsecd creates
- *                        the cgroups and writes their limits and device rules; the runtime
- *                        runs with --cgroup-manager=disabled, so the container's processes
- *                        are in the sandbox's cgroups from their first instruction because
- *                        the runtime is (the same rule as dsec-vmm-launch).
+ *   --mkdir DIR          mkdir DIR (mode 0755); an existing DIR is fine
+ *   --copy FROM TO       write FROM's contents to TO unless TO already reads non-empty
+ *                        (a new v1 cpuset cgroup's cpus and mems, from its parent's)
+ *   --write FILE VALUE   write VALUE to FILE in one write(2) (a limit, a device rule)
+ *   --cgroup-procs FILE  write "0" to FILE (a cgroup.procs file): join that cgroup; one
+ *                        per hierarchy (v1 has several)
+ *
+ * dsecd builds the steps (CgroupManager.launchPlan: the limits and runc's device rules)
+ * and runs the runtime with --cgroup-manager=disabled, so the container's processes are
+ * in the sandbox's cgroups from their first instruction because the runtime is (the same
+ * rule as dsec-vmm-launch). The cgroupfs work runs here, not on dsecd's event loop.
+ * `--error-log FILE` (first, optional): a failure is also appended to FILE as one JSON
+ * line {"level":"error","msg":...}, the runtime's own log format, where dsecd reads it.
  *
  * Why: crun refuses a hybrid host whose cgroup2 mount has any controller bound to it
  * ("cgroups in hybrid mode not supported, drop all controllers from cgroupv2"; here that
@@ -47,9 +55,34 @@
 
 #define CONTROLLERS "/sys/fs/cgroup/unified/cgroup.controllers"
 
-static int fail(const char *what) {
-  fprintf(stderr, "dsec-oci-exec: %s: %s\n", what, strerror(errno));
+static const char *error_log;
+
+/* Reports "dsec-oci-exec: WHAT[: ARG]: strerror(errno)" on stderr and in the error log. */
+static int fail2(const char *what, const char *arg) {
+  int e = errno;
+  char msg[1024];
+  snprintf(msg, sizeof msg, "dsec-oci-exec: %s%s%s: %s", what, arg ? " " : "", arg ? arg : "", strerror(e));
+  fprintf(stderr, "%s\n", msg);
+  if (error_log) {
+    int fd = open(error_log, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+      char line[2200];
+      size_t n = 0;
+      n += (size_t)snprintf(line, sizeof line, "{\"level\":\"error\",\"msg\":\"");
+      for (const char *c = msg; *c && n < sizeof line - 8; c++) {
+        if (*c == '"' || *c == '\\') line[n++] = '\\';
+        line[n++] = (*c >= 0x20) ? *c : '?';
+      }
+      n += (size_t)snprintf(line + n, sizeof line - n, "\"}\n");
+      if (write(fd, line, n) < 0) { /* nothing more to report to */ }
+      close(fd);
+    }
+  }
   return 125;
+}
+
+static int fail(const char *what) {
+  return fail2(what, NULL);
 }
 
 /* 1 when CONTROLLERS exists and lists at least one controller, 0 otherwise. */
@@ -64,17 +97,6 @@ static int has_v2_controllers(void) {
   return 0;
 }
 
-/* Joins the cgroup whose cgroup.procs is `file`. */
-static int join(const char *file) {
-  int fd = open(file, O_WRONLY | O_CLOEXEC);
-  if (fd < 0) return -1;
-  ssize_t n = write(fd, "0", 1);
-  int saved = errno;
-  close(fd);
-  errno = saved;
-  return n == 1 ? 0 : -1;
-}
-
 /* 1 when fd is a character or block device, 0 otherwise (closed fds included). */
 static int is_device(int fd) {
   struct stat st;
@@ -87,10 +109,8 @@ static int no_device_stdio(void) {
     int p[2];
     if (pipe(p) != 0) return fail("pipe for stdin");
     close(p[1]);
-    if (p[0] != 0) {
-      if (dup2(p[0], 0) != 0) return fail("dup2 stdin");
-      close(p[0]);
-    }
+    if (dup2(p[0], 0) != 0) return fail("dup2 stdin");
+    close(p[0]);
   }
   for (int fd = 1; fd <= 2; fd++) {
     if (!is_device(fd)) continue;
@@ -102,18 +122,66 @@ static int no_device_stdio(void) {
   return 0;
 }
 
+/* Writes `value` to `file` in one write(2); -1 with errno on failure. */
+static int write_file(const char *file, const char *value) {
+  int fd = open(file, O_WRONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t len = strlen(value);
+  ssize_t n = write(fd, value, len);
+  int saved = errno;
+  close(fd);
+  errno = saved;
+  if (n >= 0 && (size_t)n != len) errno = EIO;
+  return n >= 0 && (size_t)n == len ? 0 : -1;
+}
+
+/* --copy: `from`'s contents to `to` unless `to` reads non-empty. */
+static int copy_file(const char *from, const char *to) {
+  char cur[4096], buf[4096];
+  int fd = open(to, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  ssize_t n = read(fd, cur, sizeof cur - 1);
+  close(fd);
+  if (n < 0) return -1;
+  for (ssize_t k = 0; k < n; k++)
+    if (cur[k] != ' ' && cur[k] != '\n') return 0;
+  fd = open(from, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return -1;
+  n = read(fd, buf, sizeof buf - 1);
+  close(fd);
+  if (n < 0) return -1;
+  while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == ' ')) n--;
+  if (n == 0) return 0;
+  buf[n] = 0;
+  return write_file(to, buf);
+}
+
 int main(int argc, char **argv) {
   int i = 1;
-  if (no_device_stdio() != 0) return 125;
-  while (i + 1 < argc && strcmp(argv[i], "--cgroup-procs") == 0) {
-    if (join(argv[i + 1]) != 0) {
-      fprintf(stderr, "dsec-oci-exec: join cgroup through %s: %s\n", argv[i + 1], strerror(errno));
-      return 125;
-    }
+  if (i + 1 < argc && strcmp(argv[i], "--error-log") == 0) {
+    error_log = argv[i + 1];
     i += 2;
   }
+  if (no_device_stdio() != 0) return 125;
+  for (;;) {
+    if (i + 1 < argc && strcmp(argv[i], "--mkdir") == 0) {
+      if (mkdir(argv[i + 1], 0755) != 0 && errno != EEXIST) return fail2("mkdir", argv[i + 1]);
+      i += 2;
+    } else if (i + 2 < argc && strcmp(argv[i], "--copy") == 0) {
+      if (copy_file(argv[i + 1], argv[i + 2]) != 0) return fail2("copy to", argv[i + 2]);
+      i += 3;
+    } else if (i + 2 < argc && strcmp(argv[i], "--write") == 0) {
+      if (write_file(argv[i + 1], argv[i + 2]) != 0) return fail2("write", argv[i + 1]);
+      i += 3;
+    } else if (i + 1 < argc && strcmp(argv[i], "--cgroup-procs") == 0) {
+      if (write_file(argv[i + 1], "0") != 0) return fail2("join cgroup through", argv[i + 1]);
+      i += 2;
+    } else {
+      break;
+    }
+  }
   if (i >= argc || argv[i][0] != '/') {
-    fprintf(stderr, "usage: dsec-oci-exec [--cgroup-procs FILE]... /ABSOLUTE/PATH/TO/RUNTIME [ARG...]\n");
+    fprintf(stderr, "usage: dsec-oci-exec [--error-log FILE] [--mkdir DIR | --copy FROM TO | --write FILE VALUE | --cgroup-procs FILE]... /ABSOLUTE/PATH/TO/RUNTIME [ARG...]\n");
     return 125;
   }
   if (unshare(CLONE_NEWNS) != 0) return fail("unshare(CLONE_NEWNS)");

@@ -12,7 +12,9 @@ import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { IS_ROOT, TestDaemon, out } from './harness.js';
 import { CONTAINER_DEVICE_RULES } from '../../daemon/drivers/cgroup-limits.js';
 import { READONLY_PATHS } from '../../daemon/drivers/container/spec.js';
-import { detectRuntime } from '../../daemon/drivers/container/runtime.js';
+import { detectRuntime, ociExecPath } from '../../daemon/drivers/container/runtime.js';
+import { execa } from 'execa';
+import { mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 
 const MiB = 1 << 20;
 /** What a sandbox shows of itself, in sections split by `--`: capabilities, seccomp and privilege bits, its cgroups, id maps, rlimits, mounts, /dev and the hostname. */
@@ -170,6 +172,28 @@ describe.skipIf(!IS_ROOT)('crun through dsec-oci-exec, runc as the reference', (
       expect({ cgroups: t.cgroups, runtime: t.runtime, rows: t.rows }).toEqual({ cgroups: [], runtime: [], rows: [] });
     } finally {
       await w.cleanup();
+    }
+  });
+
+  it('the launcher: steps run in order, a failing one stops it (exit 125) before the runtime, its message a JSON line in the error log', async () => {
+    const tmp = mkdtempSync('/tmp/dsec-oci-exec-');
+    try {
+      const log = path.join(tmp, 'runtime.log');
+      // Like cgroupfs files, the targets of --write exist (nothing is created but by --mkdir).
+      mkdirSync(path.join(tmp, 'a'));
+      writeFileSync(path.join(tmp, 'a', 'f'), '');
+      const ok = await execa(ociExecPath(), ['--error-log', log, '--mkdir', path.join(tmp, 'a'), '--mkdir', path.join(tmp, 'a'),
+        '--write', path.join(tmp, 'a', 'f'), 'x', '--copy', path.join(tmp, 'a', 'f'), path.join(tmp, 'g'), '/bin/cat', path.join(tmp, 'g')], { reject: false, stdio: ['ignore', 'pipe', 'pipe'] });
+      // --copy onto a missing file fails, and the runtime (cat) never runs.
+      expect(ok.exitCode).toBe(125);
+      expect(ok.stderr).toContain(`dsec-oci-exec: copy to ${path.join(tmp, 'g')}: No such file or directory`);
+      const lines = readFileSync(log, 'utf8').trim().split('\n').map((l) => JSON.parse(l) as { level: string; msg: string });
+      expect(lines).toEqual([{ level: 'error', msg: `dsec-oci-exec: copy to ${path.join(tmp, 'g')}: No such file or directory` }]);
+      expect(readFileSync(path.join(tmp, 'a', 'f'), 'utf8')).toBe('x');
+      const run = await execa(ociExecPath(), ['--write', path.join(tmp, 'a', 'f'), 'y', '/bin/cat', path.join(tmp, 'a', 'f')], { reject: false });
+      expect({ code: run.exitCode, out: run.stdout }).toEqual({ code: 0, out: 'y' });
+    } finally {
+      rmSync(tmp, { recursive: true, force: true });
     }
   });
 });

@@ -157,33 +157,39 @@ export class OciRuntime {
   }
 
   /**
-   * Arguments of one invocation: through the launcher, its `--cgroup-procs` options and
-   * the runtime's path come first.
+   * Arguments of one invocation: through the launcher, its own options (`pre`) and the
+   * runtime's path come first.
    */
-  private argv(rest: string[], cgroupProcs: string[] = []): string[] {
+  private argv(rest: string[], pre: string[] = []): string[] {
     if (!this.info.launcher) return [...this.base(), ...rest];
-    return [...cgroupProcs.flatMap((f) => ['--cgroup-procs', f]), this.info.path, ...this.base(), ...rest];
+    return [...pre, this.info.path, ...this.base(), ...rest];
   }
 
   /**
    * `run --detach`: creates and starts the container. `extraFd` becomes fd 3 inside
    * (`--preserve-fds 1`); container stdout/stderr go to `logFd`. With a runtime that
-   * leaves the cgroup work to dsecd ({@link RuntimeInfo.cgroupsByDsecd}), the sandbox's
-   * cgroup is created here first, in every hierarchy, with `cgroup.limits` and runc's
-   * device rules (CONTAINER_DEVICE_RULES), and the runtime starts inside it; otherwise
-   * the runtime makes it from the spec (same limits) and `cgroup` is not used.
+   * leaves the cgroup work to dsecd ({@link RuntimeInfo.cgroupsByDsecd}), the launcher
+   * creates the sandbox's cgroup in every hierarchy first, with `cgroup.limits` and runc's
+   * device rules (CgroupManager.launchPlan, CONTAINER_DEVICE_RULES), joins it and starts
+   * the runtime inside; otherwise the runtime makes it from the spec (same limits) and
+   * `cgroup` is not used.
    * @returns the init's host pid (from --pid-file).
-   * @throws DsecError Internal with the runtime's own error text; as CgroupManager.create / restrictDevices.
+   * @throws DsecError Internal with the runtime's (or the launcher's) own error text;
+   *   as CgroupManager.launchPlan.
    */
   async run(id: string, bundle: string, opts: { pidFile: string; logFile: string; stdioFd: number; extraFd: number; cgroup: RunCgroup }): Promise<number> {
-    let cgroupProcs: string[] = [];
+    const pre: string[] = [];
     if (this.info.cgroupsByDsecd) {
-      await opts.cgroup.manager.create(id, opts.cgroup.limits);
-      await opts.cgroup.manager.restrictDevices(id, CONTAINER_DEVICE_RULES);
-      cgroupProcs = opts.cgroup.manager.procsFiles(id);
+      pre.push('--error-log', opts.logFile);
+      for (const st of opts.cgroup.manager.launchPlan(id, opts.cgroup.limits, CONTAINER_DEVICE_RULES)) {
+        if (st.op === 'mkdir') pre.push('--mkdir', st.path);
+        else if (st.op === 'copy') pre.push('--copy', st.from, st.to);
+        else pre.push('--write', st.path, st.value);
+      }
+      for (const f of opts.cgroup.manager.procsFiles(id)) pre.push('--cgroup-procs', f);
     }
     const args = this.argv(['--log', opts.logFile, '--log-format', 'json', 'run', '--detach', '--bundle', bundle,
-      '--pid-file', opts.pidFile, '--preserve-fds', '1', id], cgroupProcs);
+      '--pid-file', opts.pidFile, '--preserve-fds', '1', id], pre);
     // The container's stdio is the runtime's own (--detach passes it through), so the
     // runtime's stderr must be the log file too: a pipe here would stay open as long as
     // the sandbox lives. Its error text is read back from the logs on failure.

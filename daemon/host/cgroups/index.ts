@@ -27,7 +27,7 @@ export { CgroupV1Manager } from './v1.js';
 export { CgroupV2Manager, DAEMON_LEAF, V2_CONTROLLERS } from './v2.js';
 export { INSTANCE_NAME_RE, SANDBOX_ID_RE } from './procfs.js';
 export * from './io.js';
-export type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
+export type { CgroupLaunchStep, CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 
 /** Where cgroupfs is mounted on a normal Linux host. */
 export const DEFAULT_MOUNT_ROOT = '/sys/fs/cgroup';

@@ -10,7 +10,7 @@
  * the paths it is given: the managers only ever pass paths below the instance parent
  * or the daemon's own cgroup.
  */
-import { readFileSync, writeFileSync } from 'node:fs';
+import { readFileSync } from 'node:fs';
 import { readFile, readdir, rmdir, stat, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import { DsecError, failedPrecondition, internal, invalidArgument, notFound } from '../../errors.js';
@@ -334,15 +334,6 @@ export async function writeCgroupFile(file: string, value: string): Promise<void
   await writeFile(file, value);
 }
 
-/**
- * {@link writeCgroupFile} without the threadpool, for files whose write the kernel does
- * at once (device rules, cpuset, CPU and pids limits: tens of microseconds, where a
- * promise-based write costs the event loop several times that in round trips). Never
- * for a memory limit, whose write may reclaim for as long as it takes.
- */
-export function writeCgroupFileSync(file: string, value: string): void {
-  writeFileSync(file, value);
-}
 
 /** True when `p` is an existing directory. */
 export async function isDir(p: string): Promise<boolean> {

@@ -52,6 +52,16 @@ export interface CgroupLimits {
 }
 
 /**
+ * One step of {@link CgroupManager.launchPlan}, as native/oci-exec performs it: `mkdir`
+ * (an existing dir is fine), `copy` (`from`'s contents to `to` when `to` reads empty:
+ * cpuset seeding), `write` (`value` to a cgroupfs file in one write).
+ */
+export type CgroupLaunchStep =
+  | { op: 'mkdir'; path: string }
+  | { op: 'copy'; from: string; to: string }
+  | { op: 'write'; path: string; value: string };
+
+/**
  * Everything the daemon does with cgroups, for one dsecd instance. Sandbox ids must
  * match `^[a-z0-9][a-z0-9_-]{0,63}$`; every method taking an id throws
  * DsecError(InvalidArgument) otherwise, before touching the filesystem. Methods that
@@ -97,13 +107,16 @@ export interface CgroupManager {
   /** Absolute dir of sandbox `id` per hierarchy name (same keys as {@link parents}); nothing is created. */
   sandboxPaths(id: string): Record<string, string>;
   /**
-   * v1: makes the sandbox's devices cgroup deny every device (`devices.deny` `a`), then
-   * allow each of `rules` (`devices.allow` syntax, e.g. `c 1:3 rwm`), for sandboxes whose
-   * runtime leaves the cgroup work to dsecd (crun). Write before any process joins.
-   * @throws DsecError NotFound (no cgroup), FailedPrecondition (no devices hierarchy;
-   *   v2, where device rules are a BPF program: Unimplemented), Internal (a rule the kernel refuses).
+   * v1: the steps that create sandbox `id`'s cgroup in every hierarchy with `limits` and
+   * the device rules `deviceRules` (`devices.allow` syntax, after `devices.deny` `a`), for
+   * a process that then joins it ({@link procsFiles}) and starts the container there:
+   * native/oci-exec runs them before it execs crun, so the cgroupfs work (a memory
+   * cgroup's creation is the costly part) is done outside dsecd's event loop. Nothing is
+   * touched here.
+   * @throws DsecError InvalidArgument (bad id), FailedPrecondition (no devices hierarchy),
+   *   Unimplemented on v2 (device rules are a BPF program the runtime loads there).
    */
-  restrictDevices(id: string, rules: readonly string[]): Promise<void>;
+  launchPlan(id: string, limits: CgroupLimits, deviceRules: readonly string[]): CgroupLaunchStep[];
   /** Sandbox ids (child dir names) that exist under the instance parent in ANY hierarchy, deduplicated and sorted. */
   list(): Promise<string[]>;
   /** True when the sandbox dir exists in at least one hierarchy. */

@@ -12,16 +12,15 @@
  * cpuacct.usage in cpuacct, freezer.state in freezer. Units are the kernel's (bytes,
  * nanoseconds).
  */
-import { mkdirSync } from 'node:fs';
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
+import type { CgroupLaunchStep, CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { bfqWeight, devKey, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
-  rmdirCgroupTree, signalPids, sleep, writeCgroupFile, writeCgroupFileSync, type HierarchyLayout,
+  rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
 import { IO_WEIGHT_DEFAULT, hasIoMax, type IoLimits } from '../../model/resources.js';
 
@@ -117,12 +116,10 @@ export class CgroupV1Manager implements CgroupManager {
 
   async create(id: string, limits: CgroupLimits): Promise<void> {
     assertSandboxId(id);
-    // Synchronous cgroupfs calls (kernfs answers at once, see writeCgroupFileSync): this
-    // runs once per container create on crun, where dsecd does runc's cgroup work.
     for (const h of this.hierarchies) {
       const d = path.join(h.parent, id);
       try {
-        mkdirSync(d);
+        await mkdir(d);
       } catch (e) {
         if (errnoOf(e) !== 'EEXIST') throw cgroupFsError(e, `mkdir ${d}`);
       }
@@ -131,45 +128,47 @@ export class CgroupV1Manager implements CgroupManager {
         for (const f of ['cpuset.cpus', 'cpuset.mems']) {
           if ((await readOptional(path.join(d, f)))?.trim()) continue;
           const parent = (await readOptional(path.join(h.parent, f)))?.trim();
-          if (!parent) continue;
-          try {
-            writeCgroupFileSync(path.join(d, f), parent);
-          } catch (e) {
-            throw cgroupFsError(e, `write ${f} of sandbox ${id}`);
-          }
+          if (parent) await writeCgroupFile(path.join(d, f), parent).catch((e) => { throw cgroupFsError(e, `write ${f} of sandbox ${id}`); });
         }
       }
     }
-    const write = (key: string, file: string, value: number | null) => {
+    const write = async (key: string, file: string, value: number | null) => {
       const d = this.dir(key, id);
       if (d === undefined || value === null) return;
-      try {
-        writeCgroupFileSync(path.join(d, file), String(value));
-      } catch (e) {
-        throw cgroupFsError(e, `write ${file} of sandbox ${id}`);
-      }
+      await writeCgroupFile(path.join(d, file), String(value)).catch((e) => { throw cgroupFsError(e, `write ${file} of sandbox ${id}`); });
     };
     if (limits.memoryBytes !== null) await this.setMemoryLimit(id, limits.memoryBytes);
+    await write('cpu', 'cpu.cfs_period_us', limits.cpuPeriodUs);
+    await write('cpu', 'cpu.cfs_quota_us', limits.cpuQuotaUs ?? -1);
+    await write('cpu', 'cpu.shares', limits.cpuShares);
+    await write('pids', 'pids.max', limits.pids);
+  }
+
+  launchPlan(id: string, limits: CgroupLimits, deviceRules: readonly string[]): CgroupLaunchStep[] {
+    assertSandboxId(id);
+    const steps: CgroupLaunchStep[] = [];
+    for (const h of this.hierarchies) {
+      const d = path.join(h.parent, id);
+      steps.push({ op: 'mkdir', path: d });
+      // A new v1 cpuset cgroup refuses tasks until cpus and mems are set (see init()).
+      if (h.controllers.includes('cpuset')) {
+        for (const f of ['cpuset.cpus', 'cpuset.mems']) steps.push({ op: 'copy', from: path.join(h.parent, f), to: path.join(d, f) });
+      }
+    }
+    const write = (key: string, file: string, value: string | number | null) => {
+      const d = this.dir(key, id);
+      if (d !== undefined && value !== null) steps.push({ op: 'write', path: path.join(d, file), value: String(value) });
+    };
+    // A new cgroup's memsw limit is unlimited, so memory.limit_in_bytes takes any value.
+    write('memory', 'memory.limit_in_bytes', limits.memoryBytes ?? -1);
     write('cpu', 'cpu.cfs_period_us', limits.cpuPeriodUs);
     write('cpu', 'cpu.cfs_quota_us', limits.cpuQuotaUs ?? -1);
     write('cpu', 'cpu.shares', limits.cpuShares);
     write('pids', 'pids.max', limits.pids);
-  }
-
-  async restrictDevices(id: string, rules: readonly string[]): Promise<void> {
-    assertSandboxId(id);
-    const d = this.dir('devices', id);
-    if (!d) throw failedPrecondition('no devices cgroup hierarchy is mounted');
-    const write = (file: string, value: string) => {
-      try {
-        writeCgroupFileSync(path.join(d, file), value);
-      } catch (e) {
-        if (errnoOf(e) === 'ENOENT') throw notFound(`cgroup of sandbox ${id} not found`);
-        throw cgroupFsError(e, `write ${file} "${value}" of sandbox ${id}`);
-      }
-    };
-    write('devices.deny', 'a');
-    for (const r of rules) write('devices.allow', r);
+    if (this.dir('devices', id) === undefined) throw failedPrecondition('no devices cgroup hierarchy is mounted: device rules cannot be written');
+    write('devices', 'devices.deny', 'a');
+    for (const r of deviceRules) write('devices', 'devices.allow', r);
+    return steps;
   }
 
   procsFiles(id: string): string[] {

@@ -21,7 +21,7 @@
 import { mkdir, rmdir } from 'node:fs/promises';
 import path from 'node:path';
 import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimplemented } from '../../errors.js';
-import type { CgroupLimits, CgroupManager, CgroupStats } from './types.js';
+import type { CgroupLaunchStep, CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { bfqWeight, devKey, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
   INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
@@ -156,7 +156,7 @@ export class CgroupV2Manager implements CgroupManager {
     if (limits.idle && (await isFile(path.join(d, 'cpu.idle')))) await write('cpu.idle', '1');
   }
 
-  async restrictDevices(id: string): Promise<void> {
+  launchPlan(id: string): CgroupLaunchStep[] {
     assertSandboxId(id);
     throw unimplemented('cgroup v2 device rules are a BPF program the OCI runtime loads; dsecd does not write them (use runc on cgroup v2)');
   }

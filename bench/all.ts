@@ -171,7 +171,7 @@ async function destroyAll(d: TempDaemon, selector: string): Promise<{ per_sandbo
 
 interface Opts {
   quick: boolean; only?: string; n: string; podmanN: string; concurrency: string; podman: boolean; doc: boolean; cpuProf?: string;
-  densityN: string; densityBudgetMib: string;
+  densityN: string; densityBudgetMib: string; densityRuntime?: string;
 }
 
 /** One burst through the API: creates then first exec; ready/s and latencies. */
@@ -308,7 +308,8 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
   const out: Record<string, unknown> = {};
   // Admission counts CPU limits: by default 1,000 cores of limits per host core, so this
   // 2-core host admits 2,000 one-core sandboxes; the density run raises the ratio to fit n.
-  const d = await daemon('density', `[admission]\ncpu_overcommit = ${Math.max(1000, Math.ceil((n + 100) / os.cpus().length))}\ndisk_overcommit = 100000\n`);
+  const rt = o.densityRuntime ? `[runtime]\nname = "${o.densityRuntime}"\n` : '';
+  const d = await daemon('density', `[admission]\ncpu_overcommit = ${Math.max(1000, Math.ceil((n + 100) / os.cpus().length))}\ndisk_overcommit = 100000\n${rt}`);
   try {
     const w = await d.client.createSandbox({ image: 'busybox' });
     await d.client.deleteSandbox(w.id, { force: true });
@@ -327,7 +328,7 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
     const stats = await d.client.stats();
     const charged = stats.sandboxes.reduce((s, x) => s + (x.memory_bytes ?? 0), 0);
     out.dsec = {
-      sandboxes: made, budget_mib: Number(o.densityBudgetMib), all_answer_exec: await (async () => {
+      sandboxes: made, budget_mib: Number(o.densityBudgetMib), runtime: (await d.client.hostInfo()).runtime.name, all_answer_exec: await (async () => {
         const list = await d.client.listSandboxes({ selector: 'bench=density' });
         let ok = 0;
         await pool(list.length, c, async (i) => { if ((await d.client.exec(list[i].id, { argv: ['true'] })).exit_code === 0) ok++; });
@@ -544,6 +545,7 @@ async function main(): Promise<void> {
     .option('--concurrency <c>', 'creates in flight in the burst and density runs', '16')
     .option('--density-n <n>', 'most sandboxes in the density run (DESIGN.md §6: 5,000)', '5000')
     .option('--density-budget-mib <m>', 'stop the density run once host memory fell by this much', '10240')
+    .option('--density-runtime <name>', 'the density dsecd\'s [runtime] name (runc or crun; default: auto)')
     .option('--no-podman', 'skip the podman peers')
     .option('--no-doc', 'do not rewrite docs/BENCHMARKS.md or bench/results-all.json (JSON goes to bench/results-all.local.json; --quick implies it)')
     .option('--cpu-prof <dir>', 'run the burst dsecd under node --cpu-prof, profiles into DIR')

@@ -38,7 +38,7 @@ import { Builder } from './host/builder.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
 import { SandboxFiles } from './host/sandbox-files.js';
 import { unmountAllAsync } from './host/native.js';
-import { RuntimeSet, type RuntimeInfo } from './drivers/container/runtime.js';
+import { RuntimeSet, runtimeStateDir } from './drivers/container/runtime.js';
 import { ContainerDriver } from './drivers/container/driver.js';
 import { MicrovmDriver } from './drivers/microvm/driver.js';
 import { VmDriver } from './drivers/vm/driver.js';
@@ -112,7 +112,6 @@ interface HostParts {
   /** The agent binary as sandboxes bind it (a copy on the sandbox-files tmpfs). */
   agentBinary: string;
   cgroups: CgroupManager;
-  runtimeInfo: RuntimeInfo;
   runtime: RuntimeSet;
   /** State dirs of runtimes this host can no longer run (RuntimeSet.open), logged at start. */
   runtimeWarnings: string[];
@@ -176,7 +175,7 @@ async function openHost(config: DaemonConfig, agentSource: string, opts: StartOp
   checkCgroupParents(config.root, cgroups.parents);
   await cgroups.init();
   const { set: runtime, warnings } = await RuntimeSet.open(config.root, config.runtime, cgroups.version);
-  return { sandboxFiles, agentBinary, cgroups, runtimeInfo: runtime.info, runtime, runtimeWarnings: warnings };
+  return { sandboxFiles, agentBinary, cgroups, runtime, runtimeWarnings: warnings };
 }
 
 /**
@@ -307,7 +306,7 @@ async function purge(config: DaemonConfig, log: Logger, h: HostParts, st: Stores
   await execa('umount', [path.join(config.root, 'bpf')], { reject: false });
   await h.sandboxFiles.remove();
   // crun's state tmpfs (RuntimeSet.open mounts it).
-  await unmountAllAsync(path.join(config.root, 'runtime', 'crun')).catch((e: Error) => log.warn({ err: e }, 'unmount of the runtime state tmpfs failed'));
+  await unmountAllAsync(runtimeStateDir(config.root, 'crun')).catch((e: Error) => log.warn({ err: e }, 'unmount of the runtime state tmpfs failed'));
   await d.container.close();
   await d.microvm.close();
   await d.vm.close();
@@ -499,7 +498,7 @@ async function serveApi(r: Running): Promise<Daemon> {
     host: {
       version: () => ({ version: DSEC_VERSION, api: 'v1', agent_protocol: AGENT_PROTOCOL_VERSION, node: process.version }),
       hostInfo: () => hostInfo({
-        config, cgroups: h.cgroups, runtime: h.runtimeInfo, backends: svc.backends, container: d.container, microvm: d.microvm, repo, fncall, warm,
+        config, cgroups: h.cgroups, runtime: h.runtime.info, backends: svc.backends, container: d.container, microvm: d.microvm, repo, fncall, warm,
         criu: r.criu, schedIdle: d.schedIdle, coreSched: d.coreSched, network: d.network, storage: st.storage, disks: svc.disks,
         seccompMonitor: d.seccompMonitor, builder: st.builder, fleet: () => fleet?.status() ?? null, reclaim: () => reclaim.status(), reclaimConfig: config.memory,
       }),
@@ -565,7 +564,7 @@ async function serveApi(r: Running): Promise<Daemon> {
       throw e;
     }
   }
-  log.info({ socket: config.socket, root: config.root, runtime: h.runtimeInfo.name, cgroup: h.cgroups.version, failpoint: r.fp.armed }, 'dsecd ready');
+  log.info({ socket: config.socket, root: config.root, runtime: h.runtime.info.name, cgroup: h.cgroups.version, failpoint: r.fp.armed }, 'dsecd ready');
   return {
     config,
     log,

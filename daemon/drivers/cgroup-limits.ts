@@ -3,6 +3,7 @@
  * or, with crun, written by dsecd; a VM's VMM directly): one period, one way from cores
  * to a quota, one share value for the batch class, and the container's device rules.
  */
+import type { CgroupLimits } from '../host/cgroups/index.js';
 
 /** CFS period for CPU limits: 100 ms, the kernel default; quota = cpus × period. */
 export const CPU_PERIOD_US = 100_000;
@@ -13,8 +14,6 @@ export const CPU_PERIOD_US = 100_000;
  * CPU time. On cgroup v2 runc maps shares to cpu.weight (2 → 1, the minimum).
  */
 export const BATCH_CPU_SHARES = 2;
-
-import type { CgroupLimits } from '../host/cgroups/index.js';
 
 /** The CFS quota of `cpus` cores per {@link CPU_PERIOD_US}, µs: at least 1 ms, the kernel's minimum. */
 export function cpuQuotaUs(cpus: number): number {
@@ -41,7 +40,7 @@ export const CONTAINER_DEVICE_RULES: readonly string[] = Object.freeze([
  * `linux.resources` and dsecd writes them for crun: `cpus` cores as a quota per
  * {@link CPU_PERIOD_US}, batch shares, memory bytes and the pids limit (null: none).
  */
-export function containerCgroupLimits(s: { cpus: number; memoryBytes: number | null; pids: number | null; priority?: 'latency' | 'batch' }): CgroupLimits {
+export function containerCgroupLimits(s: { cpus: number; memoryBytes: number | null; pids: number | null; priority?: 'latency' | 'batch' }): CgroupLimits & { cpuQuotaUs: number } {
   return {
     cpuQuotaUs: cpuQuotaUs(s.cpus), cpuPeriodUs: CPU_PERIOD_US, cpuShares: s.priority === 'batch' ? BATCH_CPU_SHARES : null,
     memoryBytes: s.memoryBytes, pids: s.pids,

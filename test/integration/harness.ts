@@ -19,7 +19,7 @@ import { expect } from 'vitest';
 import { DsecClient, isDsecApiError, type DsecApiError } from '../../sdk/client.js';
 import { detectCgroups, type CgroupManager } from '../../daemon/host/cgroups/index.js';
 import { instanceNameFor } from '../../daemon/config.js';
-import { detectRuntime, OciRuntime } from '../../daemon/drivers/container/runtime.js';
+import { detectRuntime, OciRuntime, runtimeStateDir } from '../../daemon/drivers/container/runtime.js';
 import { builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
 
 export { SLOTS, builderRangeForSlot, leaseSlot, releaseSlot, uidPoolForSlot } from '../fixtures/slots.js';
@@ -286,14 +286,15 @@ export class TestDaemon {
 
   /**
    * The OCI runtimes whose state dir this instance has (<root>/runtime/<name>), each as
-   * dsecd invokes it (crun through its launcher on a hybrid cgroup host).
+   * dsecd invokes it for containers it holds (RuntimeSet: crun through its launcher on a
+   * cgroup v1 host).
    */
   async runtimes(): Promise<OciRuntime[]> {
     const out: OciRuntime[] = [];
     for (const name of ['runc', 'crun'] as const) {
-      const dir = path.join(this.root, 'runtime', name);
+      const dir = runtimeStateDir(this.root, name);
       if (!existsSync(dir)) continue;
-      out.push(new OciRuntime(await detectRuntime({ name, path: null }, (await this.cgroups()).version), dir));
+      out.push(new OciRuntime(await detectRuntime({ name, path: null }, (await this.cgroups()).version, { existing: true }), dir));
     }
     return out;
   }

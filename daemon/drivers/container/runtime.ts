@@ -16,7 +16,6 @@ import { internal, invalidArgument, unavailable } from '../../errors.js';
 import path from 'node:path';
 import type { CgroupLimits, CgroupManager } from '../../host/cgroups/index.js';
 import * as native from '../../host/native.js';
-import { repoRoot } from '../../host/native.js';
 import { CONTAINER_DEVICE_RULES } from '../cgroup-limits.js';
 import { spawnNative } from '../../host/spawn.js';
 
@@ -29,8 +28,8 @@ export interface RuntimeInfo {
   reason: string;
   /**
    * Absolute path of native/oci-exec/dsec-oci-exec when every invocation goes through it
-   * (crun on a hybrid cgroup host: it hides the cgroup2 mount's controllers from crun,
-   * which otherwise refuses the host), else null.
+   * (crun on a cgroup v1 host: it creates and joins the sandbox's cgroups and hides a
+   * hybrid host's cgroup2 controllers from crun, which otherwise refuses the host), else null.
    */
   launcher: string | null;
   /**
@@ -46,7 +45,12 @@ export interface RuntimeInfo {
 
 /** Where native/oci-exec builds its launcher. */
 export function ociExecPath(): string {
-  return path.join(repoRoot(), 'native/oci-exec/dsec-oci-exec');
+  return path.join(native.repoRoot(), 'native/oci-exec/dsec-oci-exec');
+}
+
+/** The state dir (`--root`) of runtime `name` under a dsecd root: `<root>/runtime/<name>`. */
+export function runtimeStateDir(root: string, name: 'runc' | 'crun'): string {
+  return path.join(root, 'runtime', name);
 }
 
 /**
@@ -300,14 +304,14 @@ export class RuntimeSet {
    */
   static async open(root: string, pref: { name: 'auto' | 'runc' | 'crun'; path: string | null }, cgroupVersion: 1 | 2): Promise<{ set: RuntimeSet; warnings: string[] }> {
     const info = await detectRuntime(pref, cgroupVersion);
-    const primary = new OciRuntime(info, path.join(root, 'runtime', info.name));
+    const primary = new OciRuntime(info, runtimeStateDir(root, info.name));
     const earlier: OciRuntime[] = [];
     const warnings: string[] = [];
     if (info.name === 'crun' && !mountStateTmpfs(primary.stateDir)) {
       warnings.push(`${primary.stateDir} holds containers on disk: crun's state stays there (no tmpfs) until a start finds it empty`);
     }
     for (const name of ['runc', 'crun'] as const) {
-      const dir = path.join(root, 'runtime', name);
+      const dir = runtimeStateDir(root, name);
       if (name === info.name || !existsSync(dir) || readdirSync(dir).length === 0) continue;
       try {
         earlier.push(new OciRuntime(await detectRuntime({ name, path: null }, cgroupVersion, { existing: true }), dir));

@@ -47,7 +47,7 @@
  * ({@link SpecInput.apparmorProfile}); the driver does so only where the kernel has
  * AppArmor (daemon/security/apparmor.ts). Elsewhere the spec never names one.
  */
-import { BATCH_CPU_SHARES, CPU_PERIOD_US, cpuQuotaUs } from '../cgroup-limits.js';
+import { containerCgroupLimits } from '../cgroup-limits.js';
 import path from 'node:path';
 import { buildSeccomp, type OciSeccomp } from '../../security/seccomp.js';
 import type { FilesystemPlan } from '../../security/filesystem.js';
@@ -199,8 +199,10 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
     destination: b.path, type: 'bind', source: path.join(i.rootfs, b.path),
     options: b.readonly ? ['rbind', 'ro'] : ['rbind', 'rw', 'nosuid', 'nodev', 'rnosuid', 'rnodev'],
   }));
-  const cpu: Record<string, number> = { quota: cpuQuotaUs(i.cpus), period: CPU_PERIOD_US };
-  if (batch) cpu.shares = BATCH_CPU_SHARES;
+  // The limits crun's launcher writes itself (containerCgroupLimits), as runc reads them.
+  const limits = containerCgroupLimits(i);
+  const cpu: Record<string, number> = { quota: limits.cpuQuotaUs, period: limits.cpuPeriodUs };
+  if (limits.cpuShares !== null) cpu.shares = limits.cpuShares;
   const proc: Record<string, unknown> = {
     terminal: false,
     user: { uid: 0, gid: 0 },
@@ -216,9 +218,9 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
   if (batch) proc.rlimits = [{ type: 'RLIMIT_NICE', hard: 0, soft: 0 }];
   if (i.apparmorProfile) proc.apparmorProfile = i.apparmorProfile;
   const resources: Record<string, unknown> = {
-    memory: { limit: i.memoryBytes },
+    memory: { limit: limits.memoryBytes },
     cpu,
-    pids: { limit: i.pids },
+    pids: { limit: limits.pids },
     devices: [{ allow: false, access: 'rwm' }],
   };
   if (batch && i.cgroupVersion === 2) resources.unified = { 'cpu.idle': '1' };

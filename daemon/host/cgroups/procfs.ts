@@ -334,7 +334,6 @@ export async function writeCgroupFile(file: string, value: string): Promise<void
   await writeFile(file, value);
 }
 
-
 /** True when `p` is an existing directory. */
 export async function isDir(p: string): Promise<boolean> {
   try {

@@ -32,7 +32,7 @@ import { SandboxRepo } from './db/sandboxes.js';
 import { SnapshotRepo } from './db/snapshots.js';
 import { probeCriu } from './host/criu.js';
 import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
-import { detectCgroups, type CgroupManager } from './host/cgroups/index.js';
+import { detectCgroups, joinRecordedCgroups, type CgroupManager } from './host/cgroups/index.js';
 import { registerInstance } from './host/instances.js';
 import { Builder } from './host/builder.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
@@ -67,7 +67,7 @@ import { isPoolShell, WarmPools } from './sandbox/warm-pool.js';
 import type { SandboxLifecycle } from './sandbox/lifecycle.js';
 import { Metrics } from './metrics.js';
 import { AGENT_PROTOCOL_VERSION, DSEC_VERSION } from './version.js';
-import { agentBinaryPath, checkCgroupParents, checkRootLength, claimSocket, prepareStateDirs, repoRoot, secureSocket, vmmLauncherPath } from './startup/host.js';
+import { agentBinaryPath, checkCgroupParents, checkRootLength, claimSocket, prepareStateDirs, recordedCgroupParents, repoRoot, secureSocket, vmmLauncherPath } from './startup/host.js';
 import { hostInfo } from './api/host-info.js';
 import { loadPolicies, reloadPolicies } from './startup/policies.js';
 import { buildServices, type Services } from './startup/services.js';
@@ -113,8 +113,8 @@ interface HostParts {
   agentBinary: string;
   cgroups: CgroupManager;
   runtime: RuntimeSet;
-  /** State dirs of runtimes this host can no longer run (RuntimeSet.open), logged at start. */
-  runtimeWarnings: string[];
+  /** Logged at start: state dirs of runtimes this host can no longer run (RuntimeSet.open), a purge that joined the recorded cgroups. */
+  warnings: string[];
 }
 
 /** What {@link openStores} opened. */
@@ -171,11 +171,18 @@ async function openHost(config: DaemonConfig, agentSource: string, opts: StartOp
   const sandboxFiles = SandboxFiles.open(config.root);
   const agentBinary = sandboxFiles.installAgent(agentSource);
   if (!opts.purge) await claimSocket(config.socket);
-  const cgroups = await detectCgroups({ instance: config.instance });
+  let cgroups = await detectCgroups({ instance: config.instance });
+  const warnings: string[] = [];
+  const recorded = opts.purge ? recordedCgroupParents(config.root) : null;
+  const joined = recorded ? await joinRecordedCgroups(recorded, cgroups) : [];
+  if (joined.length) {
+    cgroups = await detectCgroups({ instance: config.instance });
+    warnings.push(`--purge was run from another cgroup than this instance's dsecd: it joined the cgroups dsecd ran in (${joined.join(', ')}), where the sandboxes live`);
+  }
   checkCgroupParents(config.root, cgroups.parents);
   await cgroups.init();
-  const { set: runtime, warnings } = await RuntimeSet.open(config.root, config.runtime, cgroups.version);
-  return { sandboxFiles, agentBinary, cgroups, runtime, runtimeWarnings: warnings };
+  const rt = await RuntimeSet.open(config.root, config.runtime, cgroups.version);
+  return { sandboxFiles, agentBinary, cgroups, runtime: rt.set, warnings: [...warnings, ...rt.warnings] };
 }
 
 /**
@@ -403,7 +410,7 @@ export async function startDaemon(config: DaemonConfig, log: Logger, opts: Start
   const reg = registerInstance(config);
   try {
     const h = await openHost(config, agentSource, opts);
-    for (const w of h.runtimeWarnings) log.warn(w);
+    for (const w of h.warnings) log.warn(w);
     if (h.runtime.earlier.length) log.info({ runtimes: h.runtime.earlier.map((r) => r.info.name) }, 'containers of an earlier runtime stay with it until destroyed');
     const st = await openStores(config, log);
     const d = await startDrivers(config, log, h, st, opts);

@@ -78,20 +78,32 @@ function assertTraversable(dir: string): void {
 }
 
 /**
+ * The instance parents (hierarchy key → absolute cgroup dir) recorded in
+ * `<root>/cgroup-parents.json` by the last start, or null when there is no such file or
+ * it does not parse (a first start).
+ */
+export function recordedCgroupParents(root: string): Record<string, string> | null {
+  try {
+    const v: unknown = JSON.parse(readFileSync(path.join(root, 'cgroup-parents.json'), 'utf8'));
+    return v && typeof v === 'object' && !Array.isArray(v) ? v as Record<string, string> : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
  * Sandboxes of an instance live in cgroups below the cgroup dsecd ran in when it
  * created them (runc resolves the relative cgroupsPath against its own cgroup). If
  * dsecd is later started from a different cgroup (another login session rather than
  * its systemd service), it would not find them. The parents are recorded in
- * `<root>/cgroup-parents.json`; a start from elsewhere is refused while sandboxes exist.
+ * `<root>/cgroup-parents.json`; a start from elsewhere is refused while sandboxes exist
+ * (`dsecd --purge` first joins the recorded cgroups: joinRecordedCgroups).
  * @throws DsecError FailedPrecondition naming the hierarchy whose parent moved.
  */
 export function checkCgroupParents(root: string, parents: Record<string, string>): void {
   const file = path.join(root, 'cgroup-parents.json');
   const dbFile = path.join(root, 'dsec.db');
-  let recorded: Record<string, string> | null = null;
-  try {
-    recorded = JSON.parse(readFileSync(file, 'utf8'));
-  } catch { /* first start */ }
+  const recorded = recordedCgroupParents(root);
   if (recorded) {
     const moved = Object.keys(parents).filter((k) => recorded![k] !== undefined && recorded![k] !== parents[k]);
     if (moved.length && existsSync(dbFile)) {

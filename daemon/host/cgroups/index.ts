@@ -16,11 +16,11 @@
  * stats, freezes/thaws, kills and removes sandbox cgroups. Instances never look outside
  * their own `dsec-<instance>` dirs, so several dsecd instances run side by side.
  */
-import { readFile } from 'node:fs/promises';
+import { readFile, writeFile } from 'node:fs/promises';
 import path from 'node:path';
-import { assertInstanceName, isFile, parseMountinfo, parseProcCgroup, resolveLayout } from './procfs.js';
+import { assertInstanceName, cgroupFsError, errnoOf, isDir, isFile, parseMountinfo, parseProcCgroup, resolveLayout } from './procfs.js';
 import { CgroupV1Manager } from './v1.js';
-import { CgroupV2Manager } from './v2.js';
+import { CgroupV2Manager, DAEMON_LEAF } from './v2.js';
 import type { CgroupManager } from './types.js';
 
 export { CgroupV1Manager } from './v1.js';
@@ -65,4 +65,44 @@ export async function detectCgroups(opts: DetectOptions): Promise<CgroupManager>
   return layout.version === 2
     ? new CgroupV2Manager(opts.instance, layout.hierarchies[0])
     : new CgroupV1Manager(opts.instance, layout.hierarchies);
+}
+
+/**
+ * Moves this process into the cgroups that an instance's recorded parents hang from, so
+ * that a manager detected afterwards ({@link detectCgroups}) has exactly those parents.
+ * `dsecd --purge` does this when it runs from another cgroup than the dsecd that made the
+ * sandboxes (an ssh session's, while the service ran under systemd; every command of
+ * some job runners runs in a memory cgroup of its own), where a start is refused
+ * (startup/host.ts checkCgroupParents): a purge that refused left the sandboxes' cgroups
+ * behind. For each hierarchy key whose recorded parent differs from `current.parents`,
+ * the process joins the recorded parent's parent directory, the cgroup dsecd ran in; on
+ * v2 its `dsecd` leaf when that exists (a v2 cgroup with children holds no processes).
+ * A recorded cgroup that is gone is skipped: the parent below it is gone too.
+ * @param recorded hierarchy key → absolute instance parent, as startup/host.ts
+ * recordedCgroupParents returns it.
+ * @returns the hierarchy keys whose cgroup this process joined (empty: nothing moved).
+ * @throws DsecError from a failed write to cgroup.procs other than ENOENT (e.g.
+ * Internal for EACCES without root).
+ */
+export async function joinRecordedCgroups(recorded: Record<string, string>, current: CgroupManager): Promise<string[]> {
+  const joined: string[] = [];
+  const done = new Set<string>();
+  for (const [k, parent] of Object.entries(recorded)) {
+    if (current.parents[k] === undefined || current.parents[k] === parent || typeof parent !== 'string') continue;
+    let dir = path.dirname(parent);
+    if (current.version === 2 && await isDir(path.join(dir, DAEMON_LEAF))) dir = path.join(dir, DAEMON_LEAF);
+    if (done.has(dir)) {
+      joined.push(k);
+      continue;
+    }
+    try {
+      await writeFile(path.join(dir, 'cgroup.procs'), String(process.pid));
+    } catch (e) {
+      if (errnoOf(e) === 'ENOENT') continue;
+      throw cgroupFsError(e, `join ${dir}`);
+    }
+    done.add(dir);
+    joined.push(k);
+  }
+  return joined;
 }

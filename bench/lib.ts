@@ -21,7 +21,11 @@ export interface TempDaemon {
   root: string;
   /** Host pid of the dsecd process. */
   pid: number | undefined;
-  /** SIGTERMs it, purges what is left (sandboxes, layer mounts, cgroup parents), removes the root and releases its slot. */
+  /**
+   * SIGTERMs it, purges what is left (sandboxes, layer mounts, cgroup parents), removes the
+   * root and releases its slot. A purge that fails is reported on stderr and its root is
+   * kept, to purge again by hand.
+   */
   stop(): Promise<void>;
 }
 
@@ -70,7 +74,13 @@ export async function tempDaemon(prefix: string, pool: { base: number; size: num
     if (proc.exitCode === null && proc.signalCode === null) proc.kill('SIGTERM');
     await exited;
     // --purge destroys what is left (after a failed run), unmounts layers and removes cgroup parents.
-    await execa(dsecd, ['--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
+    const purged = await execa(dsecd, ['--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
+    if (purged.exitCode !== 0) {
+      // Its root stays, so `dsecd --root <root> --purge` can be run again by hand.
+      process.stderr.write(`bench: dsecd --purge of ${root} failed (exit ${purged.exitCode}); left in place:\n${purged.stderr}\n`);
+      releaseSlot(slot);
+      return;
+    }
     rmSync(root, { recursive: true, force: true });
     releaseSlot(slot);
   };

@@ -265,7 +265,7 @@ async function startDrivers(config: DaemonConfig, log: Logger, h: HostParts, st:
     onMissed: (id, n, by, total) => denialEvents.missed(id, n, by, total),
   });
   const container = new ContainerDriver({
-    root: config.root, runtime: h.runtime, cgroups: h.cgroups, layers, agentBinary: h.agentBinary, coreScheduling: coreSched.available, storage: st.storage,
+    root: config.root, runtime: h.runtime, cgroups: h.cgroups, layers, agentBinary: h.agentBinary, maskDir: h.sandboxFiles.maskDir(), coreScheduling: coreSched.available, storage: st.storage,
     log: log.child({ component: 'container' }), network, ...(seccompMonitor ? { seccompMonitor } : {}),
     // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
     apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem,

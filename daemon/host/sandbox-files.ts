@@ -74,6 +74,23 @@ export class SandboxFiles {
   }
 
   /**
+   * An empty directory on this tmpfs, mode 0555 and owned by host root, made once: what
+   * container sandboxes bind read-only over the sysfs directories they mask
+   * (drivers/container/spec.ts SYSFS_MASKED_DIRS), in place of a tmpfs of their own for
+   * each. Every tmpfs is a superblock, and the kernel sizes each memory cgroup's shrinker
+   * table by the host's superblock count (docs/BENCHMARKS.md "Density"): binds of one
+   * shared directory add none. A sandbox cannot write it: the bind is read-only and its
+   * owner is not in any sandbox's user namespace.
+   * @throws errno-coded Errors of mkdir/chmod.
+   */
+  maskDir(): string {
+    const d = path.join(this.dir, 'mask');
+    mkdirSync(d, { recursive: true, mode: 0o555 });
+    chmodSync(d, 0o555);
+    return d;
+  }
+
+  /**
    * Stores the agent binary read from `source` (mode 0555) and removes the names of other
    * agent versions (sandboxes that bound one keep it through their mount). Returns the path
    * sandboxes bind at /dev/.dsec-agent.

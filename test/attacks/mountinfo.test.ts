@@ -7,7 +7,7 @@
  * (docs/SECURITY.md "What a sandbox sees of the host's mounts").
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { readdirSync, readFileSync, realpathSync } from 'node:fs';
+import { existsSync, readdirSync, readFileSync, realpathSync } from 'node:fs';
 import path from 'node:path';
 import { IS_ROOT, REPO, TestDaemon, out } from '../integration/harness.js';
 
@@ -70,6 +70,24 @@ describe.skipIf(!IS_ROOT)('attack: read the host layout from the mount table', (
     await expectNoHostNames(sb.id);
     const info = (await d.client.hostInfo()) as unknown as { defences: Record<string, { enforced: boolean; detail: string }> };
     expect(info.defences.mount_table_paths_hidden).toMatchObject({ enforced: true });
+  });
+
+  it('the sysfs masks read empty and refuse writes, and are binds of one directory of dsecd\'s: a sandbox makes 8 superblocks, not 10', async () => {
+    const masks = ['/sys/firmware', '/sys/devices/virtual/block'].filter((p) => existsSync(p));
+    expect(masks.length).toBeGreaterThan(0);
+    const sb = await d.client.createSandbox({ image: 'busybox' });
+    const r = await d.client.exec(sb.id, { argv: ['sh', '-c', masks.map((m) => `ls -A ${m}; touch ${m}/x; mkdir ${m}/y`).join('; ') + '; true'] });
+    expect(out(r)).toBe('');
+    expect(r.stderr.toString().match(/Read-only file system/g)).toHaveLength(2 * masks.length);
+    // Superblocks the sandbox's mounts add to the host: devices of its mount table that no
+    // mount of the host's namespace has. Each is a row in every memory cgroup's shrinker
+    // table (docs/BENCHMARKS.md "Density").
+    const lines = out(await d.client.exec(sb.id, { argv: ['cat', '/proc/self/mountinfo'] })).trim().split('\n').map((l) => l.split(' '));
+    const hostDevs = new Set(readFileSync('/proc/self/mountinfo', 'utf8').trim().split('\n').map((l) => l.split(' ')[2]));
+    const own = new Set(lines.map((f) => f[2]).filter((dev) => !hostDevs.has(dev)));
+    expect([...own].length, lines.map((f) => `${f[2]} ${f[4]}`).join('\n')).toBeLessThanOrEqual(8);
+    const agentDev = lines.find((f) => f[4] === '/dev/.dsec-agent')![2];
+    for (const m of masks) expect(lines.find((f) => f[4] === m)?.[2]).toBe(agentDev);
   });
 
   it('with networking and writable paths: resolv.conf and the filesystem binds name nothing of the host', async () => {

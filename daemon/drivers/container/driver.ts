@@ -22,7 +22,7 @@
  */
 import net from 'node:net';
 import { execFileSync } from 'node:child_process';
-import { closeSync, openSync, readFileSync } from 'node:fs';
+import { closeSync, existsSync, openSync, readFileSync } from 'node:fs';
 import { chmod, chown, lstat, mkdir, readdir, rename, rm, writeFile } from 'node:fs/promises';
 import path from 'node:path';
 import type { Logger } from 'pino';
@@ -36,7 +36,7 @@ import type { StepObserver } from '../../model/steps.js';
 import { effectiveLayers } from '../../model/image.js';
 import type { Backend } from '../../model/backend.js';
 import type { AgentFiles, BackendCapabilities, LiveUpdate, DriverExecHandlers, ReclaimReport, SandboxStats, DriverExecRequest, DriverExecResult, DriverStartExecRequest, InitInfo, OrphanReport, SandboxDriver } from '../types.js';
-import { buildSpec } from './spec.js';
+import { buildSpec, SYSFS_MASKED_DIRS } from './spec.js';
 import { CPU_PERIOD_US, containerCgroupLimits, cpuQuotaUs } from '../cgroup-limits.js';
 import { hostHasSwap } from '../../host/proc.js';
 import { kernelHasAppArmor, prepareSandboxProfile, profilePath, unloadProfile } from '../../security/apparmor.js';
@@ -64,6 +64,11 @@ export interface ContainerDriverDeps {
   layers: LayerMounts;
   /** Host path of the static agent binary. */
   agentBinary: string;
+  /**
+   * Empty read-only host directory bound over the sysfs masks (host/sandbox-files.ts
+   * maskDir; spec.ts SpecInput.sysMasks). Default: none, the runtime masks them with tmpfs.
+   */
+  maskDir?: string;
   /** Give each sandbox its own core-scheduling cookie (only where the kernel has core scheduling). */
   coreScheduling: boolean;
   /**
@@ -118,11 +123,14 @@ export class ContainerDriver implements SandboxDriver {
   private readonly apparmorKernel: boolean;
   /** The kernel's Landlock ABI, asked of the agent binary once, at construction. */
   readonly landlock: { abi: number; reason: string | null };
+  /** The sysfs masks bound from ContainerDriverDeps.maskDir (those that exist on this host), or null. */
+  private readonly sysMasks: { dir: string; paths: string[] } | null;
 
   constructor(private readonly d: ContainerDriverDeps) {
     this.agents = new AgentConnections({ socketPath: (id) => path.join(this.dir(id), 'agent.sock'), timeoutMs: 5_000 });
     this.apparmorKernel = kernelHasAppArmor();
     this.landlock = probeLandlock(d.agentBinary);
+    this.sysMasks = d.maskDir ? { dir: d.maskDir, paths: SYSFS_MASKED_DIRS.filter((p) => existsSync(p)) } : null;
   }
 
   /** Whether this host can enforce Landlock, and what it does (for `dsec host info`). */
@@ -404,6 +412,7 @@ export class ContainerDriver implements SandboxDriver {
       id: sb.id,
       rootfs,
       agentBinary: this.d.agentBinary,
+      ...(this.sysMasks ? { sysMasks: this.sysMasks } : {}),
       uidBase: sb.uidBase!,
       uidCount: sb.uidCount!,
       cgroupsPath: this.d.cgroups.runtimePath(sb.id),

@@ -99,6 +99,14 @@ export interface SpecInput {
   rootfs: string;
   /** Host path of the agent binary. */
   agentBinary: string;
+  /**
+   * Sysfs directories masked with a read-only bind of `dir` (an empty host directory,
+   * host/sandbox-files.ts maskDir) instead of a tmpfs each: `paths`, those of
+   * {@link SYSFS_MASKED_DIRS} that exist on the host (a bind needs its mount point, and
+   * sysfs is read-only). Default: none, every masked path is a tmpfs or /dev/null as the
+   * runtime masks it (OCI linux.maskedPaths).
+   */
+  sysMasks?: { dir: string; paths: string[] };
   /** First host uid/gid of the sandbox's range, and its size. */
   uidBase: number;
   uidCount: number;
@@ -173,6 +181,13 @@ const MASKED_PATHS = [
   '/proc/timer_stats', '/proc/sched_debug', '/proc/scsi', '/sys/firmware', '/sys/devices/virtual/powercap',
   '/sys/devices/virtual/block',
 ];
+/**
+ * The directories of {@link MASKED_PATHS} in sysfs, masked with a read-only bind of one
+ * shared empty directory ({@link SpecInput.sysMasks}) rather than a tmpfs each, which is
+ * a superblock per sandbox per path. Those in /proc stay tmpfs: runc refuses a bind whose
+ * destination is inside /proc unless its source is procfs.
+ */
+export const SYSFS_MASKED_DIRS: readonly string[] = ['/sys/firmware', '/sys/devices/virtual/powercap', '/sys/devices/virtual/block'];
 /** Paths the runtime bind-mounts read-only over themselves (OCI linux.readonlyPaths). */
 export const READONLY_PATHS: readonly string[] = ['/proc/bus', '/proc/fs', '/proc/irq', '/proc/sys', '/proc/sysrq-trigger'];
 
@@ -237,6 +252,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       { destination: '/dev/shm', type: 'tmpfs', source: 'shm', options: ['nosuid', 'noexec', 'nodev', 'mode=1777', 'size=65536k'] },
       { destination: '/dev/mqueue', type: 'mqueue', source: 'mqueue', options: ['nosuid', 'noexec', 'nodev'] },
       { destination: '/sys', type: 'sysfs', source: 'sysfs', options: ['nosuid', 'noexec', 'nodev', 'ro'] },
+      ...(i.sysMasks?.paths ?? []).map((p) => ({ destination: p, type: 'bind', source: i.sysMasks!.dir, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] })),
       { destination: AGENT_PATH, type: 'bind', source: i.agentBinary, options: ['bind', 'ro', 'nosuid', 'nodev'] },
       ...(i.network ? [{ destination: '/etc/resolv.conf', type: 'bind', source: i.network.resolvConf, options: ['bind', 'ro', 'nosuid', 'nodev', 'noexec'] }] : []),
     ],
@@ -246,7 +262,7 @@ export function buildSpec(i: SpecInput): Record<string, unknown> {
       namespaces: [{ type: 'pid' }, { type: 'ipc' }, { type: 'uts' }, { type: 'mount' }, { type: 'network' }, { type: 'user' }, { type: 'cgroup' }],
       cgroupsPath: i.cgroupsPath,
       resources,
-      maskedPaths: MASKED_PATHS,
+      maskedPaths: i.sysMasks ? MASKED_PATHS.filter((p) => !i.sysMasks!.paths.includes(p)) : MASKED_PATHS,
       readonlyPaths: READONLY_PATHS,
       rootfsPropagation: 'private',
       seccomp: i.seccompFilter ?? buildSeccomp({ image: i.seccomp?.image, sandbox: i.seccomp?.sandbox, worker: !!i.worker, notify: i.seccompNotify }),

@@ -181,11 +181,11 @@ describe('cgroup v2 sandboxes', () => {
     await expect(m.stats('gone')).rejects.toMatchObject({ kind: 'NotFound' });
   });
 
-  it('oomKills reads memory.events and is 0 when absent', async () => {
+  it('oomKills reads memory.events afresh on every call (the file stays open) and is 0 when absent', async () => {
     await fakeSandbox(m, 'sb1');
     expect(await m.oomKills('sb1')).toBe(1);
-    await unlink(path.join(m.sandboxPaths('sb1').unified, 'memory.events'));
-    expect(await m.oomKills('sb1')).toBe(0);
+    await writeFile(path.join(m.sandboxPaths('sb1').unified, 'memory.events'), 'low 0\nhigh 0\nmax 9\noom 4\noom_kill 3\n');
+    expect(await m.oomKills('sb1')).toBe(3);
     expect(await m.oomKills('gone')).toBe(0);
   });
 

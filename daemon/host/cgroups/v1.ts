@@ -18,7 +18,7 @@ import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimpl
 import type { CgroupLaunchStep, CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { bfqWeight, devKey, parseBlkioRw, v1ThrottleLines, v1Weight, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
-  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
+  CounterFiles, INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
@@ -58,6 +58,8 @@ export class CgroupV1Manager implements CgroupManager {
   /** Instance parent per hierarchy key (see {@link CgroupManager.parents}). */
   readonly parents: Record<string, string>;
   private readonly hierarchies: Hierarchy[];
+  /** memory.oom_control of each sandbox, kept open: read before and after every exec. */
+  private readonly counters = new CounterFiles();
 
   /**
    * @param instance validated instance name.
@@ -242,7 +244,7 @@ export class CgroupV1Manager implements CgroupManager {
     assertSandboxId(id);
     const mem = this.dir('memory', id);
     if (!mem) return 0;
-    return (await readFlatKeyed(path.join(mem, 'memory.oom_control'))).oom_kill ?? 0;
+    return this.counters.read(path.join(mem, 'memory.oom_control')).oom_kill ?? 0;
   }
 
   async limitCounters(id: string): Promise<{ oomKills: number; pidsLimitHits: number }> {
@@ -310,6 +312,8 @@ export class CgroupV1Manager implements CgroupManager {
 
   async remove(id: string): Promise<void> {
     assertSandboxId(id);
+    const mem = this.dir('memory', id);
+    if (mem) this.counters.forget(mem);
     const errors: unknown[] = [];
     await Promise.all(this.hierarchies.map((h) => rmdirCgroupTree(path.join(h.parent, id)).catch((e) => { errors.push(e); })));
     if (errors.length > 0) throw errors[0];

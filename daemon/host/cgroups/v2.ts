@@ -24,7 +24,7 @@ import { deadlineExceeded, failedPrecondition, invalidArgument, notFound, unimpl
 import type { CgroupLaunchStep, CgroupLimits, CgroupManager, CgroupStats } from './types.js';
 import { bfqWeight, devKey, ioMaxLine, parseIoStat, type BlockDevice, type IoCounters, type IoSupport } from './io.js';
 import {
-  INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
+  CounterFiles, INSTANCE_DIR_PREFIX, SANDBOX_ID_RE, assertInstanceName, assertSandboxId, cgroupFsError, childDirs, deviceScheduler, errnoOf,
   isDir, isFile, parseLimit, parsePids, pollUntil, readFlatKeyed, readNumber, readOptional, readPidsRecursive,
   rmdirCgroupTree, signalPids, sleep, writeCgroupFile, type HierarchyLayout,
 } from './procfs.js';
@@ -60,6 +60,8 @@ export class CgroupV2Manager implements CgroupManager {
   /** dsecd's own cgroup dir, minus a trailing `dsecd` leaf it may already have moved into. */
   readonly baseDir: string;
   private readonly parent: string;
+  /** memory.events of each sandbox, kept open: read before and after every exec. */
+  private readonly counters = new CounterFiles();
   /** The cgroup2 mount point (its root holds the host-wide `io.cost.qos`). */
   private readonly mountPoint: string;
 
@@ -210,7 +212,7 @@ export class CgroupV2Manager implements CgroupManager {
   }
 
   async oomKills(id: string): Promise<number> {
-    return (await readFlatKeyed(path.join(this.dir(id), 'memory.events'))).oom_kill ?? 0;
+    return this.counters.read(path.join(this.dir(id), 'memory.events')).oom_kill ?? 0;
   }
 
   async limitCounters(id: string): Promise<{ oomKills: number; pidsLimitHits: number }> {
@@ -271,6 +273,7 @@ export class CgroupV2Manager implements CgroupManager {
   }
 
   async remove(id: string): Promise<void> {
+    this.counters.forget(this.dir(id));
     await rmdirCgroupTree(this.dir(id));
   }
 

@@ -103,6 +103,27 @@ async function spawnTrueMs(): Promise<number> {
   return r2(percentile(xs, 50));
 }
 
+/** Bytes of the allocated objects of slab cache `name` (/proc/slabinfo active_objs × objsize), or null when unreadable. */
+function slabActiveBytes(name: string): number | null {
+  try {
+    const f = readFileSync('/proc/slabinfo', 'utf8').split('\n').find((l) => l.startsWith(`${name} `))?.split(/\s+/);
+    return f ? Number(f[1]) * Number(f[3]) : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * Superblocks one sandbox of `d` adds to the host: devices in its /proc/self/mountinfo
+ * that no mount of this process's namespace has (its overlay, proc, sysfs, tmpfs, …).
+ */
+async function sandboxSuperblocks(d: TempDaemon): Promise<number> {
+  const sb = (await d.client.listSandboxes({ selector: 'bench=density' }))[0];
+  const text = (await d.client.exec(sb.id, { argv: ['cat', '/proc/self/mountinfo'] })).stdout.toString();
+  const host = new Set(readFileSync('/proc/self/mountinfo', 'utf8').trim().split('\n').map((l) => l.split(' ')[2]));
+  return new Set(text.trim().split('\n').map((l) => l.split(' ')[2]).filter((dev) => !host.has(dev))).size;
+}
+
 /** MemAvailable of /proc/meminfo, bytes. */
 function memAvailable(): number {
   return Number(/^MemAvailable:\s+(\d+) kB/m.exec(readFileSync('/proc/meminfo', 'utf8'))![1]) * 1024;
@@ -315,6 +336,7 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
     await d.client.deleteSandbox(w.id, { force: true });
     const rss0 = rss(d.pid);
     const m0 = memAvailable();
+    const k0 = slabActiveBytes('kmalloc-1k');
     let made = 0;
     let stop = false;
     await pool(n, c, async () => {
@@ -325,6 +347,7 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
     });
     await new Promise((r) => setTimeout(r, 2000)); // let the last agents settle
     const drop = m0 - memAvailable();
+    const k1 = slabActiveBytes('kmalloc-1k');
     const stats = await d.client.stats();
     const charged = stats.sandboxes.reduce((s, x) => s + (x.memory_bytes ?? 0), 0);
     out.dsec = {
@@ -337,6 +360,10 @@ async function density(o: Opts, tree: string, res: Record<string, unknown>): Pro
       host_mem_per_sandbox_mib: r2(drop / made / 2 ** 20), cgroup_charge_per_sandbox_mib: r2(charged / made / 2 ** 20),
       dsecd_rss_growth_per_sandbox_kib: r2((rss(d.pid) - rss0) / made / 1024),
       accounted_per_sandbox_mib: r2((charged + rss(d.pid) - rss0) / made / 2 ** 20),
+      // The kernel's per-memory-cgroup shrinker table (docs/BENCHMARKS.md "Density") is
+      // kmalloc-1k objects; the superblocks a sandbox adds are the table's rows.
+      kmalloc_1k_per_sandbox_kib: k0 === null || k1 === null ? null : r2((k1 - k0) / made / 1024),
+      superblocks_per_sandbox: await sandboxSuperblocks(d),
     };
     await destroyAll(d, 'bench=density');
   } finally {
@@ -497,6 +524,7 @@ function table(res: Record<string, any>): string {
   if (dn) {
     L.push(`| idle sandboxes: host memory each, MemAvailable drop over ${dn.dsec.sandboxes} sandboxes (all answer exec: ${dn.dsec.all_answer_exec}) | ≥ 5,000 at ≤ 2 MiB each | ${mib(dn.dsec.host_mem_per_sandbox_mib)} | ${dn.podman ? `podman (${dn.podman.containers}): ${mib(dn.podman.host_mem_per_container_mib)}` : 'podman: not run'} | ${ratio(dn.podman?.host_mem_per_container_mib, dn.dsec.host_mem_per_sandbox_mib)} |`);
     L.push(`| same, accounted per process: cgroup charge + dsecd RSS growth (podman: cgroup + conmon RSS) | ≤ 2 MiB | ${dn.dsec.accounted_per_sandbox_mib} MiB (cgroup ${dn.dsec.cgroup_charge_per_sandbox_mib} MiB, dsecd +${dn.dsec.dsecd_rss_growth_per_sandbox_kib} KiB) | ${dn.podman?.accounted_per_container_mib ?? '-'} MiB | ${ratio(dn.podman?.accounted_per_container_mib, dn.dsec.accounted_per_sandbox_mib)} |`);
+    if (dn.dsec.superblocks_per_sandbox !== undefined) L.push(`| same, kernel: kmalloc-1k growth (memory cgroups' shrinker tables) per sandbox; superblocks each sandbox adds | | ${dn.dsec.kmalloc_1k_per_sandbox_kib ?? '-'} KiB; ${dn.dsec.superblocks_per_sandbox} superblocks | | |`);
   }
   const p = res.pause;
   if (p) {

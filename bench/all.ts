@@ -115,12 +115,14 @@ function slabActiveBytes(name: string): number | null {
 
 /**
  * Superblocks one sandbox of `d` adds to the host: devices in its /proc/self/mountinfo
- * that no mount of this process's namespace has (its overlay, proc, sysfs, tmpfs, …).
+ * that no other mount of this process's namespace has (its overlay root is mounted here
+ * too; proc, sysfs, tmpfs, … are not).
  */
 async function sandboxSuperblocks(d: TempDaemon): Promise<number> {
   const sb = (await d.client.listSandboxes({ selector: 'bench=density' }))[0];
   const text = (await d.client.exec(sb.id, { argv: ['cat', '/proc/self/mountinfo'] })).stdout.toString();
-  const host = new Set(readFileSync('/proc/self/mountinfo', 'utf8').trim().split('\n').map((l) => l.split(' ')[2]));
+  const rootfs = path.join(d.root, 'sandboxes', sb.id, 'rootfs');
+  const host = new Set(readFileSync('/proc/self/mountinfo', 'utf8').trim().split('\n').map((l) => l.split(' ')).filter((f) => f[4] !== rootfs).map((f) => f[2]));
   return new Set(text.trim().split('\n').map((l) => l.split(' ')[2]).filter((dev) => !host.has(dev))).size;
 }
 

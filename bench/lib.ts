@@ -77,8 +77,8 @@ export async function tempDaemon(prefix: string, pool: { base: number; size: num
     const purged = await execa(dsecd, ['--root', root, '--socket', socket, '--config', cfg, '--purge'], { reject: false });
     if (purged.exitCode !== 0) {
       // Its root stays, so `dsecd --root <root> --purge` can be run again by hand.
+      // The slot stays leased while this process lives: its uid ranges may still be in use.
       process.stderr.write(`bench: dsecd --purge of ${root} failed (exit ${purged.exitCode}); left in place:\n${purged.stderr}\n`);
-      releaseSlot(slot);
       return;
     }
     rmSync(root, { recursive: true, force: true });

@@ -32,7 +32,7 @@ import { SandboxRepo } from './db/sandboxes.js';
 import { SnapshotRepo } from './db/snapshots.js';
 import { probeCriu } from './host/criu.js';
 import { detectCoreScheduling, detectSchedIdle } from './host/sched.js';
-import { detectCgroups, joinRecordedCgroups, type CgroupManager } from './host/cgroups/index.js';
+import { detectCgroups, joinRecordedCgroups, locateInstanceParents, type CgroupManager } from './host/cgroups/index.js';
 import { registerInstance } from './host/instances.js';
 import { Builder } from './host/builder.js';
 import { BPF_BUILD_RELATIVE } from './host/bpf.js';
@@ -173,13 +173,17 @@ async function openHost(config: DaemonConfig, agentSource: string, opts: StartOp
   if (!opts.purge) await claimSocket(config.socket);
   let cgroups = await detectCgroups({ instance: config.instance });
   const warnings: string[] = [];
-  const recorded = opts.purge ? recordedCgroupParents(config.root) : null;
-  const joined = recorded ? await joinRecordedCgroups(recorded, cgroups) : [];
-  if (joined.length) {
-    cgroups = await detectCgroups({ instance: config.instance });
-    warnings.push(`--purge was run from another cgroup than this instance's dsecd: it joined the cgroups dsecd ran in (${joined.join(', ')}), where the sandboxes live`);
+  if (opts.purge) {
+    // A purge goes where the sandboxes' cgroups are, whatever cgroup it was started from,
+    // and leaves the record alone (it refuses nothing, so it must not lose the record).
+    const joined = await joinRecordedCgroups(await locateInstanceParents(recordedCgroupParents(config.root), cgroups), cgroups);
+    if (joined.length) {
+      cgroups = await detectCgroups({ instance: config.instance });
+      warnings.push(`--purge was run from another cgroup than this instance's dsecd: it joined the cgroups dsecd ran in (${joined.join(', ')}), where the sandboxes live`);
+    }
+  } else {
+    checkCgroupParents(config.root, cgroups.parents);
   }
-  checkCgroupParents(config.root, cgroups.parents);
   await cgroups.init();
   const rt = await RuntimeSet.open(config.root, config.runtime, cgroups.version);
   return { sandboxFiles, agentBinary, cgroups, runtime: rt.set, warnings: [...warnings, ...rt.warnings] };
@@ -265,7 +269,7 @@ async function startDrivers(config: DaemonConfig, log: Logger, h: HostParts, st:
     onMissed: (id, n, by, total) => denialEvents.missed(id, n, by, total),
   });
   const container = new ContainerDriver({
-    root: config.root, runtime: h.runtime, cgroups: h.cgroups, layers, agentBinary: h.agentBinary, maskDir: h.sandboxFiles.maskDir(), coreScheduling: coreSched.available, storage: st.storage,
+    root: config.root, runtime: h.runtime, cgroups: h.cgroups, layers, agentBinary: h.agentBinary, masks: h.sandboxFiles, coreScheduling: coreSched.available, storage: st.storage,
     log: log.child({ component: 'container' }), network, ...(seccompMonitor ? { seccompMonitor } : {}),
     // Per-sandbox AppArmor profiles, loaded only where the kernel has AppArmor (daemon/security/apparmor.ts).
     apparmor: { instance: config.instance, socketDir: path.dirname(config.socket) }, filesystemDefaults: config.filesystem,

@@ -22,6 +22,7 @@ import { createHash } from 'node:crypto';
 import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import * as native from './native.js';
+import { invalidArgument } from '../errors.js';
 
 /** Directory under the state root where the tmpfs is mounted. */
 export const SANDBOX_FILES_DIR = 'sandbox-files';
@@ -34,6 +35,15 @@ export const SANDBOX_FILES_BYTES = 16 * 1024 * 1024;
  * bound from it, in place of a host device name.
  */
 export const SANDBOX_FILES_SOURCE = 'dsec';
+
+/** Directory of the per-sandbox mask directories on the tmpfs. */
+const MASKS = 'mask';
+
+/** `id` as a directory name. @throws DsecError InvalidArgument unless it is a plain name. */
+function maskName(id: string): string {
+  if (!/^[a-z0-9][a-z0-9_-]{0,63}$/.test(id)) throw invalidArgument(`bad sandbox id for a mask directory: ${JSON.stringify(id)}`);
+  return id;
+}
 
 /** The instance's tmpfs of files bound into sandboxes; see the module comment. */
 export class SandboxFiles {
@@ -74,19 +84,44 @@ export class SandboxFiles {
   }
 
   /**
-   * An empty directory on this tmpfs, mode 0555 and owned by host root, made once: what
-   * container sandboxes bind read-only over the sysfs directories they mask
-   * (drivers/container/spec.ts SYSFS_MASKED_DIRS), in place of a tmpfs of their own for
-   * each. Every tmpfs is a superblock, and the kernel sizes each memory cgroup's shrinker
-   * table by the host's superblock count (docs/BENCHMARKS.md "Density"): binds of one
-   * shared directory add none. A sandbox cannot write it: the bind is read-only and its
-   * owner is not in any sandbox's user namespace.
-   * @throws errno-coded Errors of mkdir/chmod.
+   * An empty directory of sandbox `id` on this tmpfs, `mask/<id>`, mode 0555 and owned by
+   * host root (made if missing): what the sandbox binds read-only over the sysfs
+   * directories it masks (drivers/container/spec.ts SYSFS_MASKED_DIRS), in place of a
+   * tmpfs of its own for each. Every tmpfs is a superblock, and the kernel sizes each
+   * memory cgroup's shrinker table by the host's superblock count (docs/BENCHMARKS.md
+   * "Density"); a bind adds none. One directory per sandbox, not one for all: a shared
+   * inode would let one sandbox watch another's reads of it (inotify) or signal it
+   * (flock). A sandbox cannot write it: the bind is read-only and its owner is not in any
+   * sandbox's user namespace.
+   * @throws DsecError InvalidArgument for an id that is not a plain name; errno-coded
+   * Errors of mkdir/chmod.
    */
-  maskDir(): string {
-    const d = path.join(this.dir, 'mask');
-    mkdirSync(d, { recursive: true, mode: 0o555 });
+  maskDir(id: string): string {
+    const d = path.join(this.masksDir(), maskName(id));
+    mkdirSync(d, { mode: 0o555, recursive: true });
     chmodSync(d, 0o555);
+    return d;
+  }
+
+  /** Removes sandbox `id`'s mask directory ({@link maskDir}); nothing when it is gone. */
+  removeMaskDir(id: string): void {
+    rmSync(path.join(this.dir, MASKS, maskName(id)), { recursive: true, force: true });
+  }
+
+  /** Ids that have a mask directory ({@link maskDir}), for the orphan sweep. */
+  maskDirIds(): string[] {
+    try {
+      return readdirSync(path.join(this.dir, MASKS));
+    } catch {
+      return [];
+    }
+  }
+
+  /** `<dir>/mask`, mode 0711 (a sandbox's init must reach its own directory, and nobody may list them). */
+  private masksDir(): string {
+    const d = path.join(this.dir, MASKS);
+    mkdirSync(d, { mode: 0o711, recursive: true });
+    chmodSync(d, 0o711);
     return d;
   }
 

@@ -3,7 +3,7 @@
  * directories and their modes, the API socket, the cgroup parents it was started under,
  * and where its binaries are.
  */
-import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
+import { chmodSync, chownSync, existsSync, mkdirSync, readFileSync, renameSync, statSync, unlinkSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -97,7 +97,7 @@ export function recordedCgroupParents(root: string): Record<string, string> | nu
  * dsecd is later started from a different cgroup (another login session rather than
  * its systemd service), it would not find them. The parents are recorded in
  * `<root>/cgroup-parents.json`; a start from elsewhere is refused while sandboxes exist
- * (`dsecd --purge` first joins the recorded cgroups: joinRecordedCgroups).
+ * (`dsecd --purge` does not check: it finds and joins the cgroups, host/cgroups locateInstanceParents).
  * @throws DsecError FailedPrecondition naming the hierarchy whose parent moved.
  */
 export function checkCgroupParents(root: string, parents: Record<string, string>): void {
@@ -112,11 +112,14 @@ export function checkCgroupParents(root: string, parents: Record<string, string>
       db.close();
       if (n > 0) {
         const k = moved[0];
-        throw failedPrecondition(`dsecd was started from another cgroup: its ${k} parent would be ${parents[k]}, but this instance's ${n} sandbox(es) live under ${recorded[k]}. Start dsecd the way it was started before (e.g. systemctl start dsecd), or destroy the sandboxes first`);
+        throw failedPrecondition(`dsecd was started from another cgroup: its ${k} parent would be ${parents[k]}, but this instance's ${n} sandbox(es) live under ${recorded[k]}. Start dsecd the way it was started before (e.g. systemctl start dsecd), or remove the sandboxes with dsecd --purge (which finds them from any cgroup)`);
       }
     }
   }
-  writeFileSync(file, JSON.stringify(parents, null, 1));
+  // Temp file and rename: a start killed mid-write must not leave a cut-off record.
+  const tmp = `${file}.tmp${process.pid}`;
+  writeFileSync(tmp, JSON.stringify(parents, null, 1));
+  renameSync(tmp, file);
 }
 
 /**

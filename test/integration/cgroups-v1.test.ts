@@ -179,6 +179,18 @@ describe(`cgroup v1 on this host${SKIP ? ` (skipped: ${SKIP})` : ''}`, () => {
     expect(r.signal, r.stderr).toBe('SIGKILL');
     expect(await a.oomKills('oom')).toBeGreaterThanOrEqual(1);
     expect((await a.stats('oom')).oomKills).toBe(await a.oomKills('oom'));
+    // The manager keeps memory.oom_control open. A cgroup removed and made anew behind its
+    // back (not through remove()) leaves that fd on the removed one, which reads ENODEV:
+    // the new cgroup's counter is read, not the old one's.
+    const mem = a.sandboxPaths('oom').memory;
+    for (const dir of unique(a.sandboxPaths('oom'))) await rmdirCgroupTree(dir);
+    expect(await a.oomKills('oom')).toBe(0);
+    await runcCreate(a, 'oom', 32 * MiB);
+    expect(existsSync(path.join(mem, 'memory.oom_control'))).toBe(true);
+    expect(await a.oomKills('oom')).toBe(0);
+    const again = await runInside(a, 'oom', `exec ${PYTHON} -c "b = b'x' * (128 << 20)"`);
+    expect((await again.exit).signal).toBe('SIGKILL');
+    expect(await a.oomKills('oom')).toBe(1);
   });
 
   it.skipIf(!!SKIP)('reclaim drops the page cache a sandbox process created', async () => {

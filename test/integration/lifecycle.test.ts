@@ -114,8 +114,8 @@ describe.skipIf(!IS_ROOT)('container sandbox lifecycle', () => {
       expect(after.oom).toBe(false);
       expect((await d.client.getSandbox(sb.id)).state).toBe('running');
       expect((await d.client.exec(bystander.id, { argv: ['true'] })).exit_code).toBe(0);
-      // A stop and start makes the sandbox's memory cgroup anew (dsecd keeps the counter
-      // file of the old one open): the next OOM kill is reported all the same.
+      // A stop and start makes the sandbox's memory cgroup anew (dsecd reads its counter
+      // through a kept-open file): the next OOM kill is reported all the same.
       await d.client.stopSandbox(sb.id);
       await d.client.startSandbox(sb.id);
       const again = await d.client.exec(sb.id, { argv: ['sh', '-c', 'x=$(head -c 200000000 /dev/zero | tr "\\000" a); echo survived'] });

@@ -9,7 +9,7 @@
  * parent dsecd made there) and removed at the end.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
-import { existsSync, mkdirSync, readFileSync, rmdirSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, rmdirSync, rmSync, writeFileSync } from 'node:fs';
 import path from 'node:path';
 import { execa } from 'execa';
 import { IS_ROOT, REPO, TestDaemon, alive } from './harness.js';
@@ -65,4 +65,40 @@ describe.skipIf(!IS_ROOT)('dsecd --purge from another cgroup', () => {
     expect(readFileSync(path.join(other, 'cgroup.procs'), 'utf8').trim()).toBe('');
     rmdirSync(other);
   });
+
+  // The record cut short, missing, or naming a path that is no cgroup (an edited file):
+  // the purge finds the instance's cgroups by their name, writes nowhere else, and
+  // leaves the record as it found it.
+  const records: Array<[string, (recorded: Record<string, string>, root: string) => string | null]> = [
+    ['is cut short', (r) => JSON.stringify(r, null, 1).slice(0, 40)],
+    ['is missing', () => null],
+    ['names a directory outside cgroupfs', (r, root) => JSON.stringify({ ...r, memory: path.join(root, 'fake', path.basename(r.memory)) })],
+  ];
+  for (const [what, make] of records) {
+    it(`finds the sandboxes when cgroup-parents.json ${what}`, async () => {
+      await d.launch();
+      const sb = await d.client.createSandbox({ image: 'busybox' });
+      const cg = await d.cgroups();
+      const dirs = Object.values(cg.sandboxPaths(sb.id));
+      expect(dirs.every((p) => existsSync(p))).toBe(true);
+      await d.stop();
+      const file = path.join(d.root, 'cgroup-parents.json');
+      const recorded = JSON.parse(readFileSync(file, 'utf8')) as Record<string, string>;
+      const text = make(recorded, d.root);
+      if (text === null) rmSync(file);
+      else {
+        mkdirSync(path.join(d.root, 'fake'), { recursive: true });
+        writeFileSync(file, text);
+      }
+      other = path.join(path.dirname(recorded[cg.version === 2 ? 'unified' : 'memory']), `dsec-purge-other-${process.pid}`);
+      mkdirSync(other);
+      const purge = await dsecdIn(other, ['--purge']);
+      expect(purge.exitCode, purge.stderr).toBe(0);
+      expect(dirs.filter((p) => existsSync(p))).toEqual([]);
+      expect(Object.values(recorded).filter((p) => existsSync(p))).toEqual([]);
+      expect(existsSync(path.join(d.root, 'fake', 'cgroup.procs'))).toBe(false);
+      expect(text === null ? existsSync(file) : readFileSync(file, 'utf8')).toBe(text === null ? false : text);
+      rmdirSync(other);
+    });
+  }
 });

@@ -46,6 +46,7 @@ import type { SandboxNetworking } from '../../net/network.js';
 import type { SeccompMonitor } from '../../security/seccomp-monitor.js';
 import { CORE_DENIALS, profileInfo } from '../../security/seccomp.js';
 import type { WritableLayerStore } from '../../storage/writable-layers.js';
+import type { SandboxFiles } from '../../host/sandbox-files.js';
 import { createPlannedDirs, hostTree, planFilesystem, type FilesystemPlan } from '../../security/filesystem.js';
 import { NO_IO_LIMITS, type IoLimits } from '../../model/resources.js';
 import type { SandboxRecord, DefenceStatus } from '../../model/sandbox.js';
@@ -65,10 +66,12 @@ export interface ContainerDriverDeps {
   /** Host path of the static agent binary. */
   agentBinary: string;
   /**
-   * Empty read-only host directory bound over the sysfs masks (host/sandbox-files.ts
-   * maskDir; spec.ts SpecInput.sysMasks). Default: none, the runtime masks them with tmpfs.
+   * The per-sandbox empty directories bound read-only over the sysfs masks
+   * (host/sandbox-files.ts maskDir; spec.ts SpecInput.sysMasks): made at each start,
+   * removed at destroy and by the orphan sweep. Default: none, the runtime masks them
+   * with tmpfs.
    */
-  maskDir?: string;
+  masks?: Pick<SandboxFiles, 'maskDir' | 'removeMaskDir' | 'maskDirIds'>;
   /** Give each sandbox its own core-scheduling cookie (only where the kernel has core scheduling). */
   coreScheduling: boolean;
   /**
@@ -123,14 +126,11 @@ export class ContainerDriver implements SandboxDriver {
   private readonly apparmorKernel: boolean;
   /** The kernel's Landlock ABI, asked of the agent binary once, at construction. */
   readonly landlock: { abi: number; reason: string | null };
-  /** The sysfs masks bound from ContainerDriverDeps.maskDir (those that exist on this host), or null. */
-  private readonly sysMasks: { dir: string; paths: string[] } | null;
 
   constructor(private readonly d: ContainerDriverDeps) {
     this.agents = new AgentConnections({ socketPath: (id) => path.join(this.dir(id), 'agent.sock'), timeoutMs: 5_000 });
     this.apparmorKernel = kernelHasAppArmor();
     this.landlock = probeLandlock(d.agentBinary);
-    this.sysMasks = d.maskDir ? { dir: d.maskDir, paths: SYSFS_MASKED_DIRS.filter((p) => existsSync(p)) } : null;
   }
 
   /** Whether this host can enforce Landlock, and what it does (for `dsec host info`). */
@@ -412,7 +412,9 @@ export class ContainerDriver implements SandboxDriver {
       id: sb.id,
       rootfs,
       agentBinary: this.d.agentBinary,
-      ...(this.sysMasks ? { sysMasks: this.sysMasks } : {}),
+      // Checked at each start: a bind needs its mount point (sysfs is read-only), and a
+      // directory such as powercap goes away with its module.
+      ...(this.d.masks ? { sysMasks: { dir: this.d.masks.maskDir(sb.id), paths: SYSFS_MASKED_DIRS.filter((p) => existsSync(p)) } } : {}),
       uidBase: sb.uidBase!,
       uidCount: sb.uidCount!,
       cgroupsPath: this.d.cgroups.runtimePath(sb.id),
@@ -524,6 +526,7 @@ export class ContainerDriver implements SandboxDriver {
       await unloadProfile(profilePath(this.d.root, sb.id)).catch((e) => this.d.log.warn({ err: e, id: sb.id }, 'apparmor profile unload failed'));
     await this.d.storage.remove(sb.id);
     await removeSandboxDir(this.dir(sb.id));
+    this.d.masks?.removeMaskDir(sb.id);
     this.d.seccompMonitor?.forget(sb.id);
     steps.hit('destroy.after-dir');
   }
@@ -653,6 +656,12 @@ export class ContainerDriver implements SandboxDriver {
       }
     }
     if (this.d.network) removed.push(...await this.d.network.cleanOrphans(known));
+    for (const id of this.d.masks?.maskDirIds() ?? []) {
+      if (!known.has(id)) {
+        this.d.masks!.removeMaskDir(id);
+        removed.push(`mask dir ${id}`);
+      }
+    }
     return { removed };
   }
 

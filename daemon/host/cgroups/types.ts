@@ -79,6 +79,8 @@ export interface CgroupManager {
    * recorded so cgroup-BPF programs can attach there).
    */
   readonly parents: Record<string, string>;
+  /** Mount point of each hierarchy, under the same keys as {@link parents}. */
+  readonly mountPoints: Record<string, string>;
   /**
    * mkdir the instance parent in every hierarchy (idempotent; never creates the
    * daemon's own cgroup or anything above it). v1: also seeds the parent's

@@ -57,6 +57,7 @@ export class CgroupV1Manager implements CgroupManager {
   readonly instance: string;
   /** Instance parent per hierarchy key (see {@link CgroupManager.parents}). */
   readonly parents: Record<string, string>;
+  readonly mountPoints: Record<string, string>;
   private readonly hierarchies: Hierarchy[];
   /** memory.oom_control of each sandbox, kept open: read before and after every exec. */
   private readonly counters = new CounterFiles();
@@ -74,8 +75,13 @@ export class CgroupV1Manager implements CgroupManager {
       parent: path.join(h.ownDir, `${INSTANCE_DIR_PREFIX}${instance}`),
     }));
     const parents: Record<string, string> = {};
-    for (const h of this.hierarchies) for (const k of h.keys) parents[k] ??= h.parent;
+    const mounts: Record<string, string> = {};
+    for (const h of this.hierarchies) for (const k of h.keys) {
+      parents[k] ??= h.parent;
+      mounts[k] ??= h.mountPoint;
+    }
     this.parents = Object.freeze(parents);
+    this.mountPoints = Object.freeze(mounts);
   }
 
   /** The hierarchy carrying `key` (a controller name), if mounted. */
@@ -316,6 +322,8 @@ export class CgroupV1Manager implements CgroupManager {
     if (mem) this.counters.forget(mem);
     const errors: unknown[] = [];
     await Promise.all(this.hierarchies.map((h) => rmdirCgroupTree(path.join(h.parent, id)).catch((e) => { errors.push(e); })));
+    // Again after the rmdir: a counter read while it ran (the limit sweep) opened the file anew.
+    if (mem) this.counters.forget(mem);
     if (errors.length > 0) throw errors[0];
   }
 

@@ -57,6 +57,8 @@ export class CgroupV2Manager implements CgroupManager {
   readonly instance: string;
   /** `{ unified: <base>/dsec-<instance> }`. */
   readonly parents: Record<string, string>;
+  /** `{ unified: <mount point> }`. */
+  readonly mountPoints: Record<string, string>;
   /** dsecd's own cgroup dir, minus a trailing `dsecd` leaf it may already have moved into. */
   readonly baseDir: string;
   private readonly parent: string;
@@ -78,6 +80,7 @@ export class CgroupV2Manager implements CgroupManager {
     this.parent = path.join(this.baseDir, `${INSTANCE_DIR_PREFIX}${instance}`);
     this.parents = Object.freeze({ unified: this.parent });
     this.mountPoint = layout.mountPoint;
+    this.mountPoints = Object.freeze({ unified: layout.mountPoint });
   }
 
   memcgPath(id: string): string {
@@ -275,6 +278,8 @@ export class CgroupV2Manager implements CgroupManager {
   async remove(id: string): Promise<void> {
     this.counters.forget(this.dir(id));
     await rmdirCgroupTree(this.dir(id));
+    // Again after the rmdir: a counter read while it ran (the limit sweep) opened the file anew.
+    this.counters.forget(this.dir(id));
   }
 
   async removeInstance(): Promise<void> {

@@ -40,6 +40,7 @@ export interface StatsRouteDeps {
 export function registerStatsRoutes(app: FastifyInstance, deps: StatsRouteDeps): void {
   /** One sandbox's stats; `disks` (the store's usage of all layers, read at once) serves the list, else one live read. */
   const view = async (sb: SandboxRecord, disks?: Map<string, DiskUsage>): Promise<z.infer<typeof SandboxStatsView>> => {
+    // A failed read leaves the live counters null in the answer; the drivers log why.
     const st = await deps.lifecycle.stats(sb.id).catch(() => null);
     const disk = disks ? disks.get(sb.id) : deps.disks.usage(sb.id);
     return {

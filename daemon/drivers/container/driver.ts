@@ -565,7 +565,10 @@ export class ContainerDriver implements SandboxDriver {
 
   async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
-    const st = await this.d.cgroups.stats(sb.id).catch(() => null);
+    const st = await this.d.cgroups.stats(sb.id).catch((e: unknown) => {
+      this.d.log.warn({ err: e, id: sb.id }, 'cgroup stats read failed');
+      return null;
+    });
     if (!st) return null;
     return { cpuUsageNs: st.cpuUsageNs, memoryBytes: st.memoryBytes, memoryLimitBytes: st.memoryLimitBytes, pids: st.pidsCurrent, oomKills: st.oomKills,
       pidsLimitHits: st.pidsLimitHits, seccompDenials: this.d.seccompMonitor?.countsFor(sb.id) ?? null };

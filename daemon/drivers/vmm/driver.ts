@@ -471,7 +471,10 @@ export abstract class VmmDriver implements SandboxDriver {
 
   async stats(sb: SandboxRecord): Promise<SandboxStats | null> {
     if (sb.state !== 'running' && sb.state !== 'paused') return null;
-    const st = await this.d.cgroups.stats(sb.id).catch(() => null);
+    const st = await this.d.cgroups.stats(sb.id).catch((e: unknown) => {
+      this.d.log.warn({ err: e, id: sb.id }, 'cgroup stats read failed');
+      return null;
+    });
     if (!st) return null;
     // The VMM's cgroup: its memory is the guest RAM QEMU has touched plus QEMU's own; pids are QEMU's threads.
     return {

@@ -379,7 +379,7 @@ describe.skipIf(!IS_ROOT)('attacks on call hosts', () => {
   it('impact of the /proc redirect: the next call on the poisoned host sees concurrent calls of other hosts (argv, environ, /tmp, mem)', async () => {
     const scratch = [{ path: '/tmp/a/b', bytes: MiB }];
     // B lists every process it can see and, for the victim's (found by its argv), what it can read of it.
-    const scan = 'sleep 1; for p in /proc/[0-9]*; do c=$(tr "\\0" " " < $p/cmdline 2>/dev/null); echo "${p#/proc/}: $c" | cut -c1-60; case "$c" in *victim-ar[g]v*) echo "victim argv: $c" | cut -c 45-; (tr "\\0" "\\n" < $p/environ | grep VICTIM) 2>&1 | head -1; cat $p/root/tmp/secret 2>&1 | head -1; (exec 3<$p/mem) 2>/dev/null && echo mem-open-ok || echo mem-refused;; esac; done; echo scanned';
+    const scan = 'sleep 1; for p in /proc/[0-9]*; do c=$(tr "\\0" " " 2>/dev/null < $p/cmdline); echo "${p#/proc/}: $c" | cut -c1-60; case "$c" in *victim-ar[g]v*) echo "victim argv: $c" | cut -c 45-; (tr "\\0" "\\n" < $p/environ | grep VICTIM) 2>&1 | head -1; cat $p/root/tmp/secret 2>&1 | head -1; (exec 3<$p/mem) 2>/dev/null && echo mem-open-ok || echo mem-refused;; esac; done; echo scanned';
     const results: Record<string, string> = {};
     for (const [name, cl] of [['landlock', c], ['no-landlock', cn]] as const) {
       await killNextHost(cl);

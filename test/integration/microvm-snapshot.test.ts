@@ -222,9 +222,9 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('microvm machine snapshots
     expect((await d.client.startSandbox(id)).state).toBe('running');
     expect(await sh(id, 'cat /root/file /root/mine /root/kept')).toBe('before-snapshot\nfork-0\nacross-stop\n');
     // A cold boot: the snapshot's process is not there any more (its pid may be another process's now).
-    const sleeping = await d.client.exec(id, { argv: ['sh', '-c', `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'`] });
+    const sleeping = await d.client.exec(id, { argv: ['sh', '-c', `for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done | grep -c '^sleep 1000 $'`] });
     expect(sleeping.stdout.toString()).toBe('0\n');
-    expect(await sh(made[0], `for p in /proc/[0-9]*; do tr '\\0' ' ' < $p/cmdline 2>/dev/null; echo; done | grep -c '^sleep 1000 $'`)).toBe('1\n');
+    expect(await sh(made[0], `for p in /proc/[0-9]*; do tr '\\0' ' ' 2>/dev/null < $p/cmdline; echo; done | grep -c '^sleep 1000 $'`)).toBe('1\n');
   });
 
   it('a dsecd crash after the snapshot files are written leaves no snapshot and no files; restored VMs are adopted', async () => {

@@ -200,7 +200,15 @@ describe.skipIf(!IS_ROOT || !HAS_QEMU || !HAS_KERNEL)('vm sandboxes (q35)', () =
     const e = await rejection(d.client.exec(plain, { argv: ['true'] }));
     expect(e.code).toBe('FailedPrecondition');
     expect(e.message).toContain(`dsec console ${plain}`);
-    expect((await d.client.consoleLog(plain)).toString()).toMatch(/dsec-test-disk ready on \d+\.\d+/);
+    // The guest writes its banner when its init gets there, not before the create answers:
+    // read the log until the line is whole (a hang detector bounds the wait).
+    const banner = /dsec-test-disk ready on \d+\.\d+/;
+    let log = '';
+    for (let i = 0; i < 600 && !banner.test(log); i++) {
+      if (i > 0) await sleep(100);
+      log = (await d.client.consoleLog(plain)).toString();
+    }
+    expect(log).toMatch(banner);
     // Through the API: what we type runs in the disk's shell.
     const att = d.client.attachConsole(plain);
     let got = '';

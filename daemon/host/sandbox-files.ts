@@ -23,6 +23,7 @@ import { chmodSync, existsSync, mkdirSync, readdirSync, readFileSync, renameSync
 import path from 'node:path';
 import * as native from './native.js';
 import { invalidArgument } from '../errors.js';
+import { SANDBOX_ID_RE } from './cgroups/index.js';
 
 /** Directory under the state root where the tmpfs is mounted. */
 export const SANDBOX_FILES_DIR = 'sandbox-files';
@@ -41,7 +42,7 @@ const MASKS = 'mask';
 
 /** `id` as a directory name. @throws DsecError InvalidArgument unless it is a plain name. */
 function maskName(id: string): string {
-  if (!/^[a-z0-9][a-z0-9_-]{0,63}$/.test(id)) throw invalidArgument(`bad sandbox id for a mask directory: ${JSON.stringify(id)}`);
+  if (!SANDBOX_ID_RE.test(id)) throw invalidArgument(`bad sandbox id for a mask directory: ${JSON.stringify(id)}`);
   return id;
 }
 

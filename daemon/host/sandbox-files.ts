@@ -53,7 +53,8 @@ export class SandboxFiles {
   /**
    * Mounts the tmpfs at `<root>/sandbox-files` unless it is mounted already (a previous
    * dsecd's, kept for its adopted sandboxes), mode 0711: a sandbox's init, an unprivileged
-   * host uid, must reach the files it binds, and nobody may list them.
+   * host uid, must reach the files it binds, and nobody may list them. Makes the
+   * directory of the sandboxes' mask directories ({@link maskDir}), `mask`, the same way.
    * @throws errno-coded Errors of mkdir/mount (EPERM without CAP_SYS_ADMIN).
    */
   static open(root: string): SandboxFiles {
@@ -64,6 +65,9 @@ export class SandboxFiles {
       native.mount(SANDBOX_FILES_SOURCE, dir, 'tmpfs', c.MS_NOSUID | c.MS_NODEV, `mode=0711,size=${SANDBOX_FILES_BYTES}`);
     }
     chmodSync(dir, 0o711);
+    const masks = path.join(dir, MASKS);
+    mkdirSync(masks, { recursive: true, mode: 0o711 });
+    chmodSync(masks, 0o711);
     return new SandboxFiles(dir);
   }
 
@@ -98,7 +102,7 @@ export class SandboxFiles {
    * Errors of mkdir/chmod.
    */
   maskDir(id: string): string {
-    const d = path.join(this.masksDir(), maskName(id));
+    const d = path.join(this.dir, MASKS, maskName(id));
     mkdirSync(d, { mode: 0o555, recursive: true });
     chmodSync(d, 0o555);
     return d;
@@ -116,14 +120,6 @@ export class SandboxFiles {
     } catch {
       return [];
     }
-  }
-
-  /** `<dir>/mask`, mode 0711 (a sandbox's init must reach its own directory, and nobody may list them). */
-  private masksDir(): string {
-    const d = path.join(this.dir, MASKS);
-    mkdirSync(d, { mode: 0o711, recursive: true });
-    chmodSync(d, 0o711);
-    return d;
   }
 
   /**

@@ -328,10 +328,10 @@ export async function readFlatKeyed(file: string): Promise<Record<string, number
 /**
  * Counter files read on every exec (memory.oom_control on v1, memory.events on v2), kept
  * open and read with one pread(2) on the calling thread, where {@link readOptional} makes
- * four system calls (open, fstat, read, close; ~21 µs a read, ~5% of dsecd's main
- * thread per exec in a `--cpu-prof` of sequential execs, two reads each). At most {@link MAX_OPEN} files stay open (one fd
- * each; past that a read opens and closes); {@link forget} closes those under a
- * directory when its cgroup is removed. A file whose cgroup was removed and made again
+ * four system calls (open, fstat, read, close; ~21 µs a read, ~5% of dsecd's main thread
+ * per exec in a `--cpu-prof` of sequential execs, two reads each). At most
+ * {@link MAX_OPEN} files stay open (one fd each; past that a read opens and closes);
+ * {@link forget} closes those under a directory when its cgroup is removed. A file whose cgroup was removed and made again
  * reads ENODEV through the old fd: it is reopened once.
  */
 export class CounterFiles {

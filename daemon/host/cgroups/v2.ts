@@ -276,10 +276,11 @@ export class CgroupV2Manager implements CgroupManager {
   }
 
   async remove(id: string): Promise<void> {
-    this.counters.forget(this.dir(id));
-    await rmdirCgroupTree(this.dir(id));
+    const dir = this.dir(id);
+    this.counters.forget(dir);
+    await rmdirCgroupTree(dir);
     // Again after the rmdir: a counter read while it ran (the limit sweep) opened the file anew.
-    this.counters.forget(this.dir(id));
+    this.counters.forget(dir);
   }
 
   async removeInstance(): Promise<void> {

@@ -80,6 +80,12 @@ export function register(parent: Command, ctx: Ctx): Command {
       });
       try {
         await att.opened;
+        // Registered before raw mode: entering it runs `stty` synchronously, and a SIGTERM
+        // before a handler exists would take the default action and leave the terminal raw.
+        cleanups.push(ctx.io.onInterrupt((sig) => {
+          interrupted ??= sig;
+          att.close();
+        }));
         if (tty) {
           cleanups.push(enterRawMode(stdin));
           ctx.err('dsec: attached to the serial console of ' + id + ' (Ctrl-P Ctrl-Q detaches)\r\n');
@@ -124,10 +130,6 @@ export function register(parent: Command, ctx: Ctx): Command {
             stdin.pause?.();
           });
         }
-        cleanups.push(ctx.io.onInterrupt((sig) => {
-          interrupted ??= sig;
-          att.close();
-        }));
         const end = await att.done;
         if (end) {
           ctx.err(`${tty ? '\r\n' : ''}dsec: console of ${id} closed: ${end.reason}\n`);

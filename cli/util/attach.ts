@@ -64,6 +64,20 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
   // Keys are looked for on a terminal only: through a pipe nobody types them.
   const lineKeys = opts.detachKeys && !opts.raw && stdin.isTTY === true;
   try {
+    // Our handlers go in before the terminal changes: entering raw mode runs `stty`
+    // synchronously, and a SIGTERM that arrived before a handler was registered would
+    // take the default action and leave the terminal raw.
+    const unregister = ctx.io.onInterrupt((sig) => {
+      if (sig === 'SIGINT' && !opts.raw && !forwardedSigint) {
+        forwardedSigint = true;
+        att.signal('SIGINT');
+        return;
+      }
+      interrupted ??= sig;
+      att.close();
+    });
+    cleanups.push(unregister);
+
     if (opts.raw) cleanups.push(enterRawMode(stdin));
     else if (lineKeys) cleanups.push(enterDetachLineMode(stdin));
 
@@ -81,17 +95,6 @@ export async function runAttached(ctx: Ctx, att: ExecAttachmentHandle, opts: Att
       detached = true;
       att.close();
     }));
-
-    const unregister = ctx.io.onInterrupt((sig) => {
-      if (sig === 'SIGINT' && !opts.raw && !forwardedSigint) {
-        forwardedSigint = true;
-        att.signal('SIGINT');
-        return;
-      }
-      interrupted ??= sig;
-      att.close();
-    });
-    cleanups.push(unregister);
 
     const info = await att.done;
     if (info) return { kind: 'exit', info };

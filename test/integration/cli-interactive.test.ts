@@ -175,7 +175,12 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     for (const flag of ['icanon', 'echo', 'isig', 'opost', 'icrnl']) expect(modes(out)).toMatch(new RegExp(`(^|[\\s;])${flag}([\\s;]|$)`));
 
     // 2. dsec gets SIGTERM while attached: it lets go (the command is killed), exits 143, cooked mode again.
-    p = pty.spawn('/bin/sh', ['-c', `${dsecCmd} exec -it ${sb} -- sleep 30; echo rc=$?; stty -a`], { name: 'xterm', cols: 80, rows: 24 });
+    // The SIGTERM lands while dsec is still inside its `stty -opost` (an `stty` first on its
+    // PATH that lingers after changing the modes): raw mode is already on there, so the
+    // handler must already be in place.
+    const slowStty = mkdtempSync('/tmp/dsec-slow-stty-');
+    writeFileSync(path.join(slowStty, 'stty'), '#!/bin/sh\n/usr/bin/stty "$@"; rc=$?\ncase " $* " in *" -opost "*) sleep 1 ;; esac\nexit $rc\n', { mode: 0o755 });
+    p = pty.spawn('/bin/sh', ['-c', `PATH=${slowStty}:$PATH ${dsecCmd} exec -it ${sb} -- sleep 30; echo rc=$?; stty -a`], { name: 'xterm', cols: 80, rows: 24 });
     out = '';
     p.onData((x) => (out += x));
     exit = new Promise((r) => p.onExit(r));
@@ -207,6 +212,7 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     expect(raw).toMatch(/-opost/);
     process.kill(child, 'SIGTERM');
     await exit;
+    rmSync(slowStty, { recursive: true, force: true });
     expect(out).toMatch(/rc=143/);
     expect(out).toMatch(/dsec: interrupted by SIGTERM; the command was killed/);
     for (const flag of ['icanon', 'echo', 'isig', 'opost']) expect(modes(out)).toMatch(new RegExp(`(^|[\\s;])${flag}([\\s;]|$)`));

@@ -9,8 +9,10 @@
  *             with the warm pool empty (no `[pool]`) and pre-filled (`[pool]` of N shells,
  *             filled before the burst). Peer: `podman run -d` + `podman exec true` (fewer:
  *             --podman-n, reported per operation). Then every sandbox is destroyed (bulk).
- *   exec      sequential `true` execs through the API, p50/p99; peers `runc exec` into the
- *             same dsec sandbox (its runtime root) and `podman exec` into a podman container.
+ *   exec      sequential `true` execs through the API (POST .../exec, and the exec channel
+ *             WebSocket in alternating blocks), p50/p99, each p50 over the host's own spawn
+ *             of /bin/true measured in the same minutes; peers `runc exec` into the same
+ *             dsec sandbox (its runtime root) and `podman exec` into a podman container.
  *   density   idle sandboxes created up to --density-n or until host memory (MemAvailable
  *             of /proc/meminfo) fell by --density-budget-mib: host memory per sandbox from
  *             that drop, and from the cgroups' charge (memory.usage_in_bytes), plus dsecd's
@@ -285,16 +287,39 @@ async function exec(o: Opts, tree: string, res: Record<string, unknown>): Promis
   const out: Record<string, unknown> = {};
   try {
     const sb = await d.client.createSandbox({ image: 'busybox' });
-    for (let i = 0; i < 50; i++) await d.client.exec(sb.id, { argv: ['true'] });
-    const api: number[] = [];
-    const cpu0 = cpuMs(d.pid);
-    for (let i = 0; i < k; i++) {
-      const s = performance.now();
-      await d.client.exec(sb.id, { argv: ['true'] });
-      api.push(performance.now() - s);
+    const channel = d.client.execChannel(sb.id);
+    await channel.opened;
+    const via = { api: () => d.client.exec(sb.id, { argv: ['true'] }), channel: () => channel.exec({ argv: ['true'] }) };
+    for (let i = 0; i < 50; i++) await via.api();
+    for (let i = 0; i < 50; i++) await via.channel();
+    // POST .../exec and the exec channel in alternating blocks of 250, with the host's own
+    // spawn of /bin/true measured before and after each pair of blocks: the three share the host's
+    // moment, so their ratios hold on a host whose speed drifts.
+    const lat = { api: [] as number[], channel: [] as number[] };
+    const cpu = { api: 0, channel: 0 };
+    const spawns: number[] = [await spawnTrueMs()];
+    for (let done = 0; done < k; done += 250) {
+      for (const how of ['api', 'channel'] as const) {
+        const c0 = cpuMs(d.pid);
+        for (let i = 0; i < Math.min(250, k - done); i++) {
+          const s = performance.now();
+          const r = await via[how]();
+          lat[how].push(performance.now() - s);
+          if (r.exit_code !== 0) throw new Error(`exec true (${how}) exited ${r.exit_code}`);
+        }
+        cpu[how] += cpuMs(d.pid) - c0;
+      }
+      spawns.push(await spawnTrueMs());
     }
-    out.dsec_api = pct(api);
-    out.dsecd_cpu_ms_per_exec = r2((cpuMs(d.pid) - cpu0) / k);
+    channel.close();
+    out.dsec_api = pct(lat.api);
+    out.dsecd_cpu_ms_per_exec = r2(cpu.api / k);
+    out.dsec_channel = pct(lat.channel);
+    out.dsecd_cpu_ms_per_exec_channel = r2(cpu.channel / k);
+    const spawn = r2(percentile(spawns, 50));
+    out.host_spawn_true_ms = spawn;
+    out.api_over_host_spawn = r2(percentile(lat.api, 50) / spawn);
+    out.channel_over_host_spawn = r2(percentile(lat.channel, 50) / spawn);
     // runc exec into the very same container, through dsecd's runtime root.
     const runc: number[] = [];
     const rroot = path.join(d.root, 'runtime', 'runc');
@@ -520,6 +545,11 @@ function table(res: Record<string, any>): string {
   const e = res.exec;
   if (e) {
     L.push(`| exec \`true\` through the API, p50 / p99 | ≤ 2 ms p50 | ${ms(e.dsec_api)} | runc exec: ${ms(e.runc_exec)} | ${ratio(e.runc_exec?.p50, e.dsec_api.p50)} |`);
+    if (e.dsec_channel) {
+      L.push(`| exec \`true\` over an exec channel (one WebSocket, GET .../exec/channel), p50 / p99 | ≤ 2 ms p50 | ${ms(e.dsec_channel)} | runc exec: ${ms(e.runc_exec)} | ${ratio(e.runc_exec?.p50, e.dsec_channel.p50)} |`);
+      L.push(`| exec \`true\` p50 over the host's own spawn of \`/bin/true\` (${e.host_spawn_true_ms} ms, same run): POST .../exec; channel | ≤ 1.5× | ${e.api_over_host_spawn}×; ${e.channel_over_host_spawn}× | | |`);
+      L.push(`| dsecd CPU per exec: POST .../exec; channel | | ${e.dsecd_cpu_ms_per_exec} ms; ${e.dsecd_cpu_ms_per_exec_channel} ms | | |`);
+    }
     if (e.podman_exec) L.push(`| | | | podman exec: ${ms(e.podman_exec)} | ${ratio(e.podman_exec.p50, e.dsec_api.p50)} |`);
   }
   const dn = res.density;

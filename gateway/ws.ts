@@ -1,5 +1,5 @@
 /**
- * WebSockets through the gateway (exec attach, the vm console): the client's upgrade is
+ * WebSockets through the gateway (exec attach, the exec channel, the vm console): the client's upgrade is
  * authenticated as any request (token, role: an attach writes), its sandbox routed to
  * its host, the upgrade sent on to the host over mutual TLS, and once the host switched
  * protocols the two sockets are piped to each other byte for byte. The gateway does not
@@ -17,8 +17,12 @@ import { addressOf, type GatewayContext } from './context.js';
 import { downMessage, type Router } from './routing.js';
 import { IDENTITY_HEADERS } from './upstream.js';
 
-/** Paths that upgrade: an exec's attach and a vm's console. */
-const WS_PATHS = [/^\/v1\/sandboxes\/([^/?]+)\/execs\/[^/?]+\/attach(?:\?|$)/, /^\/v1\/sandboxes\/([^/?]+)\/console(?:\?|$)/];
+/** Paths that upgrade: an exec's attach, a sandbox's exec channel and a vm's console. */
+const WS_PATHS = [
+  /^\/v1\/sandboxes\/([^/?]+)\/execs\/[^/?]+\/attach(?:\?|$)/,
+  /^\/v1\/sandboxes\/([^/?]+)\/exec\/channel(?:\?|$)/,
+  /^\/v1\/sandboxes\/([^/?]+)\/console(?:\?|$)/,
+];
 
 /** Writes an HTTP error answer on a socket that asked to upgrade, and closes it. */
 function refuse(socket: Duplex, e: unknown): void {

@@ -7,48 +7,12 @@
 import type { Readable } from 'node:stream';
 import type { ExecAttachment, AttachOptions } from './attach.js';
 import type { ExecInfo, ExecResult } from './types.js';
+import { decodeExecResult, execRequestBody, type ExecOptions, type ExecOutput } from './exec-types.js';
+import { ExecChannel } from './exec-channel.js';
 import { execPath, execsPath, query, sandboxPath } from './paths.js';
 import { OCTET_STREAM, type TransportClass } from './transport.js';
 
-/** A command to run with {@link DsecClient.exec}. */
-export interface ExecOptions {
-  /** Program and arguments; `argv[0]` is looked up in the sandbox PATH. At least one element. */
-  argv: string[];
-  /** Extra environment, merged over the sandbox env. */
-  env?: Record<string, string>;
-  /** Absolute working directory inside the sandbox; default the image's. */
-  cwd?: string;
-  /** User name or `uid[:gid]` inside the sandbox; default the image's. */
-  user?: string;
-  /** Bytes fed to the command's stdin (a string is sent as UTF-8); at most 16 MiB. Empty otherwise. */
-  stdin?: Buffer | Uint8Array | string;
-  /** Kill the command (SIGKILL to its process group) after this many ms; the result then has `timed_out: true`. */
-  timeoutMs?: number;
-  /**
-   * Record the command as step {@link step} of this trajectory (1-128 of
-   * `[A-Za-z0-9._:@-]`, starting with a letter or digit); needs `step`. A rerun of a
-   * finished step with the same request is not executed: dsecd answers with the recorded
-   * result and `replayed: true`. See {@link DsecClient.exec} for the refusals.
-   */
-  trajectory?: string;
-  /** Step number within `trajectory`, 0 to 2^31-1; steps are recorded in increasing order. Needs `trajectory`. */
-  step?: number;
-  /**
-   * Discard the recorded steps of `trajectory` from `step` on, then run this one: the way
-   * past a `Conflict` with reason `outcome_unknown` or `step_mismatch`. Needs `trajectory` and `step`.
-   */
-  truncate?: boolean;
-  /** Abort the HTTP call (the promise rejects with the signal's reason). Whether the command keeps running is up to the daemon. */
-  signal?: AbortSignal;
-}
 
-/** Result of {@link DsecClient.exec} and {@link DsecClient.run}: the API's ExecResult plus its output decoded from base64. */
-export interface ExecOutput extends ExecResult {
-  /** Standard output bytes (decoded `stdout_b64`), possibly truncated (`stdout_truncated`). */
-  stdout: Buffer;
-  /** Standard error bytes (decoded `stderr_b64`), possibly truncated (`stderr_truncated`). */
-  stderr: Buffer;
-}
 
 /** A command to start as an exec session with {@link DsecClient.startExec}. */
 export interface StartExecOptions {
@@ -90,6 +54,8 @@ export interface ExecOutputQuery {
   signal?: AbortSignal;
 }
 
+export { decodeExecResult, type ExecOptions, type ExecOutput } from './exec-types.js';
+
 /** Options of {@link DsecClient.writeExecStdin}. */
 export interface WriteStdinOptions {
   /** Close the command's stdin after these bytes. */
@@ -120,10 +86,6 @@ export interface ConsoleEnd {
 /** The attachment type {@link DsecClient.attachConsole} returns. */
 export type ConsoleAttachmentHandle = ExecAttachment<ConsoleEnd>;
 
-/** An ExecResult with its base64 output decoded into `stdout` and `stderr`. */
-export function decodeExecResult(res: ExecResult): ExecOutput {
-  return { ...res, stdout: Buffer.from(res.stdout_b64, 'base64'), stderr: Buffer.from(res.stderr_b64, 'base64') };
-}
 
 /** Mixes exec, exec sessions and console attachments into a {@link Transport} class (composed into DsecClient by sdk/client.ts). */
 export function withExecCalls<B extends TransportClass>(Base: B) {
@@ -152,21 +114,26 @@ export function withExecCalls<B extends TransportClass>(Base: B) {
      * (including `trajectory` without `step`, or `truncate` without both), `Conflict`.
      */
     async exec(id: string, req: ExecOptions): Promise<ExecOutput> {
-      const body: Record<string, unknown> = { argv: req.argv };
-      if (req.env !== undefined) body.env = req.env;
-      if (req.cwd !== undefined) body.cwd = req.cwd;
-      if (req.user !== undefined) body.user = req.user;
-      if (req.stdin !== undefined) {
-        const bytes = typeof req.stdin === 'string' ? Buffer.from(req.stdin, 'utf8') : Buffer.from(req.stdin.buffer, req.stdin.byteOffset, req.stdin.byteLength);
-        body.stdin_b64 = bytes.toString('base64');
-      }
-      if (req.timeoutMs !== undefined) body.timeout_ms = req.timeoutMs;
-      if (req.trajectory !== undefined) body.trajectory = req.trajectory;
-      if (req.step !== undefined) body.step = req.step;
-      if (req.truncate !== undefined) body.truncate = req.truncate;
+      const body = execRequestBody(req);
       const deadline = req.timeoutMs !== undefined && this.timeoutMs > 0 ? req.timeoutMs + this.timeoutMs : 0;
       const res = await this.request<ExecResult>('POST', sandboxPath(id) + '/exec', body, { signal: req.signal, timeoutMs: deadline });
       return decodeExecResult(res);
+    }
+
+    /**
+     * Opens an exec channel to sandbox `id` (GET /v1/sandboxes/{id}/exec/channel, a
+     * WebSocket): {@link ExecChannel.exec} then runs commands to completion as
+     * {@link exec} does, many in flight on one connection, without an HTTP request,
+     * authentication and tenancy check per command (docs/BENCHMARKS.md "Exec p50": the
+     * latency of a short command). Returns at once; `opened` settles with the handshake.
+     * Close it when done. Errors (on `opened` and every request): `NotFound` (unknown
+     * sandbox, or another tenant's), `Unauthenticated`, `PermissionDenied` (a reader
+     * token), `Unavailable` (dsecd unreachable, the connection dropped).
+     */
+    execChannel(id: string): ExecChannel {
+      const path = sandboxPath(id) + '/exec/channel';
+      const ws = this.endpoint.webSocket(path);
+      return new ExecChannel(ws.url, this.webSocketErrors(path), ws.options);
     }
 
     /**

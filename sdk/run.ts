@@ -4,7 +4,7 @@
  * such calls run concurrently.
  */
 import type { ErrorKind, ExecResult, RunInput } from './types.js';
-import { decodeExecResult, type ExecOutput } from './exec.js';
+import { decodeExecResult, type ExecOutput } from './exec-types.js';
 import type { RequestOptions, TransportClass } from './transport.js';
 
 /** One entry of a POST /v1/run:batch response. */

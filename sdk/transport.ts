@@ -13,7 +13,7 @@
 import http from 'node:http';
 import { randomUUID } from 'node:crypto';
 import { Readable, pipeline } from 'node:stream';
-import { ExecAttachment } from './attach.js';
+import { ExecAttachment, type AttachErrorFactory } from './attach.js';
 import { DsecApiError, errMessage, errorFromResponse, isErrorKind } from './errors.js';
 import { NDJSON_TYPE, clip, ndjsonLines } from './ndjson.js';
 import { Endpoint, remoteFromEnv, type RemoteOptions } from './remote.js';
@@ -439,16 +439,16 @@ export class Transport {
    */
   protected attach<E extends object>(path: string, signal: AbortSignal | undefined): ExecAttachment<E> {
     const ws = this.endpoint.webSocket(path);
-    return new ExecAttachment<E>(
-      ws.url,
-      {
-        response: (status, body) => errorFromResponse(status, body),
-        connection: (err) => this.connectionError(err, 'GET', path),
-        kind: (code, message, status) => new DsecApiError(code, message, status),
-      },
-      signal,
-      ws.options,
-    );
+    return new ExecAttachment<E>(ws.url, this.webSocketErrors(path), signal, ws.options);
+  }
+
+  /** How a WebSocket to `path` (an attachment, an exec channel) turns its failures into {@link DsecApiError}s. */
+  protected webSocketErrors(path: string): AttachErrorFactory {
+    return {
+      response: (status, body) => errorFromResponse(status, body),
+      connection: (err) => this.connectionError(err, 'GET', path),
+      kind: (code, message, status) => new DsecApiError(code, message, status),
+    };
   }
 }
 

@@ -10,6 +10,7 @@ import { BODY_LIMIT_BYTES, sendError } from './reply.js';
 import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
 import { registerConsoleRoutes, type ConsoleRouteDeps } from './routes/console.js';
 import { registerEventRoutes, type EventRouteDeps } from './routes/events.js';
+import { registerExecChannelRoute } from './routes/exec-channel.js';
 import { registerExecRoute, registerExecSessionRoutes, type ExecRouteDeps, type ExecSessionRouteDeps } from './routes/execs.js';
 import { registerFileRoutes, type FileRouteDeps } from './routes/files.js';
 import { registerLayerBlobRoutes } from './routes/layer-blobs.js';
@@ -71,6 +72,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerTemplateRoutes(app, deps);
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
+  app.register(async (scoped) => registerExecChannelRoute(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
   app.register(async (scoped) => registerLayerBlobRoutes(scoped, deps));

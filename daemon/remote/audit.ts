@@ -8,7 +8,10 @@
  * "tenant":NAME|null,"role":ROLE|null,"peer":CN|null,"action":"POST /v1/sandboxes/:id/pause",
  * "object":{...route params, "created": ID?},"result":STATUS,"error":KIND|null}`.
  * A WebSocket attach is logged when it is allowed to start (`result` 101), since its
- * outcome is a stream; what it did is in the exec session's own record.
+ * outcome is a stream; what it did is in the exec session's own record. An exec channel
+ * (daemon/api/routes/exec-channel.ts) is logged when it opens and again for each command
+ * sent on it (action `EXEC /v1/sandboxes/:id/exec/channel`, the answer's status and error
+ * kind), since each is a command run as POST .../exec would run it.
  */
 import { chmodSync, closeSync, existsSync, openSync } from 'node:fs';
 import pino from 'pino';
@@ -86,6 +89,18 @@ export function isUpgrade(req: FastifyRequest): boolean {
   return String(req.headers.upgrade ?? '').toLowerCase() === 'websocket';
 }
 
+declare module 'fastify' {
+  interface FastifyRequest {
+    /**
+     * On an upgraded request that passed the door (an exec channel): writes one audit line
+     * for a request made over the WebSocket, with the upgrade's identity and parameters,
+     * `action` (e.g. `EXEC /v1/sandboxes/:id/exec/channel`), HTTP-style `status` and error
+     * kind. Unset where no audit log is kept.
+     */
+    auditMessage?: (action: string, status: number, error: string | null) => void;
+  }
+}
+
 const created = new WeakMap<FastifyRequest, string>();
 
 /**
@@ -124,7 +139,10 @@ export function installAudit(app: FastifyInstance, audit: AuditLog, door: 'unix'
   // An upgrade that passed authentication: logged as it starts (a refused one answers
   // with an error status, which the onRequest listener does not see for upgrades).
   app.addHook('preHandler', (req, _reply, done) => {
-    if (isUpgrade(req)) audit.write(record(req, 101, null));
+    if (isUpgrade(req)) {
+      audit.write(record(req, 101, null));
+      req.auditMessage = (action, status, error) => audit.write({ ...record(req, status, error), action });
+    }
     done();
   });
   app.addHook('onError', (req, reply, err, done) => {

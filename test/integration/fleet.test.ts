@@ -17,6 +17,7 @@ import WebSocket from 'ws';
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { lineReader } from '../fixtures/ndjson.js';
 import { IS_ROOT, REPO } from './harness.js';
+import { DsecClient } from '../../sdk/index.js';
 import { inNetns, TestFleet } from '../fixtures/fleet.js';
 
 const run = IS_ROOT ? describe : describe.skip;
@@ -165,6 +166,18 @@ run('fleet: three hosts in their own namespaces, two gateways, real etcd', () =>
     expect(out).toContain('30 100');
     expect(out).toMatch(/\/dev\/pts\/\d+/);
     ws.close();
+  }, 120_000);
+
+  it('runs commands over an exec channel through the gateway', async () => {
+    const id = job[2];
+    const client = new DsecClient({ remote: { url: f.url(), token: f.tokens.user, ca: readFileSync(f.caFile) } });
+    const ch = client.execChannel(id);
+    const rs = await Promise.all([ch.exec({ argv: ['echo', 'one'] }), ch.exec({ argv: ['sh', '-c', 'echo two >&2; exit 4'] })]);
+    expect(rs[0].stdout.toString()).toBe('one\n');
+    expect(rs[1]).toMatchObject({ exit_code: 4 });
+    expect(rs[1].stderr.toString()).toBe('two\n');
+    ch.close();
+    await expect(client.execChannel('0123456789abcdef').opened).rejects.toMatchObject({ code: 'NotFound' });
   }, 120_000);
 
   it('serves the CLI unchanged: dsec hosts, ls, exec, cp and logs through a gateway (DSEC_HOST)', async () => {

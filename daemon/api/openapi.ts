@@ -19,6 +19,7 @@ import * as batchCreateRoutes from './routes/sandboxes-batch.js';
 import * as eventRoutes from './routes/events.js';
 import * as imageRoutes from './routes/images.js';
 import * as execRoutes from './routes/execs.js';
+import * as execChannelRoutes from './routes/exec-channel.js';
 import * as consoleRoutes from './routes/console.js';
 import * as statsRoutes from './routes/stats.js';
 import * as fileRoutes from './routes/files.js';
@@ -35,7 +36,7 @@ import { DSEC_VERSION } from '../version.js';
 
 /** The modules whose exported schemas become named components (importing them also fills ROUTE_DOCS). */
 const SCHEMA_MODULES: Record<string, unknown>[] = [
-  wire, hostRoutes, sandboxRoutes, batchCreateRoutes, eventRoutes, imageRoutes, execRoutes, consoleRoutes, statsRoutes,
+  wire, hostRoutes, sandboxRoutes, batchCreateRoutes, eventRoutes, imageRoutes, execRoutes, execChannelRoutes, consoleRoutes, statsRoutes,
   fileRoutes, roundRoutes, snapshotRoutes, securityRoutes, trajectoryRoutes, runRoutes, networkRoutes, tokenRoutes, templateRoutes, layerBlobRoutes,
 ];
 

@@ -27,6 +27,9 @@ function webSocketClass(): typeof WebSocketType {
   return wsClass;
 }
 
+/** Largest message dsecd's WebSocket server takes (daemon/api/server.ts: 1 MiB). */
+const MAX_MESSAGE_BYTES = 1024 * 1024;
+
 const CONNECTING = 0;
 const OPEN = 1;
 
@@ -98,7 +101,11 @@ export class ExecChannel {
     });
   }
 
-  /** Requests sent and not yet answered. */
+  /**
+   * Requests sent and not yet answered. A request given up on (its `signal` aborted) no
+   * longer counts here, but its command still holds one of dsecd's 16 places of this
+   * channel until it ends.
+   */
   get inFlight(): number {
     return this.pending.size;
   }
@@ -107,7 +114,9 @@ export class ExecChannel {
    * Runs a command to completion in the channel's sandbox; resolves as
    * {@link DsecClient.exec} does (the command's exit status, signal, timeout and OOM are
    * fields of the result, not errors). `req.signal` rejects the promise with its reason;
-   * the command keeps running (its answer is dropped). `req.stdin` is at most ~768 KiB here
+   * the command keeps running (its answer is dropped) and holds its place among the 16 a
+   * channel runs at once until it ends. There is no client-side deadline: pass
+   * `timeoutMs` (dsecd kills the command then) or a `signal`. `req.stdin` is at most ~768 KiB here
    * (a message is at most 1 MiB); use {@link DsecClient.exec} for more.
    * Errors: those of {@link DsecClient.exec} (`NotFound` once the sandbox is gone,
    * `FailedPrecondition`, `InvalidArgument`, `Conflict`), and the channel's own failure
@@ -118,6 +127,10 @@ export class ExecChannel {
     if (req.signal?.aborted) return Promise.reject(req.signal.reason);
     const id = this.nextId++;
     const frame = JSON.stringify({ id, request: execRequestBody(req) });
+    if (frame.length > MAX_MESSAGE_BYTES / 4 && Buffer.byteLength(frame) > MAX_MESSAGE_BYTES) {
+      // dsecd would close the whole channel (1009) on it: refuse this request alone.
+      return Promise.reject(this.errors.kind('InvalidArgument', `exec request is ${Buffer.byteLength(frame)} bytes; the exec channel takes at most ${MAX_MESSAGE_BYTES} per request (stdin up to ~768 KiB): use client.exec() for this one`, 0));
+    }
     return new Promise<ExecOutput>((resolve, reject) => {
       const onAbort = () => {
         this.pending.delete(id);

@@ -198,6 +198,37 @@ describe.skipIf(!IS_ROOT)('exec channel', () => {
     const mineLines = lines.filter((x) => x.token === owner.id && String(x.action).includes('/exec/channel'));
     expect(mineLines[0]).toMatchObject({ action: 'GET /v1/sandboxes/:id/exec/channel', result: 101, tenant: 'chan-a', object: { id: mine } });
     expect(mineLines.filter((x) => x.action === CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument']]);
+    // A command still running when its channel closes is audited at the close (499), once.
+    const quitter = await makeToken(d, 'chan-a', 'user');
+    const qch = remote(quitter.token).execChannel(mine);
+    await qch.opened;
+    const running = qch.exec({ argv: ['sh', '-c', 'while [ ! -e /tmp/quit-gate ]; do sleep 0.05; done'] });
+    running.catch(() => {});
+    const gateRunning = async () => (await d.client.exec(mine, { argv: ['sh', '-c', 'ps | grep -q "[q]uit-gate"'] })).exit_code === 0;
+    for (let i = 0; i < 200 && !(await gateRunning()); i++) await new Promise((r) => setTimeout(r, 50));
+    expect(await gateRunning()).toBe(true);
+    qch.close();
+    await expect(running).rejects.toMatchObject({ code: 'Unavailable' });
+    const quitterLines = () => {
+      const text = readFileSync(file, 'utf8');
+      return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x)).filter((x) => x.token === quitter.id && x.action === CHANNEL_AUDIT_ACTION);
+    };
+    await until(() => quitterLines().length === 1, 'the close-time audit line');
+    expect(quitterLines()[0]).toMatchObject({ result: 499, error: 'ClientClosed', object: { id: mine } });
+    // The command ends afterwards: no second line for it.
+    await d.client.exec(mine, { argv: ['touch', '/tmp/quit-gate'] });
+    for (let i = 0; i < 200 && (await gateRunning()); i++) await new Promise((r) => setTimeout(r, 50));
+    await new Promise((r) => setTimeout(r, 300));
+    expect(quitterLines()).toHaveLength(1);
     await remote(owner.token).deleteSandbox(mine, { force: true });
+  });
+
+  it('a request over the 1 MiB message limit is refused by the SDK alone; the channel stays usable', async () => {
+    const ch = d.client.execChannel(sb);
+    const other = ch.exec({ argv: ['sh', '-c', 'sleep 0.2; echo still'] });
+    await expect(ch.exec({ argv: ['wc', '-c'], stdin: Buffer.alloc(900 * 1024) })).rejects.toMatchObject({ code: 'InvalidArgument', message: expect.stringMatching(/client\.exec/) });
+    expect((await other).stdout.toString()).toBe('still\n');
+    expect((await ch.exec({ argv: ['wc', '-c'], stdin: Buffer.alloc(700 * 1024) })).stdout.toString().trim()).toBe(String(700 * 1024));
+    ch.close();
   });
 });

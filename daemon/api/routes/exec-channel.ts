@@ -19,16 +19,22 @@
  * results are dropped.
  *
  * Limits: a message is at most 1 MiB (the API's WebSocket limit, so `stdin_b64` up to
- * ~768 KiB; POST .../exec takes more). At most {@link MAX_IN_FLIGHT} requests run at once
+ * ~768 KiB; POST .../exec takes more); a bigger one closes the channel with 1009 (the
+ * WebSocket library's answer, without an `{"id": null}` message; the SDK refuses such a
+ * request itself, before sending). At most {@link MAX_IN_FLIGHT} requests run at once
  * per channel, counted until their answer is handed to the kernel: beyond that the
- * channel stops reading, so a client that does not read its answers holds at most that
- * many results in dsecd (each at most 2 × `[exec] max_output_bytes`, base64).
+ * channel stops reading. A request the client stopped waiting for still holds its place
+ * until its command ends. An answer the client does not take within
+ * {@link ANSWER_STALL_MS} drops the channel, so a client that stops reading holds at most
+ * that many results (each at most 2 × `[exec] max_output_bytes`, base64) for at most that
+ * long.
  *
  * Access: the channel is opened with the tenancy check of its sandbox id and the door's
  * authentication and role (a `write` route, as any upgrade), once; revoking the token
  * closes it (daemon/remote/door.ts). The channel's opening is an audit line (`result` 101)
  * and so is every request on it, with action `EXEC /v1/sandboxes/:id/exec/channel`
- * (daemon/remote/audit.ts). Its commands count in `dsec_exec_seconds` as POST .../exec's do.
+ * (daemon/remote/audit.ts): when it is answered, or, for a request still running when the
+ * channel closes, then (`result` 499, error `ClientClosed`). Its commands count in `dsec_exec_seconds` as POST .../exec's do.
  */
 import type { FastifyInstance, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
@@ -53,6 +59,17 @@ const channelRoute = route({
  * makes dsecd hold (16 results).
  */
 export const MAX_IN_FLIGHT = 16;
+
+/**
+ * How long an answer may wait for the client to take it (ms) before the channel is
+ * dropped: 60 s, far beyond what a reading client on any link needs for the largest
+ * answer (2 × 4 MiB of output, base64), and the longest a client that stopped reading
+ * holds its answers (at most {@link MAX_IN_FLIGHT}) in dsecd.
+ */
+export const ANSWER_STALL_MS = 60_000;
+
+/** Audit status of a request whose channel closed before it was answered (nginx's "client closed request"). */
+const CLIENT_CLOSED_STATUS = 499;
 
 /** Longest string id a client may use, in characters. */
 const MAX_ID_CHARS = 128;
@@ -81,8 +98,14 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
     const waiting: Buffer[] = [];
     let paused = false;
     let closed = false;
+    /** Requests accepted and not yet audited (audited when answered, or when the channel closes first). */
+    const unaudited = new Set<Id>();
     socket.on('close', () => {
       closed = true;
+      // A command still running when the channel closes is audited now: its answer may
+      // never come (it may run for as long as it likes after its client left).
+      for (const id of unaudited) req.auditMessage?.(CHANNEL_AUDIT_ACTION, CLIENT_CLOSED_STATUS, 'ClientClosed');
+      unaudited.clear();
     });
     socket.on('error', () => {
       closed = true;
@@ -97,8 +120,10 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
     };
 
     const answer = (id: Id, msg: object, status: number, errorKind: string | null) => {
-      req.auditMessage?.(CHANNEL_AUDIT_ACTION, status, errorKind);
+      if (unaudited.delete(id)) req.auditMessage?.(CHANNEL_AUDIT_ACTION, status, errorKind);
+      let stall: NodeJS.Timeout | undefined;
       const done = () => {
+        clearTimeout(stall);
         inFlight.delete(id);
         if (paused && inFlight.size < MAX_IN_FLIGHT) {
           paused = false;
@@ -107,6 +132,10 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
         }
       };
       if (closed || socket.readyState !== socket.OPEN) return done();
+      // An answer the client does not take within ANSWER_STALL_MS ends the channel, so a
+      // client that stops reading cannot hold its answers in dsecd for longer than that.
+      stall = setTimeout(() => socket.terminate(), ANSWER_STALL_MS);
+      stall.unref();
       socket.send(JSON.stringify(msg), done);
     };
 
@@ -133,7 +162,7 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
           return v;
         }) : JSON.parse(text);
       } catch (e) {
-        return violation(e instanceof DsecError ? e.message : 'messages must be JSON');
+        return violation(e instanceof DsecError ? e.message : `messages must be JSON (${(e as Error).message})`);
       }
       if (typeof msg !== 'object' || msg === null || Array.isArray(msg)) return violation('messages must be JSON objects {"id", "request"}');
       const { id: rawId, request } = msg as { id?: unknown; request?: unknown };
@@ -142,6 +171,7 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
       if (inFlight.has(id)) return violation(`id ${JSON.stringify(id)} is already in flight`);
       const extra = Object.keys(msg).filter((k) => k !== 'id' && k !== 'request');
       inFlight.add(id);
+      unaudited.add(id);
       if (inFlight.size >= MAX_IN_FLIGHT && !paused) {
         paused = true;
         socket.pause();

@@ -120,7 +120,9 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
     };
 
     const answer = (id: Id, msg: object, status: number, errorKind: string | null) => {
-      if (unaudited.delete(id)) req.auditMessage?.(CHANNEL_AUDIT_ACTION, status, errorKind);
+      // Audited after the answer is handed to the socket: the line is dsecd's record, not
+      // part of the client's wait.
+      const audit = unaudited.delete(id);
       let stall: NodeJS.Timeout | undefined;
       const done = () => {
         clearTimeout(stall);
@@ -131,12 +133,16 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
           while (waiting.length && inFlight.size < MAX_IN_FLIGHT && !closed) handle(waiting.shift()!);
         }
       };
-      if (closed || socket.readyState !== socket.OPEN) return done();
+      if (closed || socket.readyState !== socket.OPEN) {
+        if (audit) req.auditMessage?.(CHANNEL_AUDIT_ACTION, status, errorKind);
+        return done();
+      }
       // An answer the client does not take within ANSWER_STALL_MS ends the channel, so a
       // client that stops reading cannot hold its answers in dsecd for longer than that.
       stall = setTimeout(() => socket.terminate(), ANSWER_STALL_MS);
       stall.unref();
       socket.send(JSON.stringify(msg), done);
+      if (audit) req.auditMessage?.(CHANNEL_AUDIT_ACTION, status, errorKind);
     };
 
     const fail = (id: Id, e: unknown) => {

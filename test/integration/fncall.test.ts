@@ -183,7 +183,14 @@ describe.skipIf(!IS_ROOT)('fncall tier', () => {
       const { results } = await post<{ results: Array<{ ok: boolean; result?: Result }> }>('/v1/run:batch', { calls: Array.from({ length: 100 }, () => ({ backend: 'fncall', argv: ['true'] })) });
       expect(results.every((r) => r.ok && r.result!.exit_code === 0)).toBe(true);
     }
-    const after = await count();
+    // The worker passes `calls_per_worker` (10,000) in this loop and is replaced: the old one
+    // is destroyed in the background, so its cgroup and mounts may still be going. Wait for
+    // that destroy (a leak never settles, and fails below).
+    let after = await count();
+    for (let i = 0; i < 600 && (after.cgroups !== before.cgroups || after.mounts !== before.mounts || after.instancePids !== before.instancePids); i++) {
+      await new Promise((r) => setTimeout(r, 100));
+      after = await count();
+    }
     // dsecd's own fds move by a few (client connections, the store's journal); a leak of one per call would be thousands.
     expect(after.fds).toBeLessThanOrEqual(before.fds + 4);
     expect(after.mounts).toBe(before.mounts);

@@ -27,19 +27,40 @@ import type { ErrorKind } from './types.js';
 type WebSocket = WebSocketType;
 
 /**
- * The `ws` WebSocket class, loaded on the first attachment rather than at import: a CLI
- * run that never attaches (most of them) starts ~40 ms sooner.
+ * The `ws` WebSocket class, loaded on the first attachment or exec channel rather than at
+ * import: a CLI run that never opens a WebSocket (most of them) starts ~40 ms sooner.
  */
 let wsClass: typeof WebSocketType | undefined;
-function webSocketClass(): typeof WebSocketType {
+export function webSocketClass(): typeof WebSocketType {
   wsClass ??= createRequire(import.meta.url)('ws') as typeof WebSocketType;
   return wsClass;
 }
 
 /** ws readyState values (the WebSocket constants, without loading ws). */
-const CONNECTING = 0;
-const OPEN = 1;
+export const CONNECTING = 0;
+export const OPEN = 1;
 const CLOSED = 3;
+
+/**
+ * The `unexpected-response` listener of a WebSocket whose handshake dsecd refused (a
+ * non-101 answer): reads the answer's body, calls `fail` with the client's error for it
+ * (`errors.response`), and drops the connection.
+ */
+export function onRefusedHandshake(ws: WebSocketType, errors: AttachErrorFactory, fail: (e: Error) => void): (req: http.ClientRequest, res: http.IncomingMessage) => void {
+  return (req, res) => {
+    const chunks: Buffer[] = [];
+    res.on('data', (c: Buffer) => chunks.push(c));
+    res.on('end', () => {
+      fail(errors.response(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8')));
+      req.destroy();
+      ws.terminate();
+    });
+    res.on('error', () => {
+      fail(errors.response(res.statusCode ?? 0, ''));
+      ws.terminate();
+    });
+  };
+}
 
 /** How an exec session looks on the wire (ExecInfo, sdk/types.ts), as far as this module needs it. */
 export interface AttachExecInfo {
@@ -150,7 +171,7 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
     this.ws = new WebSocketClass(url, { ...wsOptions, perMessageDeflate: false });
     this.ws.on('open', () => this.onOpen());
     this.ws.on('message', (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
-    this.ws.on('unexpected-response', (req: http.ClientRequest, res: http.IncomingMessage) => this.onRefused(req, res));
+    this.ws.on('unexpected-response', onRefusedHandshake(this.ws, errors, (e) => this.fail(e)));
     this.ws.on('error', (err: NodeJS.ErrnoException) => this.fail(this.handshakeDone ? errors.kind('Unavailable', `attach connection to dsecd broke: ${err.message}`, 0) : errors.connection(err)));
     this.ws.on('close', (code: number, reason: Buffer) => this.onClose(code, reason.toString('utf8')));
     if (signal) {
@@ -283,20 +304,6 @@ export class ExecAttachment<I extends object = AttachExecInfo> extends EventEmit
       this.fail(this.errors.kind(code, message, 101));
     }
     // Other types: a newer dsecd's addition; ignored.
-  }
-
-  private onRefused(req: http.ClientRequest, res: http.IncomingMessage): void {
-    const chunks: Buffer[] = [];
-    res.on('data', (c: Buffer) => chunks.push(c));
-    res.on('end', () => {
-      this.fail(this.errors.response(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8')));
-      req.destroy();
-      this.ws.terminate();
-    });
-    res.on('error', () => {
-      this.fail(this.errors.response(res.statusCode ?? 0, ''));
-      this.ws.terminate();
-    });
   }
 
   private onClose(code: number, reason: string): void {

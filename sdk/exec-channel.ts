@@ -13,25 +13,13 @@
  * later one with that error; {@link ExecChannel.close} rejects them with `Unavailable`.
  * dsecd runs at most 16 requests of one channel at once; more are queued on the socket.
  */
-import { createRequire } from 'node:module';
-import type http from 'node:http';
 import type WebSocketType from 'ws';
-import type { AttachErrorFactory } from './attach.js';
+import { CONNECTING, OPEN, onRefusedHandshake, webSocketClass, type AttachErrorFactory } from './attach.js';
 import { decodeExecResult, execRequestBody, type ExecOptions, type ExecOutput } from './exec-types.js';
 import type { ExecResult } from './types.js';
 
-let wsClass: typeof WebSocketType | undefined;
-/** The `ws` class, loaded on first use (as sdk/attach.ts does: a CLI verb without channels never pays for it). */
-function webSocketClass(): typeof WebSocketType {
-  wsClass ??= createRequire(import.meta.url)('ws') as typeof WebSocketType;
-  return wsClass;
-}
-
 /** Largest message dsecd's WebSocket server takes (daemon/api/server.ts: 1 MiB). */
 const MAX_MESSAGE_BYTES = 1024 * 1024;
-
-const CONNECTING = 0;
-const OPEN = 1;
 
 /** A request waiting for its answer. */
 interface Pending {
@@ -80,19 +68,7 @@ export class ExecChannel {
       this.resolveOpen();
     });
     this.ws.on('message', (data: Buffer, isBinary: boolean) => this.onMessage(data, isBinary));
-    this.ws.on('unexpected-response', (req: http.ClientRequest, res: http.IncomingMessage) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (c: Buffer) => chunks.push(c));
-      res.on('end', () => {
-        this.fail(errors.response(res.statusCode ?? 0, Buffer.concat(chunks).toString('utf8')));
-        req.destroy();
-        this.ws.terminate();
-      });
-      res.on('error', () => {
-        this.fail(errors.response(res.statusCode ?? 0, ''));
-        this.ws.terminate();
-      });
-    });
+    this.ws.on('unexpected-response', onRefusedHandshake(this.ws, errors, (e) => this.fail(e)));
     this.ws.on('error', (err: NodeJS.ErrnoException) => this.fail(this.handshakeDone
       ? errors.kind('Unavailable', `exec channel connection to dsecd broke: ${err.message}`, 0)
       : errors.connection(err)));

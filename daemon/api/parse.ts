@@ -24,3 +24,20 @@ export function parseWith<S extends z.ZodType>(schema: S, input: unknown, what: 
     .join('; ');
   throw invalidArgument(`invalid ${what}: ${msg}`);
 }
+
+/**
+ * `JSON.parse` of a request body or message that refuses `__proto__` keys: object
+ * handling downstream (zod's records, spreads) would drop them silently or set a
+ * prototype. The key check is a reviver, which costs tens of µs on a small body, so it
+ * runs only when the text could spell that key: literally, or through a `\u` escape
+ * (no other JSON escape yields a letter or `_`).
+ * @throws DsecError InvalidArgument for a `__proto__` key; SyntaxError (or RangeError,
+ *   nesting too deep for the reviver) for text that is not JSON.
+ */
+export function parseJson(text: string): unknown {
+  if (!text.includes('__proto__') && !text.includes('\\u')) return JSON.parse(text);
+  return JSON.parse(text, (k, v) => {
+    if (k === '__proto__') throw invalidArgument('"__proto__" is not allowed as a key');
+    return v;
+  });
+}

@@ -6,6 +6,7 @@
 import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
 import websocket from '@fastify/websocket';
 import { DsecError, invalidArgument, notFound } from '../errors.js';
+import { parseJson } from './parse.js';
 import { BODY_LIMIT_BYTES, sendError } from './reply.js';
 import { ROUTE_DOCS, type RouteDoc } from './routes/table.js';
 import { registerConsoleRoutes, type ConsoleRouteDeps } from './routes/console.js';
@@ -134,11 +135,7 @@ function baseApp(deps: { log: Logger; metrics: Metrics }, served: readonly Route
     const s = (body as string).trim();
     if (s === '') return done(null, undefined);
     try {
-      // `__proto__` keys would be dropped silently by object handling downstream: refuse them.
-      done(null, JSON.parse(s, (k, v) => {
-        if (k === '__proto__') throw invalidArgument('"__proto__" is not allowed as a key');
-        return v;
-      }));
+      done(null, parseJson(s));
     } catch (e) {
       done(e instanceof DsecError ? e : invalidArgument(`malformed JSON body: ${(e as Error).message}`), undefined);
     }

@@ -11,7 +11,8 @@
  * outcome is a stream; what it did is in the exec session's own record. An exec channel
  * (daemon/api/routes/exec-channel.ts) is logged when it opens and again for each command
  * sent on it (action `EXEC /v1/sandboxes/:id/exec/channel`, the answer's status and error
- * kind), since each is a command run as POST .../exec would run it.
+ * kind; `result` 499 and error `ClientClosed` for one still running when the channel
+ * closes), since each is a command run as POST .../exec would run it.
  */
 import { chmodSync, closeSync, existsSync, openSync } from 'node:fs';
 import pino from 'pino';

@@ -55,6 +55,7 @@ describe.skipIf(!IS_ROOT)('bad input', () => {
     ['memory above the host', 'POST', '/v1/sandboxes', JSON.stringify({ memory_bytes: 1024 ** 4 }), 400, 'InvalidArgument'],
     ['__proto__ label', 'POST', '/v1/sandboxes', '{"labels": {"__proto__": "x"}}', 400, 'InvalidArgument'],
     ['__proto__ env', 'POST', '/v1/sandboxes', '{"env": {"__proto__": "x"}}', 400, 'InvalidArgument'],
+    ['__proto__ label spelled with an escape', 'POST', '/v1/sandboxes', '{"labels": {"\\u005f_proto__": "x"}}', 400, 'InvalidArgument'],
     ['too many labels', 'POST', '/v1/sandboxes', JSON.stringify({ labels: Object.fromEntries(Array.from({ length: 65 }, (_, i) => [`k${i}`, 'v'])) }), 400, 'InvalidArgument'],
     ['env too large', 'POST', '/v1/sandboxes', JSON.stringify({ env: { BIG: 'x'.repeat(200_000) } }), 400, 'InvalidArgument'],
     ['PUT on a resource', 'PUT', '/v1/sandboxes', '{}', 405, 'InvalidArgument'],

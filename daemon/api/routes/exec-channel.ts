@@ -41,7 +41,7 @@ import type { Logger } from 'pino';
 import type { WebSocket } from 'ws';
 import { ExecRequest } from '../schema.js';
 import { execInput } from '../convert.js';
-import { parseWith } from '../parse.js';
+import { parseJson, parseWith } from '../parse.js';
 import { forCaller } from '../reply.js';
 import { DsecError, invalidArgument } from '../../errors.js';
 import type { ExecRouteDeps } from './execs.js';
@@ -159,14 +159,7 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
     const handle = (data: Buffer) => {
       let msg: unknown;
       try {
-        const text = data.toString('utf8');
-        // `__proto__` keys are refused (as the HTTP body parser does): object handling
-        // downstream would drop them silently or set a prototype. A reviver costs ~40 µs a
-        // message, so it runs only when the text could spell that key (plainly or escaped).
-        msg = text.includes('__proto__') || text.includes('\\u') ? JSON.parse(text, (k, v) => {
-          if (k === '__proto__') throw invalidArgument('"__proto__" is not allowed as a key');
-          return v;
-        }) : JSON.parse(text);
+        msg = parseJson(data.toString('utf8'));
       } catch (e) {
         return violation(e instanceof DsecError ? e.message : `messages must be JSON (${(e as Error).message})`);
       }

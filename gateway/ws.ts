@@ -61,6 +61,9 @@ export async function handleUpgrade(o: UpgradeOptions, req: IncomingMessage, soc
   try {
     const url = req.url ?? '/';
     const m = WS_PATHS.map((r) => r.exec(url)).find(Boolean);
+    if (!m && /^\/v1\/run\/channel(?:\?|$)/.test(url)) {
+      throw new DsecError('NotFound', 'the gateway does not carry the run channel (one connection would pin one host): send the calls with POST /v1/run or /v1/run:batch, which the gateway places, or open the channel on a host');
+    }
     if (!m) throw new DsecError('NotFound', `no WebSocket route ${url.split('?')[0]}`);
     if (o.clientRoles) {
       const peer = peerIdentity((socket as TLSSocket).getPeerCertificate?.());

@@ -13,6 +13,8 @@ export {
 /** The exec-session attachment (WebSocket) and its options. */
 export { ExecAttachment } from './attach.js';
 export { ExecChannel, type ChannelExecOptions } from './exec-channel.js';
+export { RunChannel } from './run-channel.js';
+export { RequestChannel } from './channel.js';
 export type { AttachOptions, AttachExecInfo, ExecAttachmentEvents } from './attach.js';
 /** Request, response and option types of the client (see sdk/client.ts). */
 export type {

@@ -6,6 +6,7 @@
 import type { ErrorKind, ExecResult, RunInput } from './types.js';
 import { decodeExecResult, type ExecOutput } from './exec-types.js';
 import type { RequestOptions, TransportClass } from './transport.js';
+import { RunChannel } from './run-channel.js';
 
 /** One entry of a POST /v1/run:batch response. */
 export interface RunBatchEntry {
@@ -32,6 +33,22 @@ export function withRunCalls<B extends TransportClass>(Base: B) {
       const deadline = req.timeout_ms !== undefined && this.timeoutMs > 0 ? req.timeout_ms + this.timeoutMs : 0;
       const res = await this.request<ExecResult>('POST', '/v1/run', req, { signal: opts.signal, timeoutMs: opts.timeoutMs ?? deadline });
       return decodeExecResult(res);
+    }
+
+    /**
+     * Opens a run channel (GET /v1/run/channel, a WebSocket): {@link RunChannel.run}
+     * then makes one-shot runs as {@link run} does, many in flight on one connection,
+     * without an HTTP request and authentication per call (docs/BENCHMARKS.md "fncall").
+     * Returns at once; `opened` settles with the handshake. Close it when done (calls
+     * waiting for an fncall worker are dropped; running ones end by their timeout). Errors (on `opened` and every call): `Unauthenticated`,
+     * `PermissionDenied` (a reader token), `Unavailable` (dsecd unreachable, the
+     * connection dropped), `NotFound` from a gateway (it does not carry this channel: a
+     * fleet's calls go through run() and runBatch(), which it places).
+     */
+    runChannel(): RunChannel {
+      const path = '/v1/run/channel';
+      const ws = this.endpoint.webSocket(path);
+      return new RunChannel(ws.url, this.webSocketErrors(path), ws.options);
     }
 
     /**

@@ -19,7 +19,7 @@ import { registerHostRoutes, type HostRouteDeps } from './routes/host.js';
 import { registerImageRoutes, type ImageRouteDeps } from './routes/images.js';
 import { registerNetworkRoutes, type NetworkRouteDeps } from './routes/network.js';
 import { registerRoundRoutes, type RoundRouteDeps } from './routes/rounds.js';
-import { registerRunCodeRoute, registerRunRoutes, type RunCodeRouteDeps, type RunRouteDeps } from './routes/run.js';
+import { registerRunChannelRoute, registerRunCodeRoute, registerRunRoutes, type RunCodeRouteDeps, type RunRouteDeps } from './routes/run.js';
 import { registerSandboxRoutes, type SandboxRouteDeps } from './routes/sandboxes.js';
 import { registerBatchCreateRoute } from './routes/sandboxes-batch.js';
 import { registerSecurityRoutes, type SecurityRouteDeps } from './routes/security.js';
@@ -74,6 +74,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerExecChannelRoute(scoped, deps));
+  app.register(async (scoped) => registerRunChannelRoute(scoped, deps));
   app.register(async (scoped) => registerConsoleRoutes(scoped, deps));
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
   app.register(async (scoped) => registerLayerBlobRoutes(scoped, deps));

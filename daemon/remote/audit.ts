@@ -8,11 +8,12 @@
  * "tenant":NAME|null,"role":ROLE|null,"peer":CN|null,"action":"POST /v1/sandboxes/:id/pause",
  * "object":{...route params, "created": ID?},"result":STATUS,"error":KIND|null}`.
  * A WebSocket attach is logged when it is allowed to start (`result` 101), since its
- * outcome is a stream; what it did is in the exec session's own record. An exec channel
- * (daemon/api/routes/exec-channel.ts) is logged when it opens and again for each command
- * sent on it (action `EXEC /v1/sandboxes/:id/exec/channel`, the answer's status and error
- * kind; `result` 499 and error `ClientClosed` for one still running when the channel
- * closes), since each is a command run as POST .../exec would run it.
+ * outcome is a stream; what it did is in the exec session's own record. A request channel
+ * (daemon/api/channel.ts: the exec channel and the run channel) is logged when it opens
+ * and again for each request sent on it (action `EXEC /v1/sandboxes/:id/exec/channel` or
+ * `RUN /v1/run/channel`, the answer's status and error kind; `result` 499 and error
+ * `ClientClosed` for one still running when the channel closes), since each is a command
+ * run as POST .../exec or POST /v1/run would run it.
  */
 import { chmodSync, closeSync, existsSync, openSync } from 'node:fs';
 import pino from 'pino';
@@ -93,7 +94,7 @@ export function isUpgrade(req: FastifyRequest): boolean {
 declare module 'fastify' {
   interface FastifyRequest {
     /**
-     * On an upgraded request that passed the door (an exec channel): writes one audit line
+     * On an upgraded request that passed the door (a request channel): writes one audit line
      * for a request made over the WebSocket, with the upgrade's identity and parameters,
      * `action` (e.g. `EXEC /v1/sandboxes/:id/exec/channel`), HTTP-style `status` and error
      * kind. Unset where no audit log is kept.

@@ -10,7 +10,8 @@ import { readFileSync } from 'node:fs';
 import path from 'node:path';
 import WebSocket from 'ws';
 import { DsecClient } from '../../sdk/index.js';
-import { CHANNEL_AUDIT_ACTION, MAX_IN_FLIGHT } from '../../daemon/api/routes/exec-channel.js';
+import { CHANNEL_AUDIT_ACTION } from '../../daemon/api/routes/exec-channel.js';
+import { MAX_IN_FLIGHT } from '../../daemon/api/channel.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
 import { makeToken } from './remote-helpers.js';
 

@@ -178,6 +178,8 @@ run('fleet: three hosts in their own namespaces, two gateways, real etcd', () =>
     expect(rs[1].stderr.toString()).toBe('two\n');
     ch.close();
     await expect(client.execChannel('0123456789abcdef').opened).rejects.toMatchObject({ code: 'NotFound' });
+    // The run channel stays on a host: the gateway says so and names what to use instead.
+    await expect(client.runChannel().opened).rejects.toMatchObject({ code: 'NotFound', message: expect.stringMatching(/POST \/v1\/run/) });
   }, 120_000);
 
   it('serves the CLI unchanged: dsec hosts, ls, exec, cp and logs through a gateway (DSEC_HOST)', async () => {

@@ -17,6 +17,7 @@ const REFUSED: Record<string, string> = {
   'GET /v1/layers/:digest/blob': 'a gateway relays blobs between hosts itself when it copies an image (gateway/image-copy.ts)',
   'PUT /v1/layers/:digest/blob': 'a gateway relays blobs between hosts itself when it copies an image (gateway/image-copy.ts)',
   'POST /v1/sandboxes:ack': 'a gateway sends it to hosts itself, after it delivered a create answer (gateway/idempotency.ts)',
+  'GET /v1/run/channel': 'a channel would pin one host for all its calls; the gateway places each POST /v1/run and /v1/run:batch call itself',
 };
 
 describe('gateway route classes', () => {

@@ -1,5 +1,8 @@
-/** One-shot runs on any tier: POST /v1/run and POST /v1/run:batch. */
+/** One-shot runs on any tier: POST /v1/run, POST /v1/run:batch and the run channel (GET /v1/run/channel). */
 import type { FastifyInstance } from 'fastify';
+import type { Logger } from 'pino';
+import type { WebSocket } from 'ws';
+import { serveChannel } from '../channel.js';
 import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
 import { parseWith } from '../parse.js';
 import { runInput } from '../convert.js';
@@ -18,6 +21,15 @@ const batchRoute = route({
   method: 'POST', url: '/v1/run:batch', summary: 'Run many one-shot calls concurrently; one result or error per call, in order.',
   body: RunBatchRequest, status: 200, response: RunBatchResult, errors: ['InvalidArgument'],
 });
+
+const channelRoute = route({
+  method: 'GET', url: '/v1/run/channel',
+  summary: 'WebSocket: one-shot runs as POST /v1/run takes them, many on one connection, answers matched by request id (see daemon/api/channel.ts for the message format).',
+  status: 101, response: null, errors: [],
+});
+
+/** Action of a run channel request's audit line. */
+export const RUN_CHANNEL_AUDIT_ACTION = 'RUN /v1/run/channel';
 
 const runCodeRoute = route({
   method: 'POST', url: '/run_code', summary: 'SandboxFusion-compatible: compile and run code (python, bash, c, cpp) on the fncall tier; timeouts in seconds.',
@@ -55,4 +67,25 @@ export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): voi
     return { results: await runBatch(deps, deps.fncall, b.calls.map(runInput)) };
   });
   registerRunCodeRoute(app, deps);
+}
+
+/**
+ * Registers the run channel (GET /v1/run/channel): POST /v1/run's requests and answers
+ * over one WebSocket, many in flight, with the protocol, limits and per-request audit
+ * lines of daemon/api/channel.ts. For a reward loop that makes thousands of fncall calls:
+ * the HTTP request machinery and the door's checks are paid once per connection, not
+ * once per call (docs/BENCHMARKS.md "fncall"). When the channel closes, calls behave as
+ * POST /v1/run's do when their client leaves: an fncall call still waiting for a worker
+ * is dropped, a running call ends by its timeout (a container run's sandbox is then
+ * destroyed). Must run inside a context where @fastify/websocket is registered.
+ */
+export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps & { log: Logger }): void {
+  app.get(channelRoute.url, { websocket: true }, (socket: WebSocket, req) => {
+    serveChannel(socket, req, {
+      auditAction: RUN_CHANNEL_AUDIT_ACTION,
+      log: deps.log,
+      logFields: { route: channelRoute.url },
+      run: async (request, closed) => runOnce(deps, deps.fncall, runInput(parseWith(RunRequest, request, 'run request')), closed),
+    });
+  });
 }

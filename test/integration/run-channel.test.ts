@@ -1,0 +1,114 @@
+/**
+ * The run channel (GET /v1/run/channel, daemon/api/routes/run.ts over daemon/api/channel.ts)
+ * against a real dsecd, its fncall workers and runc: its answers are POST /v1/run's,
+ * calls in flight are answered by id, nothing of one call reaches the next, errors are
+ * per call, a call running when its channel closes ends by its timeout and leaves
+ * nothing behind (as when a POST /v1/run's client leaves), and over the TCP door it is authenticated and each call is audited.
+ */
+import { afterAll, beforeAll, describe, expect, it } from 'vitest';
+import { readFileSync } from 'node:fs';
+import path from 'node:path';
+import WebSocket from 'ws';
+import { DsecClient } from '../../sdk/index.js';
+import { RUN_CHANNEL_AUDIT_ACTION } from '../../daemon/api/routes/run.js';
+import { IS_ROOT, TestDaemon } from './harness.js';
+import { makeToken } from './remote-helpers.js';
+
+const until = async (cond: () => boolean | Promise<boolean>, what: string, ms = 30_000) => {
+  const end = Date.now() + ms;
+  while (!(await cond())) {
+    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+};
+
+describe.skipIf(!IS_ROOT)('run channel', () => {
+  let d: TestDaemon;
+  beforeAll(async () => {
+    d = await TestDaemon.start({ slot: 48, listen: true, config: '[fncall]\nmax_workers = 2\nmin_idle = 1\npids = 64\n' });
+  });
+  afterAll(async () => {
+    await d?.cleanup();
+  });
+
+  it('answers as POST /v1/run does, many calls in flight, none seeing another', async () => {
+    const ch = d.client.runChannel();
+    await ch.opened;
+    const call = { backend: 'fncall' as const, image: 'busybox', argv: ['sh', '-c', 'cat; echo "$X"; echo oops >&2; exit 3'], env: { X: 'ex' }, stdin_b64: Buffer.from('in\n').toString('base64') };
+    const [viaChannel, viaHttp] = await Promise.all([ch.run(call), d.client.run(call)]);
+    for (const r of [viaChannel, viaHttp]) {
+      expect(r.stdout.toString()).toBe('in\nex\n');
+      expect(r.stderr.toString()).toBe('oops\n');
+      expect(r.exit_code).toBe(3);
+    }
+    expect(Object.keys(viaChannel).sort()).toEqual(Object.keys(viaHttp).sort());
+    // 40 calls at once, each leaving a file and a process behind: every call starts clean.
+    const many = await Promise.all(Array.from({ length: 40 }, (_, i) => ch.run({
+      backend: 'fncall', image: 'busybox',
+      argv: ['sh', '-c', `ls -A /tmp; echo ${i} > /tmp/mark; (sleep 1000 &); echo ${i}`],
+    })));
+    expect(many.map((r) => r.stdout.toString())).toEqual(Array.from({ length: 40 }, (_, i) => `${i}\n`));
+    expect((await ch.run({ backend: 'fncall', image: 'busybox', argv: ['sh', '-c', 'sleep 5'], timeout_ms: 200 })).timed_out).toBe(true);
+    ch.close();
+  });
+
+  it('errors are per call and keep the channel', async () => {
+    const ch = d.client.runChannel();
+    await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: [] })).rejects.toMatchObject({ code: 'InvalidArgument' });
+    await expect(ch.run({ backend: 'fncall', image: 'no-such-image', argv: ['true'] })).rejects.toMatchObject({ code: 'NotFound' });
+    await expect(ch.run({ backend: 'container', image: 'busybox', argv: ['true'], bogus: 1 } as never)).rejects.toMatchObject({ code: 'InvalidArgument' });
+    expect((await ch.run({ backend: 'fncall', image: 'busybox', argv: ['echo', 'still'] })).stdout.toString()).toBe('still\n');
+    ch.close();
+    await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: ['true'] })).rejects.toMatchObject({ code: 'Unavailable' });
+  });
+
+  it('a protocol violation closes the channel with 1008 and an {"id": null} answer', async () => {
+    const ws = new WebSocket(`ws+unix://${d.socket}:/v1/run/channel`);
+    const got: unknown[] = [];
+    ws.on('message', (m) => got.push(JSON.parse(String(m))));
+    const closed = new Promise<number>((r) => ws.on('close', (code) => r(code)));
+    await new Promise((r, j) => {
+      ws.once('open', r);
+      ws.once('error', j);
+    });
+    ws.send(JSON.stringify({ id: { nested: 1 }, request: {} }));
+    expect(await closed).toBe(1008);
+    expect(got).toEqual([{ id: null, error: { code: 'InvalidArgument', message: expect.stringMatching(/"id" must be/) } }]);
+  });
+
+  it('a container call running when its channel closes ends by its timeout and its sandbox is destroyed', async () => {
+    const before = new Set((await d.client.listSandboxes()).map((s) => s.id));
+    const ch = d.client.runChannel();
+    const running = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'], timeout_ms: 3000 });
+    running.catch(() => {});
+    let mine: string | undefined;
+    await until(async () => {
+      mine = (await d.client.listSandboxes()).map((s) => s.id).find((id) => !before.has(id));
+      return mine !== undefined && (await d.client.getSandbox(mine)).state === 'running';
+    }, 'the call\'s sandbox to run');
+    ch.close();
+    await expect(running).rejects.toMatchObject({ code: 'Unavailable' });
+    await until(async () => d.client.getSandbox(mine!).then(() => false, (e: { code?: string }) => e.code === 'NotFound'), 'the call\'s sandbox to be destroyed', 60_000);
+  });
+
+  it('over the TCP door: a reader gets PermissionDenied, a bad token Unauthenticated, each call is audited', async () => {
+    const ca = readFileSync(d.caFile);
+    const remote = (token: string) => new DsecClient({ remote: { url: `https://127.0.0.1:${d.remotePort}`, token, ca } });
+    const user = await makeToken(d, 'runchan-a', 'user');
+    const reader = await makeToken(d, 'runchan-a', 'reader');
+    const ch = remote(user.token).runChannel();
+    expect((await ch.run({ backend: 'fncall', image: 'busybox', argv: ['echo', 'over tls'] })).stdout.toString()).toBe('over tls\n');
+    await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: [] })).rejects.toMatchObject({ code: 'InvalidArgument' });
+    ch.close();
+    await expect(remote(reader.token).runChannel().opened).rejects.toMatchObject({ code: 'PermissionDenied' });
+    await expect(remote('e2b_' + 'f'.repeat(48)).runChannel().opened).rejects.toMatchObject({ code: 'Unauthenticated' });
+    const file = path.join(d.root, 'audit.log');
+    const lines = () => {
+      const text = readFileSync(file, 'utf8');
+      return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x) as Record<string, unknown>).filter((x) => x.token === user.id);
+    };
+    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 2, 'the audit lines');
+    expect(lines()[0]).toMatchObject({ action: 'GET /v1/run/channel', result: 101, tenant: 'runchan-a' });
+    expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument']]);
+  });
+});

@@ -242,13 +242,18 @@ describe.skipIf(!IS_ROOT)('interactive CLI', () => {
     const piped = await dsec(['exec', '-i', sb, '--', 'sh', '-c', 'cat; echo err >&2; exit 3'], 'through the pipe\n');
     expect(piped).toMatchObject({ code: 3, stdout: 'through the pipe\n', stderr: 'err\n' });
 
-    const started = await dsec(['exec', '-d', sb, '--', 'sh', '-c', 'echo one; sleep 1; echo two; exit 4']);
+    // The session waits for a gate file, not a sleep: it is certainly running while
+    // `execs` lists it and `attach` joins, however slowly the CLI starts on a loaded host.
+    const gate = `/tmp/gate-${Date.now()}`;
+    const started = await dsec(['exec', '-d', sb, '--', 'sh', '-c', `echo one; while [ ! -e ${gate} ]; do sleep 0.05; done; echo two; exit 4`]);
     expect(started.code).toBe(0);
     const eid = started.stdout.trim();
     expect(eid).toMatch(/^[0-9a-f]{32}$/);
     const list = await dsec(['execs', sb]);
     expect(list.stdout).toMatch(new RegExp(`^${eid.slice(0, 12)}\\s+running\\s+\\d+\\s+-\\s+\\d+s\\s+sh -c`, 'm'));
-    const att = await dsec(['attach', '--no-stdin', sb, eid.slice(0, 12)]);
+    const attaching = dsec(['attach', '--no-stdin', sb, eid.slice(0, 12)]);
+    await d.client.exec(sb, { argv: ['touch', gate] });
+    const att = await attaching;
     expect(att).toMatchObject({ code: 4, stdout: 'one\ntwo\n', stderr: '' });
     const inspect = JSON.parse((await dsec(['execs', 'inspect', sb, eid])).stdout);
     expect(inspect).toMatchObject({ exec_id: eid, state: 'exited', exit_code: 4 });

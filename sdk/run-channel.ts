@@ -6,7 +6,7 @@
  * that make thousands of fncall calls. Lifecycle and errors are {@link RequestChannel}'s
  * (sdk/channel.ts). Closing the channel does to its calls what leaving a POST /v1/run
  * does: an fncall call still waiting for a worker is dropped, a running one ends by its
- * `timeout_ms`.
+ * `timeout_ms` (60 s by default), a container call's sandbox is destroyed at once.
  */
 import { RequestChannel } from './channel.js';
 import { decodeExecResult, type ExecOutput } from './exec-types.js';

@@ -24,7 +24,8 @@ export function withRunCalls<B extends TransportClass>(Base: B) {
      * POST /v1/run: runs one command in a fresh environment of any tier and returns its
      * result (the shape of {@link exec}). `backend: "fncall"` runs it on a pre-warmed
      * pooled worker in fresh namespaces (nothing survives the call); `"container"` (the
-     * default) creates a sandbox, runs the command and destroys the sandbox. The HTTP
+     * default) creates a sandbox of the caller's tenant, runs the command and destroys the
+     * sandbox (also when the request is abandoned, e.g. `opts.signal`). The HTTP
      * deadline is the command's `timeout_ms` plus the client's timeout, none without one.
      * Errors: `InvalidArgument`, `NotFound` (image), `ResourceExhausted` (host full or the
      * fncall queue full), `Unimplemented` (tier not built), `Unavailable`.
@@ -40,7 +41,8 @@ export function withRunCalls<B extends TransportClass>(Base: B) {
      * then makes one-shot runs as {@link run} does, many in flight on one connection,
      * without an HTTP request and authentication per call (docs/BENCHMARKS.md "fncall").
      * Returns at once; `opened` settles with the handshake. Close it when done (calls
-     * waiting for an fncall worker are dropped; running ones end by their timeout). Errors (on `opened` and every call): `Unauthenticated`,
+     * waiting for an fncall worker are dropped, running fncall calls end by their timeout,
+     * container calls' sandboxes are destroyed). Errors (on `opened` and every call): `Unauthenticated`,
      * `PermissionDenied` (a reader token), `Unavailable` (dsecd unreachable, the
      * connection dropped), `NotFound` from a gateway (it does not carry this channel: a
      * fleet's calls go through run() and runBatch(), which it places).

@@ -21,9 +21,13 @@
  * a bigger one closes the channel with 1009 (the WebSocket library's answer, without an
  * `{"id": null}` message; the SDK refuses such a request itself, before sending). At
  * most {@link MAX_IN_FLIGHT} requests run at once per channel, counted until their answer
- * is handed to the kernel: beyond that the channel stops reading. An answer the client
- * does not take within {@link ANSWER_STALL_MS} drops the channel, so a client that stops
- * reading holds at most that many results in dsecd for at most that long.
+ * is handed to the kernel: beyond that the channel stops reading. A client that takes no
+ * byte of its answers for {@link ANSWER_STALL_MS} while some are waiting is dropped, so a
+ * client that stops reading holds at most that many results in dsecd for at most that
+ * long; a slow reader that keeps taking bytes is not. Answers are not bounded by the
+ * 1 MiB of a request: an exec or run result is up to 2 × `[exec] max_output_bytes` of
+ * output in base64 plus its fields (~11 MB at the default 4 MiB per stream), so a
+ * client must accept messages that large (e.g. Python `websockets`' `max_size`).
  *
  * Audit: every request is an audit line with the route's action (daemon/remote/audit.ts
  * `req.auditMessage`), written when it is answered, or, for a request still running when
@@ -44,12 +48,15 @@ import { DsecError, invalidArgument } from '../errors.js';
 export const MAX_IN_FLIGHT = 16;
 
 /**
- * How long an answer may wait for the client to take it (ms) before the channel is
- * dropped: 60 s, far beyond what a reading client on any link needs for the largest
- * answer (2 × 4 MiB of output, base64), and the longest a client that stopped reading
- * holds its answers (at most {@link MAX_IN_FLIGHT}) in dsecd.
+ * How long answers may wait with the client taking none of their bytes (ms) before the
+ * channel is dropped: 60 s, far beyond a pause of a client that is still reading, and the
+ * longest a client that stopped reading holds its answers (at most
+ * {@link MAX_IN_FLIGHT}) in dsecd.
  */
 export const ANSWER_STALL_MS = 60_000;
+
+/** How often a channel with answers waiting checks that the client took some of them (ms). */
+const STALL_CHECK_MS = 5_000;
 
 /** Audit status of a request whose channel closed before it was answered (nginx's "client closed request"). */
 const CLIENT_CLOSED_STATUS = 499;
@@ -97,8 +104,40 @@ export function serveChannel(socket: WebSocket, req: FastifyRequest, handler: Ch
   let closed = false;
   /** Requests accepted and not yet audited (audited when answered, or when the channel closes first). */
   const unaudited = new Set<Id>();
+  /** Answers handed to ws and not yet written to the kernel. */
+  let sending = 0;
+  /** When the client last took answer bytes (ms), and ws's send buffer then (bytes). */
+  let progressAt = 0;
+  let lastBuffered = 0;
+  let watchdog: NodeJS.Timeout | undefined;
+  const stopWatchdog = () => {
+    clearInterval(watchdog);
+    watchdog = undefined;
+  };
+  const progress = () => {
+    progressAt = Date.now();
+    lastBuffered = socket.bufferedAmount;
+  };
+  // Runs only while answers wait: the buffer shrinking (or an answer fully written) is
+  // progress; none for ANSWER_STALL_MS drops the channel.
+  const watch = () => {
+    if (watchdog) return;
+    progress();
+    watchdog = setInterval(() => {
+      if (sending === 0) return stopWatchdog();
+      const b = socket.bufferedAmount;
+      if (b < lastBuffered) progressAt = Date.now();
+      lastBuffered = b;
+      if (Date.now() - progressAt > ANSWER_STALL_MS) {
+        stopWatchdog();
+        socket.terminate();
+      }
+    }, STALL_CHECK_MS);
+    watchdog.unref();
+  };
   socket.on('close', () => {
     closed = true;
+    stopWatchdog();
     gone.abort();
     // A request still running when the channel closes is audited now: its answer may
     // never come (a command may run for as long as it likes after its client left).
@@ -121,9 +160,7 @@ export function serveChannel(socket: WebSocket, req: FastifyRequest, handler: Ch
     // Audited after the answer is handed to the socket: the line is dsecd's record, not
     // part of the client's wait.
     const audit = unaudited.delete(id);
-    let stall: NodeJS.Timeout | undefined;
     const done = () => {
-      clearTimeout(stall);
       inFlight.delete(id);
       if (paused && inFlight.size < MAX_IN_FLIGHT) {
         paused = false;
@@ -135,11 +172,13 @@ export function serveChannel(socket: WebSocket, req: FastifyRequest, handler: Ch
       if (audit) req.auditMessage?.(handler.auditAction, status, errorKind);
       return done();
     }
-    // An answer the client does not take within ANSWER_STALL_MS ends the channel, so a
-    // client that stops reading cannot hold its answers in dsecd for longer than that.
-    stall = setTimeout(() => socket.terminate(), ANSWER_STALL_MS);
-    stall.unref();
-    socket.send(JSON.stringify(msg), done);
+    sending += 1;
+    watch();
+    socket.send(JSON.stringify(msg), () => {
+      sending -= 1;
+      progress();
+      done();
+    });
     if (audit) req.auditMessage?.(handler.auditAction, status, errorKind);
   };
 
@@ -174,6 +213,7 @@ export function serveChannel(socket: WebSocket, req: FastifyRequest, handler: Ch
       socket.pause();
     }
     if (extra.length) return fail(id, invalidArgument(`unknown key ${JSON.stringify(extra[0])} in a channel message (expected "id" and "request")`));
+    if (request === undefined) return fail(id, invalidArgument('a channel message needs "request": the body its HTTP twin (POST .../exec, POST /v1/run) takes'));
     let running: Promise<object>;
     try {
       running = handler.run(request, gone.signal);

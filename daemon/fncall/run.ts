@@ -31,6 +31,11 @@ export interface RunCall {
   /** Container only: fncall workers have their pool's CPU and pids limits. */
   cpus?: number;
   pids?: number;
+  /**
+   * Container only: the tenant the call's sandbox belongs to (the caller's: its quota,
+   * its images, its view); default `system`.
+   */
+  tenant?: string;
 }
 
 /** The lifecycle services a one-shot container run goes through. */
@@ -42,9 +47,13 @@ export interface RunServices {
 
 /**
  * Runs one call on its tier and returns the exec result. `signal` (the client went away)
- * drops an fncall still waiting for a worker; a running call ends by its timeout.
+ * drops an fncall call still waiting for a worker (a running one ends by its
+ * `timeoutMs`, 60 s by default) and destroys a container call's sandbox at once, whatever
+ * its command was doing: nothing else would ever reap it (container calls have no default
+ * timeout, and their sandbox is not the caller's to list or delete).
  * @throws DsecError InvalidArgument, NotFound (image), ResourceExhausted (admission,
- *   fncall queue), Unimplemented (tier not built), Unavailable.
+ *   fncall queue, the tenant's quota), Unimplemented (tier not built), Unavailable
+ *   (also: the client left before a container call ended).
  */
 export async function runOnce(s: RunServices, pools: FncallPools, r: RunCall, signal?: AbortSignal): Promise<ExecResult> {
   const stdin = r.stdin;
@@ -57,15 +66,24 @@ export async function runOnce(s: RunServices, pools: FncallPools, r: RunCall, si
   const sb = await s.creator.create({
     backend: r.backend, image: r.image, labels: { [RUN_LABEL]: 'once' },
     ...(r.cpus !== undefined ? { cpus: r.cpus } : {}), ...(r.memoryBytes !== undefined ? { memoryBytes: r.memoryBytes } : {}),
-    ...(r.pids !== undefined ? { pids: r.pids } : {}),
+    ...(r.pids !== undefined ? { pids: r.pids } : {}), ...(r.tenant !== undefined ? { tenant: r.tenant } : {}),
   });
+  // One destroy, by whichever comes first: the client leaving or the call ending.
+  let destroying: Promise<unknown> | undefined;
+  const destroy = (why: string) => (destroying ??= s.lifecycle.destroy(sb.id, true, why));
+  const left = () => {
+    destroy('one-shot run: its client left').catch(() => {}); // awaited (and reported) below
+  };
+  signal?.addEventListener('abort', left, { once: true });
   try {
+    if (signal?.aborted) throw new DsecError('Unavailable', 'the client left before the run started');
     return await s.exec.exec(sb.id, {
       argv: r.argv, ...(r.env ? { env: r.env } : {}), ...(r.cwd ? { cwd: r.cwd } : {}), ...(r.user ? { user: r.user } : {}),
       ...(stdin !== undefined ? { stdin } : {}), ...(r.timeoutMs !== undefined ? { timeoutMs: r.timeoutMs } : {}),
     });
   } finally {
-    await s.lifecycle.destroy(sb.id, true, 'one-shot run finished');
+    signal?.removeEventListener('abort', left);
+    await destroy('one-shot run finished');
   }
 }
 

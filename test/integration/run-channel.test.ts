@@ -2,8 +2,8 @@
  * The run channel (GET /v1/run/channel, daemon/api/routes/run.ts over daemon/api/channel.ts)
  * against a real dsecd, its fncall workers and runc: its answers are POST /v1/run's,
  * calls in flight are answered by id, nothing of one call reaches the next, errors are
- * per call, a call running when its channel closes ends by its timeout and leaves
- * nothing behind (as when a POST /v1/run's client leaves), and over the TCP door it is authenticated and each call is audited.
+ * per call, a container call's sandbox is destroyed when its client leaves (the channel
+ * closed, or a POST /v1/run abandoned) and belongs to the caller's tenant, and over the TCP door it is authenticated and each call is audited.
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
@@ -76,19 +76,33 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     expect(got).toEqual([{ id: null, error: { code: 'InvalidArgument', message: expect.stringMatching(/"id" must be/) } }]);
   });
 
-  it('a container call running when its channel closes ends by its timeout and its sandbox is destroyed', async () => {
+  it("a container call's sandbox is destroyed at once when its client leaves: the channel closed, or a POST /v1/run abandoned", async () => {
     const before = new Set((await d.client.listSandboxes()).map((s) => s.id));
+    /** The id of the one sandbox created since `before`, once it runs. */
+    const newRunning = async () => {
+      let mine: string | undefined;
+      await until(async () => {
+        mine = (await d.client.listSandboxes()).map((s) => s.id).find((id) => !before.has(id));
+        return mine !== undefined && (await d.client.getSandbox(mine)).state === 'running';
+      }, 'the call\'s sandbox to run');
+      before.add(mine!);
+      return mine!;
+    };
+    const gone = (id: string) => until(async () => d.client.getSandbox(id).then(() => false, (e: { code?: string }) => e.code === 'NotFound'), `sandbox ${id} to be destroyed`, 60_000);
+    // No timeout_ms: without its client leaving, this call would run for 10 minutes.
     const ch = d.client.runChannel();
-    const running = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'], timeout_ms: 3000 });
+    const running = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'] });
     running.catch(() => {});
-    let mine: string | undefined;
-    await until(async () => {
-      mine = (await d.client.listSandboxes()).map((s) => s.id).find((id) => !before.has(id));
-      return mine !== undefined && (await d.client.getSandbox(mine)).state === 'running';
-    }, 'the call\'s sandbox to run');
+    const viaChannel = await newRunning();
     ch.close();
     await expect(running).rejects.toMatchObject({ code: 'Unavailable' });
-    await until(async () => d.client.getSandbox(mine!).then(() => false, (e: { code?: string }) => e.code === 'NotFound'), 'the call\'s sandbox to be destroyed', 60_000);
+    await gone(viaChannel);
+    const abandon = new AbortController();
+    const post = d.client.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'] }, { signal: abandon.signal });
+    post.catch(() => {});
+    const viaPost = await newRunning();
+    abandon.abort();
+    await gone(viaPost);
   });
 
   it('over the TCP door: a reader gets PermissionDenied, a bad token Unauthenticated, each call is audited', async () => {
@@ -99,6 +113,18 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     const ch = remote(user.token).runChannel();
     expect((await ch.run({ backend: 'fncall', image: 'busybox', argv: ['echo', 'over tls'] })).stdout.toString()).toBe('over tls\n');
     await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: [] })).rejects.toMatchObject({ code: 'InvalidArgument' });
+    // A container call's sandbox is the caller's tenant's: listed for it, not for another tenant.
+    const other = await makeToken(d, 'runchan-b', 'user');
+    const seen = ch.run({ backend: 'container', image: 'busybox', argv: ['sh', '-c', 'while [ ! -e /tmp/go ]; do sleep 0.05; done'] });
+    let mine: { id: string; tenant: string } | undefined;
+    await until(async () => {
+      mine = (await remote(user.token).listSandboxes()).find((s) => s.state === 'running');
+      return mine !== undefined;
+    }, 'the call\'s sandbox in its tenant\'s list');
+    expect(mine!.tenant).toBe('runchan-a');
+    expect((await remote(other.token).listSandboxes()).map((s) => s.id)).not.toContain(mine!.id);
+    await remote(user.token).exec(mine!.id, { argv: ['touch', '/tmp/go'] });
+    expect((await seen).exit_code).toBe(0);
     ch.close();
     await expect(remote(reader.token).runChannel().opened).rejects.toMatchObject({ code: 'PermissionDenied' });
     await expect(remote('e2b_' + 'f'.repeat(48)).runChannel().opened).rejects.toMatchObject({ code: 'Unauthenticated' });
@@ -107,8 +133,8 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
       const text = readFileSync(file, 'utf8');
       return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x) as Record<string, unknown>).filter((x) => x.token === user.id);
     };
-    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 2, 'the audit lines');
+    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 3, 'the audit lines');
     expect(lines()[0]).toMatchObject({ action: 'GET /v1/run/channel', result: 101, tenant: 'runchan-a' });
-    expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument']]);
+    expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument'], [200, null]]);
   });
 });

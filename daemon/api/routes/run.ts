@@ -6,6 +6,7 @@ import { serveChannel } from '../channel.js';
 import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
 import { parseWith } from '../parse.js';
 import { runInput } from '../convert.js';
+import { scopeOf } from '../scope.js';
 import { runBatch, runOnce } from '../../fncall/run.js';
 import { RunCodeRequest, RunCodeResponse, runCode } from '../../fncall/runcode.js';
 import { route } from './table.js';
@@ -59,12 +60,13 @@ export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): voi
     reply.raw.on('close', () => {
       if (!reply.raw.writableFinished) gone.abort();
     });
-    return runOnce(deps, deps.fncall, runInput(body), gone.signal);
+    return runOnce(deps, deps.fncall, { ...runInput(body), tenant: scopeOf(req).tenant }, gone.signal);
   });
   // `::` is fastify's escape for a literal colon in a path.
   app.post(batchRoute.url.replace(':', '::'), async (req) => {
     const b = parseWith(RunBatchRequest, req.body, 'batch request');
-    return { results: await runBatch(deps, deps.fncall, b.calls.map(runInput)) };
+    const tenant = scopeOf(req).tenant;
+    return { results: await runBatch(deps, deps.fncall, b.calls.map((c) => ({ ...runInput(c), tenant }))) };
   });
   registerRunCodeRoute(app, deps);
 }
@@ -74,10 +76,10 @@ export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): voi
  * over one WebSocket, many in flight, with the protocol, limits and per-request audit
  * lines of daemon/api/channel.ts. For a reward loop that makes thousands of fncall calls:
  * the HTTP request machinery and the door's checks are paid once per connection, not
- * once per call (docs/BENCHMARKS.md "fncall"). When the channel closes, calls behave as
- * POST /v1/run's do when their client leaves: an fncall call still waiting for a worker
- * is dropped, a running call ends by its timeout (a container run's sandbox is then
- * destroyed). Must run inside a context where @fastify/websocket is registered.
+ * once per call (docs/BENCHMARKS.md "fncall"). When the channel closes, its calls are
+ * treated as POST /v1/run's are when their client leaves (daemon/fncall/run.ts runOnce):
+ * an fncall call still waiting for a worker is dropped, a running one ends by its
+ * timeout, a container call's sandbox is destroyed at once. Must run inside a context where @fastify/websocket is registered.
  */
 export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps & { log: Logger }): void {
   app.get(channelRoute.url, { websocket: true }, (socket: WebSocket, req) => {
@@ -85,7 +87,7 @@ export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps
       auditAction: RUN_CHANNEL_AUDIT_ACTION,
       log: deps.log,
       logFields: { route: channelRoute.url },
-      run: async (request, closed) => runOnce(deps, deps.fncall, runInput(parseWith(RunRequest, request, 'run request')), closed),
+      run: async (request, closed) => runOnce(deps, deps.fncall, { ...runInput(parseWith(RunRequest, request, 'run request')), tenant: scopeOf(req).tenant }, closed),
     });
   });
 }

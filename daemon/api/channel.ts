@@ -84,6 +84,15 @@ export interface ChannelHandler {
 
 type Id = string | number;
 
+/**
+ * The HTTP handler of a channel route, for a request that did not ask to upgrade: refuses
+ * it, naming what the route is, instead of an empty 404.
+ * @throws DsecError InvalidArgument, always.
+ */
+export function notUpgraded(req: FastifyRequest): never {
+  throw invalidArgument(`GET ${req.url.split('?')[0]} is a WebSocket (a request channel, daemon/api/channel.ts): connect with "Connection: Upgrade" and "Upgrade: websocket", e.g. the SDK's client.execChannel(id) or client.runChannel()`);
+}
+
 /** A client's request id, or undefined when it is not one (see the module comment). */
 function requestId(v: unknown): Id | undefined {
   if (typeof v === 'string' && v.length >= 1 && v.length <= MAX_ID_CHARS) return v;

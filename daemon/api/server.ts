@@ -3,7 +3,7 @@
  * daemon/api/schema.ts; every error leaves as `{ error: { code, message } }` with the
  * status of its kind (daemon/errors.ts), and a bug never takes the daemon down.
  */
-import Fastify, { type FastifyBaseLogger, type FastifyInstance } from 'fastify';
+import Fastify, { type FastifyBaseLogger, type FastifyInstance, type FastifyRequest } from 'fastify';
 import websocket from '@fastify/websocket';
 import { DsecError, invalidArgument, notFound } from '../errors.js';
 import { parseJson } from './parse.js';
@@ -71,7 +71,7 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   registerNetworkRoutes(app, deps);
   registerSecurityRoutes(app, deps);
   registerTemplateRoutes(app, deps);
-  app.register(websocket, { options: { maxPayload: 1024 * 1024 } });
+  app.register(websocket, { options: { maxPayload: 1024 * 1024 }, errorHandler: webSocketError });
   app.register(async (scoped) => registerExecSessionRoutes(scoped, deps));
   app.register(async (scoped) => registerExecChannelRoute(scoped, deps));
   app.register(async (scoped) => registerRunChannelRoute(scoped, deps));
@@ -79,6 +79,20 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
   app.register(async (scoped) => registerFileRoutes(scoped, deps));
   app.register(async (scoped) => registerLayerBlobRoutes(scoped, deps));
   return app;
+}
+
+/**
+ * What becomes of an error on an accepted WebSocket: the socket is dropped, and the error
+ * is logged as dsecd's (level error) unless the client caused it: a frame the protocol or
+ * dsecd's limits refuse (`ws` names those `WS_ERR_*`: over 1 MiB, unmasked, bad UTF-8,
+ * a bad opcode) or a connection the client cut. Those are logged at debug, so a client
+ * cannot fill the error log with them.
+ */
+function webSocketError(err: Error, socket: { terminate(): void }, req: FastifyRequest): void {
+  const code = (err as NodeJS.ErrnoException).code;
+  if (typeof code === 'string' && (code.startsWith('WS_ERR_') || code === 'ECONNRESET' || code === 'EPIPE')) req.log.debug({ err }, 'websocket closed on a client error');
+  else req.log.error({ err }, 'websocket error');
+  socket.terminate();
 }
 
 /**

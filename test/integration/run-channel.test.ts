@@ -7,6 +7,7 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
+import http from 'node:http';
 import path from 'node:path';
 import WebSocket from 'ws';
 import { DsecClient } from '../../sdk/index.js';
@@ -62,7 +63,7 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: ['true'] })).rejects.toMatchObject({ code: 'Unavailable' });
   });
 
-  it('a protocol violation closes the channel with 1008 and an {"id": null} answer', async () => {
+  it('a protocol violation closes the channel with 1008 and an {"id": null} answer; an oversized frame with 1009, not logged as an error', async () => {
     const ws = new WebSocket(`ws+unix://${d.socket}:/v1/run/channel`);
     const got: unknown[] = [];
     ws.on('message', (m) => got.push(JSON.parse(String(m))));
@@ -74,6 +75,30 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     ws.send(JSON.stringify({ id: { nested: 1 }, request: {} }));
     expect(await closed).toBe(1008);
     expect(got).toEqual([{ id: null, error: { code: 'InvalidArgument', message: expect.stringMatching(/"id" must be/) } }]);
+    // A frame over the 1 MiB limit: closed with 1009, and logged as the client's error
+    // (debug), not as an error of dsecd's, however many a client sends.
+    const big = new WebSocket(`ws+unix://${d.socket}:/v1/run/channel`);
+    const bigClosed = new Promise<number>((r) => big.on('close', (code) => r(code)));
+    await new Promise((r, j) => {
+      big.once('open', r);
+      big.once('error', j);
+    });
+    big.send('x'.repeat(1024 * 1024 + 1));
+    expect(await bigClosed).toBe(1009);
+    expect((await d.client.run({ backend: 'fncall', image: 'busybox', argv: ['true'] })).exit_code).toBe(0);
+    const errors = d.stderr.split('\n').filter((l) => /"level":50/.test(l) && /payload|websocket/i.test(l));
+    expect(errors).toEqual([]);    // A plain GET (no upgrade) is told what the route is.
+    for (const p of ['/v1/run/channel', '/v1/sandboxes/0123456789abcdef/exec/channel']) {
+      const plain = await new Promise<{ status: number; body: string }>((resolve, reject) => {
+        http.get({ socketPath: d.socket, path: p }, (res) => {
+          let body = '';
+          res.on('data', (c) => (body += c));
+          res.on('end', () => resolve({ status: res.statusCode ?? 0, body }));
+        }).on('error', reject);
+      });
+      expect(plain.status, plain.body).toBe(p.includes('/sandboxes/') ? 404 : 400);
+      if (!p.includes('/sandboxes/')) expect(JSON.parse(plain.body).error).toMatchObject({ code: 'InvalidArgument', message: expect.stringMatching(/is a WebSocket/) });
+    }
   });
 
   it("a container call's sandbox is destroyed at once when its client leaves: the channel closed, or a POST /v1/run abandoned", async () => {

@@ -26,7 +26,7 @@ import type { WebSocket } from 'ws';
 import { ExecRequest } from '../schema.js';
 import { execInput } from '../convert.js';
 import { parseWith } from '../parse.js';
-import { MAX_IN_FLIGHT, serveChannel } from '../channel.js';
+import { MAX_IN_FLIGHT, notUpgraded, serveChannel } from '../channel.js';
 import type { ExecRouteDeps } from './execs.js';
 import { route } from './table.js';
 
@@ -44,7 +44,7 @@ export type ExecChannelDeps = ExecRouteDeps & { log: Logger };
 
 /** Registers the exec channel; must run inside a context where @fastify/websocket is registered. */
 export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannelDeps): void {
-  app.get<{ Params: { id: string } }>(channelRoute.url, { websocket: true }, (socket: WebSocket, req: FastifyRequest<{ Params: { id: string } }>) => {
+  app.route<{ Params: { id: string } }>({ method: 'GET', url: channelRoute.url, handler: notUpgraded, wsHandler: (socket: WebSocket, req: FastifyRequest<{ Params: { id: string } }>) => {
     const sandboxId = req.params.id;
     serveChannel(socket, req, {
       auditAction: CHANNEL_AUDIT_ACTION,
@@ -58,5 +58,5 @@ export function registerExecChannelRoute(app: FastifyInstance, deps: ExecChannel
         return result;
       },
     });
-  });
+  } });
 }

@@ -2,7 +2,7 @@
 import type { FastifyInstance } from 'fastify';
 import type { Logger } from 'pino';
 import type { WebSocket } from 'ws';
-import { serveChannel } from '../channel.js';
+import { notUpgraded, serveChannel } from '../channel.js';
 import { ExecResult, RunBatchRequest, RunBatchResult, RunRequest } from '../schema.js';
 import { parseWith } from '../parse.js';
 import { runInput } from '../convert.js';
@@ -82,12 +82,12 @@ export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): voi
  * timeout, a container call's sandbox is destroyed at once. Must run inside a context where @fastify/websocket is registered.
  */
 export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps & { log: Logger }): void {
-  app.get(channelRoute.url, { websocket: true }, (socket: WebSocket, req) => {
+  app.route({ method: 'GET', url: channelRoute.url, handler: notUpgraded, wsHandler: (socket: WebSocket, req) => {
     serveChannel(socket, req, {
       auditAction: RUN_CHANNEL_AUDIT_ACTION,
       log: deps.log,
       logFields: { route: channelRoute.url },
       run: async (request, closed) => runOnce(deps, deps.fncall, { ...runInput(parseWith(RunRequest, request, 'run request')), tenant: scopeOf(req).tenant }, closed),
     });
-  });
+  } });
 }

@@ -27,6 +27,7 @@ import pino, { type Logger } from 'pino';
 import { execa } from 'execa';
 import { loadConfig, type DaemonConfig } from './config.js';
 import { DsecError, invalidArgument, isDsecError, unavailable } from './errors.js';
+import { SYSTEM_TENANT } from './model/tenant.js';
 import { openDb, type Db } from './db/db.js';
 import { SandboxRepo } from './db/sandboxes.js';
 import { SnapshotRepo } from './db/snapshots.js';
@@ -361,7 +362,12 @@ async function startPools(config: DaemonConfig, log: Logger, st: Stores, h: Host
     resolveImage: async (ref) => {
       const hit = resolved.get(ref);
       if (hit && Date.now() - hit.at < 1000) return hit.v;
-      const m = await images.get(ref);
+      // Workers are shared by every tenant's calls, so they run the shared (system)
+      // images only; the lookup is system's own, which names no other tenant in its error.
+      const m = await images.get(ref, { tenant: SYSTEM_TENANT, all: false }).catch((e: unknown) => {
+        if (!isDsecError(e, 'NotFound')) throw e;
+        throw new DsecError('NotFound', `${(e as Error).message}: the fncall tier runs the shared (system) images; a tenant's own images run with backend "container"`);
+      });
       const v = { ref: `${m.name}:${m.tag}`, key: `${m.name}:${m.tag}@${m.layers.join(',')}` };
       resolved.set(ref, { v, at: Date.now() });
       return v;

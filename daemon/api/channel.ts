@@ -21,10 +21,13 @@
  * a bigger one closes the channel with 1009 (the WebSocket library's answer, without an
  * `{"id": null}` message; the SDK refuses such a request itself, before sending). At
  * most {@link MAX_IN_FLIGHT} requests run at once per channel, counted until their answer
- * is handed to the kernel: beyond that the channel stops reading. A client that takes no
- * byte of its answers for {@link ANSWER_STALL_MS} while some are waiting is dropped, so a
+ * is handed to the kernel: beyond that the channel stops reading. While answers wait, a
+ * channel whose client makes no progress for {@link ANSWER_STALL_MS} is dropped, so a
  * client that stops reading holds at most that many results in dsecd for at most that
- * long; a slow reader that keeps taking bytes is not. Answers are not bounded by the
+ * long. Progress is what dsecd can see of the client's reading: the kernel taking more of
+ * the answers from dsecd's buffer, which happens once the client has read a good part of
+ * the socket's send buffer (~200 KiB on the Unix socket; over TCP up to a few MiB, as the
+ * kernel sizes it). A client that reads less than that in 60 s counts as stopped. Answers are not bounded by the
  * 1 MiB of a request: an exec or run result is up to 2 × `[exec] max_output_bytes` of
  * output in base64 plus its fields (~11 MB at the default 4 MiB per stream), so a
  * client must accept messages that large (e.g. Python `websockets`' `max_size`).
@@ -48,8 +51,8 @@ import { DsecError, invalidArgument } from '../errors.js';
 export const MAX_IN_FLIGHT = 16;
 
 /**
- * How long answers may wait with the client taking none of their bytes (ms) before the
- * channel is dropped: 60 s, far beyond a pause of a client that is still reading, and the
+ * How long answers may wait without progress (see the module comment) before the channel
+ * is dropped, ms: 60 s, far beyond a pause of a client that is still reading, and the
  * longest a client that stopped reading holds its answers (at most
  * {@link MAX_IN_FLIGHT}) in dsecd.
  */

@@ -3,7 +3,7 @@
  * `backend`. `fncall` is served by the worker pools; `container` (and, once built,
  * `microvm` and `vm`) creates a sandbox, runs the command and destroys the sandbox.
  */
-import { DsecError, invalidArgument, wrap } from '../errors.js';
+import { DsecError, invalidArgument, isDsecError, wrap } from '../errors.js';
 import type { Backend } from '../model/backend.js';
 import type { ExecResult } from '../model/exec.js';
 import { LIMITS } from '../model/resources.js';
@@ -63,6 +63,7 @@ export async function runOnce(s: RunServices, pools: FncallPools, r: RunCall, si
       image: r.image, argv: r.argv, env: r.env, cwd: r.cwd, user: r.user, stdin, timeoutMs: r.timeoutMs, memoryBytes: r.memoryBytes,
     }, signal);
   }
+  if (signal?.aborted) throw new DsecError('Unavailable', 'the client left before the run started');
   const sb = await s.creator.create({
     backend: r.backend, image: r.image, labels: { [RUN_LABEL]: 'once' },
     ...(r.cpus !== undefined ? { cpus: r.cpus } : {}), ...(r.memoryBytes !== undefined ? { memoryBytes: r.memoryBytes } : {}),
@@ -83,7 +84,11 @@ export async function runOnce(s: RunServices, pools: FncallPools, r: RunCall, si
     });
   } finally {
     signal?.removeEventListener('abort', left);
-    await destroy('one-shot run finished');
+    // NotFound: someone (its tenant) destroyed the sandbox mid-call; the call's own
+    // outcome (the exec's error or result) is the answer, not the destroy's.
+    await destroy('one-shot run finished').catch((e: unknown) => {
+      if (!isDsecError(e, 'NotFound')) throw e;
+    });
   }
 }
 
@@ -94,12 +99,14 @@ const BATCH_CONTAINER_CONCURRENCY = 4;
  * Runs many calls concurrently (fncall calls all at once: the pools queue them;
  * container calls {@link BATCH_CONTAINER_CONCURRENCY} at a time) and reports each.
  * A call dsec cannot run is an entry with `ok: false`, never a failure of the batch.
+ * `signal` (the client went away) is every call's, as {@link runOnce} takes it: calls not
+ * yet started are not started, container calls' sandboxes are destroyed.
  */
-export async function runBatch(s: RunServices, pools: FncallPools, calls: RunCall[]): Promise<Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }>> {
+export async function runBatch(s: RunServices, pools: FncallPools, calls: RunCall[], signal?: AbortSignal): Promise<Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }>> {
   const out: Array<{ ok: boolean; result?: ExecResult; error?: { code: string; message: string } }> = new Array(calls.length);
   const one = async (i: number) => {
     try {
-      out[i] = { ok: true, result: await runOnce(s, pools, calls[i]) };
+      out[i] = { ok: true, result: await runOnce(s, pools, calls[i], signal) };
     } catch (e) {
       const err = e instanceof DsecError ? e : wrap(e, `call ${i}`);
       out[i] = { ok: false, error: { code: err.kind, message: err.message } };

@@ -27,7 +27,7 @@ import { permissionDenied, resourceExhausted, unauthenticated } from '../errors.
 import type { Metrics } from '../metrics.js';
 import { AuditLog, installAudit, isUpgrade } from './audit.js';
 import { peerIdentity, type CertRole, type PeerIdentity } from '../../pki/certs.js';
-import { BATCH_CREATE_ROUTES, CREATE_ROUTES, accessOf, allows } from './policy.js';
+import { BATCH_CREATE_ROUTES, CREATE_ROUTES, RUN_ROUTES, accessOf, allows } from './policy.js';
 import { LIMITS } from '../model/resources.js';
 import type { RemoteConfig } from './config.js';
 import { SYSTEM_TENANT, TENANT_RE, TOKEN_ROLES, type TokenRole, type TokenService } from './tokens.js';
@@ -59,9 +59,10 @@ declare module 'fastify' {
      */
     noteAuthFailure?: () => Promise<void>;
     /**
-     * On a batched create (BATCH_CREATE_ROUTES) over the TCP door: spends `n` more creates
-     * of the token's create budget (`[remote] creates_per_minute`; the request itself
-     * spent one), so a batch spends one per sandbox.
+     * Over the TCP door, on a batched create (BATCH_CREATE_ROUTES) or a one-shot run
+     * route (RUN_ROUTES): spends `n` creates of the token's create budget (`[remote]
+     * creates_per_minute`). A batched create spends `n` beyond the one its request spent;
+     * a run route spends one per `container` call, when the route makes it.
      * @throws DsecError ResourceExhausted when the budget has fewer left.
      */
     spendCreates?: (n: number) => Promise<void>;
@@ -342,13 +343,19 @@ export function tcpDoor(opts: TcpDoorOptions): ApiDoor & { connections: TokenCon
             throw resourceExhausted(`token ${r.rec.id} started more than ${limits.createsPerMinute} sandbox creates in a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
           }
         }
-        if (url !== undefined && BATCH_CREATE_ROUTES.has(`${req.method} ${url}`)) {
+        const key = `${req.method} ${url}`;
+        if (url !== undefined && (BATCH_CREATE_ROUTES.has(key) || RUN_ROUTES.has(key))) {
+          const batch = BATCH_CREATE_ROUTES.has(key);
           req.spendCreates = async (n) => {
             for (let i = 0; i < Math.min(n, LIMITS.maxBatchSandboxes); i++) {
               const c = await createLimiter()(req);
               if (c.isExceeded) {
-                reply.header('retry-after', String(Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000))));
-                throw resourceExhausted(`token ${r.rec.id} asked for ${n + 1} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${Math.ceil((c.ttl ?? 60_000) / 1000)} s`);
+                const retry = Math.max(1, Math.ceil((c.ttl ?? 60_000) / 1000));
+                // On an upgraded request (the run channel) the header goes nowhere; the message says it.
+                reply.header('retry-after', String(retry));
+                throw resourceExhausted(batch
+                  ? `token ${r.rec.id} asked for ${n + 1} sandboxes, more than remain of its ${limits.createsPerMinute} creates a minute ([remote] creates_per_minute); retry after ${retry} s`
+                  : `token ${r.rec.id} made more than its ${limits.createsPerMinute} sandbox creates a minute ([remote] creates_per_minute; a container call of /v1/run creates one, fncall calls none); retry after ${retry} s`);
               }
             }
           };

@@ -91,3 +91,10 @@ export const CREATE_ROUTES: ReadonlySet<string> = new Set([
 
 /** Batched creates: they spend one create of the rate budget per sandbox asked for (daemon/remote/door.ts `req.spendCreates`). */
 export const BATCH_CREATE_ROUTES: ReadonlySet<string> = new Set(['POST /v1/sandboxes::batch']);
+
+/**
+ * One-shot runs: each `container` call creates a sandbox and spends one create of the
+ * rate budget when the route makes it (`req.spendCreates`, on the run channel per
+ * message); `fncall` calls create none and spend nothing.
+ */
+export const RUN_ROUTES: ReadonlySet<string> = new Set(['POST /v1/run', 'POST /v1/run::batch', 'GET /v1/run/channel']);

@@ -1,7 +1,7 @@
 /**
  * A request channel's stall rule (daemon/api/channel.ts ANSWER_STALL_MS) against a real
- * dsecd: a client that takes none of its answers' bytes for that long is dropped, and a
- * client that keeps taking some, however slowly, is not, even when its last answer waits
+ * dsecd: a client that reads nothing for that long is dropped, and a client that reads
+ * some of its answers within each such period is not, even when its last answer waits
  * longer than that in all. Runs on the exec channel; the run channel shares the code.
  * Takes about 100 s (two pauses either side of the 60 s limit).
  */
@@ -47,7 +47,7 @@ describe.skipIf(!IS_ROOT)('request channel stall rule', () => {
     return { ws, sock, got, closed, code: () => closeCode };
   };
 
-  it('drops a client that takes nothing for the limit; keeps one that takes a little before it, twice', async () => {
+  it('drops a client that reads nothing for the limit; keeps one that reads some before it, twice', async () => {
     const [stopped, slow] = await Promise.all([stalledChannel(), stalledChannel()]);
     const pause = ANSWER_STALL_MS * 0.75;
     await sleep(pause);

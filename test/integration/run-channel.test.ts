@@ -23,10 +23,13 @@ const until = async (cond: () => boolean | Promise<boolean>, what: string, ms = 
   }
 };
 
+/** `[remote] creates_per_minute`: each token's create budget over the TCP door. */
+const BUDGET = 4;
+
 describe.skipIf(!IS_ROOT)('run channel', () => {
   let d: TestDaemon;
   beforeAll(async () => {
-    d = await TestDaemon.start({ slot: 48, listen: true, config: '[fncall]\nmax_workers = 2\nmin_idle = 1\npids = 64\n' });
+    d = await TestDaemon.start({ slot: 48, listen: true, config: `[fncall]\nmax_workers = 2\nmin_idle = 1\npids = 64\n[remote]\ncreates_per_minute = ${BUDGET}\n` });
   });
   afterAll(async () => {
     await d?.cleanup();
@@ -128,6 +131,14 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     const viaPost = await newRunning();
     abandon.abort();
     await gone(viaPost);
+    // run:batch: every container call's sandbox, and the calls not yet started never start.
+    const abandonBatch = new AbortController();
+    const batch = d.client.runBatch(Array.from({ length: 6 }, () => ({ backend: 'container' as const, image: 'busybox', argv: ['sleep', '600'] })), { signal: abandonBatch.signal });
+    batch.catch(() => {});
+    const first = await newRunning();
+    abandonBatch.abort();
+    await gone(first);
+    await until(async () => (await d.client.listSandboxes()).filter((x) => x.labels['dsec.run'] === 'once').length === 0, 'every one-shot sandbox of the batch to be destroyed', 60_000);
   });
 
   it('over the TCP door: a reader gets PermissionDenied, a bad token Unauthenticated, each call is audited', async () => {
@@ -135,11 +146,11 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     const remote = (token: string) => new DsecClient({ remote: { url: `https://127.0.0.1:${d.remotePort}`, token, ca } });
     const user = await makeToken(d, 'runchan-a', 'user');
     const reader = await makeToken(d, 'runchan-a', 'reader');
+    const other = await makeToken(d, 'runchan-b', 'user');
     const ch = remote(user.token).runChannel();
     expect((await ch.run({ backend: 'fncall', image: 'busybox', argv: ['echo', 'over tls'] })).stdout.toString()).toBe('over tls\n');
     await expect(ch.run({ backend: 'fncall', image: 'busybox', argv: [] })).rejects.toMatchObject({ code: 'InvalidArgument' });
     // A container call's sandbox is the caller's tenant's: listed for it, not for another tenant.
-    const other = await makeToken(d, 'runchan-b', 'user');
     const seen = ch.run({ backend: 'container', image: 'busybox', argv: ['sh', '-c', 'while [ ! -e /tmp/go ]; do sleep 0.05; done'] });
     let mine: { id: string; tenant: string } | undefined;
     await until(async () => {
@@ -150,7 +161,42 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     expect((await remote(other.token).listSandboxes()).map((s) => s.id)).not.toContain(mine!.id);
     await remote(user.token).exec(mine!.id, { argv: ['touch', '/tmp/go'] });
     expect((await seen).exit_code).toBe(0);
+    // Deleting its own one-shot sandbox mid-call: the call answers with the exec's own
+    // outcome, not the NotFound of the run's cleanup finding it gone.
+    const doomed = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'] });
+    doomed.catch(() => {});
+    let victim: string | undefined;
+    await until(async () => {
+      victim = (await remote(user.token).listSandboxes()).find((s) => s.state === 'running')?.id;
+      return victim !== undefined;
+    }, 'the doomed call\'s sandbox');
+    await remote(user.token).deleteSandbox(victim!, { force: true });
+    const outcome = await doomed.then((r) => ({ code: 'result', r }), (e: { code?: string }) => ({ code: e.code, r: null }));
+    expect(outcome.code).not.toBe('NotFound');
+    // The fncall tier runs the shared images only: another tenant's image is a plain
+    // NotFound that names no tenant; a tenant's own image is told to use "container".
+    await remote(other.token).tagImage('busybox', 'onlyb:1');
+    const mineOnFncall = remote(other.token).run({ backend: 'fncall', image: 'onlyb:1', argv: ['true'] });
+    await expect(mineOnFncall).rejects.toMatchObject({ code: 'NotFound', message: expect.stringMatching(/backend "container"/) });
+    const theirs = await remote(user.token).run({ backend: 'fncall', image: 'onlyb:1', argv: ['true'] }).then(() => null, (e: Error & { code?: string }) => e);
+    expect(theirs).toMatchObject({ code: 'NotFound' });
+    expect(theirs!.message).not.toMatch(/runchan-b/);
+    expect((await remote(other.token).run({ backend: 'container', image: 'onlyb:1', argv: ['echo', 'own'] })).stdout.toString()).toBe('own\n');
     ch.close();
+    // Container calls spend the token's create budget (BUDGET a minute), over POST, batch
+    // and the channel alike; fncall calls spend none. `spender` is a fresh token.
+    const spender = await makeToken(d, 'runchan-a', 'user');
+    const sc = remote(spender.token);
+    const one = { backend: 'container' as const, image: 'busybox', argv: ['true'] };
+    expect((await sc.run(one)).exit_code).toBe(0);
+    expect((await sc.runBatch([one, one])).map((e) => e.ok)).toEqual([true, true]);
+    const sch = sc.runChannel();
+    expect((await sch.run(one)).exit_code).toBe(0);
+    await expect(sch.run(one)).rejects.toMatchObject({ code: 'ResourceExhausted', message: expect.stringMatching(/creates_per_minute/) });
+    await expect(sc.run(one)).rejects.toMatchObject({ code: 'ResourceExhausted' });
+    await expect(sc.runBatch([one])).rejects.toMatchObject({ code: 'ResourceExhausted' });
+    for (let i = 0; i < BUDGET * 2; i++) expect((await sch.run({ backend: 'fncall', image: 'busybox', argv: ['true'] })).exit_code).toBe(0);
+    sch.close();
     await expect(remote(reader.token).runChannel().opened).rejects.toMatchObject({ code: 'PermissionDenied' });
     await expect(remote('e2b_' + 'f'.repeat(48)).runChannel().opened).rejects.toMatchObject({ code: 'Unauthenticated' });
     const file = path.join(d.root, 'audit.log');
@@ -158,8 +204,8 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
       const text = readFileSync(file, 'utf8');
       return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x) as Record<string, unknown>).filter((x) => x.token === user.id);
     };
-    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 3, 'the audit lines');
+    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 4, 'the audit lines');
     expect(lines()[0]).toMatchObject({ action: 'GET /v1/run/channel', result: 101, tenant: 'runchan-a' });
-    expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument'], [200, null]]);
+    expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error]).slice(0, 3)).toEqual([[200, null], [400, 'InvalidArgument'], [200, null]]);
   });
 });

@@ -1,5 +1,5 @@
 /** One-shot runs on any tier: POST /v1/run, POST /v1/run:batch and the run channel (GET /v1/run/channel). */
-import type { FastifyInstance } from 'fastify';
+import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { Logger } from 'pino';
 import type { WebSocket } from 'ws';
 import { notUpgraded, serveChannel } from '../channel.js';
@@ -20,7 +20,7 @@ const runRoute = route({
 });
 const batchRoute = route({
   method: 'POST', url: '/v1/run:batch', summary: 'Run many one-shot calls concurrently; one result or error per call, in order.',
-  body: RunBatchRequest, status: 200, response: RunBatchResult, errors: ['InvalidArgument'],
+  body: RunBatchRequest, status: 200, response: RunBatchResult, errors: ['InvalidArgument', 'ResourceExhausted'],
 });
 
 const channelRoute = route({
@@ -52,21 +52,38 @@ export function registerRunCodeRoute(app: FastifyInstance, deps: RunCodeRouteDep
   app.post(runCodeRoute.url, async (req) => runCode(deps.fncall, parseWith(RunCodeRequest, req.body, 'run_code request'), deps.sandboxfusionImages));
 }
 
+/** A signal that aborts when the client leaves before its answer was sent. */
+function clientGone(reply: FastifyReply): AbortSignal {
+  const gone = new AbortController();
+  reply.raw.on('close', () => {
+    if (!reply.raw.writableFinished) gone.abort();
+  });
+  return gone.signal;
+}
+
+/**
+ * Spends one create of the caller's token budget (daemon/remote/door.ts `spendCreates`,
+ * TCP door only) per `container` call: each creates a sandbox; fncall calls create none.
+ * @throws DsecError ResourceExhausted when the budget has fewer left.
+ */
+async function spendContainerCreates(req: FastifyRequest, calls: RunRequest[]): Promise<void> {
+  const n = calls.filter((c) => c.backend !== 'fncall').length;
+  if (n > 0) await req.spendCreates?.(n);
+}
+
 /** Registers the run routes. */
 export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): void {
   app.post(runRoute.url, async (req, reply) => {
     const body = parseWith(RunRequest, req.body, 'run request');
-    const gone = new AbortController();
-    reply.raw.on('close', () => {
-      if (!reply.raw.writableFinished) gone.abort();
-    });
-    return runOnce(deps, deps.fncall, { ...runInput(body), tenant: scopeOf(req).tenant }, gone.signal);
+    await spendContainerCreates(req, [body]);
+    return runOnce(deps, deps.fncall, { ...runInput(body), tenant: scopeOf(req).tenant }, clientGone(reply));
   });
   // `::` is fastify's escape for a literal colon in a path.
-  app.post(batchRoute.url.replace(':', '::'), async (req) => {
+  app.post(batchRoute.url.replace(':', '::'), async (req, reply) => {
     const b = parseWith(RunBatchRequest, req.body, 'batch request');
+    await spendContainerCreates(req, b.calls);
     const tenant = scopeOf(req).tenant;
-    return { results: await runBatch(deps, deps.fncall, b.calls.map((c) => ({ ...runInput(c), tenant }))) };
+    return { results: await runBatch(deps, deps.fncall, b.calls.map((c) => ({ ...runInput(c), tenant })), clientGone(reply)) };
   });
   registerRunCodeRoute(app, deps);
 }
@@ -87,7 +104,11 @@ export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps
       auditAction: RUN_CHANNEL_AUDIT_ACTION,
       log: deps.log,
       logFields: { route: channelRoute.url },
-      run: async (request, closed) => runOnce(deps, deps.fncall, { ...runInput(parseWith(RunRequest, request, 'run request')), tenant: scopeOf(req).tenant }, closed),
+      run: async (request, closed) => {
+        const body = parseWith(RunRequest, request, 'run request');
+        await spendContainerCreates(req, [body]);
+        return runOnce(deps, deps.fncall, { ...runInput(body), tenant: scopeOf(req).tenant }, closed);
+      },
     });
   } });
 }

@@ -27,10 +27,11 @@
  * long. Progress is what dsecd can see of the client's reading: the kernel taking more of
  * the answers from dsecd's buffer, which happens once the client has read a good part of
  * the socket's send buffer (~200 KiB on the Unix socket; over TCP up to a few MiB, as the
- * kernel sizes it). A client that reads less than that in 60 s counts as stopped. Answers are not bounded by the
- * 1 MiB of a request: an exec or run result is up to 2 × `[exec] max_output_bytes` of
- * output in base64 plus its fields (~11 MB at the default 4 MiB per stream), so a
- * client must accept messages that large (e.g. Python `websockets`' `max_size`).
+ * kernel sizes it). A client that reads less than that in 60 s counts as stopped.
+ * Answers are not bounded by the 1 MiB of a request: an exec or run result is up to
+ * 2 × `[exec] max_output_bytes` of output in base64 plus its fields (~11 MB at the
+ * default 4 MiB per stream), so a client must accept messages that large (e.g. Python
+ * `websockets`' `max_size`).
  *
  * Audit: every request is an audit line with the route's action (daemon/remote/audit.ts
  * `req.auditMessage`), written when it is answered, or, for a request still running when

@@ -84,13 +84,14 @@ export function buildApi(deps: ApiDeps, door: ApiDoor = unixDoor(null)): Fastify
 /**
  * What becomes of an error on an accepted WebSocket: the socket is dropped, and the error
  * is logged as dsecd's (level error) unless the client caused it: a frame the protocol or
- * dsecd's limits refuse (`ws` names those `WS_ERR_*`: over 1 MiB, unmasked, bad UTF-8,
- * a bad opcode) or a connection the client cut. Those are logged at debug, so a client
- * cannot fill the error log with them.
+ * dsecd's limits refuse (`ws`'s receiver names those `WS_ERR_*`: over 1 MiB, unmasked,
+ * bad UTF-8, a bad opcode). Those are logged at debug, so a client cannot fill the error
+ * log with them. (A connection the client cut is no error here: `ws` handles its socket's
+ * errors itself and only closes.)
  */
 function webSocketError(err: Error, socket: { terminate(): void }, req: FastifyRequest): void {
   const code = (err as NodeJS.ErrnoException).code;
-  if (typeof code === 'string' && (code.startsWith('WS_ERR_') || code === 'ECONNRESET' || code === 'EPIPE')) req.log.debug({ err }, 'websocket closed on a client error');
+  if (typeof code === 'string' && code.startsWith('WS_ERR_')) req.log.debug({ err }, 'websocket closed on a client error');
   else req.log.error({ err }, 'websocket error');
   socket.terminate();
 }

@@ -7,13 +7,13 @@
  */
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
-import path from 'node:path';
 import WebSocket from 'ws';
 import { DsecClient } from '../../sdk/index.js';
 import { CHANNEL_AUDIT_ACTION } from '../../daemon/api/routes/exec-channel.js';
 import { MAX_IN_FLIGHT } from '../../daemon/api/channel.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
-import { makeToken } from './remote-helpers.js';
+import { auditLines, makeToken } from './remote-helpers.js';
+import { waitFor } from '../fixtures/agent.js';
 
 /** A raw WebSocket to the channel on the socket; messages collected in `got`. */
 async function rawChannel(d: TestDaemon, sb: string): Promise<{ ws: WebSocket; got: Array<Record<string, unknown>>; closed: Promise<number> }> {
@@ -27,14 +27,6 @@ async function rawChannel(d: TestDaemon, sb: string): Promise<{ ws: WebSocket; g
   });
   return { ws, got, closed };
 }
-
-const until = async (cond: () => boolean, what: string, ms = 20_000) => {
-  const end = Date.now() + ms;
-  while (!cond()) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 20));
-  }
-};
 
 describe.skipIf(!IS_ROOT)('exec channel', () => {
   let d: TestDaemon;
@@ -142,10 +134,10 @@ describe.skipIf(!IS_ROOT)('exec channel', () => {
     // An unknown key beside id and request refuses that request only.
     const k = await rawChannel(d, sb);
     k.ws.send(JSON.stringify({ id: 7, request: { argv: ['true'] }, extra: 1 }));
-    await until(() => k.got.length === 1, 'the answer');
+    await waitFor('the answer', () => k.got.length === 1);
     expect(k.got[0]).toMatchObject({ id: 7, error: { code: 'InvalidArgument' } });
     k.ws.send(JSON.stringify({ id: 8, request: { argv: ['true'] } }));
-    await until(() => k.got.length === 2, 'the second answer');
+    await waitFor('the second answer', () => k.got.length === 2);
     expect(k.got[1]).toMatchObject({ id: 8, result: { exit_code: 0 } });
     k.ws.close();
   });
@@ -169,7 +161,7 @@ describe.skipIf(!IS_ROOT)('exec channel', () => {
     await new Promise((r) => setTimeout(r, 500));
     expect(await started()).toBe(MAX_IN_FLIGHT);
     await d.client.exec(sb, { argv: ['touch', '/tmp/gate'] });
-    await until(() => c.got.length === n, 'every answer');
+    await waitFor('every answer', () => c.got.length === n);
     expect(new Set(c.got.map((m) => m.id)).size).toBe(n);
     expect(c.got.every((m) => (m.result as { exit_code?: number })?.exit_code === 0)).toBe(true);
     c.ws.close();
@@ -189,13 +181,11 @@ describe.skipIf(!IS_ROOT)('exec channel', () => {
     await expect(remote(otherTenant.token).execChannel(mine).opened).rejects.toMatchObject({ code: 'NotFound' });
     await expect(remote(reader.token).execChannel(mine).opened).rejects.toMatchObject({ code: 'PermissionDenied' });
     await expect(remote('e2b_' + 'f'.repeat(48)).execChannel(mine).opened).rejects.toMatchObject({ code: 'Unauthenticated' });
-    const file = path.join(d.root, 'audit.log');
     let lines: Array<Record<string, unknown>> = [];
-    await until(() => {
-      const text = readFileSync(file, 'utf8');
-      lines = text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x));
+    await waitFor('the audit lines', () => {
+      lines = auditLines(d);
       return lines.filter((x) => x.action === CHANNEL_AUDIT_ACTION && x.token === owner.id).length >= 2;
-    }, 'the audit lines');
+    });
     const mineLines = lines.filter((x) => x.token === owner.id && String(x.action).includes('/exec/channel'));
     expect(mineLines[0]).toMatchObject({ action: 'GET /v1/sandboxes/:id/exec/channel', result: 101, tenant: 'chan-a', object: { id: mine } });
     expect(mineLines.filter((x) => x.action === CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error])).toEqual([[200, null], [400, 'InvalidArgument']]);
@@ -210,11 +200,8 @@ describe.skipIf(!IS_ROOT)('exec channel', () => {
     expect(await gateRunning()).toBe(true);
     qch.close();
     await expect(running).rejects.toMatchObject({ code: 'Unavailable' });
-    const quitterLines = () => {
-      const text = readFileSync(file, 'utf8');
-      return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x)).filter((x) => x.token === quitter.id && x.action === CHANNEL_AUDIT_ACTION);
-    };
-    await until(() => quitterLines().length === 1, 'the close-time audit line');
+    const quitterLines = () => auditLines(d).filter((x) => x.token === quitter.id && x.action === CHANNEL_AUDIT_ACTION);
+    await waitFor('the close-time audit line', () => quitterLines().length === 1);
     expect(quitterLines()[0]).toMatchObject({ result: 499, error: 'ClientClosed', object: { id: mine } });
     // The command ends afterwards: no second line for it.
     await d.client.exec(mine, { argv: ['touch', '/tmp/quit-gate'] });

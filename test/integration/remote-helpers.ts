@@ -1,9 +1,11 @@
 /**
  * Helpers of the TCP door's tests: raw HTTPS requests to a test dsecd's door (so a test
- * sees the wire: status, headers, body) and token creation through its Unix socket.
+ * sees the wire: status, headers, body), token creation through its Unix socket, and its
+ * audit log.
  */
 import https from 'node:https';
 import { readFileSync } from 'node:fs';
+import path from 'node:path';
 import type { TestDaemon } from './harness.js';
 
 /** An answer of the door. */
@@ -59,4 +61,13 @@ export function doorRequest(d: TestDaemon, r: DoorRequest): Promise<DoorAnswer> 
 export async function makeToken(d: TestDaemon, tenant: string, role: 'admin' | 'user' | 'reader' | 'metrics', ttlS?: number): Promise<{ token: string; id: string }> {
   const r = await (d.client as unknown as { request<T>(m: string, p: string, b?: unknown): Promise<T> }).request<{ token: string; id: string }>('POST', '/v1/tokens', { tenant, role, ...(ttlS ? { ttl_s: ttlS } : {}) });
   return { token: r.token, id: r.id };
+}
+
+/**
+ * The lines of `d`'s audit log (`<root>/audit.log`) written so far, parsed. The log is
+ * written asynchronously, so a last line still being written is left out; callers poll.
+ */
+export function auditLines(d: TestDaemon): Array<Record<string, unknown>> {
+  const text = readFileSync(path.join(d.root, 'audit.log'), 'utf8');
+  return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x) as Record<string, unknown>);
 }

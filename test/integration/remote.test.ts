@@ -12,7 +12,7 @@ import path from 'node:path';
 import https from 'node:https';
 import WebSocket from 'ws';
 import { IS_ROOT, TestDaemon, runCli } from './harness.js';
-import { doorRequest, makeToken } from './remote-helpers.js';
+import { auditLines, doorRequest, makeToken } from './remote-helpers.js';
 
 describe.skipIf(!IS_ROOT)('the TCP door', () => {
   let d: TestDaemon;
@@ -154,8 +154,7 @@ describe.skipIf(!IS_ROOT)('the TCP door', () => {
     let lines: Array<Record<string, unknown>> = [];
     // The log is written asynchronously: read its complete lines until both are there.
     for (;;) {
-      const text = readFileSync(file, 'utf8');
-      lines = text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x));
+      lines = auditLines(d);
       if (lines.some((x) => x.result === 401 && x.action === 'POST /v1/leases')) break;
       await new Promise((r) => setTimeout(r, 100));
     }

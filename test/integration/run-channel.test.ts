@@ -8,20 +8,15 @@
 import { afterAll, beforeAll, describe, expect, it } from 'vitest';
 import { readFileSync } from 'node:fs';
 import http from 'node:http';
-import path from 'node:path';
 import WebSocket from 'ws';
 import { DsecClient } from '../../sdk/index.js';
 import { RUN_CHANNEL_AUDIT_ACTION } from '../../daemon/api/routes/run.js';
 import { IS_ROOT, TestDaemon } from './harness.js';
-import { makeToken } from './remote-helpers.js';
+import { auditLines, makeToken } from './remote-helpers.js';
+import { waitFor } from '../fixtures/agent.js';
 
-const until = async (cond: () => boolean | Promise<boolean>, what: string, ms = 30_000) => {
-  const end = Date.now() + ms;
-  while (!(await cond())) {
-    if (Date.now() > end) throw new Error(`timed out waiting for ${what}`);
-    await new Promise((r) => setTimeout(r, 50));
-  }
-};
+/** How long a wait here may take before it counts as a hang, ms. */
+const WAIT_MS = 30_000;
 
 /** `[remote] creates_per_minute`: each token's create budget over the TCP door. */
 const BUDGET = 4;
@@ -109,14 +104,14 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     /** The id of the one sandbox created since `before`, once it runs. */
     const newRunning = async () => {
       let mine: string | undefined;
-      await until(async () => {
+      await waitFor('the call\'s sandbox to run', async () => {
         mine = (await d.client.listSandboxes()).map((s) => s.id).find((id) => !before.has(id));
         return mine !== undefined && (await d.client.getSandbox(mine)).state === 'running';
-      }, 'the call\'s sandbox to run');
+      }, WAIT_MS);
       before.add(mine!);
       return mine!;
     };
-    const gone = (id: string) => until(async () => d.client.getSandbox(id).then(() => false, (e: { code?: string }) => e.code === 'NotFound'), `sandbox ${id} to be destroyed`, 60_000);
+    const gone = (id: string) => waitFor(`sandbox ${id} to be destroyed`, async () => d.client.getSandbox(id).then(() => false, (e: { code?: string }) => e.code === 'NotFound'), 60_000);
     // No timeout_ms: without its client leaving, this call would run for 10 minutes.
     const ch = d.client.runChannel();
     const running = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'] });
@@ -138,7 +133,7 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     const first = await newRunning();
     abandonBatch.abort();
     await gone(first);
-    await until(async () => (await d.client.listSandboxes()).filter((x) => x.labels['dsec.run'] === 'once').length === 0, 'every one-shot sandbox of the batch to be destroyed', 60_000);
+    await waitFor('every one-shot sandbox of the batch to be destroyed', async () => (await d.client.listSandboxes()).filter((x) => x.labels['dsec.run'] === 'once').length === 0, 60_000);
   });
 
   it('over the TCP door: a reader gets PermissionDenied, a bad token Unauthenticated, each call is audited', async () => {
@@ -153,10 +148,10 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     // A container call's sandbox is the caller's tenant's: listed for it, not for another tenant.
     const seen = ch.run({ backend: 'container', image: 'busybox', argv: ['sh', '-c', 'while [ ! -e /tmp/go ]; do sleep 0.05; done'] });
     let mine: { id: string; tenant: string } | undefined;
-    await until(async () => {
+    await waitFor('the call\'s sandbox in its tenant\'s list', async () => {
       mine = (await remote(user.token).listSandboxes()).find((s) => s.state === 'running');
       return mine !== undefined;
-    }, 'the call\'s sandbox in its tenant\'s list');
+    }, WAIT_MS);
     expect(mine!.tenant).toBe('runchan-a');
     expect((await remote(other.token).listSandboxes()).map((s) => s.id)).not.toContain(mine!.id);
     await remote(user.token).exec(mine!.id, { argv: ['touch', '/tmp/go'] });
@@ -166,10 +161,10 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     const doomed = ch.run({ backend: 'container', image: 'busybox', argv: ['sleep', '600'] });
     doomed.catch(() => {});
     let victim: string | undefined;
-    await until(async () => {
+    await waitFor('the doomed call\'s sandbox', async () => {
       victim = (await remote(user.token).listSandboxes()).find((s) => s.state === 'running')?.id;
       return victim !== undefined;
-    }, 'the doomed call\'s sandbox');
+    }, WAIT_MS);
     await remote(user.token).deleteSandbox(victim!, { force: true });
     const outcome = await doomed.then((r) => ({ code: 'result', r }), (e: { code?: string }) => ({ code: e.code, r: null }));
     expect(outcome.code).not.toBe('NotFound');
@@ -199,12 +194,8 @@ describe.skipIf(!IS_ROOT)('run channel', () => {
     sch.close();
     await expect(remote(reader.token).runChannel().opened).rejects.toMatchObject({ code: 'PermissionDenied' });
     await expect(remote('e2b_' + 'f'.repeat(48)).runChannel().opened).rejects.toMatchObject({ code: 'Unauthenticated' });
-    const file = path.join(d.root, 'audit.log');
-    const lines = () => {
-      const text = readFileSync(file, 'utf8');
-      return text.slice(0, text.lastIndexOf('\n') + 1).split('\n').filter(Boolean).map((x) => JSON.parse(x) as Record<string, unknown>).filter((x) => x.token === user.id);
-    };
-    await until(() => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 4, 'the audit lines');
+    const lines = () => auditLines(d).filter((x) => x.token === user.id);
+    await waitFor('the audit lines', () => lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).length >= 4, WAIT_MS);
     expect(lines()[0]).toMatchObject({ action: 'GET /v1/run/channel', result: 101, tenant: 'runchan-a' });
     expect(lines().filter((x) => x.action === RUN_CHANNEL_AUDIT_ACTION).map((x) => [x.result, x.error]).slice(0, 3)).toEqual([[200, null], [400, 'InvalidArgument'], [200, null]]);
   });

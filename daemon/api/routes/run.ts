@@ -96,7 +96,8 @@ export function registerRunRoutes(app: FastifyInstance, deps: RunRouteDeps): voi
  * once per call (docs/BENCHMARKS.md "fncall"). When the channel closes, its calls are
  * treated as POST /v1/run's are when their client leaves (daemon/fncall/run.ts runOnce):
  * an fncall call still waiting for a worker is dropped, a running one ends by its
- * timeout, a container call's sandbox is destroyed at once. Must run inside a context where @fastify/websocket is registered.
+ * timeout, a container call's sandbox is destroyed at once. Must run inside a context
+ * where @fastify/websocket is registered.
  */
 export function registerRunChannelRoute(app: FastifyInstance, deps: RunRouteDeps & { log: Logger }): void {
   app.route({ method: 'GET', url: channelRoute.url, handler: notUpgraded, wsHandler: (socket: WebSocket, req) => {
